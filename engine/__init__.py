@@ -1,0 +1,14 @@
+"""kvchat's inference engine: a Llama-family decoder in plain PyTorch with a KV cache.
+
+Imports neither `app` nor `storage`.
+"""
+
+from engine.engine import Engine, EngineOptions, Generation, LoadInfo
+from engine.errors import ContextWindowError, EngineError, ModelError
+from engine.events import Done, Event, RequestStats, Stats, TokenDelta
+from engine.sampling import SamplingParams
+
+__all__ = [
+    "ContextWindowError", "Done", "Engine", "EngineError", "EngineOptions", "Event", "Generation",
+    "LoadInfo", "ModelError", "RequestStats", "SamplingParams", "Stats", "TokenDelta",
+]

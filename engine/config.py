@@ -1,0 +1,163 @@
+"""ModelConfig: the few numbers of a Hugging Face config.json the decoder needs.
+
+Read straight from the JSON (not through transformers) so that the engine does
+not depend on how a transformers version names RoPE fields.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.errors import ModelError
+
+# model_type -> the per-architecture switches that are not spelled out in config.json.
+SUPPORTED_ARCHITECTURES = {
+    "llama": {"qkv_bias": None, "qk_norm": False},
+    "mistral": {"qkv_bias": False, "qk_norm": False},
+    "qwen2": {"qkv_bias": True, "qk_norm": False},
+    "qwen3": {"qkv_bias": None, "qk_norm": True},
+}
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    theta: float
+    type: str = "default"
+    factor: float = 1.0
+    # llama3 scaling only
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    rope: RopeConfig
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    sliding_window: int | None = None
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = field(default=())
+
+    @property
+    def context_window(self) -> int:
+        """Longest sequence (prompt + reply, tokens) this engine will run.
+
+        A sliding-window model is capped at its window: inside it, sliding and
+        full attention are the same computation, so the engine stays exact.
+        """
+        if self.sliding_window:
+            return min(self.max_position_embeddings, self.sliding_window)
+        return self.max_position_embeddings
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of K and V one token takes across all layers, per byte of dtype."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> "ModelConfig":
+        model_type = raw.get("model_type")
+        if model_type not in SUPPORTED_ARCHITECTURES:
+            names = ", ".join(sorted(SUPPORTED_ARCHITECTURES))
+            raise ModelError(f"Unsupported model architecture {model_type!r}: kvchat runs {names}.")
+        arch = SUPPORTED_ARCHITECTURES[model_type]
+        try:
+            hidden = int(raw["hidden_size"])
+            heads = int(raw["num_attention_heads"])
+            attention_bias = bool(raw.get("attention_bias", False))
+            qkv_bias = arch["qkv_bias"] if arch["qkv_bias"] is not None else attention_bias
+            return cls(
+                model_type=model_type,
+                vocab_size=int(raw["vocab_size"]),
+                hidden_size=hidden,
+                intermediate_size=int(raw["intermediate_size"]),
+                num_layers=int(raw["num_hidden_layers"]),
+                num_heads=heads,
+                num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+                head_dim=int(raw.get("head_dim") or hidden // heads),
+                rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+                max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+                rope=_rope_config(raw),
+                tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+                qkv_bias=qkv_bias,
+                # Llama's attention_bias also covers o_proj; Qwen2 biases only q/k/v.
+                o_bias=attention_bias and model_type == "llama",
+                mlp_bias=bool(raw.get("mlp_bias", False)),
+                qk_norm=arch["qk_norm"],
+                sliding_window=_sliding_window(raw),
+                bos_token_id=raw.get("bos_token_id"),
+                eos_token_ids=_as_ids(raw.get("eos_token_id")),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ModelError(f"The model's config.json is incomplete or malformed ({exc!r}).") from None
+
+    @classmethod
+    def from_file(cls, path: Path) -> "ModelConfig":
+        try:
+            raw = json.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ModelError(f"The model directory has no config.json: {path.parent}.") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ModelError(f"The model's config.json cannot be read ({exc}).") from None
+        if not isinstance(raw, dict):
+            raise ModelError("The model's config.json is not a JSON object.")
+        return cls.from_dict(raw)
+
+
+def _as_ids(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, int):
+        return (value,)
+    return tuple(int(v) for v in value)
+
+
+def _sliding_window(raw: dict[str, Any]) -> int | None:
+    window = raw.get("sliding_window")
+    # Qwen2/Qwen3 configs carry a window that is off unless use_sliding_window is set.
+    if raw.get("model_type") in ("qwen2", "qwen3") and not raw.get("use_sliding_window", False):
+        return None
+    return int(window) if window else None
+
+
+def _rope_config(raw: dict[str, Any]) -> RopeConfig:
+    # transformers 5 writes "rope_parameters"; older configs write rope_theta + rope_scaling.
+    params = dict(raw.get("rope_parameters") or {})
+    scaling = raw.get("rope_scaling") or {}
+    params = {**scaling, **params}
+    theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
+    rope_type = params.get("rope_type", params.get("type", "default")) or "default"
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ModelError(
+            f"Unsupported RoPE scaling {rope_type!r}: kvchat supports {', '.join(SUPPORTED_ROPE_TYPES)}."
+        )
+    if params.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ModelError("Partial rotary embeddings are not supported by kvchat.")
+    return RopeConfig(
+        theta=theta,
+        type=rope_type,
+        factor=float(params.get("factor", 1.0)),
+        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+        original_max_position_embeddings=int(
+            params.get("original_max_position_embeddings", raw.get("max_position_embeddings", 8192))
+        ),
+    )

@@ -1,0 +1,71 @@
+"""The typed events a generation streams to its consumer.
+
+A generation yields TokenDelta for each token (text may be empty while a
+multi-byte character is incomplete), Stats when the numbers change (after the
+first token, then a few times a second), and exactly one Done at the end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestStats:
+    """What one request cost. Times in ms; throughputs in tokens/s."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose K/V were reused
+    prefilled_tokens: int = 0  # prompt tokens computed by prefill
+    generated_tokens: int = 0
+    cache_source: str = "none"  # device | host | disk | none
+    ttft_ms: float = 0.0  # submit -> first token sampled
+    prefill_ms: float = 0.0
+    decode_ms: float = 0.0  # first token -> last token
+    phase: str = "prefill"  # prefill | decode | done
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return self.prefilled_tokens / (self.prefill_ms / 1e3) if self.prefill_ms > 0 else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        # The first token comes from prefill; decode made the rest.
+        steps = self.generated_tokens - 1
+        return steps / (self.decode_ms / 1e3) if steps > 0 and self.decode_ms > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "prefilled_tokens": self.prefilled_tokens,
+            "generated_tokens": self.generated_tokens,
+            "cache_source": self.cache_source,
+            "ttft_ms": round(self.ttft_ms, 2),
+            "prefill_ms": round(self.prefill_ms, 2),
+            "decode_ms": round(self.decode_ms, 2),
+            "prefill_tokens_per_s": round(self.prefill_tokens_per_s, 1),
+            "decode_tokens_per_s": round(self.decode_tokens_per_s, 1),
+        }
+
+
+@dataclass(frozen=True)
+class TokenDelta:
+    token_id: int | None  # None for text flushed at the end (a held-back partial character)
+    text: str
+
+
+@dataclass(frozen=True)
+class Stats:
+    stats: RequestStats
+
+
+@dataclass(frozen=True)
+class Done:
+    finish_reason: str  # stop | length | stopped
+    stats: RequestStats
+    token_ids: tuple[int, ...] = field(default=())  # every generated id, the stop token included
+    text: str = ""  # the whole reply, == tokenizer.decode(token_ids)
+
+
+Event = TokenDelta | Stats | Done

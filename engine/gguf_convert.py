@@ -1,0 +1,191 @@
+"""Convert a GGUF file (llama, qwen2, qwen3 architectures) into a Hugging Face model directory.
+
+Tensors are dequantized to fp32, which holds every GGUF weight exactly, so one
+conversion serves every engine dtype. llama.cpp stores Llama's q/k projections
+with the rows of each head interleaved for its RoPE kernel; they are put back
+in Hugging Face's rotate-half order here. The tokenizer and chat template are
+rebuilt by transformers' GGUF tokenizer support.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+from engine.errors import ModelError
+
+COMPLETE_MARKER = "kvchat-conversion-complete"
+# GGUF architectures whose q/k rows llama.cpp permuted at conversion time.
+_PERMUTED_QK = {"llama"}
+_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+_LAYER_TENSORS = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GLOBAL_TENSORS = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+def open_gguf(path: Path):
+    """A GGUFReader over `path`, or ModelError naming what is wrong with the file."""
+    from gguf import GGUFReader
+
+    try:
+        return GGUFReader(str(path))
+    except Exception as exc:  # the reader raises ValueError, struct errors, IndexError...
+        raise ModelError(f"The GGUF file {path.name} is corrupt or not a GGUF model ({exc}).") from None
+
+
+def _field(reader, key: str, default: Any = None) -> Any:
+    field = reader.fields.get(key)
+    if field is None:
+        return default
+    return field.contents()
+
+
+def gguf_config(reader) -> dict[str, Any]:
+    """The Hugging Face config.json a GGUF file's metadata describes."""
+    arch = _field(reader, "general.architecture")
+    if arch not in _MODEL_TYPE:
+        raise ModelError(f"Unsupported GGUF architecture {arch!r}: kvchat converts llama, qwen2 and qwen3.")
+    if any(t.name == "rope_freqs.weight" for t in reader.tensors):
+        raise ModelError("This GGUF stores Llama 3.1 RoPE frequency factors; use the Hugging Face model directory instead.")
+
+    def need(key: str) -> Any:
+        value = _field(reader, f"{arch}.{key}")
+        if value is None:
+            raise ModelError(f"The GGUF file lacks the metadata field {arch}.{key}.")
+        return value
+
+    heads = int(need("attention.head_count"))
+    hidden = int(need("embedding_length"))
+    names = {t.name for t in reader.tensors}
+    tokens = _field(reader, "tokenizer.ggml.tokens") or []
+    config: dict[str, Any] = {
+        "architectures": [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[arch]],
+        "model_type": _MODEL_TYPE[arch],
+        "vocab_size": int(_field(reader, f"{arch}.vocab_size", len(tokens))),
+        "hidden_size": hidden,
+        "intermediate_size": int(need("feed_forward_length")),
+        "num_hidden_layers": int(need("block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(_field(reader, f"{arch}.attention.head_count_kv", heads)),
+        "head_dim": int(_field(reader, f"{arch}.attention.key_length", hidden // heads)),
+        "max_position_embeddings": int(need("context_length")),
+        "rms_norm_eps": float(need("attention.layer_norm_rms_epsilon")),
+        "rope_theta": float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        "tie_word_embeddings": "output.weight" not in names,
+        "attention_bias": "blk.0.attn_q.bias" in names,
+        "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
+        "torch_dtype": "float32",
+    }
+    scaling = _field(reader, f"{arch}.rope.scaling.type")
+    if scaling == "linear":
+        config["rope_scaling"] = {"rope_type": "linear", "factor": float(need("rope.scaling.factor"))}
+    elif scaling not in (None, "none"):
+        raise ModelError(f"Unsupported RoPE scaling {scaling!r} in the GGUF file.")
+    return config
+
+
+def _unpermute(weight: np.ndarray, heads: int) -> np.ndarray:
+    # Inverse of llama.cpp's permute: per head, rows (pair, half) -> (half, pair).
+    rows = weight.shape[0]
+    return weight.reshape(heads, rows // heads // 2, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def gguf_tensors(reader, config: dict[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
+    """(Hugging Face name, fp32 tensor) for every tensor of the GGUF file."""
+    from gguf.quants import dequantize
+
+    arch = _field(reader, "general.architecture")
+    for tensor in reader.tensors:
+        name = _hf_name(tensor.name)
+        try:
+            values = dequantize(tensor.data, tensor.tensor_type)
+        except Exception as exc:
+            raise ModelError(f"The GGUF tensor {tensor.name} cannot be decoded ({exc}).") from None
+        values = np.asarray(values, dtype=np.float32).reshape(tuple(int(d) for d in reversed(tensor.shape)))
+        if arch in _PERMUTED_QK and name.endswith("q_proj.weight"):
+            values = _unpermute(values, config["num_attention_heads"])
+        elif arch in _PERMUTED_QK and name.endswith("k_proj.weight"):
+            values = _unpermute(values, config["num_key_value_heads"])
+        if not values.flags.writeable:  # unquantized tensors come back as views of the mmap
+            values = values.copy()
+        yield name, torch.from_numpy(np.ascontiguousarray(values))
+
+
+def _hf_name(gguf_name: str) -> str:
+    if gguf_name in _GLOBAL_TENSORS:
+        return _GLOBAL_TENSORS[gguf_name]
+    parts = gguf_name.split(".", 2)
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _LAYER_TENSORS:
+        return f"model.layers.{parts[1]}.{_LAYER_TENSORS[parts[2]]}"
+    raise ModelError(f"The GGUF file has a tensor kvchat does not know: {gguf_name}.")
+
+
+def _export_tokenizer(gguf_path: Path, out_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    except Exception as exc:
+        raise ModelError(f"The tokenizer in {gguf_path.name} cannot be read ({exc}).") from None
+    tokenizer.save_pretrained(str(out_dir))
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path, progress: Callable[[str], None] = lambda _: None) -> Path:
+    """Write a model directory for `gguf_path` at `out_dir` (atomically) and return it.
+
+    A directory left complete by an earlier or concurrent conversion is kept.
+    """
+    if (out_dir / COMPLETE_MARKER).exists():
+        return out_dir
+    reader = open_gguf(gguf_path)
+    config = gguf_config(reader)
+    if out_dir.exists():  # a directory without the marker is not ours to trust
+        shutil.rmtree(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=out_dir.name + ".tmp-", dir=out_dir.parent))
+    try:
+        progress("dequantizing weights")
+        save_file(dict(gguf_tensors(reader, config)), str(staging / "model.safetensors"), metadata={"format": "pt"})
+        (staging / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+        generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}
+        (staging / "generation_config.json").write_text(json.dumps(generation, indent=2), encoding="utf-8")
+        progress("converting the tokenizer")
+        _export_tokenizer(gguf_path, staging)
+        (staging / COMPLETE_MARKER).write_text(gguf_path.name, encoding="utf-8")
+        try:
+            os.rename(staging, out_dir)
+        except OSError:
+            if not (out_dir / COMPLETE_MARKER).exists():
+                raise
+            # Another process finished the same conversion first; its result is identical.
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out_dir

