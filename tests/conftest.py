@@ -1,0 +1,32 @@
+import os
+from pathlib import Path
+
+import pytest
+
+# Tests never touch the network; keep transformers quiet.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+from tests.tiny_models import make_tiny_model  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A tiny random Llama with a byte tokenizer (shared, read-only)."""
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-llama"), "llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_model_dir):
+    from engine import Engine, EngineOptions
+
+    return Engine.load(EngineOptions(model=str(tiny_model_dir), device="cpu", dtype="float32"))
+
+
+@pytest.fixture(scope="session")
+def default_engine():
+    """The real bundled SmolLM2-135M-Instruct in fp32 (converted on first use)."""
+    from engine import Engine, EngineOptions
+
+    return Engine.load(EngineOptions(device="cpu", dtype="float32"))

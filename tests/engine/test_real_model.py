@@ -1,0 +1,54 @@
+"""The bundled SmolLM2-135M-Instruct: our greedy replies == transformers' greedy `generate` (fp32)."""
+
+import pytest
+import torch
+
+from engine import SamplingParams
+
+pytestmark = pytest.mark.real_model
+
+PROMPTS = [
+    "What is the capital of France?",
+    "北京到上海有多少公里？",
+    "Write a haiku about the sea.",
+    "Explain photosynthesis in one paragraph.",
+    "How do I reverse a list in Python?",
+    "Tell me a joke about cats.",
+]
+
+
+@pytest.fixture(scope="module")
+def reference(default_engine):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(default_engine.info.model_dir, dtype=torch.float32).eval()
+
+
+def chat_ids(engine, text):
+    return list(engine.tokenizer.hf.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False))
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_32_tokens_equal_transformers_generate(default_engine, reference, prompt):
+    ids = chat_ids(default_engine, prompt)
+    done = list(default_engine.generate(ids, SamplingParams(temperature=0, max_tokens=32)))[-1]
+    with torch.no_grad():
+        expected = reference.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False)[0, len(ids):]
+    assert list(done.token_ids) == expected.tolist()
+    assert done.text == default_engine.tokenizer.decode(expected.tolist())
+
+
+def test_prefill_logits_match_transformers(default_engine, reference):
+    ids = chat_ids(default_engine, PROMPTS[1])
+    cache = default_engine.new_cache()
+    ours = default_engine.forward(ids, cache, all_logits=True).float()
+    with torch.no_grad():
+        expected = reference(torch.tensor([ids])).logits[0].float()
+    torch.testing.assert_close(ours, expected, atol=1e-4, rtol=0)
+
+
+def test_stop_token_is_the_chat_end_of_turn_marker(default_engine):
+    assert default_engine.tokenizer.hf.convert_ids_to_tokens(sorted(default_engine.tokenizer.eos_token_ids)) == ["<|im_end|>"]
+    done = list(default_engine.generate(chat_ids(default_engine, PROMPTS[0]), SamplingParams(temperature=0)))[-1]
+    assert done.finish_reason == "stop" and done.text == "The capital of France is Paris."

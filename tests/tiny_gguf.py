@@ -1,0 +1,108 @@
+"""Write a tiny model as a GGUF file the way llama.cpp's converter does (q/k rows permuted)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tests.tiny_models import CHATML, IM_END, IM_START
+
+LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's q/k row permutation (rotate-half pairs -> interleaved pairs)."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def gguf_name(hf_name: str) -> str:
+    if hf_name == "model.embed_tokens.weight":
+        return "token_embd.weight"
+    if hf_name == "model.norm.weight":
+        return "output_norm.weight"
+    if hf_name == "lm_head.weight":
+        return "output.weight"
+    _, _, layer, rest = hf_name.split(".", 3)
+    return f"blk.{layer}.{LAYER_NAMES[rest]}"
+
+
+def write_gguf(hf_model, path: Path, arch: str = "llama", quant: str | None = None) -> Path:
+    """Save `hf_model` (a transformers Llama/Qwen2 model) as GGUF.
+
+    quant: None keeps every tensor F32; "Q8_0" or "Q4_1" quantizes the 2-D weights
+    whose rows are a multiple of 32 long (norms and biases stay F32, as in llama.cpp).
+    """
+    import gguf
+    from gguf.quants import quantize
+    from tokenizers import pre_tokenizers
+
+    cfg = hf_model.config
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_vocab_size(cfg.vocab_size)
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tokens = alphabet + ["<|im_start|>", "<|im_end|>"] + [f"<unused{i}>" for i in range(cfg.vocab_size - 258)]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_scores([0.0] * len(tokens))
+    writer.add_token_types([1] * 256 + [3] * (len(tokens) - 256))
+    writer.add_token_merges([])
+    writer.add_bos_token_id(IM_START)
+    writer.add_eos_token_id(IM_END)
+    writer.add_chat_template(CHATML)
+    for name, tensor in hf_model.state_dict().items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        w = tensor.detach().float().numpy()
+        if arch == "llama" and name.endswith("q_proj.weight"):
+            w = permute(w, cfg.num_attention_heads)
+        elif arch == "llama" and name.endswith("k_proj.weight"):
+            w = permute(w, cfg.num_key_value_heads)
+        if quant and w.ndim == 2 and w.shape[1] % 32 == 0:
+            qtype = getattr(gguf.GGMLQuantizationType, quant)
+            writer.add_tensor(gguf_name(name), quantize(w, qtype), raw_dtype=qtype)
+        else:
+            writer.add_tensor(gguf_name(name), np.ascontiguousarray(w))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def dequantized_state(hf_model, quant: str | None) -> dict[str, torch.Tensor]:
+    """The weights a GGUF written with `quant` holds, in Hugging Face layout."""
+    import gguf
+    from gguf.quants import dequantize, quantize
+
+    state = {}
+    for name, tensor in hf_model.state_dict().items():
+        w = tensor.detach().float().numpy()
+        if quant and w.ndim == 2 and w.shape[1] % 32 == 0:
+            qtype = getattr(gguf.GGMLQuantizationType, quant)
+            w = dequantize(quantize(w, qtype), qtype)
+        state[name] = torch.from_numpy(np.array(w))
+    return state

@@ -1,0 +1,78 @@
+"""Tiny random-weight models of every supported architecture, saved by transformers.
+
+They use a byte-level tokenizer (256 byte tokens + ChatML markers), so a CJK
+character or an emoji is always split across several tokens.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+VOCAB = 260  # 256 bytes + <|im_start|> <|im_end|> + 2 spare ids
+IM_START, IM_END = 256, 257
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+BASE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+            bos_token_id=IM_START, eos_token_id=IM_END)
+
+# name -> (transformers config class, model class, config overrides)
+ARCHITECTURES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "llama3-rope-tied": ("LlamaConfig", "LlamaForCausalLM", dict(
+        tie_word_embeddings=True,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 32})),
+    "llama-linear-rope-bias": ("LlamaConfig", "LlamaForCausalLM", dict(
+        attention_bias=True, mlp_bias=True, rope_scaling={"rope_type": "linear", "factor": 2.0})),
+    "llama-mha": ("LlamaConfig", "LlamaForCausalLM", dict(num_key_value_heads=4)),
+    "llama-mqa": ("LlamaConfig", "LlamaForCausalLM", dict(num_key_value_heads=1)),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32)),
+}
+
+
+def save_byte_tokenizer(path: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>")
+    fast.chat_template = CHATML
+    fast.save_pretrained(str(path))
+
+
+def make_tiny_model(path: Path, arch: str = "llama", seed: int = 0, **overrides) -> Path:
+    """Save a random model of `arch` (a key of ARCHITECTURES) with a byte tokenizer at `path`."""
+    import transformers
+
+    config_cls, model_cls, arch_overrides = ARCHITECTURES[arch]
+    config = getattr(transformers, config_cls)(**{**BASE, **arch_overrides, **overrides})
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_cls)(config).eval()
+    # Random init leaves norms at 1 and biases at 0; perturb them so the tests see them.
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight") or name.endswith(".bias"):
+                param.add_(torch.randn_like(param) * 0.1)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(path))
+    save_byte_tokenizer(path)
+    return path
+
+
+def load_reference(path: Path):
+    """transformers' own implementation of a saved model, fp32, eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
