@@ -3,6 +3,12 @@
 Imports neither `app` nor `storage`.
 """
 
+import os
+
+# Nothing is ever downloaded at run time: the Hugging Face libraries stay offline.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
 from engine.engine import Engine, EngineOptions, Generation, LoadInfo
 from engine.errors import ContextWindowError, EngineError, ModelError
 from engine.events import Done, Event, RequestStats, Stats, TokenDelta

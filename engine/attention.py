@@ -1,8 +1,12 @@
 """Causal attention of T new query tokens over a sequence's whole K/V context.
 
-Grouped-query attention is computed by folding each KV head's group of query
-heads into the query-length axis: one SDPA call per KV head group, with no
-copy of K/V. (Measured on CPU: 6x faster than SDPA's own `enable_gqa` in bf16.)
+Three cases, each the fastest SDPA form measured on CPU:
+- decode (T == 1): each KV head's group of query heads is folded into the
+  query-length axis, one SDPA call with no mask and no K/V copy (6x faster
+  than `enable_gqa` in bf16);
+- a prompt from scratch (T == S): SDPA's own causal mask, which skips the
+  masked half of the work (1.8x faster than an explicit mask at 1k tokens);
+- new tokens after cached ones (1 < T < S): an explicit mask.
 """
 
 from __future__ import annotations
@@ -11,25 +15,31 @@ import torch
 import torch.nn.functional as F
 
 
-def causal_mask(num_new: int, context: int, group: int, device: torch.device) -> torch.Tensor | None:
-    """Boolean mask [group * num_new, context]: new token t sees keys 0..context-num_new+t.
+def prefix_causal_mask(num_new: int, context: int, device: torch.device) -> torch.Tensor | None:
+    """Boolean mask [num_new, context] letting new token t see keys 0..context-num_new+t.
 
-    None for a single new token, which sees the whole context.
+    None when SDPA needs no explicit mask (a single new token, or no cached tokens).
     """
-    if num_new == 1:
+    if num_new == 1 or num_new == context:
         return None
     query_pos = torch.arange(context - num_new, context, device=device)
-    mask = torch.arange(context, device=device)[None, :] <= query_pos[:, None]
-    return mask.repeat(group, 1)
+    return torch.arange(context, device=device)[None, :] <= query_pos[:, None]
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
            scale: float) -> torch.Tensor:
-    """q [T, heads, D], k/v [kv_heads, S, D] -> output [T, heads * D]."""
+    """q [T, heads, D], k/v [kv_heads, S, D] -> output [T, heads * D].
+
+    `mask` must be `prefix_causal_mask(T, S)`.
+    """
     num_new, heads, dim = q.shape
-    kv_heads = k.shape[0]
-    group = heads // kv_heads
-    # Query head h reads KV head h // group; row g*T + t of a fold is (head kv*group+g, token t).
-    folded = q.view(num_new, kv_heads, group, dim).permute(1, 2, 0, 3).reshape(1, kv_heads, group * num_new, dim)
-    out = F.scaled_dot_product_attention(folded, k.unsqueeze(0), v.unsqueeze(0), attn_mask=mask, scale=scale)
-    return out.view(kv_heads, group, num_new, dim).permute(2, 0, 1, 3).reshape(num_new, heads * dim)
+    kv_heads, context = k.shape[0], k.shape[1]
+    if num_new == 1:
+        # Query head h reads KV head h // group: a group of heads becomes a group of "queries".
+        folded = q.view(kv_heads, 1, heads // kv_heads, dim)
+        out = F.scaled_dot_product_attention(folded, k.unsqueeze(1), v.unsqueeze(1), scale=scale)
+        return out.reshape(1, heads * dim)
+    queries = q.transpose(0, 1).unsqueeze(0)
+    out = F.scaled_dot_product_attention(queries, k.unsqueeze(0), v.unsqueeze(0), attn_mask=mask,
+                                         is_causal=num_new == context, scale=scale, enable_gqa=True)
+    return out[0].transpose(0, 1).reshape(num_new, heads * dim)

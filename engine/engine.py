@@ -40,7 +40,7 @@ class EngineOptions:
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     threads: int | None = None  # CPU threads for torch; None: torch's default
-    prefill_chunk: int = 1024  # prompts longer than this are prefilled in chunks of this many tokens
+    prefill_chunk: int = 2048  # prompts longer than this are prefilled in chunks of this many tokens
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.attention import causal_mask
+from engine.attention import prefix_causal_mask
 from engine.config import ModelConfig
 from engine.kv_cache import KVCache
 from engine.layers import DecoderLayer, RMSNorm
@@ -40,8 +40,7 @@ class CausalLM(nn.Module):
         cache.reserve(num_new)
         cos = self.rotary.cos[start : start + num_new].unsqueeze(1)
         sin = self.rotary.sin[start : start + num_new].unsqueeze(1)
-        group = self.cfg.num_heads // self.cfg.num_kv_heads
-        mask = causal_mask(num_new, start + num_new, group, token_ids.device)
+        mask = prefix_causal_mask(num_new, start + num_new, token_ids.device)
         x = self.embed_tokens(token_ids)
         for layer in self.layers:
             x = layer(x, cos, sin, cache, mask)

@@ -1,0 +1,140 @@
+"""`kvchat bench`: our engine next to Hugging Face transformers, same weights, dtype and threads, one process.
+
+Every number is the median of several runs after a warm-up run. Ratios
+(kvchat / transformers) are what to compare across machines; absolute
+numbers depend on the machine and on whatever else it is doing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+from app.ask import engine_options
+from engine import Done, Engine, SamplingParams
+
+
+def median_of(runs: int, measure: Callable[[], float]) -> float:
+    measure()  # warm-up: first-touch allocations and kernel selection
+    return statistics.median(measure() for _ in range(runs))
+
+
+def random_prompt(engine: Engine, length: int, seed: int = 0) -> list[int]:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, engine.model.cfg.vocab_size, (length,), generator=generator).tolist()
+
+
+def generate(engine: Engine, prompt: list[int], max_tokens: int) -> Done:
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    return list(engine.generate(prompt, params))[-1]
+
+
+class HFBaseline:
+    """transformers on the engine's own weights directory, dtype, device and threads."""
+
+    def __init__(self, engine: Engine):
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(engine.info.model_dir, dtype=engine.dtype)
+        self.model.to(engine.device).eval()
+        self.device = engine.device
+
+    @torch.inference_mode()
+    def prefill(self, prompt: list[int]):
+        """Prompt in one forward pass, logits of the last position only (as `generate` does)."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        out = self.model(torch.tensor([prompt], device=self.device), past_key_values=cache, use_cache=True,
+                         logits_to_keep=1)
+        return out.logits[0, -1], cache
+
+    @torch.inference_mode()
+    def decode_seconds(self, prompt: list[int], steps: int) -> float:
+        """Seconds for `steps` greedy decode steps after prefilling `prompt`."""
+        logits, cache = self.prefill(prompt)
+        token = int(logits.argmax())
+        start = time.perf_counter()
+        for _ in range(steps):
+            out = self.model(torch.tensor([[token]], device=self.device), past_key_values=cache, use_cache=True)
+            token = int(out.logits[0, -1].argmax())
+        return time.perf_counter() - start
+
+
+def bench_prefill(engine: Engine, hf: HFBaseline | None, lengths: list[int], runs: int) -> list[dict]:
+    rows = []
+    for length in lengths:
+        prompt = random_prompt(engine, length)
+        ours_ms = median_of(runs, lambda: generate(engine, prompt, 1).stats.ttft_ms)
+        row = {"prompt_tokens": length, "tokens_per_s": round(length / (ours_ms / 1e3), 1), "hf_tokens_per_s": None}
+        if hf is not None:
+            def hf_seconds():
+                start = time.perf_counter()
+                hf.prefill(prompt)
+                return time.perf_counter() - start
+            row["hf_tokens_per_s"] = round(length / median_of(runs, hf_seconds), 1)
+        rows.append(row)
+    return rows
+
+
+def bench_decode(engine: Engine, hf: HFBaseline | None, contexts: list[int], steps: int, runs: int) -> list[dict]:
+    rows = []
+    for context in contexts:
+        prompt = random_prompt(engine, context, seed=1)
+        ours = median_of(runs, lambda: generate(engine, prompt, steps + 1).stats.decode_tokens_per_s)
+        row = {"context_tokens": context, "tokens_per_s": round(ours, 1), "hf_tokens_per_s": None}
+        if hf is not None:
+            row["hf_tokens_per_s"] = round(steps / median_of(runs, lambda: hf.decode_seconds(prompt, steps)), 1)
+        rows.append(row)
+    return rows
+
+
+def _ratio(ours: float, theirs: float | None) -> str:
+    return f"{ours / theirs:5.2f}x" if theirs else "   n/a"
+
+
+def print_table(result: dict) -> None:
+    print(f"kvchat bench · {result['model']} · {result['device']} {result['dtype']} · "
+          f"{result['threads']} threads · medians of {result['runs']} runs")
+    print(f"{'':24}{'kvchat':>12}{'transformers':>14}{'ratio':>9}")
+    for row in result["prefill"]:
+        hf = row["hf_tokens_per_s"]
+        print(f"prefill {row['prompt_tokens']:>5} tokens   {row['tokens_per_s']:>8.0f} t/s"
+              f"{(f'{hf:.0f} t/s' if hf else '-'):>14}{_ratio(row['tokens_per_s'], hf):>9}")
+    for row in result["decode"]:
+        hf = row["hf_tokens_per_s"]
+        print(f"decode @ {row['context_tokens']:>5} context  {row['tokens_per_s']:>7.1f} t/s"
+              f"{(f'{hf:.1f} t/s' if hf else '-'):>14}{_ratio(row['tokens_per_s'], hf):>9}")
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    engine = Engine.load(engine_options(args))
+    hf = None if args.no_hf else HFBaseline(engine)
+    runs = 2 if args.quick else max(1, args.repeat)
+    prefill_lengths = [16, 64] if args.quick else [128, 1024, 2048]
+    decode_contexts = [16, 64] if args.quick else [128, 2048]
+    decode_steps = 8 if args.quick else 64
+    result = {
+        "model": engine.info.model_name,
+        "device": engine.info.device,
+        "dtype": engine.info.dtype,
+        "threads": torch.get_num_threads(),
+        "runs": runs,
+        "load_ms": round(engine.info.load_ms, 1),
+        "prefill": bench_prefill(engine, hf, prefill_lengths, runs),
+        "decode": bench_decode(engine, hf, decode_contexts, decode_steps, runs),
+        "followup": [],  # built with the prefix cache
+        "resume": [],  # built with KV snapshots on disk
+    }
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print_table(result)
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,78 @@
+"""Chat orchestration shared by `kvchat ask` and the TUI: messages -> prompt ids -> engine events.
+
+No UI and no torch math here: this module renders the model's chat template,
+hands token ids to the engine and keeps the conversation's messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from engine import Done, Engine, EngineError, Event, Generation, SamplingParams
+
+
+class ChatError(EngineError):
+    """The conversation cannot be turned into a prompt (no template, template refused it)."""
+
+
+@dataclass
+class ChatMessage:
+    role: str  # system | user | assistant
+    content: str
+
+
+class ChatSession:
+    """One conversation held in memory.
+
+    `system=None` renders the template with the user's messages only, so the
+    model's own default system prompt (if its template has one) applies.
+    """
+
+    def __init__(self, engine: Engine, system: str | None = None, params: SamplingParams = SamplingParams()):
+        if not engine.tokenizer.has_chat_template:
+            raise ChatError("This model has no chat template, so it cannot chat; use an instruct/chat model.")
+        self.engine = engine
+        self.system = system
+        self.params = params
+        self.messages: list[ChatMessage] = []
+        self.generation: Generation | None = None
+
+    def _rendered(self, messages: list[ChatMessage]) -> str:
+        turns = [{"role": "system", "content": self.system}] if self.system is not None else []
+        turns += [{"role": m.role, "content": m.content} for m in messages]
+        try:
+            return self.engine.tokenizer.hf.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+        except Exception as exc:  # jinja2 TemplateError, or a template's raise_exception()
+            raise ChatError(f"The model's chat template rejected this conversation ({exc}).") from None
+
+    def prompt_ids(self, user_text: str) -> list[int]:
+        """Token ids of the whole conversation plus `user_text`, ready for the assistant's reply."""
+        return self.engine.tokenizer.encode(self._rendered([*self.messages, ChatMessage("user", user_text)]))
+
+    def send(self, user_text: str) -> Iterator[Event]:
+        """Start the reply to `user_text` and return its events.
+
+        Raises ContextWindowError (and other EngineErrors) before anything is
+        recorded. The user message is recorded at once; the reply when it ends,
+        also when it was stopped (its partial text is kept).
+        """
+        generation = self.engine.generate(self.prompt_ids(user_text), self.params)
+        self.messages.append(ChatMessage("user", user_text))
+        self.generation = generation
+        return self._stream(generation)
+
+    def _stream(self, generation: Generation) -> Iterator[Event]:
+        try:
+            for event in generation:
+                if isinstance(event, Done):
+                    self.messages.append(ChatMessage("assistant", event.text))
+                yield event
+        finally:
+            self.generation = None
+
+    def cancel(self) -> None:
+        """Stop the reply in progress, if any (safe from any thread)."""
+        generation = self.generation
+        if generation is not None:
+            generation.cancel()

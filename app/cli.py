@@ -1,0 +1,96 @@
+"""The `kvchat` command: the TUI (no arguments), `ask`, and `bench`.
+
+User mistakes end with one sentence on stderr and a non-zero exit code:
+1 for a problem with the model or the request, 2 for bad arguments,
+130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+# Quiet, offline Hugging Face libraries before anything imports them.
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _engine_options(parser: argparse.ArgumentParser, top_level: bool) -> None:
+    # Given before or after the subcommand; a subcommand must not reset what the top level parsed.
+    default = (lambda value: value) if top_level else (lambda value: argparse.SUPPRESS)
+    group = parser.add_argument_group("engine")
+    group.add_argument("--model", default=default(None),
+                       help="model directory, .gguf file or local Hugging Face id "
+                            "(default: $KVCHAT_MODEL, else the bundled SmolLM2-135M-Instruct)")
+    group.add_argument("--device", default=default("auto"), choices=["auto", "cpu", "cuda"])
+    group.add_argument("--dtype", default=default("auto"), choices=["auto", "float32", "bfloat16", "float16"],
+                       help="auto: bfloat16 on CUDA, float32 on CPU (exact)")
+    group.add_argument("--threads", type=int, default=default(None), help="CPU threads (default: torch's choice)")
+
+
+def _sampling_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("sampling")
+    group.add_argument("--temperature", type=float, default=0.7, help="0 = greedy and deterministic")
+    group.add_argument("--top-p", type=float, default=1.0)
+    group.add_argument("--top-k", type=int, default=0)
+    group.add_argument("--min-p", type=float, default=0.0)
+    group.add_argument("--repetition-penalty", type=float, default=1.0)
+    group.add_argument("--max-tokens", type=int, default=None, help="default: until the model stops")
+    group.add_argument("--seed", type=int, default=None)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvchat", description="Chat with a local LLM in the terminal.")
+    _engine_options(parser, top_level=True)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    ask = commands.add_parser("ask", help="answer one message and exit")
+    ask.add_argument("message", help="the message; '-' reads it from stdin")
+    ask.add_argument("--system", help="system prompt (default: the model's own)")
+    ask.add_argument("--json", action="store_true", help="print one JSON object instead of the streamed reply")
+    _engine_options(ask, top_level=False)
+    _sampling_options(ask)
+
+    bench = commands.add_parser("bench", help="measure prefill and decode against transformers")
+    bench.add_argument("--json", action="store_true", help="print one JSON object")
+    bench.add_argument("--repeat", type=int, default=5, help="runs per measurement (medians are reported)")
+    bench.add_argument("--quick", action="store_true", help="short prompts and few runs (a smoke test)")
+    bench.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
+    _engine_options(bench, top_level=False)
+    return parser
+
+
+def _fail(message: str, code: int = 1) -> int:
+    print(f"kvchat: {message}", file=sys.stderr)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from engine import EngineError
+
+    try:
+        if args.command == "ask":
+            from app.ask import run_ask
+
+            return run_ask(args)
+        if args.command == "bench":
+            from app.bench import run_bench
+
+            return run_bench(args)
+        from app.tui import run_tui
+
+        return run_tui(args)
+    except EngineError as exc:
+        return _fail(str(exc))
+    except ValueError as exc:  # invalid sampling parameters and similar argument mistakes
+        return _fail(f"{exc}.", code=2)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
