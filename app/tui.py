@@ -1,0 +1,212 @@
+"""`kvchat` with no arguments: the Textual chat screen.
+
+The engine loads and generates in worker threads; the UI only receives small
+messages (text batches, stats, done) and never blocks on the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from textual import on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.message import Message
+from textual.widgets import Footer, Input
+
+from app.chat import ChatSession
+from app.widgets import AssistantMessage, StatusBar, UserMessage
+from engine import Done, Engine, EngineError, EngineOptions, RequestStats, SamplingParams, Stats, TokenDelta
+
+STYLES = Path(__file__).resolve().parent.parent / "assets" / "kvchat.tcss"
+TEXT_BATCH_S = 0.05  # streamed text reaches the UI at most 20 times a second
+
+
+class EngineReady(Message):
+    def __init__(self, engine: Engine):
+        super().__init__()
+        self.engine = engine
+
+
+class EngineFailed(Message):
+    def __init__(self, error: str):
+        super().__init__()
+        self.error = error
+
+
+class LoadProgress(Message):
+    def __init__(self, step: str):
+        super().__init__()
+        self.step = step
+
+
+class ReplyText(Message):
+    def __init__(self, text: str):
+        super().__init__()
+        self.text = text
+
+
+class ReplyStats(Message):
+    def __init__(self, stats: RequestStats):
+        super().__init__()
+        self.stats = stats
+
+
+class ReplyDone(Message):
+    def __init__(self, done: Done | None, error: str | None = None):
+        super().__init__()
+        self.done = done
+        self.error = error
+
+
+class KvchatApp(App):
+    CSS_PATH = str(STYLES)
+    TITLE = "kvchat"
+    BINDINGS = [
+        Binding("escape", "stop", "Stop"),
+        Binding("ctrl+n", "new_chat", "New chat"),
+        Binding("ctrl+q", "quit", "Quit"),
+    ]
+
+    def __init__(self, load_engine: Callable[[Callable[[str], None]], Engine],
+                 params: SamplingParams = SamplingParams(), system: str | None = None):
+        super().__init__()
+        self._load_engine = load_engine
+        self.params = params
+        self.system = system
+        self.engine: Engine | None = None
+        self.session: ChatSession | None = None
+        self.reply: AssistantMessage | None = None
+        self._stream = None
+
+    def compose(self) -> ComposeResult:
+        yield VerticalScroll(id="messages")
+        yield Input(placeholder="Message · Enter sends · Esc stops the reply", id="prompt")
+        yield StatusBar()
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#messages", VerticalScroll).anchor()
+        self.query_one(StatusBar).show("loading")
+        self.query_one("#prompt", Input).focus()
+        self.load()
+
+    @property
+    def generating(self) -> bool:
+        return self.reply is not None
+
+    @work(thread=True, exclusive=True, group="load")
+    def load(self) -> None:
+        try:
+            engine = self._load_engine(lambda step: self.post_message(LoadProgress(step)))
+        except EngineError as exc:
+            self.post_message(EngineFailed(str(exc)))
+            return
+        self.post_message(EngineReady(engine))
+
+    def on_load_progress(self, message: LoadProgress) -> None:
+        self.query_one(StatusBar).show("loading", message.step)
+
+    def on_engine_ready(self, message: EngineReady) -> None:
+        self.engine = message.engine
+        self.session = ChatSession(self.engine, self.system, self.params)
+        bar = self.query_one(StatusBar)
+        info = self.engine.info
+        bar.context_window = info.context_window
+        bar.device = f"{info.model_name} · {info.device} {info.dtype}"
+        bar.show("idle", f"loaded in {info.load_ms / 1e3:.1f} s")
+
+    def on_engine_failed(self, message: EngineFailed) -> None:
+        self.query_one(StatusBar).show("no model", message.error)
+        self.notify(message.error, title="The model could not be loaded", severity="error", timeout=30)
+
+    @on(Input.Submitted, "#prompt")
+    async def send(self, event: Input.Submitted) -> None:
+        text = event.value.strip()
+        if not text:
+            return
+        if self.session is None:
+            self.notify("The model is still loading.", severity="warning")
+            return
+        if self.generating:
+            self.notify("A reply is still being written; press Esc to stop it.", severity="warning")
+            return
+        try:
+            events = self.session.send(text)
+        except (EngineError, ValueError) as exc:
+            self.notify(str(exc), severity="error", timeout=10)
+            return
+        event.input.value = ""
+        messages = self.query_one("#messages", VerticalScroll)
+        self.reply = AssistantMessage()
+        await messages.mount_all([UserMessage(text), self.reply])
+        self._stream = AssistantMessage.get_stream(self.reply)
+        self.query_one(StatusBar).show("prefill")
+        self.stream_reply(events)
+
+    @work(thread=True, group="reply")
+    def stream_reply(self, events) -> None:
+        pending: list[str] = []
+        last_post = time.monotonic()
+        try:
+            for event in events:
+                if isinstance(event, TokenDelta):
+                    pending.append(event.text)
+                    if time.monotonic() - last_post >= TEXT_BATCH_S:
+                        self.post_message(ReplyText("".join(pending)))
+                        pending.clear()
+                        last_post = time.monotonic()
+                elif isinstance(event, Stats):
+                    self.post_message(ReplyStats(event.stats))
+                elif isinstance(event, Done):
+                    if pending:
+                        self.post_message(ReplyText("".join(pending)))
+                    self.post_message(ReplyDone(event))
+        except EngineError as exc:
+            self.post_message(ReplyDone(None, str(exc)))
+
+    async def on_reply_text(self, message: ReplyText) -> None:
+        if self._stream is not None:
+            await self._stream.write(message.text)
+
+    def on_reply_stats(self, message: ReplyStats) -> None:
+        self.query_one(StatusBar).show(message.stats.phase, stats=message.stats)
+
+    async def on_reply_done(self, message: ReplyDone) -> None:
+        if self._stream is not None:
+            await self._stream.stop()
+            self._stream = None
+        reply, self.reply = self.reply, None
+        bar = self.query_one(StatusBar)
+        if message.done is None:
+            bar.show("idle", "failed")
+            self.notify(message.error or "The reply failed.", severity="error", timeout=10)
+            return
+        # One full render at the end, so streamed code fences never stay half-drawn.
+        if reply is not None:
+            await reply.update(message.done.text or "*(no reply)*")
+        reason = {"stop": "", "length": "stopped at the length limit", "stopped": "stopped by you"}
+        bar.show("idle", reason.get(message.done.finish_reason, message.done.finish_reason), message.done.stats)
+
+    def action_stop(self) -> None:
+        if self.session is not None:
+            self.session.cancel()
+
+    async def action_new_chat(self) -> None:
+        if self.generating:
+            self.notify("Stop the reply first (Esc).", severity="warning")
+            return
+        if self.engine is not None:
+            self.session = ChatSession(self.engine, self.system, self.params)
+        await self.query_one("#messages", VerticalScroll).remove_children()
+        self.query_one(StatusBar).show("idle", "new chat")
+
+
+def run_tui(args: argparse.Namespace) -> int:
+    options = EngineOptions(model=args.model, device=args.device, dtype=args.dtype, threads=args.threads)
+    KvchatApp(lambda progress: Engine.load(options, progress=progress)).run()
+    return 0

@@ -1,0 +1,49 @@
+"""Widgets of the chat screen: message bubbles and the live status bar."""
+
+from __future__ import annotations
+
+from textual.widgets import Markdown, Static
+
+from engine import RequestStats
+
+
+class UserMessage(Static):
+    """What the user sent, shown as typed (no Markdown interpretation)."""
+
+    def __init__(self, text: str):
+        super().__init__(text, markup=False)
+
+
+class AssistantMessage(Markdown):
+    """A reply; streamed while it is generated, rendered whole at the end."""
+
+
+class StatusBar(Static):
+    """One line: phase · TTFT · tokens/s · prompt tokens cached/computed · context · device."""
+
+    def __init__(self) -> None:
+        super().__init__("starting", markup=False)
+        self.phase = "loading"
+        self.detail = ""
+        self.stats: RequestStats | None = None
+        self.context_window = 0
+        self.device = ""
+
+    def show(self, phase: str, detail: str = "", stats: RequestStats | None = None) -> None:
+        self.phase, self.detail = phase, detail
+        if stats is not None:
+            self.stats = stats
+        self.update(self.status_text())
+
+    def status_text(self) -> str:
+        parts = [self.phase + (f": {self.detail}" if self.detail else "")]
+        s = self.stats
+        if s is not None:
+            parts.append(f"TTFT {s.ttft_ms:.0f} ms" if s.generated_tokens else "TTFT …")
+            parts.append(f"{s.decode_tokens_per_s:.1f} tok/s")
+            parts.append(f"prompt {s.prompt_tokens} ({s.cached_tokens} cached, {s.prefilled_tokens} computed)")
+            if self.context_window:
+                parts.append(f"context {s.prompt_tokens + s.generated_tokens}/{self.context_window}")
+        if self.device:
+            parts.append(self.device)
+        return " · ".join(parts)

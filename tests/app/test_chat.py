@@ -1,0 +1,59 @@
+"""ChatSession: conversation -> prompt ids, replies kept (also stopped ones)."""
+
+import pytest
+
+from app.chat import ChatError, ChatSession
+from engine import ContextWindowError, Done, SamplingParams, TokenDelta
+
+GREEDY = SamplingParams(temperature=0, max_tokens=8)
+
+
+def finish(events):
+    return [e for e in events if isinstance(e, Done)][-1]
+
+
+def test_the_prompt_is_the_rendered_chat_template(tiny_engine):
+    session = ChatSession(tiny_engine, system="Be brief.")
+    ids = session.prompt_ids("hi")
+    assert tiny_engine.tokenizer.hf.decode(ids) == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_without_a_system_prompt_only_user_messages_are_rendered(tiny_engine):
+    ids = ChatSession(tiny_engine).prompt_ids("hi")
+    assert tiny_engine.tokenizer.hf.decode(ids) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_each_turn_includes_the_previous_exchange(tiny_engine):
+    session = ChatSession(tiny_engine, params=GREEDY)
+    reply = finish(session.send("first")).text
+    second = tiny_engine.tokenizer.hf.decode(session.prompt_ids("second"))
+    assert second.startswith(f"<|im_start|>user\nfirst<|im_end|>\n<|im_start|>assistant\n{reply}<|im_end|>\n")
+    assert [m.role for m in session.messages] == ["user", "assistant"]
+
+
+def test_a_stopped_reply_keeps_its_partial_text(tiny_engine):
+    session = ChatSession(tiny_engine, params=SamplingParams(temperature=0, ignore_eos=True))
+    texts = []
+    for event in session.send("go"):
+        if isinstance(event, TokenDelta):
+            texts.append(event.text)
+            if len(texts) == 5:
+                session.cancel()
+        if isinstance(event, Done):
+            done = event
+    assert done.finish_reason == "stopped"
+    assert session.messages[-1].content == done.text == "".join(texts)
+
+
+def test_a_message_over_the_context_window_is_refused_and_not_recorded(tiny_engine):
+    session = ChatSession(tiny_engine)
+    with pytest.raises(ContextWindowError):
+        session.send("x" * 400)
+    assert session.messages == []
+
+
+def test_a_model_without_a_chat_template_is_refused(tiny_engine, monkeypatch):
+    monkeypatch.setattr(tiny_engine.tokenizer.hf, "chat_template", None)
+    with pytest.raises(ChatError, match="no chat template"):
+        ChatSession(tiny_engine)

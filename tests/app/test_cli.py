@@ -1,0 +1,82 @@
+"""`kvchat` as a user runs it: exit codes, one-sentence errors, the JSON contract."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+JSON_FIELDS = {"conversation_id", "reply", "finish_reason", "prompt_tokens", "cached_tokens", "prefilled_tokens",
+               "generated_tokens", "ttft_ms", "decode_tokens_per_s", "cache_source"}
+
+
+def kvchat(*args, stdin=None, env=None):
+    return subprocess.run([sys.executable, "-m", "app.cli", *args], input=stdin, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=300)
+
+
+def assert_one_clear_error(result, code, words):
+    assert result.returncode == code
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvchat: ") and words in lines[0], result.stderr
+
+
+def test_ask_json_prints_one_object_with_the_contract_fields(tiny_model_dir):
+    result = kvchat("ask", "hello", "--model", str(tiny_model_dir), "--json", "--temperature", "0", "--max-tokens", "6")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 1
+    out = json.loads(lines[0])
+    assert JSON_FIELDS <= out.keys()
+    assert out["finish_reason"] == "length" and out["generated_tokens"] == 6
+    assert out["prompt_tokens"] == out["prefilled_tokens"] > 0 and out["cached_tokens"] == 0
+    assert out["cache_source"] == "none" and out["conversation_id"] is None
+
+
+def test_ask_greedy_is_deterministic_and_streams_the_same_text(tiny_model_dir):
+    args = ("ask", "hello", "--model", str(tiny_model_dir), "--temperature", "0", "--max-tokens", "12")
+    streamed = kvchat(*args)
+    as_json = json.loads(kvchat(*args, "--json").stdout)
+    assert streamed.returncode == 0
+    assert streamed.stdout == as_json["reply"] + "\n"
+    assert "ms to first token" in streamed.stderr
+
+
+def test_ask_reads_the_message_from_stdin(tiny_model_dir):
+    from_stdin = json.loads(kvchat("ask", "-", "--model", str(tiny_model_dir), "--json", "--temperature", "0",
+                                   "--max-tokens", "4", stdin="hello").stdout)
+    from_arg = json.loads(kvchat("ask", "hello", "--model", str(tiny_model_dir), "--json", "--temperature", "0",
+                                 "--max-tokens", "4").stdout)
+    assert from_stdin["reply"] == from_arg["reply"] and from_stdin["prompt_tokens"] == from_arg["prompt_tokens"]
+
+
+def test_model_from_environment_and_before_the_subcommand(tiny_model_dir):
+    env_result = kvchat("ask", "hi", "--json", "--max-tokens", "2", env={"KVCHAT_MODEL": str(tiny_model_dir)})
+    flag_first = kvchat("--model", str(tiny_model_dir), "ask", "hi", "--json", "--max-tokens", "2")
+    assert env_result.returncode == flag_first.returncode == 0
+
+
+@pytest.mark.parametrize("args, code, words", [
+    (("ask", "hi", "--model", "/no/such/model"), 1, "No model found at /no/such/model"),
+    (("ask", "hi", "--temperature", "-1"), 2, "temperature must be"),
+    (("ask", "   "), 2, "the message is empty"),
+])
+def test_user_mistakes_get_one_sentence_and_a_nonzero_exit(args, code, words):
+    assert_one_clear_error(kvchat(*args), code, words)
+
+
+def test_a_prompt_over_the_context_window_names_both_numbers(tiny_model_dir):
+    result = kvchat("ask", "x" * 400, "--model", str(tiny_model_dir))  # byte tokenizer: > 256 tokens
+    assert_one_clear_error(result, 1, "context window is 256 tokens")
+
+
+def test_bench_quick_json_has_every_section(tiny_model_dir):
+    result = kvchat("bench", "--quick", "--json", "--model", str(tiny_model_dir))
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert {"prefill", "decode", "followup", "resume"} <= out.keys()
+    assert [r["prompt_tokens"] for r in out["prefill"]] == [16, 64]
+    for row in out["prefill"] + out["decode"]:
+        assert row["tokens_per_s"] > 0 and row["hf_tokens_per_s"] > 0

@@ -1,0 +1,97 @@
+"""The chat screen driven by Textual's Pilot on a real (tiny) engine."""
+
+import time
+
+import pytest
+
+from app.tui import KvchatApp
+from app.widgets import AssistantMessage, StatusBar, UserMessage
+from engine import EngineError, SamplingParams
+
+
+async def wait_until(pilot, predicate, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await pilot.pause(0.05)
+
+
+def app_with(engine, **params):
+    return KvchatApp(lambda progress: engine, params=SamplingParams(temperature=0, **params))
+
+
+async def send(pilot, text):
+    pilot.app.query_one("#prompt").value = text
+    await pilot.press("enter")
+
+
+async def test_a_sent_message_streams_a_reply_and_shows_its_numbers(tiny_engine):
+    app = app_with(tiny_engine, max_tokens=12)
+    async with app.run_test() as pilot:
+        await wait_until(pilot, lambda: app.session is not None)
+        await send(pilot, "hello")
+        await wait_until(pilot, lambda: len(app.session.messages) == 2 and not app.generating)
+        reply = app.session.messages[-1].content
+        assert str(app.query_one(UserMessage).render()) == "hello"
+        assert app.query_one(AssistantMessage).source == (reply or "*(no reply)*")
+        status = app.query_one(StatusBar).status_text()
+        assert status.startswith("idle: stopped at the length limit")
+        assert "TTFT" in status and "tok/s" in status and "prompt" in status and "context" in status
+        assert app.query_one("#prompt").value == ""
+
+
+async def test_escape_stops_the_reply_and_keeps_the_partial_text(tiny_engine, monkeypatch):
+    forward = tiny_engine.forward
+
+    def slow_forward(*args, **kwargs):  # a tiny model is too fast to catch mid-reply
+        time.sleep(0.02)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(tiny_engine, "forward", slow_forward)
+    app = app_with(tiny_engine, ignore_eos=True)
+    async with app.run_test() as pilot:
+        await wait_until(pilot, lambda: app.session is not None)
+        await send(pilot, "tell me everything")
+        await wait_until(pilot, lambda: app.query_one(StatusBar).phase == "decode")
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: not app.generating)
+        assert app.query_one(StatusBar).status_text().startswith("idle: stopped by you")
+        partial = app.session.messages[-1]
+        assert partial.role == "assistant" and 0 < len(partial.content)
+        assert app.query_one(AssistantMessage).source == partial.content
+
+
+async def test_new_chat_clears_the_screen_and_the_history(tiny_engine):
+    app = app_with(tiny_engine, max_tokens=3)
+    async with app.run_test() as pilot:
+        await wait_until(pilot, lambda: app.session is not None)
+        await send(pilot, "hello")
+        await wait_until(pilot, lambda: len(app.session.messages) == 2 and not app.generating)
+        await pilot.press("ctrl+n")
+        await wait_until(pilot, lambda: not app.query(UserMessage))
+        assert app.session.messages == []
+
+
+async def test_a_message_over_the_context_window_is_a_notification_not_a_crash(tiny_engine):
+    app = app_with(tiny_engine)
+    async with app.run_test() as pilot:
+        await wait_until(pilot, lambda: app.session is not None)
+        await send(pilot, "x" * 400)
+        await pilot.pause(0.1)
+        assert any("context window is 256 tokens" in n.message for n in app._notifications)
+        assert not app.query(UserMessage) and app.query_one("#prompt").value == "x" * 400
+
+
+async def test_a_model_that_fails_to_load_is_reported_and_the_app_stays_up():
+    def failing_loader(progress):
+        progress("checking the model file")
+        raise EngineError("No model found at /nowhere.")
+
+    app = KvchatApp(failing_loader)
+    async with app.run_test() as pilot:
+        await wait_until(pilot, lambda: app.query_one(StatusBar).phase == "no model")
+        assert any("No model found" in n.message for n in app._notifications)
+        await send(pilot, "hello")
+        await pilot.pause(0.1)
+        assert any("still loading" in n.message for n in app._notifications)
