@@ -36,12 +36,12 @@ def generate(engine: Engine, prompt: list[int], max_tokens: int) -> Done:
 
 
 class HFBaseline:
-    """transformers on the engine's own weights directory, dtype, device and threads."""
+    """transformers on the engine's own weights directory, device and threads (dtype: the engine's)."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, dtype: torch.dtype | None = None):
         from transformers import AutoModelForCausalLM
 
-        self.model = AutoModelForCausalLM.from_pretrained(engine.info.model_dir, dtype=engine.dtype)
+        self.model = AutoModelForCausalLM.from_pretrained(engine.info.model_dir, dtype=dtype or engine.dtype)
         self.model.to(engine.device).eval()
         self.device = engine.device
 
@@ -67,30 +67,35 @@ class HFBaseline:
         return time.perf_counter() - start
 
 
-def bench_prefill(engine: Engine, hf: HFBaseline | None, lengths: list[int], runs: int) -> list[dict]:
+def _hf_prefill_tokens_per_s(hf: HFBaseline, prompt: list[int], runs: int) -> float:
+    def seconds():
+        start = time.perf_counter()
+        hf.prefill(prompt)
+        return time.perf_counter() - start
+    return round(len(prompt) / median_of(runs, seconds), 1)
+
+
+def bench_prefill(engine: Engine, baselines: dict[str, HFBaseline], lengths: list[int], runs: int) -> list[dict]:
     rows = []
     for length in lengths:
         prompt = random_prompt(engine, length)
         ours_ms = median_of(runs, lambda: generate(engine, prompt, 1).stats.ttft_ms)
         row = {"prompt_tokens": length, "tokens_per_s": round(length / (ours_ms / 1e3), 1), "hf_tokens_per_s": None}
-        if hf is not None:
-            def hf_seconds():
-                start = time.perf_counter()
-                hf.prefill(prompt)
-                return time.perf_counter() - start
-            row["hf_tokens_per_s"] = round(length / median_of(runs, hf_seconds), 1)
+        for key, hf in baselines.items():
+            row[key + "tokens_per_s"] = _hf_prefill_tokens_per_s(hf, prompt, runs)
         rows.append(row)
     return rows
 
 
-def bench_decode(engine: Engine, hf: HFBaseline | None, contexts: list[int], steps: int, runs: int) -> list[dict]:
+def bench_decode(engine: Engine, baselines: dict[str, HFBaseline], contexts: list[int], steps: int,
+                 runs: int) -> list[dict]:
     rows = []
     for context in contexts:
         prompt = random_prompt(engine, context, seed=1)
         ours = median_of(runs, lambda: generate(engine, prompt, steps + 1).stats.decode_tokens_per_s)
         row = {"context_tokens": context, "tokens_per_s": round(ours, 1), "hf_tokens_per_s": None}
-        if hf is not None:
-            row["hf_tokens_per_s"] = round(steps / median_of(runs, lambda: hf.decode_seconds(prompt, steps)), 1)
+        for key, hf in baselines.items():
+            row[key + "tokens_per_s"] = round(steps / median_of(runs, lambda: hf.decode_seconds(prompt, steps)), 1)
         rows.append(row)
     return rows
 
@@ -100,22 +105,30 @@ def _ratio(ours: float, theirs: float | None) -> str:
 
 
 def print_table(result: dict) -> None:
-    print(f"kvchat bench · {result['model']} · {result['device']} {result['dtype']} · "
+    print(f"kvchat bench · {result['model']} · {result['device']} {result['dtype']} · weights {result['weights']} · "
           f"{result['threads']} threads · medians of {result['runs']} runs")
-    print(f"{'':24}{'kvchat':>12}{'transformers':>14}{'ratio':>9}")
-    for row in result["prefill"]:
-        hf = row["hf_tokens_per_s"]
-        print(f"prefill {row['prompt_tokens']:>5} tokens   {row['tokens_per_s']:>8.0f} t/s"
-              f"{(f'{hf:.0f} t/s' if hf else '-'):>14}{_ratio(row['tokens_per_s'], hf):>9}")
-    for row in result["decode"]:
-        hf = row["hf_tokens_per_s"]
-        print(f"decode @ {row['context_tokens']:>5} context  {row['tokens_per_s']:>7.1f} t/s"
-              f"{(f'{hf:.1f} t/s' if hf else '-'):>14}{_ratio(row['tokens_per_s'], hf):>9}")
+    bf16 = any(row.get("hf_bf16_tokens_per_s") for row in result["prefill"])
+    header = f"{'tokens/s':24}{'kvchat':>10}{'transformers':>14}{'ratio':>8}"
+    print(header + (f"{'transformers bf16':>19}{'ratio':>8}" if bf16 else ""))
+    rows = [(f"prefill {r['prompt_tokens']:>5} tokens", r) for r in result["prefill"]]
+    rows += [(f"decode @ {r['context_tokens']:>5} context", r) for r in result["decode"]]
+    for label, row in rows:
+        ours, hf = row["tokens_per_s"], row["hf_tokens_per_s"]
+        line = f"{label:24}{ours:>10.1f}{(f'{hf:.1f}' if hf else '-'):>14}{_ratio(ours, hf):>8}"
+        if bf16:
+            hf16 = row.get("hf_bf16_tokens_per_s")
+            line += f"{(f'{hf16:.1f}' if hf16 else '-'):>19}{_ratio(ours, hf16):>8}"
+        print(line)
 
 
 def run_bench(args: argparse.Namespace) -> int:
     engine = Engine.load(engine_options(args))
-    hf = None if args.no_hf else HFBaseline(engine)
+    baselines: dict[str, HFBaseline] = {}
+    if not args.no_hf:
+        baselines["hf_"] = HFBaseline(engine)
+        if engine.device.type == "cpu" and engine.dtype == torch.float32 and not args.quick:
+            # transformers' fastest CPU setting, for reference next to the same-dtype comparison
+            baselines["hf_bf16_"] = HFBaseline(engine, torch.bfloat16)
     runs = 2 if args.quick else max(1, args.repeat)
     prefill_lengths = [16, 64] if args.quick else [128, 1024, 2048]
     decode_contexts = [16, 64] if args.quick else [128, 2048]
@@ -124,11 +137,12 @@ def run_bench(args: argparse.Namespace) -> int:
         "model": engine.info.model_name,
         "device": engine.info.device,
         "dtype": engine.info.dtype,
+        "weights": engine.info.weights,
         "threads": torch.get_num_threads(),
         "runs": runs,
         "load_ms": round(engine.info.load_ms, 1),
-        "prefill": bench_prefill(engine, hf, prefill_lengths, runs),
-        "decode": bench_decode(engine, hf, decode_contexts, decode_steps, runs),
+        "prefill": bench_prefill(engine, baselines, prefill_lengths, runs),
+        "decode": bench_decode(engine, baselines, decode_contexts, decode_steps, runs),
         "followup": [],  # built with the prefix cache
         "resume": [],  # built with KV snapshots on disk
     }

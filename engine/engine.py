@@ -13,6 +13,7 @@ are serialised by a lock, so several threads may generate at once.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.block_kernels import BlockKernels, load_block_kernels
+from engine.block_linear import BlockQuantLinear
 from engine.detokenizer import IncrementalDetokenizer
 from engine.device import pick_device, pick_dtype
 from engine.errors import ContextWindowError, EngineError
@@ -31,6 +34,7 @@ from engine.sampling import Sampler, SamplingParams
 from engine.tokenizer import Tokenizer
 from engine.weights import load_model
 
+log = logging.getLogger("kvchat")
 STATS_INTERVAL_S = 0.2  # live Stats events during decode, 5 per second
 
 
@@ -41,6 +45,7 @@ class EngineOptions:
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     threads: int | None = None  # CPU threads for torch; None: torch's default
     prefill_chunk: int = 2048  # prompts longer than this are prefilled in chunks of this many tokens
+    weights: str = "auto"  # auto | dense | blocks (GGUF Q4_1/Q8_0 blocks through the CPU kernels)
 
 
 @dataclass(frozen=True)
@@ -50,11 +55,41 @@ class LoadInfo:
     device: str
     dtype: str
     context_window: int
+    weights: str  # "dense", or e.g. "q4_1/q8_0 blocks (avx512)"
     converted: bool  # this start converted a GGUF file
     load_ms: float  # resolve (+ convert) + weights + tokenizer
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def _block_kernels(mode: str, device: torch.device, dtype: torch.dtype,
+                   progress: Callable[[str], None]) -> BlockKernels | None:
+    """The CPU block kernels when `mode` allows them and they apply (CPU, fp32), else None."""
+    if mode not in ("auto", "dense", "blocks"):
+        raise EngineError(f"Unknown weights mode {mode!r}: use auto, dense or blocks.")
+    if mode == "dense":
+        return None
+    if device.type != "cpu" or dtype != torch.float32:
+        if mode == "blocks":
+            raise EngineError("Block-quantized weights run on the CPU in float32 only; drop --weights blocks.")
+        return None
+    progress("preparing the CPU kernels")
+    kernels = load_block_kernels()
+    if isinstance(kernels, str):
+        if mode == "blocks":
+            raise EngineError(f"Block-quantized weights are unavailable: {kernels}.")
+        log.warning("kvchat: using dense weights because %s", kernels)
+        return None
+    return kernels
+
+
+def _describe_weights(model: CausalLM) -> str:
+    formats = sorted({m.fmt for m in model.modules() if isinstance(m, BlockQuantLinear)})
+    if not formats:
+        return "dense"
+    isa = next(m.kernels.isa for m in model.modules() if isinstance(m, BlockQuantLinear))
+    return f"{'/'.join(formats)} blocks ({isa})"
 
 
 class Engine:
@@ -77,9 +112,10 @@ class Engine:
         if options.threads:
             torch.set_num_threads(options.threads)
         source = resolve_model(options.model, progress)
+        kernels = _block_kernels(options.weights, device, dtype, progress)
         progress("loading weights")
         try:
-            model = load_model(source.path, device, dtype)
+            model = load_model(source.path, device, dtype, kernels)
         except torch.OutOfMemoryError:
             raise EngineError(f"Not enough {device.type} memory to load {source.name} in {dtype}.") from None
         tokenizer = Tokenizer(source.path, model.cfg.eos_token_ids)
@@ -89,6 +125,7 @@ class Engine:
             device=str(device),
             dtype=str(dtype).removeprefix("torch."),
             context_window=model.cfg.context_window,
+            weights=_describe_weights(model),
             converted=source.converted,
             load_ms=(time.perf_counter() - start) * 1e3,
         )

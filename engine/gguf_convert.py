@@ -4,7 +4,8 @@ Tensors are dequantized to fp32, which holds every GGUF weight exactly, so one
 conversion serves every engine dtype. llama.cpp stores Llama's q/k projections
 with the rows of each head interleaved for its RoPE kernel; they are put back
 in Hugging Face's rotate-half order here. The tokenizer and chat template are
-rebuilt by transformers' GGUF tokenizer support.
+rebuilt by transformers' GGUF tokenizer support. Q4_1 and Q8_0 matrices are
+also kept unexpanded in blocks.safetensors, for the CPU's block kernels.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from safetensors.torch import save_file
 from engine.errors import ModelError
 
 COMPLETE_MARKER = "kvchat-conversion-complete"
+CONVERSION_VERSION = 2  # part of the cache key: bump when the directory's contents change
+BLOCKS_FILE = "blocks.safetensors"  # the GGUF's Q4_1/Q8_0 weights, unexpanded (see block_linear.py)
 # GGUF architectures whose q/k rows llama.cpp permuted at conversion time.
 _PERMUTED_QK = {"llama"}
 _MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
@@ -139,6 +142,45 @@ def gguf_tensors(reader, config: dict[str, Any]) -> Iterator[tuple[str, torch.Te
         yield name, torch.from_numpy(np.ascontiguousarray(values))
 
 
+def _block_arrays(tensor) -> tuple[str, dict[str, np.ndarray]] | None:
+    """(format, {qs, d[, m]}) of a Q4_1 or Q8_0 matrix in the kernels' layout, else None."""
+    from gguf import GGMLQuantizationType as Q
+
+    raw = np.asarray(tensor.data)
+    if raw.ndim != 2 or tensor.tensor_type not in (Q.Q4_1, Q.Q8_0):
+        return None
+    rows = raw.shape[0]
+    if tensor.tensor_type == Q.Q4_1:  # per block: fp16 d, fp16 m, 16 bytes of nibbles
+        blocks = raw.reshape(rows, -1, 20)
+        return "q4_1", {
+            "qs": blocks[:, :, 4:].reshape(rows, -1).copy(),
+            "d": blocks[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32),
+            "m": blocks[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32),
+        }
+    blocks = raw.reshape(rows, -1, 34)  # per block: fp16 d, 32 int8
+    return "q8_0", {
+        "qs": blocks[:, :, 2:].copy().view(np.int8).reshape(rows, -1),
+        "d": blocks[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32),
+    }
+
+
+def gguf_blocks(reader, config: dict[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
+    """("<hf name>.<format>.<qs|d|m>", tensor) for every block-quantized matrix the kernels can run."""
+    arch = _field(reader, "general.architecture")
+    for tensor in reader.tensors:
+        name = _hf_name(tensor.name)
+        found = _block_arrays(tensor)
+        if found is None:
+            continue
+        fmt, arrays = found
+        for part, values in arrays.items():
+            if arch in _PERMUTED_QK and name.endswith("q_proj.weight"):
+                values = _unpermute(values, config["num_attention_heads"])
+            elif arch in _PERMUTED_QK and name.endswith("k_proj.weight"):
+                values = _unpermute(values, config["num_key_value_heads"])
+            yield f"{name}.{fmt}.{part}", torch.from_numpy(np.ascontiguousarray(values))
+
+
 def _hf_name(gguf_name: str) -> str:
     if gguf_name in _GLOBAL_TENSORS:
         return _GLOBAL_TENSORS[gguf_name]
@@ -158,15 +200,8 @@ def _export_tokenizer(gguf_path: Path, out_dir: Path) -> None:
     tokenizer.save_pretrained(str(out_dir))
 
 
-def convert_gguf(gguf_path: Path, out_dir: Path, progress: Callable[[str], None] = lambda _: None) -> Path:
-    """Write a model directory for `gguf_path` at `out_dir` (atomically) and return it.
-
-    A directory left complete by an earlier or concurrent conversion is kept.
-    """
-    if (out_dir / COMPLETE_MARKER).exists():
-        return out_dir
-    reader = open_gguf(gguf_path)
-    config = gguf_config(reader)
+def _write_model_dir(gguf_path: Path, reader, config: dict[str, Any], out_dir: Path,
+                     progress: Callable[[str], None]) -> None:
     if out_dir.exists():  # a directory without the marker is not ours to trust
         shutil.rmtree(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -174,6 +209,9 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: Callable[[str], None]
     try:
         progress("dequantizing weights")
         save_file(dict(gguf_tensors(reader, config)), str(staging / "model.safetensors"), metadata={"format": "pt"})
+        blocks = dict(gguf_blocks(reader, config))
+        if blocks:
+            save_file(blocks, str(staging / BLOCKS_FILE), metadata={"format": "pt"})
         (staging / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
         generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}
         (staging / "generation_config.json").write_text(json.dumps(generation, indent=2), encoding="utf-8")
@@ -188,4 +226,20 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: Callable[[str], None]
             # Another process finished the same conversion first; its result is identical.
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path, progress: Callable[[str], None] = lambda _: None) -> Path:
+    """Write a model directory for `gguf_path` at `out_dir` (atomically) and return it.
+
+    A directory left complete by an earlier or concurrent conversion is kept.
+    """
+    if (out_dir / COMPLETE_MARKER).exists():
+        return out_dir
+    reader = open_gguf(gguf_path)
+    config = gguf_config(reader)
+    try:
+        _write_model_dir(gguf_path, reader, config, out_dir, progress)
+    except OSError as exc:  # read-only cache, disk full...
+        raise ModelError(f"The converted model cannot be written to {out_dir.parent} ({exc.strerror or exc}); "
+                         "free some space or set KVCHAT_CACHE_DIR to a writable directory.") from None
     return out_dir

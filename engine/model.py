@@ -39,7 +39,7 @@ class CausalLM(nn.Module):
         start = cache.num_tokens
         cache.reserve(num_new)
         cos = self.rotary.cos[start : start + num_new].unsqueeze(1)
-        sin = self.rotary.sin[start : start + num_new].unsqueeze(1)
+        sin = self.rotary.sin_signed[start : start + num_new].unsqueeze(1)
         mask = prefix_causal_mask(num_new, start + num_new, token_ids.device)
         x = self.embed_tokens(token_ids)
         for layer in self.layers:

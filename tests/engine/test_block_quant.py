@@ -1,0 +1,121 @@
+"""The CPU block kernels: exact weights, matvec == dense matmul up to summation order, fallbacks."""
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+from engine import Engine, EngineError, EngineOptions, SamplingParams
+from engine import block_kernels
+from engine.block_linear import BlockQuantLinear
+from engine.gguf_convert import BLOCKS_FILE, convert_gguf
+from tests.tiny_gguf import write_gguf
+from tests.tiny_models import load_reference, make_tiny_model
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
+                                reason="the block kernels need a C compiler")
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    loaded = block_kernels.load_block_kernels()
+    assert not isinstance(loaded, str), loaded
+    return loaded
+
+
+def quantized(fmt, rows, cols, seed=0):
+    """(BlockQuantLinear parts, the dense fp32 weight gguf's own dequantizer gives)."""
+    import gguf
+    from gguf.quants import dequantize, quantize
+
+    from engine.gguf_convert import _block_arrays
+
+    qtype = getattr(gguf.GGMLQuantizationType, fmt.upper())
+    w = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
+    raw = quantize(w, qtype)
+    fake = type("T", (), {"data": raw, "tensor_type": qtype})
+    _, parts = _block_arrays(fake)
+    return {k: torch.from_numpy(v) for k, v in parts.items()}, torch.from_numpy(dequantize(raw, qtype))
+
+
+@pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
+def test_dequantized_weights_are_bit_identical_to_ggufs_own_dequantizer(kernels, fmt):
+    parts, dense = quantized(fmt, 77, 96)
+    linear = BlockQuantLinear(kernels, fmt, parts["qs"], parts["d"], parts.get("m"), None)
+    assert torch.equal(linear.dequantized(), dense)
+
+
+@pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 40])
+def test_products_match_a_dense_matmul_of_the_same_weights(kernels, fmt, rows):
+    parts, dense = quantized(fmt, 130, 160, seed=rows)
+    bias = torch.randn(130)
+    linear = BlockQuantLinear(kernels, fmt, parts["qs"], parts["d"], parts.get("m"), bias)
+    x = torch.randn(rows, 160)
+    torch.testing.assert_close(linear(x), F.linear(x, dense, bias), atol=1e-4, rtol=1e-5)
+
+
+def test_leading_dimensions_are_kept(kernels):
+    parts, dense = quantized("q4_1", 64, 64)
+    linear = BlockQuantLinear(kernels, "q4_1", parts["qs"], parts["d"], parts["m"], None)
+    x = torch.randn(2, 3, 64)
+    assert linear(x).shape == (2, 3, 64)
+    torch.testing.assert_close(linear(x), x @ dense.T, atol=1e-4, rtol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def q4_gguf_model(tmp_path_factory):
+    """A tiny Llama written as a Q4_1 GGUF (embeddings Q4_1 too) and converted."""
+    root = tmp_path_factory.mktemp("q4")
+    hf_model = load_reference(make_tiny_model(root / "hf", "llama", tie_word_embeddings=True))
+    return convert_gguf(write_gguf(hf_model, root / "tiny-q4.gguf", quant="Q4_1"), root / "converted")
+
+
+def test_conversion_keeps_blocks_that_rebuild_the_dense_weights_exactly(kernels, q4_gguf_model):
+    dense = load_file(str(q4_gguf_model / "model.safetensors"))
+    blocks = load_file(str(q4_gguf_model / BLOCKS_FILE))
+    names = sorted({k.rsplit(".", 2)[0] for k in blocks})
+    assert "model.layers.0.self_attn.q_proj.weight" in names and "model.embed_tokens.weight" in names
+    for name in names:
+        fmt = next(k.rsplit(".", 2)[1] for k in blocks if k.startswith(name + "."))
+        parts = {p: blocks.get(f"{name}.{fmt}.{p}") for p in ("qs", "d", "m")}
+        linear = BlockQuantLinear(kernels, fmt, parts["qs"], parts["d"], parts["m"], None)
+        assert torch.equal(linear.dequantized(), dense[name]), name  # q/k rows un-permuted like the dense ones
+
+
+def test_block_weights_give_the_dense_models_logits_and_greedy_tokens(kernels, q4_gguf_model):
+    packed = Engine.load(EngineOptions(model=str(q4_gguf_model), dtype="float32"))
+    dense = Engine.load(EngineOptions(model=str(q4_gguf_model), dtype="float32", weights="dense"))
+    assert packed.info.weights.startswith("q4_1 blocks") and dense.info.weights == "dense"
+    ids = list(range(60, 100))
+    for rows in (ids, ids[:5]):  # the dequantize+GEMM path and the matvec path
+        torch.testing.assert_close(packed.forward(rows, packed.new_cache(), all_logits=True),
+                                   dense.forward(rows, dense.new_cache(), all_logits=True), atol=1e-4, rtol=1e-5)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    assert list(packed.generate(ids, params))[-1].token_ids == list(dense.generate(ids, params))[-1].token_ids
+
+
+def test_without_a_compiler_the_engine_falls_back_to_dense_weights(q4_gguf_model, monkeypatch):
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    monkeypatch.setattr(block_kernels.shutil, "which", lambda name: None)
+    block_kernels.reset_for_tests()
+    try:
+        engine = Engine.load(EngineOptions(model=str(q4_gguf_model), dtype="float32"))
+        assert engine.info.weights == "dense"
+        with pytest.raises(EngineError, match="no C compiler"):
+            Engine.load(EngineOptions(model=str(q4_gguf_model), dtype="float32", weights="blocks"))
+    finally:
+        block_kernels.reset_for_tests()
+
+
+def test_block_weights_are_refused_outside_cpu_float32(q4_gguf_model):
+    with pytest.raises(EngineError, match="float32 only"):
+        Engine.load(EngineOptions(model=str(q4_gguf_model), dtype="bfloat16", weights="blocks"))
+    assert Engine.load(EngineOptions(model=str(q4_gguf_model), dtype="bfloat16")).info.weights == "dense"
+
+
+def test_a_model_without_blocks_loads_dense_weights(tiny_engine):
+    assert tiny_engine.info.weights == "dense"
