@@ -32,10 +32,6 @@ def _scratch_buffer(numel: int) -> torch.Tensor:
     return buffer[:numel]
 
 
-def _ptr(t: torch.Tensor) -> int:
-    return t.data_ptr()
-
-
 class BlockQuantLinear(nn.Module):
     def __init__(self, kernels: BlockKernels, fmt: str, qs: torch.Tensor, d: torch.Tensor,
                  m: torch.Tensor | None, bias: torch.Tensor | None):
@@ -49,34 +45,45 @@ class BlockQuantLinear(nn.Module):
         self.register_buffer("d", d.to(torch.float32).contiguous())
         self.register_buffer("m", None if m is None else m.to(torch.float32).contiguous())
         self.register_buffer("bias", None if bias is None else bias.to(torch.float32))
+        self._bind_kernels()
 
     def extra_repr(self) -> str:
         return f"{self.in_features} -> {self.out_features}, {self.fmt} blocks, {self.kernels.isa}"
 
+    def _apply(self, fn, recurse=True):
+        module = super()._apply(fn, recurse)
+        self._bind_kernels()  # tensors may have moved: rebind their addresses
+        return module
+
+    def _bind_kernels(self) -> None:
+        # Plain attributes, not buffer lookups: this is called ~120 times per decoded token.
+        lib, n, k = self.kernels.lib, self.out_features, self.in_features
+        qs, d = self.qs.data_ptr(), self.d.data_ptr()
+        if self.fmt == "q4_1":
+            m = self.m.data_ptr()
+            self._matvec = lambda x, rows, y, t: lib.q4_1_matvec(x, rows, k, qs, d, m, n, y, t)
+            self._dequantize = lambda w, t: lib.q4_1_dequantize(qs, d, m, n, k, w, t)
+        else:
+            self._matvec = lambda x, rows, y, t: lib.q8_0_matvec(x, rows, k, qs, d, n, y, t)
+            self._dequantize = lambda w, t: lib.q8_0_dequantize(qs, d, n, k, w, t)
+        self._bias = self.bias
+
     def dequantized(self) -> torch.Tensor:
         """The fp32 weight [out, in], in a scratch buffer reused by the next call on this thread."""
-        n, k = self.out_features, self.in_features
-        w = _scratch_buffer(n * k)
-        threads = torch.get_num_threads()
-        if self.fmt == "q4_1":
-            self.kernels.lib.q4_1_dequantize(_ptr(self.qs), _ptr(self.d), _ptr(self.m), n, k, _ptr(w), threads)
-        else:
-            self.kernels.lib.q8_0_dequantize(_ptr(self.qs), _ptr(self.d), n, k, _ptr(w), threads)
-        return w.view(n, k)
+        w = _scratch_buffer(self.out_features * self.in_features)
+        self._dequantize(w.data_ptr(), torch.get_num_threads())
+        return w.view(self.out_features, self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).to(torch.float32).contiguous()
-        if rows.shape[0] > self.kernels.max_rows:
+        rows = x.reshape(-1, self.in_features)
+        if rows.dtype != torch.float32 or not rows.is_contiguous():
+            rows = rows.to(torch.float32).contiguous()
+        count = rows.shape[0]
+        if count > self.kernels.max_rows:
             y = F.linear(rows, self.dequantized())
         else:
-            y = torch.empty(rows.shape[0], self.out_features, dtype=torch.float32)
-            lib, n, threads = self.kernels.lib, self.out_features, torch.get_num_threads()
-            if self.fmt == "q4_1":
-                lib.q4_1_matvec(_ptr(rows), rows.shape[0], self.in_features, _ptr(self.qs), _ptr(self.d),
-                                _ptr(self.m), n, _ptr(y), threads)
-            else:
-                lib.q8_0_matvec(_ptr(rows), rows.shape[0], self.in_features, _ptr(self.qs), _ptr(self.d),
-                                n, _ptr(y), threads)
-        if self.bias is not None:
-            y = y + self.bias
+            y = torch.empty(count, self.out_features, dtype=torch.float32)
+            self._matvec(rows.data_ptr(), count, y.data_ptr(), torch.get_num_threads())
+        if self._bias is not None:
+            y = y + self._bias
         return y.view(*x.shape[:-1], self.out_features)
