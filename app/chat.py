@@ -12,6 +12,11 @@ from dataclasses import dataclass
 from engine import Done, Engine, EngineError, Event, Generation, SamplingParams
 
 
+# No tokenizer packs more than this many characters into one token on average, so a
+# longer message cannot fit the context window and is refused before tokenizing it.
+MAX_CHARS_PER_TOKEN = 64
+
+
 class ChatError(EngineError):
     """The conversation cannot be turned into a prompt (no template, template refused it)."""
 
@@ -57,6 +62,10 @@ class ChatSession:
         recorded. The user message is recorded at once; the reply when it ends,
         also when it was stopped (its partial text is kept).
         """
+        window = self.engine.context_window
+        if len(user_text) > MAX_CHARS_PER_TOKEN * window:
+            raise ChatError(f"The message is {len(user_text):,} characters, far more than the model's "
+                            f"context window of {window} tokens can hold.")
         generation = self.engine.generate(self.prompt_ids(user_text), self.params)
         self.messages.append(ChatMessage("user", user_text))
         self.generation = generation

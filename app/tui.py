@@ -168,6 +168,8 @@ class KvchatApp(App):
                     self.post_message(ReplyDone(event))
         except EngineError as exc:
             self.post_message(ReplyDone(None, str(exc)))
+        except Exception as exc:  # a bug must not take the chat (and the user's text) down with it
+            self.post_message(ReplyDone(None, f"The reply failed unexpectedly ({exc!r})."))
 
     async def on_reply_text(self, message: ReplyText) -> None:
         if self._stream is not None:

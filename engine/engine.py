@@ -173,7 +173,12 @@ class Generation:
 
     def __iter__(self) -> Iterator[Event]:
         with torch.inference_mode():
-            yield from self._run()
+            try:
+                yield from self._run()
+            except torch.OutOfMemoryError:
+                # This request's tensors are released as the exception unwinds; the engine stays usable.
+                raise EngineError(f"Out of {self.engine.device.type} memory while generating; "
+                                  "try a shorter conversation or a smaller model.") from None
 
     def _prefill(self, cache: KVCache, stats: RequestStats) -> torch.Tensor | None:
         """Compute the prompt's K/V chunk by chunk; logits of its last token, or None if cancelled."""
@@ -204,10 +209,7 @@ class Generation:
         stats.cached_tokens = cache.num_tokens
         sampler = Sampler(self.params, engine.model.cfg.vocab_size, self.prompt_ids, engine.device)
         detokenizer = IncrementalDetokenizer(engine.tokenizer.decode)
-        try:
-            logits = self._prefill(cache, stats)
-        except torch.OutOfMemoryError:
-            raise EngineError("Out of memory while reading the prompt; try a shorter conversation.") from None
+        logits = self._prefill(cache, stats)
         if logits is None:
             stats.phase = "done"
             yield Done("stopped", stats)

@@ -57,3 +57,11 @@ def test_a_model_without_a_chat_template_is_refused(tiny_engine, monkeypatch):
     monkeypatch.setattr(tiny_engine.tokenizer.hf, "chat_template", None)
     with pytest.raises(ChatError, match="no chat template"):
         ChatSession(tiny_engine)
+
+
+def test_a_huge_paste_is_refused_before_tokenizing(tiny_engine, monkeypatch):
+    session = ChatSession(tiny_engine)
+    monkeypatch.setattr(session, "prompt_ids", lambda text: pytest.fail("a huge message was tokenized"))
+    with pytest.raises(ChatError, match="1,000,000 characters, far more than the model's context window of 256"):
+        session.send("x" * 1_000_000)
+    assert session.messages == []

@@ -17,8 +17,20 @@ async def wait_until(pilot, predicate, timeout=20.0):
         await pilot.pause(0.05)
 
 
+class RecordingApp(KvchatApp):
+    """KvchatApp that also keeps the text of every notification it shows."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.notices: list[str] = []
+
+    def notify(self, message, **kwargs):
+        self.notices.append(message)
+        super().notify(message, **kwargs)
+
+
 def app_with(engine, **params):
-    return KvchatApp(lambda progress: engine, params=SamplingParams(temperature=0, **params))
+    return RecordingApp(lambda progress: engine, params=SamplingParams(temperature=0, **params))
 
 
 async def send(pilot, text):
@@ -79,7 +91,7 @@ async def test_a_message_over_the_context_window_is_a_notification_not_a_crash(t
         await wait_until(pilot, lambda: app.session is not None)
         await send(pilot, "x" * 400)
         await pilot.pause(0.1)
-        assert any("context window is 256 tokens" in n.message for n in app._notifications)
+        assert any("context window is 256 tokens" in n for n in app.notices)
         assert not app.query(UserMessage) and app.query_one("#prompt").value == "x" * 400
 
 
@@ -88,10 +100,24 @@ async def test_a_model_that_fails_to_load_is_reported_and_the_app_stays_up():
         progress("checking the model file")
         raise EngineError("No model found at /nowhere.")
 
-    app = KvchatApp(failing_loader)
+    app = RecordingApp(failing_loader)
     async with app.run_test() as pilot:
         await wait_until(pilot, lambda: app.query_one(StatusBar).phase == "no model")
-        assert any("No model found" in n.message for n in app._notifications)
+        assert any("No model found" in n for n in app.notices)
         await send(pilot, "hello")
         await pilot.pause(0.1)
-        assert any("still loading" in n.message for n in app._notifications)
+        assert any("still loading" in n for n in app.notices)
+
+
+async def test_an_unexpected_engine_failure_is_a_notification_and_the_chat_goes_on(tiny_engine, monkeypatch):
+    forward = tiny_engine.forward
+    monkeypatch.setattr(tiny_engine, "forward", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    app = app_with(tiny_engine, max_tokens=3)
+    async with app.run_test() as pilot:
+        await wait_until(pilot, lambda: app.session is not None)
+        await send(pilot, "hello")
+        await wait_until(pilot, lambda: any("boom" in n for n in app.notices))
+        assert not app.generating
+        monkeypatch.setattr(tiny_engine, "forward", forward)
+        await send(pilot, "again")
+        await wait_until(pilot, lambda: app.session.messages[-1].role == "assistant" and not app.generating)
