@@ -20,9 +20,18 @@ from app.ask import engine_options
 from engine import Done, Engine, SamplingParams
 
 
-def median_of(runs: int, measure: Callable[[], float]) -> float:
-    measure()  # warm-up: first-touch allocations and kernel selection
-    return statistics.median(measure() for _ in range(runs))
+def interleaved_medians(runs: int, measures: dict[str, Callable[[], float]]) -> dict[str, float]:
+    """Median of each measure over `runs` rounds; a round runs every measure once, in turn.
+
+    Interleaving spreads the noise of a shared machine over all contenders alike.
+    """
+    for measure in measures.values():
+        measure()  # warm-up: first-touch allocations and kernel selection
+    samples: dict[str, list[float]] = {name: [] for name in measures}
+    for _ in range(runs):
+        for name, measure in measures.items():
+            samples[name].append(measure())
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def random_prompt(engine: Engine, length: int, seed: int = 0) -> list[int]:
@@ -67,22 +76,25 @@ class HFBaseline:
         return time.perf_counter() - start
 
 
-def _hf_prefill_tokens_per_s(hf: HFBaseline, prompt: list[int], runs: int) -> float:
-    def seconds():
+def _timed(fn: Callable[[], object]) -> Callable[[], float]:
+    def seconds() -> float:
         start = time.perf_counter()
-        hf.prefill(prompt)
+        fn()
         return time.perf_counter() - start
-    return round(len(prompt) / median_of(runs, seconds), 1)
+    return seconds
 
 
 def bench_prefill(engine: Engine, baselines: dict[str, HFBaseline], lengths: list[int], runs: int) -> list[dict]:
     rows = []
     for length in lengths:
         prompt = random_prompt(engine, length)
-        ours_ms = median_of(runs, lambda: generate(engine, prompt, 1).stats.ttft_ms)
-        row = {"prompt_tokens": length, "tokens_per_s": round(length / (ours_ms / 1e3), 1), "hf_tokens_per_s": None}
+        measures = {"": lambda: generate(engine, prompt, 1).stats.ttft_ms / 1e3}
         for key, hf in baselines.items():
-            row[key + "tokens_per_s"] = _hf_prefill_tokens_per_s(hf, prompt, runs)
+            measures[key] = _timed(lambda hf=hf: hf.prefill(prompt))
+        seconds = interleaved_medians(runs, measures)
+        row = {"prompt_tokens": length, "tokens_per_s": None, "hf_tokens_per_s": None}
+        for key, value in seconds.items():
+            row[key + "tokens_per_s"] = round(length / value, 1)
         rows.append(row)
     return rows
 
@@ -92,10 +104,14 @@ def bench_decode(engine: Engine, baselines: dict[str, HFBaseline], contexts: lis
     rows = []
     for context in contexts:
         prompt = random_prompt(engine, context, seed=1)
-        ours = median_of(runs, lambda: generate(engine, prompt, steps + 1).stats.decode_tokens_per_s)
-        row = {"context_tokens": context, "tokens_per_s": round(ours, 1), "hf_tokens_per_s": None}
+        # Our decode time comes from the engine's own stats (first token -> last token, steps decode steps).
+        measures = {"": lambda: steps / generate(engine, prompt, steps + 1).stats.decode_tokens_per_s}
         for key, hf in baselines.items():
-            row[key + "tokens_per_s"] = round(steps / median_of(runs, lambda: hf.decode_seconds(prompt, steps)), 1)
+            measures[key] = lambda hf=hf: hf.decode_seconds(prompt, steps)
+        seconds = interleaved_medians(runs, measures)
+        row = {"context_tokens": context, "tokens_per_s": None, "hf_tokens_per_s": None}
+        for key, value in seconds.items():
+            row[key + "tokens_per_s"] = round(steps / value, 1)
         rows.append(row)
     return rows
 
