@@ -33,7 +33,6 @@ _loaded: "BlockKernels | str | None" = None  # the kernels, or why there are non
 class BlockKernels:
     lib: ctypes.CDLL
     isa: str  # avx512 | avx2 | portable
-    max_rows: int  # matvec handles up to this many input rows per call
 
 
 def _cpu_identity() -> str:
@@ -68,15 +67,14 @@ def _build(compiler: str) -> Path:
 
 def _bind(lib: ctypes.CDLL) -> BlockKernels:
     p, i = ctypes.c_void_p, ctypes.c_int
-    lib.q4_1_matvec.argtypes = [p, i, i, p, p, p, i, p, i]
-    lib.q8_0_matvec.argtypes = [p, i, i, p, p, i, p, i]
+    lib.q4_1_matmul.argtypes = [p, i, i, p, p, p, i, p, i]
+    lib.q8_0_matmul.argtypes = [p, i, i, p, p, i, p, i]
     lib.q4_1_dequantize.argtypes = [p, p, p, i, i, p, i]
     lib.q8_0_dequantize.argtypes = [p, p, i, i, p, i]
-    for fn in (lib.q4_1_matvec, lib.q8_0_matvec, lib.q4_1_dequantize, lib.q8_0_dequantize):
+    for fn in (lib.q4_1_matmul, lib.q8_0_matmul, lib.q4_1_dequantize, lib.q8_0_dequantize):
         fn.restype = None
     lib.kv_isa.restype = ctypes.c_char_p
-    lib.kv_max_rows.restype = ctypes.c_int
-    return BlockKernels(lib, lib.kv_isa().decode(), lib.kv_max_rows())
+    return BlockKernels(lib, lib.kv_isa().decode())
 
 
 def load_block_kernels() -> BlockKernels | str:

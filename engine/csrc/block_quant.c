@@ -11,7 +11,7 @@
  *   Q4_1: qs uint8 [N, K/2]  (block b of row n: 16 bytes; byte j holds column
  *         32b+j in its low nibble and 32b+16+j in its high nibble), d, m float [N, K/32]
  *   Q8_0: qs int8 [N, K], d float [N, K/32]
- * x is [rows, K] and y is [rows, N], row-major, 1 <= rows <= KV_MAX_ROWS;
+ * x is [rows, K] and y is [rows, N], row-major;
  * `threads` is the caller's thread budget (torch's), passed explicitly because
  * OpenMP's default is per calling thread.
  *
@@ -27,9 +27,6 @@
 
 #define BLOCK 32
 #define HALF 16
-#define KV_MAX_ROWS 8
-
-int kv_max_rows(void) { return KV_MAX_ROWS; }
 
 /* ---- the definition of a weight's value (portable) ---- */
 
@@ -129,20 +126,18 @@ static inline void q8_0_decode(const int8_t *qs, float d, vec *w) { q8_0_block(q
 #define VEC_PER_BLOCK (BLOCK / VEC)
 
 /*
- * All output columns for ROWS input rows. ROWS is a compile-time constant in
- * every expansion, so the accumulators live in registers.
+ * Output column n for ROWS input rows starting at row r0. ROWS is a
+ * compile-time constant in every expansion, so the accumulators live in registers.
  */
-#define MATVEC(ROWS, DECODE)                                                       \
-    _Pragma("omp parallel for schedule(static) num_threads(threads)")              \
-    for (int n = 0; n < N; n++) {                                                  \
-        const int64_t row = (int64_t)n * nb;                                       \
+#define COLUMN(ROWS, DECODE)                                                       \
+    do {                                                                           \
         vec acc[ROWS][VEC_PER_BLOCK], w[VEC_PER_BLOCK];                            \
         for (int r = 0; r < ROWS; r++)                                             \
             for (int i = 0; i < VEC_PER_BLOCK; i++) acc[r][i] = vzero();           \
         for (int b = 0; b < nb; b++) {                                             \
             DECODE;                                                                \
             for (int r = 0; r < ROWS; r++) {                                       \
-                const float *xb = x + (int64_t)r * K + b * BLOCK;                  \
+                const float *xb = x + (int64_t)(r0 + r) * K + b * BLOCK;           \
                 for (int i = 0; i < VEC_PER_BLOCK; i++)                            \
                     acc[r][i] = vfma(vload(xb + i * VEC), w[i], acc[r][i]);        \
             }                                                                      \
@@ -150,34 +145,46 @@ static inline void q8_0_decode(const int8_t *qs, float d, vec *w) { q8_0_block(q
         for (int r = 0; r < ROWS; r++) {                                           \
             vec s = acc[r][0];                                                     \
             for (int i = 1; i < VEC_PER_BLOCK; i++) s = vadd(s, acc[r][i]);        \
-            y[(int64_t)r * N + n] = vsum(s);                                       \
+            y[(int64_t)(r0 + r) * N + n] = vsum(s);                                \
         }                                                                          \
-    }
+    } while (0)
 
-#define DISPATCH_ROWS(DECODE)                                                      \
-    switch (rows) {                                                                \
-    case 1: MATVEC(1, DECODE) break;                                               \
-    case 2: MATVEC(2, DECODE) break;                                               \
-    case 3: MATVEC(3, DECODE) break;                                               \
-    case 4: MATVEC(4, DECODE) break;                                               \
-    case 5: MATVEC(5, DECODE) break;                                               \
-    case 6: MATVEC(6, DECODE) break;                                               \
-    case 7: MATVEC(7, DECODE) break;                                               \
-    default: MATVEC(8, DECODE) break;                                              \
+/*
+ * y = x W^T for any number of rows: each thread takes output columns and walks
+ * the rows in groups of ROW_GROUP, re-decoding the column's weights (cached in
+ * L1) for every group instead of re-reading the matrix from memory.
+ */
+#define ROW_GROUP 8
+#define MATMUL(DECODE)                                                             \
+    _Pragma("omp parallel for schedule(static) num_threads(threads)")              \
+    for (int n = 0; n < N; n++) {                                                  \
+        const int64_t row = (int64_t)n * nb;                                       \
+        int r0 = 0;                                                                \
+        for (; r0 + ROW_GROUP <= rows; r0 += ROW_GROUP) COLUMN(ROW_GROUP, DECODE); \
+        switch (rows - r0) {                                                       \
+        case 1: COLUMN(1, DECODE); break;                                          \
+        case 2: COLUMN(2, DECODE); break;                                          \
+        case 3: COLUMN(3, DECODE); break;                                          \
+        case 4: COLUMN(4, DECODE); break;                                          \
+        case 5: COLUMN(5, DECODE); break;                                          \
+        case 6: COLUMN(6, DECODE); break;                                          \
+        case 7: COLUMN(7, DECODE); break;                                          \
+        default: break;                                                            \
+        }                                                                          \
     }
 
 /* ---- entry points (called through ctypes) ---- */
 
-void q4_1_matvec(const float *x, int rows, int K, const uint8_t *qs, const float *d, const float *m,
+void q4_1_matmul(const float *x, int rows, int K, const uint8_t *qs, const float *d, const float *m,
                  int N, float *y, int threads) {
     const int nb = K / BLOCK;
-    DISPATCH_ROWS(q4_1_decode(qs + (row + b) * HALF, d[row + b], m[row + b], w))
+    MATMUL(q4_1_decode(qs + (row + b) * HALF, d[row + b], m[row + b], w))
 }
 
-void q8_0_matvec(const float *x, int rows, int K, const int8_t *qs, const float *d, int N, float *y,
+void q8_0_matmul(const float *x, int rows, int K, const int8_t *qs, const float *d, int N, float *y,
                  int threads) {
     const int nb = K / BLOCK;
-    DISPATCH_ROWS(q8_0_decode(qs + (row + b) * BLOCK, d[row + b], w))
+    MATMUL(q8_0_decode(qs + (row + b) * BLOCK, d[row + b], w))
 }
 
 /* W as fp32 [N, K], bit-identical to the dense checkpoint. */

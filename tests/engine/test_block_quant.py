@@ -49,7 +49,7 @@ def test_dequantized_weights_are_bit_identical_to_ggufs_own_dequantizer(kernels,
 
 
 @pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 40])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 23, 128, 129, 300])
 def test_products_match_a_dense_matmul_of_the_same_weights(kernels, fmt, rows):
     parts, dense = quantized(fmt, 130, 160, seed=rows)
     bias = torch.randn(130)
@@ -91,7 +91,7 @@ def test_block_weights_give_the_dense_models_logits_and_greedy_tokens(kernels, q
     dense = Engine.load(EngineOptions(model=str(q4_gguf_model), dtype="float32", weights="dense"))
     assert packed.info.weights.startswith("q4_1 blocks") and dense.info.weights == "dense"
     ids = list(range(60, 100))
-    for rows in (ids, ids[:5]):  # the dequantize+GEMM path and the matvec path
+    for rows in (list(range(200)), ids, ids[:5]):  # the dequantize+GEMM path and the kernel
         torch.testing.assert_close(packed.forward(rows, packed.new_cache(), all_logits=True),
                                    dense.forward(rows, dense.new_cache(), all_logits=True), atol=1e-4, rtol=1e-5)
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
