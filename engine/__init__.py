@@ -9,7 +9,8 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from engine.engine import Engine, EngineOptions, Generation, LoadInfo
+from engine.engine import Engine, EngineOptions, LoadInfo
+from engine.generation import Generation
 from engine.errors import ContextWindowError, EngineError, ModelError
 from engine.events import Done, Event, RequestStats, Stats, TokenDelta
 from engine.sampling import SamplingParams

@@ -4,10 +4,12 @@
     for event in engine.generate(prompt_ids, SamplingParams(temperature=0)):
         ...
 
-Requests are stateless (full prompt ids in). Generation runs in the thread that
-iterates; `Generation.cancel()` may be called from any other thread and takes
-effect before the next decode step. Forward passes of concurrent generations
-are serialised by a lock, so several threads may generate at once.
+Requests are stateless (full prompt ids in): the longest prefix whose K/V the
+prefix cache still holds is reused, exact to the token, and only the rest is
+computed. Generation runs in the thread that iterates; `Generation.cancel()`
+may be called from any other thread and takes effect before the next decode
+step. Forward passes and cache operations of concurrent generations are
+serialised by one lock, so several threads may generate at once.
 """
 
 from __future__ import annotations
@@ -16,26 +18,28 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from engine.block_kernels import BlockKernels, load_block_kernels
 from engine.block_linear import BlockQuantLinear
-from engine.detokenizer import IncrementalDetokenizer
 from engine.device import pick_device, pick_dtype
 from engine.errors import ContextWindowError, EngineError
-from engine.events import Done, Event, RequestStats, Stats, TokenDelta
+from engine.generation import Generation
+from engine.kv_budget import host_tier_bytes, kv_pool_bytes
 from engine.kv_cache import ContiguousKVCache, KVCache
+from engine.kv_pool import KVPool
 from engine.model import CausalLM
 from engine.model_source import resolve_model
-from engine.sampling import Sampler, SamplingParams
+from engine.prefix_cache import PrefixCache, common_prefix_length
+from engine.sampling import SamplingParams
+from engine.sequence_kv import SequenceKV
 from engine.tokenizer import Tokenizer
 from engine.weights import load_model
 
 log = logging.getLogger("kvchat")
-STATS_INTERVAL_S = 0.2  # live Stats events during decode, 5 per second
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,10 @@ class EngineOptions:
     threads: int | None = None  # CPU threads for torch; None: torch's default
     prefill_chunk: int = 2048  # prompts longer than this are prefilled in chunks of this many tokens
     weights: str = "auto"  # auto | dense | blocks (GGUF Q4_1/Q8_0 blocks through the CPU kernels)
+    prefix_cache: bool = True  # keep K/V of finished requests and reuse matching prefixes
+    kv_cache_gb: float | None = None  # device KV pool; None: see kv_budget.py
+    host_cache_gb: float | None = None  # host-RAM tier for blocks evicted from a GPU; None: see kv_budget.py
+    kv_block_size: int = 16  # tokens per KV block
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,8 @@ class LoadInfo:
     dtype: str
     context_window: int
     weights: str  # "dense", or e.g. "q4_1/q8_0 blocks (avx512)"
+    kv_cache_bytes: int  # device KV pool (0: prefix cache off)
+    host_cache_bytes: int  # host tier (0: none)
     converted: bool  # this start converted a GGUF file
     load_ms: float  # resolve (+ convert) + weights + tokenizer
 
@@ -93,14 +103,21 @@ def _describe_weights(model: CausalLM) -> str:
 
 
 class Engine:
-    def __init__(self, model: CausalLM, tokenizer: Tokenizer, info: LoadInfo, options: EngineOptions):
+    def __init__(self, model: CausalLM, tokenizer: Tokenizer, info: LoadInfo, options: EngineOptions,
+                 prefix_cache: PrefixCache | None):
         self.model = model
         self.tokenizer = tokenizer
         self.info = info
         self.options = options
+        self.prefix_cache = prefix_cache
         self.device = model.embed_tokens.weight.device
         self.dtype = model.embed_tokens.weight.dtype
-        self._forward_lock = threading.Lock()
+        self._lock = threading.RLock()
+        # The last request's working buffer is kept, with the ids of the positions it holds:
+        # a fresh buffer costs its page faults again (~60 ms for 2k tokens of SmolLM2 in fp32),
+        # and a chat's next turn starts with exactly those positions, so they need no gather.
+        self._spare_working: ContiguousKVCache | None = None
+        self._spare_tokens: list[int] = []
 
     @classmethod
     def load(cls, options: EngineOptions = EngineOptions(),
@@ -119,6 +136,7 @@ class Engine:
         except torch.OutOfMemoryError:
             raise EngineError(f"Not enough {device.type} memory to load {source.name} in {dtype}.") from None
         tokenizer = Tokenizer(source.path, model.cfg.eos_token_ids)
+        prefix_cache = _prefix_cache(options, model, device, dtype) if options.prefix_cache else None
         info = LoadInfo(
             model_name=source.name,
             model_dir=str(source.path),
@@ -126,16 +144,19 @@ class Engine:
             dtype=str(dtype).removeprefix("torch."),
             context_window=model.cfg.context_window,
             weights=_describe_weights(model),
+            kv_cache_bytes=prefix_cache.pool.data.nbytes if prefix_cache else 0,
+            host_cache_bytes=prefix_cache.host.data.nbytes if prefix_cache and prefix_cache.host else 0,
             converted=source.converted,
             load_ms=(time.perf_counter() - start) * 1e3,
         )
-        return cls(model, tokenizer, info, options)
+        return cls(model, tokenizer, info, options, prefix_cache)
 
     @property
     def context_window(self) -> int:
         return self.model.cfg.context_window
 
-    def new_cache(self) -> KVCache:
+    def new_cache(self) -> ContiguousKVCache:
+        """A private, uncached KV cache (for direct `forward` calls)."""
         cfg = self.model.cfg
         return ContiguousKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.context_window,
                                  self.device, self.dtype)
@@ -143,11 +164,58 @@ class Engine:
     def forward(self, token_ids: list[int], cache: KVCache, all_logits: bool = False) -> torch.Tensor:
         """One forward pass over `token_ids` after `cache`'s tokens (serialised across threads)."""
         ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
-        with self._forward_lock:
+        with self._lock:
             return self.model(ids, cache, all_logits=all_logits)
 
-    def generate(self, prompt_ids: list[int], params: SamplingParams = SamplingParams()) -> "Generation":
-        """Validate the request now; the returned Generation computes as it is iterated."""
+    def _working_buffer(self, prompt_ids: list[int]) -> tuple[ContiguousKVCache, int]:
+        """A working buffer for the prompt, and how many of its leading positions already hold it."""
+        with self._lock:
+            working, held = self._spare_working, self._spare_tokens
+            self._spare_working, self._spare_tokens = None, []
+        if working is None:
+            working, held = self.new_cache(), []
+        valid = common_prefix_length(held, prompt_ids)
+        working.truncate(valid)
+        # Room for the prompt and a first stretch of reply, so prefill never regrows it.
+        working.reserve(min(self.context_window, len(prompt_ids) + 256) - valid)
+        return working, valid
+
+    def open_sequence(self, prompt_ids: list[int], use_prefix_cache: bool) -> tuple[KVCache, str]:
+        """The KV cache a request starts from (its cached prefix loaded) and where that prefix came from."""
+        working, valid = self._working_buffer(prompt_ids)
+        if self.prefix_cache is None or not use_prefix_cache:
+            working.truncate(0)
+        if self.prefix_cache is None:
+            return working, "none"
+        with self._lock:
+            cache = self.prefix_cache
+            match = cache.match(prompt_ids if use_prefix_cache else [])
+            working.truncate(match.cached_tokens)
+            return SequenceKV(cache, working, match), match.source
+
+    def close_sequence(self, kv: KVCache, token_ids: list[int] | None) -> None:
+        """Give a finished request's K/V (of `token_ids`) to the prefix cache; None caches nothing."""
+        with self._lock:
+            if isinstance(kv, SequenceKV):
+                kv.close(token_ids)
+                kv = kv.working
+            if self._spare_working is None or kv.capacity >= self._spare_working.capacity:
+                self._spare_working = kv
+                self._spare_tokens = list(token_ids[: kv.num_tokens]) if token_ids is not None else []
+
+    def cache_stats(self) -> dict:
+        """Engine-wide KV cache numbers: blocks and bytes used/total, hit rate."""
+        if self.prefix_cache is None:
+            return {"enabled": False}
+        with self._lock:
+            return {"enabled": True, **self.prefix_cache.stats()}
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams = SamplingParams(),
+                 prefix_cache: bool = True) -> Generation:
+        """Validate the request now; the returned Generation computes as it is iterated.
+
+        `prefix_cache=False` computes the whole prompt (for baselines and checks).
+        """
         if not prompt_ids:
             raise EngineError("The prompt is empty.")
         vocab = self.model.cfg.vocab_size
@@ -155,91 +223,23 @@ class Engine:
             raise EngineError(f"The prompt has token ids outside the model's vocabulary of {vocab}.")
         if len(prompt_ids) >= self.context_window:
             raise ContextWindowError(len(prompt_ids), self.context_window)
-        return Generation(self, list(prompt_ids), params)
+        return Generation(self, list(prompt_ids), params, prefix_cache)
 
 
-class Generation:
-    """One request's event stream. Iterate once; cancel from anywhere."""
-
-    def __init__(self, engine: Engine, prompt_ids: list[int], params: SamplingParams):
-        self.engine = engine
-        self.prompt_ids = prompt_ids
-        self.params = params
-        self._cancelled = threading.Event()
-
-    def cancel(self) -> None:
-        """Stop before the next decode step; the stream ends with Done('stopped')."""
-        self._cancelled.set()
-
-    def __iter__(self) -> Iterator[Event]:
-        with torch.inference_mode():
-            try:
-                yield from self._run()
-            except torch.OutOfMemoryError:
-                # This request's tensors are released as the exception unwinds; the engine stays usable.
-                raise EngineError(f"Out of {self.engine.device.type} memory while generating; "
-                                  "try a shorter conversation or a smaller model.") from None
-
-    def _prefill(self, cache: KVCache, stats: RequestStats) -> torch.Tensor | None:
-        """Compute the prompt's K/V chunk by chunk; logits of its last token, or None if cancelled."""
-        chunk = self.engine.options.prefill_chunk
-        logits = None
-        for begin in range(cache.num_tokens, len(self.prompt_ids), chunk):
-            if self._cancelled.is_set():
-                return None
-            logits = self.engine.forward(self.prompt_ids[begin : begin + chunk], cache)
-        return logits
-
-    def _finish_reason(self, token: int, generated: int) -> str | None:
-        if token in self.engine.tokenizer.eos_token_ids and not self.params.ignore_eos:
-            return "stop"
-        if self.params.max_tokens is not None and generated >= self.params.max_tokens:
-            return "length"
-        # The sequence may not outgrow the context window; the next turn must still fit its history.
-        if len(self.prompt_ids) + generated >= self.engine.context_window:
-            return "length"
-        return None
-
-    def _run(self) -> Iterator[Event]:
-        engine = self.engine
-        start = time.perf_counter()
-        stats = RequestStats(prompt_tokens=len(self.prompt_ids))
-        cache = engine.new_cache()
-        stats.prefilled_tokens = len(self.prompt_ids) - cache.num_tokens
-        stats.cached_tokens = cache.num_tokens
-        sampler = Sampler(self.params, engine.model.cfg.vocab_size, self.prompt_ids, engine.device)
-        detokenizer = IncrementalDetokenizer(engine.tokenizer.decode)
-        logits = self._prefill(cache, stats)
-        if logits is None:
-            stats.phase = "done"
-            yield Done("stopped", stats)
-            return
-        token = sampler(logits[-1])
-        first_token_at = time.perf_counter()
-        stats.ttft_ms = stats.prefill_ms = (first_token_at - start) * 1e3
-        stats.generated_tokens, stats.phase = 1, "decode"
-        yield Stats(dataclasses.replace(stats))
-        generated, pieces = [token], []
-        last_stats_at = first_token_at
-        while True:
-            text = detokenizer.push(token)
-            pieces.append(text)
-            yield TokenDelta(token, text)
-            finish = self._finish_reason(token, len(generated))
-            if finish is None and self._cancelled.is_set():
-                finish = "stopped"
-            if finish is not None:
-                break
-            token = sampler(engine.forward([token], cache)[-1])
-            generated.append(token)
-            now = time.perf_counter()
-            stats.generated_tokens, stats.decode_ms = len(generated), (now - first_token_at) * 1e3
-            if now - last_stats_at >= STATS_INTERVAL_S:
-                last_stats_at = now
-                yield Stats(dataclasses.replace(stats))
-        tail = detokenizer.flush()
-        if tail:
-            pieces.append(tail)
-            yield TokenDelta(None, tail)
-        stats.phase = "done"
-        yield Done(finish, stats, tuple(generated), "".join(pieces))
+def _prefix_cache(options: EngineOptions, model: CausalLM, device: torch.device,
+                  dtype: torch.dtype) -> PrefixCache:
+    cfg, size = model.cfg, options.kv_block_size
+    block_bytes = KVPool.block_bytes(size, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype)
+    shape = (size, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
+    pool_blocks = kv_pool_bytes(options.kv_cache_gb, device) // block_bytes
+    if pool_blocks < 1:
+        raise EngineError(f"--kv-cache-gb is too small to hold one KV block ({block_bytes:,} bytes).")
+    try:
+        pool = KVPool(pool_blocks, *shape, device=device, dtype=dtype)
+        host_blocks = host_tier_bytes(options.host_cache_gb, device) // block_bytes
+        host = KVPool(host_blocks, *shape, device=torch.device("cpu"), dtype=dtype,
+                      pin_memory=device.type == "cuda") if host_blocks else None
+    except (torch.OutOfMemoryError, RuntimeError) as exc:
+        raise EngineError(f"The KV cache of {pool_blocks * block_bytes / 2**30:.1f} GiB cannot be allocated "
+                          f"({exc}); lower --kv-cache-gb.") from None
+    return PrefixCache(pool, host)

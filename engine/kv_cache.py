@@ -84,6 +84,21 @@ class ContiguousKVCache(KVCache):
     def commit(self, new_tokens: int) -> None:
         self._length += new_tokens
 
+    def truncate(self, length: int) -> None:
+        """Keep positions 0..length and the buffers (their pages are already mapped)."""
+        self._length = min(self._length, length)
+
+    def positions(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V of positions start..end, all layers: views [layers, kv_heads, end - start, head_dim]."""
+        return self._k[:, :, start:end], self._v[:, :, start:end]
+
+    def fill(self, end: int, load) -> None:
+        """Extend to `end` positions, written by `load(start, end, k, v)` (for cached prefixes)."""
+        start = self._length
+        self.reserve(end - start)
+        load(start, end, self._k, self._v)
+        self.commit(end - start)
+
     @property
     def nbytes(self) -> int:
         return self._k.nbytes + self._v.nbytes

@@ -132,12 +132,15 @@ static inline void q8_0_decode(const int8_t *qs, float d, vec *w) { q8_0_block(q
 #define COLUMN(ROWS, DECODE)                                                       \
     do {                                                                           \
         vec acc[ROWS][VEC_PER_BLOCK], w[VEC_PER_BLOCK];                            \
+        _Pragma("GCC unroll 8")                                                    \
         for (int r = 0; r < ROWS; r++)                                             \
             for (int i = 0; i < VEC_PER_BLOCK; i++) acc[r][i] = vzero();           \
         for (int b = 0; b < nb; b++) {                                             \
             DECODE;                                                                \
+            _Pragma("GCC unroll 8")                                                \
             for (int r = 0; r < ROWS; r++) {                                       \
                 const float *xb = x + (int64_t)(r0 + r) * K + b * BLOCK;           \
+                _Pragma("GCC unroll 4")                                            \
                 for (int i = 0; i < VEC_PER_BLOCK; i++)                            \
                     acc[r][i] = vfma(vload(xb + i * VEC), w[i], acc[r][i]);        \
             }                                                                      \

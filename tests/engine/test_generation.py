@@ -28,7 +28,7 @@ def test_stream_ends_with_one_done_whose_text_is_the_joined_deltas(tiny_engine):
 
 
 def test_stats_count_prompt_generated_and_timings(tiny_engine):
-    prompt = prompt_ids(tiny_engine)
+    prompt = prompt_ids(tiny_engine, "a prompt no other test sends")
     events, done = run(tiny_engine, prompt, SamplingParams(temperature=0, max_tokens=12))
     s = done.stats
     assert (s.prompt_tokens, s.prefilled_tokens, s.cached_tokens) == (len(prompt), len(prompt), 0)

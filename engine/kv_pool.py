@@ -1,0 +1,79 @@
+"""KVPool: K/V of all layers in fixed-size blocks, allocated once on the device, with a free list.
+
+One tensor [blocks, 2 (K, V), layers, kv_heads, block_size, head_dim]: a block
+holds `block_size` consecutive positions of one sequence for every layer, so
+moving a block (copy-on-write, spill to host, a snapshot) is one copy.
+Ownership (who may free a block) is tracked by PrefixCache, not here.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class PoolExhausted(Exception):
+    """Fewer free blocks than asked for."""
+
+
+class KVPool:
+    def __init__(self, num_blocks: int, block_size: int, num_layers: int, num_kv_heads: int, head_dim: int,
+                 device: torch.device, dtype: torch.dtype, pin_memory: bool = False):
+        if num_blocks < 1:
+            raise ValueError("a KV pool needs at least one block")
+        self.block_size = block_size
+        # empty, not zeros: pages are only touched when a block is first written
+        self.data = torch.empty((num_blocks, 2, num_layers, num_kv_heads, block_size, head_dim),
+                                device=device, dtype=dtype, pin_memory=pin_memory)
+        self._free = list(range(num_blocks - 1, -1, -1))  # a stack: block 0 is handed out first
+
+    @staticmethod
+    def block_bytes(block_size: int, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        return 2 * num_layers * num_kv_heads * block_size * head_dim * dtype.itemsize
+
+    @property
+    def num_blocks(self) -> int:
+        return self.data.shape[0]
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def nbytes_per_block(self) -> int:
+        return self.data[0].nbytes
+
+    def allocate(self, count: int) -> list[int]:
+        if count > len(self._free):
+            raise PoolExhausted(f"{count} blocks asked, {len(self._free)} free")
+        taken = self._free[len(self._free) - count :]
+        del self._free[len(self._free) - count :]
+        return taken[::-1]
+
+    def release(self, blocks: list[int]) -> None:
+        self._free.extend(reversed(blocks))
+
+    def free_blocks(self) -> set[int]:
+        return set(self._free)
+
+    def copy_block(self, src: int, dst: int) -> None:
+        self.data[dst].copy_(self.data[src])
+
+    def store(self, blocks: list[int], start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write positions start..start+n of a sequence, from k/v [layers, kv_heads, n, head_dim]."""
+        size, n, pos = self.block_size, k.shape[2], 0
+        while pos < n:
+            block, offset = divmod(start + pos, size)
+            take = min(size - offset, n - pos)
+            self.data[blocks[block], 0, :, :, offset : offset + take] = k[:, :, pos : pos + take]
+            self.data[blocks[block], 1, :, :, offset : offset + take] = v[:, :, pos : pos + take]
+            pos += take
+
+    def load(self, blocks: list[int], start: int, end: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Read positions start..end of a sequence into the same positions of k/v [layers, kv_heads, >= end, head_dim]."""
+        size, pos = self.block_size, start
+        while pos < end:
+            block, offset = divmod(pos, size)
+            take = min(size - offset, end - pos)
+            k[:, :, pos : pos + take] = self.data[blocks[block], 0, :, :, offset : offset + take]
+            v[:, :, pos : pos + take] = self.data[blocks[block], 1, :, :, offset : offset + take]
+            pos += take

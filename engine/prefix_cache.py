@@ -1,0 +1,282 @@
+"""PrefixCache: a radix tree over token ids whose edges are KV blocks.
+
+Every node is one block of one cached sequence: `block_size` tokens (a full
+block, which may have children) or fewer (a partial block, always a leaf).
+A path from the root spells a cached prefix; sequences that share a prefix
+(a system prompt, the history before a regenerated reply or an edited
+message) share its nodes and blocks.
+
+Matching is exact to the token. Full blocks are followed by exact lookup;
+then the child with the longest common prefix with the next tokens lends
+those tokens: its block is copied (copy-on-write) into a block the request
+owns, because the request will write different tokens after them. At most
+len(tokens) - 1 tokens are matched, so a full hit still computes the last token.
+
+Rules:
+- A node referenced by a running request (refs > 0) is never evicted; refs are
+  taken by `match` and dropped by `insert` / `release`.
+- A block is in exactly one place: the pool's free list, one node, or the
+  `owned` set of one running request.
+- Eviction takes unreferenced leaves, least recently used first. With a host
+  tier, a device block is first copied to host memory and its node stays in
+  the tree (device-resident nodes always form a prefix of each path);
+  a later match copies it back.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from engine.errors import EngineError
+from engine.kv_pool import KVPool, PoolExhausted
+
+
+class KVCacheFullError(EngineError):
+    """Not enough KV blocks for a request, even after evicting everything unreferenced."""
+
+
+@dataclass(eq=False)
+class Node:
+    tokens: tuple[int, ...]
+    parent: "Node | None"
+    block: int | None = None  # device block, or None while spilled to the host tier
+    host_block: int | None = None
+    children: dict[tuple[int, ...], "Node"] = field(default_factory=dict)
+    refs: int = 0
+    last_used: int = 0
+
+
+@dataclass
+class Match:
+    """A request's view of the cache: the blocks it starts with and which of them it owns."""
+
+    blocks: list[int]  # device blocks holding positions 0..cached_tokens
+    owned: set[int]  # blocks the request may write (the copy-on-write block)
+    shared: list[Node]  # referenced nodes, released by insert()/release()
+    cached_tokens: int
+    source: str  # device | host | none
+
+
+def common_prefix_length(a: "list[int] | tuple[int, ...]", b: "list[int] | tuple[int, ...]") -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class PrefixCache:
+    def __init__(self, pool: KVPool, host: KVPool | None = None):
+        self.pool = pool
+        self.host = host
+        self.block_size = pool.block_size
+        self.root = Node((), None)
+        self.clock = 0  # logical time for LRU: deterministic, unlike wall time
+        self.prompt_tokens = 0
+        self.hit_tokens = 0
+
+    # ---- lookup and insertion -------------------------------------------------
+
+    def match(self, tokens: list[int]) -> Match:
+        """The longest cached prefix of tokens[:-1], loaded on the device, referenced."""
+        self.clock += 1
+        size, limit = self.block_size, len(tokens) - 1
+        node, chain, pos = self.root, [], 0
+        while pos + size <= limit:
+            child = node.children.get(tuple(tokens[pos : pos + size]))
+            if child is None:
+                break
+            chain.append(child)
+            node, pos = child, pos + size
+        want = tokens[pos : min(pos + size, limit)]
+        lender, lent = None, 0
+        for child in node.children.values():
+            common = common_prefix_length(child.tokens, want)
+            if common > lent:
+                lender, lent = child, common
+        used = chain + ([lender] if lender is not None else [])
+        source = "host" if any(n.block is None for n in used) else ("device" if used else "none")
+        for n in used:  # referenced before any allocation below can evict
+            n.refs += 1
+            n.last_used = self.clock
+        try:
+            for n in used:
+                self._ensure_on_device(n)
+            owned: set[int] = set()
+            blocks = [n.block for n in chain]
+            if lender is not None:
+                (copy,) = self.allocate(1)
+                self.pool.copy_block(lender.block, copy)
+                blocks.append(copy)
+                owned.add(copy)
+        except KVCacheFullError:
+            for n in chain:
+                n.refs -= 1
+            raise
+        finally:
+            if lender is not None:
+                lender.refs -= 1
+        cached = len(chain) * size + lent
+        self.prompt_tokens += len(tokens)
+        self.hit_tokens += cached
+        return Match(blocks, owned, chain, cached, source if cached else "none")
+
+    def insert(self, tokens: list[int], blocks: list[int], owned: set[int], shared: list[Node]) -> None:
+        """Adopt a finished sequence: `tokens` (those with K/V) stored in `blocks`.
+
+        Blocks the tree already holds an equal copy of, and owned blocks past
+        the tokens, go back to the pool; the references in `shared` are dropped.
+        """
+        self.clock += 1
+        size, node, owned = self.block_size, self.root, set(owned)
+        for index in range(-(-len(tokens) // size)):
+            piece, block = tuple(tokens[index * size : (index + 1) * size]), blocks[index]
+            existing = node.children.get(piece)
+            if existing is not None:
+                existing.last_used = self.clock
+                if existing.block is None and block in owned:
+                    # The tree's copy was spilled to the host: keep ours on the device instead.
+                    self.host.release([existing.host_block])
+                    existing.block, existing.host_block = block, None
+                    owned.discard(block)
+                node = existing
+                continue  # otherwise our block (if we own it) is a duplicate, released below
+            if len(piece) < size and any(c.tokens[: len(piece)] == piece for c in node.children.values()):
+                break  # a longer cached block already lends these tokens
+            child = Node(piece, node, block=block, last_used=self.clock)
+            node.children[piece] = child
+            owned.discard(block)
+            self._drop_superseded(node, child)
+            node = child
+        self.pool.release(sorted(owned))
+        for n in shared:
+            n.refs -= 1
+
+    def release(self, owned: set[int], shared: list[Node]) -> None:
+        """Give up a request without caching anything it computed."""
+        self.pool.release(sorted(owned))
+        for n in shared:
+            n.refs -= 1
+
+    def _drop_superseded(self, parent: Node, new: Node) -> None:
+        # A partial sibling whose tokens start `new` can lend nothing `new` cannot.
+        for sibling in list(parent.children.values()):
+            if (sibling is not new and len(sibling.tokens) < len(new.tokens) and not sibling.children
+                    and sibling.refs == 0 and new.tokens[: len(sibling.tokens)] == sibling.tokens):
+                self._remove(sibling)
+
+    # ---- memory ---------------------------------------------------------------
+
+    def allocate(self, count: int) -> list[int]:
+        """`count` free device blocks, evicting least recently used unreferenced blocks if needed."""
+        short = count - self.pool.num_free
+        if short > 0:
+            self._evict_device(short)
+        try:
+            return self.pool.allocate(count)
+        except PoolExhausted:
+            raise KVCacheFullError(
+                f"The KV cache is full: {count} more blocks of {self.block_size} tokens are needed but only "
+                f"{self.pool.num_free} could be freed; raise --kv-cache-gb or start a new conversation."
+            ) from None
+
+    def _ensure_on_device(self, node: Node) -> None:
+        if node.block is not None:
+            return
+        (block,) = self.allocate(1)
+        self.pool.data[block].copy_(self.host.data[node.host_block])
+        self.host.release([node.host_block])
+        node.block, node.host_block = block, None
+
+    def _device_evictable(self, node: Node) -> bool:
+        if node is self.root or node.block is None or node.refs > 0:
+            return False
+        if self.host is None:
+            return not node.children
+        return all(c.block is None for c in node.children.values())
+
+    def _evict_device(self, count: int) -> None:
+        heap = [(n.last_used, id(n), n) for n in self.nodes() if self._device_evictable(n)]
+        heapq.heapify(heap)
+        freed = 0
+        while freed < count and heap:
+            _, _, node = heapq.heappop(heap)
+            if not self._device_evictable(node):
+                continue
+            parent = node.parent
+            if not self._spill(node):
+                self._remove(node)
+            freed += 1
+            if self._device_evictable(parent):
+                heapq.heappush(heap, (parent.last_used, id(parent), parent))
+
+    def _spill(self, node: Node) -> bool:
+        """Move a node's block to the host tier; False if there is no room there."""
+        if self.host is None:
+            return False
+        if self.host.num_free == 0:
+            victims = [n for n in self.nodes() if n.block is None and not n.children and n.refs == 0]
+            if not victims:
+                return False
+            self._remove(min(victims, key=lambda n: n.last_used))
+        (host_block,) = self.host.allocate(1)
+        self.host.data[host_block].copy_(self.pool.data[node.block])
+        self.pool.release([node.block])
+        node.block, node.host_block = None, host_block
+        return True
+
+    def _remove(self, node: Node) -> None:
+        """Drop a node and everything below it, returning their blocks."""
+        for child in list(node.children.values()):
+            self._remove(child)
+        if node.block is not None:
+            self.pool.release([node.block])
+        if node.host_block is not None:
+            self.host.release([node.host_block])
+        del node.parent.children[node.tokens]
+
+    # ---- inspection -----------------------------------------------------------
+
+    def nodes(self) -> Iterator[Node]:
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    def stats(self) -> dict:
+        total, per_block = self.pool.num_blocks, self.pool.nbytes_per_block
+        used = total - self.pool.num_free
+        return {
+            "block_size": self.block_size,
+            "blocks_used": used,
+            "blocks_total": total,
+            "bytes_used": used * per_block,
+            "bytes_total": total * per_block,
+            "cached_blocks": sum(1 for n in self.nodes() if n.block is not None),
+            "host_blocks": sum(1 for n in self.nodes() if n.host_block is not None),
+            "hit_rate": round(self.hit_tokens / self.prompt_tokens, 4) if self.prompt_tokens else 0.0,
+        }
+
+    def check_invariants(self, owned_by_requests: set[int] = frozenset()) -> None:
+        """Raise AssertionError if any rule in the module docstring is broken (for tests)."""
+        size = self.block_size
+        device_places = list(self.pool.free_blocks()) + list(owned_by_requests)
+        host_places = list(self.host.free_blocks()) if self.host is not None else []
+        for node in self.nodes():
+            assert node.parent.children.get(node.tokens) is node, "node not filed under its tokens"
+            assert node.refs >= 0, "negative reference count"
+            assert 1 <= len(node.tokens) <= size, "node token count out of range"
+            assert not node.children or len(node.tokens) == size, "a partial block has children"
+            assert (node.block is None) != (node.host_block is None), "a node must be in exactly one tier"
+            if node.block is not None:
+                assert node.parent is self.root or node.parent.block is not None, "device nodes must form a prefix"
+                device_places.append(node.block)
+            else:
+                host_places.append(node.host_block)
+        assert sorted(device_places) == list(range(self.pool.num_blocks)), "a device block is lost or doubled"
+        if self.host is not None:
+            assert sorted(host_places) == list(range(self.host.num_blocks)), "a host block is lost or doubled"
