@@ -7,16 +7,8 @@ import json
 import sys
 
 from app.chat import ChatSession
-from engine import Done, Engine, EngineError, EngineOptions, SamplingParams, TokenDelta
-
-
-def engine_options(args: argparse.Namespace) -> EngineOptions:
-    return EngineOptions(model=args.model, device=args.device, dtype=args.dtype, threads=args.threads)
-
-
-def sampling_params(args: argparse.Namespace) -> SamplingParams:
-    return SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
-                          repetition_penalty=args.repetition_penalty, max_tokens=args.max_tokens, seed=args.seed)
+from app.options import engine_options, sampling_params
+from engine import Done, Engine, EngineError, TokenDelta
 
 
 def read_message(arg: str) -> str:
@@ -51,6 +43,7 @@ def result_json(done: Done, engine: Engine) -> dict:
         "device": engine.info.device,
         "dtype": engine.info.dtype,
         "load_ms": round(engine.info.load_ms, 1),
+        "kv_cache": engine.cache_stats(),
     }
 
 

@@ -8,6 +8,8 @@ numbers depend on the machine and on whatever else it is doing.
 from __future__ import annotations
 
 import argparse
+import copy
+import itertools
 import json
 import statistics
 import sys
@@ -16,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from app.ask import engine_options
+from app.options import engine_options
 from engine import Done, Engine, SamplingParams
 
 
@@ -39,9 +41,10 @@ def random_prompt(engine: Engine, length: int, seed: int = 0) -> list[int]:
     return torch.randint(0, engine.model.cfg.vocab_size, (length,), generator=generator).tolist()
 
 
-def generate(engine: Engine, prompt: list[int], max_tokens: int) -> Done:
+def generate(engine: Engine, prompt: list[int], max_tokens: int, prefix_cache: bool = False) -> Done:
+    """A greedy request of exactly `max_tokens`; raw prefill/decode unless `prefix_cache`."""
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    return list(engine.generate(prompt, params))[-1]
+    return list(engine.generate(prompt, params, prefix_cache=prefix_cache))[-1]
 
 
 class HFBaseline:
@@ -63,6 +66,16 @@ class HFBaseline:
         out = self.model(torch.tensor([prompt], device=self.device), past_key_values=cache, use_cache=True,
                          logits_to_keep=1)
         return out.logits[0, -1], cache
+
+    @torch.inference_mode()
+    def followup_seconds(self, history_cache, new_tokens: list[int]) -> float:
+        """Seconds to the first token of `new_tokens` after a history held in a DynamicCache (left intact)."""
+        cache = copy.deepcopy(history_cache)  # the measured call extends its own copy
+        start = time.perf_counter()
+        out = self.model(torch.tensor([new_tokens], device=self.device), past_key_values=cache, use_cache=True,
+                         logits_to_keep=1)
+        int(out.logits[0, -1].argmax())
+        return time.perf_counter() - start
 
     @torch.inference_mode()
     def decode_seconds(self, prompt: list[int], steps: int) -> float:
@@ -116,6 +129,40 @@ def bench_decode(engine: Engine, baselines: dict[str, HFBaseline], contexts: lis
     return rows
 
 
+def bench_followup(engine: Engine, hf: HFBaseline | None, histories: list[int], new_tokens: int,
+                   runs: int) -> list[dict]:
+    """TTFT of a new message after a history: prefix cache on / off, transformers naive / with DynamicCache."""
+    rows = []
+    for history_len in histories:
+        history = random_prompt(engine, history_len, seed=2)
+        generate(engine, history, 1, prefix_cache=True)  # the conversation so far: now in the prefix cache
+        fresh = (random_prompt(engine, new_tokens, seed=1000 + i) for i in itertools.count())
+        last: dict = {}
+
+        def cached() -> float:
+            stats = list(engine.generate(history + next(fresh), SamplingParams(temperature=0, max_tokens=1)))[-1].stats
+            last["stats"] = stats
+            return stats.ttft_ms / 1e3
+
+        def uncached() -> float:
+            params = SamplingParams(temperature=0, max_tokens=1)
+            return list(engine.generate(history + next(fresh), params, prefix_cache=False))[-1].stats.ttft_ms / 1e3
+
+        measures = {"cached": cached, "uncached": uncached}
+        if hf is not None:
+            _, history_cache = hf.prefill(history)
+            measures["hf_naive"] = _timed(lambda: hf.prefill(history + next(fresh)))
+            measures["hf_cache"] = lambda: hf.followup_seconds(history_cache, next(fresh))
+        seconds = interleaved_medians(runs, measures)
+        row = {"history_tokens": history_len, "new_tokens": new_tokens,
+               "cached_tokens": last["stats"].cached_tokens, "prefilled_tokens": last["stats"].prefilled_tokens,
+               "ttft_ms_hf_naive": None, "ttft_ms_hf_cache": None}
+        for name, value in seconds.items():
+            row[f"ttft_ms_{name}"] = round(value * 1e3, 1)
+        rows.append(row)
+    return rows
+
+
 def _ratio(ours: float, theirs: float | None) -> str:
     return f"{ours / theirs:5.2f}x" if theirs else "   n/a"
 
@@ -135,6 +182,16 @@ def print_table(result: dict) -> None:
             hf16 = row.get("hf_bf16_tokens_per_s")
             line += f"{(f'{hf16:.1f}' if hf16 else '-'):>19}{_ratio(ours, hf16):>8}"
         print(line)
+    if result["followup"]:
+        print(f"\n{'follow-up TTFT, ms':24}{'cached':>10}{'uncached':>10}{'speed-up':>10}"
+              f"{'hf naive':>10}{'hf cache':>10}{'cached/prefilled':>18}")
+    for row in result["followup"]:
+        speedup = row["ttft_ms_uncached"] / row["ttft_ms_cached"]
+        hf_naive, hf_cache = row["ttft_ms_hf_naive"], row["ttft_ms_hf_cache"]
+        print(f"{str(row['history_tokens']) + ' + ' + str(row['new_tokens']) + ' tokens':24}"
+              f"{row['ttft_ms_cached']:>10.1f}{row['ttft_ms_uncached']:>10.1f}{speedup:>9.1f}x"
+              f"{(f'{hf_naive:.1f}' if hf_naive else '-'):>10}{(f'{hf_cache:.1f}' if hf_cache else '-'):>10}"
+              f"{str(row['cached_tokens']) + '/' + str(row['prefilled_tokens']):>18}")
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -147,6 +204,7 @@ def run_bench(args: argparse.Namespace) -> int:
             baselines["hf_bf16_"] = HFBaseline(engine, torch.bfloat16)
     runs = 2 if args.quick else max(1, args.repeat)
     prefill_lengths = [16, 64] if args.quick else [128, 1024, 2048]
+    histories = [32, 64] if args.quick else [256, 1024, 2048]
     decode_contexts = [16, 64] if args.quick else [128, 2048]
     decode_steps = 8 if args.quick else 64
     result = {
@@ -157,9 +215,11 @@ def run_bench(args: argparse.Namespace) -> int:
         "threads": torch.get_num_threads(),
         "runs": runs,
         "load_ms": round(engine.info.load_ms, 1),
+        "kv_cache_bytes": engine.info.kv_cache_bytes,
         "prefill": bench_prefill(engine, baselines, prefill_lengths, runs),
         "decode": bench_decode(engine, baselines, decode_contexts, decode_steps, runs),
-        "followup": [],  # built with the prefix cache
+        "followup": bench_followup(engine, baselines.get("hf_"), histories, 8 if args.quick else 24, runs)
+        if engine.prefix_cache is not None else [],
         "resume": [],  # built with KV snapshots on disk
     }
     if args.json:

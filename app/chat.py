@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from app.prompt_ids import next_prompt
 from engine import Done, Engine, EngineError, Event, Generation, SamplingParams
 
 
@@ -42,6 +43,8 @@ class ChatSession:
         self.params = params
         self.messages: list[ChatMessage] = []
         self.generation: Generation | None = None
+        self.seen_ids: list[int] = []  # the last turn's prompt + reply ids, as the model saw them
+        self.rewritten_at: int | None = None  # set when the template changed earlier turns' tokens
 
     def _rendered(self, messages: list[ChatMessage]) -> str:
         turns = [{"role": "system", "content": self.system}] if self.system is not None else []
@@ -52,8 +55,14 @@ class ChatSession:
             raise ChatError(f"The model's chat template rejected this conversation ({exc}).") from None
 
     def prompt_ids(self, user_text: str) -> list[int]:
-        """Token ids of the whole conversation plus `user_text`, ready for the assistant's reply."""
-        return self.engine.tokenizer.encode(self._rendered([*self.messages, ChatMessage("user", user_text)]))
+        """Token ids of the whole conversation plus `user_text`, ready for the assistant's reply.
+
+        They extend the previous turn's prompt and reply ids whenever the template allows.
+        """
+        rendered = self._rendered([*self.messages, ChatMessage("user", user_text)])
+        prompt = next_prompt(self.engine.tokenizer, self.seen_ids, rendered)
+        self.rewritten_at = prompt.rewritten_at
+        return prompt.ids
 
     def send(self, user_text: str) -> Iterator[Event]:
         """Start the reply to `user_text` and return its events.
@@ -66,16 +75,18 @@ class ChatSession:
         if len(user_text) > MAX_CHARS_PER_TOKEN * window:
             raise ChatError(f"The message is {len(user_text):,} characters, far more than the model's "
                             f"context window of {window} tokens can hold.")
-        generation = self.engine.generate(self.prompt_ids(user_text), self.params)
+        prompt = self.prompt_ids(user_text)
+        generation = self.engine.generate(prompt, self.params)
         self.messages.append(ChatMessage("user", user_text))
         self.generation = generation
-        return self._stream(generation)
+        return self._stream(generation, prompt)
 
-    def _stream(self, generation: Generation) -> Iterator[Event]:
+    def _stream(self, generation: Generation, prompt: list[int]) -> Iterator[Event]:
         try:
             for event in generation:
                 if isinstance(event, Done):
                     self.messages.append(ChatMessage("assistant", event.text))
+                    self.seen_ids = prompt + list(event.token_ids)
                 yield event
         finally:
             self.generation = None

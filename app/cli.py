@@ -28,6 +28,10 @@ def _engine_options(parser: argparse.ArgumentParser, top_level: bool) -> None:
     group.add_argument("--dtype", default=default("auto"), choices=["auto", "float32", "bfloat16", "float16"],
                        help="auto: bfloat16 on CUDA, float32 on CPU (exact)")
     group.add_argument("--threads", type=int, default=default(None), help="CPU threads (default: torch's choice)")
+    group.add_argument("--kv-cache-gb", type=float, default=default(None),
+                       help="memory for cached K/V (default: 80%% of free GPU memory, or min(2, RAM/4) GiB on a CPU)")
+    group.add_argument("--no-prefix-cache", action="store_true", default=default(False),
+                       help="compute every prompt in full (for baselines and checks)")
 
 
 def _sampling_options(parser: argparse.ArgumentParser) -> None:

@@ -19,8 +19,9 @@ from textual.message import Message
 from textual.widgets import Footer, Input
 
 from app.chat import ChatSession
+from app.options import engine_options
 from app.widgets import AssistantMessage, StatusBar, UserMessage
-from engine import Done, Engine, EngineError, EngineOptions, RequestStats, SamplingParams, Stats, TokenDelta
+from engine import Done, Engine, EngineError, RequestStats, SamplingParams, Stats, TokenDelta
 
 STYLES = Path(__file__).resolve().parent.parent / "assets" / "kvchat.tcss"
 TEXT_BATCH_S = 0.05  # streamed text reaches the UI at most 20 times a second
@@ -209,6 +210,6 @@ class KvchatApp(App):
 
 
 def run_tui(args: argparse.Namespace) -> int:
-    options = EngineOptions(model=args.model, device=args.device, dtype=args.dtype, threads=args.threads)
+    options = engine_options(args)
     KvchatApp(lambda progress: Engine.load(options, progress=progress)).run()
     return 0

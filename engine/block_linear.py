@@ -23,10 +23,10 @@ from engine.block_kernels import BlockKernels
 
 FORMATS = ("q4_1", "q8_0")
 BLOCK = 32
-# Measured on a 2-core AVX-512 CPU, whole SmolLM2-135M forward, interleaved medians of 7:
-# 8 tokens 38 vs 94 ms, 32 tokens 106 vs 152 ms, 64 tokens 219 vs 333 ms (kernel vs
-# dequantize+GEMM); at 128 tokens GEMM wins (378 vs 334 ms).
-KERNEL_MAX_ROWS = 64
+# Measured on a 2-core AVX-512 CPU, whole SmolLM2-135M forward, interleaved medians of 5
+# (kernel / dequantize+GEMM / transformers' dense fp32): 24 tokens 74 / 116 / 110 ms,
+# 64 tokens 160 / 156 / 149 ms, 128 tokens 330 / 266 / 249 ms.
+KERNEL_MAX_ROWS = 48
 _scratch = threading.local()
 
 

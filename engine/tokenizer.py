@@ -49,3 +49,7 @@ class Tokenizer:
     def decode(self, ids: list[int]) -> str:
         """Text of token ids, special tokens (like end-of-turn markers) left out."""
         return self.hf.decode(ids, skip_special_tokens=True)
+
+    def decode_exact(self, ids: list[int]) -> str:
+        """Text of token ids with special tokens kept and no clean-up: what a template renders."""
+        return self.hf.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
