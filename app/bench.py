@@ -222,6 +222,7 @@ def run_bench(args: argparse.Namespace) -> int:
         if engine.prefix_cache is not None else [],
         "resume": [],  # built with KV snapshots on disk
     }
+    result["kv_cache"] = engine.cache_stats()
     if args.json:
         print(json.dumps(result))
     else:

@@ -58,10 +58,11 @@ class ReplyStats(Message):
 
 
 class ReplyDone(Message):
-    def __init__(self, done: Done | None, error: str | None = None):
+    def __init__(self, done: Done | None, error: str | None = None, kv_cache: dict | None = None):
         super().__init__()
         self.done = done
         self.error = error
+        self.kv_cache = kv_cache or {}
 
 
 class KvchatApp(App):
@@ -119,6 +120,7 @@ class KvchatApp(App):
         info = self.engine.info
         bar.context_window = info.context_window
         bar.device = f"{info.model_name} · {info.device} {info.dtype}"
+        bar.kv_cache = self.engine.cache_stats()
         bar.show("idle", f"loaded in {info.load_ms / 1e3:.1f} s")
 
     def on_engine_failed(self, message: EngineFailed) -> None:
@@ -152,6 +154,7 @@ class KvchatApp(App):
     @work(thread=True, group="reply")
     def stream_reply(self, events) -> None:
         pending: list[str] = []
+        done = None
         last_post = time.monotonic()
         try:
             for event in events:
@@ -166,7 +169,9 @@ class KvchatApp(App):
                 elif isinstance(event, Done):
                     if pending:
                         self.post_message(ReplyText("".join(pending)))
-                    self.post_message(ReplyDone(event))
+                    done = event
+            # After the stream: the request's blocks are back in the cache and the stats include them.
+            self.post_message(ReplyDone(done, kv_cache=self.engine.cache_stats()))
         except EngineError as exc:
             self.post_message(ReplyDone(None, str(exc)))
         except Exception as exc:  # a bug must not take the chat (and the user's text) down with it
@@ -185,6 +190,7 @@ class KvchatApp(App):
             self._stream = None
         reply, self.reply = self.reply, None
         bar = self.query_one(StatusBar)
+        bar.kv_cache = message.kv_cache or bar.kv_cache
         if message.done is None:
             bar.show("idle", "failed")
             self.notify(message.error or "The reply failed.", severity="error", timeout=10)

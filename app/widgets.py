@@ -28,6 +28,7 @@ class StatusBar(Static):
         self.stats: RequestStats | None = None
         self.context_window = 0
         self.device = ""
+        self.kv_cache: dict = {}  # engine.cache_stats(), refreshed after each reply
 
     def show(self, phase: str, detail: str = "", stats: RequestStats | None = None) -> None:
         self.phase, self.detail = phase, detail
@@ -44,6 +45,9 @@ class StatusBar(Static):
             parts.append(f"prompt {s.prompt_tokens} ({s.cached_tokens} cached, {s.prefilled_tokens} computed)")
             if self.context_window:
                 parts.append(f"context {s.prompt_tokens + s.generated_tokens}/{self.context_window}")
+        if self.kv_cache.get("enabled"):
+            used, total = self.kv_cache["bytes_used"] / 2**20, self.kv_cache["bytes_total"] / 2**20
+            parts.append(f"KV {used:.0f}/{total:.0f} MiB")
         if self.device:
             parts.append(self.device)
         return " · ".join(parts)

@@ -13,7 +13,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import Engine, EngineOptions, SamplingParams
+from engine import Engine, EngineError, EngineOptions, SamplingParams
 from engine.gguf_convert import convert_gguf
 from tests.tiny_gguf import write_gguf
 from tests.tiny_models import load_reference, make_tiny_model
@@ -144,3 +144,29 @@ def test_without_the_prefix_cache_nothing_is_reused_or_kept(engines):
     greedy(cached, prompt, 3)
     off = greedy(cached, prompt, 3, use_cache=False).stats
     assert (off.cached_tokens, off.prefilled_tokens, off.cache_source) == (0, len(prompt), "none")
+
+
+def test_a_request_too_big_for_the_pool_fails_alone_with_a_clear_message(engines):
+    cached, _ = engines
+    too_long = list(range(1, 250))  # 249 tokens > the 192-token pool
+    with pytest.raises(EngineError, match="KV cache is full"):
+        greedy(cached, too_long, 2)
+    cached.prefix_cache.check_invariants()
+    assert greedy(cached, SYSTEM_PROMPTS[0] + [5, 257], 2).finish_reason == "length"
+
+
+def test_with_a_host_tier_evicted_history_comes_back_from_host_memory(tmp_path):
+    model_dir = make_tiny_model(tmp_path / "hf", "llama", seed=3)
+    probe = Engine.load(EngineOptions(model=str(model_dir), dtype="float32", prefix_cache=False))
+    cfg = probe.model.cfg
+    block_gb = 2 * cfg.num_layers * cfg.num_kv_heads * BLOCK * cfg.head_dim * 4 / 2**30
+    engine = Engine.load(EngineOptions(model=str(model_dir), dtype="float32", kv_block_size=BLOCK,
+                                       kv_cache_gb=20 * block_gb, host_cache_gb=64 * block_gb))
+    first = SYSTEM_PROMPTS[0] + list(range(30, 70)) + [257]
+    greedy(engine, first, 3)
+    greedy(engine, SYSTEM_PROMPTS[1] + list(range(100, 160)) + [257], 3)  # pushes `first` out to the host
+    assert engine.prefix_cache.stats()["host_blocks"] > 0
+    again = greedy(engine, first, 3)
+    assert again.stats.cache_source == "host" and again.stats.cached_tokens == len(first) - 1
+    assert_same_greedy(probe, first, again.token_ids, greedy(probe, first, 3).token_ids)
+    engine.prefix_cache.check_invariants()
