@@ -165,7 +165,10 @@ class Engine:
         """One forward pass over `token_ids` after `cache`'s tokens (serialised across threads)."""
         ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
         with self._lock:
-            return self.model(ids, cache, all_logits=all_logits)
+            logits = self.model(ids, cache, all_logits=all_logits)
+            if isinstance(cache, SequenceKV):
+                cache.committed(token_ids)
+            return logits
 
     def _working_buffer(self, prompt_ids: list[int]) -> tuple[ContiguousKVCache, int]:
         """A working buffer for the prompt, and how many of its leading positions already hold it."""
@@ -191,17 +194,23 @@ class Engine:
             cache = self.prefix_cache
             match = cache.match(prompt_ids if use_prefix_cache else [])
             working.truncate(match.cached_tokens)
-            return SequenceKV(cache, working, match), match.source
+            return SequenceKV(cache, working, match, prompt_ids, publish=use_prefix_cache), match.source
 
-    def close_sequence(self, kv: KVCache, token_ids: list[int] | None) -> None:
-        """Give a finished request's K/V (of `token_ids`) to the prefix cache; None caches nothing."""
+    def close_sequence(self, kv: KVCache, token_ids: list[int]) -> None:
+        """A request is over: its blocks go to the prefix cache, its working buffer is kept for the next one.
+
+        `token_ids`: the request's prompt + generated ids (those with K/V come first).
+        """
         with self._lock:
             if isinstance(kv, SequenceKV):
-                kv.close(token_ids)
+                kv.close()
+                reusable = kv.publish
                 kv = kv.working
+            else:
+                reusable = False
             if self._spare_working is None or kv.capacity >= self._spare_working.capacity:
                 self._spare_working = kv
-                self._spare_tokens = list(token_ids[: kv.num_tokens]) if token_ids is not None else []
+                self._spare_tokens = list(token_ids[: kv.num_tokens]) if reusable else []
 
     def cache_stats(self) -> dict:
         """Engine-wide KV cache numbers: blocks and bytes used/total, hit rate."""

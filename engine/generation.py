@@ -75,8 +75,7 @@ class Generation:
                                  prefilled_tokens=len(self.prompt_ids) - cache.num_tokens, cache_source=source)
             yield from self._generate(cache, stats, start, generated)
         finally:
-            # Without reuse the request leaves nothing behind, so baselines stay independent.
-            engine.close_sequence(cache, self.prompt_ids + generated if self.use_prefix_cache else None)
+            engine.close_sequence(cache, self.prompt_ids + generated)
 
     def _generate(self, cache: KVCache, stats: RequestStats, start: float, generated: list[int]) -> Iterator[Event]:
         engine = self.engine

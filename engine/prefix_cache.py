@@ -14,7 +14,10 @@ len(tokens) - 1 tokens are matched, so a full hit still computes the last token.
 
 Rules:
 - A node referenced by a running request (refs > 0) is never evicted; refs are
-  taken by `match` and dropped by `insert` / `release`.
+  taken by `match` and `adopt` and dropped by `finish` / `release`.
+- Blocks join the tree as requests complete them (`adopt`, prompt and generated
+  tokens alike), so a concurrent request can already reuse them; a request's
+  last, partial block joins when it ends (`finish`).
 - A block is in exactly one place: the pool's free list, one node, or the
   `owned` set of one running request.
 - Eviction takes unreferenced leaves, least recently used first. With a host
@@ -54,7 +57,7 @@ class Match:
 
     blocks: list[int]  # device blocks holding positions 0..cached_tokens
     owned: set[int]  # blocks the request may write (the copy-on-write block)
-    shared: list[Node]  # referenced nodes, released by insert()/release()
+    shared: list[Node]  # the matched full blocks' nodes, referenced until finish()/release()
     cached_tokens: int
     source: str  # device | host | none
 
@@ -124,36 +127,47 @@ class PrefixCache:
         self.hit_tokens += cached
         return Match(blocks, owned, chain, cached, source if cached else "none")
 
-    def insert(self, tokens: list[int], blocks: list[int], owned: set[int], shared: list[Node]) -> None:
-        """Adopt a finished sequence: `tokens` (those with K/V) stored in `blocks`.
+    def adopt(self, parent: Node, piece: tuple[int, ...], block: int, owned: set[int]) -> Node:
+        """File a full block that a running request has just completed, as a child of `parent`.
 
-        Blocks the tree already holds an equal copy of, and owned blocks past
-        the tokens, go back to the pool; the references in `shared` are dropped.
+        The request keeps a reference to the returned node and must use its block
+        from now on: if the tree already held these tokens there, the request's own
+        copy goes back to the pool (or replaces a copy spilled to the host).
         """
         self.clock += 1
-        size, node, owned = self.block_size, self.root, set(owned)
-        for index in range(-(-len(tokens) // size)):
-            piece, block = tuple(tokens[index * size : (index + 1) * size]), blocks[index]
-            existing = node.children.get(piece)
-            if existing is not None:
-                existing.last_used = self.clock
-                if existing.block is None and block in owned:
-                    # The tree's copy was spilled to the host: keep ours on the device instead.
-                    self.host.release([existing.host_block])
-                    existing.block, existing.host_block = block, None
-                    owned.discard(block)
-                node = existing
-                continue  # otherwise our block (if we own it) is a duplicate, released below
-            if len(piece) < size and any(c.tokens[: len(piece)] == piece for c in node.children.values()):
-                break  # a longer cached block already lends these tokens
-            child = Node(piece, node, block=block, last_used=self.clock)
-            node.children[piece] = child
+        node = parent.children.get(piece)
+        if node is None:
+            node = Node(piece, parent, block=block, last_used=self.clock)
+            parent.children[piece] = node
             owned.discard(block)
-            self._drop_superseded(node, child)
-            node = child
-        self.pool.release(sorted(owned))
-        for n in shared:
-            n.refs -= 1
+            self._drop_superseded(parent, node)
+        elif node.block is None and block in owned:
+            self.host.release([node.host_block])
+            node.block, node.host_block = block, None
+            owned.discard(block)
+        elif node.block != block and block in owned:
+            owned.discard(block)
+            self.pool.release([block])
+        node.refs += 1
+        node.last_used = self.clock
+        return node
+
+    def finish(self, chain: list[Node], tail: tuple[int, ...], tail_block: int | None, owned: set[int]) -> None:
+        """End a request whose full blocks are `chain`: file its last, partial block, drop its references,
+        and return every block it still owns."""
+        parent = chain[-1] if chain else self.root
+        if tail and tail_block in owned:
+            self.clock += 1
+            covered = [c for c in parent.children.values() if c.tokens[: len(tail)] == tail]
+            if covered:  # the same or a longer block already lends these tokens
+                for c in covered:
+                    c.last_used = self.clock
+            else:
+                node = Node(tail, parent, block=tail_block, last_used=self.clock)
+                parent.children[tail] = node
+                owned.discard(tail_block)
+                self._drop_superseded(parent, node)
+        self.release(owned, chain)
 
     def release(self, owned: set[int], shared: list[Node]) -> None:
         """Give up a request without caching anything it computed."""

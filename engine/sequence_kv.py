@@ -6,7 +6,8 @@ without a prefix cache. The cached prefix is gathered into the working copy
 once when the request starts, except for the positions the working copy
 already holds (the engine hands the last request's buffer to the next one,
 which in a chat is the same conversation); each forward pass appends its new
-positions to both (one slice per block touched, all layers at once).
+positions to both (one slice per block touched, all layers at once), and
+each block it completes joins the prefix cache's tree at once.
 """
 
 from __future__ import annotations
@@ -14,17 +15,23 @@ from __future__ import annotations
 import torch
 
 from engine.kv_cache import ContiguousKVCache, KVCache
-from engine.prefix_cache import Match, PrefixCache
+from engine.prefix_cache import Match, Node, PrefixCache
 
 
 class SequenceKV(KVCache):
-    def __init__(self, cache: PrefixCache, working: ContiguousKVCache, match: Match):
-        """`working` must hold no position beyond match.cached_tokens, and only correct ones."""
+    def __init__(self, cache: PrefixCache, working: ContiguousKVCache, match: Match, prompt_ids: list[int],
+                 publish: bool = True):
+        """`working` must hold no position beyond match.cached_tokens, and only correct ones.
+
+        `publish`: file completed blocks in the tree (False: the request leaves nothing behind).
+        """
         self.cache = cache
         self.working = working
         self.blocks = list(match.blocks)
         self.owned = set(match.owned)
-        self.shared = match.shared
+        self.chain: list[Node] = list(match.shared)  # referenced nodes of this sequence's full blocks
+        self.tokens = list(prompt_ids[: match.cached_tokens])  # ids of the positions with K/V
+        self.publish = publish
         self.closed = False
         working.fill(match.cached_tokens, lambda start, end, k, v: cache.pool.load(self.blocks, start, end, k, v))
 
@@ -49,12 +56,27 @@ class SequenceKV(KVCache):
         self.working.commit(new_tokens)
         self.cache.pool.store(self.blocks, start, *self.working.positions(start, start + new_tokens))
 
-    def close(self, tokens: list[int] | None) -> None:
-        """Hand the blocks to the cache: `tokens` (the ids whose K/V are stored) are cached; None caches nothing."""
+    def committed(self, token_ids: list[int]) -> None:
+        """Name the tokens of the positions the last forward pass committed; completed blocks join the tree."""
+        self.tokens += token_ids
+        if not self.publish:
+            return
+        size, root = self.cache.block_size, self.cache.root
+        while (len(self.chain) + 1) * size <= len(self.tokens):
+            index = len(self.chain)
+            piece = tuple(self.tokens[index * size : (index + 1) * size])
+            node = self.cache.adopt(self.chain[-1] if self.chain else root, piece, self.blocks[index], self.owned)
+            self.blocks[index] = node.block
+            self.chain.append(node)
+
+    def close(self) -> None:
+        """Give everything back to the cache: the last partial block joins the tree if publishing."""
         if self.closed:
             return
         self.closed = True
-        if tokens is None:
-            self.cache.release(self.owned, self.shared)
-        else:
-            self.cache.insert(tokens[: self.num_tokens], self.blocks, self.owned, self.shared)
+        if not self.publish:
+            self.cache.release(self.owned, self.chain)
+            return
+        start = len(self.chain) * self.cache.block_size
+        tail = tuple(self.tokens[start:])
+        self.cache.finish(self.chain, tail, self.blocks[len(self.chain)] if tail else None, self.owned)

@@ -24,9 +24,9 @@ def kv_value(token: int, position: int, layer: int) -> float:
     return token * 1000.0 + position + layer / 10
 
 
-def open_request(cache: PrefixCache, prompt: list[int]) -> SequenceKV:
+def open_request(cache: PrefixCache, prompt: list[int], publish: bool = True) -> SequenceKV:
     working = ContiguousKVCache(LAYERS, HEADS, DIM, 4096, CPU, torch.float32)
-    return SequenceKV(cache, working, cache.match(prompt))
+    return SequenceKV(cache, working, cache.match(prompt), prompt, publish)
 
 
 def compute(kv: SequenceKV, tokens: list[int]) -> None:
@@ -39,16 +39,17 @@ def compute(kv: SequenceKV, tokens: list[int]) -> None:
         values = torch.tensor([[kv_value(t, start + i, layer)] * DIM for i, t in enumerate(new)])
         kv.write(layer, values[None], -values[None])
     kv.commit(len(new))
+    kv.committed(new)
 
 
 def serve(cache: PrefixCache, tokens: list[int], prompt_len: int | None = None, keep: bool = True) -> None:
-    """A whole request: match the prompt, compute the rest of `tokens`, then cache it (or not)."""
-    kv = open_request(cache, tokens[: prompt_len or len(tokens)])
+    """A whole request: match the prompt, compute the rest of `tokens`, and cache it (or not)."""
+    kv = open_request(cache, tokens[: prompt_len or len(tokens)], publish=keep)
     try:
         assert_holds(kv, tokens[: kv.num_tokens])
         compute(kv, tokens)
     finally:
-        kv.close(tokens if keep else None)
+        kv.close()
 
 
 def assert_holds(kv: SequenceKV, tokens: list[int]) -> None:
@@ -100,7 +101,7 @@ def test_a_lent_partial_block_is_copied_not_shared():
     compute(kv, [100, 101, 102, 103, 104, 77, 78])
     # the lender's own block still holds its tokens
     assert cache.pool.data[partial.block, 0, 0, 0, 1, 0].item() == kv_value(105, 5, 0)
-    kv.close([100, 101, 102, 103, 104, 77, 78])
+    kv.close()
     cache.check_invariants()
 
 
@@ -122,10 +123,10 @@ def test_a_regenerated_reply_and_an_edited_message_branch_from_the_shared_prefix
     serve(cache, turn1 + [1, 1, 1, 1], prompt_len=10)
     regenerate = open_request(cache, turn1 + [2])
     assert regenerate.num_tokens == 10
-    regenerate.close(None)
+    regenerate.close()
     edited = open_request(cache, turn1[:5] + [42, 43])
     assert edited.num_tokens == 5
-    edited.close(None)
+    edited.close()
     cache.check_invariants()
 
 
@@ -143,7 +144,7 @@ def test_scripted_eviction_order_is_exact():
     serve(cache, [1, 1, 1, 1, 2, 2, 2, 2])  # A: blocks a1 -> a2
     serve(cache, [3, 3, 3, 3])  # B
     serve(cache, [5, 5, 5, 5])  # C
-    open_request(cache, [1, 1, 1, 1, 2, 2, 2, 2, 0]).close(None)  # touch A: B is now least recent
+    open_request(cache, [1, 1, 1, 1, 2, 2, 2, 2, 0]).close()  # touch A: B is now least recent
     evicted = []
     cache.allocate(1)  # the one free block, no eviction
     for _ in range(4):
@@ -161,7 +162,7 @@ def test_blocks_of_a_running_request_are_never_evicted():
     with pytest.raises(KVCacheFullError, match="KV cache is full"):
         cache.allocate(1)
     assert len(list(cache.nodes())) == 2
-    running.close(None)
+    running.close()
     cache.allocate(1)  # now the least recently used leaf can go
 
 
@@ -174,7 +175,7 @@ def test_with_a_host_tier_evicted_blocks_spill_and_come_back_on_a_hit():
     kv = open_request(cache, a + [0])
     assert kv.num_tokens == 8
     assert_holds(kv, a)
-    kv.close(None)
+    kv.close()
     cache.check_invariants()
 
 
@@ -200,7 +201,7 @@ def test_a_request_larger_than_the_pool_fails_alone_and_the_cache_stays_usable()
 def test_stats_count_blocks_bytes_and_hit_rate():
     cache = make_cache(blocks=10)
     serve(cache, [1, 2, 3, 4, 5, 6])
-    open_request(cache, [1, 2, 3, 4, 5, 6, 7, 8]).close(None)
+    open_request(cache, [1, 2, 3, 4, 5, 6, 7, 8]).close()
     stats = cache.stats()
     assert stats["blocks_total"] == 10 and stats["blocks_used"] == 2 and stats["cached_blocks"] == 2
     assert stats["bytes_used"] == 2 * cache.pool.nbytes_per_block
@@ -230,3 +231,16 @@ def test_invariants_hold_after_every_operation(operations, host_blocks):
             pass
         cache.check_invariants({b for blocks in held for b in blocks})
         assert all(n.refs == 0 for n in cache.nodes())
+
+
+def test_completed_blocks_join_the_tree_while_their_request_still_runs():
+    cache = make_cache()
+    tokens = list(range(100, 110))
+    running = open_request(cache, tokens)
+    compute(running, tokens)  # 2 full blocks + 2 tokens, request not finished
+    concurrent = open_request(cache, tokens + [5])
+    assert concurrent.num_tokens == 8  # the full blocks are shared already; the partial one joins at the end
+    assert concurrent.blocks[:2] == running.blocks[:2]
+    concurrent.close()
+    running.close()
+    assert open_request(cache, tokens + [5]).num_tokens == 10
