@@ -211,26 +211,42 @@ def test_stats_count_blocks_bytes_and_hit_rate():
 operation = st.one_of(
     st.tuples(st.just("serve"), st.lists(st.integers(0, 3), min_size=1, max_size=14)),
     st.tuples(st.just("abandon"), st.lists(st.integers(0, 3), min_size=1, max_size=14)),
+    st.tuples(st.just("start"), st.lists(st.integers(0, 3), min_size=1, max_size=14)),
+    st.tuples(st.just("end"), st.integers(0, 3)),
     st.tuples(st.just("allocate"), st.integers(1, 3)),
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(st.lists(operation, min_size=1, max_size=25), st.sampled_from([0, 6]))
 def test_invariants_hold_after_every_operation(operations, host_blocks):
-    """Every block is free, in one node or owned by one request; refs never go negative; data stays right."""
+    """Every block is free, in one node or owned by one request; refs never go negative; data stays right.
+
+    "start" leaves a request running (its completed blocks already in the tree) until an "end".
+    """
     cache = make_cache(blocks=8, host_blocks=host_blocks)
     held: list[list[int]] = []
+    running: list[SequenceKV] = []
     for op, arg in operations:
         try:
             if op in ("serve", "abandon"):
                 serve(cache, arg, keep=op == "serve")
-            else:
+            elif op == "start":
+                kv = open_request(cache, arg)
+                running.append(kv)
+                assert_holds(kv, arg[: kv.num_tokens])
+                compute(kv, arg)
+                assert_holds(kv, arg)
+            elif op == "end" and running:
+                running.pop(arg % len(running)).close()
+            elif op == "allocate":
                 held.append(cache.allocate(arg))
         except KVCacheFullError:
             pass
-        cache.check_invariants({b for blocks in held for b in blocks})
-        assert all(n.refs == 0 for n in cache.nodes())
+        live = {b for blocks in held for b in blocks} | {b for kv in running for b in kv.owned}
+        cache.check_invariants(live)
+        referenced = sum(len(kv.chain) for kv in running)
+        assert sum(n.refs for n in cache.nodes()) == referenced
 
 
 def test_completed_blocks_join_the_tree_while_their_request_still_runs():
