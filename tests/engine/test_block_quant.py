@@ -119,3 +119,13 @@ def test_block_weights_are_refused_outside_cpu_float32(q4_gguf_model):
 
 def test_a_model_without_blocks_loads_dense_weights(tiny_engine):
     assert tiny_engine.info.weights == "dense"
+
+
+def test_wide_matrices_are_multiplied_in_row_slices_with_the_same_result(kernels):
+    from engine.block_linear import GEMM_ROWS, KERNEL_MAX_ROWS
+
+    parts, dense = quantized("q4_1", 2 * GEMM_ROWS + 37, 64, seed=11)
+    linear = BlockQuantLinear(kernels, "q4_1", parts["qs"], parts["d"], parts["m"], None)
+    x = torch.randn(KERNEL_MAX_ROWS + 20, 64)
+    torch.testing.assert_close(linear(x), x @ dense.T, atol=1e-4, rtol=1e-5)
+    assert torch.equal(linear.dequantized(GEMM_ROWS, 37), dense[GEMM_ROWS : GEMM_ROWS + 37])
