@@ -97,6 +97,15 @@ def _timed(fn: Callable[[], object]) -> Callable[[], float]:
     return seconds
 
 
+def _throughput_row(label: str, value: int, tokens: int, measures: dict[str, Callable[[], float]],
+                    runs: int) -> dict:
+    """{label: value, "tokens_per_s": ours, "<key>tokens_per_s": each baseline's} for `tokens` per measure."""
+    row = {label: value, "tokens_per_s": None, "hf_tokens_per_s": None}
+    for key, seconds in interleaved_medians(runs, measures).items():
+        row[key + "tokens_per_s"] = round(tokens / seconds, 1)
+    return row
+
+
 def bench_prefill(engine: Engine, baselines: dict[str, HFBaseline], lengths: list[int], runs: int) -> list[dict]:
     rows = []
     for length in lengths:
@@ -104,11 +113,7 @@ def bench_prefill(engine: Engine, baselines: dict[str, HFBaseline], lengths: lis
         measures = {"": lambda: generate(engine, prompt, 1).stats.ttft_ms / 1e3}
         for key, hf in baselines.items():
             measures[key] = _timed(lambda hf=hf: hf.prefill(prompt))
-        seconds = interleaved_medians(runs, measures)
-        row = {"prompt_tokens": length, "tokens_per_s": None, "hf_tokens_per_s": None}
-        for key, value in seconds.items():
-            row[key + "tokens_per_s"] = round(length / value, 1)
-        rows.append(row)
+        rows.append(_throughput_row("prompt_tokens", length, length, measures, runs))
     return rows
 
 
@@ -121,11 +126,7 @@ def bench_decode(engine: Engine, baselines: dict[str, HFBaseline], contexts: lis
         measures = {"": lambda: steps / generate(engine, prompt, steps + 1).stats.decode_tokens_per_s}
         for key, hf in baselines.items():
             measures[key] = lambda hf=hf: hf.decode_seconds(prompt, steps)
-        seconds = interleaved_medians(runs, measures)
-        row = {"context_tokens": context, "tokens_per_s": None, "hf_tokens_per_s": None}
-        for key, value in seconds.items():
-            row[key + "tokens_per_s"] = round(steps / value, 1)
-        rows.append(row)
+        rows.append(_throughput_row("context_tokens", context, steps, measures, runs))
     return rows
 
 
