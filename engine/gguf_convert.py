@@ -25,7 +25,7 @@ from safetensors.torch import save_file
 from engine.errors import ModelError
 
 COMPLETE_MARKER = "kvchat-conversion-complete"
-CONVERSION_VERSION = 2  # part of the cache key: bump when the directory's contents change
+CONVERSION_VERSION = 3  # part of the cache key: bump when the directory's contents change
 BLOCKS_FILE = "blocks.safetensors"  # the GGUF's Q4_1/Q8_0 weights, unexpanded (see block_linear.py)
 # GGUF architectures whose q/k rows llama.cpp permuted at conversion time.
 _PERMUTED_QK = {"llama"}
@@ -190,13 +190,19 @@ def _hf_name(gguf_name: str) -> str:
     raise ModelError(f"The GGUF file has a tensor kvchat does not know: {gguf_name}.")
 
 
-def _export_tokenizer(gguf_path: Path, out_dir: Path) -> None:
+def _export_tokenizer(gguf_path: Path, out_dir: Path, config: dict[str, Any]) -> None:
     from transformers import AutoTokenizer
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     except Exception as exc:
         raise ModelError(f"The tokenizer in {gguf_path.name} cannot be read ({exc}).") from None
+    # The GGUF metadata names the special tokens; transformers versions disagree on how they
+    # carry them over (5.17 makes the BOS token the EOS token too), so set them from it.
+    for role in ("bos", "eos"):
+        token_id = config.get(f"{role}_token_id")
+        if isinstance(token_id, int) and 0 <= token_id < len(tokenizer):
+            setattr(tokenizer, f"{role}_token", tokenizer.convert_ids_to_tokens(token_id))
     tokenizer.save_pretrained(str(out_dir))
 
 
@@ -216,7 +222,7 @@ def _write_model_dir(gguf_path: Path, reader, config: dict[str, Any], out_dir: P
         generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}
         (staging / "generation_config.json").write_text(json.dumps(generation, indent=2), encoding="utf-8")
         progress("converting the tokenizer")
-        _export_tokenizer(gguf_path, staging)
+        _export_tokenizer(gguf_path, staging, config)
         (staging / COMPLETE_MARKER).write_text(gguf_path.name, encoding="utf-8")
         try:
             os.rename(staging, out_dir)

@@ -12,6 +12,7 @@ import hashlib
 import importlib.metadata
 import os
 import re
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,11 +58,16 @@ def file_sha256(path: Path) -> str:
 
 def _from_gguf(path: Path, name: str, progress: Callable[[str], None]) -> ModelSource:
     progress("checking the model file")
-    out_dir = cache_dir() / "models" / f"gguf-{file_sha256(path)[:24]}-v{CONVERSION_VERSION}"
+    key = f"gguf-{file_sha256(path)[:24]}"
+    out_dir = cache_dir() / "models" / f"{key}-v{CONVERSION_VERSION}"
     if (out_dir / COMPLETE_MARKER).exists():
         return ModelSource(name, out_dir)
     progress(f"converting {path.name} (first start only)")
-    return ModelSource(name, convert_gguf(path, out_dir, progress), converted=True)
+    converted = convert_gguf(path, out_dir, progress)
+    for stale in out_dir.parent.glob(f"{key}*"):  # conversions by older versions of kvchat
+        if stale != out_dir and stale.is_dir() and (stale / COMPLETE_MARKER).exists():
+            shutil.rmtree(stale, ignore_errors=True)
+    return ModelSource(name, converted, converted=True)
 
 
 def _from_hf_cache(model_id: str) -> Path:

@@ -63,13 +63,14 @@ def write_gguf(hf_model, path: Path, arch: str = "llama", quant: str | None = No
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_vocab_size(cfg.vocab_size)
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    tokens = alphabet + ["<|im_start|>", "<|im_end|>"] + [f"<unused{i}>" for i in range(cfg.vocab_size - 258)]
+    # Two merges: transformers 5.17 needs a merge list, and reads a one-element list as a scalar.
+    tokens = alphabet + ["<|im_start|>", "<|im_end|>", "Ġt", "Ġa"] + [f"<unused{i}>" for i in range(cfg.vocab_size - 260)]
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("gpt2")
     writer.add_token_list(tokens)
     writer.add_token_scores([0.0] * len(tokens))
     writer.add_token_types([1] * 256 + [3] * (len(tokens) - 256))
-    writer.add_token_merges([])
+    writer.add_token_merges(["Ġ t", "Ġ a"])
     writer.add_bos_token_id(IM_START)
     writer.add_eos_token_id(IM_END)
     writer.add_chat_template(CHATML)

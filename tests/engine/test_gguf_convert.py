@@ -107,3 +107,15 @@ def test_default_model_conversion_matches_transformers_gguf_loader(default_engin
     ours = load_file(default_engine.info.model_dir + "/model.safetensors")
     for name, tensor in ours.items():
         assert torch.equal(tensor, reference[name]), name
+
+
+def test_a_new_conversion_removes_the_ones_older_versions_left(tmp_path, monkeypatch):
+    from engine.model_source import file_sha256
+
+    monkeypatch.setenv("KVCHAT_CACHE_DIR", str(tmp_path / "cache"))
+    gguf_path = write_gguf(load_reference(make_tiny_model(tmp_path / "hf", "llama")), tmp_path / "tiny.gguf")
+    old = tmp_path / "cache" / "models" / f"gguf-{file_sha256(gguf_path)[:24]}-v1"
+    old.mkdir(parents=True)
+    (old / COMPLETE_MARKER).write_text("tiny.gguf")
+    engine = Engine.load(EngineOptions(model=str(gguf_path), dtype="float32"))
+    assert engine.info.converted and not old.exists()
