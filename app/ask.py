@@ -26,19 +26,11 @@ def stats_line(done: Done) -> str:
 
 
 def result_json(done: Done, engine: Engine) -> dict:
-    s = done.stats
     return {
         "conversation_id": None,
         "reply": done.text,
         "finish_reason": done.finish_reason,
-        "prompt_tokens": s.prompt_tokens,
-        "cached_tokens": s.cached_tokens,
-        "prefilled_tokens": s.prefilled_tokens,
-        "generated_tokens": s.generated_tokens,
-        "ttft_ms": round(s.ttft_ms, 2),
-        "decode_tokens_per_s": round(s.decode_tokens_per_s, 2),
-        "prefill_tokens_per_s": round(s.prefill_tokens_per_s, 2),
-        "cache_source": s.cache_source,
+        **done.stats.as_dict(),
         "model": engine.info.model_name,
         "device": engine.info.device,
         "dtype": engine.info.dtype,

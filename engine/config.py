@@ -67,11 +67,6 @@ class ModelConfig:
             return min(self.max_position_embeddings, self.sliding_window)
         return self.max_position_embeddings
 
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """Bytes of K and V one token takes across all layers, per byte of dtype."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim
-
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "ModelConfig":
         model_type = raw.get("model_type")

@@ -14,7 +14,6 @@ serialised by one lock, so several threads may generate at once.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -68,9 +67,6 @@ class LoadInfo:
     host_cache_bytes: int  # host tier (0: none)
     converted: bool  # this start converted a GGUF file
     load_ms: float  # resolve (+ convert) + weights + tokenizer
-
-    def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
 
 
 def _block_kernels(mode: str, device: torch.device, dtype: torch.dtype,

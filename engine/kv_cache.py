@@ -99,6 +99,3 @@ class ContiguousKVCache(KVCache):
         load(start, end, self._k, self._v)
         self.commit(end - start)
 
-    @property
-    def nbytes(self) -> int:
-        return self._k.nbytes + self._v.nbytes

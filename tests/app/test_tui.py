@@ -2,8 +2,6 @@
 
 import time
 
-import pytest
-
 from app.tui import KvchatApp
 from app.widgets import AssistantMessage, StatusBar, UserMessage
 from engine import EngineError, SamplingParams
