@@ -1,4 +1,4 @@
 """Saved conversations (SQLite) and KV snapshots on disk.
 
-Depends on `engine` only for plain data types; nothing here is used yet.
+Depends on `engine` only for plain data types.
 """

@@ -11,6 +11,14 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 from tests.tiny_models import make_tiny_model  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def kvchat_home(tmp_path_factory, monkeypatch) -> Path:
+    """Every test gets its own data dir, so no test reads or writes the user's conversations."""
+    home = tmp_path_factory.mktemp("kvchat-home")
+    monkeypatch.setenv("KVCHAT_HOME", str(home))
+    return home
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A tiny random Llama with a byte tokenizer (shared, read-only)."""

@@ -1,0 +1,14 @@
+"""Where kvchat keeps what the user made: the conversation database and KV snapshots."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import platformdirs
+
+
+def data_dir() -> Path:
+    """$KVCHAT_HOME, else the platform's user data directory for kvchat (not created here)."""
+    override = os.environ.get("KVCHAT_HOME")
+    return Path(override) if override else Path(platformdirs.user_data_dir("kvchat"))
