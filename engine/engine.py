@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -26,13 +27,15 @@ from engine.block_kernels import BlockKernels, load_block_kernels
 from engine.block_linear import BlockQuantLinear
 from engine.device import pick_device, pick_dtype
 from engine.errors import ContextWindowError, EngineError
+from engine.fingerprint import model_fingerprint
 from engine.generation import Generation
 from engine.kv_budget import host_tier_bytes, kv_pool_bytes
 from engine.kv_cache import ContiguousKVCache, KVCache
 from engine.kv_pool import KVPool
+from engine.kv_snapshot import KVSnapshot
 from engine.model import CausalLM
 from engine.model_source import resolve_model
-from engine.prefix_cache import PrefixCache, common_prefix_length
+from engine.prefix_cache import KVCacheFullError, PrefixCache, common_prefix_length
 from engine.sampling import SamplingParams
 from engine.sequence_kv import SequenceKV
 from engine.tokenizer import Tokenizer
@@ -114,6 +117,8 @@ class Engine:
         # and a chat's next turn starts with exactly those positions, so they need no gather.
         self._spare_working: ContiguousKVCache | None = None
         self._spare_tokens: list[int] = []
+        self._fingerprint: str | None = None
+        self._fingerprint_lock = threading.Lock()
 
     @classmethod
     def load(cls, options: EngineOptions = EngineOptions(),
@@ -207,6 +212,58 @@ class Engine:
             if self._spare_working is None or kv.capacity >= self._spare_working.capacity:
                 self._spare_working = kv
                 self._spare_tokens = list(token_ids[: kv.num_tokens]) if reusable else []
+
+    @property
+    def fingerprint(self) -> str:
+        """Identifies the K/V this engine computes (see fingerprint.py); hashed on first use."""
+        with self._fingerprint_lock:
+            if self._fingerprint is None:
+                cfg = self.model.cfg
+                self._fingerprint = model_fingerprint(
+                    Path(self.info.model_dir), dtype=self.dtype, device=self.device.type, weights=self.info.weights,
+                    kv_layout=(self.options.kv_block_size, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim))
+            return self._fingerprint
+
+    def cached_length(self, token_ids: list[int]) -> int:
+        """How many leading tokens of `token_ids` the prefix cache holds."""
+        if self.prefix_cache is None:
+            return 0
+        with self._lock:
+            return self.prefix_cache.cached_length(token_ids)
+
+    def export_kv(self, token_ids: list[int]) -> KVSnapshot | None:
+        """A copy of the cached K/V of the longest cached prefix of `token_ids` (None: nothing cached)."""
+        if self.prefix_cache is None:
+            return None
+        fingerprint = self.fingerprint
+        with self._lock:
+            exported = self.prefix_cache.export(token_ids)
+        if exported is None:
+            return None
+        length, blocks = exported
+        return KVSnapshot(tuple(token_ids[:length]), blocks, fingerprint)
+
+    def import_kv(self, snapshot: KVSnapshot) -> int:
+        """Put a snapshot's K/V into the prefix cache; the next request that starts with its tokens
+        reuses them (`cache_source` "disk"). Returns how many tokens were added.
+
+        Raises EngineError if the snapshot was computed by another model, dtype, device or layout,
+        or does not fit in the KV cache."""
+        if self.prefix_cache is None:
+            raise EngineError("The prefix cache is off, so a KV snapshot cannot be used.")
+        if snapshot.fingerprint != self.fingerprint:
+            raise EngineError("The KV snapshot was computed by another model, dtype, device or KV layout.")
+        expected = (-(-len(snapshot.token_ids) // self.options.kv_block_size), *self.prefix_cache.pool.data.shape[1:])
+        if tuple(snapshot.kv.shape) != expected or snapshot.kv.dtype != self.dtype:
+            raise EngineError(f"The KV snapshot's tensor {tuple(snapshot.kv.shape)} {snapshot.kv.dtype} does not "
+                              f"match this engine's layout {expected} {self.dtype}.")
+        if min(snapshot.token_ids, default=0) < 0 or max(snapshot.token_ids, default=0) >= self.model.cfg.vocab_size:
+            raise EngineError("The KV snapshot has token ids outside the model's vocabulary.")
+        with self._lock:
+            try:
+                return self.prefix_cache.insert(list(snapshot.token_ids), snapshot.kv)
+            except KVCacheFullError as exc:
+                raise EngineError(f"The KV snapshot of {len(snapshot.token_ids)} tokens does not fit: {exc}") from None
 
     def cache_stats(self) -> dict:
         """Engine-wide KV cache numbers: blocks and bytes used/total, hit rate."""

@@ -24,6 +24,9 @@ Rules:
   tier, a device block is first copied to host memory and its node stays in
   the tree (device-resident nodes always form a prefix of each path);
   a later match copies it back.
+- A snapshot read from disk enters the tree with `insert` (nodes marked
+  `from_disk` until a match first uses them, so that match reports `disk`);
+  `export` copies a cached sequence's blocks out for a snapshot.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+
+import torch
 
 from engine.errors import EngineError
 from engine.kv_pool import KVPool, PoolExhausted
@@ -49,6 +54,7 @@ class Node:
     children: dict[tuple[int, ...], "Node"] = field(default_factory=dict)
     refs: int = 0
     last_used: int = 0
+    from_disk: bool = False  # inserted from a snapshot and not used by a request yet
 
 
 @dataclass
@@ -59,7 +65,7 @@ class Match:
     owned: set[int]  # blocks the request may write (the copy-on-write block)
     shared: list[Node]  # the matched full blocks' nodes, referenced until finish()/release()
     cached_tokens: int
-    source: str  # device | host | none
+    source: str  # device | host | disk | none
 
 
 def common_prefix_length(a: "list[int] | tuple[int, ...]", b: "list[int] | tuple[int, ...]") -> int:
@@ -86,25 +92,14 @@ class PrefixCache:
     def match(self, tokens: list[int]) -> Match:
         """The longest cached prefix of tokens[:-1], loaded on the device, referenced."""
         self.clock += 1
-        size, limit = self.block_size, len(tokens) - 1
-        node, chain, pos = self.root, [], 0
-        while pos + size <= limit:
-            child = node.children.get(tuple(tokens[pos : pos + size]))
-            if child is None:
-                break
-            chain.append(child)
-            node, pos = child, pos + size
-        want = tokens[pos : min(pos + size, limit)]
-        lender, lent = None, 0
-        for child in node.children.values():
-            common = common_prefix_length(child.tokens, want)
-            if common > lent:
-                lender, lent = child, common
+        chain, lender, lent = self._walk(tokens, len(tokens) - 1)
         used = chain + ([lender] if lender is not None else [])
-        source = "host" if any(n.block is None for n in used) else ("device" if used else "none")
+        source = ("disk" if any(n.from_disk for n in used) else "host" if any(n.block is None for n in used)
+                  else "device" if used else "none")
         for n in used:  # referenced before any allocation below can evict
             n.refs += 1
             n.last_used = self.clock
+            n.from_disk = False
         try:
             for n in used:
                 self._ensure_on_device(n)
@@ -122,10 +117,33 @@ class PrefixCache:
         finally:
             if lender is not None:
                 lender.refs -= 1
-        cached = len(chain) * size + lent
+        cached = len(chain) * self.block_size + lent
         self.prompt_tokens += len(tokens)
         self.hit_tokens += cached
         return Match(blocks, owned, chain, cached, source if cached else "none")
+
+    def _walk(self, tokens: "list[int] | tuple[int, ...]", limit: int) -> tuple[list[Node], Node | None, int]:
+        """The nodes of the longest cached prefix of tokens[:limit]: the chain of full blocks, then the
+        child that lends the most of the next tokens (or None) and how many it lends."""
+        size, node, chain, pos = self.block_size, self.root, [], 0
+        while pos + size <= limit:
+            child = node.children.get(tuple(tokens[pos : pos + size]))
+            if child is None:
+                break
+            chain.append(child)
+            node, pos = child, pos + size
+        want = tokens[pos : min(pos + size, limit)]
+        lender, lent = None, 0
+        for child in node.children.values():
+            common = common_prefix_length(child.tokens, want)
+            if common > lent:
+                lender, lent = child, common
+        return chain, lender, lent
+
+    def cached_length(self, tokens: list[int]) -> int:
+        """How many leading tokens the cache holds (any tier), without touching anything."""
+        chain, _, lent = self._walk(tokens, len(tokens))
+        return len(chain) * self.block_size + lent
 
     def adopt(self, parent: Node, piece: tuple[int, ...], block: int, owned: set[int]) -> Node:
         """File a full block that a running request has just completed, as a child of `parent`.
@@ -181,6 +199,61 @@ class PrefixCache:
             if (sibling is not new and len(sibling.tokens) < len(new.tokens) and not sibling.children
                     and sibling.refs == 0 and new.tokens[: len(sibling.tokens)] == sibling.tokens):
                 self._remove(sibling)
+
+    # ---- snapshots ------------------------------------------------------------
+
+    def export(self, tokens: list[int]) -> tuple[int, torch.Tensor] | None:
+        """The longest cached prefix of `tokens`: its length and a copy of its blocks on the CPU
+        [blocks, 2, layers, kv_heads, block_size, head_dim], positions past the prefix zeroed."""
+        chain, lender, lent = self._walk(tokens, len(tokens))
+        nodes = chain + ([lender] if lender is not None else [])
+        if not nodes:
+            return None
+        blocks = torch.empty((len(nodes), *self.pool.data.shape[1:]), dtype=self.pool.data.dtype)
+        on_device = [i for i, n in enumerate(nodes) if n.block is not None]
+        on_host = [i for i, n in enumerate(nodes) if n.block is None]
+        if on_device:
+            index = torch.tensor([nodes[i].block for i in on_device], device=self.pool.data.device)
+            blocks[on_device] = self.pool.data.index_select(0, index).cpu()
+        if on_host:
+            blocks[on_host] = self.host.data[[nodes[i].host_block for i in on_host]]
+        if lender is not None:
+            blocks[-1, :, :, :, lent:] = 0  # the lender's later tokens are not part of this sequence
+        return len(chain) * self.block_size + lent, blocks
+
+    def insert(self, tokens: list[int], blocks: torch.Tensor) -> int:
+        """File a snapshot's blocks (K/V of `tokens`, laid out as `export` returns them) in the tree,
+        marked as read from disk; blocks the tree already holds are kept, not replaced.
+        Returns how many tokens it added; raises KVCacheFullError if they do not fit."""
+        size = self.block_size
+        full = len(tokens) // size
+        chain, _, _ = self._walk(tokens, full * size)
+        tail = tuple(tokens[full * size :])
+        parent = chain[-1] if chain else self.root
+        tail_covered = not tail or (len(chain) == full and any(
+            c.tokens[: len(tail)] == tail for c in parent.children.values()))
+        new = list(range(len(chain), full)) + ([] if tail_covered else [full])
+        if not new:
+            return 0
+        self.clock += 1
+        for n in chain:  # the path stays put while allocating may evict
+            n.refs += 1
+        try:
+            for n in chain:  # new nodes hang below the chain, and device nodes form a prefix of each path
+                self._ensure_on_device(n)
+            fresh = self.allocate(len(new))
+        finally:
+            for n in chain:
+                n.refs -= 1
+        index = torch.tensor(fresh, device=self.pool.data.device)
+        self.pool.data.index_copy_(0, index, blocks[new].to(self.pool.data.device))
+        for i, block in zip(new, fresh):
+            piece = tuple(tokens[i * size : (i + 1) * size])
+            node = Node(piece, parent, block=block, last_used=self.clock, from_disk=True)
+            parent.children[piece] = node
+            self._drop_superseded(parent, node)
+            parent = node
+        return (full - len(chain)) * size + (0 if tail_covered else len(tail))
 
     # ---- memory ---------------------------------------------------------------
 

@@ -24,6 +24,16 @@ def kv_value(token: int, position: int, layer: int) -> float:
     return token * 1000.0 + position + layer / 10
 
 
+def snapshot_blocks(tokens: list[int]) -> torch.Tensor:
+    """K/V of `tokens` laid out as PrefixCache.export returns them (what `compute` would have written)."""
+    blocks = torch.zeros(-(-len(tokens) // SIZE), 2, LAYERS, HEADS, SIZE, DIM)
+    for i, t in enumerate(tokens):
+        for layer in range(LAYERS):
+            blocks[i // SIZE, 0, layer, :, i % SIZE] = kv_value(t, i, layer)
+            blocks[i // SIZE, 1, layer, :, i % SIZE] = -kv_value(t, i, layer)
+    return blocks
+
+
 def open_request(cache: PrefixCache, prompt: list[int], publish: bool = True) -> SequenceKV:
     working = ContiguousKVCache(LAYERS, HEADS, DIM, 4096, CPU, torch.float32)
     return SequenceKV(cache, working, cache.match(prompt), prompt, publish)
@@ -214,6 +224,7 @@ operation = st.one_of(
     st.tuples(st.just("start"), st.lists(st.integers(0, 3), min_size=1, max_size=14)),
     st.tuples(st.just("end"), st.integers(0, 3)),
     st.tuples(st.just("allocate"), st.integers(1, 3)),
+    st.tuples(st.just("insert"), st.lists(st.integers(0, 3), min_size=1, max_size=14)),
 )
 
 
@@ -241,6 +252,8 @@ def test_invariants_hold_after_every_operation(operations, host_blocks):
                 running.pop(arg % len(running)).close()
             elif op == "allocate":
                 held.append(cache.allocate(arg))
+            elif op == "insert":
+                cache.insert(arg, snapshot_blocks(arg))
         except KVCacheFullError:
             pass
         live = {b for blocks in held for b in blocks} | {b for kv in running for b in kv.owned}
@@ -260,3 +273,62 @@ def test_completed_blocks_join_the_tree_while_their_request_still_runs():
     concurrent.close()
     running.close()
     assert open_request(cache, tokens + [5]).num_tokens == 10
+
+
+def test_export_copies_the_cached_prefix_exactly_and_zeroes_the_rest():
+    cache = make_cache()
+    serve(cache, [1, 2, 3, 4, 5, 6, 7])
+    serve(cache, [1, 2, 3, 4, 5, 9, 9, 9, 9])  # a sibling lends 5, then diverges
+    length, blocks = cache.export([1, 2, 3, 4, 5, 6, 8, 8])
+    assert length == 6
+    assert torch.equal(blocks, snapshot_blocks([1, 2, 3, 4, 5, 6]))
+    assert cache.export([8, 8]) is None
+
+
+def test_an_inserted_snapshot_is_matched_as_disk_once_then_as_device():
+    cache = make_cache()
+    tokens = list(range(10, 21))  # 2 full blocks and a partial one
+    assert cache.insert(tokens, snapshot_blocks(tokens)) == len(tokens)
+    kv = open_request(cache, tokens + [99])
+    assert (kv.num_tokens, cache.match(tokens + [98]).source) == (11, "device")
+    assert_holds(kv, tokens)
+    kv.close()
+    fresh = make_cache()
+    fresh.insert(tokens, snapshot_blocks(tokens))
+    match = fresh.match(tokens + [99])
+    assert (match.cached_tokens, match.source) == (11, "disk")
+
+
+def test_insert_keeps_what_the_tree_holds_and_adds_only_the_rest():
+    cache = make_cache()
+    serve(cache, [1, 1, 1, 1, 2, 2])
+    before = {n.tokens: n.block for n in cache.nodes()}
+    added = cache.insert([1, 1, 1, 1, 2, 2, 2, 2, 3], snapshot_blocks([1, 1, 1, 1, 2, 2, 2, 2, 3]))
+    assert added == 5
+    after = {n.tokens: n.block for n in cache.nodes()}
+    assert after[(1, 1, 1, 1)] == before[(1, 1, 1, 1)]
+    assert (2, 2) not in after  # the longer block supersedes the partial one
+    assert cache.insert([1, 1, 1, 1, 2], snapshot_blocks([1, 1, 1, 1, 2])) == 0
+    cache.check_invariants()
+
+
+def test_insert_below_a_spilled_block_brings_the_path_back_to_the_device():
+    cache = make_cache(blocks=3, host_blocks=8)
+    serve(cache, [1, 1, 1, 1, 2, 2, 2, 2])
+    serve(cache, [3, 3, 3, 3, 4, 4, 4, 4])  # spills the first sequence
+    tokens = [1, 1, 1, 1, 2, 2, 2, 2, 5]
+    cache.insert(tokens, snapshot_blocks(tokens))
+    cache.check_invariants()
+    assert all(n.block is not None for n in cache.nodes() if n.tokens[0] in (1, 2, 5))
+    length, blocks = cache.export(tokens)
+    assert length == len(tokens) and torch.equal(blocks, snapshot_blocks(tokens))
+
+
+def test_a_snapshot_larger_than_the_pool_is_refused_and_the_cache_stays_usable():
+    cache = make_cache(blocks=2)
+    tokens = list(range(12))
+    with pytest.raises(KVCacheFullError):
+        cache.insert(tokens, snapshot_blocks(tokens))
+    cache.check_invariants()
+    assert list(cache.nodes()) == []
+    serve(cache, [7, 7, 7, 7, 7])

@@ -1,0 +1,63 @@
+"""A model fingerprint: one hash over everything that decides the K/V a token sequence gets.
+
+Weights, tokenizer, chat template and config (every file of the model
+directory), the dtype, the device type and weight format (they change the
+arithmetic, so K/V differ in the last bits), and the KV layout. A KV snapshot
+is reused only by an engine with the same fingerprint; a model with identical
+shapes but other weights differs here, not in any shape check.
+
+Hashing a model's files takes a while (0.3 s for 0.5 GB), so each file's hash
+is kept in the cache dir, keyed by its path, size and modification time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from engine.paths import cache_dir
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def model_files_digest(model_dir: Path) -> dict[str, str]:
+    """sha256 of every regular top-level file of the model directory (hidden files aside), cached by stat."""
+    model_dir = model_dir.resolve()
+    memo_path = cache_dir() / "file-hashes" / f"{hashlib.sha256(str(model_dir).encode()).hexdigest()[:24]}.json"
+    try:
+        memo = json.loads(memo_path.read_text())
+    except (OSError, ValueError):
+        memo = {}
+    digests, fresh = {}, {}
+    for path in sorted(model_dir.iterdir()):
+        if path.name.startswith(".") or not path.is_file():
+            continue
+        st = path.stat()
+        key = f"{st.st_size}:{st.st_mtime_ns}"
+        known = memo.get(path.name)
+        digest = known[1] if isinstance(known, list) and len(known) == 2 and known[0] == key else _file_sha256(path)
+        digests[path.name] = digest
+        fresh[path.name] = [key, digest]
+    if fresh != memo:
+        try:  # a best effort: without it the next start hashes again
+            memo_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = memo_path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(fresh))
+            os.replace(tmp, memo_path)
+        except OSError:
+            pass
+    return digests
+
+
+def model_fingerprint(model_dir: Path, **arithmetic: object) -> str:
+    """sha256 hex over the model's files and `arithmetic` (dtype, device type, weight format, KV layout)."""
+    description = {"files": model_files_digest(model_dir), **{k: str(v) for k, v in arithmetic.items()}}
+    return hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()

@@ -1,0 +1,28 @@
+"""KVSnapshot: the K/V of one cached token sequence, as it leaves or re-enters the prefix cache.
+
+Plain data, so storage can write and read it without knowing the engine.
+`kv` is laid out as the KV pool's blocks, [blocks, 2 (K, V), layers, kv_heads,
+block_size, head_dim], on the CPU, positions past the last token zeroed; going
+back into the pool is then one copy per snapshot, not one per token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class KVSnapshot:
+    token_ids: tuple[int, ...]
+    kv: torch.Tensor
+    fingerprint: str  # Engine.fingerprint of the engine that computed it
+
+    @property
+    def block_size(self) -> int:
+        return self.kv.shape[4]
+
+    @property
+    def nbytes(self) -> int:
+        return self.kv.nbytes

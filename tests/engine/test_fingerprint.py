@@ -1,0 +1,55 @@
+"""The model fingerprint decides whether a KV snapshot may be reused: it must see every difference."""
+
+import shutil
+
+import pytest
+
+import engine.fingerprint as fingerprint
+from engine import Engine, EngineError, EngineOptions
+from tests.tiny_models import make_tiny_model
+
+
+def load(path, **options) -> Engine:
+    return Engine.load(EngineOptions(model=str(path), device="cpu", **options))
+
+
+def test_the_same_model_has_the_same_fingerprint_and_hashes_its_files_once(tiny_model_dir, monkeypatch):
+    first = load(tiny_model_dir).fingerprint
+    calls = []
+    monkeypatch.setattr(fingerprint, "_file_sha256", lambda path: calls.append(path) or "x")
+    assert load(tiny_model_dir).fingerprint == first
+    assert calls == []  # every file's hash came from the memo
+
+
+def test_identical_shapes_with_other_weights_differ(tmp_path, tiny_model_dir):
+    twin = make_tiny_model(tmp_path / "twin", "llama", seed=1)
+    assert load(twin).model.cfg == load(tiny_model_dir).model.cfg
+    assert load(twin).fingerprint != load(tiny_model_dir).fingerprint
+
+
+def test_another_chat_template_or_dtype_or_block_size_differs(tmp_path, tiny_model_dir):
+    base = load(tiny_model_dir).fingerprint
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_model_dir, copy)
+    assert load(copy).fingerprint == base  # where the files are does not matter
+    template = copy / "chat_template.jinja"
+    template.write_text(template.read_text().replace("{{", "{{ ", 1))
+    assert load(copy).fingerprint != base
+    assert load(tiny_model_dir, dtype="bfloat16").fingerprint != base
+    assert load(tiny_model_dir, kv_block_size=8).fingerprint != base
+
+
+def test_a_snapshot_of_another_model_is_refused_by_the_engine(tmp_path, tiny_model_dir):
+    engine = load(tiny_model_dir)
+    prompt = list(range(40, 80))
+    list(engine.generate(prompt, max_tokens_params()))
+    snapshot = engine.export_kv(prompt)
+    twin = load(make_tiny_model(tmp_path / "twin", "llama", seed=1))
+    with pytest.raises(EngineError, match="another model"):
+        twin.import_kv(snapshot)
+
+
+def max_tokens_params():
+    from engine import SamplingParams
+
+    return SamplingParams(temperature=0, max_tokens=3)
