@@ -1,0 +1,81 @@
+"""SnapshotWriter: writes KV snapshots on one background thread, so the chat never waits for the disk.
+
+`submit` hands over a conversation id and a function that makes its snapshot
+(the copy out of the KV cache runs on this thread too). A newer submission for
+the same conversation replaces one not started yet: only the latest state is
+worth writing. `flush` waits until everything submitted is on disk (before the
+process exits); a failure is logged with one line and the old snapshot stays.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from engine.kv_snapshot import KVSnapshot
+from storage.snapshots import SnapshotStore
+
+log = logging.getLogger("kvchat")
+
+MakeSnapshot = Callable[[], "KVSnapshot | None"]
+
+
+class SnapshotWriter:
+    def __init__(self, store: SnapshotStore, on_saved: Callable[[str, int, float], None] = lambda *_: None):
+        """`on_saved(conversation_id, bytes, seconds)` runs on the writer thread after each write."""
+        self.store = store
+        self.on_saved = on_saved
+        self._pending: dict[str, MakeSnapshot] = {}
+        self._busy = False
+        self._closed = False
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="kvchat-snapshots", daemon=True)
+        self._thread.start()
+
+    def submit(self, conversation_id: str, make: MakeSnapshot) -> None:
+        with self._cond:
+            self._pending.pop(conversation_id, None)  # re-queued at the end: first come, first written
+            self._pending[conversation_id] = make
+            self._cond.notify_all()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every submitted snapshot is written; False if `timeout` ran out first."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._pending and not self._busy, timeout)
+
+    def close(self, timeout: float | None = None) -> None:
+        self.flush(timeout)
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._pending or self._closed)
+                if self._closed and not self._pending:
+                    return
+                conversation_id = next(iter(self._pending))
+                make = self._pending.pop(conversation_id)
+                self._busy = True
+            try:
+                self._write(conversation_id, make)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def _write(self, conversation_id: str, make: MakeSnapshot) -> None:
+        start = time.perf_counter()
+        try:
+            snapshot = make()
+            if snapshot is None:
+                return
+            size = self.store.save(conversation_id, snapshot)
+        except Exception as exc:  # a snapshot is an optimisation: never let it take the chat down
+            log.warning("kvchat: the KV snapshot of conversation %s was not saved (%s); "
+                        "its history will be recomputed when it is resumed", conversation_id, exc)
+            return
+        self.on_saved(conversation_id, size, time.perf_counter() - start)

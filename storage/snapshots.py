@@ -1,0 +1,242 @@
+"""KV snapshots on disk: one safetensors file per conversation, verified before use.
+
+A snapshot holds a conversation's cached token ids and their K/V (see
+engine.kv_snapshot). It is only ever written whole: to a temporary file,
+fsynced, renamed over the old one, and the directory fsynced, so a crash
+leaves the old snapshot or the new one, never a torn one.
+
+Reading trusts nothing in the file. The header is parsed by hand and checked
+field by field (format, version, fingerprint, dtypes, shapes, offsets that
+cover the data exactly) before any tensor byte is read, and the tensor bytes
+must match the recorded sha256. Files are opened only under the data dir,
+never through a symlink. Any problem raises SnapshotRejected with the reason;
+the caller recomputes the prefix instead.
+
+The directory is capped in bytes; the least recently used snapshots (file
+mtime, refreshed on every load) go first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import secrets
+import stat
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from engine.kv_snapshot import KVSnapshot
+
+log = logging.getLogger("kvchat")
+
+FORMAT = "kvchat-kv-snapshot"
+VERSION = 1
+SUFFIX = ".safetensors"
+MAX_HEADER_BYTES = 64 * 1024  # ours is under 1 KiB; a longer one is not ours or lies
+STALE_TEMP_S = 600  # a temp file this old belongs to a writer that died
+DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "I64": torch.int64}
+CONVERSATION_ID = re.compile(r"[0-9a-f]{4,64}")
+
+
+class SnapshotRejected(Exception):
+    """A snapshot exists but cannot be used; the message says why."""
+
+
+def _checksum(*parts: torch.Tensor) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part.contiguous().view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class SnapshotStore:
+    def __init__(self, home: Path, cap_bytes: int):
+        self.home = home
+        self.dir = home / "snapshots"
+        self.cap_bytes = cap_bytes
+
+    def path(self, conversation_id: str) -> Path:
+        """The snapshot file of a conversation; refuses anything that could lead outside the data dir."""
+        if not CONVERSATION_ID.fullmatch(conversation_id):
+            raise SnapshotRejected(f"{conversation_id!r} is not a conversation id")
+        if self.dir.is_symlink() or not self.dir.resolve().is_relative_to(self.home.resolve()):
+            raise SnapshotRejected(f"the snapshot directory {self.dir} leads outside the data directory")
+        return self.dir / f"{conversation_id}{SUFFIX}"
+
+    # ---- writing --------------------------------------------------------------
+
+    def save(self, conversation_id: str, snapshot: KVSnapshot) -> int:
+        """Write atomically and durably; returns the file's size. Raises OSError (disk full, ...) with the
+        old snapshot left in place."""
+        path = self.path(conversation_id)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        token_ids = torch.tensor(snapshot.token_ids, dtype=torch.int64)
+        kv = snapshot.kv.contiguous()
+        metadata = {
+            "format": FORMAT,
+            "version": str(VERSION),
+            "fingerprint": snapshot.fingerprint,
+            "tokens": str(len(snapshot.token_ids)),
+            "sha256": _checksum(token_ids, kv),
+        }
+        temp = self.dir / f".{conversation_id}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        try:
+            save_file({"token_ids": token_ids, "kv": kv}, temp, metadata)
+            fd = os.open(temp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(temp, path)
+        except BaseException:
+            temp.unlink(missing_ok=True)
+            raise
+        _fsync_dir(self.dir)
+        size = path.stat().st_size
+        self._enforce_cap(keep=path)
+        return size
+
+    def _enforce_cap(self, keep: Path) -> None:
+        """Remove least recently used snapshots until the directory fits the cap (and stale temp files)."""
+        files = []
+        for entry in os.scandir(self.dir):
+            info = entry.stat(follow_symlinks=False)
+            if entry.name.endswith(".tmp"):
+                if time.time() - info.st_mtime > STALE_TEMP_S:
+                    Path(entry.path).unlink(missing_ok=True)
+            elif entry.name.endswith(SUFFIX) and stat.S_ISREG(info.st_mode):
+                files.append((entry.path == str(keep), info.st_mtime, info.st_size, Path(entry.path)))
+        total = sum(size for _, _, size, _ in files)
+        for _, _, size, path in sorted(files):  # oldest first, the one just written last
+            if total <= self.cap_bytes:
+                break
+            path.unlink(missing_ok=True)
+            total -= size
+            log.info("kvchat: removed the KV snapshot %s to stay under the %.1f GB cap", path.name,
+                     self.cap_bytes / 1e9)
+
+    def delete(self, conversation_id: str) -> None:
+        try:
+            self.path(conversation_id).unlink(missing_ok=True)
+        except SnapshotRejected:
+            pass
+
+    def total_bytes(self) -> int:
+        if not self.dir.is_dir():
+            return 0
+        return sum(e.stat(follow_symlinks=False).st_size for e in os.scandir(self.dir) if e.name.endswith(SUFFIX))
+
+    # ---- reading --------------------------------------------------------------
+
+    def load(self, conversation_id: str, fingerprint: str, history: Sequence[int]) -> KVSnapshot | None:
+        """The conversation's snapshot, verified, if it was made by an engine with `fingerprint` and its
+        tokens start `history`. None when there is none; SnapshotRejected when it cannot be used
+        (a damaged file is removed as well)."""
+        path = self.path(conversation_id)
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except FileNotFoundError:
+            return None
+        except OSError as exc:  # ELOOP: a symlink
+            raise SnapshotRejected(f"{path.name} cannot be opened safely ({exc.strerror})") from None
+        try:
+            with os.fdopen(fd, "rb") as f:
+                snapshot = _read(f, fingerprint)
+        except _Damaged as exc:
+            path.unlink(missing_ok=True)
+            raise SnapshotRejected(f"{path.name} is damaged ({exc})") from None
+        if tuple(history[: len(snapshot.token_ids)]) != snapshot.token_ids:
+            raise SnapshotRejected(f"{path.name} holds other tokens than the conversation")
+        os.utime(path)  # recently used: the size cap removes it last
+        return snapshot
+
+
+class _Damaged(Exception):
+    """The file is not a whole, intact snapshot."""
+
+
+def _read(f, fingerprint: str) -> KVSnapshot:
+    size = os.fstat(f.fileno()).st_size
+    if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+        raise _Damaged("not a regular file")
+    prefix = f.read(8)
+    if len(prefix) < 8:
+        raise _Damaged("shorter than a safetensors header")
+    header_len = int.from_bytes(prefix, "little")
+    if header_len > min(MAX_HEADER_BYTES, size - 8):
+        raise _Damaged(f"the header claims {header_len:,} bytes in a file of {size:,}")
+    try:
+        header = json.loads(f.read(header_len))
+        metadata = header.pop("__metadata__")
+    except (ValueError, KeyError, AttributeError):
+        raise _Damaged("the header is not valid") from None
+    if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
+        raise _Damaged("not a kvchat KV snapshot")
+    if metadata.get("version") != str(VERSION):
+        raise SnapshotRejected(f"snapshot format version {metadata.get('version')!r} is not {VERSION}")
+    if metadata.get("fingerprint") != fingerprint:
+        raise SnapshotRejected("it was computed by another model, dtype, device or KV layout")
+    data_len = size - 8 - header_len
+    tensors = _layout(header, data_len)
+    tokens = metadata.get("tokens", "")
+    ids_shape, kv_shape = tensors["token_ids"][1], tensors["kv"][1]
+    if (not tokens.isdigit() or ids_shape != [int(tokens)] or len(kv_shape) != 6 or kv_shape[0] < 1
+            or kv_shape[0] != -(-int(tokens) // kv_shape[4]) or tensors["token_ids"][0] != torch.int64):
+        raise _Damaged("the token count and tensor shapes disagree")
+    data = torch.empty(data_len, dtype=torch.uint8)
+    view, done = memoryview(data.numpy()), 0
+    while done < data_len:
+        n = f.readinto(view[done:])
+        if not n:
+            raise _Damaged("truncated")
+        done += n
+    token_ids, kv = (_tensor(data, *tensors[name]) for name in ("token_ids", "kv"))
+    if _checksum(token_ids, kv) != metadata.get("sha256"):
+        raise _Damaged("its bytes do not match the checksum")
+    return KVSnapshot(tuple(token_ids.tolist()), kv, fingerprint)
+
+
+def _layout(header: dict, data_len: int) -> dict[str, tuple[torch.dtype, list[int], int, int]]:
+    """name -> (dtype, shape, begin, end), after checking that the two tensors tile the data exactly."""
+    if set(header) != {"token_ids", "kv"}:
+        raise _Damaged("unexpected tensors")
+    layout = {}
+    for name, entry in header.items():
+        try:
+            dtype = DTYPES[entry["dtype"]]
+            shape = [int(d) for d in entry["shape"]]
+            begin, end = (int(x) for x in entry["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise _Damaged(f"the entry of {name!r} is not valid") from None
+        count = 1
+        for d in shape:
+            count *= d
+        if min(shape, default=1) < 0 or end - begin != count * dtype.itemsize:
+            raise _Damaged(f"the size of {name!r} does not match its shape")
+        layout[name] = (dtype, shape, begin, end)
+    spans = sorted((begin, end) for _, _, begin, end in layout.values())
+    if spans[0][0] != 0 or spans[0][1] != spans[1][0] or spans[1][1] != data_len:
+        raise _Damaged("the tensors do not cover the data exactly (truncated?)")
+    return layout
+
+
+def _tensor(data: torch.Tensor, dtype: torch.dtype, shape: list[int], begin: int, end: int) -> torch.Tensor:
+    raw = data[begin:end]
+    if begin % dtype.itemsize:
+        raw = raw.clone()  # view() needs an offset aligned to the element size
+    return raw.view(dtype).view(shape)
