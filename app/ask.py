@@ -1,13 +1,15 @@
-"""`kvchat ask`: answer one message, streaming to stdout (or one JSON line with --json)."""
+"""`kvchat ask`: answer one message in a saved conversation, streaming to stdout (or one JSON line with --json)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 
 from app.chat import ChatSession
 from app.options import engine_options, sampling_params
+from app.saved_chat import SavedConversation, Storage, sampling_settings
 from engine import Done, Engine, EngineError, TokenDelta
 
 
@@ -21,13 +23,13 @@ def read_message(arg: str) -> str:
 def stats_line(done: Done) -> str:
     s = done.stats
     return (f"[{s.ttft_ms:.0f} ms to first token · {s.prompt_tokens} prompt tokens "
-            f"({s.cached_tokens} cached, {s.prefilled_tokens} computed) · {s.generated_tokens} tokens "
-            f"at {s.decode_tokens_per_s:.1f} tok/s · {done.finish_reason}]")
+            f"({s.cached_tokens} cached from {s.cache_source}, {s.prefilled_tokens} computed) · "
+            f"{s.generated_tokens} tokens at {s.decode_tokens_per_s:.1f} tok/s · {done.finish_reason}]")
 
 
-def result_json(done: Done, engine: Engine) -> dict:
+def result_json(done: Done, engine: Engine, conversation_id: str) -> dict:
     return {
-        "conversation_id": None,
+        "conversation_id": conversation_id,
         "reply": done.text,
         "finish_reason": done.finish_reason,
         **done.stats.as_dict(),
@@ -39,31 +41,66 @@ def result_json(done: Done, engine: Engine) -> dict:
     }
 
 
+def open_session(args: argparse.Namespace, engine: Engine, storage: Storage) -> ChatSession:
+    """A new saved conversation, or the one named by --conversation with its settings (flags override them)."""
+    if args.conversation is None:
+        params = sampling_params(args)
+        return ChatSession(engine, args.system, params, SavedConversation.new(storage, engine, args.system, params))
+    saved = SavedConversation.open(storage, args.conversation)
+    params = sampling_params(args, saved.conversation.params)
+    system = saved.conversation.system if args.system is None else args.system
+    if (system, sampling_settings(params)) != (saved.conversation.system, saved.conversation.params):
+        saved.update_settings(system=system, params=sampling_settings(params))
+    return ChatSession(engine, system, params, saved)
+
+
 def run_ask(args: argparse.Namespace) -> int:
     message = read_message(args.message)
-    params = sampling_params(args)
+    sampling_params(args)  # bad flags fail before the model loads
     progress = lambda step: print(f"kvchat: {step}…", file=sys.stderr)  # noqa: E731
-    engine = Engine.load(engine_options(args), progress=progress if sys.stderr.isatty() else lambda _: None)
-    session = ChatSession(engine, system=args.system, params=params)
+    storage = Storage.open(args.snapshot_gb)
+    try:
+        engine = Engine.load(engine_options(args), progress=progress if sys.stderr.isatty() else lambda _: None)
+        session = open_session(args, engine, storage)
+        if session.notice:
+            print(f"kvchat: {session.notice}", file=sys.stderr)
+        done = _answer(session, message, stream=not args.json)
+        if args.json:
+            print(json.dumps(result_json(done, engine, session.saved.id), ensure_ascii=False))
+        else:
+            print(stats_line(done), file=sys.stderr)
+            print(f"kvchat: conversation {session.saved.id} (continue it with --conversation {session.saved.id})",
+                  file=sys.stderr)
+        return 130 if done.finish_reason == "stopped" else 0
+    finally:
+        storage.close()  # waits for the KV snapshot, so the next `ask --conversation` resumes from it
+
+
+def _answer(session: ChatSession, message: str, stream: bool) -> Done:
+    """Send the message and stream the reply. Ctrl+C stops the reply (kept, as stopped); a second one quits."""
+    interrupts = 0
+
+    def on_interrupt(signum, frame) -> None:
+        nonlocal interrupts
+        interrupts += 1
+        if interrupts > 1:
+            raise KeyboardInterrupt
+        session.cancel()  # the stream ends with Done("stopped") before the next token
+        print("\nkvchat: stopping…", file=sys.stderr)
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
     done = None
     try:
         for event in session.send(message):
-            if isinstance(event, TokenDelta) and not args.json:
+            if isinstance(event, TokenDelta) and stream:
                 sys.stdout.write(event.text)
                 sys.stdout.flush()
             elif isinstance(event, Done):
                 done = event
-    except KeyboardInterrupt:
-        session.cancel()
-        if not args.json:
-            sys.stdout.write("\n")
-        print("kvchat: stopped.", file=sys.stderr)
-        return 130
+    finally:
+        signal.signal(signal.SIGINT, previous)
     if done is None:
         raise EngineError("The reply ended without a result.")
-    if args.json:
-        print(json.dumps(result_json(done, engine), ensure_ascii=False))
-    else:
+    if stream:
         sys.stdout.write("\n")
-        print(stats_line(done), file=sys.stderr)
-    return 0
+    return done

@@ -1,7 +1,8 @@
 """Chat orchestration shared by `kvchat ask` and the TUI: messages -> prompt ids -> engine events.
 
 No UI and no torch math here: this module renders the model's chat template,
-hands token ids to the engine and keeps the conversation's messages.
+hands token ids to the engine and keeps the conversation's messages (and,
+through SavedConversation, stores them and the conversation's K/V snapshot).
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from app.prompt_ids import next_prompt
-from engine import Done, Engine, EngineError, Event, Generation, SamplingParams
+from app.saved_chat import SavedConversation
+from engine import Done, Engine, EngineError, Event, Generation, SamplingParams, TokenDelta
 
 
 # No tokenizer packs more than this many characters into one token on average, so a
@@ -35,16 +37,27 @@ class ChatSession:
     model's own default system prompt (if its template has one) applies.
     """
 
-    def __init__(self, engine: Engine, system: str | None = None, params: SamplingParams = SamplingParams()):
+    def __init__(self, engine: Engine, system: str | None = None, params: SamplingParams = SamplingParams(),
+                 saved: SavedConversation | None = None):
+        """`saved`: where the conversation is kept (None: in memory only). A saved conversation with
+        messages resumes: its history is loaded, and its K/V snapshot if the cache lacks it."""
         if not engine.tokenizer.has_chat_template:
             raise ChatError("This model has no chat template, so it cannot chat; use an instruct/chat model.")
         self.engine = engine
         self.system = system
         self.params = params
+        self.saved = saved
         self.messages: list[ChatMessage] = []
         self.generation: Generation | None = None
         self.seen_ids: list[int] = []  # the last turn's prompt + reply ids, as the model saw them
         self.rewritten_at: int | None = None  # set when the template changed earlier turns' tokens
+        self.notice: str | None = None  # something the user should know about the resumed conversation
+        if saved is not None:
+            history = saved.history(engine)
+            self.messages = [ChatMessage(role, text) for role, text in history.messages]
+            self.seen_ids = history.token_ids
+            if self.seen_ids:
+                self.notice = saved.restore_kv(engine, self.seen_ids)
 
     def _rendered(self, messages: list[ChatMessage]) -> str:
         turns = [{"role": "system", "content": self.system}] if self.system is not None else []
@@ -77,19 +90,38 @@ class ChatSession:
                             f"context window of {window} tokens can hold.")
         prompt = self.prompt_ids(user_text)
         generation = self.engine.generate(prompt, self.params)
+        if self.saved is not None:
+            start = len(self.seen_ids) if self.rewritten_at is None else self.rewritten_at
+            self.saved.user_message(self.engine, user_text, start, prompt[start:])
         self.messages.append(ChatMessage("user", user_text))
         self.generation = generation
         return self._stream(generation, prompt)
 
     def _stream(self, generation: Generation, prompt: list[int]) -> Iterator[Event]:
+        saved, pieces, ids, done = self.saved, [], [], None
+        stream = iter(generation)
         try:
-            for event in generation:
-                if isinstance(event, Done):
+            for event in stream:
+                if isinstance(event, TokenDelta):
+                    pieces.append(event.text)
+                    if event.token_id is not None:
+                        ids.append(event.token_id)
+                    if saved is not None:
+                        saved.reply_progress(pieces, ids, len(prompt))
+                elif isinstance(event, Done):
+                    done = event
                     self.messages.append(ChatMessage("assistant", event.text))
                     self.seen_ids = prompt + list(event.token_ids)
+                    if saved is not None:
+                        saved.reply_done(event, len(prompt))
                 yield event
         finally:
+            stream.close()  # ends the request if the consumer walked away: its K/V are in the cache now
             self.generation = None
+            if saved is not None and done is not None:
+                saved.save_kv(self.engine, self.seen_ids)
+            elif saved is not None:  # an engine error, or the consumer walked away before the end
+                saved.reply_failed(pieces, ids)
 
     def cancel(self) -> None:
         """Stop the reply in progress, if any (safe from any thread)."""

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from engine import EngineOptions, SamplingParams
+
+# The sampling settings a conversation keeps, by their SamplingParams names (== argparse dests).
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens", "seed")
 
 
 def engine_options(args: argparse.Namespace) -> EngineOptions:
@@ -12,6 +16,9 @@ def engine_options(args: argparse.Namespace) -> EngineOptions:
                          kv_cache_gb=args.kv_cache_gb, prefix_cache=not args.no_prefix_cache)
 
 
-def sampling_params(args: argparse.Namespace) -> SamplingParams:
-    return SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
-                          repetition_penalty=args.repetition_penalty, max_tokens=args.max_tokens, seed=args.seed)
+def sampling_params(args: argparse.Namespace, saved: dict | None = None) -> SamplingParams:
+    """Flags given on the command line win, then a conversation's saved settings, then the defaults."""
+    settings = dataclasses.asdict(SamplingParams())
+    settings.update({name: value for name, value in (saved or {}).items() if name in SAMPLING_FIELDS})
+    settings.update({name: getattr(args, name) for name in SAMPLING_FIELDS if getattr(args, name, None) is not None})
+    return SamplingParams(**settings)

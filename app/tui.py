@@ -19,18 +19,21 @@ from textual.message import Message
 from textual.widgets import Footer, Input
 
 from app.chat import ChatSession
-from app.options import engine_options
+from app.options import engine_options, sampling_params
+from app.saved_chat import SavedConversation, Storage
 from app.widgets import AssistantMessage, StatusBar, UserMessage
 from engine import Done, Engine, EngineError, RequestStats, SamplingParams, Stats, TokenDelta
+from storage.db import StorageError
 
 STYLES = Path(__file__).resolve().parent.parent / "assets" / "kvchat.tcss"
 TEXT_BATCH_S = 0.05  # streamed text reaches the UI at most 20 times a second
 
 
 class EngineReady(Message):
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, session: ChatSession):
         super().__init__()
         self.engine = engine
+        self.session = session
 
 
 class EngineFailed(Message):
@@ -75,11 +78,15 @@ class KvchatApp(App):
     ]
 
     def __init__(self, load_engine: Callable[[Callable[[str], None]], Engine],
-                 params: SamplingParams = SamplingParams(), system: str | None = None):
+                 params: SamplingParams = SamplingParams(), system: str | None = None,
+                 storage: Storage | None = None, conversation_id: str | None = None):
+        """`storage`: where chats are saved (None: nothing is saved); `conversation_id`: a saved one to resume."""
         super().__init__()
         self._load_engine = load_engine
         self.params = params
         self.system = system
+        self.storage = storage
+        self.conversation_id = conversation_id
         self.engine: Engine | None = None
         self.session: ChatSession | None = None
         self.reply: AssistantMessage | None = None
@@ -101,21 +108,37 @@ class KvchatApp(App):
     def generating(self) -> bool:
         return self.reply is not None
 
+    def _new_session(self, engine: Engine) -> ChatSession:
+        saved = SavedConversation.new(self.storage, engine, self.system, self.params) if self.storage else None
+        return ChatSession(engine, self.system, self.params, saved)
+
     @work(thread=True, exclusive=True, group="load")
     def load(self) -> None:
         try:
             engine = self._load_engine(lambda step: self.post_message(LoadProgress(step)))
-        except EngineError as exc:
+            if self.conversation_id and self.storage:
+                self.post_message(LoadProgress("loading the conversation and its KV cache"))
+                saved = SavedConversation.open(self.storage, self.conversation_id)
+                params = sampling_params(argparse.Namespace(), saved.conversation.params)
+                session = ChatSession(engine, saved.conversation.system, params, saved)
+            else:
+                session = self._new_session(engine)
+        except (EngineError, StorageError) as exc:
             self.post_message(EngineFailed(str(exc)))
             return
-        self.post_message(EngineReady(engine))
+        self.post_message(EngineReady(engine, session))
 
     def on_load_progress(self, message: LoadProgress) -> None:
         self.query_one(StatusBar).show("loading", message.step)
 
-    def on_engine_ready(self, message: EngineReady) -> None:
+    async def on_engine_ready(self, message: EngineReady) -> None:
         self.engine = message.engine
-        self.session = ChatSession(self.engine, self.system, self.params)
+        self.session = message.session
+        await self.query_one("#messages", VerticalScroll).mount_all(
+            [UserMessage(m.content) if m.role == "user" else AssistantMessage(m.content)
+             for m in self.session.messages])
+        if self.session.notice:
+            self.notify(self.session.notice, severity="warning", timeout=10)
         bar = self.query_one(StatusBar)
         info = self.engine.info
         bar.context_window = info.context_window
@@ -140,7 +163,7 @@ class KvchatApp(App):
             return
         try:
             events = self.session.send(text)
-        except (EngineError, ValueError) as exc:
+        except (EngineError, StorageError, ValueError) as exc:
             self.notify(str(exc), severity="error", timeout=10)
             return
         event.input.value = ""
@@ -172,7 +195,7 @@ class KvchatApp(App):
                     done = event
             # After the stream: the request's blocks are back in the cache and the stats include them.
             self.post_message(ReplyDone(done, kv_cache=self.engine.cache_stats()))
-        except EngineError as exc:
+        except (EngineError, StorageError) as exc:
             self.post_message(ReplyDone(None, str(exc)))
         except Exception as exc:  # a bug must not take the chat (and the user's text) down with it
             self.post_message(ReplyDone(None, f"The reply failed unexpectedly ({exc!r})."))
@@ -210,12 +233,18 @@ class KvchatApp(App):
             self.notify("Stop the reply first (Esc).", severity="warning")
             return
         if self.engine is not None:
-            self.session = ChatSession(self.engine, self.system, self.params)
+            self.session = self._new_session(self.engine)
         await self.query_one("#messages", VerticalScroll).remove_children()
         self.query_one(StatusBar).show("idle", "new chat")
 
 
 def run_tui(args: argparse.Namespace) -> int:
     options = engine_options(args)
-    KvchatApp(lambda progress: Engine.load(options, progress=progress)).run()
+    params = sampling_params(args)
+    storage = Storage.open(args.snapshot_gb)
+    try:
+        KvchatApp(lambda progress: Engine.load(options, progress=progress), params, storage=storage,
+                  conversation_id=args.conversation).run()
+    finally:
+        storage.close()  # pending KV snapshots are written before the process ends
     return 0

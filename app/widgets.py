@@ -42,7 +42,8 @@ class StatusBar(Static):
         if s is not None:
             parts.append(f"TTFT {s.ttft_ms:.0f} ms" if s.generated_tokens else "TTFT …")
             parts.append(f"{s.decode_tokens_per_s:.1f} tok/s")
-            parts.append(f"prompt {s.prompt_tokens} ({s.cached_tokens} cached, {s.prefilled_tokens} computed)")
+            source = f" from {s.cache_source}" if s.cached_tokens else ""
+            parts.append(f"prompt {s.prompt_tokens} ({s.cached_tokens} cached{source}, {s.prefilled_tokens} computed)")
             if self.context_window:
                 parts.append(f"context {s.prompt_tokens + s.generated_tokens}/{self.context_window}")
         if self.kv_cache.get("enabled"):

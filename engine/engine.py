@@ -152,6 +152,13 @@ class Engine:
         )
         return cls(model, tokenizer, info, options, prefix_cache)
 
+    def with_fresh_cache(self) -> "Engine":
+        """The same loaded model with an empty prefix cache of its own: a new process, minus the load."""
+        prefix_cache = _prefix_cache(self.options, self.model, self.device, self.dtype) if self.prefix_cache else None
+        fresh = Engine(self.model, self.tokenizer, self.info, self.options, prefix_cache)
+        fresh._fingerprint = self._fingerprint
+        return fresh
+
     @property
     def context_window(self) -> int:
         return self.model.cfg.context_window

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -32,7 +33,7 @@ def test_ask_json_prints_one_object_with_the_contract_fields(tiny_model_dir):
     assert JSON_FIELDS <= out.keys()
     assert out["finish_reason"] == "length" and out["generated_tokens"] == 6
     assert out["prompt_tokens"] == out["prefilled_tokens"] > 0 and out["cached_tokens"] == 0
-    assert out["cache_source"] == "none" and out["conversation_id"] is None
+    assert out["cache_source"] == "none" and re.fullmatch(r"[0-9a-f]{12}", out["conversation_id"])
 
 
 def test_ask_greedy_is_deterministic_and_streams_the_same_text(tiny_model_dir):

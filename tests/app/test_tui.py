@@ -120,3 +120,31 @@ async def test_an_unexpected_engine_failure_is_a_notification_and_the_chat_goes_
         monkeypatch.setattr(tiny_engine, "forward", forward)
         await send(pilot, "again")
         await wait_until(pilot, lambda: app.session.messages[-1].role == "assistant" and not app.generating)
+
+
+async def test_a_chat_is_saved_and_reopens_with_its_history_from_the_disk_snapshot(tiny_engine):
+    from app.saved_chat import Storage
+
+    storage = Storage.open()
+    app = RecordingApp(lambda progress: tiny_engine, params=SamplingParams(temperature=0, max_tokens=8),
+                       storage=storage)
+    async with app.run_test() as pilot:
+        await wait_until(pilot, lambda: app.session is not None)
+        await send(pilot, "remember me")
+        await wait_until(pilot, lambda: len(app.session.messages) == 2 and not app.generating)
+        conversation = app.session.saved.id
+    storage.writer.flush()
+    assert storage.conversations.get(conversation).title == "remember me"
+
+    fresh = tiny_engine.with_fresh_cache()  # as after a restart: nothing cached
+    reopened = RecordingApp(lambda progress: fresh, storage=storage, conversation_id=conversation)
+    async with reopened.run_test() as pilot:
+        await wait_until(pilot, lambda: reopened.session is not None)
+        assert [str(m.render()) for m in reopened.query(UserMessage)] == ["remember me"]
+        assert len(reopened.query(AssistantMessage)) == 1
+        await send(pilot, "and now?")
+        await wait_until(pilot, lambda: len(reopened.session.messages) == 4 and not reopened.generating)
+        status = reopened.query_one(StatusBar).status_text()
+        assert "disk" in status, status
+    storage.close()
+    assert len(Storage.open().conversations.branch(conversation)) == 4

@@ -1,0 +1,178 @@
+"""SavedConversation: what a ChatSession keeps on disk as the conversation goes on.
+
+- The user's message is committed before its reply starts.
+- The reply is a `streaming` row from its first token, its text and ids
+  rewritten at least every PARTIAL_SAVE_S (a crash leaves it `interrupted`,
+  text kept), and final when it ends (`complete`, or `stopped`).
+- After each turn the conversation's K/V is snapshotted in the background;
+  when the conversation is resumed in a new process, that snapshot goes into
+  the prefix cache, so the next message prefills only its own tokens.
+
+Token ids: each message stores the ids it added to the conversation's token
+sequence and where they start (`token_start`): a template that rewrites
+history makes a message start before the end of the previous one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from engine import Done, Engine, EngineError, SamplingParams
+from storage.conversations import Conversation, ConversationStore
+from storage.data_dir import data_dir
+from storage.snapshot_writer import SnapshotWriter
+from storage.snapshots import SnapshotRejected, SnapshotStore
+
+log = logging.getLogger("kvchat")
+
+PARTIAL_SAVE_S = 0.5  # a streaming reply's text reaches the database at least this often
+DEFAULT_SNAPSHOT_GB = 4.0
+
+
+@dataclass
+class Storage:
+    """The database, the snapshot directory and the background snapshot writer of one data dir."""
+
+    conversations: ConversationStore
+    snapshots: SnapshotStore
+    writer: SnapshotWriter
+
+    @classmethod
+    def open(cls, snapshot_gb: float | None = None) -> "Storage":
+        if snapshot_gb is not None and snapshot_gb < 0:
+            raise ValueError("--snapshot-gb must be 0 (no KV snapshots) or more")
+        home = data_dir()
+        snapshots = SnapshotStore(home, int((DEFAULT_SNAPSHOT_GB if snapshot_gb is None else snapshot_gb) * 1e9))
+        return cls(ConversationStore.open(home), snapshots, SnapshotWriter(snapshots))
+
+    def close(self) -> None:
+        """Finish writing pending snapshots (so the next start finds them), then close the database."""
+        self.writer.close()
+        self.conversations.close()
+
+
+def sampling_settings(params: SamplingParams) -> dict:
+    """The per-conversation sampling settings kept with a conversation."""
+    return {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
+            "min_p": params.min_p, "repetition_penalty": params.repetition_penalty,
+            "max_tokens": params.max_tokens, "seed": params.seed}
+
+
+@dataclass(frozen=True)
+class History:
+    """A saved conversation's active branch as a ChatSession needs it."""
+
+    messages: list[tuple[str, str]]  # (role, text), oldest first
+    token_ids: list[int]  # the model's view of it: prompt + reply ids of the last turn ([] if not reusable)
+
+
+class SavedConversation:
+    def __init__(self, storage: Storage, conversation: Conversation | None, new_settings: dict | None = None):
+        """`conversation` None: a new one, created with `new_settings` when its first message is stored
+        (so a chat that never sends anything leaves no empty conversation behind)."""
+        self.storage = storage
+        self.store = storage.conversations
+        self.conversation = conversation
+        self.new_settings = new_settings or {}
+        self.leaf = conversation.active_leaf if conversation else None  # the message the next one answers
+        self._reply: str | None = None  # the row of the reply being streamed
+        self._saved_at = 0.0
+
+    @property
+    def id(self) -> str | None:
+        return self.conversation.id if self.conversation else None
+
+    @classmethod
+    def new(cls, storage: Storage, engine: Engine, system: str | None, params: SamplingParams) -> "SavedConversation":
+        return cls(storage, None, {"model": engine.info.model_name, "system": system,
+                                   "params": sampling_settings(params)})
+
+    @classmethod
+    def open(cls, storage: Storage, conversation_id: str) -> "SavedConversation":
+        """A saved conversation by id or unique id prefix (StorageError if there is none)."""
+        return cls(storage, storage.conversations.get(storage.conversations.resolve_id(conversation_id)))
+
+    def history(self, engine: Engine) -> History:
+        if self.conversation is None:
+            return History([], [])
+        branch = self.store.branch(self.id)
+        ids: list[int] = []
+        for message in branch:
+            del ids[message.token_start :]  # usually nothing: a message continues the one before it
+            ids.extend(message.token_ids)
+        if self.conversation.token_fingerprint != engine.fingerprint:
+            ids = []  # ids of another model or tokenizer: the conversation is tokenized afresh
+        return History([(m.role, m.text) for m in branch], ids)
+
+    def update_settings(self, **changes) -> None:
+        if self.conversation is None:
+            settings = {**self.new_settings, **changes}
+            changes = {"token_fingerprint": settings.pop("token_fingerprint")} if "token_fingerprint" in settings else {}
+            self.conversation = self.store.create(**settings)
+        if changes:
+            self.store.update_settings(self.id, **changes)
+        self.conversation = self.store.get(self.id)
+
+    # ---- the K/V snapshot -------------------------------------------------------------
+
+    def restore_kv(self, engine: Engine, token_ids: list[int]) -> str | None:
+        """Put the conversation's snapshot into the prefix cache unless the cache already holds its
+        history. Returns a sentence for the user when a snapshot had to be discarded."""
+        if (self.conversation is None or engine.prefix_cache is None
+                or engine.cached_length(token_ids) >= len(token_ids) - 1):
+            return None
+        try:
+            snapshot = self.storage.snapshots.load(self.id, engine.fingerprint, token_ids)
+            if snapshot is not None:
+                engine.import_kv(snapshot)
+            return None
+        except (SnapshotRejected, EngineError) as exc:
+            notice = f"The saved KV cache of this conversation was not used ({exc}); its history is recomputed."
+            log.warning("kvchat: %s", notice)
+            return notice
+
+    def save_kv(self, engine: Engine, token_ids: list[int]) -> None:
+        """Snapshot the conversation's cached K/V in the background (copied out of the cache there too)."""
+        if engine.prefix_cache is not None and self.storage.snapshots.cap_bytes > 0:
+            self.storage.writer.submit(self.id, lambda: engine.export_kv(token_ids))
+
+    # ---- messages -----------------------------------------------------------------------
+
+    def user_message(self, engine: Engine, text: str, token_start: int, token_ids: list[int]) -> None:
+        """Commit the user's message; from now on it survives anything."""
+        if self.conversation is None or self.conversation.token_fingerprint != engine.fingerprint:
+            self.update_settings(model=engine.info.model_name, token_fingerprint=engine.fingerprint)
+        message = self.store.add_message(self.id, self.leaf, "user", text, token_start, token_ids)
+        self.leaf = message.id
+        self._reply = None
+
+    def reply_progress(self, pieces: list[str], token_ids: list[int], token_start: int) -> None:
+        """The reply so far; written when PARTIAL_SAVE_S has passed since the last write."""
+        now = time.monotonic()
+        if self._reply is None:
+            message = self.store.add_message(self.id, self.leaf, "assistant", "".join(pieces), token_start,
+                                             token_ids, status="streaming")
+            self._reply, self._saved_at = message.id, now
+        elif now - self._saved_at >= PARTIAL_SAVE_S:
+            self.store.update_message(self._reply, text="".join(pieces), token_ids=token_ids)
+            self._saved_at = now
+
+    def reply_done(self, done: Done, token_start: int) -> None:
+        status = "stopped" if done.finish_reason == "stopped" else "complete"
+        stats = {**done.stats.as_dict(), "finish_reason": done.finish_reason}
+        if self._reply is None:  # stopped before its first token
+            message = self.store.add_message(self.id, self.leaf, "assistant", done.text, token_start,
+                                             list(done.token_ids), status=status, stats=stats)
+            self._reply = message.id
+        else:
+            self.store.update_message(self._reply, text=done.text, token_ids=list(done.token_ids), status=status,
+                                      stats=stats)
+        self.leaf, self._reply = self._reply, None
+
+    def reply_failed(self, pieces: list[str], token_ids: list[int]) -> None:
+        """The reply ended without a result (an engine error): keep what it said, as interrupted."""
+        if self._reply is not None:
+            self.store.update_message(self._reply, text="".join(pieces), token_ids=token_ids, status="interrupted")
+            self.leaf, self._reply = self._reply, None

@@ -1,0 +1,135 @@
+"""ChatSession with storage: what is committed when, and resuming from a KV snapshot on disk."""
+
+import pytest
+
+import app.saved_chat as saved_chat
+from app.chat import ChatSession
+from app.saved_chat import SavedConversation, Storage
+from engine import Done, SamplingParams, TokenDelta
+
+GREEDY = SamplingParams(temperature=0, max_tokens=10)
+
+
+@pytest.fixture
+def storage():
+    storage = Storage.open()
+    yield storage
+    storage.close()
+
+
+def new_session(engine, storage, params=GREEDY, system=None) -> ChatSession:
+    return ChatSession(engine, system, params, SavedConversation.new(storage, engine, system, params))
+
+
+def reply(events) -> Done:
+    return [e for e in events if isinstance(e, Done)][-1]
+
+
+def test_nothing_is_stored_until_the_first_message(tiny_engine, storage):
+    new_session(tiny_engine, storage)
+    assert storage.conversations.list() == []
+
+
+def test_the_user_message_is_committed_before_the_reply_starts(tiny_engine, storage):
+    session = new_session(tiny_engine, storage)
+    events = session.send("hello there")  # nothing generated yet
+    branch = storage.conversations.branch(session.saved.id)
+    assert [(m.role, m.text) for m in branch] == [("user", "hello there")]
+    done = reply(events)
+    user_row, reply_row = storage.conversations.branch(session.saved.id)
+    assert user_row.token_start == 0 and reply_row.token_start == len(user_row.token_ids)
+    assert user_row.token_ids + reply_row.token_ids == session.seen_ids
+    assert (reply_row.role, reply_row.text, reply_row.status) == ("assistant", done.text, "complete")
+    assert reply_row.token_ids == list(done.token_ids)
+    assert reply_row.stats["finish_reason"] == done.finish_reason == "length"
+    assert reply_row.stats["prefilled_tokens"] == done.stats.prefilled_tokens
+    assert storage.conversations.get(session.saved.id).title == "hello there"
+
+
+def test_a_streaming_reply_is_written_as_it_grows(tiny_engine, storage, monkeypatch):
+    monkeypatch.setattr(saved_chat, "PARTIAL_SAVE_S", 0.0)
+    session = new_session(tiny_engine, storage, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+    seen = []
+    for event in session.send("count"):
+        if isinstance(event, TokenDelta) and event.token_id is not None:
+            seen.append(event.token_id)
+            row = storage.conversations.branch(session.saved.id)[-1]
+            assert (row.role, row.status, row.token_ids) == ("assistant", "streaming", seen)
+            assert row.text == tiny_engine.tokenizer.decode(seen)[: len(row.text)]
+
+
+def test_a_stopped_reply_is_stored_as_stopped_with_its_partial_text(tiny_engine, storage):
+    session = new_session(tiny_engine, storage, SamplingParams(temperature=0, ignore_eos=True))
+    for event in session.send("go on"):
+        if isinstance(event, TokenDelta):
+            session.cancel()
+        if isinstance(event, Done):
+            done = event
+    row = storage.conversations.branch(session.saved.id)[-1]
+    assert done.finish_reason == "stopped"
+    assert (row.status, row.text, row.token_ids) == ("stopped", done.text, list(done.token_ids))
+
+
+def test_a_resumed_conversation_continues_exactly_as_a_full_recompute(tiny_engine, storage):
+    session = new_session(tiny_engine, storage)
+    reply(session.send("first question"))
+    reply(session.send("second question"))
+    storage.writer.flush()
+
+    fresh = tiny_engine.with_fresh_cache()  # a new process: model loaded, nothing cached
+    resumed = ChatSession(fresh, None, GREEDY, SavedConversation.open(storage, session.saved.id))
+    assert resumed.notice is None and resumed.seen_ids == session.seen_ids
+    from_disk = reply(resumed.send("third question"))
+
+    recompute = ChatSession(tiny_engine.with_fresh_cache(), None, GREEDY)
+    recompute.messages, recompute.seen_ids = list(session.messages), list(session.seen_ids)
+    expected = reply(recompute.send("third question"))
+
+    assert from_disk.token_ids == expected.token_ids
+    assert from_disk.stats.cache_source == "disk" and expected.stats.cache_source == "none"
+    assert from_disk.stats.cached_tokens >= len(session.seen_ids) - 1
+    assert from_disk.stats.prefilled_tokens == from_disk.stats.prompt_tokens - from_disk.stats.cached_tokens
+
+
+def test_a_damaged_snapshot_is_discarded_with_a_notice_and_the_history_recomputed(tiny_engine, storage):
+    session = new_session(tiny_engine, storage)
+    reply(session.send("first question"))
+    storage.writer.flush()
+    path = storage.snapshots.path(session.saved.id)
+    data = bytearray(path.read_bytes())
+    data[-100] ^= 0x10
+    path.write_bytes(data)
+
+    fresh = tiny_engine.with_fresh_cache()
+    resumed = ChatSession(fresh, None, GREEDY, SavedConversation.open(storage, session.saved.id))
+    assert "not used" in resumed.notice and "checksum" in resumed.notice
+    done = reply(resumed.send("again"))
+    assert done.stats.cache_source == "none" and done.stats.cached_tokens == 0
+    storage.writer.flush()  # the recomputed history is snapshotted again, intact this time
+    assert storage.snapshots.load(session.saved.id, fresh.fingerprint, resumed.seen_ids) is not None
+
+
+def test_a_resumed_conversation_keeps_its_system_prompt_and_branch(tiny_engine, storage):
+    session = new_session(tiny_engine, storage, system="Be brief.")
+    reply(session.send("one"))
+    reply(session.send("two"))
+    saved = SavedConversation.open(storage, session.saved.id[:6])
+    assert saved.conversation.system == "Be brief."
+    resumed = ChatSession(tiny_engine, saved.conversation.system, GREEDY, saved)
+    assert [(m.role, m.content) for m in resumed.messages] == [(m.role, m.content) for m in session.messages]
+    assert resumed.prompt_ids("three") == session.prompt_ids("three")
+
+
+def test_ids_of_another_model_are_not_reused(tiny_engine, storage, tmp_path):
+    from engine import Engine, EngineOptions
+    from tests.tiny_models import make_tiny_model
+
+    session = new_session(tiny_engine, storage)
+    reply(session.send("hello"))
+    storage.writer.flush()
+    other = Engine.load(EngineOptions(model=str(make_tiny_model(tmp_path / "other", "llama", seed=3)), device="cpu"))
+    resumed = ChatSession(other, None, GREEDY, SavedConversation.open(storage, session.saved.id))
+    assert resumed.seen_ids == [] and resumed.notice is None  # re-tokenized from the text, no snapshot tried
+    done = reply(resumed.send("more"))
+    assert done.stats.cached_tokens == 0
+    assert storage.conversations.get(session.saved.id).token_fingerprint == other.fingerprint
