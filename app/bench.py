@@ -13,13 +13,16 @@ import itertools
 import json
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
 from app.options import engine_options
 from engine import Done, Engine, SamplingParams
+from storage.snapshots import SnapshotStore
 
 
 def interleaved_medians(runs: int, measures: dict[str, Callable[[], float]]) -> dict[str, float]:
@@ -164,6 +167,53 @@ def bench_followup(engine: Engine, hf: HFBaseline | None, histories: list[int], 
     return rows
 
 
+def bench_resume(engine: Engine, histories: list[int], new_tokens: int, runs: int) -> list[dict]:
+    """TTFT of a new message in a resumed conversation: a fresh engine (model loaded, cache empty) reads
+    the history's KV snapshot from disk, verifies and imports it, then answers; next to the warm follow-up
+    (history still cached) and a full re-prefill. The snapshot file is in the OS page cache."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="kvchat-bench-") as home:
+        store = SnapshotStore(Path(home), cap_bytes=1 << 40)
+        for history_len in histories:
+            history = random_prompt(engine, history_len, seed=3)
+            generate(engine, history, 1, prefix_cache=True)
+            snapshot = engine.export_kv(history)
+            fresh = (random_prompt(engine, new_tokens, seed=2000 + i) for i in itertools.count())
+            params = SamplingParams(temperature=0, max_tokens=1)
+            last: dict = {}
+
+            def from_disk() -> float:
+                resumed = engine.with_fresh_cache()
+                prompt = history + next(fresh)
+                start = time.perf_counter()
+                resumed.import_kv(store.load("000000000000", resumed.fingerprint, prompt))
+                loaded = time.perf_counter() - start
+                last["stats"] = list(resumed.generate(prompt, params))[-1].stats
+                return loaded + last["stats"].ttft_ms / 1e3
+
+            def warm() -> float:
+                return list(engine.generate(history + next(fresh), params))[-1].stats.ttft_ms / 1e3
+
+            def uncached() -> float:
+                return list(engine.generate(history + next(fresh), params, prefix_cache=False))[-1].stats.ttft_ms / 1e3
+
+            def write() -> None:
+                last["bytes"] = store.save("000000000000", snapshot)
+
+            # "write" runs first in every round, so "disk" always reads a snapshot written just before.
+            seconds = interleaved_medians(runs, {"write": _timed(write), "disk": from_disk, "warm": warm,
+                                                 "uncached": uncached})
+            rows.append({
+                "history_tokens": history_len, "new_tokens": new_tokens,
+                "ttft_ms_disk": round(seconds["disk"] * 1e3, 1), "ttft_ms_warm": round(seconds["warm"] * 1e3, 1),
+                "ttft_ms_uncached": round(seconds["uncached"] * 1e3, 1),
+                "cached_tokens": last["stats"].cached_tokens, "cache_source": last["stats"].cache_source,
+                "snapshot_bytes_per_token": round(last["bytes"] / len(snapshot.token_ids)),
+                "snapshot_write_ms": round(seconds["write"] * 1e3, 1),
+            })
+    return rows
+
+
 def _ratio(ours: float, theirs: float | None) -> str:
     return f"{ours / theirs:5.2f}x" if theirs else "   n/a"
 
@@ -195,6 +245,17 @@ def print_table(result: dict) -> None:
               f"{str(row['cached_tokens']) + '/' + str(row['prefilled_tokens']):>18}")
 
 
+def _print_resume(rows: list[dict]) -> None:
+    if rows:
+        print(f"\n{'resume TTFT, ms':24}{'disk':>10}{'warm':>10}{'uncached':>10}{'disk/warm':>11}"
+              f"{'uncached/disk':>15}{'bytes/token':>13}{'write ms':>10}")
+    for row in rows:
+        print(f"{str(row['history_tokens']) + ' + ' + str(row['new_tokens']) + ' tokens':24}"
+              f"{row['ttft_ms_disk']:>10.1f}{row['ttft_ms_warm']:>10.1f}{row['ttft_ms_uncached']:>10.1f}"
+              f"{row['ttft_ms_disk'] / row['ttft_ms_warm']:>10.2f}x{row['ttft_ms_uncached'] / row['ttft_ms_disk']:>14.1f}x"
+              f"{row['snapshot_bytes_per_token']:>13,}{row['snapshot_write_ms']:>10.1f}")
+
+
 def run_bench(args: argparse.Namespace) -> int:
     engine = Engine.load(engine_options(args))
     baselines: dict[str, HFBaseline] = {}
@@ -221,12 +282,14 @@ def run_bench(args: argparse.Namespace) -> int:
         "decode": bench_decode(engine, baselines, decode_contexts, decode_steps, runs),
         "followup": bench_followup(engine, baselines.get("hf_"), histories, 8 if args.quick else 24, runs)
         if engine.prefix_cache is not None else [],
-        "resume": [],  # built with KV snapshots on disk
+        "resume": bench_resume(engine, [64] if args.quick else [2048], 8 if args.quick else 24, runs)
+        if engine.prefix_cache is not None else [],
     }
     result["kv_cache"] = engine.cache_stats()
     if args.json:
         print(json.dumps(result))
     else:
         print_table(result)
+        _print_resume(result["resume"])
     sys.stdout.flush()
     return 0
