@@ -1,0 +1,427 @@
+"""Saved conversations: each one a tree of messages (edits and regenerations are siblings under
+the same parent) with the token ids that produced them, and full-text search over the text."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import struct
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from sqlite_utils import Database
+
+import storage.data_dir
+from storage.db import StorageError, open_database, sqlite_errors, transaction
+
+ROLES = ("system", "user", "assistant")
+STATUSES = ("complete", "streaming", "stopped", "interrupted")
+MIN_PREFIX = 4  # shortest conversation id prefix accepted
+TITLE_CHARS = 60
+# A streaming reply not updated for this long is dead even if its writer's pid is alive:
+# the writer updates it about every second, so the pid now belongs to another process.
+STALE_STREAM_S = 3600.0
+
+_NOT_GIVEN = object()  # "leave unchanged"; None is a value (no system prompt, no stats)
+
+
+@dataclass(frozen=True)
+class Conversation:
+    id: str  # 12 lowercase hex characters
+    title: str  # "" until the first user message
+    model: str
+    system: str | None  # None: no system prompt, the model's default applies
+    params: dict  # sampling settings
+    token_fingerprint: str | None  # tokenizer + chat template that produced the stored token ids
+    active_leaf: str | None  # id of the message the shown branch ends at
+    created_at: float  # epoch seconds
+    updated_at: float  # last message added or changed
+
+
+@dataclass(frozen=True)
+class StoredMessage:
+    id: str  # 12 lowercase hex characters
+    conversation_id: str
+    parent_id: str | None  # None: the first message of a branch
+    role: str  # system | user | assistant
+    text: str
+    token_start: int  # where token_ids begin in the conversation's token sequence
+    token_ids: list[int]
+    status: str  # complete | streaming | stopped | interrupted
+    stats: dict | None  # replies: ttft_ms, decode_tokens_per_s, ..., finish_reason, cache_source
+    writer_pid: int | None  # the process that streamed it
+    created_at: float  # epoch seconds
+    updated_at: float
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    conversation_id: str
+    title: str
+    message_id: str
+    role: str
+    snippet: str  # plain text around the match, "…" where it was cut
+
+
+_CONVERSATION_COLUMNS = ", ".join(f.name for f in fields(Conversation))
+_MESSAGE_COLUMNS = ", ".join(f"messages.{f.name}" for f in fields(StoredMessage))
+
+# The path from a message up to its root, as (id, depth) rows; one indexed lookup per level.
+_ANCESTORS = """
+WITH RECURSIVE path(id, depth) AS (
+    SELECT id, 0 FROM messages WHERE id = :leaf AND conversation_id = :conversation
+    UNION ALL
+    SELECT messages.parent_id, path.depth + 1 FROM messages JOIN path ON messages.id = path.id
+    WHERE messages.parent_id IS NOT NULL
+)"""
+
+_DESCENDANTS = """
+WITH RECURSIVE below(id) AS (
+    VALUES (:message)
+    UNION ALL
+    SELECT messages.id FROM messages JOIN below ON messages.parent_id = below.id
+)"""
+
+
+def encode_token_ids(token_ids: Sequence[int]) -> bytes:
+    """Token ids as little-endian int32: 4 bytes a token, a quarter of JSON's size."""
+    return struct.pack(f"<{len(token_ids)}i", *token_ids)
+
+
+def decode_token_ids(blob: bytes) -> list[int]:
+    return list(struct.unpack(f"<{len(blob) // 4}i", blob))
+
+
+def title_from(text: str) -> str:
+    """The first line of `text`, whitespace collapsed, cut to TITLE_CHARS with an ellipsis."""
+    first_line = text.strip().split("\n", 1)[0]
+    title = " ".join(first_line.split())
+    return title if len(title) <= TITLE_CHARS else title[: TITLE_CHARS - 1].rstrip() + "…"
+
+
+def fts_query(text: str) -> str:
+    """An FTS5 query matching messages that contain every word of `text`, whatever characters
+    it holds. Each word is one quoted string (quotes doubled), so no character has a meaning.
+    (sqlite-utils' quote_fts keeps the user's own quotes, which breaks on NUL or a quote
+    spanning lines.)"""
+    words = text.replace("\x00", " ").split()
+    return " ".join('"' + word.replace('"', '""') + '"' for word in words)
+
+
+def _process_alive(pid: int) -> bool:
+    if os.name == "nt":  # os.kill(pid, 0) would terminate it; rely on STALE_STREAM_S there
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, under another user
+        pass
+    return True
+
+
+def _conversation(row: dict) -> Conversation:
+    return Conversation(**{**row, "params": json.loads(row["params"])})
+
+
+def _message(row: dict) -> StoredMessage:
+    stats = json.loads(row["stats"]) if row["stats"] is not None else None
+    return StoredMessage(**{**row, "token_ids": decode_token_ids(row["token_ids"]), "stats": stats})
+
+
+class ConversationStore:
+    """Conversations in one SQLite database. Every method taking a conversation id also takes a
+    unique prefix of it (at least MIN_PREFIX characters). Safe to share between threads, and
+    between processes on one database."""
+
+    def __init__(self, db: Database):
+        self.db = db
+        # One connection serves all threads; a transaction must not interleave with another
+        # thread's statements.
+        self._lock = threading.RLock()
+
+    @classmethod
+    def open(cls, data_dir: Path | None = None) -> ConversationStore:
+        """The store in `data_dir`/kvchat.db (default: the kvchat data dir); replies whose
+        writer died are marked interrupted."""
+        path = (data_dir or storage.data_dir.data_dir()) / "kvchat.db"
+        store = cls(open_database(path))
+        try:
+            store.recover_interrupted()
+        except BaseException:
+            store.close()
+            raise
+        return store
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> ConversationStore:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    @contextmanager
+    def _write(self, what: str) -> Iterator[None]:
+        with self._lock, transaction(self.db, what):
+            yield
+
+    def _rows(self, sql: str, params: Sequence | dict = ()) -> list[dict]:
+        with self._lock, sqlite_errors("the conversations could not be read"):
+            return list(self.db.query(sql, params))
+
+    def _update(self, table: str, row_id: str, changes: dict) -> int:
+        """Set the columns in `changes` (names from our code, never from the user) of row `row_id`;
+        returns how many rows there were (0 or 1)."""
+        assignments = ", ".join(f"{column} = ?" for column in changes)
+        return self.db.execute(f"UPDATE {table} SET {assignments} WHERE id = ?", [*changes.values(), row_id]).rowcount
+
+    # Conversations
+
+    def resolve_id(self, id_or_prefix: str) -> str:
+        """The full id of the one conversation whose id starts with `id_or_prefix`."""
+        prefix = id_or_prefix.strip().lower()
+        if len(prefix) < MIN_PREFIX:
+            raise StorageError(f"'{id_or_prefix}' is too short; give at least {MIN_PREFIX} characters of the id.")
+        # Only hex can match, and it is safe inside a GLOB pattern (which can use the index).
+        hex_prefix = re.fullmatch(r"[0-9a-f]+", prefix)
+        rows = self._rows("SELECT id FROM conversations WHERE id GLOB ?", [prefix + "*"]) if hex_prefix else []
+        if not rows:
+            raise StorageError(f"No conversation matches '{id_or_prefix}'.")
+        if len(rows) > 1:
+            raise StorageError(f"'{id_or_prefix}' matches {len(rows)} conversations; give more of the id.")
+        return rows[0]["id"]
+
+    def create(self, model: str, system: str | None = None, params: dict | None = None,
+               title: str = "") -> Conversation:
+        now = time.time()
+        conversation = Conversation(
+            id=secrets.token_hex(6), title=title, model=model, system=system, params=dict(params or {}),
+            token_fingerprint=None, active_leaf=None, created_at=now, updated_at=now,
+        )
+        with self._write("the new conversation"):
+            self.db.execute(
+                "INSERT INTO conversations (id, title, model, system, params, created_at, updated_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [conversation.id, title, model, system, json.dumps(conversation.params), now, now],
+            )
+        return conversation
+
+    def get(self, conversation_id: str) -> Conversation:
+        full_id = self.resolve_id(conversation_id)
+        rows = self._rows(f"SELECT {_CONVERSATION_COLUMNS} FROM conversations WHERE id = ?", [full_id])
+        if not rows:  # deleted by another process just now
+            raise StorageError(f"No conversation matches '{conversation_id}'.")
+        return _conversation(rows[0])
+
+    def list(self, limit: int | None = None, offset: int = 0) -> list[Conversation]:
+        """Newest activity first. Reads only the conversations table, so it stays instant with
+        thousands of long conversations."""
+        rows = self._rows(
+            f"SELECT {_CONVERSATION_COLUMNS} FROM conversations ORDER BY updated_at DESC, id LIMIT ? OFFSET ?",
+            [-1 if limit is None else limit, offset],
+        )
+        return [_conversation(row) for row in rows]
+
+    def count_messages(self, conversation_id: str) -> int:
+        """All messages of the conversation, every branch counted."""
+        full_id = self.resolve_id(conversation_id)
+        return self._rows("SELECT count(*) AS n FROM messages WHERE conversation_id = ?", [full_id])[0]["n"]
+
+    def rename(self, conversation_id: str, title: str) -> None:
+        with self._write("the new title"):
+            self._update("conversations", self.resolve_id(conversation_id), {"title": title.strip()})
+
+    def update_settings(self, conversation_id: str, *, model: str = _NOT_GIVEN, system: str | None = _NOT_GIVEN,
+                        params: dict = _NOT_GIVEN, token_fingerprint: str | None = _NOT_GIVEN) -> None:
+        """Change only the settings given."""
+        changes = {"model": model, "system": system, "token_fingerprint": token_fingerprint}
+        changes = {column: value for column, value in changes.items() if value is not _NOT_GIVEN}
+        if params is not _NOT_GIVEN:
+            changes["params"] = json.dumps(params)
+        with self._write("the conversation settings"):
+            full_id = self.resolve_id(conversation_id)
+            if changes:
+                self._update("conversations", full_id, changes)
+
+    def delete(self, conversation_id: str) -> None:
+        """The conversation, its messages and their search entries (foreign key cascade + triggers)."""
+        with self._write("the deletion"):
+            self.db.execute("DELETE FROM conversations WHERE id = ?", [self.resolve_id(conversation_id)])
+
+    # Messages
+
+    def add_message(self, conversation_id: str, parent_id: str | None, role: str, text: str, token_start: int,
+                    token_ids: Sequence[int], status: str = "complete", stats: dict | None = None) -> StoredMessage:
+        """Store a message under `parent_id` and make it the conversation's active leaf. The first
+        user message also titles an untitled conversation."""
+        if role not in ROLES or status not in STATUSES:
+            raise ValueError(f"role must be one of {ROLES} and status one of {STATUSES}, not {role!r}, {status!r}")
+        now = time.time()
+        writer_pid = os.getpid() if status == "streaming" else None
+        with self._write("the message"):
+            full_id = self.resolve_id(conversation_id)
+            if parent_id is not None:
+                self._require_message(full_id, parent_id)
+            message = StoredMessage(
+                id=secrets.token_hex(6), conversation_id=full_id, parent_id=parent_id, role=role, text=text,
+                token_start=token_start, token_ids=list(token_ids), status=status, stats=stats,
+                writer_pid=writer_pid, created_at=now, updated_at=now,
+            )
+            self.db.execute(
+                "INSERT INTO messages (id, conversation_id, parent_id, role, text, token_start, token_ids, status,"
+                " stats, finish_reason, writer_pid, created_at, updated_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [message.id, full_id, parent_id, role, text, token_start, encode_token_ids(message.token_ids),
+                 status, _json_or_null(stats), (stats or {}).get("finish_reason"), writer_pid, now, now],
+            )
+            self._update("conversations", full_id, {"active_leaf": message.id, "updated_at": now})
+            if role == "user":
+                self.db.execute("UPDATE conversations SET title = ? WHERE id = ? AND title = ''",
+                                [title_from(text), full_id])
+        return message
+
+    def update_message(self, message_id: str, *, text: str = _NOT_GIVEN, token_ids: Sequence[int] = _NOT_GIVEN,
+                       status: str = _NOT_GIVEN, stats: dict | None = _NOT_GIVEN) -> None:
+        """Change only the fields given; with none, just mark the message (and its conversation)
+        as updated now, which is a streaming reply's heartbeat."""
+        if status is not _NOT_GIVEN and status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, not {status!r}")
+        now = time.time()
+        changes: dict = {"updated_at": now}
+        if text is not _NOT_GIVEN:
+            changes["text"] = text
+        if token_ids is not _NOT_GIVEN:
+            changes["token_ids"] = encode_token_ids(token_ids)
+        if status is not _NOT_GIVEN:
+            changes["status"] = status
+            if status == "streaming":
+                changes["writer_pid"] = os.getpid()
+        if stats is not _NOT_GIVEN:
+            changes["stats"] = _json_or_null(stats)
+            changes["finish_reason"] = (stats or {}).get("finish_reason")
+        with self._write("the message"):
+            if not self._update("messages", message_id, changes):
+                raise StorageError(f"No message has the id '{message_id}'.")
+            self.db.execute("UPDATE conversations SET updated_at = ? WHERE id = "
+                            "(SELECT conversation_id FROM messages WHERE id = ?)", [now, message_id])
+
+    def message(self, message_id: str) -> StoredMessage:
+        rows = self._rows(f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE id = ?", [message_id])
+        if not rows:
+            raise StorageError(f"No message has the id '{message_id}'.")
+        return _message(rows[0])
+
+    def _require_message(self, conversation_id: str, message_id: str) -> None:
+        if not self._rows("SELECT 1 FROM messages WHERE id = ? AND conversation_id = ?", [message_id, conversation_id]):
+            raise StorageError(f"Message '{message_id}' is not in conversation {conversation_id}.")
+
+    # Branches
+
+    def branch(self, conversation_id: str, leaf: str | None = None) -> list[StoredMessage]:
+        """The messages from the root down to `leaf` (default: the active leaf), in one query."""
+        full_id = self.resolve_id(conversation_id)
+        if leaf is None:
+            leaf = self._rows("SELECT active_leaf FROM conversations WHERE id = ?", [full_id])[0]["active_leaf"]
+            if leaf is None:
+                return []
+        rows = self._rows(
+            f"{_ANCESTORS} SELECT {_MESSAGE_COLUMNS} FROM path JOIN messages ON messages.id = path.id"
+            " ORDER BY path.depth DESC",
+            {"leaf": leaf, "conversation": full_id},
+        )
+        if not rows:
+            raise StorageError(f"Message '{leaf}' is not in conversation {full_id}.")
+        return [_message(row) for row in rows]
+
+    def all_messages(self, conversation_id: str) -> list[StoredMessage]:
+        """Every message of every branch, oldest first (so each parent before its children)."""
+        rows = self._rows(
+            f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE conversation_id = ? ORDER BY created_at, seq",
+            [self.resolve_id(conversation_id)],
+        )
+        return [_message(row) for row in rows]
+
+    def children(self, message_id: str) -> list[StoredMessage]:
+        """The replies to a message, and their edits and regenerations, oldest first."""
+        rows = self._rows(
+            f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE parent_id = ? ORDER BY created_at, seq", [message_id]
+        )
+        return [_message(row) for row in rows]
+
+    def siblings(self, message_id: str) -> list[StoredMessage]:
+        """The message and the others under the same parent (its edits or regenerations), oldest
+        first. Unlike children(), this also covers edits of a conversation's first message."""
+        rows = self._rows(
+            f"SELECT {_MESSAGE_COLUMNS} FROM messages JOIN messages AS this ON this.id = ?"
+            " WHERE messages.conversation_id = this.conversation_id AND messages.parent_id IS this.parent_id"
+            " ORDER BY messages.created_at, messages.seq",
+            [message_id],
+        )
+        return [_message(row) for row in rows]
+
+    def latest_leaf(self, message_id: str) -> str:
+        """The id of the most recently updated message without children at or below `message_id`:
+        where a switch to that branch should land."""
+        rows = self._rows(
+            f"{_DESCENDANTS} SELECT messages.id FROM below JOIN messages ON messages.id = below.id"
+            " WHERE NOT EXISTS (SELECT 1 FROM messages AS child WHERE child.parent_id = messages.id)"
+            " ORDER BY messages.updated_at DESC, messages.seq DESC LIMIT 1",
+            {"message": message_id},
+        )
+        if not rows:
+            raise StorageError(f"No message has the id '{message_id}'.")
+        return rows[0]["id"]
+
+    def set_active_leaf(self, conversation_id: str, message_id: str) -> None:
+        """Show the branch ending at `message_id`. Not activity: the conversation keeps its place."""
+        with self._write("the branch choice"):
+            full_id = self.resolve_id(conversation_id)
+            self._require_message(full_id, message_id)
+            self._update("conversations", full_id, {"active_leaf": message_id})
+
+    # Search and recovery
+
+    def search(self, text: str, limit: int = 50) -> list[SearchHit]:
+        """Messages containing every word of `text` (any characters; none has a special meaning),
+        most relevant first, then newest."""
+        query = fts_query(text)
+        if not query:
+            return []
+        rows = self._rows(
+            "SELECT messages.conversation_id, conversations.title, messages.id AS message_id, messages.role,"
+            " snippet(messages_fts, 0, '', '', '…', 12) AS snippet"
+            " FROM messages_fts"
+            " JOIN messages ON messages.seq = messages_fts.rowid"
+            " JOIN conversations ON conversations.id = messages.conversation_id"
+            " WHERE messages_fts MATCH ? ORDER BY messages_fts.rank, messages.updated_at DESC LIMIT ?",
+            [query, limit],
+        )
+        return [SearchHit(**row) for row in rows]
+
+    def recover_interrupted(self) -> int:
+        """Mark `interrupted` (keeping their text) the streaming replies whose writer process is
+        gone or silent for STALE_STREAM_S; those of a live kvchat are left alone. Returns how many."""
+        now = time.time()
+        with self._write("the recovery of interrupted replies"):
+            streaming = self.db.execute(
+                "SELECT id, writer_pid, updated_at FROM messages WHERE status = 'streaming'"
+            ).fetchall()
+            dead = [
+                message_id for message_id, pid, updated_at in streaming
+                if pid is None or updated_at < now - STALE_STREAM_S or not _process_alive(pid)
+            ]
+            for message_id in dead:
+                self._update("messages", message_id, {"status": "interrupted", "updated_at": now})
+        return len(dead)
+
+
+def _json_or_null(value: dict | None) -> str | None:
+    return None if value is None else json.dumps(value)

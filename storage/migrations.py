@@ -1,0 +1,116 @@
+"""The database schema as a list of small named steps, applied in order and recorded in
+`_migrations`. Never edit a step that has shipped: add a new one at the end."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from sqlite_utils import Database
+from sqlite_utils.db import ForeignKey
+
+from storage.db import StorageError, transaction
+
+
+def _conversations(db: Database) -> None:
+    db["conversations"].create(
+        {
+            "id": str,  # 12 lowercase hex characters
+            "title": str,  # "" until the first user message
+            "model": str,
+            "system": str,  # NULL: no system prompt, the model's default applies
+            "params": str,  # sampling settings, JSON object
+            "active_leaf": str,  # id of the message the shown branch ends at
+            "created_at": float,  # epoch seconds
+            "updated_at": float,
+        },
+        pk="id",
+        not_null={"title", "model", "params", "created_at", "updated_at"},
+        defaults={"title": "", "params": "{}"},
+    )
+    # The sidebar lists conversations newest first.
+    db["conversations"].create_index(["updated_at"])
+
+
+def _messages(db: Database) -> None:
+    db["messages"].create(
+        {
+            # An INTEGER PRIMARY KEY is the rowid, which the search index refers to; a table
+            # without one may have its rowids renumbered by VACUUM.
+            "seq": int,
+            "id": str,  # 12 lowercase hex characters
+            "conversation_id": str,
+            "parent_id": str,  # NULL for the first message of a branch
+            "role": str,  # system | user | assistant
+            "text": str,
+            "token_start": int,  # where token_ids begin in the conversation's token sequence
+            "token_ids": bytes,  # little-endian int32
+            "status": str,  # complete | streaming | stopped | interrupted
+            "stats": str,  # JSON object (replies): ttft_ms, decode_tokens_per_s, ...
+            "finish_reason": str,  # also in stats; a column so it can be queried
+            "created_at": float,
+            "updated_at": float,
+        },
+        pk="seq",
+        not_null={"id", "conversation_id", "role", "text", "token_start", "token_ids", "status",
+                  "created_at", "updated_at"},
+        defaults={"status": "complete"},
+        foreign_keys=[
+            ForeignKey("messages", "conversation_id", "conversations", "id", on_delete="CASCADE"),
+            ForeignKey("messages", "parent_id", "messages", "id", on_delete="CASCADE"),
+        ],
+    )
+    db["messages"].create_index(["id"], unique=True)
+    db["messages"].create_index(["conversation_id"])
+    db["messages"].create_index(["parent_id"])
+
+
+def _message_search(db: Database) -> None:
+    # Triggers keep the index in step with every insert, update and delete (cascades too).
+    db["messages"].enable_fts(["text"], create_triggers=True)
+
+
+def _token_fingerprint(db: Database) -> None:
+    # Which tokenizer and chat template produced the stored token ids; NULL: unknown.
+    db["conversations"].add_column("token_fingerprint", str)
+
+
+def _writer_pid(db: Database) -> None:
+    # The process streaming a reply, so a later start can tell a live stream from a dead one.
+    db["messages"].add_column("writer_pid", int)
+    # Every start looks for streaming replies; this index holds only those few rows.
+    db.execute("CREATE INDEX idx_messages_streaming ON messages(status) WHERE status = 'streaming'")
+
+
+Migration = tuple[str, Callable[[Database], None]]
+
+MIGRATIONS: list[Migration] = [
+    ("0001_conversations", _conversations),
+    ("0002_messages", _messages),
+    ("0003_message_search", _message_search),
+    ("0004_token_fingerprint", _token_fingerprint),
+    ("0005_writer_pid", _writer_pid),
+]
+
+
+def apply_migrations(db: Database, migrations: Sequence[Migration] = MIGRATIONS) -> None:
+    """Apply the steps of `migrations` the database lacks, each in its own transaction with its
+    `_migrations` row. Safe when several processes open a new database at once. Tests pass a
+    prefix of MIGRATIONS to build the database an older kvchat made."""
+    db.execute("CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)")
+    applied = {name for (name,) in db.execute("SELECT name FROM _migrations")}
+    known = {name for name, _ in MIGRATIONS}
+    if unknown := sorted(applied - known):
+        raise StorageError(
+            f"The conversation database was made by a newer kvchat (it has migration {unknown[0]}); "
+            "upgrade kvchat to open it."
+        )
+    for name, step in migrations:
+        if name in applied:
+            continue
+        with transaction(db, f"the database upgrade {name}"):
+            # Another process may have applied it since we looked; we hold the write lock now.
+            if db.execute("SELECT 1 FROM _migrations WHERE name = ?", [name]).fetchone():
+                continue
+            step(db)
+            db.execute("INSERT INTO _migrations (name, applied_at) VALUES (?, ?)", [name, time.time()])
