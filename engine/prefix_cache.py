@@ -246,7 +246,8 @@ class PrefixCache:
             for n in chain:
                 n.refs -= 1
         index = torch.tensor(fresh, device=self.pool.data.device)
-        self.pool.data.index_copy_(0, index, blocks[new].to(self.pool.data.device))
+        # `new` is a run of consecutive blocks, so a slice (a view, no copy of a snapshot's size) selects it
+        self.pool.data.index_copy_(0, index, blocks[new[0] : new[-1] + 1].to(self.pool.data.device))
         for i, block in zip(new, fresh):
             piece = tuple(tokens[i * size : (i + 1) * size])
             node = Node(piece, parent, block=block, last_used=self.clock, from_disk=True)

@@ -19,7 +19,7 @@ from storage.snapshots import SnapshotStore
 
 log = logging.getLogger("kvchat")
 
-MakeSnapshot = Callable[[], "KVSnapshot | None"]
+MakeSnapshot = Callable[[], KVSnapshot | None]
 
 
 class SnapshotWriter:

@@ -9,11 +9,9 @@ Reading trusts nothing in the file. The header is parsed by hand and checked
 field by field (format, version, fingerprint, dtypes, shapes, offsets that
 cover the data exactly) before any tensor byte is read, and the tensor bytes
 must match the recorded sha256. Files are opened only under the data dir,
-never through a symlink. Any problem raises SnapshotRejected with the reason;
-the caller recomputes the prefix instead.
-
-The directory is capped in bytes; the least recently used snapshots (file
-mtime, refreshed on every load) go first.
+never through a symlink (see snapshot_dir.py, which also keeps the size cap).
+Any problem raises SnapshotRejected with the reason; the caller recomputes
+the prefix instead.
 """
 
 from __future__ import annotations
@@ -22,61 +20,38 @@ import hashlib
 import json
 import logging
 import os
-import re
 import secrets
 import stat
-import time
 from collections.abc import Sequence
-from pathlib import Path
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from safetensors.torch import save_file
 
 from engine.kv_snapshot import KVSnapshot
+from storage.snapshot_dir import SnapshotDir, SnapshotRejected, fsync_dir
 
 log = logging.getLogger("kvchat")
 
 FORMAT = "kvchat-kv-snapshot"
 VERSION = 1
-SUFFIX = ".safetensors"
 MAX_HEADER_BYTES = 64 * 1024  # ours is under 1 KiB; a longer one is not ours or lies
-STALE_TEMP_S = 600  # a temp file this old belongs to a writer that died
+READ_CHUNK = 4 << 20  # bytes read (and hashed) at a time
 DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "I64": torch.int64}
-CONVERSATION_ID = re.compile(r"[0-9a-f]{4,64}")
 
 
-class SnapshotRejected(Exception):
-    """A snapshot exists but cannot be used; the message says why."""
+def _bytes(tensor: torch.Tensor):
+    return tensor.contiguous().view(torch.uint8).numpy()
 
 
-def _checksum(*parts: torch.Tensor) -> str:
-    digest = hashlib.sha256()
-    for part in parts:
-        digest.update(part.contiguous().view(torch.uint8).numpy())
-    return digest.hexdigest()
+def _checksum(token_ids_sha256: bytes, kv_sha256: bytes) -> str:
+    """The file's checksum: sha256 over the two tensors' own sha256 digests, so the reader can hash each
+    tensor as its bytes arrive, in whatever order the file lays them out."""
+    return hashlib.sha256(token_ids_sha256 + kv_sha256).hexdigest()
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-class SnapshotStore:
-    def __init__(self, home: Path, cap_bytes: int):
-        self.home = home
-        self.dir = home / "snapshots"
-        self.cap_bytes = cap_bytes
-
-    def path(self, conversation_id: str) -> Path:
-        """The snapshot file of a conversation; refuses anything that could lead outside the data dir."""
-        if not CONVERSATION_ID.fullmatch(conversation_id):
-            raise SnapshotRejected(f"{conversation_id!r} is not a conversation id")
-        if self.dir.is_symlink() or not self.dir.resolve().is_relative_to(self.home.resolve()):
-            raise SnapshotRejected(f"the snapshot directory {self.dir} leads outside the data directory")
-        return self.dir / f"{conversation_id}{SUFFIX}"
+class SnapshotStore(SnapshotDir):
+    """Reads and writes snapshot files in a SnapshotDir."""
 
     # ---- writing --------------------------------------------------------------
 
@@ -92,7 +67,7 @@ class SnapshotStore:
             "version": str(VERSION),
             "fingerprint": snapshot.fingerprint,
             "tokens": str(len(snapshot.token_ids)),
-            "sha256": _checksum(token_ids, kv),
+            "sha256": _checksum(hashlib.sha256(_bytes(token_ids)).digest(), hashlib.sha256(_bytes(kv)).digest()),
         }
         temp = self.dir / f".{conversation_id}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         try:
@@ -106,40 +81,10 @@ class SnapshotStore:
         except BaseException:
             temp.unlink(missing_ok=True)
             raise
-        _fsync_dir(self.dir)
+        fsync_dir(self.dir)
         size = path.stat().st_size
-        self._enforce_cap(keep=path)
+        self.enforce_cap(keep=path)
         return size
-
-    def _enforce_cap(self, keep: Path) -> None:
-        """Remove least recently used snapshots until the directory fits the cap (and stale temp files)."""
-        files = []
-        for entry in os.scandir(self.dir):
-            info = entry.stat(follow_symlinks=False)
-            if entry.name.endswith(".tmp"):
-                if time.time() - info.st_mtime > STALE_TEMP_S:
-                    Path(entry.path).unlink(missing_ok=True)
-            elif entry.name.endswith(SUFFIX) and stat.S_ISREG(info.st_mode):
-                files.append((entry.path == str(keep), info.st_mtime, info.st_size, Path(entry.path)))
-        total = sum(size for _, _, size, _ in files)
-        for _, _, size, path in sorted(files):  # oldest first, the one just written last
-            if total <= self.cap_bytes:
-                break
-            path.unlink(missing_ok=True)
-            total -= size
-            log.info("kvchat: removed the KV snapshot %s to stay under the %.1f GB cap", path.name,
-                     self.cap_bytes / 1e9)
-
-    def delete(self, conversation_id: str) -> None:
-        try:
-            self.path(conversation_id).unlink(missing_ok=True)
-        except SnapshotRejected:
-            pass
-
-    def total_bytes(self) -> int:
-        if not self.dir.is_dir():
-            return 0
-        return sum(e.stat(follow_symlinks=False).st_size for e in os.scandir(self.dir) if e.name.endswith(SUFFIX))
 
     # ---- reading --------------------------------------------------------------
 
@@ -199,16 +144,35 @@ def _read(f, fingerprint: str) -> KVSnapshot:
             or kv_shape[0] != -(-int(tokens) // kv_shape[4]) or tensors["token_ids"][0] != torch.int64):
         raise _Damaged("the token count and tensor shapes disagree")
     data = torch.empty(data_len, dtype=torch.uint8)
-    view, done = memoryview(data.numpy()), 0
-    while done < data_len:
-        n = f.readinto(view[done:])
-        if not n:
-            raise _Damaged("truncated")
-        done += n
-    token_ids, kv = (_tensor(data, *tensors[name]) for name in ("token_ids", "kv"))
-    if _checksum(token_ids, kv) != metadata.get("sha256"):
+    digests = _read_hashing(f, data, {name: (begin, end) for name, (_, _, begin, end) in tensors.items()})
+    if _checksum(digests["token_ids"], digests["kv"]) != metadata.get("sha256"):
         raise _Damaged("its bytes do not match the checksum")
+    token_ids, kv = (_tensor(data, *tensors[name]) for name in ("token_ids", "kv"))
     return KVSnapshot(tuple(token_ids.tolist()), kv, fingerprint)
+
+
+def _read_hashing(f, data: torch.Tensor, spans: dict[str, tuple[int, int]]) -> dict[str, bytes]:
+    """Read the data section into `data` and return each span's sha256 digest.
+
+    Hashing a chunk runs on a helper thread while the next chunk is read (both release the GIL),
+    so verifying costs about the time of the slower of the two, not their sum."""
+    view = memoryview(data.numpy())
+    hashes = {name: hashlib.sha256() for name in spans}
+    with ThreadPoolExecutor(max_workers=1) as hasher:  # one worker: updates stay in order
+        pending = []
+        for name, (begin, end) in sorted(spans.items(), key=lambda item: item[1]):
+            for start in range(begin, end, READ_CHUNK):
+                chunk = view[start : min(start + READ_CHUNK, end)]
+                done = 0
+                while done < len(chunk):
+                    n = f.readinto(chunk[done:])
+                    if not n:
+                        raise _Damaged("truncated")
+                    done += n
+                pending.append(hasher.submit(hashes[name].update, chunk))
+        for future in pending:
+            future.result()
+    return {name: h.digest() for name, h in hashes.items()}
 
 
 def _layout(header: dict, data_len: int) -> dict[str, tuple[torch.dtype, list[int], int, int]]:
