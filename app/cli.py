@@ -1,4 +1,4 @@
-"""The `kvchat` command: the TUI (no arguments), `ask`, and `bench`.
+"""The `kvchat` command: the TUI (no arguments), `ask`, `bench`, and the saved-conversation commands.
 
 User mistakes end with one sentence on stderr and a non-zero exit code:
 1 for a problem with the model or the request, 2 for bad arguments,
@@ -34,28 +34,61 @@ def _engine_options(parser: argparse.ArgumentParser, top_level: bool) -> None:
                        help="compute every prompt in full (for baselines and checks)")
 
 
+def _storage_options(parser: argparse.ArgumentParser, top_level: bool) -> None:
+    group = parser.add_argument_group("storage")
+    group.add_argument("--snapshot-gb", type=float, default=None if top_level else argparse.SUPPRESS,
+                       help="disk space for saved KV caches; least recently used go first (default: 4)")
+
+
 def _sampling_options(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("sampling")
-    group.add_argument("--temperature", type=float, default=0.7, help="0 = greedy and deterministic")
-    group.add_argument("--top-p", type=float, default=1.0)
-    group.add_argument("--top-k", type=int, default=0)
-    group.add_argument("--min-p", type=float, default=0.0)
-    group.add_argument("--repetition-penalty", type=float, default=1.0)
-    group.add_argument("--max-tokens", type=int, default=None, help="default: until the model stops")
-    group.add_argument("--seed", type=int, default=None)
+    # Not given: the conversation's saved setting, else SamplingParams' default (shown here).
+    group = parser.add_argument_group("sampling (default: the conversation's own settings, else these)")
+    group.add_argument("--temperature", type=float, help="0 = greedy and deterministic (0.7)")
+    group.add_argument("--top-p", type=float, help="(1.0 = off)")
+    group.add_argument("--top-k", type=int, help="(0 = off)")
+    group.add_argument("--min-p", type=float, help="(0 = off)")
+    group.add_argument("--repetition-penalty", type=float, help="(1.0 = off)")
+    group.add_argument("--max-tokens", type=int, help="(until the model stops)")
+    group.add_argument("--seed", type=int)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvchat", description="Chat with a local LLM in the terminal.")
     _engine_options(parser, top_level=True)
+    _storage_options(parser, top_level=True)
+    parser.add_argument("--conversation", metavar="ID", help="open this saved conversation (id or unique prefix)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    ask = commands.add_parser("ask", help="answer one message and exit")
+    ask = commands.add_parser("ask", help="answer one message (in a new or a saved conversation) and exit")
     ask.add_argument("message", help="the message; '-' reads it from stdin")
-    ask.add_argument("--system", help="system prompt (default: the model's own)")
+    ask.add_argument("--conversation", metavar="ID", default=argparse.SUPPRESS,
+                     help="continue this saved conversation (id or unique prefix)")
+    ask.add_argument("--system", help="system prompt (default: the conversation's, else the model's own)")
     ask.add_argument("--json", action="store_true", help="print one JSON object instead of the streamed reply")
     _engine_options(ask, top_level=False)
+    _storage_options(ask, top_level=False)
     _sampling_options(ask)
+
+    listing = commands.add_parser("list", help="saved conversations, newest first")
+    listing.add_argument("--limit", type=int, default=None)
+    listing.add_argument("--json", action="store_true", help="print one JSON array")
+    show = commands.add_parser("show", help="print a saved conversation")
+    show.add_argument("id", help="conversation id or unique prefix")
+    export = commands.add_parser("export", help="write a saved conversation as Markdown or JSON")
+    export.add_argument("id", help="conversation id or unique prefix")
+    export.add_argument("--format", choices=["md", "json"], default="md")
+    export.add_argument("--output", "-o", metavar="FILE", help="default: stdout")
+    delete = commands.add_parser("delete", help="delete a saved conversation and its KV snapshot")
+    delete.add_argument("id", help="conversation id or unique prefix")
+    search = commands.add_parser("search", help="find messages containing every word of TEXT")
+    search.add_argument("text")
+    search.add_argument("--limit", type=int, default=50)
+    search.add_argument("--json", action="store_true", help="print one JSON array")
+    rename = commands.add_parser("rename", help="give a saved conversation a new title")
+    rename.add_argument("id", help="conversation id or unique prefix")
+    rename.add_argument("title")
+    for sub in (listing, show, export, delete, search, rename):
+        _storage_options(sub, top_level=False)
 
     bench = commands.add_parser("bench", help="measure prefill and decode against transformers")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
@@ -74,9 +107,14 @@ def _fail(message: str, code: int = 1) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from engine import EngineError
+    from engine.errors import EngineError
+    from storage.db import StorageError
 
     try:
+        if args.command in ("list", "show", "export", "delete", "search", "rename"):
+            from app.conversations_cli import run_conversation_command
+
+            return run_conversation_command(args)
         if args.command == "ask":
             from app.ask import run_ask
 
@@ -88,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         from app.tui import run_tui
 
         return run_tui(args)
-    except EngineError as exc:
+    except (EngineError, StorageError) as exc:
         return _fail(str(exc))
     except ValueError as exc:  # invalid sampling parameters and similar argument mistakes
         return _fail(f"{exc}.", code=2)

@@ -1,21 +1,29 @@
 """kvchat's inference engine: a Llama-family decoder in plain PyTorch with a KV cache.
 
-Imports neither `app` nor `storage`.
+Imports neither `app` nor `storage`. The names below are loaded on first use, so
+importing a light module (engine.errors, engine.kv_snapshot) does not pull in
+torch's model stack and transformers: `kvchat list` starts at once.
 """
 
+import importlib
 import os
 
 # Nothing is ever downloaded at run time: the Hugging Face libraries stay offline.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from engine.engine import Engine, EngineOptions, LoadInfo
-from engine.generation import Generation
-from engine.errors import ContextWindowError, EngineError, ModelError
-from engine.events import Done, Event, RequestStats, Stats, TokenDelta
-from engine.sampling import SamplingParams
+_EXPORTS = {
+    "Engine": "engine.engine", "EngineOptions": "engine.engine", "LoadInfo": "engine.engine",
+    "Generation": "engine.generation",
+    "ContextWindowError": "engine.errors", "EngineError": "engine.errors", "ModelError": "engine.errors",
+    "Done": "engine.events", "Event": "engine.events", "RequestStats": "engine.events", "Stats": "engine.events",
+    "TokenDelta": "engine.events",
+    "SamplingParams": "engine.sampling",
+}
+__all__ = sorted(_EXPORTS)
 
-__all__ = [
-    "ContextWindowError", "Done", "Engine", "EngineError", "EngineOptions", "Event", "Generation",
-    "LoadInfo", "ModelError", "RequestStats", "SamplingParams", "Stats", "TokenDelta",
-]
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'engine' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -1,0 +1,134 @@
+"""`kvchat list | show | export | delete | search | rename`: saved conversations, without loading a model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from storage.conversations import Conversation, ConversationStore, StoredMessage
+from storage.data_dir import data_dir
+from storage.db import StorageError
+from storage.snapshot_dir import SnapshotDir
+
+STATUS_NOTES = {"stopped": " (stopped)", "interrupted": " (interrupted)", "streaming": " (still being written)"}
+
+
+def _when(epoch: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(epoch))
+
+
+def _reply_stats(message: StoredMessage) -> str:
+    s = message.stats or {}
+    if not s:
+        return ""
+    return (f"[{s.get('ttft_ms', 0):.0f} ms to first token · {s.get('prompt_tokens', 0)} prompt tokens "
+            f"({s.get('cached_tokens', 0)} cached from {s.get('cache_source', 'none')}, "
+            f"{s.get('prefilled_tokens', 0)} computed) · {s.get('generated_tokens', 0)} tokens at "
+            f"{s.get('decode_tokens_per_s', 0):.1f} tok/s · {s.get('finish_reason', '?')}]")
+
+
+def run_list(args: argparse.Namespace, store: ConversationStore) -> int:
+    conversations = store.list(limit=args.limit)
+    if args.json:
+        print(json.dumps([_conversation_json(c) for c in conversations], ensure_ascii=False))
+    elif not conversations:
+        print("No saved conversations yet; start one with `kvchat` or `kvchat ask MESSAGE`.", file=sys.stderr)
+    for c in conversations if not args.json else []:
+        print(f"{c.id}  {_when(c.updated_at)}  {c.title or '(untitled)'}")
+    return 0
+
+
+def run_show(args: argparse.Namespace, store: ConversationStore) -> int:
+    conversation = store.get(args.id)
+    print(f"# {conversation.title or '(untitled)'}\n{conversation.id} · {conversation.model} · "
+          f"updated {_when(conversation.updated_at)}")
+    if conversation.system is not None:
+        print(f"system: {conversation.system}")
+    for message in store.branch(conversation.id):
+        print(f"\n{message.role}{STATUS_NOTES.get(message.status, '')}:\n{message.text}")
+        if message.role == "assistant" and message.stats:
+            print(_reply_stats(message))
+    return 0
+
+
+def render_markdown(conversation: Conversation, branch: list[StoredMessage]) -> str:
+    lines = [f"# {conversation.title or 'Untitled conversation'}", "",
+             f"*{conversation.model} · {_when(conversation.created_at)}*", ""]
+    if conversation.system is not None:
+        lines += ["**System:**", "", conversation.system, ""]
+    for message in branch:
+        lines += [f"**{'You' if message.role == 'user' else 'Assistant'}:**{STATUS_NOTES.get(message.status, '')}",
+                  "", message.text, ""]
+    return "\n".join(lines)
+
+
+def _conversation_json(c: Conversation) -> dict:
+    return {"id": c.id, "title": c.title, "model": c.model, "system": c.system, "params": c.params,
+            "created_at": c.created_at, "updated_at": c.updated_at, "active_leaf": c.active_leaf}
+
+
+def _message_json(m: StoredMessage) -> dict:
+    return {"id": m.id, "parent_id": m.parent_id, "role": m.role, "text": m.text, "status": m.status,
+            "token_start": m.token_start, "token_ids": m.token_ids, "stats": m.stats,
+            "created_at": m.created_at, "updated_at": m.updated_at}
+
+
+def run_export(args: argparse.Namespace, store: ConversationStore) -> int:
+    conversation = store.get(args.id)
+    branch = store.branch(conversation.id)
+    if args.format == "md":
+        text = render_markdown(conversation, branch)
+    else:  # the active branch, plus every message of every branch with its parent, so nothing is lost
+        everything = store.all_messages(conversation.id)
+        text = json.dumps({"conversation": _conversation_json(conversation),
+                           "active_branch": [m.id for m in branch],
+                           "messages": [_message_json(m) for m in everything]}, ensure_ascii=False, indent=1)
+    if args.output:
+        try:
+            Path(args.output).write_text(text + "\n", encoding="utf-8")
+        except OSError as exc:
+            raise StorageError(f"Cannot write {args.output}: {exc.strerror}.") from None
+    else:
+        sys.stdout.write(text + "\n")
+    return 0
+
+
+def run_delete(args: argparse.Namespace, store: ConversationStore) -> int:
+    conversation = store.get(args.id)
+    store.delete(conversation.id)
+    SnapshotDir(data_dir(), cap_bytes=0).delete(conversation.id)
+    print(f"kvchat: deleted conversation {conversation.id} ({conversation.title or 'untitled'}).", file=sys.stderr)
+    return 0
+
+
+def run_search(args: argparse.Namespace, store: ConversationStore) -> int:
+    hits = store.search(args.text, limit=args.limit)
+    if args.json:
+        print(json.dumps([vars(hit) for hit in hits], ensure_ascii=False))
+        return 0
+    if not hits:
+        print(f"No message contains {args.text!r}.", file=sys.stderr)
+        return 1
+    for hit in hits:
+        print(f"{hit.conversation_id}  {hit.title or '(untitled)'}  [{hit.role}] {hit.snippet}")
+    return 0
+
+
+def run_rename(args: argparse.Namespace, store: ConversationStore) -> int:
+    if not args.title.strip():
+        raise ValueError("the title is empty")
+    store.rename(args.id, args.title)
+    return 0
+
+
+COMMANDS = {"list": run_list, "show": run_show, "export": run_export, "delete": run_delete, "search": run_search,
+            "rename": run_rename}
+
+
+def run_conversation_command(args: argparse.Namespace) -> int:
+    """Runs without loading torch or a model, so these commands answer at once."""
+    with ConversationStore.open() as store:
+        return COMMANDS[args.command](args, store)

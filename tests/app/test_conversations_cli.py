@@ -1,0 +1,122 @@
+"""Saved conversations from the command line, across processes: resume from disk, list, show, export, search."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.app.test_cli import assert_one_clear_error, kvchat
+
+GREEDY = ("--json", "--temperature", "0", "--max-tokens", "8")
+
+
+def ask(model_dir, message, *args):
+    result = kvchat("ask", message, "--model", str(model_dir), *GREEDY, *args)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def export_json(conversation_id):
+    result = kvchat("export", conversation_id, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_a_conversation_resumed_in_a_new_process_comes_from_disk_and_matches_a_full_recompute(tiny_model_dir):
+    # Two identical conversations (greedy), then the same third message: one resumed from its
+    # snapshot, the other with the prefix cache off.
+    first = ask(tiny_model_dir, "tell me a story")
+    twin = ask(tiny_model_dir, "tell me a story")
+    for conversation in (first, twin):
+        ask(tiny_model_dir, "and then?", "--conversation", conversation["conversation_id"])
+    resumed = ask(tiny_model_dir, "the end", "--conversation", first["conversation_id"])
+    recomputed = ask(tiny_model_dir, "the end", "--conversation", twin["conversation_id"], "--no-prefix-cache")
+
+    assert resumed["reply"] == recomputed["reply"]
+    assert resumed["cache_source"] == "disk" and recomputed["cache_source"] == "none"
+    assert resumed["prompt_tokens"] == recomputed["prompt_tokens"]
+    history = resumed["prompt_tokens"] - resumed["prefilled_tokens"]
+    assert resumed["cached_tokens"] == history and resumed["prefilled_tokens"] < 40  # only the new message
+    ids = [[m["token_ids"] for m in export_json(c["conversation_id"])["messages"]] for c in (first, twin)]
+    assert ids[0] == ids[1]  # token for token
+
+
+def test_list_show_export_search_rename_delete(tiny_model_dir):
+    a = ask(tiny_model_dir, "apples are red")["conversation_id"]
+    b = ask(tiny_model_dir, "bananas are yellow")["conversation_id"]
+    listed = kvchat("list").stdout.splitlines()
+    assert [line.split()[0] for line in listed] == [b, a]  # newest first
+    assert "bananas are yellow" in listed[0]
+
+    shown = kvchat("show", a[:6])
+    assert shown.returncode == 0 and "user:\napples are red" in shown.stdout and "ms to first token" in shown.stdout
+    markdown = kvchat("export", a, "--format", "md").stdout
+    assert markdown.startswith("# apples are red") and "**You:**" in markdown
+    exported = export_json(a)
+    assert [m["role"] for m in exported["messages"]] == ["user", "assistant"]
+    assert exported["active_branch"] == [m["id"] for m in exported["messages"]]
+
+    hits = json.loads(kvchat("search", "bananas", "--json").stdout)
+    assert [h["conversation_id"] for h in hits] == [b]
+    assert kvchat("search", 'no "such AND (thing*').returncode == 1  # nothing found, no syntax error
+
+    assert kvchat("rename", a, "Fruit").returncode == 0
+    assert "Fruit" in kvchat("list").stdout
+    assert kvchat("delete", b).returncode == 0
+    assert [line.split()[0] for line in kvchat("list").stdout.splitlines()] == [a]
+    assert not os.path.exists(os.path.join(os.environ["KVCHAT_HOME"], "snapshots", f"{b}.safetensors"))
+
+
+@pytest.mark.parametrize("command", [("show", "abcdef"), ("delete", "abcdef"), ("export", "abcdef"),
+                                     ("ask", "hi", "--conversation", "abcdef")])
+def test_an_unknown_conversation_is_one_sentence(command):
+    assert_one_clear_error(kvchat(*command), 1, "No conversation matches 'abcdef'")
+
+
+def test_a_damaged_snapshot_costs_a_recompute_and_one_line_not_the_answer(tiny_model_dir):
+    conversation = ask(tiny_model_dir, "hello")["conversation_id"]
+    twin = ask(tiny_model_dir, "hello")["conversation_id"]
+    path = os.path.join(os.environ["KVCHAT_HOME"], "snapshots", f"{conversation}.safetensors")
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+    result = kvchat("ask", "more", "--conversation", conversation, "--model", str(tiny_model_dir), *GREEDY)
+    assert result.returncode == 0 and "Traceback" not in result.stderr
+    assert [line for line in result.stderr.splitlines() if "was not used" in line and "damaged" in line]
+    out = json.loads(result.stdout)
+    assert out["cache_source"] == "none"
+    assert out["reply"] == ask(tiny_model_dir, "more", "--conversation", twin)["reply"]
+
+
+def test_a_reply_cut_by_kill_9_is_recovered_as_interrupted_with_its_text(tiny_model_dir):
+    # The child streams a reply and kills itself with SIGKILL after 30 tokens, mid-stream.
+    child = textwrap.dedent(f"""
+        import os, signal
+        import app.saved_chat as saved_chat
+        from app.chat import ChatSession
+        from app.saved_chat import SavedConversation, Storage
+        from engine import Engine, EngineOptions, SamplingParams, TokenDelta
+        saved_chat.PARTIAL_SAVE_S = 0.0
+        engine = Engine.load(EngineOptions(model={str(tiny_model_dir)!r}, device="cpu"))
+        params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=200)
+        session = ChatSession(engine, None, params, SavedConversation.new(Storage.open(), engine, None, params))
+        tokens = []
+        for event in session.send("write a long text"):
+            if isinstance(event, TokenDelta) and event.token_id is not None:
+                tokens.append(event.token_id)
+                if len(tokens) == 30:
+                    print(session.saved.id, flush=True)
+                    os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    run = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=300)
+    assert run.returncode == -signal.SIGKILL, run.stderr
+    conversation = run.stdout.strip()
+    messages = export_json(conversation)["messages"]  # opening the database recovers the reply
+    assert [(m["role"], m["status"]) for m in messages] == [("user", "complete"), ("assistant", "interrupted")]
+    assert len(messages[1]["token_ids"]) >= 29 and messages[1]["text"]
+    assert "(interrupted)" in kvchat("show", conversation).stdout
+    # and the conversation goes on from there
+    assert ask(tiny_model_dir, "go on", "--conversation", conversation)["finish_reason"] == "length"
