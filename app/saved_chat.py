@@ -134,9 +134,13 @@ class SavedConversation:
             return notice
 
     def save_kv(self, engine: Engine, token_ids: list[int]) -> None:
-        """Snapshot the conversation's cached K/V in the background (copied out of the cache there too)."""
-        if engine.prefix_cache is not None and self.storage.snapshots.cap_bytes > 0:
-            self.storage.writer.submit(self.id, lambda: engine.export_kv(token_ids))
+        """Copy the conversation's cached K/V out of the cache (in the calling, generating thread) and
+        write it to disk in the background."""
+        if engine.prefix_cache is None or self.storage.snapshots.cap_bytes == 0:
+            return
+        snapshot = engine.export_kv(token_ids)
+        if snapshot is not None:
+            self.storage.writer.submit(self.id, snapshot)
 
     # ---- messages -----------------------------------------------------------------------
 

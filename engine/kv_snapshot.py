@@ -3,7 +3,9 @@
 Plain data, so storage can write and read it without knowing the engine.
 `kv` is laid out as the KV pool's blocks, [blocks, 2 (K, V), layers, kv_heads,
 block_size, head_dim], on the CPU, positions past the last token zeroed; going
-back into the pool is then one copy per snapshot, not one per token.
+back into the pool is then one copy per snapshot, not one per token. A loaded
+snapshot's `kv` may be a read-only mapping of its file: copy from it, never
+write to it.
 """
 
 from __future__ import annotations

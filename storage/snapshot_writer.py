@@ -1,9 +1,11 @@
 """SnapshotWriter: writes KV snapshots on one background thread, so the chat never waits for the disk.
 
-`submit` hands over a conversation id and a function that makes its snapshot
-(the copy out of the KV cache runs on this thread too). A newer submission for
-the same conversation replaces one not started yet: only the latest state is
-worth writing. `flush` waits until everything submitted is on disk (before the
+`submit` hands over a conversation's snapshot, already copied out of the KV
+cache by the thread that generates (torch work on a second thread would make
+the engine's OpenMP thread pools fight: decode ran at half speed afterwards).
+This thread only checksums and writes. A newer submission for the same
+conversation replaces one not started yet: only the latest state is worth
+writing. `flush` waits until everything submitted is on disk (before the
 process exits); a failure is logged with one line and the old snapshot stays.
 """
 
@@ -19,25 +21,22 @@ from storage.snapshots import SnapshotStore
 
 log = logging.getLogger("kvchat")
 
-MakeSnapshot = Callable[[], KVSnapshot | None]
-
-
 class SnapshotWriter:
     def __init__(self, store: SnapshotStore, on_saved: Callable[[str, int, float], None] = lambda *_: None):
         """`on_saved(conversation_id, bytes, seconds)` runs on the writer thread after each write."""
         self.store = store
         self.on_saved = on_saved
-        self._pending: dict[str, MakeSnapshot] = {}
+        self._pending: dict[str, KVSnapshot] = {}
         self._busy = False
         self._closed = False
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="kvchat-snapshots", daemon=True)
         self._thread.start()
 
-    def submit(self, conversation_id: str, make: MakeSnapshot) -> None:
+    def submit(self, conversation_id: str, snapshot: KVSnapshot) -> None:
         with self._cond:
             self._pending.pop(conversation_id, None)  # re-queued at the end: first come, first written
-            self._pending[conversation_id] = make
+            self._pending[conversation_id] = snapshot
             self._cond.notify_all()
 
     def flush(self, timeout: float | None = None) -> bool:
@@ -58,21 +57,18 @@ class SnapshotWriter:
                 if self._closed and not self._pending:
                     return
                 conversation_id = next(iter(self._pending))
-                make = self._pending.pop(conversation_id)
+                snapshot = self._pending.pop(conversation_id)
                 self._busy = True
             try:
-                self._write(conversation_id, make)
+                self._write(conversation_id, snapshot)
             finally:
                 with self._cond:
                     self._busy = False
                     self._cond.notify_all()
 
-    def _write(self, conversation_id: str, make: MakeSnapshot) -> None:
+    def _write(self, conversation_id: str, snapshot: KVSnapshot) -> None:
         start = time.perf_counter()
         try:
-            snapshot = make()
-            if snapshot is None:
-                return
             size = self.store.save(conversation_id, snapshot)
         except Exception as exc:  # a snapshot is an optimisation: never let it take the chat down
             log.warning("kvchat: the KV snapshot of conversation %s was not saved (%s); "
