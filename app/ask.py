@@ -61,9 +61,7 @@ def run_ask(args: argparse.Namespace) -> int:
     storage = Storage.open(args.snapshot_gb)
     try:
         engine = Engine.load(engine_options(args), progress=progress if sys.stderr.isatty() else lambda _: None)
-        session = open_session(args, engine, storage)
-        if session.notice:
-            print(f"kvchat: {session.notice}", file=sys.stderr)
+        session = open_session(args, engine, storage)  # a discarded snapshot was logged to stderr
         done = _answer(session, message, stream=not args.json)
         if args.json:
             print(json.dumps(result_json(done, engine, session.saved.id), ensure_ascii=False))

@@ -121,7 +121,7 @@ class ChatSession:
             if saved is not None and done is not None:
                 saved.save_kv(self.engine, self.seen_ids)
             elif saved is not None:  # an engine error, or the consumer walked away before the end
-                saved.reply_failed(pieces, ids)
+                saved.reply_failed(pieces, ids, len(prompt))
 
     def cancel(self) -> None:
         """Stop the reply in progress, if any (safe from any thread)."""

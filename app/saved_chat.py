@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from engine import Done, Engine, EngineError, SamplingParams
 from storage.conversations import Conversation, ConversationStore
 from storage.data_dir import data_dir
+from storage.db import StorageError
 from storage.snapshot_writer import SnapshotWriter
 from storage.snapshots import SnapshotRejected, SnapshotStore
 
@@ -78,7 +79,7 @@ class SavedConversation:
         self.new_settings = new_settings or {}
         self.leaf = conversation.active_leaf if conversation else None  # the message the next one answers
         self._reply: str | None = None  # the row of the reply being streamed
-        self._saved_at = 0.0
+        self._saved_at = float("-inf")  # when the streaming reply was last written
 
     @property
     def id(self) -> str | None:
@@ -129,7 +130,7 @@ class SavedConversation:
                 engine.import_kv(snapshot)
             return None
         except (SnapshotRejected, EngineError) as exc:
-            notice = f"The saved KV cache of this conversation was not used ({exc}); its history is recomputed."
+            notice = f"The saved KV cache of this conversation was not used, so its history is recomputed: {exc}."
             log.warning("kvchat: %s", notice)
             return notice
 
@@ -150,18 +151,23 @@ class SavedConversation:
             self.update_settings(model=engine.info.model_name, token_fingerprint=engine.fingerprint)
         message = self.store.add_message(self.id, self.leaf, "user", text, token_start, token_ids)
         self.leaf = message.id
-        self._reply = None
+        self._reply, self._saved_at = None, float("-inf")
 
     def reply_progress(self, pieces: list[str], token_ids: list[int], token_start: int) -> None:
-        """The reply so far; written when PARTIAL_SAVE_S has passed since the last write."""
+        """The reply so far; written when PARTIAL_SAVE_S has passed since the last write. A failed write
+        (disk full) does not stop the reply: the next one, or the final one, tries again."""
         now = time.monotonic()
-        if self._reply is None:
-            message = self.store.add_message(self.id, self.leaf, "assistant", "".join(pieces), token_start,
-                                             token_ids, status="streaming")
-            self._reply, self._saved_at = message.id, now
-        elif now - self._saved_at >= PARTIAL_SAVE_S:
-            self.store.update_message(self._reply, text="".join(pieces), token_ids=token_ids)
-            self._saved_at = now
+        if now - self._saved_at < PARTIAL_SAVE_S:
+            return
+        self._saved_at = now
+        try:
+            if self._reply is None:
+                self._reply = self.store.add_message(self.id, self.leaf, "assistant", "".join(pieces), token_start,
+                                                     token_ids, status="streaming").id
+            else:
+                self.store.update_message(self._reply, text="".join(pieces), token_ids=token_ids)
+        except StorageError as exc:
+            log.warning("kvchat: the reply so far could not be saved (%s)", exc)
 
     def reply_done(self, done: Done, token_start: int) -> None:
         status = "stopped" if done.finish_reason == "stopped" else "complete"
@@ -173,10 +179,20 @@ class SavedConversation:
         else:
             self.store.update_message(self._reply, text=done.text, token_ids=list(done.token_ids), status=status,
                                       stats=stats)
-        self.leaf, self._reply = self._reply, None
+        self.leaf, self._reply, self._saved_at = self._reply, None, float("-inf")
 
-    def reply_failed(self, pieces: list[str], token_ids: list[int]) -> None:
-        """The reply ended without a result (an engine error): keep what it said, as interrupted."""
+    def reply_failed(self, pieces: list[str], token_ids: list[int], token_start: int) -> None:
+        """The reply ended without a result (an engine error): keep what it said, as interrupted.
+        Runs while that error propagates, so a storage failure here is only logged."""
+        try:
+            if self._reply is not None:
+                self.store.update_message(self._reply, text="".join(pieces), token_ids=token_ids,
+                                          status="interrupted")
+            elif pieces:
+                self._reply = self.store.add_message(self.id, self.leaf, "assistant", "".join(pieces),
+                                                     token_start, token_ids, status="interrupted").id
+        except StorageError as exc:
+            log.warning("kvchat: the interrupted reply could not be saved (%s)", exc)
         if self._reply is not None:
-            self.store.update_message(self._reply, text="".join(pieces), token_ids=token_ids, status="interrupted")
-            self.leaf, self._reply = self._reply, None
+            self.leaf = self._reply
+        self._reply, self._saved_at = None, float("-inf")

@@ -116,7 +116,7 @@ class SnapshotStore(SnapshotDir):
                 snapshot = _read(f, fingerprint)
         except _Damaged as exc:
             path.unlink(missing_ok=True)
-            raise SnapshotRejected(f"{path.name} is damaged ({exc})") from None
+            raise SnapshotRejected(f"{path.name} is damaged: {exc}") from None
         if tuple(history[: len(snapshot.token_ids)]) != snapshot.token_ids:
             raise SnapshotRejected(f"{path.name} holds other tokens than the conversation")
         os.utime(path)  # recently used: the size cap removes it last
@@ -188,7 +188,7 @@ def _layout(header: dict, data_len: int) -> dict[str, tuple[torch.dtype, list[in
         layout[name] = (dtype, shape, begin, end)
     spans = sorted((begin, end) for _, _, begin, end in layout.values())
     if spans[0][0] != 0 or spans[0][1] != spans[1][0] or spans[1][1] != data_len:
-        raise _Damaged("the tensors do not cover the data exactly (truncated?)")
+        raise _Damaged("it is truncated, or its tensors do not tile its data")
     return layout
 
 

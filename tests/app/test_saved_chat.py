@@ -133,3 +133,46 @@ def test_ids_of_another_model_are_not_reused(tiny_engine, storage, tmp_path):
     done = reply(resumed.send("more"))
     assert done.stats.cached_tokens == 0
     assert storage.conversations.get(session.saved.id).token_fingerprint == other.fingerprint
+
+
+def test_a_reply_cut_by_an_engine_error_is_kept_as_interrupted(tiny_engine, storage, monkeypatch):
+    from engine import EngineError
+
+    session = new_session(tiny_engine, storage, SamplingParams(temperature=0, ignore_eos=True))
+    forward, calls = tiny_engine.forward, []
+
+    def failing_forward(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 6:
+            raise EngineError("Out of cpu memory while generating.")
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(tiny_engine, "forward", failing_forward)
+    texts = []
+    with pytest.raises(EngineError, match="Out of cpu memory"):
+        for event in session.send("go"):
+            if isinstance(event, TokenDelta):
+                texts.append(event.text)
+    user, reply_row = storage.conversations.branch(session.saved.id)
+    assert (user.text, reply_row.status, reply_row.text) == ("go", "interrupted", "".join(texts))
+    assert len(reply_row.token_ids) == 6
+
+
+def test_a_database_that_fails_mid_reply_does_not_stop_the_reply(tiny_engine, storage, monkeypatch):
+    from storage.db import StorageError
+
+    monkeypatch.setattr(saved_chat, "PARTIAL_SAVE_S", 0.0)
+    session = new_session(tiny_engine, storage, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    events = session.send("hello")  # the user's message is saved
+
+    def disk_full(*args, **kwargs):
+        raise StorageError("The disk is full: the message was not saved.")
+
+    monkeypatch.setattr(storage.conversations, "update_message", disk_full)
+    deltas = []
+    with pytest.raises(StorageError, match="disk is full"):  # the final write reports it
+        for event in events:
+            if isinstance(event, TokenDelta):
+                deltas.append(event)
+    assert len(deltas) == 12  # every token was still streamed
+    assert [m.role for m in session.messages] == ["user", "assistant"]  # and the chat goes on in memory
