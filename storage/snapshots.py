@@ -117,9 +117,14 @@ class SnapshotStore(SnapshotDir):
         except _Damaged as exc:
             path.unlink(missing_ok=True)
             raise SnapshotRejected(f"{path.name} is damaged: {exc}") from None
+        except OSError as exc:  # an I/O error, a file without read permission
+            raise SnapshotRejected(f"{path.name} cannot be read ({exc.strerror or exc})") from None
         if tuple(history[: len(snapshot.token_ids)]) != snapshot.token_ids:
             raise SnapshotRejected(f"{path.name} holds other tokens than the conversation")
-        os.utime(path)  # recently used: the size cap removes it last
+        try:
+            os.utime(path)  # recently used: the size cap removes it last
+        except OSError:
+            pass
         return snapshot
 
 

@@ -209,3 +209,16 @@ def test_delete_removes_the_file(store):
     store.delete(CONVERSATION)
     assert not store.path(CONVERSATION).exists()
     store.delete(CONVERSATION)  # deleting twice is fine
+
+
+def test_an_io_error_while_reading_is_a_rejection_not_a_crash(store, monkeypatch):
+    snapshot = make_snapshot()
+    store.save(CONVERSATION, snapshot)
+
+    def failing_mmap(*args, **kwargs):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(snapshots.mmap, "mmap", failing_mmap)
+    with pytest.raises(SnapshotRejected, match="cannot be read \\(Input/output error\\)"):
+        store.load(CONVERSATION, FINGERPRINT, snapshot.token_ids)
+    assert store.path(CONVERSATION).exists()  # not damaged: kept for the next try
