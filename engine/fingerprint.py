@@ -17,15 +17,8 @@ import json
 import os
 from pathlib import Path
 
+from engine.model_source import file_sha256
 from engine.paths import cache_dir
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def model_files_digest(model_dir: Path) -> dict[str, str]:
@@ -43,7 +36,7 @@ def model_files_digest(model_dir: Path) -> dict[str, str]:
         st = path.stat()
         key = f"{st.st_size}:{st.st_mtime_ns}"
         known = memo.get(path.name)
-        digest = known[1] if isinstance(known, list) and len(known) == 2 and known[0] == key else _file_sha256(path)
+        digest = known[1] if isinstance(known, list) and len(known) == 2 and known[0] == key else file_sha256(path)
         digests[path.name] = digest
         fresh[path.name] = [key, digest]
     if fresh != memo:
