@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -120,3 +121,21 @@ def test_a_reply_cut_by_kill_9_is_recovered_as_interrupted_with_its_text(tiny_mo
     assert "(interrupted)" in kvchat("show", conversation).stdout
     # and the conversation goes on from there
     assert ask(tiny_model_dir, "go on", "--conversation", conversation)["finish_reason"] == "length"
+
+
+@pytest.mark.real_model
+def test_ctrl_c_stops_the_reply_keeps_it_as_stopped_and_exits_130():
+    child = subprocess.Popen([sys.executable, "-m", "app.cli", "ask", "Write a long essay about rivers.",
+                              "--temperature", "0", "--max-tokens", "400"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = os.read(child.stdout.fileno(), 1)  # unbuffered: the reply has started streaming
+    child.send_signal(signal.SIGINT)
+    out, err = child.communicate(timeout=300)
+    shown, err = (first + out).decode(), err.decode()
+    assert child.returncode == 130, err
+    assert "stopping" in err and "Traceback" not in err
+    conversation = re.search(r"conversation ([0-9a-f]{12})", err).group(1)
+    reply = export_json(conversation)["messages"][-1]
+    assert reply["role"] == "assistant" and reply["status"] == "stopped"
+    assert reply["stats"]["finish_reason"] == "stopped" and len(reply["token_ids"]) < 400
+    assert shown.strip() == reply["text"].strip()  # what was shown is what was kept
