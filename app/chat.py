@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from app.prompt_ids import next_prompt
+from app.prompt_ids import NextPrompt, next_prompt
 from app.saved_chat import SavedConversation
 from engine import Done, Engine, EngineError, Event, Generation, SamplingParams, TokenDelta
 
@@ -28,6 +28,8 @@ class ChatError(EngineError):
 class ChatMessage:
     role: str  # system | user | assistant
     content: str
+    token_end: int = 0  # the length of seen_ids after this message (0: unknown, re-tokenize to branch here)
+    id: str | None = None  # its row in storage, for a saved conversation
 
 
 class ChatSession:
@@ -53,11 +55,14 @@ class ChatSession:
         self.rewritten_at: int | None = None  # set when the template changed earlier turns' tokens
         self.notice: str | None = None  # something the user should know about the resumed conversation
         if saved is not None:
-            history = saved.history(engine)
-            self.messages = [ChatMessage(role, text) for role, text in history.messages]
-            self.seen_ids = history.token_ids
+            self._load_history()
             if self.seen_ids:
                 self.notice = saved.restore_kv(engine, self.seen_ids)
+
+    def _load_history(self) -> None:
+        history = self.saved.history(self.engine)
+        self.messages = [ChatMessage(m.role, m.text, m.token_end, m.id) for m in history.messages]
+        self.seen_ids = history.token_ids
 
     def _rendered(self, messages: list[ChatMessage]) -> str:
         turns = [{"role": "system", "content": self.system}] if self.system is not None else []
@@ -72,10 +77,12 @@ class ChatSession:
 
         They extend the previous turn's prompt and reply ids whenever the template allows.
         """
-        rendered = self._rendered([*self.messages, ChatMessage("user", user_text)])
-        prompt = next_prompt(self.engine.tokenizer, self.seen_ids, rendered)
+        prompt = self._next_prompt(self.messages, self.seen_ids, user_text)
         self.rewritten_at = prompt.rewritten_at
         return prompt.ids
+
+    def _next_prompt(self, before: list[ChatMessage], seen: list[int], user_text: str) -> NextPrompt:
+        return next_prompt(self.engine.tokenizer, seen, self._rendered([*before, ChatMessage("user", user_text)]))
 
     def send(self, user_text: str) -> Iterator[Event]:
         """Start the reply to `user_text` and return its events.
@@ -84,18 +91,58 @@ class ChatSession:
         recorded. The user message is recorded at once; the reply when it ends,
         also when it was stopped (its partial text is kept).
         """
+        return self._turn(self.messages, self.seen_ids, user_text)
+
+    def edit(self, index: int, user_text: str) -> Iterator[Event]:
+        """Send `user_text` instead of the user message at `index`: a new branch from the message before it.
+        The old branch stays saved; the prefix cache reuses everything before the edit."""
+        if not 0 <= index < len(self.messages) or self.messages[index].role != "user":
+            raise ChatError("Only your own messages can be edited.")
+        before = self.messages[:index]
+        return self._turn(before, self._ids_through(before), user_text)
+
+    def regenerate(self) -> Iterator[Event]:
+        """A new reply to the last user message (the old reply stays saved, a sibling branch)."""
+        if len(self.messages) < 2 or self.messages[-1].role != "assistant" or self.messages[-2].role != "user":
+            raise ChatError("There is no reply to regenerate.")
+        before = self.messages[:-1]
+        prompt = self._ids_through(before) or self.engine.tokenizer.encode(self._rendered(before))
+        generation = self.engine.generate(prompt, self.params)
+        self.messages, self.rewritten_at = before, None
+        if self.saved is not None:
+            self.saved.start_reply(before[-1].id)
+        self.generation = generation
+        return self._stream(generation, prompt)
+
+    def switch_branch(self, message_id: str) -> None:
+        """Show the saved branch through `message_id` (to its newest message), e.g. an earlier reply."""
+        if self.saved is None:
+            raise ChatError("Only a saved conversation has branches.")
+        self.saved.switch_to(message_id)
+        self._load_history()
+
+    def _ids_through(self, messages: list[ChatMessage]) -> list[int]:
+        """seen_ids up to the end of the last of `messages` (a prefix of this branch); [] if unknown."""
+        end = messages[-1].token_end if messages else 0
+        return self.seen_ids[:end] if 0 < end <= len(self.seen_ids) else []
+
+    def _turn(self, before: list[ChatMessage], seen: list[int], user_text: str) -> Iterator[Event]:
+        """`user_text` after the messages `before` (whose ids are `seen`): validated first, then recorded."""
         window = self.engine.context_window
         if len(user_text) > MAX_CHARS_PER_TOKEN * window:
             raise ChatError(f"The message is {len(user_text):,} characters, far more than the model's "
                             f"context window of {window} tokens can hold.")
-        prompt = self.prompt_ids(user_text)
-        generation = self.engine.generate(prompt, self.params)
+        prompt = self._next_prompt(before, seen, user_text)
+        generation = self.engine.generate(prompt.ids, self.params)
+        self.rewritten_at = prompt.rewritten_at
+        user_id = None
         if self.saved is not None:
-            start = len(self.seen_ids) if self.rewritten_at is None else self.rewritten_at
-            self.saved.user_message(self.engine, user_text, start, prompt[start:])
-        self.messages.append(ChatMessage("user", user_text))
+            start = len(seen) if prompt.rewritten_at is None else prompt.rewritten_at
+            parent = before[-1].id if before else None
+            user_id = self.saved.user_message(self.engine, parent, user_text, start, prompt.ids[start:])
+        self.messages = [*before, ChatMessage("user", user_text, len(prompt.ids), user_id)]
         self.generation = generation
-        return self._stream(generation, prompt)
+        return self._stream(generation, prompt.ids)
 
     def _stream(self, generation: Generation, prompt: list[int]) -> Iterator[Event]:
         saved, pieces, ids, done = self.saved, [], [], None
@@ -110,10 +157,10 @@ class ChatSession:
                         saved.reply_progress(pieces, ids, len(prompt))
                 elif isinstance(event, Done):
                     done = event
-                    self.messages.append(ChatMessage("assistant", event.text))
                     self.seen_ids = prompt + list(event.token_ids)
-                    if saved is not None:
-                        saved.reply_done(event, len(prompt))
+                    self.messages.append(ChatMessage("assistant", event.text, len(self.seen_ids)))
+                    if saved is not None:  # may raise (disk full) after the chat in memory is whole
+                        self.messages[-1].id = saved.reply_done(event, len(prompt))
                 yield event
         finally:
             stream.close()  # ends the request if the consumer walked away: its K/V are in the cache now

@@ -62,10 +62,18 @@ def sampling_settings(params: SamplingParams) -> dict:
 
 
 @dataclass(frozen=True)
+class HistoryMessage:
+    id: str
+    role: str
+    text: str
+    token_end: int  # the length of the conversation's token sequence after this message (0: ids not reusable)
+
+
+@dataclass(frozen=True)
 class History:
     """A saved conversation's active branch as a ChatSession needs it."""
 
-    messages: list[tuple[str, str]]  # (role, text), oldest first
+    messages: list[HistoryMessage]  # oldest first
     token_ids: list[int]  # the model's view of it: prompt + reply ids of the last turn ([] if not reusable)
 
 
@@ -77,7 +85,7 @@ class SavedConversation:
         self.store = storage.conversations
         self.conversation = conversation
         self.new_settings = new_settings or {}
-        self.leaf = conversation.active_leaf if conversation else None  # the message the next one answers
+        self.leaf = conversation.active_leaf if conversation else None  # what the reply being made answers
         self._reply: str | None = None  # the row of the reply being streamed
         self._saved_at = float("-inf")  # when the streaming reply was last written
 
@@ -99,13 +107,20 @@ class SavedConversation:
         if self.conversation is None:
             return History([], [])
         branch = self.store.branch(self.id)
+        reusable = self.conversation.token_fingerprint == engine.fingerprint  # else: tokenized afresh
         ids: list[int] = []
+        messages = []
         for message in branch:
             del ids[message.token_start :]  # usually nothing: a message continues the one before it
             ids.extend(message.token_ids)
-        if self.conversation.token_fingerprint != engine.fingerprint:
-            ids = []  # ids of another model or tokenizer: the conversation is tokenized afresh
-        return History([(m.role, m.text) for m in branch], ids)
+            messages.append(HistoryMessage(message.id, message.role, message.text, len(ids) if reusable else 0))
+        return History(messages, ids if reusable else [])
+
+    def switch_to(self, message_id: str) -> None:
+        """Make the branch through `message_id` (down to its newest leaf) the active one."""
+        leaf = self.store.latest_leaf(message_id)
+        self.store.set_active_leaf(self.id, leaf)
+        self.conversation = self.store.get(self.id)
 
     def update_settings(self, **changes) -> None:
         if self.conversation is None:
@@ -145,13 +160,19 @@ class SavedConversation:
 
     # ---- messages -----------------------------------------------------------------------
 
-    def user_message(self, engine: Engine, text: str, token_start: int, token_ids: list[int]) -> None:
-        """Commit the user's message; from now on it survives anything."""
+    def user_message(self, engine: Engine, parent_id: str | None, text: str, token_start: int,
+                     token_ids: list[int]) -> str:
+        """Commit the user's message under `parent_id` (a sibling of the old one when it is an edit);
+        from now on it survives anything. Its reply will hang under it. Returns its id."""
         if self.conversation is None or self.conversation.token_fingerprint != engine.fingerprint:
             self.update_settings(model=engine.info.model_name, token_fingerprint=engine.fingerprint)
-        message = self.store.add_message(self.id, self.leaf, "user", text, token_start, token_ids)
-        self.leaf = message.id
-        self._reply, self._saved_at = None, float("-inf")
+        message = self.store.add_message(self.id, parent_id, "user", text, token_start, token_ids)
+        self.start_reply(message.id)
+        return message.id
+
+    def start_reply(self, parent_id: str) -> None:
+        """The next reply answers `parent_id` (for a regenerated reply: a sibling of the old one)."""
+        self.leaf, self._reply, self._saved_at = parent_id, None, float("-inf")
 
     def reply_progress(self, pieces: list[str], token_ids: list[int], token_start: int) -> None:
         """The reply so far; written when PARTIAL_SAVE_S has passed since the last write. A failed write
@@ -169,7 +190,8 @@ class SavedConversation:
         except StorageError as exc:
             log.warning("kvchat: the reply so far could not be saved (%s)", exc)
 
-    def reply_done(self, done: Done, token_start: int) -> None:
+    def reply_done(self, done: Done, token_start: int) -> str:
+        """Store the finished reply; returns its id."""
         status = "stopped" if done.finish_reason == "stopped" else "complete"
         stats = {**done.stats.as_dict(), "finish_reason": done.finish_reason}
         if self._reply is None:  # stopped before its first token
@@ -180,6 +202,7 @@ class SavedConversation:
             self.store.update_message(self._reply, text=done.text, token_ids=list(done.token_ids), status=status,
                                       stats=stats)
         self.leaf, self._reply, self._saved_at = self._reply, None, float("-inf")
+        return self.leaf
 
     def reply_failed(self, pieces: list[str], token_ids: list[int], token_start: int) -> None:
         """The reply ended without a result (an engine error): keep what it said, as interrupted.

@@ -176,3 +176,63 @@ def test_a_database_that_fails_mid_reply_does_not_stop_the_reply(tiny_engine, st
                 deltas.append(event)
     assert len(deltas) == 12  # every token was still streamed
     assert [m.role for m in session.messages] == ["user", "assistant"]  # and the chat goes on in memory
+
+
+SAMPLED = SamplingParams(temperature=1.0, max_tokens=10)
+
+
+def test_regenerate_makes_a_sibling_reply_from_the_cached_prompt(tiny_engine, storage):
+    session = new_session(tiny_engine, storage, SAMPLED)
+    reply(session.send("hi"))
+    old_reply = session.messages[-1]
+    again = reply(session.regenerate())
+    assert again.stats.cached_tokens == again.stats.prompt_tokens - 1  # the whole prompt but its last token
+    user_row, new_reply = storage.conversations.branch(session.saved.id)
+    assert {m.id for m in storage.conversations.children(user_row.id)} == {old_reply.id, new_reply.id}
+    assert new_reply.text == again.text and [m.content for m in session.messages] == ["hi", again.text]
+
+
+def test_an_edit_branches_from_the_message_before_it_and_both_branches_stay(tiny_engine, storage):
+    session = new_session(tiny_engine, storage, GREEDY)
+    reply(session.send("first"))
+    reply(session.send("second"))
+    first_branch = [m.id for m in session.messages]
+    edited = reply(session.edit(2, "second, edited"))
+    assert edited.stats.cached_tokens >= session.messages[1].token_end - 1  # the turn before the edit is reused
+    assert [m.content for m in session.messages][:3] == ["first", session.messages[1].content, "second, edited"]
+    siblings = storage.conversations.siblings(session.messages[2].id)
+    assert {m.id for m in siblings} == {first_branch[2], session.messages[2].id}
+
+    fresh = tiny_engine.with_fresh_cache()  # the active branch resumes with the edit, ids intact
+    resumed = ChatSession(fresh, None, GREEDY, SavedConversation.open(storage, session.saved.id))
+    assert resumed.seen_ids == session.seen_ids and [m.id for m in resumed.messages] == [m.id for m in session.messages]
+
+    resumed.switch_branch(first_branch[2])  # back to the original second message and its reply
+    assert [m.id for m in resumed.messages] == first_branch
+    on_old_branch = reply(resumed.send("third"))
+    recompute = ChatSession(tiny_engine.with_fresh_cache(), None, GREEDY)
+    reply(recompute.send("first"))
+    reply(recompute.send("second"))
+    assert on_old_branch.token_ids == reply(recompute.send("third")).token_ids
+
+
+def test_editing_the_first_message_starts_a_new_root(tiny_engine, storage):
+    session = new_session(tiny_engine, storage, GREEDY)
+    reply(session.send("hello"))
+    reply(session.edit(0, "hello again"))
+    roots = storage.conversations.siblings(session.messages[0].id)
+    assert sorted(m.text for m in roots) == ["hello", "hello again"]
+    user_row, reply_row = storage.conversations.branch(session.saved.id)
+    assert (user_row.token_start, reply_row.token_start) == (0, session.messages[0].token_end)
+    assert user_row.token_ids + reply_row.token_ids == session.seen_ids
+
+
+def test_what_cannot_be_edited_or_regenerated_is_one_sentence(tiny_engine, storage):
+    from app.chat import ChatError
+
+    session = new_session(tiny_engine, storage, GREEDY)
+    with pytest.raises(ChatError, match="no reply to regenerate"):
+        session.regenerate()
+    reply(session.send("hello"))
+    with pytest.raises(ChatError, match="Only your own messages"):
+        session.edit(1, "not mine")
