@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Callable
 
 from engine.kv_snapshot import KVSnapshot
 from storage.snapshots import SnapshotStore
@@ -22,10 +20,8 @@ from storage.snapshots import SnapshotStore
 log = logging.getLogger("kvchat")
 
 class SnapshotWriter:
-    def __init__(self, store: SnapshotStore, on_saved: Callable[[str, int, float], None] = lambda *_: None):
-        """`on_saved(conversation_id, bytes, seconds)` runs on the writer thread after each write."""
+    def __init__(self, store: SnapshotStore):
         self.store = store
-        self.on_saved = on_saved
         self._pending: dict[str, KVSnapshot] = {}
         self._busy = False
         self._closed = False
@@ -67,11 +63,8 @@ class SnapshotWriter:
                     self._cond.notify_all()
 
     def _write(self, conversation_id: str, snapshot: KVSnapshot) -> None:
-        start = time.perf_counter()
         try:
-            size = self.store.save(conversation_id, snapshot)
+            self.store.save(conversation_id, snapshot)
         except Exception as exc:  # a snapshot is an optimisation: never let it take the chat down
             log.warning("kvchat: the KV snapshot of conversation %s was not saved (%s); "
                         "its history will be recomputed when it is resumed", conversation_id, exc)
-            return
-        self.on_saved(conversation_id, size, time.perf_counter() - start)
