@@ -92,7 +92,7 @@ def open_database(path: Path) -> Database:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise StorageError(f"Cannot create the folder {path.parent}: {error.strerror}.") from error
-    with sqlite_errors(f"{path} could not be opened"):
+    with sqlite_errors(f"{path} could not be opened (move it aside and kvchat starts a new one)"):
         # Autocommit (isolation_level=None): transaction() decides where transactions begin.
         # `timeout` is SQLite's busy timeout: a second kvchat waits instead of "database is locked".
         conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_S)

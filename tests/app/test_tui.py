@@ -148,3 +148,27 @@ async def test_a_chat_is_saved_and_reopens_with_its_history_from_the_disk_snapsh
         assert "disk" in status, status
     storage.close()
     assert len(Storage.open().conversations.branch(conversation)) == 4
+
+
+async def test_a_damaged_snapshot_is_a_notification_and_the_chat_goes_on(tiny_engine):
+    from app.saved_chat import Storage
+
+    storage = Storage.open()
+    app = RecordingApp(lambda progress: tiny_engine, params=SamplingParams(temperature=0, max_tokens=4),
+                       storage=storage)
+    async with app.run_test() as pilot:
+        await wait_until(pilot, lambda: app.session is not None)
+        await send(pilot, "hello")
+        await wait_until(pilot, lambda: len(app.session.messages) == 2 and not app.generating)
+        conversation = app.session.saved.id
+    storage.writer.flush()
+    storage.snapshots.path(conversation).write_bytes(b"not a snapshot at all")
+
+    reopened = RecordingApp(lambda progress: tiny_engine.with_fresh_cache(), storage=storage,
+                            conversation_id=conversation)
+    async with reopened.run_test() as pilot:
+        await wait_until(pilot, lambda: reopened.session is not None)
+        assert any("was not used" in notice and "damaged" in notice for notice in reopened.notices)
+        await send(pilot, "still there?")
+        await wait_until(pilot, lambda: len(reopened.session.messages) == 4 and not reopened.generating)
+    storage.close()
