@@ -81,3 +81,6 @@ def test_bench_quick_json_has_every_section(tiny_model_dir):
     assert [r["prompt_tokens"] for r in out["prefill"]] == [16, 64]
     for row in out["prefill"] + out["decode"]:
         assert row["tokens_per_s"] > 0 and row["hf_tokens_per_s"] > 0
+    (resume,) = out["resume"]
+    assert (resume["cache_source"], resume["cached_tokens"]) == ("disk", resume["history_tokens"])
+    assert resume["ttft_ms_disk"] > 0 and resume["snapshot_bytes_per_token"] > 0
