@@ -132,13 +132,13 @@ class KvchatApp(App):
         self.query_one(StatusBar).show("loading", message.step)
 
     async def on_engine_ready(self, message: EngineReady) -> None:
-        self.engine = message.engine
-        self.session = message.session
+        session = message.session
         await self.query_one("#messages", VerticalScroll).mount_all(
-            [UserMessage(m.content) if m.role == "user" else AssistantMessage(m.content)
-             for m in self.session.messages])
-        if self.session.notice:
-            self.notify(self.session.notice, severity="warning", timeout=10)
+            [UserMessage(m.content) if m.role == "user" else AssistantMessage(m.content) for m in session.messages])
+        if session.notice:
+            self.notify(session.notice, severity="warning", timeout=10)
+        # Ready only now: a message sent earlier would be shown above the resumed history.
+        self.engine, self.session = message.engine, session
         bar = self.query_one(StatusBar)
         info = self.engine.info
         bar.context_window = info.context_window
