@@ -33,7 +33,7 @@ class ChatMessage:
 
 
 class ChatSession:
-    """One conversation held in memory.
+    """One conversation: in memory, and kept on disk through a SavedConversation when given one.
 
     `system=None` renders the template with the user's messages only, so the
     model's own default system prompt (if its template has one) applies.

@@ -210,13 +210,8 @@ class PrefixCache:
         if not nodes:
             return None
         blocks = torch.empty((len(nodes), *self.pool.data.shape[1:]), dtype=self.pool.data.dtype)
-        on_device = [i for i, n in enumerate(nodes) if n.block is not None]
-        on_host = [i for i, n in enumerate(nodes) if n.block is None]
-        if on_device:
-            index = torch.tensor([nodes[i].block for i in on_device], device=self.pool.data.device)
-            blocks[on_device] = self.pool.data.index_select(0, index).cpu()
-        if on_host:
-            blocks[on_host] = self.host.data[[nodes[i].host_block for i in on_host]]
+        for i, node in enumerate(nodes):  # block by block: no temporary of the snapshot's size on the device
+            blocks[i].copy_(self.pool.data[node.block] if node.block is not None else self.host.data[node.host_block])
         if lender is not None:
             blocks[-1, :, :, :, lent:] = 0  # the lender's later tokens are not part of this sequence
         return len(chain) * self.block_size + lent, blocks
@@ -245,9 +240,8 @@ class PrefixCache:
         finally:
             for n in chain:
                 n.refs -= 1
-        index = torch.tensor(fresh, device=self.pool.data.device)
-        # `new` is a run of consecutive blocks, so a slice (a view, no copy of a snapshot's size) selects it
-        self.pool.data.index_copy_(0, index, blocks[new[0] : new[-1] + 1].to(self.pool.data.device))
+        for i, block in zip(new, fresh):  # block by block: no temporary of the snapshot's size on the device
+            self.pool.data[block].copy_(blocks[i])
         for i, block in zip(new, fresh):
             piece = tuple(tokens[i * size : (i + 1) * size])
             node = Node(piece, parent, block=block, last_used=self.clock, from_disk=True)
