@@ -122,18 +122,23 @@ async def test_an_unexpected_engine_failure_is_a_notification_and_the_chat_goes_
         await wait_until(pilot, lambda: app.session.messages[-1].role == "assistant" and not app.generating)
 
 
+async def saved_chat(engine, storage, text: str) -> str:
+    """Run the app once with storage: send `text`, wait for the reply, quit; the conversation's id."""
+    app = RecordingApp(lambda progress: engine, params=SamplingParams(temperature=0, max_tokens=8), storage=storage)
+    async with app.run_test() as pilot:
+        await wait_until(pilot, lambda: app.session is not None)
+        await send(pilot, text)
+        await wait_until(pilot, lambda: len(app.session.messages) == 2 and not app.generating)
+        conversation = app.session.saved.id
+    storage.writer.flush()
+    return conversation
+
+
 async def test_a_chat_is_saved_and_reopens_with_its_history_from_the_disk_snapshot(tiny_engine):
     from app.saved_chat import Storage
 
     storage = Storage.open()
-    app = RecordingApp(lambda progress: tiny_engine, params=SamplingParams(temperature=0, max_tokens=8),
-                       storage=storage)
-    async with app.run_test() as pilot:
-        await wait_until(pilot, lambda: app.session is not None)
-        await send(pilot, "remember me")
-        await wait_until(pilot, lambda: len(app.session.messages) == 2 and not app.generating)
-        conversation = app.session.saved.id
-    storage.writer.flush()
+    conversation = await saved_chat(tiny_engine, storage, "remember me")
     assert storage.conversations.get(conversation).title == "remember me"
 
     fresh = tiny_engine.with_fresh_cache()  # as after a restart: nothing cached
@@ -154,14 +159,7 @@ async def test_a_damaged_snapshot_is_a_notification_and_the_chat_goes_on(tiny_en
     from app.saved_chat import Storage
 
     storage = Storage.open()
-    app = RecordingApp(lambda progress: tiny_engine, params=SamplingParams(temperature=0, max_tokens=4),
-                       storage=storage)
-    async with app.run_test() as pilot:
-        await wait_until(pilot, lambda: app.session is not None)
-        await send(pilot, "hello")
-        await wait_until(pilot, lambda: len(app.session.messages) == 2 and not app.generating)
-        conversation = app.session.saved.id
-    storage.writer.flush()
+    conversation = await saved_chat(tiny_engine, storage, "hello")
     storage.snapshots.path(conversation).write_bytes(b"not a snapshot at all")
 
     reopened = RecordingApp(lambda progress: tiny_engine.with_fresh_cache(), storage=storage,
