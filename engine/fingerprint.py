@@ -26,8 +26,8 @@ def model_files_digest(model_dir: Path) -> dict[str, str]:
     model_dir = model_dir.resolve()
     memo_path = cache_dir() / "file-hashes" / f"{hashlib.sha256(str(model_dir).encode()).hexdigest()[:24]}.json"
     try:
-        memo = json.loads(memo_path.read_text())
-    except (OSError, ValueError):
+        memo = json.loads(memo_path.read_text()).get("files", {})
+    except (OSError, ValueError, AttributeError):
         memo = {}
     digests, fresh = {}, {}
     for path in sorted(model_dir.iterdir()):
@@ -42,12 +42,23 @@ def model_files_digest(model_dir: Path) -> dict[str, str]:
     if fresh != memo:
         try:  # a best effort: without it the next start hashes again
             memo_path.parent.mkdir(parents=True, exist_ok=True)
+            _forget_removed_models(memo_path.parent)
             tmp = memo_path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(fresh))
+            tmp.write_text(json.dumps({"dir": str(model_dir), "files": fresh}))
             os.replace(tmp, memo_path)
         except OSError:
             pass
     return digests
+
+
+def _forget_removed_models(memo_dir: Path) -> None:
+    """Drop the memos of model directories that are gone (temporary ones, deleted conversions)."""
+    for memo in memo_dir.glob("*.json"):
+        try:
+            if not Path(json.loads(memo.read_text())["dir"]).is_dir():
+                memo.unlink()
+        except (OSError, ValueError, KeyError, TypeError):
+            memo.unlink(missing_ok=True)  # unreadable or from an older kvchat: it is only a cache
 
 
 def model_fingerprint(model_dir: Path, **arithmetic: object) -> str:

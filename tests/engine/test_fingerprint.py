@@ -1,5 +1,6 @@
 """The model fingerprint decides whether a KV snapshot may be reused: it must see every difference."""
 
+import json
 import shutil
 
 import pytest
@@ -53,3 +54,15 @@ def max_tokens_params():
     from engine import SamplingParams
 
     return SamplingParams(temperature=0, max_tokens=3)
+
+
+def test_the_memo_of_a_model_directory_that_is_gone_is_forgotten(tmp_path, tiny_model_dir, monkeypatch):
+    monkeypatch.setenv("KVCHAT_CACHE_DIR", str(tmp_path / "cache"))
+    gone = tmp_path / "gone"
+    shutil.copytree(tiny_model_dir, gone)
+    fingerprint.model_files_digest(gone)
+    memos = tmp_path / "cache" / "file-hashes"
+    assert len(list(memos.glob("*.json"))) == 1
+    shutil.rmtree(gone)
+    fingerprint.model_files_digest(tiny_model_dir)  # writing a memo tidies the others
+    assert [json.loads(m.read_text())["dir"] for m in memos.glob("*.json")] == [str(tiny_model_dir.resolve())]
