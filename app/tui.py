@@ -1,6 +1,6 @@
 """`kvchat` with no arguments: the Textual chat screen.
 
-The engine loads and generates in worker threads; the UI only receives small
+The engine loads and generates on one engine thread (see engine_thread.py); the UI only receives small
 messages (text batches, stats, done) and never blocks on the model.
 """
 
@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from textual import on, work
+from textual import on
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
@@ -19,6 +19,7 @@ from textual.message import Message
 from textual.widgets import Footer, Input
 
 from app.chat import ChatSession
+from app.engine_thread import EngineThread
 from app.options import engine_options, sampling_params
 from app.saved_chat import SavedConversation, Storage
 from app.widgets import AssistantMessage, StatusBar, UserMessage
@@ -87,6 +88,8 @@ class KvchatApp(App):
         self.system = system
         self.storage = storage
         self.conversation_id = conversation_id
+        self.engine_thread = EngineThread()
+        self._closing = False
         self.engine: Engine | None = None
         self.session: ChatSession | None = None
         self.reply: AssistantMessage | None = None
@@ -97,6 +100,14 @@ class KvchatApp(App):
         yield Input(placeholder="Message · Enter sends · Esc stops the reply", id="prompt")
         yield StatusBar()
         yield Footer()
+
+    def on_unmount(self) -> None:
+        # Quitting mid-reply stops it (kept as stopped); a model still loading finishes loading and then
+        # does nothing more. run_tui waits for the engine thread before it closes storage.
+        self._closing = True
+        if self.session is not None:
+            self.session.cancel()
+        self.engine_thread.stop(timeout=0)
 
     def on_mount(self) -> None:
         self.query_one("#messages", VerticalScroll).anchor()
@@ -112,10 +123,14 @@ class KvchatApp(App):
         saved = SavedConversation.new(self.storage, engine, self.system, self.params) if self.storage else None
         return ChatSession(engine, self.system, self.params, saved)
 
-    @work(thread=True, exclusive=True, group="load")
     def load(self) -> None:
+        self.engine_thread.submit(self._load)
+
+    def _load(self) -> None:
         try:
             engine = self._load_engine(lambda step: self.post_message(LoadProgress(step)))
+            if self._closing:
+                return
             if self.conversation_id and self.storage:
                 self.post_message(LoadProgress("loading the conversation and its KV cache"))
                 saved = SavedConversation.open(self.storage, self.conversation_id)
@@ -172,10 +187,10 @@ class KvchatApp(App):
         await messages.mount_all([UserMessage(text), self.reply])
         self._stream = AssistantMessage.get_stream(self.reply)
         self.query_one(StatusBar).show("prefill")
-        self.stream_reply(events)
+        self.engine_thread.submit(lambda: self._stream_reply(events))
 
-    @work(thread=True, group="reply")
-    def stream_reply(self, events) -> None:
+    def _stream_reply(self, events) -> None:
+        """On the engine thread: run the reply, posting its text in batches, its stats and its end."""
         pending: list[str] = []
         done = None
         last_post = time.monotonic()
@@ -243,8 +258,10 @@ def run_tui(args: argparse.Namespace) -> int:
     params = sampling_params(args)
     storage = Storage.open(args.snapshot_gb)
     try:
-        KvchatApp(lambda progress: Engine.load(options, progress=progress), params, storage=storage,
-                  conversation_id=args.conversation).run()
+        app = KvchatApp(lambda progress: Engine.load(options, progress=progress), params, storage=storage,
+                        conversation_id=args.conversation)
+        app.run()
+        app.engine_thread.stop()  # the reply it stopped, or the model it was loading, ends first
     finally:
         storage.close()  # pending KV snapshots are written before the process ends
     return 0
