@@ -7,70 +7,28 @@ import json
 import os
 import re
 import secrets
-import struct
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
 from pathlib import Path
 
 from sqlite_utils import Database
 
 import storage.data_dir
 from storage.db import StorageError, open_database, sqlite_errors, transaction
+from storage.records import (  # Conversation and StoredMessage are this module's public types too
+    CONVERSATION_COLUMNS, MESSAGE_COLUMNS, ROLES, STATUSES, Conversation, SearchHit, StoredMessage,
+    conversation_from_row, encode_token_ids, fts_query, message_from_row, title_from,
+)
 
-ROLES = ("system", "user", "assistant")
-STATUSES = ("complete", "streaming", "stopped", "interrupted")
 MIN_PREFIX = 4  # shortest conversation id prefix accepted
-TITLE_CHARS = 60
 # A streaming reply not updated for this long is dead even if its writer's pid is alive:
 # the writer updates it about every second, so the pid now belongs to another process.
 STALE_STREAM_S = 3600.0
 
 _NOT_GIVEN = object()  # "leave unchanged"; None is a value (no system prompt, no stats)
 
-
-@dataclass(frozen=True)
-class Conversation:
-    id: str  # 12 lowercase hex characters
-    title: str  # "" until the first user message
-    model: str
-    system: str | None  # None: no system prompt, the model's default applies
-    params: dict  # sampling settings
-    token_fingerprint: str | None  # tokenizer + chat template that produced the stored token ids
-    active_leaf: str | None  # id of the message the shown branch ends at
-    created_at: float  # epoch seconds
-    updated_at: float  # last message added or changed
-
-
-@dataclass(frozen=True)
-class StoredMessage:
-    id: str  # 12 lowercase hex characters
-    conversation_id: str
-    parent_id: str | None  # None: the first message of a branch
-    role: str  # system | user | assistant
-    text: str
-    token_start: int  # where token_ids begin in the conversation's token sequence
-    token_ids: list[int]
-    status: str  # complete | streaming | stopped | interrupted
-    stats: dict | None  # replies: ttft_ms, decode_tokens_per_s, ..., finish_reason, cache_source
-    writer_pid: int | None  # the process that streamed it
-    created_at: float  # epoch seconds
-    updated_at: float
-
-
-@dataclass(frozen=True)
-class SearchHit:
-    conversation_id: str
-    title: str
-    message_id: str
-    role: str
-    snippet: str  # plain text around the match, "…" where it was cut
-
-
-_CONVERSATION_COLUMNS = ", ".join(f.name for f in fields(Conversation))
-_MESSAGE_COLUMNS = ", ".join(f"messages.{f.name}" for f in fields(StoredMessage))
 
 # The path from a message up to its root, as (id, depth) rows; one indexed lookup per level.
 _ANCESTORS = """
@@ -89,31 +47,6 @@ WITH RECURSIVE below(id) AS (
 )"""
 
 
-def encode_token_ids(token_ids: Sequence[int]) -> bytes:
-    """Token ids as little-endian int32: 4 bytes a token, a quarter of JSON's size."""
-    return struct.pack(f"<{len(token_ids)}i", *token_ids)
-
-
-def decode_token_ids(blob: bytes) -> list[int]:
-    return list(struct.unpack(f"<{len(blob) // 4}i", blob))
-
-
-def title_from(text: str) -> str:
-    """The first line of `text`, whitespace collapsed, cut to TITLE_CHARS with an ellipsis."""
-    first_line = text.strip().split("\n", 1)[0]
-    title = " ".join(first_line.split())
-    return title if len(title) <= TITLE_CHARS else title[: TITLE_CHARS - 1].rstrip() + "…"
-
-
-def fts_query(text: str) -> str:
-    """An FTS5 query matching messages that contain every word of `text`, whatever characters
-    it holds. Each word is one quoted string (quotes doubled), so no character has a meaning.
-    (sqlite-utils' quote_fts keeps the user's own quotes, which breaks on NUL or a quote
-    spanning lines.)"""
-    words = text.replace("\x00", " ").split()
-    return " ".join('"' + word.replace('"', '""') + '"' for word in words)
-
-
 def _process_alive(pid: int) -> bool:
     if os.name == "nt":  # os.kill(pid, 0) would terminate it; rely on STALE_STREAM_S there
         return True
@@ -124,15 +57,6 @@ def _process_alive(pid: int) -> bool:
     except PermissionError:  # it exists, under another user
         pass
     return True
-
-
-def _conversation(row: dict) -> Conversation:
-    return Conversation(**{**row, "params": json.loads(row["params"])})
-
-
-def _message(row: dict) -> StoredMessage:
-    stats = json.loads(row["stats"]) if row["stats"] is not None else None
-    return StoredMessage(**{**row, "token_ids": decode_token_ids(row["token_ids"]), "stats": stats})
 
 
 class ConversationStore:
@@ -216,19 +140,19 @@ class ConversationStore:
 
     def get(self, conversation_id: str) -> Conversation:
         full_id = self.resolve_id(conversation_id)
-        rows = self._rows(f"SELECT {_CONVERSATION_COLUMNS} FROM conversations WHERE id = ?", [full_id])
+        rows = self._rows(f"SELECT {CONVERSATION_COLUMNS} FROM conversations WHERE id = ?", [full_id])
         if not rows:  # deleted by another process just now
             raise StorageError(f"No conversation matches '{conversation_id}'.")
-        return _conversation(rows[0])
+        return conversation_from_row(rows[0])
 
     def list(self, limit: int | None = None, offset: int = 0) -> list[Conversation]:
         """Newest activity first. Reads only the conversations table, so it stays instant with
         thousands of long conversations."""
         rows = self._rows(
-            f"SELECT {_CONVERSATION_COLUMNS} FROM conversations ORDER BY updated_at DESC, id LIMIT ? OFFSET ?",
+            f"SELECT {CONVERSATION_COLUMNS} FROM conversations ORDER BY updated_at DESC, id LIMIT ? OFFSET ?",
             [-1 if limit is None else limit, offset],
         )
-        return [_conversation(row) for row in rows]
+        return [conversation_from_row(row) for row in rows]
 
     def count_messages(self, conversation_id: str) -> int:
         """All messages of the conversation, every branch counted."""
@@ -314,10 +238,10 @@ class ConversationStore:
                             "(SELECT conversation_id FROM messages WHERE id = ?)", [now, message_id])
 
     def message(self, message_id: str) -> StoredMessage:
-        rows = self._rows(f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE id = ?", [message_id])
+        rows = self._rows(f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE id = ?", [message_id])
         if not rows:
             raise StorageError(f"No message has the id '{message_id}'.")
-        return _message(rows[0])
+        return message_from_row(rows[0])
 
     def _require_message(self, conversation_id: str, message_id: str) -> None:
         if not self._rows("SELECT 1 FROM messages WHERE id = ? AND conversation_id = ?", [message_id, conversation_id]):
@@ -333,39 +257,39 @@ class ConversationStore:
             if leaf is None:
                 return []
         rows = self._rows(
-            f"{_ANCESTORS} SELECT {_MESSAGE_COLUMNS} FROM path JOIN messages ON messages.id = path.id"
+            f"{_ANCESTORS} SELECT {MESSAGE_COLUMNS} FROM path JOIN messages ON messages.id = path.id"
             " ORDER BY path.depth DESC",
             {"leaf": leaf, "conversation": full_id},
         )
         if not rows:
             raise StorageError(f"Message '{leaf}' is not in conversation {full_id}.")
-        return [_message(row) for row in rows]
+        return [message_from_row(row) for row in rows]
 
     def all_messages(self, conversation_id: str) -> list[StoredMessage]:
         """Every message of every branch, oldest first (so each parent before its children)."""
         rows = self._rows(
-            f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE conversation_id = ? ORDER BY created_at, seq",
+            f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE conversation_id = ? ORDER BY created_at, seq",
             [self.resolve_id(conversation_id)],
         )
-        return [_message(row) for row in rows]
+        return [message_from_row(row) for row in rows]
 
     def children(self, message_id: str) -> list[StoredMessage]:
         """The replies to a message, and their edits and regenerations, oldest first."""
         rows = self._rows(
-            f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE parent_id = ? ORDER BY created_at, seq", [message_id]
+            f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE parent_id = ? ORDER BY created_at, seq", [message_id]
         )
-        return [_message(row) for row in rows]
+        return [message_from_row(row) for row in rows]
 
     def siblings(self, message_id: str) -> list[StoredMessage]:
         """The message and the others under the same parent (its edits or regenerations), oldest
         first. Unlike children(), this also covers edits of a conversation's first message."""
         rows = self._rows(
-            f"SELECT {_MESSAGE_COLUMNS} FROM messages JOIN messages AS this ON this.id = ?"
+            f"SELECT {MESSAGE_COLUMNS} FROM messages JOIN messages AS this ON this.id = ?"
             " WHERE messages.conversation_id = this.conversation_id AND messages.parent_id IS this.parent_id"
             " ORDER BY messages.created_at, messages.seq",
             [message_id],
         )
-        return [_message(row) for row in rows]
+        return [message_from_row(row) for row in rows]
 
     def latest_leaf(self, message_id: str) -> str:
         """The id of the most recently updated message without children at or below `message_id`:

@@ -7,7 +7,8 @@ import sqlite3
 import pytest
 from sqlite_utils import Database
 
-from storage.conversations import ConversationStore, encode_token_ids
+from storage.conversations import ConversationStore
+from storage.records import encode_token_ids
 from storage.db import StorageError, open_database, transaction
 from storage.migrations import MIGRATIONS, apply_migrations
 from tests.storage.conversation_writer import spawn, start_together
