@@ -8,8 +8,9 @@ import signal
 import sys
 
 from app.chat import ChatSession
+from app.conversations_cli import stats_line
 from app.options import engine_options, sampling_params
-from app.saved_chat import SavedConversation, Storage, sampling_settings
+from app.saved_chat import SavedConversation, Storage, reply_stats, sampling_settings
 from engine import Done, Engine, EngineError, TokenDelta
 
 
@@ -18,13 +19,6 @@ def read_message(arg: str) -> str:
     if not message.strip():
         raise ValueError("the message is empty")
     return message
-
-
-def stats_line(done: Done) -> str:
-    s = done.stats
-    return (f"[{s.ttft_ms:.0f} ms to first token · {s.prompt_tokens} prompt tokens "
-            f"({s.cached_tokens} cached from {s.cache_source}, {s.prefilled_tokens} computed) · "
-            f"{s.generated_tokens} tokens at {s.decode_tokens_per_s:.1f} tok/s · {done.finish_reason}]")
 
 
 def result_json(done: Done, engine: Engine, conversation_id: str) -> dict:
@@ -66,7 +60,7 @@ def run_ask(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(result_json(done, engine, session.saved.id), ensure_ascii=False))
         else:
-            print(stats_line(done), file=sys.stderr)
+            print(stats_line(reply_stats(done)), file=sys.stderr)
             print(f"kvchat: conversation {session.saved.id} (continue it with --conversation {session.saved.id})",
                   file=sys.stderr)
         return 130 if done.finish_reason == "stopped" else 0

@@ -20,10 +20,8 @@ def _when(epoch: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(epoch))
 
 
-def _reply_stats(message: StoredMessage) -> str:
-    s = message.stats or {}
-    if not s:
-        return ""
+def stats_line(s: dict) -> str:
+    """One reply's numbers, from its stats as stored (saved_chat.reply_stats)."""
     return (f"[{s.get('ttft_ms', 0):.0f} ms to first token · {s.get('prompt_tokens', 0)} prompt tokens "
             f"({s.get('cached_tokens', 0)} cached from {s.get('cache_source', 'none')}, "
             f"{s.get('prefilled_tokens', 0)} computed) · {s.get('generated_tokens', 0)} tokens at "
@@ -50,7 +48,7 @@ def run_show(args: argparse.Namespace, store: ConversationStore) -> int:
     for message in store.branch(conversation.id):
         print(f"\n{message.role}{STATUS_NOTES.get(message.status, '')}:\n{message.text}")
         if message.role == "assistant" and message.stats:
-            print(_reply_stats(message))
+            print(stats_line(message.stats))
     return 0
 
 

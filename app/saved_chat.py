@@ -61,6 +61,11 @@ def sampling_settings(params: SamplingParams) -> dict:
             "max_tokens": params.max_tokens, "seed": params.seed}
 
 
+def reply_stats(done: Done) -> dict:
+    """What is kept of a reply's numbers (and `kvchat ask` / `show` print)."""
+    return {**done.stats.as_dict(), "finish_reason": done.finish_reason}
+
+
 @dataclass(frozen=True)
 class HistoryMessage:
     id: str
@@ -101,7 +106,7 @@ class SavedConversation:
     @classmethod
     def open(cls, storage: Storage, conversation_id: str) -> "SavedConversation":
         """A saved conversation by id or unique id prefix (StorageError if there is none)."""
-        return cls(storage, storage.conversations.get(storage.conversations.resolve_id(conversation_id)))
+        return cls(storage, storage.conversations.get(conversation_id))
 
     def history(self, engine: Engine) -> History:
         if self.conversation is None:
@@ -193,7 +198,7 @@ class SavedConversation:
     def reply_done(self, done: Done, token_start: int) -> str:
         """Store the finished reply; returns its id."""
         status = "stopped" if done.finish_reason == "stopped" else "complete"
-        stats = {**done.stats.as_dict(), "finish_reason": done.finish_reason}
+        stats = reply_stats(done)
         if self._reply is None:  # stopped before its first token
             message = self.store.add_message(self.id, self.leaf, "assistant", done.text, token_start,
                                              list(done.token_ids), status=status, stats=stats)

@@ -240,9 +240,8 @@ class PrefixCache:
         finally:
             for n in chain:
                 n.refs -= 1
-        for i, block in zip(new, fresh):  # block by block: no temporary of the snapshot's size on the device
-            self.pool.data[block].copy_(blocks[i])
         for i, block in zip(new, fresh):
+            self.pool.data[block].copy_(blocks[i])  # block by block: no snapshot-sized temporary on the device
             piece = tuple(tokens[i * size : (i + 1) * size])
             node = Node(piece, parent, block=block, last_used=self.clock, from_disk=True)
             parent.children[piece] = node
