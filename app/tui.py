@@ -22,7 +22,8 @@ from app.chat import ChatSession
 from app.engine_thread import EngineThread
 from app.options import engine_options, sampling_params
 from app.saved_chat import SavedConversation, Storage
-from app.widgets import AssistantMessage, StatusBar, UserMessage
+from app.widgets.messages import AssistantMessage, UserMessage
+from app.widgets.status_bar import StatusBar
 from engine import Done, Engine, EngineError, RequestStats, SamplingParams, Stats, TokenDelta
 from storage.db import StorageError
 

@@ -3,7 +3,8 @@
 import time
 
 from app.tui import KvchatApp
-from app.widgets import AssistantMessage, StatusBar, UserMessage
+from app.widgets.messages import AssistantMessage, UserMessage
+from app.widgets.status_bar import StatusBar
 from engine import EngineError, SamplingParams
 
 

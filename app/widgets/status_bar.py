@@ -1,21 +1,10 @@
-"""Widgets of the chat screen: message bubbles and the live status bar."""
+"""The live status bar."""
 
 from __future__ import annotations
 
-from textual.widgets import Markdown, Static
+from textual.widgets import Static
 
 from engine import RequestStats
-
-
-class UserMessage(Static):
-    """What the user sent, shown as typed (no Markdown interpretation)."""
-
-    def __init__(self, text: str):
-        super().__init__(text, markup=False)
-
-
-class AssistantMessage(Markdown):
-    """A reply; streamed while it is generated, rendered whole at the end."""
 
 
 class StatusBar(Static):
