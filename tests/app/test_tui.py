@@ -6,14 +6,7 @@ from app.tui import KvchatApp
 from app.widgets.messages import AssistantMessage, UserMessage
 from app.widgets.status_bar import StatusBar
 from engine import EngineError, SamplingParams
-
-
-async def wait_until(pilot, predicate, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await pilot.pause(0.05)
+from tests.app.pilot import wait_until
 
 
 class RecordingApp(KvchatApp):
