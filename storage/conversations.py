@@ -291,6 +291,16 @@ class ConversationStore:
         )
         return [message_from_row(row) for row in rows]
 
+    def sibling_ids(self, message_id: str) -> list[str]:
+        """siblings() as ids only: what the chat view needs to show "2/3" on a message."""
+        rows = self._rows(
+            "SELECT messages.id FROM messages JOIN messages AS this ON this.id = ?"
+            " WHERE messages.conversation_id = this.conversation_id AND messages.parent_id IS this.parent_id"
+            " ORDER BY messages.created_at, messages.seq",
+            [message_id],
+        )
+        return [row["id"] for row in rows]
+
     def latest_leaf(self, message_id: str) -> str:
         """The id of the most recently updated message without children at or below `message_id`:
         where a switch to that branch should land."""
@@ -329,6 +339,15 @@ class ConversationStore:
             [query, limit],
         )
         return [SearchHit(**row) for row in rows]
+
+    def recent_prompts(self, limit: int = 100) -> list[str]:
+        """The texts of the latest `limit` user messages of all conversations, oldest first, as the
+        chat input's history; a text sent again right after itself is kept once (so fewer may come)."""
+        rows = self._rows(
+            "SELECT text FROM messages WHERE role = 'user' ORDER BY created_at DESC, seq DESC LIMIT ?", [limit]
+        )
+        texts = [row["text"] for row in reversed(rows)]
+        return [text for i, text in enumerate(texts) if i == 0 or text != texts[i - 1]]
 
     def recover_interrupted(self) -> int:
         """Mark `interrupted` (keeping their text) the streaming replies whose writer process is

@@ -82,6 +82,11 @@ def _writer_pid(db: Database) -> None:
     db.execute("CREATE INDEX idx_messages_streaming ON messages(status) WHERE status = 'streaming'")
 
 
+def _prompt_history(db: Database) -> None:
+    # The chat input's history reads the newest user messages at every start (recent_prompts).
+    db["messages"].create_index(["role", "created_at"])
+
+
 Migration = tuple[str, Callable[[Database], None]]
 
 MIGRATIONS: list[Migration] = [
@@ -90,6 +95,7 @@ MIGRATIONS: list[Migration] = [
     ("0003_message_search", _message_search),
     ("0004_token_fingerprint", _token_fingerprint),
     ("0005_writer_pid", _writer_pid),
+    ("0006_prompt_history", _prompt_history),
 ]
 
 
