@@ -11,7 +11,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from app.prompt_ids import NextPrompt, next_prompt
-from app.saved_chat import SavedConversation
+from app.reply_timeline import ReplyTimeline
+from app.saved_chat import SavedConversation, reply_stats
 from engine import Done, Engine, EngineError, Event, Generation, SamplingParams, TokenDelta
 
 
@@ -30,6 +31,8 @@ class ChatMessage:
     content: str
     token_end: int = 0  # the length of seen_ids after this message (0: unknown, re-tokenize to branch here)
     id: str | None = None  # its row in storage, for a saved conversation
+    status: str = "complete"  # complete | stopped | interrupted
+    stats: dict | None = None  # a reply's numbers (saved_chat.reply_stats), for the status bar and inspector
 
 
 class ChatSession:
@@ -61,7 +64,7 @@ class ChatSession:
 
     def _load_history(self) -> None:
         history = self.saved.history(self.engine)
-        self.messages = [ChatMessage(m.role, m.text, m.token_end, m.id) for m in history.messages]
+        self.messages = [ChatMessage(m.role, m.text, m.token_end, m.id, m.status, m.stats) for m in history.messages]
         self.seen_ids = history.token_ids
 
     def _rendered(self, messages: list[ChatMessage]) -> str:
@@ -121,6 +124,14 @@ class ChatSession:
         self.saved.switch_to(message_id)
         self._load_history()
 
+    def change_settings(self, system: str | None, params: SamplingParams) -> None:
+        """The system prompt and sampling settings of the next replies (and, when saved, of the
+        conversation). A new system prompt changes the prompt from its first tokens, so the next
+        reply recomputes the history; the template's output says so through rewritten_at."""
+        if self.saved is not None:
+            self.saved.change_settings(system, params)
+        self.system, self.params = system, params
+
     def _ids_through(self, messages: list[ChatMessage]) -> list[int]:
         """seen_ids up to the end of the last of `messages` (a prefix of this branch); [] if unknown."""
         end = messages[-1].token_end if messages else 0
@@ -146,6 +157,7 @@ class ChatSession:
 
     def _stream(self, generation: Generation, prompt: list[int]) -> Iterator[Event]:
         saved, pieces, ids, done = self.saved, [], [], None
+        timeline = ReplyTimeline()
         stream = iter(generation)
         try:
             for event in stream:
@@ -153,14 +165,17 @@ class ChatSession:
                     pieces.append(event.text)
                     if event.token_id is not None:
                         ids.append(event.token_id)
+                        timeline.token()
                     if saved is not None:
                         saved.reply_progress(pieces, ids, len(prompt))
                 elif isinstance(event, Done):
                     done = event
                     self.seen_ids = prompt + list(event.token_ids)
-                    self.messages.append(ChatMessage("assistant", event.text, len(self.seen_ids)))
+                    stats = reply_stats(event, timeline.rates())
+                    status = "stopped" if event.finish_reason == "stopped" else "complete"
+                    self.messages.append(ChatMessage("assistant", event.text, len(self.seen_ids), None, status, stats))
                     if saved is not None:  # may raise (disk full) after the chat in memory is whole
-                        self.messages[-1].id = saved.reply_done(event, len(prompt))
+                        self.messages[-1].id = saved.reply_done(event, len(prompt), stats)
                 yield event
         finally:
             stream.close()  # ends the request if the consumer walked away: its K/V are in the cache now

@@ -61,9 +61,13 @@ def sampling_settings(params: SamplingParams) -> dict:
             "max_tokens": params.max_tokens, "seed": params.seed}
 
 
-def reply_stats(done: Done) -> dict:
-    """What is kept of a reply's numbers (and `kvchat ask` / `show` print)."""
-    return {**done.stats.as_dict(), "finish_reason": done.finish_reason}
+def reply_stats(done: Done, rate_series: list[float] | None = None) -> dict:
+    """What is kept of a reply's numbers (`kvchat ask` / `show` print them, the inspector draws them).
+    `rate_series`: decode tokens/s over the reply (ReplyTimeline.rates), for the inspector's sparkline."""
+    stats = {**done.stats.as_dict(), "finish_reason": done.finish_reason}
+    if rate_series:
+        stats["decode_rate_series"] = rate_series
+    return stats
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,8 @@ class HistoryMessage:
     role: str
     text: str
     token_end: int  # the length of the conversation's token sequence after this message (0: ids not reusable)
+    status: str = "complete"  # complete | stopped | interrupted | streaming
+    stats: dict | None = None  # a reply's numbers (reply_stats)
 
 
 @dataclass(frozen=True)
@@ -118,7 +124,8 @@ class SavedConversation:
         for message in branch:
             del ids[message.token_start :]  # usually nothing: a message continues the one before it
             ids.extend(message.token_ids)
-            messages.append(HistoryMessage(message.id, message.role, message.text, len(ids) if reusable else 0))
+            messages.append(HistoryMessage(message.id, message.role, message.text, len(ids) if reusable else 0,
+                                           message.status, message.stats))
         return History(messages, ids if reusable else [])
 
     def switch_to(self, message_id: str) -> None:
@@ -126,6 +133,19 @@ class SavedConversation:
         leaf = self.store.latest_leaf(message_id)
         self.store.set_active_leaf(self.id, leaf)
         self.conversation = self.store.get(self.id)
+
+    def change_settings(self, system: str | None, params: SamplingParams) -> None:
+        """A new system prompt and sampling settings. A conversation not created yet (nothing sent)
+        keeps them for when it is, so opening the settings never leaves an empty conversation behind."""
+        settings = {"system": system, "params": sampling_settings(params)}
+        if self.conversation is None:
+            self.new_settings.update(settings)
+        else:
+            self.update_settings(**settings)
+
+    def sibling_ids(self, message_id: str) -> list[str]:
+        """The message and its alternatives (edits, regenerations), oldest first."""
+        return self.store.sibling_ids(message_id)
 
     def update_settings(self, **changes) -> None:
         if self.conversation is None:
@@ -195,10 +215,9 @@ class SavedConversation:
         except StorageError as exc:
             log.warning("kvchat: the reply so far could not be saved (%s)", exc)
 
-    def reply_done(self, done: Done, token_start: int) -> str:
-        """Store the finished reply; returns its id."""
+    def reply_done(self, done: Done, token_start: int, stats: dict) -> str:
+        """Store the finished reply with its `stats` (reply_stats); returns its id."""
         status = "stopped" if done.finish_reason == "stopped" else "complete"
-        stats = reply_stats(done)
         if self._reply is None:  # stopped before its first token
             message = self.store.add_message(self.id, self.leaf, "assistant", done.text, token_start,
                                              list(done.token_ids), status=status, stats=stats)

@@ -1,0 +1,78 @@
+"""ReplyTimeline: when each token of one reply arrived, for its tokens/s over time.
+
+The generating loop calls `token()` once per token, so that only appends a
+float; the rates are worked out when someone asks for them.
+"""
+
+from __future__ import annotations
+
+import time
+from bisect import bisect_right
+from collections.abc import Callable
+
+
+class ReplyTimeline:
+    """The arrival times of one reply's tokens (the clock's seconds, never decreasing)."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter):
+        self._clock = clock
+        self.times: list[float] = []
+
+    def __len__(self) -> int:
+        return len(self.times)
+
+    def token(self, at: float | None = None) -> None:
+        """One token arrived now (or `at`, a time of the same clock)."""
+        self.times.append(self._clock() if at is None else at)
+
+    def rates(self, points: int = 48) -> list[float]:
+        """Tokens/s from the first token to the last, in at most `points` equal time buckets.
+
+        Each token after the first (which prefill made) was made over the time since the
+        one before it, so it is shared among the buckets that time overlaps: a steady
+        reply comes out flat wherever the bucket edges fall, and a stall lowers every
+        bucket it spans instead of leaving an empty one before a spike. The mean is the
+        reply's decode tokens/s. No more buckets than decode tokens; [] with fewer than
+        two tokens, or when they all arrived at once (no time to divide by).
+        """
+        if points < 1:
+            raise ValueError("points must be at least 1")
+        times = self.times
+        if len(times) < 2 or times[-1] <= times[0]:
+            return []
+        start = times[0]
+        buckets = min(points, len(times) - 1)
+        width = (times[-1] - start) / buckets
+
+        def bucket_of(t: float) -> int:  # the end time belongs to the last bucket
+            return min(int((t - start) / width), buckets - 1)
+
+        tokens = [0.0] * buckets
+        for before, at in zip(times, times[1:]):
+            first, last = bucket_of(before), bucket_of(at)
+            if first == last:  # also tokens that arrived together
+                tokens[first] += 1
+                continue
+            per_s = 1 / (at - before)
+            for k in range(first, last + 1):
+                overlap = min(at, start + (k + 1) * width) - max(before, start + k * width)
+                tokens[k] += max(overlap, 0.0) * per_s
+        return [round(count / width, 1) for count in tokens]
+
+    def current_rate(self, window_s: float = 1.0) -> float:
+        """Tokens/s over the last `window_s` seconds up to now, for a live display.
+
+        Early in the reply the window shrinks to the time since the first token (which
+        prefill made, so it is not counted), else the rate would start out too low.
+        It falls while the reply stalls, as "now" moves on without new tokens.
+        """
+        times = self.times
+        if len(times) < 2:
+            return 0.0
+        now = self._clock()
+        span = min(window_s, now - times[0])
+        if span <= 0:
+            return 0.0
+        # The times are sorted (appended as they came), so the window's start is a bisection away.
+        in_window = len(times) - bisect_right(times, now - span)
+        return round(in_window / span, 1)
