@@ -74,30 +74,45 @@ def _message_json(m: StoredMessage) -> dict:
             "created_at": m.created_at, "updated_at": m.updated_at}
 
 
-def run_export(args: argparse.Namespace, store: ConversationStore) -> int:
-    conversation = store.get(args.id)
+def export_text(store: ConversationStore, conversation_id: str, fmt: str) -> str:
+    """A saved conversation as Markdown (`md`, the active branch) or JSON (`json`)."""
+    conversation = store.get(conversation_id)
     branch = store.branch(conversation.id)
-    if args.format == "md":
-        text = render_markdown(conversation, branch)
-    else:  # the active branch, plus every message of every branch with its parent, so nothing is lost
-        everything = store.all_messages(conversation.id)
-        text = json.dumps({"conversation": _conversation_json(conversation),
-                           "active_branch": [m.id for m in branch],
-                           "messages": [_message_json(m) for m in everything]}, ensure_ascii=False, indent=1)
+    if fmt == "md":
+        return render_markdown(conversation, branch)
+    # JSON: the active branch, plus every message of every branch with its parent, so nothing is lost.
+    everything = store.all_messages(conversation.id)
+    return json.dumps({"conversation": _conversation_json(conversation),
+                       "active_branch": [m.id for m in branch],
+                       "messages": [_message_json(m) for m in everything]}, ensure_ascii=False, indent=1)
+
+
+def write_export(store: ConversationStore, conversation_id: str, fmt: str, path: Path) -> None:
+    text = export_text(store, conversation_id, fmt)
+    try:
+        path.write_text(text + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise StorageError(f"Cannot write {path}: {exc.strerror or exc}.") from None
+
+
+def run_export(args: argparse.Namespace, store: ConversationStore) -> int:
     if args.output:
-        try:
-            Path(args.output).write_text(text + "\n", encoding="utf-8")
-        except OSError as exc:
-            raise StorageError(f"Cannot write {args.output}: {exc.strerror}.") from None
+        write_export(store, args.id, args.format, Path(args.output))
     else:
-        sys.stdout.write(text + "\n")
+        sys.stdout.write(export_text(store, args.id, args.format) + "\n")
     return 0
 
 
-def run_delete(args: argparse.Namespace, store: ConversationStore) -> int:
-    conversation = store.get(args.id)
+def delete_conversation(store: ConversationStore, conversation_id: str) -> Conversation:
+    """The conversation, its messages and its KV snapshot. Returns what was deleted."""
+    conversation = store.get(conversation_id)
     store.delete(conversation.id)
     SnapshotDir(data_dir(), cap_bytes=0).delete(conversation.id)
+    return conversation
+
+
+def run_delete(args: argparse.Namespace, store: ConversationStore) -> int:
+    conversation = delete_conversation(store, args.id)
     print(f"kvchat: deleted conversation {conversation.id} ({conversation.title or 'untitled'}).", file=sys.stderr)
     return 0
 
