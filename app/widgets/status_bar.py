@@ -1,6 +1,14 @@
-"""The live status bar."""
+"""The live status bar: what the engine is doing and what the last reply cost.
+
+One line: phase · TTFT · tokens/s · prompt tokens cached/computed (and where the
+cache came from) · context used/window · KV cache memory used/budget · model,
+device and dtype. While a reply is prefilled the phase shows the time so far,
+redrawn by the app's timer, since the engine reports nothing until the first token.
+"""
 
 from __future__ import annotations
+
+import time
 
 from textual.widgets import Static
 
@@ -8,8 +16,6 @@ from engine import RequestStats
 
 
 class StatusBar(Static):
-    """One line: phase · TTFT · tokens/s · prompt tokens cached/computed · context · device."""
-
     def __init__(self) -> None:
         super().__init__("starting", markup=False)
         self.phase = "loading"
@@ -18,15 +24,29 @@ class StatusBar(Static):
         self.context_window = 0
         self.device = ""
         self.kv_cache: dict = {}  # engine.cache_stats(), refreshed after each reply
+        self.reply_started: float | None = None  # monotonic time the reply being written was sent
 
     def show(self, phase: str, detail: str = "", stats: RequestStats | None = None) -> None:
         self.phase, self.detail = phase, detail
         if stats is not None:
             self.stats = stats
+        if phase in ("idle", "no model"):
+            self.reply_started = None
+        self.refresh_text()
+
+    def begin_reply(self) -> None:
+        self.reply_started = time.monotonic()
+        self.stats = None
+        self.show("prefill")
+
+    def refresh_text(self) -> None:
         self.update(self.status_text())
 
     def status_text(self) -> str:
-        parts = [self.phase + (f": {self.detail}" if self.detail else "")]
+        phase = self.phase + (f": {self.detail}" if self.detail else "")
+        if self.phase == "prefill" and self.reply_started is not None:
+            phase += f" {time.monotonic() - self.reply_started:.1f} s"
+        parts = [phase]
         s = self.stats
         if s is not None:
             parts.append(f"TTFT {s.ttft_ms:.0f} ms" if s.generated_tokens else "TTFT …")

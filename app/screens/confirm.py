@@ -1,0 +1,66 @@
+"""A yes/no question in a modal box, for actions that cannot be undone (deleting a conversation)."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Label
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    """Dismissed with True (the confirm button, y or Enter) or False (Cancel, n or Esc)."""
+
+    DEFAULT_CSS = """
+    ConfirmScreen {
+        align: center middle;
+
+        #dialog {
+            width: 60;
+            max-width: 90%;
+            height: auto;
+            padding: 1 2;
+            background: $surface;
+            border: thick $error 50%;
+        }
+        #question {
+            width: 1fr;
+            margin: 0 0 1 0;
+        }
+        #buttons {
+            height: auto;
+            align-horizontal: right;
+        }
+        Button {
+            margin: 0 0 0 2;
+        }
+    }
+    """
+
+    # Enter on a focused button presses that button; the confirm button has focus at first,
+    # so Enter confirms unless the user moved to Cancel.
+    AUTO_FOCUS = "#confirm"
+    BINDINGS = [
+        Binding("y,enter", "answer(True)", "Yes", show=False),
+        Binding("n,escape", "answer(False)", "No", show=False),
+    ]
+
+    def __init__(self, question: str, confirm_label: str = "Delete"):
+        super().__init__()
+        self.question = question
+        self.confirm_label = confirm_label
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog"):
+            yield Label(self.question, id="question", markup=False)  # it may quote a title, [ and all
+            with Horizontal(id="buttons"):
+                yield Button("Cancel", id="cancel")
+                yield Button(self.confirm_label, id="confirm", variant="error")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.dismiss(event.button.id == "confirm")
+
+    def action_answer(self, yes: bool) -> None:
+        self.dismiss(yes)

@@ -1,0 +1,174 @@
+"""The chat input: a TextArea where Enter sends, Shift+Enter or Ctrl+J starts a new line, Up and
+Down recall sent prompts, and a paste too large for the model is refused.
+
+The widget only asks (Submitted, Refused): the app decides whether a prompt is sent, and calls
+remember() once it is.
+"""
+
+from __future__ import annotations
+
+from textual import events
+from textual.binding import Binding
+from textual.message import Message
+from textual.widgets import TextArea
+
+# The key names Textual 8 gives a "new line" press. Terminals speaking the kitty keyboard protocol
+# send shift+enter as CSI 13;2u ("shift+enter"); the others send plain "\r", indistinguishable from
+# enter, so ctrl+j (a bare "\n", aliased "newline") is the way there, and what some terminals are
+# set up to send for shift+enter. xterm's modifyOtherKeys form of shift+enter comes out "shift+\r".
+NEWLINE_KEYS = frozenset({"shift+enter", "ctrl+j", "newline", "shift+\r"})
+DEFAULT_PLACEHOLDER = "Message · Enter sends · Shift+Enter or Ctrl+J: new line"
+
+
+class PromptInput(TextArea):
+    """Multi-line message input that grows with its text, from 1 line up to 8 (then it scrolls)."""
+
+    DEFAULT_CSS = """
+    PromptInput {
+        height: auto;
+        max-height: 10;  /* 8 lines of text inside the border */
+    }
+    """
+
+    # The keys this widget handles itself (in _on_key, not as bindings), for the F1 help.
+    HELP_BINDINGS = [
+        Binding("enter", "", "Send the message"),
+        Binding("shift+enter,ctrl+j", "", "New line"),
+        Binding("up,down", "", "Earlier prompts (in an empty box)"),
+    ]
+
+    class Submitted(Message):
+        """Enter was pressed; `text` is the whole content, as typed (the app strips and checks it)."""
+
+        def __init__(self, prompt_input: PromptInput, text: str):
+            super().__init__()
+            self.prompt_input = prompt_input
+            self.text = text
+
+        @property
+        def control(self) -> PromptInput:
+            return self.prompt_input
+
+    class Refused(Message):
+        """A paste was not inserted; `sentence` says why, to be shown to the user."""
+
+        def __init__(self, prompt_input: PromptInput, sentence: str):
+            super().__init__()
+            self.prompt_input = prompt_input
+            self.sentence = sentence
+
+        @property
+        def control(self) -> PromptInput:
+            return self.prompt_input
+
+    def __init__(self, history: list[str] | None = None, *, placeholder: str = DEFAULT_PLACEHOLDER,
+                 name: str | None = None, id: str | None = None, classes: str | None = None,
+                 disabled: bool = False):
+        """`history`: prompts sent before, oldest first (e.g. ConversationStore.recent_prompts())."""
+        # A chat message, not code: no highlighting, no line numbers, no cursor-line bar, and Tab
+        # keeps moving the focus.
+        super().__init__(language=None, soft_wrap=True, show_line_numbers=False, tab_behavior="focus",
+                         highlight_cursor_line=False, placeholder=placeholder, name=name, id=id,
+                         classes=classes, disabled=disabled)
+        # Not `history`: TextArea.history is the undo stack.
+        self.sent_prompts: list[str] = [text for text in history or () if text.strip()]
+        # Set by the app once the model is known (max_chars = MAX_CHARS_PER_TOKEN * context window);
+        # None: pastes are not limited.
+        self.max_chars: int | None = None
+        self.context_window: int | None = None
+        self._recalled: int | None = None  # index in sent_prompts of the prompt Up/Down last showed
+
+    # Sending and new lines
+
+    async def _on_key(self, event: events.Key) -> None:
+        # Textual calls this before TextArea's own handler, which would insert "\n" for enter;
+        # prevent_default() skips that one.
+        if self.read_only:
+            return
+        if event.key == "enter":
+            event.stop()
+            event.prevent_default()
+            self.post_message(self.Submitted(self, self.text))
+        elif any(key in NEWLINE_KEYS for key in event.aliases):
+            event.stop()
+            event.prevent_default()
+            self.replace("\n", *self.selection, maintain_selection_offset=False)
+
+    def clear(self):
+        """Empty the input (and stop walking the history)."""
+        self._recalled = None
+        return super().clear()
+
+    # History
+
+    def remember(self, text: str) -> None:
+        """Add a sent prompt to the history, once if it was also the one sent before; the next Up
+        on an empty input recalls it."""
+        if text.strip() and (not self.sent_prompts or self.sent_prompts[-1] != text):
+            self.sent_prompts.append(text)
+        self._recalled = None
+
+    @property
+    def browsing_history(self) -> bool:
+        """A recalled prompt is shown, unedited: Up and Down walk the history. Any edit ends it."""
+        return self._recalled is not None and self.text == self.sent_prompts[self._recalled]
+
+    def action_cursor_up(self, select: bool = False) -> None:
+        if not select and not self.read_only and self.sent_prompts:
+            if not self.text:
+                self._show_prompt(len(self.sent_prompts) - 1)
+                return
+            on_first_line = self.navigator.is_first_wrapped_line(self.cursor_location)
+            if self.browsing_history and on_first_line and self._recalled > 0:
+                self._show_prompt(self._recalled - 1)
+                return
+        super().action_cursor_up(select)
+
+    def action_cursor_down(self, select: bool = False) -> None:
+        on_last_line = self.navigator.is_last_wrapped_line(self.cursor_location)
+        if not select and not self.read_only and self.browsing_history and on_last_line:
+            if self._recalled + 1 < len(self.sent_prompts):
+                self._show_prompt(self._recalled + 1)
+            else:  # past the newest: back to an empty input
+                self.clear()
+            return
+        super().action_cursor_down(select)
+
+    def _show_prompt(self, index: int) -> None:
+        # An edit, not load_text(): Ctrl+Z can still take it back.
+        self.replace(self.sent_prompts[index], (0, 0), self.document.end, maintain_selection_offset=False)
+        self.move_cursor(self.document.end)
+        self._recalled = index
+
+    # Pasting
+
+    async def _on_paste(self, event: events.Paste) -> None:
+        # Handled here instead of by TextArea, which would insert the text unchecked.
+        event.stop()
+        event.prevent_default()
+        if self.read_only:
+            return
+        # The length first: a megabyte must be refused before anything copies, splits or wraps it.
+        if self._too_long(len(event.text)):
+            self._refuse(f"The pasted text is {len(event.text):,} characters, far more than {self._capacity()}.")
+            return
+        text = event.text.replace("\r\n", "\n").replace("\r", "\n")
+        length = len(self.text) - len(self.selected_text) + len(text)
+        if self._too_long(length):
+            self._refuse(f"With the pasted text the message would be {length:,} characters, "
+                         f"more than {self._capacity()}.")
+            return
+        result = self.replace(text, *self.selection, maintain_selection_offset=False)
+        self.move_cursor(result.end_location)
+        self.focus()
+
+    def _too_long(self, length: int) -> bool:
+        return self.max_chars is not None and length > self.max_chars
+
+    def _capacity(self) -> str:
+        if self.context_window:
+            return f"the model's context window of {self.context_window:,} tokens can hold"
+        return f"the {self.max_chars:,} characters a message can have"
+
+    def _refuse(self, sentence: str) -> None:
+        self.post_message(self.Refused(self, sentence))
