@@ -40,16 +40,20 @@ def _storage_options(parser: argparse.ArgumentParser, top_level: bool) -> None:
                        help="disk space for saved KV caches; least recently used go first (default: 4)")
 
 
-def _sampling_options(parser: argparse.ArgumentParser) -> None:
-    # Not given: the conversation's saved setting, else SamplingParams' default (shown here).
+def _sampling_options(parser: argparse.ArgumentParser, top_level: bool) -> None:
+    # Not given: the conversation's saved setting, else SamplingParams' default (shown here). Given
+    # before or after the subcommand, like the engine options.
+    default = None if top_level else argparse.SUPPRESS
     group = parser.add_argument_group("sampling (default: the conversation's own settings, else these)")
-    group.add_argument("--temperature", type=float, help="0 = greedy and deterministic (0.7)")
-    group.add_argument("--top-p", type=float, help="(1.0 = off)")
-    group.add_argument("--top-k", type=int, help="(0 = off)")
-    group.add_argument("--min-p", type=float, help="(0 = off)")
-    group.add_argument("--repetition-penalty", type=float, help="(1.0 = off)")
-    group.add_argument("--max-tokens", type=int, help="(until the model stops)")
-    group.add_argument("--seed", type=int)
+    group.add_argument("--system", default=default,
+                       help="system prompt of a new conversation (default: the model's own)")
+    group.add_argument("--temperature", type=float, default=default, help="0 = greedy and deterministic (0.7)")
+    group.add_argument("--top-p", type=float, default=default, help="(1.0 = off)")
+    group.add_argument("--top-k", type=int, default=default, help="(0 = off)")
+    group.add_argument("--min-p", type=float, default=default, help="(0 = off)")
+    group.add_argument("--repetition-penalty", type=float, default=default, help="(1.0 = off)")
+    group.add_argument("--max-tokens", type=int, default=default, help="(until the model stops)")
+    group.add_argument("--seed", type=int, default=default)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,17 +61,17 @@ def build_parser() -> argparse.ArgumentParser:
     _engine_options(parser, top_level=True)
     _storage_options(parser, top_level=True)
     parser.add_argument("--conversation", metavar="ID", help="open this saved conversation (id or unique prefix)")
+    _sampling_options(parser, top_level=True)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     ask = commands.add_parser("ask", help="answer one message (in a new or a saved conversation) and exit")
     ask.add_argument("message", help="the message; '-' reads it from stdin")
     ask.add_argument("--conversation", metavar="ID", default=argparse.SUPPRESS,
                      help="continue this saved conversation (id or unique prefix)")
-    ask.add_argument("--system", help="system prompt (default: the conversation's, else the model's own)")
     ask.add_argument("--json", action="store_true", help="print one JSON object instead of the streamed reply")
     _engine_options(ask, top_level=False)
     _storage_options(ask, top_level=False)
-    _sampling_options(ask)
+    _sampling_options(ask, top_level=False)
 
     listing = commands.add_parser("list", help="saved conversations, newest first")
     listing.add_argument("--limit", type=int, default=None)

@@ -1,106 +1,122 @@
-"""`kvchat` with no arguments: the Textual chat screen.
+"""`kvchat` with no arguments: the Textual chat app.
 
-The engine loads and generates on one engine thread (see engine_thread.py); the UI only receives small
-messages (text batches, stats, done) and never blocks on the model.
+The engine loads, restores snapshots and generates on one engine thread (see
+engine_thread.py) and reports through typed messages (engine_events.py); the UI
+never blocks on the model. Conversations can be browsed while the model loads:
+their history comes from the database, and a conversation takes messages once
+its session (and its K/V) is ready on the engine thread.
 """
 
 from __future__ import annotations
 
 import argparse
-import time
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
-from textual import on
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.containers import VerticalScroll
-from textual.message import Message
-from textual.widgets import Footer, Input
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Footer, Static
 
-from app.chat import ChatSession
+from app.chat import MAX_CHARS_PER_TOKEN, ChatMessage, ChatSession
+from app.commands import palette_commands
+from app.engine_events import EngineFailed, EngineReady, LoadProgress, SessionFailed, SessionReady
 from app.engine_thread import EngineThread
-from app.options import engine_options, sampling_params
+from app.library_actions import LibraryActions
+from app.panel_actions import PanelActions
+from app.reply_actions import ReplyActions
+from app.options import SAMPLING_FIELDS, engine_options, sampling_params
 from app.saved_chat import SavedConversation, Storage
-from app.widgets.messages import AssistantMessage, UserMessage
+from app.widgets.chat_view import ChatView
+from app.widgets.inspector import Inspector
+from app.widgets.messages import AssistantMessageView
+from app.widgets.prompt_input import PromptInput
+from app.widgets.sidebar import Sidebar
 from app.widgets.status_bar import StatusBar
-from engine import Done, Engine, EngineError, RequestStats, SamplingParams, Stats, TokenDelta
+from engine import Engine, EngineError
 from storage.db import StorageError
+from storage.preferences import Preferences
 
 STYLES = Path(__file__).resolve().parent.parent / "assets" / "kvchat.tcss"
-TEXT_BATCH_S = 0.05  # streamed text reaches the UI at most 20 times a second
+STATUS_TICK_S = 0.25  # the status bar is redrawn 4 times a second while a reply is generated
+
+LoadEngine = Callable[[str | None, Callable[[str], None]], Engine]
 
 
-class EngineReady(Message):
-    def __init__(self, engine: Engine, session: ChatSession):
-        super().__init__()
-        self.engine = engine
-        self.session = session
-
-
-class EngineFailed(Message):
-    def __init__(self, error: str):
-        super().__init__()
-        self.error = error
-
-
-class LoadProgress(Message):
-    def __init__(self, step: str):
-        super().__init__()
-        self.step = step
-
-
-class ReplyText(Message):
-    def __init__(self, text: str):
-        super().__init__()
-        self.text = text
-
-
-class ReplyStats(Message):
-    def __init__(self, stats: RequestStats):
-        super().__init__()
-        self.stats = stats
-
-
-class ReplyDone(Message):
-    def __init__(self, done: Done | None, error: str | None = None, kv_cache: dict | None = None):
-        super().__init__()
-        self.done = done
-        self.error = error
-        self.kv_cache = kv_cache or {}
-
-
-class KvchatApp(App):
+class KvchatApp(ReplyActions, PanelActions, LibraryActions, App):
     CSS_PATH = str(STYLES)
     TITLE = "kvchat"
     BINDINGS = [
         Binding("escape", "stop", "Stop"),
-        Binding("ctrl+n", "new_chat", "New chat"),
-        Binding("ctrl+q", "quit", "Quit"),
+        Binding("ctrl+n", "new_chat", "New"),
+        Binding("ctrl+b", "toggle_sidebar", "Chats"),
+        Binding("ctrl+f", "search", "Search chats", show=False),
+        Binding("ctrl+r", "regenerate", "Regenerate", show=False),
+        Binding("ctrl+g", "edit_last", "Edit last message", show=False),
+        Binding("ctrl+o", "settings", "Settings"),
+        Binding("ctrl+t,f2", "toggle_inspector", "Inspector"),
+        Binding("ctrl+s", "export('md')", "Export as Markdown", show=False),
+        Binding("ctrl+up", "focus_messages", "Go to the messages", show=False),
+        Binding("f1", "help", "Help"),
+        Binding("ctrl+q", "quit", "Quit", priority=True),
     ]
 
-    def __init__(self, load_engine: Callable[[Callable[[str], None]], Engine],
-                 params: SamplingParams = SamplingParams(), system: str | None = None,
-                 storage: Storage | None = None, conversation_id: str | None = None):
-        """`storage`: where chats are saved (None: nothing is saved); `conversation_id`: a saved one to resume."""
+    def __init__(self, load_engine: LoadEngine, storage: Storage, overrides: dict | None = None,
+                 system: str | None = None, conversation_id: str | None = None, model: str | None = None,
+                 engine_thread: EngineThread | None = None):
+        """`load_engine(model_spec, progress)`; `overrides`: sampling settings given on the command line
+        (they win over a conversation's own); `conversation_id`: a saved conversation to open."""
         super().__init__()
         self._load_engine = load_engine
-        self.params = params
-        self.system = system
         self.storage = storage
-        self.conversation_id = conversation_id
-        self.engine_thread = EngineThread()
-        self._closing = False
-        self.engine: Engine | None = None
-        self.session: ChatSession | None = None
-        self.reply: AssistantMessage | None = None
+        self.overrides = {k: v for k, v in (overrides or {}).items() if k in SAMPLING_FIELDS and v is not None}
+        self.system = system
+        self.model_spec = model
+        self.engine_thread = engine_thread or EngineThread()
+        self.preferences = Preferences()
+        self.conversation_id = conversation_id  # the conversation shown (None: a new one)
+        self.engine: Engine | None = None  # the UI's view of the engine: set when EngineReady arrives
+        self._loaded: Engine | None = None  # the engine thread's: set as soon as a load ends
+        self.session: ChatSession | None = None  # the shown conversation's, once it is ready
+        self._ticket = 0  # which conversation opening the next SessionReady must belong to
+        self.reply: AssistantMessageView | None = None
         self._stream = None
+        self.editing: int | None = None  # index of the user message being edited
+        self._inspecting_live = True  # the inspector follows the reply being written
+        self._closing = False
+
+    # ---- layout and lifecycle ------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
-        yield VerticalScroll(id="messages")
-        yield Input(placeholder="Message · Enter sends · Esc stops the reply", id="prompt")
+        with Horizontal(id="body"):
+            yield Sidebar(self.storage.conversations, id="sidebar")
+            with Vertical(id="chat"):
+                yield ChatView(id="messages")
+                yield Static("", id="editing", markup=False)
+                yield PromptInput(history=self._recent_prompts(), id="prompt",
+                                  placeholder="Message · Enter sends · Ctrl+J new line · Esc stops the reply")
+            yield Inspector(id="inspector")
         yield StatusBar()
         yield Footer()
+
+    def _recent_prompts(self) -> list[str]:
+        try:
+            return self.storage.conversations.recent_prompts()
+        except StorageError:
+            return []
+
+    async def on_mount(self) -> None:
+        theme = self.preferences.get("theme")
+        if theme in self.available_themes:
+            self.theme = theme
+        self.watch(self, "theme", self._remember_theme, init=False)
+        self.query_one(ChatView).alternatives = self._alternatives
+        self.query_one(StatusBar).show("loading")
+        self.query_one("#prompt").focus()
+        self.set_interval(STATUS_TICK_S, self._tick)
+        self.engine_thread.submit(lambda: self._load(self.model_spec))
+        await self.open_conversation(self.conversation_id)
 
     def on_unmount(self) -> None:
         # Quitting mid-reply stops it (kept as stopped); a model still loading finishes loading and then
@@ -110,157 +126,146 @@ class KvchatApp(App):
             self.session.cancel()
         self.engine_thread.stop(timeout=0)
 
-    def on_mount(self) -> None:
-        self.query_one("#messages", VerticalScroll).anchor()
-        self.query_one(StatusBar).show("loading")
-        self.query_one("#prompt", Input).focus()
-        self.load()
+    def _remember_theme(self, theme: str) -> None:
+        try:
+            self.preferences.set("theme", theme)
+        except OSError as exc:
+            self.notify(f"The theme could not be saved ({exc.strerror or exc}).", severity="warning")
+
+    def _tick(self) -> None:
+        if self.generating:
+            self.query_one(StatusBar).refresh_text()
+
+    def get_system_commands(self, screen):
+        yield from super().get_system_commands(screen)
+        yield from palette_commands(self)
+
+    # ---- the engine and the conversation's session ------------------------------------------
 
     @property
     def generating(self) -> bool:
         return self.reply is not None
 
-    def _new_session(self, engine: Engine) -> ChatSession:
-        saved = SavedConversation.new(self.storage, engine, self.system, self.params) if self.storage else None
-        return ChatSession(engine, self.system, self.params, saved)
-
-    def load(self) -> None:
-        self.engine_thread.submit(self._load)
-
-    def _load(self) -> None:
+    def _load(self, spec: str | None) -> None:
+        """Engine thread: load the model (replacing any loaded one)."""
+        self._loaded = None
         try:
-            engine = self._load_engine(lambda step: self.post_message(LoadProgress(step)))
-            if self._closing:
-                return
-            if self.conversation_id and self.storage:
-                self.post_message(LoadProgress("loading the conversation and its KV cache"))
-                saved = SavedConversation.open(self.storage, self.conversation_id)
-                params = sampling_params(argparse.Namespace(), saved.conversation.params)
-                session = ChatSession(engine, saved.conversation.system, params, saved)
-            else:
-                session = self._new_session(engine)
-        except (EngineError, StorageError) as exc:
+            engine = self._load_engine(spec, lambda step: self.post_message(LoadProgress(step)))
+        except EngineError as exc:
             self.post_message(EngineFailed(str(exc)))
             return
-        self.post_message(EngineReady(engine, session))
+        if not self._closing:
+            self._loaded = engine
+            self.post_message(EngineReady(engine))
+
+    def _open_session(self, ticket: int, conversation_id: str | None) -> None:
+        """Engine thread: the ChatSession of a conversation (restoring its K/V), or of a new one."""
+        engine = self._loaded
+        if engine is None or self._closing or ticket != self._ticket:
+            return  # no model (already reported), quitting, or another conversation was opened since
+        try:
+            overrides = argparse.Namespace(**self.overrides)
+            if conversation_id is None:
+                saved = SavedConversation.new(self.storage, engine, self.system, sampling_params(overrides))
+            else:
+                saved = SavedConversation.open(self.storage, conversation_id)
+            conversation = saved.conversation
+            system = conversation.system if conversation else self.system
+            params = sampling_params(overrides, conversation.params if conversation else None)
+            session = ChatSession(engine, system, params, saved)
+        except (EngineError, StorageError) as exc:
+            self.post_message(SessionFailed(ticket, str(exc)))
+            return
+        self.post_message(SessionReady(ticket, session))
 
     def on_load_progress(self, message: LoadProgress) -> None:
         self.query_one(StatusBar).show("loading", message.step)
 
-    async def on_engine_ready(self, message: EngineReady) -> None:
-        session = message.session
-        await self.query_one("#messages", VerticalScroll).mount_all(
-            [UserMessage(m.content) if m.role == "user" else AssistantMessage(m.content) for m in session.messages])
-        if session.notice:
-            self.notify(session.notice, severity="warning", timeout=10)
-        # Ready only now: a message sent earlier would be shown above the resumed history.
-        self.engine, self.session = message.engine, session
+    def on_engine_ready(self, message: EngineReady) -> None:
+        self.engine = engine = message.engine
+        info = engine.info
         bar = self.query_one(StatusBar)
-        info = self.engine.info
         bar.context_window = info.context_window
         bar.device = f"{info.model_name} · {info.device} {info.dtype}"
-        bar.kv_cache = self.engine.cache_stats()
+        bar.kv_cache = engine.cache_stats()
+        prompt = self.query_one(PromptInput)
+        prompt.context_window, prompt.max_chars = info.context_window, MAX_CHARS_PER_TOKEN * info.context_window
         bar.show("idle", f"loaded in {info.load_ms / 1e3:.1f} s")
 
     def on_engine_failed(self, message: EngineFailed) -> None:
         self.query_one(StatusBar).show("no model", message.error)
         self.notify(message.error, title="The model could not be loaded", severity="error", timeout=30)
 
-    @on(Input.Submitted, "#prompt")
-    async def send(self, event: Input.Submitted) -> None:
-        text = event.value.strip()
-        if not text:
-            return
-        if self.session is None:
-            self.notify("The model is still loading.", severity="warning")
-            return
-        if self.generating:
-            self.notify("A reply is still being written; press Esc to stop it.", severity="warning")
-            return
-        try:
-            events = self.session.send(text)
-        except (EngineError, StorageError, ValueError) as exc:
-            self.notify(str(exc), severity="error", timeout=10)
-            return
-        event.input.value = ""
-        messages = self.query_one("#messages", VerticalScroll)
-        self.reply = AssistantMessage()
-        await messages.mount_all([UserMessage(text), self.reply])
-        self._stream = AssistantMessage.get_stream(self.reply)
-        self.query_one(StatusBar).show("prefill")
-        self.engine_thread.submit(lambda: self._stream_reply(events))
-
-    def _stream_reply(self, events) -> None:
-        """On the engine thread: run the reply, posting its text in batches, its stats and its end."""
-        pending: list[str] = []
-        done = None
-        last_post = time.monotonic()
-        try:
-            for event in events:
-                if isinstance(event, TokenDelta):
-                    pending.append(event.text)
-                    if time.monotonic() - last_post >= TEXT_BATCH_S:
-                        self.post_message(ReplyText("".join(pending)))
-                        pending.clear()
-                        last_post = time.monotonic()
-                elif isinstance(event, Stats):
-                    self.post_message(ReplyStats(event.stats))
-                elif isinstance(event, Done):
-                    if pending:
-                        self.post_message(ReplyText("".join(pending)))
-                    done = event
-            # After the stream: the request's blocks are back in the cache and the stats include them.
-            self.post_message(ReplyDone(done, kv_cache=self.engine.cache_stats()))
-        except (EngineError, StorageError) as exc:
-            self.post_message(ReplyDone(None, str(exc)))
-        except Exception as exc:  # a bug must not take the chat (and the user's text) down with it
-            self.post_message(ReplyDone(None, f"The reply failed unexpectedly ({exc!r})."))
-
-    async def on_reply_text(self, message: ReplyText) -> None:
-        if self._stream is not None:
-            await self._stream.write(message.text)
-
-    def on_reply_stats(self, message: ReplyStats) -> None:
-        self.query_one(StatusBar).show(message.stats.phase, stats=message.stats)
-
-    async def on_reply_done(self, message: ReplyDone) -> None:
-        if self._stream is not None:
-            await self._stream.stop()
-            self._stream = None
-        reply, self.reply = self.reply, None
-        bar = self.query_one(StatusBar)
-        bar.kv_cache = message.kv_cache or bar.kv_cache
-        if message.done is None:
-            bar.show("idle", "failed")
-            self.notify(message.error or "The reply failed.", severity="error", timeout=10)
-            return
-        # One full render at the end, so streamed code fences never stay half-drawn.
-        if reply is not None:
-            await reply.update(message.done.text or "*(no reply)*")
-        reason = {"stop": "", "length": "stopped at the length limit", "stopped": "stopped by you"}
-        bar.show("idle", reason.get(message.done.finish_reason, message.done.finish_reason), message.done.stats)
-
-    def action_stop(self) -> None:
-        if self.session is not None:
-            self.session.cancel()
-
-    async def action_new_chat(self) -> None:
+    async def open_conversation(self, conversation_id: str | None) -> None:
+        """Show a saved conversation (None: a new one) at once; it takes messages when its session is ready."""
         if self.generating:
             self.notify("Stop the reply first (Esc).", severity="warning")
             return
-        if self.engine is not None:
-            self.session = self._new_session(self.engine)
-        await self.query_one("#messages", VerticalScroll).remove_children()
-        self.query_one(StatusBar).show("idle", "new chat")
+        store = self.storage.conversations
+        try:
+            conversation = store.get(conversation_id) if conversation_id else None
+            branch = store.branch(conversation.id) if conversation else []
+        except StorageError as exc:
+            self.notify(str(exc), severity="error", timeout=10)
+            conversation, branch = None, []
+        self._ticket += 1
+        self.session, self.conversation_id = None, conversation.id if conversation else None
+        self._stop_editing()
+        await self.query_one(ChatView).show(
+            [ChatMessage(m.role, m.text, 0, m.id, m.status, m.stats) for m in branch])
+        self.query_one(Sidebar).highlight(self.conversation_id)
+        self.query_one(Inspector).show(None)
+        if self._loaded is not None or self.engine is not None:
+            self.query_one(StatusBar).show("opening", "restoring the KV cache" if conversation else "")
+        ticket, target = self._ticket, self.conversation_id
+        self.engine_thread.submit(lambda: self._open_session(ticket, target))
+
+    def on_session_ready(self, message: SessionReady) -> None:
+        if message.ticket != self._ticket:
+            return
+        session = self.session = message.session
+        if session.notice:
+            self.notify(session.notice, severity="warning", timeout=10)
+        conversation = session.saved.conversation if session.saved else None
+        bar = self.query_one(StatusBar)
+        if conversation and self.engine and conversation.model != self.engine.info.model_name:
+            self.notify(f"This conversation was made with {conversation.model}; replies now come from "
+                        f"{self.engine.info.model_name}.", timeout=10)
+        bar.show("idle", "")
+
+    def on_session_failed(self, message: SessionFailed) -> None:
+        if message.ticket == self._ticket:
+            self.query_one(StatusBar).show("idle", "the conversation could not be opened")
+            self.notify(message.error, severity="error", timeout=10)
+
+    def _can_send(self) -> bool:
+        """Can a message be sent now? If not, say why."""
+        if self.generating:
+            self.notify("A reply is still being written; press Esc to stop it.", severity="warning")
+        elif self.engine is None:
+            phase = self.query_one(StatusBar).phase
+            self.notify("No model is loaded; start kvchat again with a working --model." if phase == "no model" else "The model is still loading.",
+                        severity="warning")
+        elif self.session is None:
+            self.notify("The conversation is still opening.", severity="warning")
+        else:
+            return True
+        return False
+
+    def _alternatives(self, message: ChatMessage) -> list[str]:
+        try:
+            return self.storage.conversations.sibling_ids(message.id)
+        except StorageError:
+            return []
 
 
 def run_tui(args: argparse.Namespace) -> int:
     options = engine_options(args)
-    params = sampling_params(args)
     storage = Storage.open(args.snapshot_gb)
     try:
-        app = KvchatApp(lambda progress: Engine.load(options, progress=progress), params, storage=storage,
-                        conversation_id=args.conversation)
+        app = KvchatApp(lambda spec, progress: Engine.load(dataclasses.replace(options, model=spec), progress=progress),
+                        storage, overrides={name: getattr(args, name, None) for name in SAMPLING_FIELDS},
+                        system=args.system, conversation_id=args.conversation, model=args.model)
         app.run()
         app.engine_thread.stop()  # the reply it stopped, or the model it was loading, ends first
     finally:

@@ -2,48 +2,28 @@
 
 import time
 
-from app.tui import KvchatApp
-from app.widgets.messages import AssistantMessage, UserMessage
+from app.saved_chat import Storage
+from app.widgets.messages import AssistantMessageView, UserMessageView
 from app.widgets.status_bar import StatusBar
-from engine import EngineError, SamplingParams
+from engine import EngineError
 from tests.app.pilot import wait_until
-
-
-class RecordingApp(KvchatApp):
-    """KvchatApp that also keeps the text of every notification it shows."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.notices: list[str] = []
-
-    def notify(self, message, **kwargs):
-        self.notices.append(message)
-        super().notify(message, **kwargs)
-
-
-def app_with(engine, **params):
-    return RecordingApp(lambda progress: engine, params=SamplingParams(temperature=0, **params))
-
-
-async def send(pilot, text):
-    pilot.app.query_one("#prompt").value = text
-    await pilot.press("enter")
+from tests.app.tui_harness import RecordingApp, app_with, send
 
 
 async def test_a_sent_message_streams_a_reply_and_shows_its_numbers(tiny_engine):
-    app = app_with(tiny_engine, max_tokens=12)
+    app = app_with(tiny_engine, overrides={"max_tokens": 12})
     async with app.run_test() as pilot:
         await wait_until(pilot, lambda: app.session is not None)
         await send(pilot, "hello")
         await wait_until(pilot, lambda: len(app.session.messages) == 2 and not app.generating)
         reply = app.session.messages[-1].content
-        assert str(app.query_one(UserMessage).render()) == "hello"
-        assert app.query_one(AssistantMessage).source == (reply or "*(no reply)*")
+        assert str(app.query_one(UserMessageView).text) == "hello"
+        assert app.query_one(AssistantMessageView).text == (reply or "*(no reply)*")
         status = app.query_one(StatusBar).status_text()
         assert status.startswith("idle: stopped at the length limit")
         assert "TTFT" in status and "tok/s" in status and "prompt" in status and "context" in status
         assert "KV " in status and " MiB" in status
-        assert app.query_one("#prompt").value == ""
+        assert app.query_one("#prompt").text == ""
 
 
 async def test_escape_stops_the_reply_and_keeps_the_partial_text(tiny_engine, monkeypatch):
@@ -54,7 +34,8 @@ async def test_escape_stops_the_reply_and_keeps_the_partial_text(tiny_engine, mo
         return forward(*args, **kwargs)
 
     monkeypatch.setattr(tiny_engine, "forward", slow_forward)
-    app = app_with(tiny_engine, ignore_eos=True)
+    monkeypatch.setattr(tiny_engine.tokenizer, "eos_token_ids", frozenset())  # it must not end by itself
+    app = app_with(tiny_engine)
     async with app.run_test() as pilot:
         await wait_until(pilot, lambda: app.session is not None)
         await send(pilot, "tell me everything")
@@ -64,17 +45,17 @@ async def test_escape_stops_the_reply_and_keeps_the_partial_text(tiny_engine, mo
         assert app.query_one(StatusBar).status_text().startswith("idle: stopped by you")
         partial = app.session.messages[-1]
         assert partial.role == "assistant" and 0 < len(partial.content)
-        assert app.query_one(AssistantMessage).source == partial.content
+        assert app.query_one(AssistantMessageView).text == partial.content
 
 
 async def test_new_chat_clears_the_screen_and_the_history(tiny_engine):
-    app = app_with(tiny_engine, max_tokens=3)
+    app = app_with(tiny_engine, overrides={"max_tokens": 3})
     async with app.run_test() as pilot:
         await wait_until(pilot, lambda: app.session is not None)
         await send(pilot, "hello")
         await wait_until(pilot, lambda: len(app.session.messages) == 2 and not app.generating)
         await pilot.press("ctrl+n")
-        await wait_until(pilot, lambda: not app.query(UserMessage))
+        await wait_until(pilot, lambda: not app.query(UserMessageView))
         assert app.session.messages == []
 
 
@@ -85,27 +66,27 @@ async def test_a_message_over_the_context_window_is_a_notification_not_a_crash(t
         await send(pilot, "x" * 400)
         await pilot.pause(0.1)
         assert any("context window is 256 tokens" in n for n in app.notices)
-        assert not app.query(UserMessage) and app.query_one("#prompt").value == "x" * 400
+        assert not app.query(UserMessageView) and app.query_one("#prompt").text == "x" * 400
 
 
 async def test_a_model_that_fails_to_load_is_reported_and_the_app_stays_up():
-    def failing_loader(progress):
+    def failing_loader(spec, progress):
         progress("checking the model file")
         raise EngineError("No model found at /nowhere.")
 
-    app = RecordingApp(failing_loader)
+    app = RecordingApp(failing_loader, Storage.open())
     async with app.run_test() as pilot:
         await wait_until(pilot, lambda: app.query_one(StatusBar).phase == "no model")
         assert any("No model found" in n for n in app.notices)
         await send(pilot, "hello")
         await pilot.pause(0.1)
-        assert any("still loading" in n for n in app.notices)
+        assert any("No model is loaded" in n for n in app.notices)
 
 
 async def test_an_unexpected_engine_failure_is_a_notification_and_the_chat_goes_on(tiny_engine, monkeypatch):
     forward = tiny_engine.forward
     monkeypatch.setattr(tiny_engine, "forward", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
-    app = app_with(tiny_engine, max_tokens=3)
+    app = app_with(tiny_engine, overrides={"max_tokens": 3})
     async with app.run_test() as pilot:
         await wait_until(pilot, lambda: app.session is not None)
         await send(pilot, "hello")
@@ -118,7 +99,7 @@ async def test_an_unexpected_engine_failure_is_a_notification_and_the_chat_goes_
 
 async def saved_chat(engine, storage, text: str) -> str:
     """Run the app once with storage: send `text`, wait for the reply, quit; the conversation's id."""
-    app = RecordingApp(lambda progress: engine, params=SamplingParams(temperature=0, max_tokens=8), storage=storage)
+    app = RecordingApp(lambda spec, progress: engine, storage, overrides={"temperature": 0, "max_tokens": 8})
     async with app.run_test() as pilot:
         await wait_until(pilot, lambda: app.session is not None)
         await send(pilot, text)
@@ -129,18 +110,16 @@ async def saved_chat(engine, storage, text: str) -> str:
 
 
 async def test_a_chat_is_saved_and_reopens_with_its_history_from_the_disk_snapshot(tiny_engine):
-    from app.saved_chat import Storage
-
     storage = Storage.open()
     conversation = await saved_chat(tiny_engine, storage, "remember me")
     assert storage.conversations.get(conversation).title == "remember me"
 
     fresh = tiny_engine.with_fresh_cache()  # as after a restart: nothing cached
-    reopened = RecordingApp(lambda progress: fresh, storage=storage, conversation_id=conversation)
+    reopened = RecordingApp(lambda spec, progress: fresh, storage, conversation_id=conversation)
     async with reopened.run_test() as pilot:
         await wait_until(pilot, lambda: reopened.session is not None)
-        assert [str(m.render()) for m in reopened.query(UserMessage)] == ["remember me"]
-        assert len(reopened.query(AssistantMessage)) == 1
+        assert [m.text for m in reopened.query(UserMessageView)] == ["remember me"]
+        assert len(reopened.query(AssistantMessageView)) == 1
         await send(pilot, "and now?")
         await wait_until(pilot, lambda: len(reopened.session.messages) == 4 and not reopened.generating)
         status = reopened.query_one(StatusBar).status_text()
@@ -150,13 +129,11 @@ async def test_a_chat_is_saved_and_reopens_with_its_history_from_the_disk_snapsh
 
 
 async def test_a_damaged_snapshot_is_a_notification_and_the_chat_goes_on(tiny_engine):
-    from app.saved_chat import Storage
-
     storage = Storage.open()
     conversation = await saved_chat(tiny_engine, storage, "hello")
     storage.snapshots.path(conversation).write_bytes(b"not a snapshot at all")
 
-    reopened = RecordingApp(lambda progress: tiny_engine.with_fresh_cache(), storage=storage,
+    reopened = RecordingApp(lambda spec, progress: tiny_engine.with_fresh_cache(), storage,
                             conversation_id=conversation)
     async with reopened.run_test() as pilot:
         await wait_until(pilot, lambda: reopened.session is not None)

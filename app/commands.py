@@ -1,0 +1,31 @@
+"""Command palette (Ctrl+P) entries for every action of the app, next to Textual's own
+(theme, keys, screenshot, quit)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from textual.app import SystemCommand
+
+
+def palette_commands(app) -> Iterator[SystemCommand]:
+    entries = [
+        ("New chat", "Start a new conversation (Ctrl+N)", app.action_new_chat),
+        ("Stop the reply", "Stop generating and keep what was written (Esc)", app.action_stop),
+        ("Regenerate the last reply", "A new reply; the old one stays as a branch (Ctrl+R)", app.action_regenerate),
+        ("Edit my last message", "Resend it changed, as a new branch (Ctrl+G)", app.action_edit_last),
+        ("Conversation settings", "System prompt, sampling, model (Ctrl+O)", app.action_settings),
+        ("Toggle the inspector", "Where the selected reply's time went (Ctrl+T / F2)", app.action_toggle_inspector),
+        ("Toggle the conversation list", "Saved conversations (Ctrl+B)", app.action_toggle_sidebar),
+        ("Search conversations", "Filter by title and message text (Ctrl+F)", app.action_search),
+        ("Copy the reply", "The selected (or last) reply to the clipboard", app.action_copy_reply),
+        ("Copy the last code block", "Of the selected (or last) reply", app.action_copy_code),
+        ("Export as Markdown", "The shown branch, to a file (Ctrl+S)", lambda: app.action_export("md")),
+        ("Export as JSON", "Every branch with token ids and stats, to a file", lambda: app.action_export("json")),
+        ("Rename the conversation", "Give it a title", lambda: app.rename_conversation(app.conversation_id)),
+        ("Delete the conversation", "With its branches and saved KV cache",
+         lambda: app.delete_conversation(app.conversation_id)),
+        ("Keys", "Every key of kvchat (F1)", app.action_help),
+    ]
+    for title, help_text, callback in entries:
+        yield SystemCommand(title, help_text, callback)

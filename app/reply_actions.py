@@ -1,0 +1,166 @@
+"""Sending a message and what follows: the streamed reply, stop, regenerate, edit-and-resend,
+and switching between branches. A mixin of KvchatApp; the chat logic itself is ChatSession's."""
+
+from __future__ import annotations
+
+from textual.widgets import Markdown, Static
+
+from app.chat import ChatMessage
+from app.engine_events import ReplyDone, ReplyStats, ReplyText, stream_reply
+from app.widgets.chat_view import ChatView
+from app.widgets.inspector import Inspector
+from app.widgets.messages import AssistantMessageView, MessageView, UserMessageView
+from app.widgets.prompt_input import PromptInput
+from app.widgets.sidebar import Sidebar
+from app.widgets.status_bar import StatusBar
+from engine import EngineError
+from storage.db import StorageError
+
+FINISH_NOTES = {"stop": "", "length": "stopped at the length limit", "stopped": "stopped by you"}
+
+
+class ReplyActions:
+    # Handlers are named on_<message> rather than decorated with @on: Textual collects @on handlers
+    # only from classes it creates (widgets, apps), not from a plain mixin like this one.
+    """Needs: self.session, self.engine, self.engine_thread, self.reply, self.editing, self._can_send() (KvchatApp)."""
+
+
+
+    async def on_prompt_input_submitted(self, event: PromptInput.Submitted) -> None:
+        text = event.text.strip()
+        if not text or not self._can_send():
+            return
+        session, editing = self.session, self.editing
+        try:
+            events = session.send(text) if editing is None else session.edit(editing, text)
+        except (EngineError, StorageError, ValueError) as exc:
+            self.notify(str(exc), severity="error", timeout=10)
+            return
+        prompt = self.query_one(PromptInput)
+        prompt.remember(text)
+        prompt.clear()
+        self._stop_editing()
+        chat = self.query_one(ChatView)
+        if editing is not None:
+            await chat.truncate(editing)
+        await chat.add(session.messages[-1])
+        await self._start_reply(events)
+
+    def on_prompt_input_refused(self, event: PromptInput.Refused) -> None:
+        self.notify(event.sentence, severity="warning", timeout=10)
+
+    async def _start_reply(self, events) -> None:
+        self.reply = await self.query_one(ChatView).add(ChatMessage("assistant", "", status="streaming"))
+        self._stream = Markdown.get_stream(self.reply.body)
+        self.query_one(StatusBar).begin_reply()
+        engine = self.engine
+        self.engine_thread.submit(lambda: stream_reply(events, engine, self.post_message))
+
+    async def on_reply_text(self, message: ReplyText) -> None:
+        if self._stream is not None:
+            await self._stream.write(message.text)
+
+    def on_reply_stats(self, message: ReplyStats) -> None:
+        self.query_one(StatusBar).show(message.stats.phase, stats=message.stats)
+        inspector = self.query_one(Inspector)
+        if inspector.display and self._inspecting_live:
+            inspector.show(message.stats.as_dict(), "the reply being written")
+
+    async def on_reply_done(self, message: ReplyDone) -> None:
+        if self._stream is not None:
+            await self._stream.stop()
+            self._stream = None
+        reply, self.reply = self.reply, None
+        bar = self.query_one(StatusBar)
+        bar.kv_cache = message.kv_cache or bar.kv_cache
+        session = self.session
+        if message.done is None:
+            bar.show("idle", "failed")
+            self.notify(message.error or "The reply failed.", severity="error", timeout=10)
+            if reply is not None:
+                reply.message.status = "interrupted"
+                reply.refresh_header()
+            return
+        stored = session.messages[-1] if session and session.messages[-1].role == "assistant" else None
+        if reply is not None and stored is not None:
+            self.query_one(ChatView).messages[reply.index] = stored
+            await reply.finish(stored, self._alternatives(stored) if stored.id else [])
+            self._inspect(reply)
+        bar.show("idle", FINISH_NOTES.get(message.done.finish_reason, message.done.finish_reason), message.done.stats)
+        if session and session.saved and session.saved.id != self.conversation_id:  # the first message made it
+            self.conversation_id = session.saved.id
+        await self.query_one(Sidebar).refresh_list()
+        self.query_one(Sidebar).highlight(self.conversation_id)
+
+    def action_stop(self) -> None:
+        if self.generating and self.session is not None:
+            self.session.cancel()
+        elif self.editing is not None:
+            self._stop_editing()
+            self.query_one(PromptInput).clear()
+
+    async def action_regenerate(self) -> None:
+        if not self._can_send():
+            return
+        try:
+            events = self.session.regenerate()
+        except (EngineError, StorageError) as exc:
+            self.notify(str(exc), severity="warning", timeout=10)
+            return
+        await self.query_one(ChatView).truncate(len(self.session.messages))
+        await self._start_reply(events)
+
+    async def on_assistant_message_view_regenerate_requested(self, event: AssistantMessageView.RegenerateRequested) -> None:
+        if event.view.index != len(self.query_one(ChatView).messages) - 1:
+            self.notify("Only the last reply can be regenerated; earlier ones: edit the message before them.",
+                        severity="warning", timeout=6)
+            return
+        await self.action_regenerate()
+
+    def on_user_message_view_edit_requested(self, event: UserMessageView.EditRequested) -> None:
+        self._start_editing(event.view.index, event.view.text)
+
+    def action_edit_last(self) -> None:
+        messages = self.query_one(ChatView).messages
+        users = [i for i, m in enumerate(messages) if m.role == "user"]
+        if not users:
+            self.notify("There is no message of yours to edit.", severity="warning")
+            return
+        self._start_editing(users[-1], messages[users[-1]].content)
+
+    def _start_editing(self, index: int, text: str) -> None:
+        if self.generating:
+            self.notify("Stop the reply first (Esc).", severity="warning")
+            return
+        self.editing = index
+        banner = self.query_one("#editing", Static)
+        banner.update(f"Editing message {index + 1}: Enter sends it as a new branch (the old one stays, "
+                      "‹ › on the message) · Esc cancels")
+        banner.display = True
+        prompt = self.query_one(PromptInput)
+        prompt.text = text
+        prompt.focus()
+
+    def _stop_editing(self) -> None:
+        self.editing = None
+        self.query_one("#editing", Static).display = False
+
+    async def on_message_view_branch_requested(self, event: MessageView.BranchRequested) -> None:
+        if not self._can_send():
+            return
+        view = event.view
+        position = view.alternatives.index(view.message.id) + event.step
+        if not 0 <= position < len(view.alternatives):
+            self.notify("There is no other version that way.", timeout=3)
+            return
+        try:
+            self.session.switch_branch(view.alternatives[position])
+        except (EngineError, StorageError) as exc:
+            self.notify(str(exc), severity="error", timeout=10)
+            return
+        chat = self.query_one(ChatView)
+        await chat.show(self.session.messages)
+        for other in chat.views():
+            if other.index == view.index:
+                other.focus()
+

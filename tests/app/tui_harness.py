@@ -1,0 +1,44 @@
+"""The chat app as tests drive it: a real (tiny) engine, real storage in the test's data dir,
+and every notification kept so tests can assert on what the user was told."""
+
+from __future__ import annotations
+
+from app.saved_chat import Storage
+from app.tui import KvchatApp
+from tests.app.pilot import wait_until
+
+
+class RecordingApp(KvchatApp):
+    """KvchatApp that also keeps the text of every notification it shows."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.notices: list[str] = []
+
+    def notify(self, message, **kwargs):
+        self.notices.append(message)
+        super().notify(message, **kwargs)
+
+
+def app_with(engine, storage: Storage | None = None, **kwargs) -> RecordingApp:
+    """An app on `engine`, greedy unless `overrides` says otherwise."""
+    overrides = {"temperature": 0, **kwargs.pop("overrides", {})}
+    return RecordingApp(lambda spec, progress: engine, storage or Storage.open(), overrides=overrides, **kwargs)
+
+
+async def send(pilot, text: str) -> None:
+    pilot.app.query_one("#prompt").text = text
+    pilot.app.query_one("#prompt").focus()
+    await pilot.press("enter")
+
+
+async def ready(pilot) -> None:
+    await wait_until(pilot, lambda: pilot.app.session is not None and not pilot.app.generating)
+
+
+async def exchange(pilot, text: str) -> None:
+    """Send `text` and wait for the whole reply."""
+    app = pilot.app
+    before = len(app.session.messages)
+    await send(pilot, text)
+    await wait_until(pilot, lambda: not app.generating and len(app.session.messages) >= before + 2)
