@@ -12,6 +12,7 @@ import copy
 import itertools
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -256,7 +257,27 @@ def _print_resume(rows: list[dict]) -> None:
               f"{row['snapshot_bytes_per_token']:>13,}{row['snapshot_write_ms']:>10.1f}")
 
 
+def ui_section(args: argparse.Namespace) -> dict:
+    """`kvchat bench --ui` in a process of its own (it needs every torch op on one thread)."""
+    flags = ["--json"] + (["--quick"] if args.quick else []) + ["--repeat", str(args.repeat)]
+    for name in ("model", "device", "dtype", "threads", "kv_cache_gb"):
+        if getattr(args, name, None) is not None:
+            flags += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    result = subprocess.run([sys.executable, "-m", "app.cli", "bench", "--ui", *flags], capture_output=True,
+                            text=True)
+    if result.returncode != 0:
+        print(f"kvchat: the UI benchmark failed: {result.stderr.strip()[-500:]}", file=sys.stderr)
+        return {"ui": [], "open": []}
+    return json.loads(result.stdout)
+
+
 def run_bench(args: argparse.Namespace) -> int:
+    if args.ui:
+        from app.bench_ui import print_ui, run_ui_bench
+
+        result = run_ui_bench(args)
+        print(json.dumps(result)) if args.json else print_ui(result)
+        return 0
     engine = Engine.load(engine_options(args))
     baselines: dict[str, HFBaseline] = {}
     if not args.no_hf:
@@ -286,10 +307,14 @@ def run_bench(args: argparse.Namespace) -> int:
         if engine.prefix_cache is not None else [],
     }
     result["kv_cache"] = engine.cache_stats()
+    result.update({"ui": [], "open": []} if args.no_ui else ui_section(args))
     if args.json:
         print(json.dumps(result))
     else:
+        from app.bench_ui import print_ui
+
         print_table(result)
         _print_resume(result["resume"])
+        print_ui(result)
     sys.stdout.flush()
     return 0

@@ -99,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeat", type=int, default=5, help="runs per measurement (medians are reported)")
     bench.add_argument("--quick", action="store_true", help="short prompts and few runs (a smoke test)")
     bench.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
+    bench.add_argument("--ui", action="store_true",
+                       help="only the chat app's costs: streaming with and without the UI, opening 500 messages")
+    bench.add_argument("--no-ui", action="store_true", help="skip the chat app's costs")
     _engine_options(bench, top_level=False)
     return parser
 

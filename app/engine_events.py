@@ -15,7 +15,9 @@ from app.chat import ChatSession
 from engine import Done, Engine, EngineError, Event, RequestStats, Stats, TokenDelta
 from storage.db import StorageError
 
-TEXT_BATCH_S = 0.05  # streamed text reaches the UI at most 20 times a second
+# Streamed text reaches the UI at most 10 times a second: still reads as a stream, and every batch costs
+# the UI a layout of the screen (the reply grows), CPU the decode shares on a small machine.
+TEXT_BATCH_S = 0.1
 
 
 class LoadProgress(Message):

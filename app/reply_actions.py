@@ -67,13 +67,18 @@ class ReplyActions:
             inspector.show(message.stats.as_dict(), "the reply being written")
 
     async def on_reply_done(self, message: ReplyDone) -> None:
+        # `self.reply` is cleared only when the screen is final, so "generating" covers all of this.
+        try:
+            await self._show_reply_end(message)
+        finally:
+            self.reply = None
+
+    async def _show_reply_end(self, message: ReplyDone) -> None:
         if self._stream is not None:
             await self._stream.stop()
             self._stream = None
-        reply, self.reply = self.reply, None
-        bar = self.query_one(StatusBar)
+        reply, bar, session = self.reply, self.query_one(StatusBar), self.session
         bar.kv_cache = message.kv_cache or bar.kv_cache
-        session = self.session
         if message.done is None:
             bar.show("idle", "failed")
             self.notify(message.error or "The reply failed.", severity="error", timeout=10)
@@ -85,12 +90,15 @@ class ReplyActions:
         if reply is not None and stored is not None:
             self.query_one(ChatView).messages[reply.index] = stored
             await reply.finish(stored, self._alternatives(stored) if stored.id else [])
-            self._inspect(reply)
         bar.show("idle", FINISH_NOTES.get(message.done.finish_reason, message.done.finish_reason), message.done.stats)
         if session and session.saved and session.saved.id != self.conversation_id:  # the first message made it
             self.conversation_id = session.saved.id
-        await self.query_one(Sidebar).refresh_list()
-        self.query_one(Sidebar).highlight(self.conversation_id)
+        sidebar = self.query_one(Sidebar)
+        await sidebar.refresh_list()
+        sidebar.highlight(self.conversation_id)
+        if reply is not None and stored is not None:
+            self.reply = None  # so the inspector shows the finished reply, not the live one
+            self._inspect(reply)
 
     def action_stop(self) -> None:
         if self.generating and self.session is not None:

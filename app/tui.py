@@ -74,6 +74,7 @@ class KvchatApp(ReplyActions, PanelActions, LibraryActions, App):
         self.system = system
         self.model_spec = model
         self.engine_thread = engine_thread or EngineThread()
+        self._owns_engine_thread = engine_thread is None  # a shared one (benchmarks) outlives the app
         self.preferences = Preferences()
         self.conversation_id = conversation_id  # the conversation shown (None: a new one)
         self.engine: Engine | None = None  # the UI's view of the engine: set when EngineReady arrives
@@ -124,7 +125,8 @@ class KvchatApp(ReplyActions, PanelActions, LibraryActions, App):
         self._closing = True
         if self.session is not None:
             self.session.cancel()
-        self.engine_thread.stop(timeout=0)
+        if self._owns_engine_thread:
+            self.engine_thread.stop(timeout=0)
 
     def _remember_theme(self, theme: str) -> None:
         try:

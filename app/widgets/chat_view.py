@@ -16,7 +16,7 @@ from textual.widgets import Button, Static
 from app.chat import ChatMessage
 from app.widgets.messages import AssistantMessageView, MessageView, NoteView, UserMessageView
 
-PAGE = 40
+PAGE = 20  # about two screens of messages; building a Markdown widget costs milliseconds
 
 WELCOME = ("Type a message and press Enter.  Ctrl+J adds a line · Esc stops a reply · "
            "Ctrl+B conversations · Ctrl+O settings · Ctrl+T inspector · F1 all keys")

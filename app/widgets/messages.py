@@ -96,7 +96,8 @@ class MessageView(Vertical, can_focus=True):
         return " · ".join(parts)
 
     def refresh_header(self) -> None:
-        self.query_one(".header", Static).update(self.header_text())
+        for header in self.query(".header"):  # none once the view is gone (the app quit mid-update)
+            header.update(self.header_text())
 
     def action_copy(self) -> None:
         self.app.copy_to_clipboard(self.text)

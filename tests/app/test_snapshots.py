@@ -1,0 +1,64 @@
+"""What the chat app looks like (pytest-textual-snapshot): the main screen with a saved
+conversation, the inspector on a reply, and the keys help. Regenerate the SVGs after a
+deliberate change with `pytest tests/app/test_snapshots.py --snapshot-update` and look at them.
+
+Everything on screen is fixed: a stored conversation with stored numbers, a fresh cache and no
+generation, so no timing can differ between runs.
+"""
+
+import pytest
+
+from app.saved_chat import Storage
+from tests.app.pilot import wait_until
+from tests.app.tui_harness import RecordingApp
+
+SIZE = (130, 34)
+STATS = {"prompt_tokens": 1036, "cached_tokens": 1024, "prefilled_tokens": 12, "generated_tokens": 180,
+         "cache_source": "disk", "ttft_ms": 48.0, "prefill_ms": 46.5, "decode_ms": 3400.0,
+         "prefill_tokens_per_s": 258.1, "decode_tokens_per_s": 52.6, "finish_reason": "stop",
+         "decode_rate_series": [40.0, 55.5, 58.0, 52.1, 49.9, 57.3, 60.2, 51.0, 47.5, 53.3, 55.0, 50.4]}
+REPLY = ("Use `sorted()` for a new list, or `list.sort()` in place:\n\n"
+         "```python\nnames = sorted(names, key=str.lower)\n```\n\n- stable\n- O(n log n)")
+
+
+@pytest.fixture
+def saved_app(tiny_engine):
+    storage = Storage.open()
+    store = storage.conversations
+    model = tiny_engine.info.model_name  # the same model: no "made with another model" notice on screen
+    older = store.create(model=model, title="Packing list for a hike")
+    store.add_message(older.id, None, "user", "Packing list for a hike", 0, [1, 2])
+    conversation = store.create(model=model, title="How do I sort a list in Python?")
+    question = store.add_message(conversation.id, None, "user", "How do I sort a list in Python?", 0, [1, 2, 3])
+    store.add_message(conversation.id, question.id, "assistant", REPLY, 3, [4, 5], stats=STATS)
+    app = RecordingApp(lambda spec, progress: tiny_engine.with_fresh_cache(), storage,
+                       conversation_id=conversation.id)
+    yield app
+    storage.close()
+
+
+async def settle(pilot) -> None:
+    await wait_until(pilot, lambda: pilot.app.session is not None)
+    await pilot.pause()
+
+
+def test_main_screen(snap_compare, saved_app):
+    assert snap_compare(saved_app, terminal_size=SIZE, run_before=settle)
+
+
+def test_inspector(snap_compare, saved_app):
+    async def open_inspector(pilot):
+        await settle(pilot)
+        await pilot.press("ctrl+t")
+        await pilot.pause()
+
+    assert snap_compare(saved_app, terminal_size=SIZE, run_before=open_inspector)
+
+
+def test_keys_help(snap_compare, saved_app):
+    async def open_help(pilot):
+        await settle(pilot)
+        await pilot.press("f1")
+        await pilot.pause()
+
+    assert snap_compare(saved_app, terminal_size=(100, 50), run_before=open_help)
