@@ -28,7 +28,7 @@ class ReplyActions:
 
     async def on_prompt_input_submitted(self, event: PromptInput.Submitted) -> None:
         text = event.text.strip()
-        if not text or not self._can_send():
+        if not text or not self._can_send(text):
             return
         session, editing = self.session, self.editing
         try:

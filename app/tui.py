@@ -85,6 +85,7 @@ class KvchatApp(ReplyActions, PanelActions, LibraryActions, App):
         self._stream = None
         self.editing: int | None = None  # index of the user message being edited
         self._inspecting_live = True  # the inspector follows the reply being written
+        self._queued_text: str | None = None  # typed before the session was ready: sent when it is
         self._closing = False
 
     # ---- layout and lifecycle ------------------------------------------------------------
@@ -211,6 +212,7 @@ class KvchatApp(ReplyActions, PanelActions, LibraryActions, App):
             self.notify(str(exc), severity="error", timeout=10)
             conversation, branch = None, []
         self._ticket += 1
+        self._queued_text = None  # it was meant for the conversation shown before
         self.session, self.conversation_id = None, conversation.id if conversation else None
         self._stop_editing()
         await self.query_one(ChatView).show(
@@ -234,25 +236,35 @@ class KvchatApp(ReplyActions, PanelActions, LibraryActions, App):
             self.notify(f"This conversation was made with {conversation.model}; replies now come from "
                         f"{self.engine.info.model_name}.", timeout=10)
         bar.show("idle", "")
+        self._send_queued()
 
     def on_session_failed(self, message: SessionFailed) -> None:
         if message.ticket == self._ticket:
             self.query_one(StatusBar).show("idle", "the conversation could not be opened")
             self.notify(message.error, severity="error", timeout=10)
 
-    def _can_send(self) -> bool:
-        """Can a message be sent now? If not, say why."""
+    def _can_send(self, text: str | None = None) -> bool:
+        """Can a message be sent now? If not, say why. `text` (a message typed while the model loads
+        or the conversation opens) is sent by itself once the session is ready, if still in the box."""
+        no_model = self.engine is None and self.query_one(StatusBar).phase == "no model"
         if self.generating:
             self.notify("A reply is still being written; press Esc to stop it.", severity="warning")
-        elif self.engine is None:
-            phase = self.query_one(StatusBar).phase
-            self.notify("No model is loaded; start kvchat again with a working --model." if phase == "no model" else "The model is still loading.",
+        elif no_model:
+            self.notify("No model is loaded; start kvchat again with a working --model.", severity="warning")
+        elif self.engine is None or self.session is None:
+            self._queued_text = text
+            waiting = "The model is still loading" if self.engine is None else "The conversation is still opening"
+            self.notify(waiting + ("; your message is sent as soon as it is ready." if text else "."),
                         severity="warning")
-        elif self.session is None:
-            self.notify("The conversation is still opening.", severity="warning")
         else:
             return True
         return False
+
+    def _send_queued(self) -> None:
+        text, self._queued_text = self._queued_text, None
+        prompt = self.query_one(PromptInput)
+        if text and prompt.text.strip() == text and self.editing is None:
+            prompt.post_message(PromptInput.Submitted(prompt, prompt.text))
 
     def _alternatives(self, message: ChatMessage) -> list[str]:
         try:

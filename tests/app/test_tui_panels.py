@@ -197,8 +197,11 @@ async def test_conversations_can_be_browsed_while_the_model_loads(tiny_engine):
         assert [v.text for v in app.query_one(ChatView).views()][0] == "saved earlier"
         await send(pilot, "too early")
         await pilot.pause(0.05)
-        assert any("still loading" in n for n in app.notices)
-        release.set()
-        await ready(pilot)
+        assert any("still loading" in n and "sent as soon as it is ready" in n for n in app.notices)
+        assert app.session is None and app.query_one("#prompt").text == "too early"
+        release.set()  # the model is ready: the message typed meanwhile goes out by itself
+        await wait_until(pilot, lambda: app.session is not None and len(app.session.messages) == 4
+                         and not app.generating)
+        assert app.session.messages[2].content == "too early"
         await exchange(pilot, "now")
-        assert len(app.session.messages) == 4
+        assert len(app.session.messages) == 6
