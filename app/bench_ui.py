@@ -74,7 +74,7 @@ class MarkdownTimer:
         return durations
 
 
-async def _wait(predicate: Callable[[], bool], pilot, timeout: float = 600) -> None:
+async def _wait(predicate: Callable[[], bool], timeout: float = 600) -> None:
     # A plain sleep, not pilot.pause(): that one waits for the screen to settle, extra UI work a user
     # would not cause.
     deadline = time.monotonic() + timeout
@@ -96,11 +96,11 @@ def bench_streaming(engine: Engine, thread: EngineThread, storage: Storage, toke
     async def with_ui() -> float:
         app = KvchatApp(lambda spec, progress: engine, storage, engine_thread=thread)
         async with app.run_test(size=(120, 40)) as pilot:
-            await _wait(lambda: app.session is not None, pilot)
+            await _wait(lambda: app.session is not None)
             app.session.params = params
             app.query_one("#prompt").text = PROMPT
             await pilot.press("enter")
-            await _wait(lambda: not app.generating and len(app.session.messages) == 2, pilot)
+            await _wait(lambda: not app.generating and len(app.session.messages) == 2)
             return app.session.messages[-1].stats["decode_tokens_per_s"]
 
     samples: dict[str, list[float]] = {"headless": [], "ui": []}
@@ -145,16 +145,16 @@ def bench_open(engine: Engine, thread: EngineThread, storage: Storage, messages:
         shown, ready = [], []
         app = KvchatApp(lambda spec, progress: engine, storage, engine_thread=thread)
         async with app.run_test(size=(120, 40)) as pilot:
-            await _wait(lambda: app.session is not None, pilot)
+            await _wait(lambda: app.session is not None)
             for _ in range(runs + 1):  # the first is a warm-up
                 start = time.perf_counter()
                 await app.open_conversation(conversation)
                 await pilot.pause(0)  # let the screen update once
                 shown.append(time.perf_counter() - start)
-                await _wait(lambda: app.session is not None, pilot)
+                await _wait(lambda: app.session is not None)
                 ready.append(time.perf_counter() - start)
                 await app.open_conversation(None)
-                await _wait(lambda: app.session is not None, pilot)
+                await _wait(lambda: app.session is not None)
         return shown[1:], ready[1:]
 
     shown, ready = asyncio.run(measure())

@@ -3,8 +3,6 @@ focus to the messages. A mixin of KvchatApp."""
 
 from __future__ import annotations
 
-import dataclasses
-
 from app.local_models import find_local_models
 from app.screens.help import HelpScreen
 from app.screens.settings import ChatSettings, SettingsScreen
@@ -39,7 +37,7 @@ class PanelActions:
             return
         chat = self.query_one(ChatView)
         try:
-            self.session.change_settings(new.system, dataclasses.replace(new.params))
+            self.session.change_settings(new.system, new.params)
         except StorageError as exc:
             self.notify(str(exc), severity="error", timeout=10)
             return

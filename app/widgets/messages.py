@@ -25,8 +25,9 @@ _FENCE = re.compile(r"^(```|~~~)[^\n]*\n(.*?)^\1[ \t]*$", re.MULTILINE | re.DOTA
 def last_code_block(markdown: str) -> str | None:
     """The text inside the last fenced code block of `markdown` (an unclosed last fence counts,
     as a reply stopped mid-block has one); None if it has none."""
-    blocks = [match.group(2) for match in _FENCE.finditer(markdown)]
-    closed_end = max((m.end() for m in _FENCE.finditer(markdown)), default=0)
+    closed = list(_FENCE.finditer(markdown))
+    blocks = [match.group(2) for match in closed]
+    closed_end = closed[-1].end() if closed else 0
     tail = re.search(r"^(```|~~~)[^\n]*\n(.*)\Z", markdown[closed_end:], re.MULTILINE | re.DOTALL)
     if tail:
         blocks.append(tail.group(2))
