@@ -25,16 +25,24 @@ class EngineThread:
     def __init__(self) -> None:
         self._jobs: queue.Queue[Callable[[], None] | None] = queue.Queue()
         # Not a daemon: the interpreter must not tear down torch under a running job (that aborts the
-        # process), so exiting waits for the job in progress.
+        # process), so exiting waits for the job in progress. For the same reason it starts with the
+        # first job, not here: an owner that never runs (an app built but not started) must not leave
+        # an idle thread that keeps the process alive.
         self._thread = threading.Thread(target=self._run, name="kvchat-engine", daemon=False)
-        self._thread.start()
+        self._start_lock = threading.Lock()
 
     def submit(self, job: Callable[[], None]) -> None:
         """Run `job` after the jobs before it. A job reports its own results and errors."""
         self._jobs.put(job)
+        with self._start_lock:
+            if self._thread.ident is None:
+                self._thread.start()
 
     def stop(self, timeout: float | None = None) -> bool:
         """Finish the queued jobs and end the thread; False if it is still busy after `timeout`."""
+        with self._start_lock:
+            if self._thread.ident is None:
+                return True
         self._jobs.put(None)
         self._thread.join(timeout)
         return not self._thread.is_alive()

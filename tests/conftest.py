@@ -38,3 +38,17 @@ def default_engine():
     from engine import Engine, EngineOptions
 
     return Engine.load(EngineOptions(device="cpu", dtype="float32"))
+
+
+@pytest.fixture(autouse=True)
+def no_thread_outlives_its_test():
+    """A non-daemon thread left running keeps the interpreter alive after the last test (CI hangs)."""
+    import threading
+
+    before = set(threading.enumerate())
+    yield
+    leaked = [t for t in threading.enumerate() if t not in before and not t.daemon]
+    for thread in leaked:
+        thread.join(timeout=5)
+    leaked = [t.name for t in leaked if t.is_alive()]
+    assert not leaked, f"the test left non-daemon threads running: {leaked}"

@@ -32,3 +32,14 @@ def test_stop_reports_a_job_still_running():
     assert not worker.stop(timeout=0.1)
     release.set()
     assert worker._thread.join(10) is None and not worker._thread.is_alive()
+
+
+def test_no_thread_runs_until_the_first_job_so_an_unused_owner_leaves_nothing_behind():
+    before = {t for t in threading.enumerate() if t.name == "kvchat-engine"}
+    worker = EngineThread()
+    assert {t for t in threading.enumerate() if t.name == "kvchat-engine"} == before
+    assert worker.stop(timeout=0)
+    ran = threading.Event()
+    worker = EngineThread()
+    worker.submit(ran.set)
+    assert ran.wait(10) and worker.stop(timeout=10)

@@ -4,6 +4,7 @@ import dataclasses
 import json
 import threading
 
+from app.saved_chat import Storage
 from app.screens.help import HelpScreen
 from app.screens.settings import ChatSettings, SettingsScreen
 from app.widgets.chat_view import ChatView
@@ -60,7 +61,7 @@ async def test_choosing_another_model_reloads_and_the_chat_goes_on(tiny_engine, 
         loads.append(spec)
         return other if spec else tiny_engine
 
-    app = RecordingApp(loader, app_with(tiny_engine).storage, overrides={"temperature": 0, "max_tokens": 3})
+    app = RecordingApp(loader, Storage.open(), overrides={"temperature": 0, "max_tokens": 3})
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
         await exchange(pilot, "before")
@@ -174,7 +175,7 @@ async def test_a_huge_paste_is_refused_with_a_notice_naming_the_context_window(t
 
 
 async def test_conversations_can_be_browsed_while_the_model_loads(tiny_engine):
-    storage = app_with(tiny_engine).storage
+    storage = Storage.open()
     first = RecordingApp(lambda spec, progress: tiny_engine, storage, overrides={"temperature": 0, "max_tokens": 3})
     async with first.run_test() as pilot:
         await ready(pilot)
