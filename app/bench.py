@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 from app.options import engine_options
-from engine import Done, Engine, SamplingParams
+from engine import Engine, SamplingParams
+from engine.perf import greedy, random_prompt
 from storage.snapshots import SnapshotStore
 
 
@@ -38,17 +39,6 @@ def interleaved_medians(runs: int, measures: dict[str, Callable[[], float]]) -> 
         for name, measure in measures.items():
             samples[name].append(measure())
     return {name: statistics.median(values) for name, values in samples.items()}
-
-
-def random_prompt(engine: Engine, length: int, seed: int = 0) -> list[int]:
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randint(0, engine.model.cfg.vocab_size, (length,), generator=generator).tolist()
-
-
-def generate(engine: Engine, prompt: list[int], max_tokens: int, prefix_cache: bool = False) -> Done:
-    """A greedy request of exactly `max_tokens`; raw prefill/decode unless `prefix_cache`."""
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    return list(engine.generate(prompt, params, prefix_cache=prefix_cache))[-1]
 
 
 class HFBaseline:
@@ -114,7 +104,7 @@ def bench_prefill(engine: Engine, baselines: dict[str, HFBaseline], lengths: lis
     rows = []
     for length in lengths:
         prompt = random_prompt(engine, length)
-        measures = {"": lambda: generate(engine, prompt, 1).stats.ttft_ms / 1e3}
+        measures = {"": lambda: greedy(engine, prompt, 1).stats.ttft_ms / 1e3}
         for key, hf in baselines.items():
             measures[key] = _timed(lambda hf=hf: hf.prefill(prompt))
         rows.append(_throughput_row("prompt_tokens", length, length, measures, runs))
@@ -127,7 +117,7 @@ def bench_decode(engine: Engine, baselines: dict[str, HFBaseline], contexts: lis
     for context in contexts:
         prompt = random_prompt(engine, context, seed=1)
         # Our decode time comes from the engine's own stats (first token -> last token, steps decode steps).
-        measures = {"": lambda: steps / generate(engine, prompt, steps + 1).stats.decode_tokens_per_s}
+        measures = {"": lambda: steps / greedy(engine, prompt, steps + 1).stats.decode_tokens_per_s}
         for key, hf in baselines.items():
             measures[key] = lambda hf=hf: hf.decode_seconds(prompt, steps)
         rows.append(_throughput_row("context_tokens", context, steps, measures, runs))
@@ -140,7 +130,7 @@ def bench_followup(engine: Engine, hf: HFBaseline | None, histories: list[int], 
     rows = []
     for history_len in histories:
         history = random_prompt(engine, history_len, seed=2)
-        generate(engine, history, 1, prefix_cache=True)  # the conversation so far: now in the prefix cache
+        greedy(engine, history, 1, prefix_cache=True)  # the conversation so far: now in the prefix cache
         fresh = (random_prompt(engine, new_tokens, seed=1000 + i) for i in itertools.count())
         last: dict = {}
 
@@ -177,7 +167,7 @@ def bench_resume(engine: Engine, histories: list[int], new_tokens: int, runs: in
         store = SnapshotStore(Path(home), cap_bytes=1 << 40)
         for history_len in histories:
             history = random_prompt(engine, history_len, seed=3)
-            generate(engine, history, 1, prefix_cache=True)
+            greedy(engine, history, 1, prefix_cache=True)
             snapshot = engine.export_kv(history)
             fresh = (random_prompt(engine, new_tokens, seed=2000 + i) for i in itertools.count())
             params = SamplingParams(temperature=0, max_tokens=1)

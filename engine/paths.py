@@ -1,14 +1,23 @@
-"""Where the engine keeps what it derives once: converted models and compiled kernels."""
+"""Where the engine keeps what it derives once: converted models, synthetic models and compiled kernels."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-import platformdirs
-
 
 def cache_dir() -> Path:
-    """$KVCHAT_CACHE_DIR, else the platform's user cache directory for kvchat."""
+    """$KVCHAT_CACHE_DIR, else the platform's user cache directory for kvchat.
+
+    platformdirs is imported here, not at module level, so the engine also runs
+    where only torch and transformers are installed (a lent GPU machine); there
+    the XDG location that platformdirs would pick on Linux is used.
+    """
     override = os.environ.get("KVCHAT_CACHE_DIR")
-    return Path(override) if override else Path(platformdirs.user_cache_dir("kvchat"))
+    if override:
+        return Path(override)
+    try:
+        import platformdirs
+    except ImportError:
+        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvchat"
+    return Path(platformdirs.user_cache_dir("kvchat"))

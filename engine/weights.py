@@ -1,5 +1,8 @@
-"""Load a Hugging Face safetensors checkpoint into CausalLM.
+"""Load a model's weights into CausalLM, from a Hugging Face safetensors checkpoint or a synthetic source.
 
+Tensors are read through a small name -> tensor interface (WeightSource): the
+safetensors files are one source, a synthetic model's seeded generator
+(synthetic_weights.py) another, and all fusing and validation below is shared.
 q/k/v and gate/up are fused into one matmul each. With block kernels, every
 linear layer whose parts are all stored as Q4_1 or Q8_0 blocks in
 blocks.safetensors becomes a BlockQuantLinear, and its dense copy is never read.
@@ -10,6 +13,7 @@ from __future__ import annotations
 import json
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from safetensors import safe_open
@@ -20,6 +24,7 @@ from engine.config import ModelConfig
 from engine.errors import ModelError
 from engine.gguf_convert import BLOCKS_FILE
 from engine.model import CausalLM
+from engine.synthetic import read_marker, synthetic_weights
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:
@@ -36,6 +41,18 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     if not files:
         raise ModelError(f"The model directory {model_dir} has no .safetensors weights.")
     return files
+
+
+class WeightSource(Protocol):
+    """Tensors by Hugging Face checkpoint name (e.g. "model.layers.0.self_attn.q_proj.weight")."""
+
+    def __contains__(self, name: str) -> bool: ...
+
+    def get(self, name: str) -> torch.Tensor:
+        """The tensor (any device and dtype: the loader moves it); ModelError if there is none."""
+
+    def block_format(self, name: str) -> str | None:
+        """"q4_1" or "q8_0" if `name` is stored as quantized blocks, else None."""
 
 
 class _Checkpoint:
@@ -85,7 +102,7 @@ def _linears(cfg: ModelConfig) -> list[tuple[str, list[str], list[str] | None]]:
     return specs
 
 
-def _block_linear(kernels: BlockKernels, blocks: _Checkpoint, names: list[str],
+def _block_linear(kernels: BlockKernels, blocks: WeightSource, names: list[str],
                   bias: torch.Tensor | None) -> BlockQuantLinear | None:
     formats = {blocks.block_format(f"{n}.weight") for n in names}
     if len(formats) != 1 or None in formats:
@@ -96,10 +113,30 @@ def _block_linear(kernels: BlockKernels, blocks: _Checkpoint, names: list[str],
     return BlockQuantLinear(kernels, fmt, parts["qs"], parts["d"], parts.get("m"), bias)
 
 
+def _joined(ckpt: WeightSource, names: list[str], suffix: str) -> torch.Tensor:
+    """The tensors of `names` stacked along dim 0 (one name: that tensor, not a copy of it)."""
+    parts = [ckpt.get(name + suffix) for name in names]
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
 def load_model(model_dir: Path, device: torch.device, dtype: torch.dtype,
                kernels: BlockKernels | None = None) -> CausalLM:
-    """Build CausalLM from config.json and fill it from the directory's safetensors."""
+    """Build CausalLM from config.json and fill it from the directory's safetensors
+    (a synthetic model's directory: from its seeded generator, on `device` in `dtype`)."""
     cfg = ModelConfig.from_file(model_dir / "config.json")
+    if read_marker(model_dir) is not None:
+        return load_from(cfg, synthetic_weights(model_dir, cfg, device, dtype), device, dtype)
+    with ExitStack() as stack:
+        ckpt = _Checkpoint(checkpoint_files(model_dir), stack)
+        blocks = None
+        if kernels is not None and (model_dir / BLOCKS_FILE).exists():
+            blocks = _Checkpoint([model_dir / BLOCKS_FILE], stack)
+        return load_from(cfg, ckpt, device, dtype, kernels, blocks)
+
+
+def load_from(cfg: ModelConfig, ckpt: WeightSource, device: torch.device, dtype: torch.dtype,
+              kernels: BlockKernels | None = None, blocks: WeightSource | None = None) -> CausalLM:
+    """Build CausalLM for `cfg` and fill it from `ckpt` (and quantized linears from `blocks`, with `kernels`)."""
     with torch.device("meta"):
         model = CausalLM(cfg)
     expected = model.state_dict()
@@ -111,30 +148,25 @@ def load_model(model_dir: Path, device: torch.device, dtype: torch.dtype,
                              f"but config.json implies {tuple(expected[name].shape)}.")
         state[name] = tensor.to(device=device, dtype=dtype)
 
-    with ExitStack() as stack:
-        ckpt = _Checkpoint(checkpoint_files(model_dir), stack)
-        blocks = None
-        if kernels is not None and (model_dir / BLOCKS_FILE).exists():
-            blocks = _Checkpoint([model_dir / BLOCKS_FILE], stack)
-        put("embed_tokens.weight", ckpt.get("model.embed_tokens.weight"))
-        put("norm.weight", ckpt.get("model.norm.weight"))
-        for i in range(cfg.num_layers):
-            for norm in ("input_layernorm", "post_attention_layernorm"):
-                put(f"layers.{i}.{norm}.weight", ckpt.get(f"model.layers.{i}.{norm}.weight"))
-            if cfg.qk_norm:
-                for norm in ("q_norm", "k_norm"):
-                    put(f"layers.{i}.self_attn.{norm}.weight", ckpt.get(f"model.layers.{i}.self_attn.{norm}.weight"))
-        for module, names, bias_names in _linears(cfg):
-            bias = torch.cat([ckpt.get(f"{n}.bias") for n in bias_names]) if bias_names else None
-            packed = _block_linear(kernels, blocks, names, bias) if blocks is not None else None
-            if packed is not None:
-                model.set_submodule(module, packed)
-                continue
-            if module == "lm_head" and cfg.tie_word_embeddings:
-                continue  # tied below to the dense embedding
-            put(f"{module}.weight", torch.cat([ckpt.get(f"{n}.weight") for n in names]))
-            if bias is not None:
-                put(f"{module}.bias", bias)
+    put("embed_tokens.weight", ckpt.get("model.embed_tokens.weight"))
+    put("norm.weight", ckpt.get("model.norm.weight"))
+    for i in range(cfg.num_layers):
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            put(f"layers.{i}.{norm}.weight", ckpt.get(f"model.layers.{i}.{norm}.weight"))
+        if cfg.qk_norm:
+            for norm in ("q_norm", "k_norm"):
+                put(f"layers.{i}.self_attn.{norm}.weight", ckpt.get(f"model.layers.{i}.self_attn.{norm}.weight"))
+    for module, names, bias_names in _linears(cfg):
+        bias = _joined(ckpt, bias_names, ".bias") if bias_names else None
+        packed = _block_linear(kernels, blocks, names, bias) if blocks is not None and kernels is not None else None
+        if packed is not None:
+            model.set_submodule(module, packed)
+            continue
+        if module == "lm_head" and cfg.tie_word_embeddings:
+            continue  # tied below to the dense embedding
+        put(f"{module}.weight", _joined(ckpt, names, ".weight"))
+        if bias is not None:
+            put(f"{module}.bias", bias)
     model.load_state_dict(state, strict=False, assign=True)
     if cfg.tie_word_embeddings and not isinstance(model.lm_head, BlockQuantLinear):
         model.lm_head.weight = model.embed_tokens.weight

@@ -1,0 +1,111 @@
+"""The device check runs where only torch and transformers exist, and its report holds every number."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.perf_report import format_report, target_checks
+from engine.synthetic_bench import QUICK_PLAN, measure_synthetic
+
+REPO = Path(__file__).resolve().parents[2]
+# What the lent GPU machine lacks: importing any of these there fails.
+BLOCKED = ("gguf", "textual", "platformdirs", "sqlite_utils")
+RUN_WITHOUT_APP_LIBRARIES = f"""
+import sys
+
+class Missing:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {BLOCKED!r}:
+            raise ImportError(f"{{name}} is not installed on the GPU machine")
+
+sys.meta_path.insert(0, Missing())
+from engine.device_check import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("device-check") / "report.json"
+    result = subprocess.run([sys.executable, "-c", RUN_WITHOUT_APP_LIBRARIES, "--out", str(out), "--quick",
+                             "--device", "cpu", "--dtype", "float32", "--models", "smollm2-135m"],
+                            cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(out.read_text()), result.stdout
+
+
+def test_the_check_runs_without_the_apps_libraries_and_nothing_fails(report):
+    data, _ = report
+    (model,) = data["models"]
+    assert model["model"] == "smollm2-135m" and model["dtype"] == "float32"
+    assert model["errors"] == {}
+    assert data["versions"]["torch"] and data["versions"]["transformers"]
+
+
+def test_the_report_has_every_number(report):
+    (model,) = report[0]["models"]
+    assert model["bandwidth_bytes_per_s"] > 0 and model["weight_bytes_per_token"] > 0
+    assert [row["context_tokens"] for row in model["decode"]] == list(QUICK_PLAN.decode_contexts)
+    for row in model["decode"]:
+        assert row["tokens_per_s"] > 0 and row["roofline_fraction"] > 0
+    assert model["prefill"]["tokens_per_s"] > 0
+    followup = model["followup"]
+    assert followup["cached_tokens"] == followup["history_tokens"] and followup["prefilled_tokens"] == 8
+    assert model["hf_decode"]["tokens_per_s"] > 0
+
+
+def test_fp32_logits_and_greedy_tokens_match_transformers(report):
+    (model,) = report[0]["models"]
+    assert model["logits_rel_error"] < 1e-4
+    assert model["greedy_vs_hf"]["equal"]
+
+
+def test_every_fast_path_configuration_is_reported_against_eager(report):
+    (model,) = report[0]["models"]
+    rows = {row["name"]: row for row in model["configs"]}
+    assert rows.keys() == {"default", "eager", "cuda_graphs"}
+    assert rows["eager"]["decode_tokens_per_s"] > 0 and rows["eager"]["greedy_equal_eager"] is True
+    assert rows["default"]["greedy_equal_eager"] is True
+    assert rows["cuda_graphs"]["skipped"] == "needs a CUDA device"
+
+
+def test_the_table_is_printed_last(report):
+    _, stdout = report
+    lines = stdout.strip().splitlines()
+    assert lines[0].startswith("smollm2-135m (shape of HuggingFaceTB/SmolLM2-135M-Instruct)")
+    assert any(line.strip().startswith("decode @ 16 context") for line in lines)
+    assert lines[-1].startswith("elapsed ")
+
+
+def test_a_failed_measurement_is_recorded_and_the_run_goes_on(monkeypatch):
+    def broken(*args):
+        raise RuntimeError("kernel exploded")
+
+    monkeypatch.setattr("engine.synthetic_bench.prefill_speed", broken)
+    plan = dataclasses.replace(QUICK_PLAN, hf=False, configs=())
+    result = measure_synthetic("smollm2-135m", "cpu", "float32", plan, layers=1)
+    assert result["errors"] == {"prefill": "RuntimeError: kernel exploded"} and result["prefill"] is None
+    assert result["decode"] and result["followup"]["ttft_ms"] > 0
+    assert "FAILED prefill" in format_report([result])
+
+
+def test_no_measurement_starts_after_the_deadline():
+    result = measure_synthetic("smollm2-135m", "cpu", "float32", QUICK_PLAN, deadline=time.monotonic() - 1)
+    assert result["errors"]["bandwidth"] == result["errors"]["load"] == "skipped: out of time"
+    assert "NOT RUN load" in format_report([result])
+
+
+def test_targets_are_checked_against_the_numbers():
+    result = {"model": "llama-3.1-8b", "decode": [{"context_tokens": 512, "tokens_per_s": 150.0,
+                                                   "roofline_fraction": 0.85}],
+              "hf_decode": {"context_tokens": 512, "tokens_per_s": 40.0},
+              "followup": {"history_tokens": 8192, "ttft_ms": 45.0}}
+    met = {check["check"]: check["met"] for check in target_checks(result)}
+    assert met == {"decode roofline fraction": True, "decode / transformers": True, "follow-up TTFT ms": False}
+    assert [c["met"] for c in target_checks({"model": "llama-3.2-1b"})] == [None]  # not measured
+    assert target_checks({**result, "layers": 2}) == []  # a cut-down model is not held to the real one's targets
