@@ -22,8 +22,9 @@ def _engine_options(parser: argparse.ArgumentParser, top_level: bool) -> None:
     default = (lambda value: value) if top_level else (lambda value: argparse.SUPPRESS)
     group = parser.add_argument_group("engine")
     group.add_argument("--model", default=default(None),
-                       help="model directory, .gguf file or local Hugging Face id "
-                            "(default: $KVCHAT_MODEL, else the bundled SmolLM2-135M-Instruct)")
+                       help="model directory, .gguf file, local Hugging Face id, or synthetic:NAME (a known "
+                            "shape with random weights; default: $KVCHAT_MODEL, else the bundled "
+                            "SmolLM2-135M-Instruct)")
     group.add_argument("--device", default=default("auto"), choices=["auto", "cpu", "cuda"])
     group.add_argument("--dtype", default=default("auto"), choices=["auto", "float32", "bfloat16", "float16"],
                        help="auto: bfloat16 on CUDA, float32 on CPU (exact)")
@@ -32,6 +33,13 @@ def _engine_options(parser: argparse.ArgumentParser, top_level: bool) -> None:
                        help="memory for cached K/V (default: 80%% of free GPU memory, or min(2, RAM/4) GiB on a CPU)")
     group.add_argument("--no-prefix-cache", action="store_true", default=default(False),
                        help="compute every prompt in full (for baselines and checks)")
+    # The decode path (engine/fast_path.py); unset: the measured default for the device.
+    group.add_argument("--paged-kv", action=argparse.BooleanOptionalAction, default=default(None),
+                       help="attention reads KV blocks in place (default: on with CUDA, off on a CPU)")
+    group.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=default(None),
+                       help="replay the decode step from CUDA graphs (default: on with CUDA)")
+    group.add_argument("--compile", action=argparse.BooleanOptionalAction, default=default(None),
+                       help="torch.compile the decode step (default: off; slow first start)")
 
 
 def _storage_options(parser: argparse.ArgumentParser, top_level: bool) -> None:
@@ -96,12 +104,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", help="measure prefill and decode against transformers")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
-    bench.add_argument("--repeat", type=int, default=5, help="runs per measurement (medians are reported)")
+    bench.add_argument("--repeat", type=int, default=None,
+                       help="runs per measurement (medians are reported; default 5, --synthetic: 3)")
     bench.add_argument("--quick", action="store_true", help="short prompts and few runs (a smoke test)")
     bench.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
     bench.add_argument("--ui", action="store_true",
                        help="only the chat app's costs: streaming with and without the UI, opening 500 messages")
     bench.add_argument("--no-ui", action="store_true", help="skip the chat app's costs")
+    from app.bench_synthetic import add_arguments as synthetic_arguments
+
+    synthetic_arguments(bench)
     _engine_options(bench, top_level=False)
     return parser
 
@@ -126,9 +138,14 @@ def main(argv: list[str] | None = None) -> int:
             from app.ask import run_ask
 
             return run_ask(args)
+        if args.command == "bench" and args.synthetic:
+            from app.bench_synthetic import run_synthetic_bench
+
+            return run_synthetic_bench(args)
         if args.command == "bench":
             from app.bench import run_bench
 
+            args.repeat = 5 if args.repeat is None else args.repeat
             return run_bench(args)
         from app.tui import run_tui
 

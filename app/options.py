@@ -13,7 +13,8 @@ SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty
 
 def engine_options(args: argparse.Namespace) -> EngineOptions:
     return EngineOptions(model=args.model, device=args.device, dtype=args.dtype, threads=args.threads,
-                         kv_cache_gb=args.kv_cache_gb, prefix_cache=not args.no_prefix_cache)
+                         kv_cache_gb=args.kv_cache_gb, prefix_cache=not args.no_prefix_cache,
+                         paged_kv=args.paged_kv, cuda_graphs=args.cuda_graphs, compile=args.compile)
 
 
 def sampling_params(args: argparse.Namespace, saved: dict | None = None) -> SamplingParams:

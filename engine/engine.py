@@ -25,8 +25,10 @@ import torch
 
 from engine.block_kernels import BlockKernels, load_block_kernels
 from engine.block_linear import BlockQuantLinear
+from engine.decode_runner import DecodeRunner
 from engine.device import pick_device, pick_dtype
 from engine.errors import ContextWindowError, EngineError
+from engine.fast_path import decode_path
 from engine.fingerprint import model_fingerprint
 from engine.generation import Generation
 from engine.kv_budget import host_tier_bytes, kv_pool_bytes
@@ -56,6 +58,10 @@ class EngineOptions:
     kv_cache_gb: float | None = None  # device KV pool; None: see kv_budget.py
     host_cache_gb: float | None = None  # host-RAM tier for blocks evicted from a GPU; None: see kv_budget.py
     kv_block_size: int = 16  # tokens per KV block
+    # The decode path (fast_path.py); None: the default for the device.
+    paged_kv: bool | None = None  # attention reads KV blocks in place (default on CUDA) instead of a working copy
+    cuda_graphs: bool | None = None  # the paged decode step replayed from CUDA graphs (default on CUDA)
+    compile: bool | None = None  # torch.compile the paged decode step (default off)
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,7 @@ class LoadInfo:
     host_cache_bytes: int  # host tier (0: none)
     converted: bool  # this start converted a GGUF file
     load_ms: float  # resolve (+ convert) + weights + tokenizer
+    decode: str = "eager"  # the decode path: "eager", or "paged" + what makes it fast (fast_path.py)
 
 
 def _block_kernels(mode: str, device: torch.device, dtype: torch.dtype,
@@ -119,6 +126,10 @@ class Engine:
         self._spare_tokens: list[int] = []
         self._fingerprint: str | None = None
         self._fingerprint_lock = threading.Lock()
+        path = decode_path(options.paged_kv, options.cuda_graphs, options.compile, self.device,
+                           prefix_cache is not None)
+        self.decode_runner = (DecodeRunner(model, prefix_cache, path.cuda_graphs, path.compile)
+                              if path.paged else None)
 
     @classmethod
     def load(cls, options: EngineOptions = EngineOptions(),
@@ -129,6 +140,7 @@ class Engine:
         dtype = pick_dtype(options.dtype, device)
         if options.threads:
             torch.set_num_threads(options.threads)
+        path = decode_path(options.paged_kv, options.cuda_graphs, options.compile, device, options.prefix_cache)
         source = resolve_model(options.model, progress)
         kernels = _block_kernels(options.weights, device, dtype, progress)
         progress("loading weights")
@@ -149,6 +161,7 @@ class Engine:
             host_cache_bytes=prefix_cache.host.data.nbytes if prefix_cache and prefix_cache.host else 0,
             converted=source.converted,
             load_ms=(time.perf_counter() - start) * 1e3,
+            decode=path.describe(),
         )
         return cls(model, tokenizer, info, options, prefix_cache)
 
@@ -178,6 +191,18 @@ class Engine:
                 cache.committed(token_ids)
             return logits
 
+    def decode(self, token: int, kv: KVCache) -> torch.Tensor:
+        """One decode step: logits [1, vocab] of `token` after `kv`'s tokens, through the fast
+        path when the sequence is paged. Read the logits before the next step."""
+        if self.decode_runner is None or not isinstance(kv, SequenceKV) or kv.working is not None:
+            return self.forward([token], kv)
+        with self._lock:
+            kv.reserve(1)
+            logits = self.decode_runner.step(token, kv.num_tokens, kv.blocks)
+            kv.commit(1)
+            kv.committed([token])
+            return logits
+
     def _working_buffer(self, prompt_ids: list[int]) -> tuple[ContiguousKVCache, int]:
         """A working buffer for the prompt, and how many of its leading positions already hold it."""
         with self._lock:
@@ -193,6 +218,10 @@ class Engine:
 
     def open_sequence(self, prompt_ids: list[int], use_prefix_cache: bool) -> tuple[KVCache, str]:
         """The KV cache a request starts from (its cached prefix loaded) and where that prefix came from."""
+        if self.decode_runner is not None:  # paged: attention reads the blocks, no working copy
+            with self._lock:
+                match = self.prefix_cache.match(prompt_ids if use_prefix_cache else [])
+                return SequenceKV(self.prefix_cache, None, match, prompt_ids, publish=use_prefix_cache), match.source
         working, valid = self._working_buffer(prompt_ids)
         if self.prefix_cache is None or not use_prefix_cache:
             working.truncate(0)
@@ -214,6 +243,8 @@ class Engine:
                 kv.close()
                 reusable = kv.publish
                 kv = kv.working
+                if kv is None:  # paged: nothing to keep
+                    return
             else:
                 reusable = False
             if self._spare_working is None or kv.capacity >= self._spare_working.capacity:

@@ -102,7 +102,7 @@ class Generation:
                 finish = "stopped"
             if finish is not None:
                 break
-            token = sampler(engine.forward([token], cache)[-1])
+            token = sampler(engine.decode(token, cache)[-1])
             generated.append(token)
             now = time.perf_counter()
             stats.generated_tokens, stats.decode_ms = len(generated), (now - first_token_at) * 1e3

@@ -1,15 +1,27 @@
 """The KV cache of one sequence, behind the small interface the model uses.
 
-The model only ever calls `write(layer, k, v)`; the engine calls `reserve`
-before a forward pass and `commit` after it. A paged, prefix-sharing cache can
-replace `ContiguousKVCache` without touching the model.
+The model only ever calls `attention(layer, q, k, v, mask, scale)`: store the
+new tokens' K/V and attend over the whole sequence. By default that is `write`
+followed by dense SDPA over the K/V it returns; a paged cache overrides it to
+read its blocks in place. The engine calls `reserve` before a forward pass and
+`commit` after it.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Protocol
 
 import torch
+
+from engine.attention import attend
+
+
+class KVAttention(Protocol):
+    """What a decoder layer needs from a sequence's K/V: store the new tokens', attend over all."""
+
+    def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  mask: torch.Tensor | None, scale: float) -> torch.Tensor: ...
 
 
 class KVCache(ABC):
@@ -35,6 +47,13 @@ class KVCache(ABC):
     @abstractmethod
     def commit(self, new_tokens: int) -> None:
         """Count the `new_tokens` written by the last forward pass as stored."""
+
+    def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+        """Store k/v [kv_heads, T, head_dim] of the T new tokens; attend q [T, heads, head_dim] over
+        the whole sequence. Returns [T, heads * head_dim]. `mask` is `prefix_causal_mask(T, S)`."""
+        k_all, v_all = self.write(layer, k, v)
+        return attend(q, k_all, v_all, mask, scale)
 
 
 class ContiguousKVCache(KVCache):

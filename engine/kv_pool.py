@@ -77,3 +77,37 @@ class KVPool:
             k[:, :, pos : pos + take] = self.data[blocks[block], 0, :, :, offset : offset + take]
             v[:, :, pos : pos + take] = self.data[blocks[block], 1, :, :, offset : offset + take]
             pos += take
+
+    # Per-layer access for attention that reads the pool in place (paged attention).
+
+    def layer_view(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of one layer in every block: strided views [num_blocks, kv_heads, block_size, head_dim]."""
+        return self.data[:, 0, layer], self.data[:, 1, layer]
+
+    def write_slots(self, layer: int, blocks: torch.Tensor, offsets: torch.Tensor,
+                    k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write one layer's k/v [T, kv_heads, head_dim] at (blocks[t], offsets[t]), index tensors [T].
+
+        Tensor indices only, no host sync: safe inside a captured CUDA graph."""
+        write_slots(self.data, layer, blocks, offsets, k, v)
+
+    def gather_layer(self, layer: int, table: torch.Tensor, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer's K/V of positions 0..end of the sequence whose blocks are `table` [n] (a copy):
+        [kv_heads, end, head_dim] each."""
+        k_cache, v_cache = self.layer_view(layer)
+
+        def gather(cache: torch.Tensor) -> torch.Tensor:
+            blocks = cache.index_select(0, table)  # [n, kv_heads, block_size, head_dim]
+            return blocks.transpose(0, 1).reshape(blocks.shape[1], -1, blocks.shape[3])[:, :end]
+
+        return gather(k_cache), gather(v_cache)
+
+
+# An opaque op that mutates the pool in place. Written as plain indexing inside torch.compile, the
+# write is functionalised into a fresh copy of the whole pool per step (measured: 0.5 GiB pool, tiny
+# model, 165 -> 1.9 tokens/s); as a custom op that declares its mutation, it stays in place.
+@torch.library.custom_op("kvchat::write_slots", mutates_args=("data",))
+def write_slots(data: torch.Tensor, layer: int, blocks: torch.Tensor, offsets: torch.Tensor,
+                k: torch.Tensor, v: torch.Tensor) -> None:
+    data[blocks, 0, layer, :, offsets] = k
+    data[blocks, 1, layer, :, offsets] = v

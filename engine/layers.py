@@ -6,9 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.attention import attend
 from engine.config import ModelConfig
-from engine.kv_cache import KVCache
+from engine.kv_cache import KVAttention
 from engine.rope import apply_rotary
 
 
@@ -42,7 +41,7 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache,
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVAttention,
                 mask: torch.Tensor | None) -> torch.Tensor:
         num_new, heads, kv_heads = x.shape[0], self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(x).view(num_new, heads + 2 * kv_heads, self.head_dim)
@@ -51,8 +50,7 @@ class Attention(nn.Module):
             qk = torch.cat((self.q_norm(qk[:, :heads]), self.k_norm(qk[:, heads:])), dim=1)
         qk = apply_rotary(qk, cos, sin)  # q and k heads rotated together: one set of ops
         q, k = qk[:, :heads], qk[:, heads:]
-        k_all, v_all = cache.write(self.layer, k.transpose(0, 1), v.transpose(0, 1))
-        return self.o_proj(attend(q, k_all, v_all, mask, self.scale))
+        return self.o_proj(cache.attention(self.layer, q, k.transpose(0, 1), v.transpose(0, 1), mask, self.scale))
 
 
 class GatedMLP(nn.Module):
@@ -77,7 +75,7 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = GatedMLP(cfg)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache,
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVAttention,
                 mask: torch.Tensor | None) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, mask)
         return x + self.mlp(self.post_attention_layernorm(x))

@@ -7,7 +7,7 @@ from torch import nn
 
 from engine.attention import prefix_causal_mask
 from engine.config import ModelConfig
-from engine.kv_cache import KVCache
+from engine.kv_cache import KVAttention, KVCache
 from engine.layers import DecoderLayer, RMSNorm
 from engine.rope import RotaryEmbedding
 
@@ -47,4 +47,17 @@ class CausalLM(nn.Module):
         cache.commit(num_new)
         if not all_logits:
             x = x[-1:]
+        return self.lm_head(self.norm(x))
+
+    def decode_step(self, token: torch.Tensor, position: torch.Tensor, kv: KVAttention) -> torch.Tensor:
+        """One decode token [1] at `position` [1], both device tensors: logits [1, vocab].
+
+        The same layers as `forward`, with no Python number derived from the sequence,
+        so the step can be captured in a CUDA graph or compiled once and replayed at
+        every position. `kv` stores the token's K/V and attends (see decode_runner.py)."""
+        cos = self.rotary.cos[position].unsqueeze(1)
+        sin = self.rotary.sin_signed[position].unsqueeze(1)
+        x = self.embed_tokens(token)
+        for layer in self.layers:
+            x = layer(x, cos, sin, kv, None)
         return self.lm_head(self.norm(x))

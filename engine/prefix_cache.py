@@ -23,7 +23,8 @@ Rules:
 - Eviction takes unreferenced leaves, least recently used first. With a host
   tier, a device block is first copied to host memory and its node stays in
   the tree (device-resident nodes always form a prefix of each path);
-  a later match copies it back.
+  a later match copies it back. On a GPU both copies run on a copy stream
+  (tier_copy.py), so the host never waits for them.
 - A snapshot read from disk enters the tree with `insert` (nodes marked
   `from_disk` until a match first uses them, so that match reports `disk`);
   `export` copies a cached sequence's blocks out for a snapshot.
@@ -39,6 +40,7 @@ import torch
 
 from engine.errors import EngineError
 from engine.kv_pool import KVPool, PoolExhausted
+from engine.tier_copy import TierCopy
 
 
 class KVCacheFullError(EngineError):
@@ -81,6 +83,8 @@ class PrefixCache:
     def __init__(self, pool: KVPool, host: KVPool | None = None):
         self.pool = pool
         self.host = host
+        self.tier_copy = TierCopy(pool.data.device)
+        self.reserved: set[int] = set()  # device blocks taken for good by `reserve_block`
         self.block_size = pool.block_size
         self.root = Node((), None)
         self.clock = 0  # logical time for LRU: deterministic, unlike wall time
@@ -210,6 +214,7 @@ class PrefixCache:
         if not nodes:
             return None
         blocks = torch.empty((len(nodes), *self.pool.data.shape[1:]), dtype=self.pool.data.dtype)
+        self.tier_copy.host_readable()
         for i, node in enumerate(nodes):  # block by block: no temporary of the snapshot's size on the device
             blocks[i].copy_(self.pool.data[node.block] if node.block is not None else self.host.data[node.host_block])
         if lender is not None:
@@ -264,11 +269,17 @@ class PrefixCache:
                 f"{self.pool.num_free} could be freed; raise --kv-cache-gb or start a new conversation."
             ) from None
 
+    def reserve_block(self) -> int:
+        """A device block taken out of the cache for good (e.g. a scratch block for CUDA-graph capture)."""
+        (block,) = self.allocate(1)
+        self.reserved.add(block)
+        return block
+
     def _ensure_on_device(self, node: Node) -> None:
         if node.block is not None:
             return
         (block,) = self.allocate(1)
-        self.pool.data[block].copy_(self.host.data[node.host_block])
+        self.tier_copy.copy(self.pool.data[block], self.host.data[node.host_block])
         self.host.release([node.host_block])
         node.block, node.host_block = block, None
 
@@ -304,7 +315,7 @@ class PrefixCache:
                 return False
             self._remove(min(victims, key=lambda n: n.last_used))
         (host_block,) = self.host.allocate(1)
-        self.host.data[host_block].copy_(self.pool.data[node.block])
+        self.tier_copy.copy(self.host.data[host_block], self.pool.data[node.block])
         self.pool.release([node.block])
         node.block, node.host_block = None, host_block
         return True
@@ -345,7 +356,7 @@ class PrefixCache:
     def check_invariants(self, owned_by_requests: set[int] = frozenset()) -> None:
         """Raise AssertionError if any rule in the module docstring is broken (for tests)."""
         size = self.block_size
-        device_places = list(self.pool.free_blocks()) + list(owned_by_requests)
+        device_places = list(self.pool.free_blocks()) + list(owned_by_requests) + list(self.reserved)
         host_places = list(self.host.free_blocks()) if self.host is not None else []
         for node in self.nodes():
             assert node.parent.children.get(node.tokens) is node, "node not filed under its tokens"

@@ -24,22 +24,24 @@ MAX_PROMPT = 120
 SYSTEM_PROMPTS = [[256, 10, 20, 30, 40, 50, 60, 257], [256, 11, 22, 33, 257]]
 
 
-def engines_for(model_dir):
+def engines_for(model_dir, paged_kv=None):
+    """(the engine under test, with a small prefix cache; the reference: eager, no prefix cache)."""
     probe = Engine.load(EngineOptions(model=str(model_dir), dtype="float32", prefix_cache=False))
     cfg = probe.model.cfg
     cfg_block_bytes = 2 * cfg.num_layers * cfg.num_kv_heads * BLOCK * cfg.head_dim * 4
     cached = Engine.load(EngineOptions(model=str(model_dir), dtype="float32", kv_block_size=BLOCK,
-                                       kv_cache_gb=POOL_BLOCKS * cfg_block_bytes / 2**30))
+                                       kv_cache_gb=POOL_BLOCKS * cfg_block_bytes / 2**30, paged_kv=paged_kv))
     assert cached.prefix_cache.pool.num_blocks == POOL_BLOCKS
     return cached, probe
 
 
-@pytest.fixture(scope="module", params=["dense", "q4_1-blocks"])
+@pytest.fixture(scope="module", params=["dense", "q4_1-blocks", "dense-paged"])
 def engines(request, tmp_path_factory):
+    """The paged variant reads K/V blocks in place (the GPU path), checked against eager without a cache."""
     root = tmp_path_factory.mktemp("differential")
     hf_dir = make_tiny_model(root / "hf", "llama", seed=7)
-    if request.param == "dense":
-        return engines_for(hf_dir)
+    if request.param.startswith("dense"):
+        return engines_for(hf_dir, paged_kv=request.param == "dense-paged")
     gguf = write_gguf(load_reference(hf_dir), root / "tiny.gguf", quant="Q4_1")
     return engines_for(convert_gguf(gguf, root / "converted"))
 
@@ -155,13 +157,15 @@ def test_a_request_too_big_for_the_pool_fails_alone_with_a_clear_message(engines
     assert greedy(cached, SYSTEM_PROMPTS[0] + [5, 257], 2).finish_reason == "length"
 
 
-def test_with_a_host_tier_evicted_history_comes_back_from_host_memory(tmp_path):
+@pytest.mark.parametrize("paged_kv", [False, True])
+def test_with_a_host_tier_evicted_history_comes_back_from_host_memory(tmp_path, paged_kv):
     model_dir = make_tiny_model(tmp_path / "hf", "llama", seed=3)
     probe = Engine.load(EngineOptions(model=str(model_dir), dtype="float32", prefix_cache=False))
     cfg = probe.model.cfg
     block_gb = 2 * cfg.num_layers * cfg.num_kv_heads * BLOCK * cfg.head_dim * 4 / 2**30
     engine = Engine.load(EngineOptions(model=str(model_dir), dtype="float32", kv_block_size=BLOCK,
-                                       kv_cache_gb=20 * block_gb, host_cache_gb=64 * block_gb))
+                                       kv_cache_gb=20 * block_gb, host_cache_gb=64 * block_gb,
+                                       paged_kv=paged_kv))
     first = SYSTEM_PROMPTS[0] + list(range(30, 70)) + [257]
     greedy(engine, first, 3)
     greedy(engine, SYSTEM_PROMPTS[1] + list(range(100, 160)) + [257], 3)  # pushes `first` out to the host
