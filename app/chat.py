@@ -14,6 +14,7 @@ from app.prompt_ids import NextPrompt, next_prompt
 from app.reply_timeline import ReplyTimeline
 from app.saved_chat import SavedConversation, reply_stats
 from engine import Done, Engine, EngineError, Event, Generation, SamplingParams, TokenDelta
+from engine.tokenizer import Tokenizer
 
 
 # No tokenizer packs more than this many characters into one token on average, so a
@@ -33,6 +34,16 @@ class ChatMessage:
     id: str | None = None  # its row in storage, for a saved conversation
     status: str = "complete"  # complete | stopped | interrupted
     stats: dict | None = None  # a reply's numbers (saved_chat.reply_stats), for the status bar and inspector
+
+
+def render_chat(tokenizer: Tokenizer, turns: list[dict]) -> str:
+    """The chat template's text of `turns` ({"role", "content"} dicts), ready for the assistant's reply."""
+    if not tokenizer.has_chat_template:
+        raise ChatError("This model has no chat template, so it cannot chat; use an instruct/chat model.")
+    try:
+        return tokenizer.hf.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+    except Exception as exc:  # jinja2 TemplateError, or a template's raise_exception()
+        raise ChatError(f"The model's chat template rejected this conversation ({exc}).") from None
 
 
 class ChatSession:
@@ -70,10 +81,7 @@ class ChatSession:
     def _rendered(self, messages: list[ChatMessage]) -> str:
         turns = [{"role": "system", "content": self.system}] if self.system is not None else []
         turns += [{"role": m.role, "content": m.content} for m in messages]
-        try:
-            return self.engine.tokenizer.hf.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
-        except Exception as exc:  # jinja2 TemplateError, or a template's raise_exception()
-            raise ChatError(f"The model's chat template rejected this conversation ({exc}).") from None
+        return render_chat(self.engine.tokenizer, turns)
 
     def prompt_ids(self, user_text: str) -> list[int]:
         """Token ids of the whole conversation plus `user_text`, ready for the assistant's reply.

@@ -1,4 +1,4 @@
-"""The `kvchat` command: the TUI (no arguments), `ask`, `bench`, and the saved-conversation commands.
+"""The `kvchat` command: the TUI (no arguments), `ask`, `serve`, `bench`, and the saved-conversation commands.
 
 User mistakes end with one sentence on stderr and a non-zero exit code:
 1 for a problem with the model or the request, 2 for bad arguments,
@@ -102,6 +102,15 @@ def build_parser() -> argparse.ArgumentParser:
     for sub in (listing, show, export, delete, search, rename):
         _storage_options(sub, top_level=False)
 
+    serve = commands.add_parser("serve", help="serve the model through an OpenAI-compatible HTTP API")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default: 127.0.0.1, this machine only)")
+    serve.add_argument("--port", type=int, default=8000, help="(default: 8000)")
+    serve.add_argument("--api-key", metavar="KEY", default=None,
+                       help="require 'Authorization: Bearer KEY' on every request "
+                            "(default: $KVCHAT_API_KEY, else none)")
+    _engine_options(serve, top_level=False)
+
     bench = commands.add_parser("bench", help="measure prefill and decode against transformers")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
     bench.add_argument("--repeat", type=int, default=None,
@@ -138,6 +147,10 @@ def main(argv: list[str] | None = None) -> int:
             from app.ask import run_ask
 
             return run_ask(args)
+        if args.command == "serve":
+            from app.serve import run_serve
+
+            return run_serve(args)
         if args.command == "bench" and args.synthetic:
             from app.bench_synthetic import run_synthetic_bench
 

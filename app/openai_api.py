@@ -1,0 +1,177 @@
+"""The OpenAI-compatible HTTP API over one embedded engine: /v1/models, /v1/chat/completions, /v1/completions.
+
+    app = create_app(engine, api_key=None)   # then run it with uvicorn (app/serve.py)
+
+Chat messages become prompt ids through the model's chat template (app/chat.py's
+render_chat); the engine's prefix cache reuses whatever a request shares with the
+ones before it, and `usage.prompt_tokens_details.cached_tokens` says how much.
+Streaming answers are server-sent events ending with `data: [DONE]`; with
+`stream_options.include_usage` a last chunk carries the usage, as OpenAI and vLLM do.
+Every refusal is OpenAI's error shape; the server stays up.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from app.chat import render_chat
+from app.openai_runner import EngineRunner, Finish, reply
+from app.openai_schema import (APIError, ChatCompletionRequest, CompletionRequest, SamplingRequest, error_body,
+                               usage, validation_message)
+from engine import ContextWindowError, Engine, EngineError, Generation, SamplingParams
+
+
+class BearerAuth:
+    """ASGI middleware: every request needs `Authorization: Bearer KEY`, else 401 (before anything else)."""
+
+    def __init__(self, app, api_key: str):
+        self.app, self.expected = app, f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not secrets.compare_digest(given, self.expected):
+                response = JSONResponse(error_body("Missing or wrong API key: send 'Authorization: Bearer KEY'.",
+                                                   code="invalid_api_key"), status_code=401)
+                return await response(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
+def create_app(engine: Engine, api_key: str | None = None, model_name: str | None = None) -> FastAPI:
+    model_name = model_name or engine.info.model_name
+    created = int(time.time())
+    runner = EngineRunner(engine)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        try:
+            yield
+        finally:
+            runner.close()
+
+    app = FastAPI(title="kvchat", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.runner = runner
+    if api_key:
+        app.add_middleware(BearerAuth, api_key=api_key)
+
+    @app.exception_handler(APIError)
+    async def api_error(_request: Request, exc: APIError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = validation_message(list(exc.errors()))
+        return JSONResponse(error_body(message, param=param), status_code=400)
+
+    @app.exception_handler(EngineError)
+    async def engine_error(_request: Request, exc: EngineError) -> JSONResponse:
+        code = "context_length_exceeded" if isinstance(exc, ContextWindowError) else None
+        return JSONResponse(error_body(str(exc), param="messages" if code else None, code=code), status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_request: Request, exc: HTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return JSONResponse(error_body(str(exc.detail), type=kind), status_code=exc.status_code)
+
+    def check_model(request: SamplingRequest) -> None:
+        if request.model != model_name:
+            raise APIError(404, f"The model '{request.model}' does not exist; this server serves '{model_name}'.",
+                           param="model", code="model_not_found")
+
+    def sampling(request: SamplingRequest, max_tokens: int | None = None) -> SamplingParams:
+        try:
+            return request.sampling_params(max_tokens)
+        except ValueError as exc:
+            raise APIError(400, f"{str(exc).capitalize()}.") from None
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
+                                            "owned_by": "kvchat", "max_model_len": engine.context_window}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: ChatCompletionRequest):
+        check_model(request)
+        params = sampling(request, request.max_completion_tokens)
+        turns = [message.turn() for message in request.messages]
+        generation = await runner.call(
+            lambda: engine.generate(engine.tokenizer.encode(render_chat(engine.tokenizer, turns)), params))
+        return await respond(request, generation, chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(request: CompletionRequest):
+        check_model(request)
+        params = sampling(request)
+        prompt = request.text_or_ids()
+        generation = await runner.call(
+            lambda: engine.generate(engine.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt, params))
+        return await respond(request, generation, chat=False)
+
+    async def respond(request: SamplingRequest, generation: Generation, chat: bool):
+        base = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+                "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+                "model": model_name}
+        pieces = reply(runner, generation, request.stop_strings())
+        if request.stream:
+            return StreamingResponse(stream(base, pieces, chat, request.include_usage), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        text, finish = [], None
+        try:
+            async for item in pieces:
+                if isinstance(item, Finish):
+                    finish = item
+                else:
+                    text.append(item)
+        finally:
+            await pieces.aclose()
+        body = "".join(text)
+        choice = ({"index": 0, "message": {"role": "assistant", "content": body}} if chat
+                  else {"index": 0, "text": body})
+        choice.update(logprobs=None, finish_reason=finish.finish_reason)
+        return {**base, "choices": [choice], "usage": usage(finish.stats)}
+
+    return app
+
+
+def _sse(payload: dict | str) -> str:
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+async def stream(base: dict, pieces: AsyncIterator, chat: bool, include_usage: bool) -> AsyncIterator[str]:
+    """Server-sent events of one reply: a chunk per text piece, the finish reason, the usage if asked, [DONE]."""
+    base = {**base, "object": "chat.completion.chunk" if chat else "text_completion"}
+
+    def chunk(text: str | None, finish: str | None = None) -> str:
+        if chat:
+            delta = {"role": "assistant", "content": ""} if text is None else {"content": text} if text else {}
+            choice = {"index": 0, "delta": delta}
+        else:
+            choice = {"index": 0, "text": text or ""}
+        choice.update(logprobs=None, finish_reason=finish)
+        return _sse({**base, "choices": [choice], **({"usage": None} if include_usage else {})})
+
+    try:
+        if chat:
+            yield chunk(None)
+        async for item in pieces:
+            if isinstance(item, Finish):
+                yield chunk("", item.finish_reason)
+                if include_usage:
+                    yield _sse({**base, "choices": [], "usage": usage(item.stats)})
+            else:
+                yield chunk(item)
+    except EngineError as exc:  # e.g. out of memory mid-reply: the stream says so and ends
+        yield _sse(error_body(str(exc)))
+    finally:
+        await pieces.aclose()
+    yield _sse("[DONE]")

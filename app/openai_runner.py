@@ -1,0 +1,135 @@
+"""How the API server runs the engine: every job on one worker thread, events handed to the event loop.
+
+Requests run one after another on a single-thread executor: torch's OpenMP team
+belongs to the thread that starts it, and one engine thread decodes fastest (see
+app/engine_thread.py). The event loop never waits on the engine; a request's
+events reach it through an asyncio.Queue. A consumer that goes away (a client
+that disconnected) cancels its generation, which then ends before its next
+decode step, and the engine closes the sequence, freeing its KV blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TypeVar
+
+from engine import Done, Engine, Generation, TokenDelta
+from engine.events import RequestStats
+
+log = logging.getLogger("kvchat")
+
+T = TypeVar("T")
+_END = object()
+
+
+@dataclass(frozen=True)
+class Finish:
+    finish_reason: str  # OpenAI's: stop | length
+    stats: RequestStats
+
+
+class EngineRunner:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvchat-serve")
+        self.active: set[Generation] = set()
+
+    async def call(self, fn: Callable[[], T]) -> T:
+        """Run `fn` on the engine thread (after the jobs before it) and return its result."""
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn)
+
+    async def events(self, generation: Generation) -> AsyncIterator[TokenDelta | Done]:
+        """The generation's TokenDelta and Done events, computed on the engine thread.
+        Leaving the loop early (or being cancelled) cancels the generation."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+
+        def put(item: object) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:  # the event loop is gone (the server stopped): nobody is listening
+                generation.cancel()
+
+        def work() -> None:
+            try:
+                for event in generation:
+                    if isinstance(event, Done) and event.finish_reason == "stopped":
+                        log.info("kvchat serve: a request stopped after %d tokens", event.stats.generated_tokens)
+                    if isinstance(event, (TokenDelta, Done)):
+                        put(event)
+            except Exception as exc:  # an EngineError (out of memory) or a bug: the request fails, not the server
+                put(exc)
+            finally:
+                put(_END)
+
+        self.active.add(generation)
+        try:
+            self.executor.submit(work)
+            while (item := await queue.get()) is not _END:
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+        finally:
+            generation.cancel()  # nothing if it ended; else it stops before its next step
+            self.active.discard(generation)
+
+    def close(self) -> None:
+        """Stop every generation in progress and end the engine thread."""
+        for generation in list(self.active):
+            generation.cancel()
+        self.executor.shutdown(wait=True, cancel_futures=True)
+
+
+class StopText:
+    """A reply's text cut before the first of the stop strings; holds back text that may begin one."""
+
+    def __init__(self, stops: list[str]):
+        self.stops = stops
+        self.pending = ""
+        self.hit = False
+
+    def push(self, text: str) -> str:
+        """The text that is safe to send now."""
+        if self.hit:
+            return ""
+        if not self.stops:
+            return text
+        self.pending += text
+        found = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        if found:
+            self.hit = True
+            out, self.pending = self.pending[: min(found)], ""
+            return out
+        hold = next((k for k in range(min(max(map(len, self.stops)) - 1, len(self.pending)), 0, -1)
+                     if any(s.startswith(self.pending[-k:]) for s in self.stops)), 0)
+        out = self.pending[: len(self.pending) - hold]
+        self.pending = self.pending[len(out):]
+        return out
+
+    def flush(self) -> str:
+        out, self.pending = ("" if self.hit else self.pending), ""
+        return out
+
+
+async def reply(runner: EngineRunner, generation: Generation, stops: list[str]) -> AsyncIterator[str | Finish]:
+    """The reply's text pieces (stop strings applied), then one Finish."""
+    stop = StopText(stops)
+    events = runner.events(generation)
+    try:
+        async for event in events:
+            if isinstance(event, TokenDelta):
+                if text := stop.push(event.text):
+                    yield text
+                if stop.hit:
+                    generation.cancel()  # ends with Done("stopped") before the next step
+            else:
+                if tail := stop.flush():
+                    yield tail
+                finish = "length" if event.finish_reason == "length" and not stop.hit else "stop"
+                yield Finish(finish, event.stats)
+    finally:
+        await events.aclose()

@@ -1,0 +1,133 @@
+"""The OpenAI-compatible API's request models, error shape and response pieces (used by app/openai_api.py).
+
+Fields the engine has no use for (presence_penalty, user, ...) are accepted and ignored,
+as most OpenAI-compatible servers do; `ignore_eos` is vLLM's extension (always generate
+max_tokens).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine.events import RequestStats
+from engine.sampling import SamplingParams
+
+
+class APIError(Exception):
+    """A request the server refuses, as OpenAI's `{"error": {message, type, param, code}}`."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def body(self) -> dict:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class SamplingRequest(BaseModel):
+    """What chat and text completions share: the model, sampling and streaming."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int | None = 1
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool = False
+
+    def sampling_params(self, max_tokens: int | None = None) -> SamplingParams:
+        if self.n not in (None, 1):
+            raise APIError(400, f"n must be 1: this server returns one choice per request, not {self.n}.", param="n")
+        return SamplingParams(temperature=1.0 if self.temperature is None else self.temperature,
+                              top_p=1.0 if self.top_p is None else self.top_p,
+                              max_tokens=max_tokens if max_tokens is not None else self.max_tokens,
+                              seed=self.seed, ignore_eos=self.ignore_eos)
+
+    def stop_strings(self) -> list[str]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return [s for s in stops if s]
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: str
+    text: str | None = None
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+
+    def turn(self) -> dict:
+        """The {"role", "content"} dict a chat template takes (developer messages are system messages)."""
+        if isinstance(self.content, list):
+            if any(part.type != "text" or part.text is None for part in self.content):
+                raise APIError(400, "Only text content parts are supported.", param="messages")
+            content = "".join(part.text for part in self.content)
+        else:
+            content = self.content or ""
+        return {"role": "system" if self.role == "developer" else self.role, "content": content}
+
+
+class ChatCompletionRequest(SamplingRequest):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+
+class CompletionRequest(SamplingRequest):
+    prompt: str | list[str] | list[int]
+
+    def text_or_ids(self) -> str | list[int]:
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+            if len(prompt) != 1:
+                raise APIError(400, f"Send one prompt per request, not {len(prompt)}.", param="prompt")
+            return prompt[0]
+        return prompt
+
+
+def usage(stats: RequestStats) -> dict:
+    """Token counts as vLLM reports them; cached_tokens is the prefix-cache hit."""
+    return {
+        "prompt_tokens": stats.prompt_tokens,
+        "completion_tokens": stats.generated_tokens,
+        "total_tokens": stats.prompt_tokens + stats.generated_tokens,
+        "prompt_tokens_details": {"cached_tokens": stats.cached_tokens},
+    }
+
+
+def validation_message(errors: list[dict]) -> tuple[str, str | None]:
+    """One sentence and the offending parameter for pydantic's (FastAPI's) validation errors."""
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": ""}
+    if first.get("type") == "json_invalid":
+        detail = (first.get("ctx") or {}).get("error", "")
+        return f"The request body is not valid JSON ({detail}).".replace(" ()", ""), None
+    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    param = ".".join(loc) or None
+    if param is None:
+        return f"The request body is invalid: {first.get('msg', 'invalid request')}.", None
+    return f"Invalid '{param}': {first.get('msg')}.", param

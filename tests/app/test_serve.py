@@ -1,0 +1,236 @@
+"""`kvchat serve`'s OpenAI-compatible API, on loopback, driven by the official openai client."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("fastapi")
+uvicorn = pytest.importorskip("uvicorn")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+from app.chat import ChatSession  # noqa: E402
+from app.openai_api import create_app  # noqa: E402
+from app.openai_runner import StopText  # noqa: E402
+from engine import Done, SamplingParams  # noqa: E402
+
+API_KEY = "test-key"
+
+
+def wait_until(condition, timeout: float = 10.0, what: str = "the condition"):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+class Server:
+    def __init__(self, engine, api_key: str | None):
+        self.engine = engine
+        self.app = create_app(engine, api_key=api_key)
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        config = uvicorn.Config(self.app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, name="test-uvicorn")
+
+    def __enter__(self) -> "Server":
+        self.thread.start()
+        wait_until(lambda: self.server.started or not self.thread.is_alive(), what="the server to start")
+        assert self.server.started, "the server did not start"
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=15)
+        self.sock.close()
+        assert not self.thread.is_alive(), "the server did not stop"
+
+
+@pytest.fixture
+def engine(tiny_engine):
+    return tiny_engine.with_fresh_cache()  # this test's own prefix cache
+
+
+@pytest.fixture
+def server(engine):
+    with Server(engine, API_KEY) as running:
+        yield running
+
+
+@pytest.fixture
+def client(server):
+    with openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=30) as c:
+        yield c
+
+
+@pytest.fixture
+def model(client) -> str:
+    (entry,) = client.models.list().data
+    return entry.id
+
+
+def ask(client, model, messages, **kwargs):
+    return client.chat.completions.create(model=model, messages=messages, **kwargs)
+
+
+def no_request_holds_blocks(engine) -> bool:
+    cache = engine.prefix_cache
+    try:
+        cache.check_invariants()  # every device block is free or in the tree: none owned by a request
+    except AssertionError:
+        return False
+    return all(node.refs == 0 for node in cache.nodes())
+
+
+def test_models_lists_the_loaded_model(client, engine):
+    (entry,) = client.models.list().data
+    assert entry.id == engine.info.model_name
+    assert entry.max_model_len == engine.context_window
+
+
+def test_chat_greedy_matches_the_engine_and_reports_usage(client, model, engine, tiny_engine):
+    messages = [{"role": "user", "content": "Hello there"}]
+    response = ask(client, model, messages, temperature=0, max_tokens=12)
+    # What the chat app itself answers (another engine with its own cache, same weights).
+    session = ChatSession(tiny_engine.with_fresh_cache(), params=SamplingParams(temperature=0, max_tokens=12))
+    done = [e for e in session.send("Hello there") if isinstance(e, Done)][0]
+    choice = response.choices[0]
+    assert choice.message.role == "assistant"
+    assert choice.message.content == done.text
+    assert choice.finish_reason == ("length" if done.finish_reason == "length" else "stop")
+    usage = response.usage
+    assert usage.prompt_tokens == done.stats.prompt_tokens
+    assert usage.completion_tokens == done.stats.generated_tokens
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    assert usage.prompt_tokens_details.cached_tokens == 0
+
+
+def test_streaming_chat_sends_the_same_text_then_usage(client, model):
+    messages = [{"role": "user", "content": "Stream me"}]
+    whole = ask(client, model, messages, temperature=0, max_tokens=10).choices[0].message.content
+    chunks = list(ask(client, model, messages, temperature=0, max_tokens=10, stream=True,
+                      stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finishes) == 1
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens >= 1
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0  # the same prompt again
+
+
+def test_a_follow_up_reuses_the_cached_conversation(client, model):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "First question"}]
+    first = ask(client, model, messages, temperature=0, max_tokens=8)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "And a second one"}]
+    second = ask(client, model, messages, temperature=0, max_tokens=8)
+    assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 1
+    assert second.usage.prompt_tokens > first.usage.prompt_tokens
+
+
+def test_text_completions_stream_and_not(client, model, engine):
+    prompt = "Once upon a time"
+    whole = client.completions.create(model=model, prompt=prompt, temperature=0, max_tokens=9)
+    expected = [e for e in engine.with_fresh_cache().generate(engine.tokenizer.encode(prompt),
+                                                              SamplingParams(temperature=0, max_tokens=9))
+                if isinstance(e, Done)][0]
+    assert whole.object == "text_completion"
+    assert whole.choices[0].text == expected.text
+    assert whole.usage.prompt_tokens == len(engine.tokenizer.encode(prompt))
+    chunks = list(client.completions.create(model=model, prompt=prompt, temperature=0, max_tokens=9, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == expected.text
+
+
+def test_a_stream_closed_early_cancels_its_generation_and_frees_its_blocks(client, model, engine, caplog):
+    caplog.set_level(logging.INFO, logger="kvchat")
+    decode = engine.decode
+
+    def slow_decode(token, kv):  # a few ms a token, so the reply is surely still running when the client leaves
+        time.sleep(0.005)
+        return decode(token, kv)
+
+    engine.decode = slow_decode
+    stream = ask(client, model, [{"role": "user", "content": "Talk for a long time"}], temperature=0.8, seed=1,
+                 max_tokens=200, stream=True, extra_body={"ignore_eos": True})
+    got = 0
+    for chunk in stream:
+        got += bool(chunk.choices and chunk.choices[0].delta.content)
+        if got >= 3:
+            break
+    stream.close()
+    wait_until(lambda: any("stopped after" in r.getMessage() for r in caplog.records), what="the cancel")
+    wait_until(lambda: no_request_holds_blocks(engine), what="the blocks to be freed")
+    assert engine.cache_stats()["blocks_used"] == engine.cache_stats()["cached_blocks"]
+    # The server goes on answering.
+    assert ask(client, model, [{"role": "user", "content": "hi"}], max_tokens=2).choices[0].message.content is not None
+
+
+def test_bad_requests_get_4xx_with_a_clear_message_and_the_server_stays_up(client, model, server, engine):
+    with pytest.raises(openai.NotFoundError) as info:
+        ask(client, model + "-nope", [{"role": "user", "content": "hi"}])
+    assert info.value.body["code"] == "model_not_found" and "does not exist" in info.value.body["message"]
+
+    with pytest.raises(openai.BadRequestError) as info:
+        ask(client, model, [{"role": "user", "content": "x" * (engine.context_window + 10)}])
+    assert info.value.body["code"] == "context_length_exceeded"
+    assert f"context window is {engine.context_window} tokens" in info.value.body["message"]
+
+    with pytest.raises(openai.BadRequestError) as info:
+        ask(client, model, [{"role": "user", "content": "hi"}], max_tokens=-1)
+    assert info.value.body["param"] == "max_tokens"
+
+    with pytest.raises(openai.BadRequestError) as info:
+        ask(client, model, [{"role": "user", "content": "hi"}], temperature=-0.5)
+    assert info.value.body["param"] == "temperature"
+
+    with pytest.raises(openai.BadRequestError) as info:
+        ask(client, model, [{"role": "user", "content": "hi"}], n=2)
+    assert "n must be 1" in info.value.body["message"]
+
+    headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
+    response = httpx.post(f"{server.url}/v1/chat/completions", content=b'{"model": "x", "messages": [',
+                          headers=headers)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert "not valid JSON" in error["message"] and set(error) == {"message", "type", "param", "code"}
+
+    assert ask(client, model, [{"role": "user", "content": "still there?"}], max_tokens=3).choices[0].message.content
+    assert no_request_holds_blocks(engine)
+
+
+def test_a_wrong_or_missing_api_key_gets_401(server):
+    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0) as wrong:
+        with pytest.raises(openai.AuthenticationError) as info:
+            wrong.models.list()
+    assert info.value.status_code == 401
+    assert httpx.get(f"{server.url}/v1/models").status_code == 401
+
+
+def test_stop_strings_cut_the_reply_and_hold_back_a_possible_start():
+    stop = StopText(["END", "xy"])
+    assert stop.push("abc E") == "abc "  # "E" may begin "END"
+    assert stop.push("N") == ""
+    assert stop.push("Dmore") == "" and stop.hit
+    assert stop.flush() == ""
+    plain = StopText(["zz"])
+    assert plain.push("az") == "a" and plain.push("b") == "zb" and plain.flush() == ""
+
+
+def test_a_stop_string_ends_the_reply_there(client, model):
+    messages = [{"role": "user", "content": "Hello there"}]
+    full = ask(client, model, messages, temperature=0, max_tokens=20).choices[0].message.content
+    if len(full) < 4:
+        pytest.skip("the tiny model's reply is too short to cut")
+    cut = ask(client, model, messages, temperature=0, max_tokens=20, stop=[full[2:4]]).choices[0]
+    assert cut.message.content == full[: full.index(full[2:4])]
+    assert cut.finish_reason == "stop"
