@@ -7,17 +7,15 @@ import socket
 import threading
 import time
 
+import httpx  # the test extra installs the server and both clients: nothing here is optional
+import openai
 import pytest
+import uvicorn
 
-pytest.importorskip("fastapi")
-uvicorn = pytest.importorskip("uvicorn")
-openai = pytest.importorskip("openai")
-httpx = pytest.importorskip("httpx")
-
-from app.chat import ChatSession  # noqa: E402
-from app.openai_api import create_app  # noqa: E402
-from app.openai_runner import StopText  # noqa: E402
-from engine import Done, SamplingParams  # noqa: E402
+from app.chat import ChatSession
+from app.openai_api import create_app
+from app.openai_runner import StopText
+from engine import Done, SamplingParams
 
 API_KEY = "test-key"
 
