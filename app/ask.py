@@ -7,11 +7,12 @@ import json
 import signal
 import sys
 
+from app.backend import Backend, backend_loader, chat_session
 from app.chat import ChatSession
 from app.conversations_cli import stats_line
-from app.options import engine_options, sampling_params
+from app.options import sampling_params
 from app.saved_chat import SavedConversation, Storage, reply_stats, sampling_settings
-from engine import Done, Engine, EngineError, TokenDelta
+from engine import Done, EngineError, TokenDelta
 
 
 def read_message(arg: str) -> str:
@@ -21,7 +22,7 @@ def read_message(arg: str) -> str:
     return message
 
 
-def result_json(done: Done, engine: Engine, conversation_id: str) -> dict:
+def result_json(done: Done, engine: Backend, conversation_id: str) -> dict:
     return {
         "conversation_id": conversation_id,
         "reply": done.text,
@@ -35,17 +36,17 @@ def result_json(done: Done, engine: Engine, conversation_id: str) -> dict:
     }
 
 
-def open_session(args: argparse.Namespace, engine: Engine, storage: Storage) -> ChatSession:
+def open_session(args: argparse.Namespace, engine: Backend, storage: Storage) -> ChatSession:
     """A new saved conversation, or the one named by --conversation with its settings (flags override them)."""
     if args.conversation is None:
         params = sampling_params(args)
-        return ChatSession(engine, args.system, params, SavedConversation.new(storage, engine, args.system, params))
+        return chat_session(engine, args.system, params, SavedConversation.new(storage, engine, args.system, params))
     saved = SavedConversation.open(storage, args.conversation)
     params = sampling_params(args, saved.conversation.params)
     system = saved.conversation.system if args.system is None else args.system
     if (system, sampling_settings(params)) != (saved.conversation.system, saved.conversation.params):
         saved.update_settings(system=system, params=sampling_settings(params))
-    return ChatSession(engine, system, params, saved)
+    return chat_session(engine, system, params, saved)
 
 
 def run_ask(args: argparse.Namespace) -> int:
@@ -54,7 +55,7 @@ def run_ask(args: argparse.Namespace) -> int:
     progress = lambda step: print(f"kvchat: {step}…", file=sys.stderr)  # noqa: E731
     storage = Storage.open(args.snapshot_gb)
     try:
-        engine = Engine.load(engine_options(args), progress=progress if sys.stderr.isatty() else lambda _: None)
+        engine = backend_loader(args)(args.model, progress if sys.stderr.isatty() else lambda _: None)
         session = open_session(args, engine, storage)  # a discarded snapshot was logged to stderr
         done = _answer(session, message, stream=not args.json)
         if args.json:

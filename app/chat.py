@@ -57,8 +57,7 @@ class ChatSession:
                  saved: SavedConversation | None = None):
         """`saved`: where the conversation is kept (None: in memory only). A saved conversation with
         messages resumes: its history is loaded, and its K/V snapshot if the cache lacks it."""
-        if not engine.tokenizer.has_chat_template:
-            raise ChatError("This model has no chat template, so it cannot chat; use an instruct/chat model.")
+        self._check_can_chat(engine)
         self.engine = engine
         self.system = system
         self.params = params
@@ -73,15 +72,25 @@ class ChatSession:
             if self.seen_ids:
                 self.notice = saved.restore_kv(engine, self.seen_ids)
 
+    # Events carry token ids, kept to extend the next prompt; a remote server's carry text only.
+    TOKEN_IDS = True
+
+    def _check_can_chat(self, engine: Engine) -> None:
+        if not engine.tokenizer.has_chat_template:
+            raise ChatError("This model has no chat template, so it cannot chat; use an instruct/chat model.")
+
     def _load_history(self) -> None:
         history = self.saved.history(self.engine)
         self.messages = [ChatMessage(m.role, m.text, m.token_end, m.id, m.status, m.stats) for m in history.messages]
         self.seen_ids = history.token_ids
 
-    def _rendered(self, messages: list[ChatMessage]) -> str:
+    def _turns(self, messages: list[ChatMessage]) -> list[dict]:
+        """The system prompt (if any) and `messages` as the chat API's {"role", "content"} dicts."""
         turns = [{"role": "system", "content": self.system}] if self.system is not None else []
-        turns += [{"role": m.role, "content": m.content} for m in messages]
-        return render_chat(self.engine.tokenizer, turns)
+        return turns + [{"role": m.role, "content": m.content} for m in messages]
+
+    def _rendered(self, messages: list[ChatMessage]) -> str:
+        return render_chat(self.engine.tokenizer, self._turns(messages))
 
     def prompt_ids(self, user_text: str) -> list[int]:
         """Token ids of the whole conversation plus `user_text`, ready for the assistant's reply.
@@ -114,16 +123,23 @@ class ChatSession:
 
     def regenerate(self) -> Iterator[Event]:
         """A new reply to the last user message (the old reply stays saved, a sibling branch)."""
+        before = self._regenerating()
+        prompt = self._ids_through(before) or self.engine.tokenizer.encode(self._rendered(before))
+        self._restart(before, self.engine.generate(prompt, self.params))
+        return self._stream(self.generation, prompt)
+
+    def _regenerating(self) -> list[ChatMessage]:
+        """The messages a regenerated reply answers (ChatError if the last message is not a reply)."""
         if len(self.messages) < 2 or self.messages[-1].role != "assistant" or self.messages[-2].role != "user":
             raise ChatError("There is no reply to regenerate.")
-        before = self.messages[:-1]
-        prompt = self._ids_through(before) or self.engine.tokenizer.encode(self._rendered(before))
-        generation = self.engine.generate(prompt, self.params)
+        return self.messages[:-1]
+
+    def _restart(self, before: list[ChatMessage], generation) -> None:
+        """A new reply to the last of `before` is under way (the old one stays saved, a sibling)."""
         self.messages, self.rewritten_at = before, None
         if self.saved is not None:
             self.saved.start_reply(before[-1].id)
         self.generation = generation
-        return self._stream(generation, prompt)
 
     def switch_branch(self, message_id: str) -> None:
         """Show the saved branch through `message_id` (to its newest message), e.g. an earlier reply."""
@@ -147,21 +163,29 @@ class ChatSession:
 
     def _turn(self, before: list[ChatMessage], seen: list[int], user_text: str) -> Iterator[Event]:
         """`user_text` after the messages `before` (whose ids are `seen`): validated first, then recorded."""
-        window = self.engine.context_window
-        if len(user_text) > MAX_CHARS_PER_TOKEN * window:
-            raise ChatError(f"The message is {len(user_text):,} characters, far more than the model's "
-                            f"context window of {window} tokens can hold.")
+        self._check_length(user_text)
         prompt = self._next_prompt(before, seen, user_text)
         generation = self.engine.generate(prompt.ids, self.params)
         self.rewritten_at = prompt.rewritten_at
-        user_id = None
-        if self.saved is not None:
-            start = len(seen) if prompt.rewritten_at is None else prompt.rewritten_at
-            parent = before[-1].id if before else None
-            user_id = self.saved.user_message(self.engine, parent, user_text, start, prompt.ids[start:])
-        self.messages = [*before, ChatMessage("user", user_text, len(prompt.ids), user_id)]
+        start = len(seen) if prompt.rewritten_at is None else prompt.rewritten_at
+        self._record_user(before, user_text, len(prompt.ids), start, prompt.ids[start:])
         self.generation = generation
         return self._stream(generation, prompt.ids)
+
+    def _check_length(self, user_text: str) -> None:
+        window = self.engine.context_window  # 0: not known (a server that does not say)
+        if window and len(user_text) > MAX_CHARS_PER_TOKEN * window:
+            raise ChatError(f"The message is {len(user_text):,} characters, far more than the model's "
+                            f"context window of {window} tokens can hold.")
+
+    def _record_user(self, before: list[ChatMessage], text: str, token_end: int, token_start: int,
+                     new_ids: list[int]) -> None:
+        """Commit the user's message after `before` (it survives anything from now on)."""
+        user_id = None
+        if self.saved is not None:
+            parent = before[-1].id if before else None
+            user_id = self.saved.user_message(self.engine, parent, text, token_start, new_ids)
+        self.messages = [*before, ChatMessage("user", text, token_end, user_id)]
 
     def _stream(self, generation: Generation, prompt: list[int]) -> Iterator[Event]:
         saved, pieces, ids, done = self.saved, [], [], None
@@ -173,7 +197,8 @@ class ChatSession:
                     pieces.append(event.text)
                     if event.token_id is not None:
                         ids.append(event.token_id)
-                        timeline.token()
+                    if event.token_id is not None or (not self.TOKEN_IDS and event.text):
+                        timeline.token()  # without ids, each text chunk counts as a token
                     if saved is not None:
                         saved.reply_progress(pieces, ids, len(prompt))
                 elif isinstance(event, Done):

@@ -42,6 +42,16 @@ def _engine_options(parser: argparse.ArgumentParser, top_level: bool) -> None:
                        help="torch.compile the decode step (default: off; slow first start)")
 
 
+def _remote_options(parser: argparse.ArgumentParser, top_level: bool) -> None:
+    default = None if top_level else argparse.SUPPRESS
+    group = parser.add_argument_group("remote server (instead of the embedded engine)")
+    group.add_argument("--remote", metavar="URL", default=default,
+                       help="chat through an OpenAI-compatible server (vLLM, SGLang, kvchat serve), e.g. "
+                            "http://gpu-box:8000/v1; --model then names one of its models (default: its first)")
+    group.add_argument("--api-key", dest="remote_api_key", metavar="KEY", default=default,
+                       help="the server's API key (default: $KVCHAT_API_KEY, else none)")
+
+
 def _storage_options(parser: argparse.ArgumentParser, top_level: bool) -> None:
     group = parser.add_argument_group("storage")
     group.add_argument("--snapshot-gb", type=float, default=None if top_level else argparse.SUPPRESS,
@@ -67,6 +77,7 @@ def _sampling_options(parser: argparse.ArgumentParser, top_level: bool) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvchat", description="Chat with a local LLM in the terminal.")
     _engine_options(parser, top_level=True)
+    _remote_options(parser, top_level=True)
     _storage_options(parser, top_level=True)
     parser.add_argument("--conversation", metavar="ID", help="open this saved conversation (id or unique prefix)")
     _sampling_options(parser, top_level=True)
@@ -78,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="continue this saved conversation (id or unique prefix)")
     ask.add_argument("--json", action="store_true", help="print one JSON object instead of the streamed reply")
     _engine_options(ask, top_level=False)
+    _remote_options(ask, top_level=False)
     _storage_options(ask, top_level=False)
     _sampling_options(ask, top_level=False)
 
@@ -127,6 +139,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Flags of the embedded engine, with their defaults: given with --remote they would be silently ignored.
+ENGINE_ONLY = {"device": "auto", "dtype": "auto", "threads": None, "kv_cache_gb": None, "no_prefix_cache": False,
+               "paged_kv": None, "cuda_graphs": None, "compile": None}
+
+
+def check_backend_args(args: argparse.Namespace) -> None:
+    """ValueError (one sentence) for flags that do not go with the chosen backend."""
+    remote = getattr(args, "remote", None)
+    if remote is None:
+        if getattr(args, "remote_api_key", None):
+            raise ValueError("--api-key goes with --remote URL (the server's key)")
+        return
+    if args.command not in (None, "ask"):
+        raise ValueError(f"--remote works with the chat app and `kvchat ask`, not with `kvchat {args.command}`")
+    for name, default in ENGINE_ONLY.items():
+        if getattr(args, name, default) != default:
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(f"{flag} is a setting of the embedded engine; with --remote the server decides it")
+
+
 def _fail(message: str, code: int = 1) -> int:
     print(f"kvchat: {message}", file=sys.stderr)
     return code
@@ -139,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     from storage.db import StorageError
 
     try:
+        check_backend_args(args)
         if args.command in ("list", "show", "export", "delete", "search", "rename"):
             from app.conversations_cli import run_conversation_command
 

@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from app.stats_text import cached_text
 from storage.conversations import Conversation, ConversationStore, StoredMessage
 from storage.data_dir import data_dir
 from storage.db import StorageError
@@ -23,8 +24,9 @@ def _when(epoch: float) -> str:
 def stats_line(s: dict) -> str:
     """One reply's numbers, from its stats as stored (saved_chat.reply_stats)."""
     return (f"[{s.get('ttft_ms', 0):.0f} ms to first token · {s.get('prompt_tokens', 0)} prompt tokens "
-            f"({s.get('cached_tokens', 0)} cached from {s.get('cache_source', 'none')}, "
-            f"{s.get('prefilled_tokens', 0)} computed) · {s.get('generated_tokens', 0)} tokens at "
+            f"({cached_text(s.get('cached_tokens', 0), s.get('cache_source'))}, "
+            f"{s.get('prefilled_tokens') if s.get('prefilled_tokens') is not None else 'n/a'} computed) · "
+            f"{s.get('generated_tokens', 0)} tokens at "
             f"{s.get('decode_tokens_per_s', 0):.1f} tok/s · {s.get('finish_reason', '?')}]")
 
 

@@ -47,10 +47,12 @@ class BearerAuth:
         await self.app(scope, receive, send)
 
 
-def create_app(engine: Engine, api_key: str | None = None, model_name: str | None = None) -> FastAPI:
+def create_app(engine: Engine, api_key: str | None = None, model_name: str | None = None,
+               runner: EngineRunner | None = None) -> FastAPI:
+    """`runner`: the engine thread, if the engine was loaded on it (see run_serve); the app closes it."""
     model_name = model_name or engine.info.model_name
     created = int(time.time())
-    runner = EngineRunner(engine)
+    runner = runner or EngineRunner()
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
-from engine import Done, Engine, Generation, TokenDelta
+from engine import Done, Generation, TokenDelta
 from engine.events import RequestStats
 
 log = logging.getLogger("kvchat")
@@ -33,10 +33,14 @@ class Finish:
 
 
 class EngineRunner:
-    def __init__(self, engine: Engine):
-        self.engine = engine
+    def __init__(self) -> None:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvchat-serve")
         self.active: set[Generation] = set()
+
+    def run(self, fn: Callable[[], T]) -> T:
+        """Run `fn` on the engine thread and wait for it, from outside the event loop (loading the model
+        there puts torch's thread team on the thread that will generate)."""
+        return self.executor.submit(fn).result()
 
     async def call(self, fn: Callable[[], T]) -> T:
         """Run `fn` on the engine thread (after the jobs before it) and return its result."""

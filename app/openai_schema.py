@@ -1,8 +1,8 @@
 """The OpenAI-compatible API's request models, error shape and response pieces (used by app/openai_api.py).
 
 Fields the engine has no use for (presence_penalty, user, ...) are accepted and ignored,
-as most OpenAI-compatible servers do; `ignore_eos` is vLLM's extension (always generate
-max_tokens).
+as most OpenAI-compatible servers do; `ignore_eos` (always generate max_tokens), `top_k`,
+`min_p` and `repetition_penalty` are vLLM's extensions.
 """
 
 from __future__ import annotations
@@ -51,12 +51,18 @@ class SamplingRequest(BaseModel):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
+    # vLLM's and SGLang's sampling extensions (kvchat's remote backend sends them when set); top_k -1 is off
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0)
 
     def sampling_params(self, max_tokens: int | None = None) -> SamplingParams:
         if self.n not in (None, 1):
             raise APIError(400, f"n must be 1: this server returns one choice per request, not {self.n}.", param="n")
         return SamplingParams(temperature=1.0 if self.temperature is None else self.temperature,
                               top_p=1.0 if self.top_p is None else self.top_p,
+                              top_k=max(self.top_k or 0, 0), min_p=self.min_p or 0.0,
+                              repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
                               max_tokens=max_tokens if max_tokens is not None else self.max_tokens,
                               seed=self.seed, ignore_eos=self.ignore_eos)
 

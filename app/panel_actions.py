@@ -3,6 +3,7 @@ focus to the messages. A mixin of KvchatApp."""
 
 from __future__ import annotations
 
+from app.backend import is_remote, remote_models
 from app.local_models import find_local_models
 from app.screens.help import HelpScreen
 from app.screens.settings import ChatSettings, SettingsScreen
@@ -26,7 +27,9 @@ class PanelActions:
             return
         current = ChatSettings(self.session.system, self.session.params, self.model_spec)
         window = self.engine.context_window if self.engine else None
-        self.push_screen(SettingsScreen(current, find_local_models(self.model_spec), window),
+        models = remote_models(self.engine, self.model_spec) if is_remote(self.engine) else \
+            find_local_models(self.model_spec)
+        self.push_screen(SettingsScreen(current, models, window),
                          lambda result: self.run_worker(self._apply_settings(current, result)))
 
     async def _apply_settings(self, old: ChatSettings, new: ChatSettings | None) -> None:

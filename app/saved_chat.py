@@ -118,7 +118,9 @@ class SavedConversation:
         if self.conversation is None:
             return History([], [])
         branch = self.store.branch(self.id)
-        reusable = self.conversation.token_fingerprint == engine.fingerprint  # else: tokenized afresh
+        # Ids are reused only by the tokenizer that made them; else the text is tokenized afresh. A remote
+        # server (fingerprint None) takes text, and stores messages without ids.
+        reusable = engine.fingerprint is not None and self.conversation.token_fingerprint == engine.fingerprint
         ids: list[int] = []
         messages = []
         for message in branch:

@@ -24,12 +24,21 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"kvchat: {INSTALL_HINT}.", file=sys.stderr)
         return 1
     from app.openai_api import create_app
+    from app.openai_runner import EngineRunner
     from engine import Engine
 
     progress = lambda step: print(f"kvchat: {step}…", file=sys.stderr)  # noqa: E731
-    engine = Engine.load(engine_options(args), progress=progress if sys.stderr.isatty() else lambda _: None)
+    runner = EngineRunner()
+    # Loaded on the thread that generates: torch's OpenMP team belongs to the thread that starts it, and
+    # a second team (main thread + engine thread) halved decode speed here (see app/engine_thread.py).
+    try:
+        engine = runner.run(lambda: Engine.load(engine_options(args),
+                                                progress=progress if sys.stderr.isatty() else lambda _: None))
+    except BaseException:
+        runner.close()
+        raise
     api_key = args.api_key or os.environ.get("KVCHAT_API_KEY") or None
-    app = create_app(engine, api_key=api_key)
+    app = create_app(engine, api_key=api_key, runner=runner)
     print(f"kvchat: serving {engine.info.model_name} ({engine.info.device}, {engine.info.dtype}) at "
           f"http://{args.host}:{args.port}/v1{' (API key required)' if api_key else ''}", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")

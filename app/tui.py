@@ -10,8 +10,6 @@ its session (and its K/V) is ready on the engine thread.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-from collections.abc import Callable
 from pathlib import Path
 
 from textual.app import App, ComposeResult
@@ -19,6 +17,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Static
 
+from app.backend import Backend, LoadBackend, backend_loader, chat_session, is_remote
 from app.chat import MAX_CHARS_PER_TOKEN, ChatMessage, ChatSession
 from app.commands import palette_commands
 from app.engine_events import EngineFailed, EngineReady, LoadProgress, SessionFailed, SessionReady
@@ -26,7 +25,7 @@ from app.engine_thread import EngineThread
 from app.library_actions import LibraryActions
 from app.panel_actions import PanelActions
 from app.reply_actions import ReplyActions
-from app.options import SAMPLING_FIELDS, engine_options, sampling_params
+from app.options import SAMPLING_FIELDS, sampling_params
 from app.saved_chat import SavedConversation, Storage
 from app.widgets.chat_view import ChatView
 from app.widgets.inspector import Inspector
@@ -34,14 +33,12 @@ from app.widgets.messages import AssistantMessageView
 from app.widgets.prompt_input import PromptInput
 from app.widgets.sidebar import Sidebar
 from app.widgets.status_bar import StatusBar
-from engine import Engine, EngineError
+from engine import EngineError
 from storage.db import StorageError
 from storage.preferences import Preferences
 
 STYLES = Path(__file__).resolve().parent.parent / "assets" / "kvchat.tcss"
 STATUS_TICK_S = 0.25  # the status bar is redrawn 4 times a second while a reply is generated
-
-LoadEngine = Callable[[str | None, Callable[[str], None]], Engine]
 
 
 class KvchatApp(ReplyActions, PanelActions, LibraryActions, App):
@@ -62,10 +59,10 @@ class KvchatApp(ReplyActions, PanelActions, LibraryActions, App):
         Binding("ctrl+q", "quit", "Quit", priority=True),
     ]
 
-    def __init__(self, load_engine: LoadEngine, storage: Storage, overrides: dict | None = None,
+    def __init__(self, load_engine: LoadBackend, storage: Storage, overrides: dict | None = None,
                  system: str | None = None, conversation_id: str | None = None, model: str | None = None,
                  engine_thread: EngineThread | None = None):
-        """`load_engine(model_spec, progress)`; `overrides`: sampling settings given on the command line
+        """`load_engine(model_spec, progress)`: the embedded engine or a remote server; `overrides`: sampling settings given on the command line
         (they win over a conversation's own); `conversation_id`: a saved conversation to open."""
         super().__init__()
         self._load_engine = load_engine
@@ -77,8 +74,8 @@ class KvchatApp(ReplyActions, PanelActions, LibraryActions, App):
         self._owns_engine_thread = engine_thread is None  # a shared one (benchmarks) outlives the app
         self.preferences = Preferences()
         self.conversation_id = conversation_id  # the conversation shown (None: a new one)
-        self.engine: Engine | None = None  # the UI's view of the engine: set when EngineReady arrives
-        self._loaded: Engine | None = None  # the engine thread's: set as soon as a load ends
+        self.engine: Backend | None = None  # the UI's view of the engine: set when EngineReady arrives
+        self._loaded: Backend | None = None  # the engine thread's: set as soon as a load ends
         self.session: ChatSession | None = None  # the shown conversation's, once it is ready
         self._ticket = 0  # which conversation opening the next SessionReady must belong to
         self.reply: AssistantMessageView | None = None
@@ -175,7 +172,7 @@ class KvchatApp(ReplyActions, PanelActions, LibraryActions, App):
             conversation = saved.conversation
             system = conversation.system if conversation else self.system
             params = sampling_params(overrides, conversation.params if conversation else None)
-            session = ChatSession(engine, system, params, saved)
+            session = chat_session(engine, system, params, saved)
         except (EngineError, StorageError) as exc:
             self.post_message(SessionFailed(ticket, str(exc)))
             return
@@ -189,11 +186,12 @@ class KvchatApp(ReplyActions, PanelActions, LibraryActions, App):
         info = engine.info
         bar = self.query_one(StatusBar)
         bar.context_window = info.context_window
-        bar.device = f"{info.model_name} · {info.device} {info.dtype}"
+        bar.device = f"{info.model_name} · {info.device} {info.dtype}".rstrip()
         bar.kv_cache = engine.cache_stats()
         prompt = self.query_one(PromptInput)
-        prompt.context_window, prompt.max_chars = info.context_window, MAX_CHARS_PER_TOKEN * info.context_window
-        bar.show("idle", f"loaded in {info.load_ms / 1e3:.1f} s")
+        window = info.context_window or None  # a server may not say
+        prompt.context_window, prompt.max_chars = window, window and MAX_CHARS_PER_TOKEN * window
+        bar.show("idle", f"{'connected' if is_remote(engine) else 'loaded'} in {info.load_ms / 1e3:.1f} s")
 
     def on_engine_failed(self, message: EngineFailed) -> None:
         self.query_one(StatusBar).show("no model", message.error)
@@ -274,11 +272,10 @@ class KvchatApp(ReplyActions, PanelActions, LibraryActions, App):
 
 
 def run_tui(args: argparse.Namespace) -> int:
-    options = engine_options(args)
+    load = backend_loader(args)
     storage = Storage.open(args.snapshot_gb)
     try:
-        app = KvchatApp(lambda spec, progress: Engine.load(dataclasses.replace(options, model=spec), progress=progress),
-                        storage, overrides={name: getattr(args, name, None) for name in SAMPLING_FIELDS},
+        app = KvchatApp(load, storage, overrides={name: getattr(args, name, None) for name in SAMPLING_FIELDS},
                         system=args.system, conversation_id=args.conversation, model=args.model)
         app.run()
         app.engine_thread.stop()  # the reply it stopped, or the model it was loading, ends first

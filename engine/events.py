@@ -15,10 +15,11 @@ class RequestStats:
     """What one request cost. Times in ms; throughputs in tokens/s."""
 
     prompt_tokens: int = 0
-    cached_tokens: int = 0  # prompt tokens whose K/V were reused
-    prefilled_tokens: int = 0  # prompt tokens computed by prefill
+    # None: not known (a remote server that does not report its cache hits); the engine always knows.
+    cached_tokens: int | None = 0  # prompt tokens whose K/V were reused
+    prefilled_tokens: int | None = 0  # prompt tokens computed by prefill
     generated_tokens: int = 0
-    cache_source: str = "none"  # device | host | disk | none
+    cache_source: str = "none"  # device | host | disk | none (| server, for a remote server's hits)
     ttft_ms: float = 0.0  # submit -> first token sampled
     prefill_ms: float = 0.0
     decode_ms: float = 0.0  # first token -> last token
@@ -26,7 +27,8 @@ class RequestStats:
 
     @property
     def prefill_tokens_per_s(self) -> float:
-        return self.prefilled_tokens / (self.prefill_ms / 1e3) if self.prefill_ms > 0 else 0.0
+        known = self.prefilled_tokens is not None and self.prefill_ms > 0
+        return self.prefilled_tokens / (self.prefill_ms / 1e3) if known else 0.0
 
     @property
     def decode_tokens_per_s(self) -> float:

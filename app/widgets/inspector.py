@@ -17,6 +17,8 @@ from textual.containers import Vertical
 from textual.widget import Widget
 from textual.widgets import Sparkline, Static
 
+from app.stats_text import cached_text
+
 HINT = "Select a reply to see where its time went."
 NO_NUMBERS = "No numbers were kept for this reply."
 FINISH_REASONS = {"stop": "end of reply", "length": "length limit", "stopped": "stopped by you"}
@@ -102,9 +104,7 @@ def timeline_legend(stats: dict) -> str:
 def prompt_legend(stats: dict, split: tuple[float, float]) -> str:
     """"1,024 cached (disk) · 12 computed"."""
     cached, computed = split
-    source = stats.get("cache_source")
-    where = f" ({source})" if cached and isinstance(source, str) and source != "none" else ""
-    return f"{format_count(cached)} cached{where} · {format_count(computed)} computed"
+    return f"{cached_text(cached, stats.get('cache_source'))} · {format_count(computed)} computed"
 
 
 def number_lines(stats: dict) -> list[str]:

@@ -17,6 +17,7 @@ from textual.message import Message
 from textual.widgets import Markdown, Static
 
 from app.chat import ChatMessage
+from app.stats_text import cached_text
 
 STATUS_NOTES = {"stopped": "stopped", "interrupted": "interrupted", "streaming": "still being written"}
 _FENCE = re.compile(r"^(```|~~~)[^\n]*\n(.*?)^\1[ \t]*$", re.MULTILINE | re.DOTALL)
@@ -44,8 +45,7 @@ def stats_summary(stats: dict | None) -> str:
     if stats.get("decode_tokens_per_s"):
         parts.append(f"{stats['decode_tokens_per_s']:.1f} tok/s")
     if "cached_tokens" in stats:
-        source = stats.get("cache_source", "none")
-        parts.append(f"{stats['cached_tokens']} cached" + (f" ({source})" if stats["cached_tokens"] else ""))
+        parts.append(cached_text(stats["cached_tokens"], stats.get("cache_source")))
     return " · ".join(parts)
 
 

@@ -16,6 +16,15 @@ from textual.widget import Widget
 from engine import RequestStats
 
 
+def prompt_text(s: RequestStats) -> str:
+    """"prompt 120 (100 cached from device, 20 computed)"; a remote server's counts come with its usage
+    report at the end, and the cached part only if it reports one."""
+    if s.cached_tokens is None:
+        return f"prompt {s.prompt_tokens} (cached n/a)" if s.phase == "done" and s.prompt_tokens else "prompt …"
+    source = f" from {s.cache_source}" if s.cached_tokens else ""
+    return f"prompt {s.prompt_tokens} ({s.cached_tokens} cached{source}, {s.prefilled_tokens} computed)"
+
+
 class StatusBar(Widget):
     """A Widget that renders its own line, not a Static: Static.update() asks for a layout of the
     whole screen, which redrawing the status 9 times a second while a reply streams cannot afford
@@ -59,8 +68,7 @@ class StatusBar(Widget):
         if s is not None:
             parts.append(f"TTFT {s.ttft_ms:.0f} ms" if s.generated_tokens else "TTFT …")
             parts.append(f"{s.decode_tokens_per_s:.1f} tok/s")
-            source = f" from {s.cache_source}" if s.cached_tokens else ""
-            parts.append(f"prompt {s.prompt_tokens} ({s.cached_tokens} cached{source}, {s.prefilled_tokens} computed)")
+            parts.append(prompt_text(s))
             if self.context_window:
                 parts.append(f"context {s.prompt_tokens + s.generated_tokens}/{self.context_window}")
         if self.kv_cache.get("enabled"):
