@@ -215,8 +215,14 @@ class ChatSession:
             self.generation = None
             if saved is not None and done is not None:
                 saved.save_kv(self.engine, self.seen_ids)
-            elif saved is not None:  # an engine error, or the consumer walked away before the end
-                saved.reply_failed(pieces, ids, len(prompt))
+            elif done is None:  # an engine or server error, or the consumer walked away before the end
+                self._keep_interrupted("".join(pieces), saved.reply_failed(pieces, ids, len(prompt)) if saved else None)
+
+    def _keep_interrupted(self, text: str, message_id: str | None) -> None:
+        """What a failed reply said stays in the conversation, marked interrupted, as it is when the
+        conversation is opened again: the next message follows it, and the model sees it (re-tokenized)."""
+        if text:
+            self.messages.append(ChatMessage("assistant", text, 0, message_id, "interrupted"))
 
     def cancel(self) -> None:
         """Stop the reply in progress, if any (safe from any thread)."""

@@ -82,23 +82,34 @@ class ReplyActions:
         if message.done is None:
             bar.show("idle", "failed")
             self.notify(message.error or "The reply failed.", severity="error", timeout=10)
-            if reply is not None:
+            kept = session.messages[-1] if session and session.messages else None
+            if reply is not None and kept is not None and kept.status == "interrupted":
+                # What it said is part of the conversation now (ChatSession kept it, and stored it).
+                self.query_one(ChatView).messages[reply.index] = kept
+                await reply.finish(kept, self._alternatives(kept) if kept.id else [])
+            elif reply is not None:  # nothing was said: the empty reply is shown as interrupted
                 reply.message.status = "interrupted"
                 reply.refresh_header()
+            await self._show_conversation_saved()  # the user's message was, whatever happened after it
             return
         stored = session.messages[-1] if session and session.messages[-1].role == "assistant" else None
         if reply is not None and stored is not None:
             self.query_one(ChatView).messages[reply.index] = stored
             await reply.finish(stored, self._alternatives(stored) if stored.id else [])
         bar.show("idle", FINISH_NOTES.get(message.done.finish_reason, message.done.finish_reason), message.done.stats)
-        if session and session.saved and session.saved.id != self.conversation_id:  # the first message made it
+        await self._show_conversation_saved()
+        if reply is not None and stored is not None:
+            self.reply = None  # so the inspector shows the finished reply, not the live one
+            self._inspect(reply)
+
+    async def _show_conversation_saved(self) -> None:
+        """The sidebar lists the conversation as it now is (the first message created it)."""
+        session = self.session
+        if session and session.saved and session.saved.id != self.conversation_id:
             self.conversation_id = session.saved.id
         sidebar = self.query_one(Sidebar)
         await sidebar.refresh_list()
         sidebar.highlight(self.conversation_id)
-        if reply is not None and stored is not None:
-            self.reply = None  # so the inspector shows the finished reply, not the live one
-            self._inspect(reply)
 
     def action_stop(self) -> None:
         if self.generating and self.session is not None:

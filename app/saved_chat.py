@@ -230,9 +230,10 @@ class SavedConversation:
         self.leaf, self._reply, self._saved_at = self._reply, None, float("-inf")
         return self.leaf
 
-    def reply_failed(self, pieces: list[str], token_ids: list[int], token_start: int) -> None:
-        """The reply ended without a result (an engine error): keep what it said, as interrupted.
-        Runs while that error propagates, so a storage failure here is only logged."""
+    def reply_failed(self, pieces: list[str], token_ids: list[int], token_start: int) -> str | None:
+        """The reply ended without a result (an engine error): keep what it said, as interrupted; returns
+        its id (None if nothing was said, or it could not be stored). Runs while that error propagates,
+        so a storage failure here is only logged."""
         try:
             if self._reply is not None:
                 self.store.update_message(self._reply, text="".join(pieces), token_ids=token_ids,
@@ -242,6 +243,8 @@ class SavedConversation:
                                                      token_start, token_ids, status="interrupted").id
         except StorageError as exc:
             log.warning("kvchat: the interrupted reply could not be saved (%s)", exc)
-        if self._reply is not None:
-            self.leaf = self._reply
+        kept = self._reply
+        if kept is not None:
+            self.leaf = kept
         self._reply, self._saved_at = None, float("-inf")
+        return kept

@@ -156,6 +156,12 @@ def test_a_reply_cut_by_an_engine_error_is_kept_as_interrupted(tiny_engine, stor
     user, reply_row = storage.conversations.branch(session.saved.id)
     assert (user.text, reply_row.status, reply_row.text) == ("go", "interrupted", "".join(texts))
     assert len(reply_row.token_ids) == 6
+    # In memory as on disk: the partial reply is part of the conversation, and the next message follows it.
+    kept = session.messages[-1]
+    assert (kept.role, kept.content, kept.status, kept.id) == ("assistant", "".join(texts), "interrupted", reply_row.id)
+    monkeypatch.setattr(tiny_engine, "forward", forward)
+    list(session.send("go on"))
+    assert [m.text for m in storage.conversations.branch(session.saved.id)][:3] == ["go", "".join(texts), "go on"]
 
 
 def test_a_database_that_fails_mid_reply_does_not_stop_the_reply(tiny_engine, storage, monkeypatch):

@@ -3,53 +3,19 @@
 from __future__ import annotations
 
 import logging
-import socket
-import threading
 import time
 
 import httpx  # the test extra installs the server and both clients: nothing here is optional
 import openai
 import pytest
-import uvicorn
 
 from app.chat import ChatSession
 from app.openai_api import create_app
 from app.openai_runner import StopText
 from engine import Done, SamplingParams
+from tests.app.serve_harness import Server, wait_until
 
 API_KEY = "test-key"
-
-
-def wait_until(condition, timeout: float = 10.0, what: str = "the condition"):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
-
-
-class Server:
-    def __init__(self, engine, api_key: str | None):
-        self.engine = engine
-        self.app = create_app(engine, api_key=api_key)
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        config = uvicorn.Config(self.app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, name="test-uvicorn")
-
-    def __enter__(self) -> "Server":
-        self.thread.start()
-        wait_until(lambda: self.server.started or not self.thread.is_alive(), what="the server to start")
-        assert self.server.started, "the server did not start"
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=15)
-        self.sock.close()
-        assert not self.thread.is_alive(), "the server did not stop"
 
 
 @pytest.fixture
@@ -59,7 +25,7 @@ def engine(tiny_engine):
 
 @pytest.fixture
 def server(engine):
-    with Server(engine, API_KEY) as running:
+    with Server(create_app(engine, api_key=API_KEY)) as running:
         yield running
 
 

@@ -1,0 +1,140 @@
+"""The chat app on a remote server (--remote), driven by Pilot: end to end on `kvchat serve`, and on a fake
+vLLM-like server for what a real one reports and how it fails."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from app.chat import ChatSession
+from app.openai_api import create_app
+from app.remote_engine import RemoteEngine
+from app.saved_chat import Storage
+from app.widgets.chat_view import ChatView
+from app.widgets.messages import AssistantMessageView
+from app.widgets.status_bar import StatusBar
+from engine import Done, SamplingParams
+from tests.app.fake_openai_server import FakeServer
+from tests.app.pilot import wait_until
+from tests.app.serve_harness import Server
+from tests.app.tui_harness import RecordingApp, exchange, ready, send
+
+
+@pytest.fixture
+def remotes():
+    """Every RemoteEngine the apps of a test connected, closed after it."""
+    made: list[RemoteEngine] = []
+    yield made
+    for remote in made:
+        remote.close()
+
+
+def remote_app(url: str, api_key: str | None, remotes: list, storage: Storage, **kwargs) -> RecordingApp:
+    def connect(spec, progress):
+        remotes.append(RemoteEngine.connect(url, api_key, spec, progress))
+        return remotes[-1]
+
+    return RecordingApp(connect, storage, overrides={"temperature": 0, "max_tokens": 12}, **kwargs)
+
+
+def status(app) -> str:
+    return app.query_one(StatusBar).status_text()
+
+
+@pytest.fixture
+def storage():
+    storage = Storage.open()
+    yield storage
+    storage.close()
+
+
+async def test_the_chat_app_on_kvchat_serve_chats_saves_and_resumes(tiny_engine, remotes, storage, kvchat_home):
+    engine = tiny_engine.with_fresh_cache()
+    with Server(create_app(engine, api_key="k")) as server:
+        app = remote_app(server.url, "k", remotes, storage)
+        async with app.run_test() as pilot:
+            await ready(pilot)
+            assert "· remote 127.0.0.1:" in status(app) and "KV " not in status(app)
+            await exchange(pilot, "Hello there")
+            local = ChatSession(tiny_engine.with_fresh_cache(), params=SamplingParams(temperature=0, max_tokens=12))
+            expected = next(e for e in local.send("Hello there") if isinstance(e, Done))
+            assert app.session.messages[1].content == expected.text  # the embedded engine's own greedy reply
+            await exchange(pilot, "Tell me more")
+            assert re.search(r"prompt \d+ \(\d+ cached from server, \d+ computed\)", status(app))
+            assert app.session.messages[-1].stats["cached_tokens"] > 0
+            conversation = app.conversation_id
+
+        reopened = remote_app(server.url, "k", remotes, storage, conversation_id=conversation)
+        async with reopened.run_test() as pilot:
+            await ready(pilot)
+            shown = [m.content for m in reopened.query_one(ChatView).messages]
+            assert shown == [m.content for m in app.session.messages]
+            await exchange(pilot, "Once more")
+            assert len(reopened.session.messages) == 6
+    stored = storage.conversations.branch(conversation)
+    assert [m.role for m in stored] == ["user", "assistant"] * 3 and all(m.status == "complete" for m in stored)
+    storage.writer.close()
+    assert not [p for p in kvchat_home.rglob("*") if p.is_file() and not p.name.startswith("kvchat.db")]
+
+
+@pytest.fixture
+def fake():
+    fake = FakeServer()
+    with Server(fake.app, log_level="critical") as server:
+        fake.url = server.url
+        yield fake
+
+
+async def test_a_server_failing_mid_reply_is_a_notification_and_the_partial_reply_stays(fake, remotes, storage):
+    fake.script.fail_after = 2
+    app = remote_app(fake.url, None, remotes, storage)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, "Hi there")
+        await wait_until(pilot, lambda: not app.generating and any("mid-reply" in n for n in app.notices))
+        assert "The server failed mid-reply: scripted: the engine died" in app.notices
+        view = app.query(AssistantMessageView).last()
+        assert (view.text, view.message.status) == ("Hello from", "interrupted")
+        assert "interrupted" in view.header_text()
+        assert status(app).startswith("idle: failed")
+
+        fake.script.fail_after = None  # the server is back: the chat goes on after the partial reply
+        await exchange(pilot, "Go on")
+        assert [m["content"] for m in fake.requests[-1]["messages"]] == ["Hi there", "Hello from", "Go on"]
+    stored = storage.conversations.branch(app.conversation_id)
+    assert [(m.text, m.status) for m in stored] == [("Hi there", "complete"), ("Hello from", "interrupted"),
+                                                    ("Go on", "complete"), ("Hello from the server.", "complete")]
+
+
+async def test_an_http_500_keeps_the_message_and_says_so(fake, remotes, storage):
+    fake.script.status = 500
+    app = remote_app(fake.url, None, remotes, storage)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, "Hi there")
+        await wait_until(pilot, lambda: not app.generating and app.notices)
+        assert app.notices[-1] == "The server refused the request (HTTP 500): scripted failure 500"
+        assert app.query(AssistantMessageView).last().message.status == "interrupted"
+    assert [m.text for m in storage.conversations.branch(app.conversation_id)] == ["Hi there"]
+
+
+async def test_a_server_that_does_not_report_cache_hits_shows_n_a(fake, remotes, storage):
+    fake.script.usage = {"prompt_tokens": 42, "completion_tokens": 3, "total_tokens": 45}
+    app = remote_app(fake.url, None, remotes, storage)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await exchange(pilot, "Hi there")
+        assert "prompt 42 (cached n/a)" in status(app) and "context 45/4096" in status(app)
+        assert "cached n/a" in app.query(AssistantMessageView).last().header_text()
+
+
+async def test_no_server_is_one_notification_and_nothing_is_sent(remotes, storage):
+    with Server(FakeServer().app) as gone:
+        url = gone.url
+    app = remote_app(url, None, remotes, storage)
+    async with app.run_test() as pilot:
+        await wait_until(pilot, lambda: app.query_one(StatusBar).phase == "no model")
+        assert any(n.startswith("Cannot reach the server at") and "is it running?" in n for n in app.notices)
+        await send(pilot, "anyone?")
+        await wait_until(pilot, lambda: any("No model is loaded" in n for n in app.notices))
