@@ -132,9 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--ui", action="store_true",
                        help="only the chat app's costs: streaming with and without the UI, opening 500 messages")
     bench.add_argument("--no-ui", action="store_true", help="skip the chat app's costs")
+    from app.bench_serve import add_arguments as serve_arguments
     from app.bench_synthetic import add_arguments as synthetic_arguments
 
     synthetic_arguments(bench)
+    serve_arguments(bench)
     _engine_options(bench, top_level=False)
     return parser
 
@@ -184,6 +186,10 @@ def main(argv: list[str] | None = None) -> int:
             from app.serve import run_serve
 
             return run_serve(args)
+        if args.command == "bench" and args.serve:
+            from app.bench_serve import run_serve_bench
+
+            return run_serve_bench(args)
         if args.command == "bench" and args.synthetic:
             from app.bench_synthetic import run_synthetic_bench
 
