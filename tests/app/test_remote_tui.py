@@ -6,11 +6,13 @@ from __future__ import annotations
 import re
 
 import pytest
+from textual.widgets import Select
 
 from app.chat import ChatSession
 from app.openai_api import create_app
 from app.remote_engine import RemoteEngine
 from app.saved_chat import Storage
+from app.screens.settings import SettingsScreen
 from app.widgets.chat_view import ChatView
 from app.widgets.messages import AssistantMessageView
 from app.widgets.status_bar import StatusBar
@@ -86,14 +88,20 @@ def fake():
         yield fake
 
 
+async def failed_reply(pilot, text: str) -> str:
+    """Send `text` once the chat is ready; the notification its failed reply brought."""
+    app = pilot.app
+    await ready(pilot)
+    await send(pilot, text)
+    await wait_until(pilot, lambda: not app.generating and app.notices)
+    return app.notices[-1]
+
+
 async def test_a_server_failing_mid_reply_is_a_notification_and_the_partial_reply_stays(fake, remotes, storage):
     fake.script.fail_after = 2
     app = remote_app(fake.url, None, remotes, storage)
     async with app.run_test() as pilot:
-        await ready(pilot)
-        await send(pilot, "Hi there")
-        await wait_until(pilot, lambda: not app.generating and any("mid-reply" in n for n in app.notices))
-        assert "The server failed mid-reply: scripted: the engine died" in app.notices
+        assert await failed_reply(pilot, "Hi there") == "The server failed mid-reply: scripted: the engine died"
         view = app.query(AssistantMessageView).last()
         assert (view.text, view.message.status) == ("Hello from", "interrupted")
         assert "interrupted" in view.header_text()
@@ -111,10 +119,7 @@ async def test_an_http_500_keeps_the_message_and_says_so(fake, remotes, storage)
     fake.script.status = 500
     app = remote_app(fake.url, None, remotes, storage)
     async with app.run_test() as pilot:
-        await ready(pilot)
-        await send(pilot, "Hi there")
-        await wait_until(pilot, lambda: not app.generating and app.notices)
-        assert app.notices[-1] == "The server refused the request (HTTP 500): scripted failure 500"
+        assert await failed_reply(pilot, "Hi there") == "The server refused the request (HTTP 500): scripted failure 500"
         assert app.query(AssistantMessageView).last().message.status == "interrupted"
     assert [m.text for m in storage.conversations.branch(app.conversation_id)] == ["Hi there"]
 
@@ -138,3 +143,25 @@ async def test_no_server_is_one_notification_and_nothing_is_sent(remotes, storag
         assert any(n.startswith("Cannot reach the server at") and "is it running?" in n for n in app.notices)
         await send(pilot, "anyone?")
         await wait_until(pilot, lambda: any("No model is loaded" in n for n in app.notices))
+
+
+async def test_the_settings_offer_the_servers_models_and_switching_reconnects(remotes, storage):
+    fake = FakeServer(models=[{"id": "first/model", "max_model_len": 2048}, {"id": "second/model"}])
+    with Server(fake.app) as server:
+        app = remote_app(server.url, None, remotes, storage)
+        async with app.run_test(size=(110, 40)) as pilot:
+            await ready(pilot)
+            app.action_settings()
+            await wait_until(pilot, lambda: isinstance(app.screen, SettingsScreen) and app.screen.query("#model"))
+            screen = app.screen
+            assert [(m.name, m.spec) for m in screen.models] == [("first/model", None),
+                                                                  ("second/model", "second/model")]
+            assert screen.query_one("#model", Select).value is None  # the server's default, in use
+            screen.query_one("#model", Select).value = "second/model"
+            await pilot.press("ctrl+s")
+            await wait_until(pilot, lambda: app.engine is not None and app.engine.info.model_name == "second/model"
+                             and app.session is not None)
+            assert app.engine.context_window == 0  # this model's entry has no max_model_len
+            await exchange(pilot, "Hi there")
+            assert fake.requests[-1]["model"] == "second/model"
+            assert "prompt 42 (32 cached from server, 10 computed)" in status(app)
