@@ -33,9 +33,10 @@ class EngineReady(Message):
 
 
 class EngineFailed(Message):
-    def __init__(self, error: str):
+    def __init__(self, error: str, retry: bool = False):
+        """`retry`: trying again may work (a server that was not reachable), unlike a missing model."""
         super().__init__()
-        self.error = error
+        self.error, self.retry = error, retry
 
 
 class SessionReady(Message):

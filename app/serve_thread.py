@@ -11,9 +11,11 @@ import uvicorn
 
 
 class ServerThread:
-    def __init__(self, app, log_level: str = "warning"):
+    def __init__(self, app, log_level: str = "warning", port: int = 0):
+        """`port` 0: the system picks a free one, held until the server takes it."""
         self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))  # port 0: the system picks a free one, held until the server takes it
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port a stopped server just left
+        self.sock.bind(("127.0.0.1", port))
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(app, log_level=log_level, lifespan="on", timeout_graceful_shutdown=5)

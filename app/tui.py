@@ -24,6 +24,7 @@ from app.engine_events import EngineFailed, EngineReady, LoadProgress, SessionFa
 from app.engine_thread import EngineThread
 from app.library_actions import LibraryActions
 from app.panel_actions import PanelActions
+from app.remote_stream import RemoteError
 from app.reply_actions import ReplyActions
 from app.options import SAMPLING_FIELDS, sampling_params
 from app.saved_chat import SavedConversation, Storage
@@ -83,6 +84,7 @@ class KvchatApp(ReplyActions, PanelActions, LibraryActions, App):
         self.editing: int | None = None  # index of the user message being edited
         self._inspecting_live = True  # the inspector follows the reply being written
         self._queued_text: str | None = None  # typed before the session was ready: sent when it is
+        self._retry_load = False  # the last load failed in a way that trying again may fix
         self._closing = False
 
     # ---- layout and lifecycle ------------------------------------------------------------
@@ -152,7 +154,7 @@ class KvchatApp(ReplyActions, PanelActions, LibraryActions, App):
         try:
             engine = self._load_engine(spec, lambda step: self.post_message(LoadProgress(step)))
         except EngineError as exc:
-            self.post_message(EngineFailed(str(exc)))
+            self.post_message(EngineFailed(str(exc), retry=isinstance(exc, RemoteError)))
             return
         if not self._closing:
             self._loaded = engine
@@ -194,8 +196,18 @@ class KvchatApp(ReplyActions, PanelActions, LibraryActions, App):
         bar.show("idle", f"{'connected' if is_remote(engine) else 'loaded'} in {info.load_ms / 1e3:.1f} s")
 
     def on_engine_failed(self, message: EngineFailed) -> None:
+        self._retry_load = message.retry
         self.query_one(StatusBar).show("no model", message.error)
-        self.notify(message.error, title="The model could not be loaded", severity="error", timeout=30)
+        title = "The server could not be used" if message.retry else "The model could not be loaded"
+        self.notify(message.error, title=title, severity="error", timeout=30)
+
+    def _reload(self) -> None:
+        """Load the model again (the server may be up now), then open the conversation shown."""
+        self._retry_load = False
+        self.query_one(StatusBar).show("loading", "")
+        ticket, target = self._ticket, self.conversation_id
+        self.engine_thread.submit(lambda: self._load(self.model_spec))
+        self.engine_thread.submit(lambda: self._open_session(ticket, target))
 
     async def open_conversation(self, conversation_id: str | None) -> None:
         """Show a saved conversation (None: a new one) at once; it takes messages when its session is ready."""
@@ -247,6 +259,11 @@ class KvchatApp(ReplyActions, PanelActions, LibraryActions, App):
         no_model = self.engine is None and self.query_one(StatusBar).phase == "no model"
         if self.generating:
             self.notify("A reply is still being written; press Esc to stop it.", severity="warning")
+        elif no_model and self._retry_load:
+            self._queued_text = text
+            self._reload()
+            self.notify("Trying the server again" + ("; your message is sent once it answers." if text else "."),
+                        severity="warning")
         elif no_model:
             self.notify("No model is loaded; start kvchat again with a working --model.", severity="warning")
         elif self.engine is None or self.session is None:

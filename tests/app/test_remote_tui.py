@@ -134,15 +134,25 @@ async def test_a_server_that_does_not_report_cache_hits_shows_n_a(fake, remotes,
         assert "cached n/a" in app.query(AssistantMessageView).last().header_text()
 
 
-async def test_no_server_is_one_notification_and_nothing_is_sent(remotes, storage):
-    with Server(FakeServer().app) as gone:
-        url = gone.url
-    app = remote_app(url, None, remotes, storage)
+async def test_no_server_is_one_notification_and_a_message_tries_again(remotes, storage):
+    fake = FakeServer()
+    with Server(fake.app) as gone:
+        port = gone.port
+    app = remote_app(f"http://127.0.0.1:{port}", None, remotes, storage)
     async with app.run_test() as pilot:
         await wait_until(pilot, lambda: app.query_one(StatusBar).phase == "no model")
         assert any(n.startswith("Cannot reach the server at") and "is it running?" in n for n in app.notices)
-        await send(pilot, "anyone?")
-        await wait_until(pilot, lambda: any("No model is loaded" in n for n in app.notices))
+        await send(pilot, "anyone?")  # still down: tried again, and said so again
+        await wait_until(pilot, lambda: sum(n.startswith("Cannot reach") for n in app.notices) == 2)
+        assert "Trying the server again; your message is sent once it answers." in app.notices
+        assert app.session is None and not fake.requests
+
+        with Server(fake.app, port=port):  # the server is up now
+            await send(pilot, "anyone?")
+            await wait_until(pilot, lambda: app.session is not None and len(app.session.messages) == 2
+                             and not app.generating)
+        assert app.session.messages[-1].content == "Hello from the server."
+        assert [m["content"] for m in fake.requests[-1]["messages"]] == ["anyone?"]
 
 
 async def test_the_settings_offer_the_servers_models_and_switching_reconnects(remotes, storage):
