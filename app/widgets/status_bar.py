@@ -69,7 +69,7 @@ class StatusBar(Widget):
             parts.append(f"TTFT {s.ttft_ms:.0f} ms" if s.generated_tokens else "TTFT …")
             parts.append(f"{s.decode_tokens_per_s:.1f} tok/s")
             parts.append(prompt_text(s))
-            if self.context_window:
+            if self.context_window and s.prompt_tokens:  # a server's count comes at the end of the reply
                 parts.append(f"context {s.prompt_tokens + s.generated_tokens}/{self.context_window}")
         if self.kv_cache.get("enabled"):
             used, total = self.kv_cache["bytes_used"] / 2**20, self.kv_cache["bytes_total"] / 2**20

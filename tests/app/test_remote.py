@@ -285,3 +285,19 @@ def test_remote_flags_that_make_no_sense_exit_2(capsys):
     assert main(["--remote", "http://127.0.0.1:9/v1", "list"]) == 2
     assert main(["--api-key", "k", "ask", "hi"]) == 2
     assert "--api-key goes with --remote" in capsys.readouterr().err
+
+
+def test_a_local_conversation_continues_on_a_server_with_its_history_as_text(fake, remote, storage, tiny_engine):
+    engine = tiny_engine.with_fresh_cache()
+    local = chat_session(engine, "Be brief.", GREEDY, SavedConversation.new(storage, engine, "Be brief.", GREEDY))
+    _, first, _ = run(local.send("Hi there"))
+    saved = SavedConversation.open(storage, local.saved.id)
+    resumed = chat_session(remote, saved.conversation.system, GREEDY, saved)
+    assert resumed.notice is None  # no KV snapshot is looked for: the server has its own cache
+    run(resumed.send("Go on"))
+    assert fake.requests[-1]["messages"] == [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"},
+        {"role": "assistant", "content": first.text}, {"role": "user", "content": "Go on"}]
+    stored = storage.conversations.branch(local.saved.id)
+    assert [m.text for m in stored] == ["Hi there", first.text, "Go on", "Hello from the server."]
+    assert storage.conversations.get(local.saved.id).model == MODEL
