@@ -24,6 +24,7 @@ from engine import Engine, SamplingParams
 Backend = Engine | RemoteEngine
 LoadBackend = Callable[[str | None, Callable[[str], None]], Backend]
 
+
 def backend_loader(args: argparse.Namespace) -> LoadBackend:
     """`load(model_spec, progress)`: the TUI loads (and reloads, when the model is changed) through it.
     With --remote, the model spec is the name of one of the server's models (None: its first)."""

@@ -12,12 +12,11 @@ from app.widgets.inspector import Inspector
 from app.widgets.messages import AssistantMessageView, MessageView, UserMessageView
 from app.widgets.prompt_input import PromptInput
 from app.widgets.sidebar import Sidebar
-from app.widgets.status_bar import StatusBar
 from storage.db import StorageError
 
 
 class PanelActions:
-    """Needs: self.session, self.engine, self.model_spec, self.generating, self._load, self._open_session (KvchatApp)."""
+    """Needs: self.session, self.engine, self.model_spec, self.generating, self._reload (KvchatApp)."""
 
 
 
@@ -52,10 +51,7 @@ class PanelActions:
             await chat.add_note(f"Model changed to {new.model or 'the default model'}: it loads now, and the "
                                 "next reply recomputes the conversation with it.")
             self.engine = self.session = None
-            self.query_one(StatusBar).show("loading", "")
-            self.engine_thread.submit(lambda: self._load(new.model))
-            ticket, target = self._ticket, self.conversation_id
-            self.engine_thread.submit(lambda: self._open_session(ticket, target))
+            self._reload()
 
     def action_toggle_inspector(self) -> None:
         inspector = self.query_one(Inspector)

@@ -84,9 +84,7 @@ class ReplyActions:
             self.notify(message.error or "The reply failed.", severity="error", timeout=10)
             kept = session.messages[-1] if session and session.messages else None
             if reply is not None and kept is not None and kept.status == "interrupted":
-                # What it said is part of the conversation now (ChatSession kept it, and stored it).
-                self.query_one(ChatView).messages[reply.index] = kept
-                await reply.finish(kept, self._alternatives(kept) if kept.id else [])
+                await self._show_final(reply, kept)  # what it said is part of the conversation now
             elif reply is not None:  # nothing was said: the empty reply is shown as interrupted
                 reply.message.status = "interrupted"
                 reply.refresh_header()
@@ -94,13 +92,17 @@ class ReplyActions:
             return
         stored = session.messages[-1] if session and session.messages[-1].role == "assistant" else None
         if reply is not None and stored is not None:
-            self.query_one(ChatView).messages[reply.index] = stored
-            await reply.finish(stored, self._alternatives(stored) if stored.id else [])
+            await self._show_final(reply, stored)
         bar.show("idle", FINISH_NOTES.get(message.done.finish_reason, message.done.finish_reason), message.done.stats)
         await self._show_conversation_saved()
         if reply is not None and stored is not None:
             self.reply = None  # so the inspector shows the finished reply, not the live one
             self._inspect(reply)
+
+    async def _show_final(self, reply: AssistantMessageView, message: ChatMessage) -> None:
+        """The streamed reply's view becomes the session's message (its id, status and numbers)."""
+        self.query_one(ChatView).messages[reply.index] = message
+        await reply.finish(message, self._alternatives(message) if message.id else [])
 
     async def _show_conversation_saved(self) -> None:
         """The sidebar lists the conversation as it now is (the first message created it)."""

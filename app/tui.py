@@ -63,8 +63,9 @@ class KvchatApp(ReplyActions, PanelActions, LibraryActions, App):
     def __init__(self, load_engine: LoadBackend, storage: Storage, overrides: dict | None = None,
                  system: str | None = None, conversation_id: str | None = None, model: str | None = None,
                  engine_thread: EngineThread | None = None):
-        """`load_engine(model_spec, progress)`: the embedded engine or a remote server; `overrides`: sampling settings given on the command line
-        (they win over a conversation's own); `conversation_id`: a saved conversation to open."""
+        """`load_engine(model_spec, progress)`: the embedded engine or a remote server; `overrides`:
+        sampling settings given on the command line (they win over a conversation's own);
+        `conversation_id`: a saved conversation to open."""
         super().__init__()
         self._load_engine = load_engine
         self.storage = storage
@@ -202,7 +203,8 @@ class KvchatApp(ReplyActions, PanelActions, LibraryActions, App):
         self.notify(message.error, title=title, severity="error", timeout=30)
 
     def _reload(self) -> None:
-        """Load the model again (the server may be up now), then open the conversation shown."""
+        """Load self.model_spec again (a new model, or a server that may be up now), then open the
+        conversation shown with it."""
         self._retry_load = False
         self.query_one(StatusBar).show("loading", "")
         ticket, target = self._ticket, self.conversation_id
