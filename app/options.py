@@ -18,8 +18,17 @@ def engine_options(args: argparse.Namespace) -> EngineOptions:
 
 
 def sampling_params(args: argparse.Namespace, saved: dict | None = None) -> SamplingParams:
-    """Flags given on the command line win, then a conversation's saved settings, then the defaults."""
+    """Flags given on the command line win, then a conversation's saved settings, then the defaults.
+
+    A saved setting an earlier kvchat allowed but this one refuses (a seed of -1, a temperature of 40)
+    falls back to its default, so the conversation still opens; a flag out of range is a ValueError."""
     settings = dataclasses.asdict(SamplingParams())
-    settings.update({name: value for name, value in (saved or {}).items() if name in SAMPLING_FIELDS})
+    for name, value in (saved or {}).items():
+        if name in SAMPLING_FIELDS:
+            try:
+                SamplingParams(**{name: value})
+            except (ValueError, TypeError):
+                continue
+            settings[name] = value
     settings.update({name: getattr(args, name) for name in SAMPLING_FIELDS if getattr(args, name, None) is not None})
     return SamplingParams(**settings)

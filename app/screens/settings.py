@@ -18,8 +18,6 @@ from textual.widgets import Button, Input, Label, Select, Static, TextArea
 from app.local_models import LocalModel, model_from_spec
 from engine import SamplingParams
 
-# torch's manual_seed takes at most an unsigned 64-bit seed; a bigger one would fail only once generating.
-MAX_SEED = 2**64 - 1
 
 
 @dataclass(frozen=True)
@@ -27,6 +25,9 @@ class ChatSettings:
     system: str | None  # None = the model's own default system prompt
     params: SamplingParams
     model: str | None  # a model spec as --model takes it; None = the default
+
+
+SEED_RANGE = "The seed must be between 0 and 2^64 - 1, or empty for a random one."
 
 
 class InvalidField(ValueError):
@@ -201,9 +202,9 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
             try:
                 params = dataclasses.replace(params, **{field.param: field.parse(text)})
             except ValueError as error:  # the parser's or SamplingParams' own check
+                if field.param == "seed" and str(error).startswith("seed must be"):
+                    raise InvalidField("seed", SEED_RANGE) from None
                 raise InvalidField(field.id, _sentence(str(error))) from None
-        if params.seed is not None and not 0 <= params.seed <= MAX_SEED:
-            raise InvalidField("seed", "The seed must be between 0 and 2^64 - 1, or empty for a random one.")
         if self.context_window and params.max_tokens is not None and params.max_tokens >= self.context_window:
             raise InvalidField(
                 "max-tokens", f"Max tokens must be below the model's context window of {self.context_window} tokens."

@@ -3,7 +3,8 @@ from textual.app import App
 from textual.widgets import Input, Select, Static, TextArea
 
 from app.local_models import LocalModel
-from app.screens.settings import MAX_SEED, ChatSettings, SettingsScreen
+from app.screens.settings import ChatSettings, SettingsScreen
+from engine.sampling import MAX_SEED
 from engine import SamplingParams
 from tests.app.pilot import wait_until
 
@@ -97,7 +98,8 @@ async def test_an_empty_system_prompt_means_the_models_default(system):
     ("temperature", "warm", "Temperature must be a number, such as 0.7."),
     ("temperature", "", "Temperature must be a number, such as 0.7."),
     ("temperature", "nan", "Temperature must be a number, such as 0.7."),
-    ("temperature", "-0.1", "Temperature must be 0 (greedy) or positive."),
+    ("temperature", "-0.1", "Temperature must be from 0 (greedy) to 5."),
+    ("temperature", "40", "Temperature must be from 0 (greedy) to 5."),
     ("top-p", "0", "Top-p must be in (0, 1]."),
     ("top-p", "1.5", "Top-p must be in (0, 1]."),
     ("top-k", "2.5", "Top-k must be a whole number."),

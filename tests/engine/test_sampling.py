@@ -68,7 +68,29 @@ def test_repetition_penalty_divides_positive_and_multiplies_negative_logits_of_s
     (dict(min_p=2), "min-p"),
     (dict(repetition_penalty=0), "repetition penalty"),
     (dict(max_tokens=0), "max tokens"),
+    # Values that used to pass here and failed later, inside torch or as token soup.
+    (dict(temperature=1e308), "temperature"),
+    (dict(temperature=float("nan")), "temperature"),
+    (dict(temperature=float("inf")), "temperature"),
+    (dict(repetition_penalty=float("inf")), "repetition penalty"),
+    (dict(top_k=2**63), "top-k"),
+    (dict(seed=2**64), "seed"),
+    (dict(seed=-1), "seed"),
+    (dict(seed=1.5), "seed"),
 ])
 def test_invalid_parameters_are_refused_with_their_name(kw, words):
     with pytest.raises(ValueError, match=words):
         SamplingParams(**kw)
+
+
+@pytest.mark.parametrize("seed", [0, 2**63, 2**64 - 1])
+def test_every_seed_in_the_documented_range_reaches_the_generator(seed):
+    sampler = Sampler(SamplingParams(temperature=1.0, seed=seed), 4, [0], torch.device("cpu"))
+    assert sampler.generator.initial_seed() == seed
+
+
+def test_a_top_k_above_the_vocabulary_is_the_same_as_off():
+    logits = torch.tensor([0.1, 0.5, 0.2, 0.9])
+    wide = Sampler(SamplingParams(temperature=1.0, top_k=10**11, seed=3), 4, [0], torch.device("cpu"))
+    off = Sampler(SamplingParams(temperature=1.0, top_k=0, seed=3), 4, [0], torch.device("cpu"))
+    assert [wide(logits) for _ in range(20)] == [off(logits) for _ in range(20)]
