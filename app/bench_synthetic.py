@@ -12,6 +12,8 @@ import dataclasses
 import json
 import sys
 
+from app.arg_types import positive_int
+
 # The engine (torch) is imported inside the functions: add_arguments runs on every `kvchat` start.
 
 
@@ -20,16 +22,16 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
     group.add_argument("--synthetic", metavar="NAME", default=None,
                        help="measure a known model's shape with random weights, e.g. llama-3.1-8b (an unknown "
                             "name lists them all; --model is ignored)")
-    group.add_argument("--layers", type=int, default=None,
+    group.add_argument("--layers", type=positive_int, default=None,
                        help="keep only this many layers of the shape (a faster smoke test)")
     group.add_argument("--contexts", default=None, metavar="N,N",
                        help="decode context lengths (default: 512,8192 on a GPU, 128,1024 on a CPU)")
-    group.add_argument("--steps", type=int, default=None, help="decode steps per measurement (default: 64 / 16)")
-    group.add_argument("--prefill-tokens", type=int, default=None, help="cold prefill length (default: 8192 / 1024)")
-    group.add_argument("--history-tokens", type=int, default=None,
+    group.add_argument("--steps", type=positive_int, default=None, help="decode steps per measurement (default: 64 / 16)")
+    group.add_argument("--prefill-tokens", type=positive_int, default=None, help="cold prefill length (default: 8192 / 1024)")
+    group.add_argument("--history-tokens", type=positive_int, default=None,
                        help="cached history before the follow-up (default: as --prefill-tokens)")
-    group.add_argument("--new-tokens", type=int, default=None, help="new tokens of the follow-up (default: 32 / 16)")
-    group.add_argument("--hf-tokens", type=int, default=None,
+    group.add_argument("--new-tokens", type=positive_int, default=None, help="new tokens of the follow-up (default: 32 / 16)")
+    group.add_argument("--hf-tokens", type=positive_int, default=None,
                        help="tokens transformers' generate makes per run (default: 128 / 32)")
 
 

@@ -11,6 +11,8 @@ import argparse
 import os
 import sys
 
+from app.arg_types import non_negative_float, port, positive_float, positive_int
+
 # Quiet, offline Hugging Face libraries before anything imports them.
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -28,8 +30,9 @@ def _engine_options(parser: argparse.ArgumentParser, top_level: bool) -> None:
     group.add_argument("--device", default=default("auto"), choices=["auto", "cpu", "cuda"])
     group.add_argument("--dtype", default=default("auto"), choices=["auto", "float32", "bfloat16", "float16"],
                        help="auto: bfloat16 on CUDA, float32 on CPU (exact)")
-    group.add_argument("--threads", type=int, default=default(None), help="CPU threads (default: torch's choice)")
-    group.add_argument("--kv-cache-gb", type=float, default=default(None),
+    group.add_argument("--threads", type=positive_int, default=default(None),
+                       help="CPU threads (default: torch's choice)")
+    group.add_argument("--kv-cache-gb", type=positive_float, default=default(None),
                        help="memory for cached K/V (default: 80%% of free GPU memory, or min(2, RAM/4) GiB on a CPU)")
     group.add_argument("--no-prefix-cache", action="store_true", default=default(False),
                        help="compute every prompt in full (for baselines and checks)")
@@ -54,7 +57,7 @@ def _remote_options(parser: argparse.ArgumentParser, top_level: bool) -> None:
 
 def _storage_options(parser: argparse.ArgumentParser, top_level: bool) -> None:
     group = parser.add_argument_group("storage")
-    group.add_argument("--snapshot-gb", type=float, default=None if top_level else argparse.SUPPRESS,
+    group.add_argument("--snapshot-gb", type=non_negative_float, default=None if top_level else argparse.SUPPRESS,
                        help="disk space for saved KV caches; least recently used go first (default: 4)")
 
 
@@ -74,14 +77,21 @@ def _sampling_options(parser: argparse.ArgumentParser, top_level: bool) -> None:
     group.add_argument("--seed", type=int, default=default)
 
 
+class Parser(argparse.ArgumentParser):
+    """A mistake on the command line is one line, like every other kvchat error (not usage + error)."""
+
+    def error(self, message: str):
+        self.exit(2, f"kvchat: {message} (see `{self.prog} --help`).\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvchat", description="Chat with a local LLM in the terminal.")
+    parser = Parser(prog="kvchat", description="Chat with a local LLM in the terminal.")
     _engine_options(parser, top_level=True)
     _remote_options(parser, top_level=True)
     _storage_options(parser, top_level=True)
     parser.add_argument("--conversation", metavar="ID", help="open this saved conversation (id or unique prefix)")
     _sampling_options(parser, top_level=True)
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
     ask = commands.add_parser("ask", help="answer one message (in a new or a saved conversation) and exit")
     ask.add_argument("message", help="the message; '-' reads it from stdin")
@@ -94,30 +104,38 @@ def build_parser() -> argparse.ArgumentParser:
     _sampling_options(ask, top_level=False)
 
     listing = commands.add_parser("list", help="saved conversations, newest first")
-    listing.add_argument("--limit", type=int, default=None)
+    listing.add_argument("--limit", type=positive_int, default=None)
     listing.add_argument("--json", action="store_true", help="print one JSON array")
     show = commands.add_parser("show", help="print a saved conversation")
     show.add_argument("id", help="conversation id or unique prefix")
     export = commands.add_parser("export", help="write a saved conversation as Markdown or JSON")
     export.add_argument("id", help="conversation id or unique prefix")
     export.add_argument("--format", choices=["md", "json"], default="md")
-    export.add_argument("--output", "-o", metavar="FILE", help="default: stdout")
+    export.add_argument("--output", "-o", metavar="FILE", help="default (or -): stdout; an existing file is "
+                        "refused unless --force, a symlink always")
+    export.add_argument("--force", action="store_true", help="replace FILE if it exists")
     delete = commands.add_parser("delete", help="delete a saved conversation and its KV snapshot")
     delete.add_argument("id", help="conversation id or unique prefix")
     search = commands.add_parser("search", help="find messages containing every word of TEXT")
     search.add_argument("text")
-    search.add_argument("--limit", type=int, default=50)
+    search.add_argument("--limit", type=positive_int, default=50)
     search.add_argument("--json", action="store_true", help="print one JSON array")
     rename = commands.add_parser("rename", help="give a saved conversation a new title")
     rename.add_argument("id", help="conversation id or unique prefix")
     rename.add_argument("title")
+    db = commands.add_parser("db", help="check, back up, restore or recover the conversation database")
+    db.add_argument("action", choices=["check", "backup", "restore", "recover"],
+                    help="check: verify it; backup [FILE]: copy it now (default: the backups folder); "
+                         "restore [FILE]: put a backup in its place (default: the newest), the current file "
+                         "moved aside; recover: salvage what a damaged file still holds into a new database")
+    db.add_argument("file", nargs="?", metavar="FILE", help="the backup to write or to restore")
     for sub in (listing, show, export, delete, search, rename):
         _storage_options(sub, top_level=False)
 
     serve = commands.add_parser("serve", help="serve the model through an OpenAI-compatible HTTP API")
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (default: 127.0.0.1, this machine only)")
-    serve.add_argument("--port", type=int, default=8000, help="(default: 8000)")
+    serve.add_argument("--port", type=port, default=8000, help="(default: 8000)")
     serve.add_argument("--api-key", metavar="KEY", default=None,
                        help="require 'Authorization: Bearer KEY' on every request "
                             "(default: $KVCHAT_API_KEY, else none)")
@@ -125,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", help="measure prefill and decode against transformers")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
-    bench.add_argument("--repeat", type=int, default=None,
+    bench.add_argument("--repeat", type=positive_int, default=None,
                        help="runs per measurement (medians are reported; default 5, --synthetic: 3)")
     bench.add_argument("--quick", action="store_true", help="short prompts and few runs (a smoke test)")
     bench.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
@@ -178,6 +196,10 @@ def main(argv: list[str] | None = None) -> int:
             from app.conversations_cli import run_conversation_command
 
             return run_conversation_command(args)
+        if args.command == "db":
+            from app.db_cli import run_db_command
+
+            return run_db_command(args)
         if args.command == "ask":
             from app.ask import run_ask
 

@@ -63,6 +63,15 @@ def test_model_from_environment_and_before_the_subcommand(tiny_model_dir):
     (("ask", "hi", "--model", "/no/such/model"), 1, "No model found at /no/such/model"),
     (("ask", "hi", "--temperature", "-1"), 2, "temperature must be"),
     (("ask", "   "), 2, "the message is empty"),
+    # Each of these used to pass the parser and fail later: a traceback, or an overflow after the model loaded.
+    (("ask", "hi", "--threads", "-1"), 2, "--threads: must be 1 or more"),
+    (("ask", "hi", "--threads", "0"), 2, "--threads: must be 1 or more"),
+    (("serve", "--port", "99999"), 2, "a TCP port is from 1 to 65535"),
+    (("ask", "hi", "--seed", str(2**64)), 2, "seed must be a whole number from 0 to"),
+    (("ask", "hi", "--temperature", "1e308"), 2, "temperature must be from 0"),
+    (("ask", "hi", "--kv-cache-gb", "nan"), 2, "is not a finite number"),
+    (("list", "--limit", "-3"), 2, "--limit: must be 1 or more"),
+    (("ask",), 2, "the following arguments are required: message"),
 ])
 def test_user_mistakes_get_one_sentence_and_a_nonzero_exit(args, code, words):
     assert_one_clear_error(kvchat(*args), code, words)

@@ -1,0 +1,49 @@
+"""argparse types that refuse a bad value before anything loads: one phrase each, for "kvchat: ..." and exit 2."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def _number(text: str, kind: type) -> float | int:
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{shown(text)} is not a {'whole ' if kind is int else ''}number") from None
+    if kind is float and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{shown(text)} is not a finite number")
+    return value
+
+
+def positive_int(text: str) -> int:
+    value = _number(text, int)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = _number(text, float)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, not {shown(text)}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = _number(text, float)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {shown(text)}")
+    return value
+
+
+def port(text: str) -> int:
+    value = _number(text, int)
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a TCP port is from 1 to 65535, not {value}")
+    return value
+
+
+def shown(value: str, limit: int = 40) -> str:
+    """`value` as an error message quotes it: cut to `limit` characters, so a pasted blob is not echoed whole."""
+    return repr(value) if len(value) <= limit else repr(value[: limit - 1]) + "…"
