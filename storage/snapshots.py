@@ -11,7 +11,8 @@ cover the data exactly) before any tensor byte is read, and the tensor bytes
 must match the recorded sha256. Files are opened only under the data dir,
 never through a symlink (see snapshot_dir.py, which also keeps the size cap).
 Any problem raises SnapshotRejected with the reason; the caller recomputes
-the prefix instead.
+the prefix instead. A name that is not a regular file (a FIFO, a directory)
+is refused without reading from it, so a resume never blocks on it.
 """
 
 from __future__ import annotations
@@ -106,11 +107,20 @@ class SnapshotStore(SnapshotDir):
         (a damaged file is removed as well)."""
         path = self.path(conversation_id)
         try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            # O_NONBLOCK: opening a FIFO would otherwise wait for a writer forever (no effect on a file).
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
         except FileNotFoundError:
             return None
-        except OSError as exc:  # ELOOP: a symlink
+        except OSError as exc:  # ELOOP: a symlink; ENXIO: a socket
             raise SnapshotRejected(f"{path.name} cannot be opened safely ({exc.strerror})") from None
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError as exc:
+            os.close(fd)
+            raise SnapshotRejected(f"{path.name} cannot be read ({exc.strerror or exc})") from None
+        if not stat.S_ISREG(mode):  # a FIFO, a directory, a device: nothing is read from it, nor removed
+            os.close(fd)
+            raise SnapshotRejected(f"{path.name} is not a regular file")
         try:
             with os.fdopen(fd, "rb") as f:
                 snapshot = _read(f, fingerprint)
@@ -134,8 +144,6 @@ class _Damaged(Exception):
 
 def _read(f, fingerprint: str) -> KVSnapshot:
     size = os.fstat(f.fileno()).st_size
-    if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-        raise _Damaged("not a regular file")
     prefix = f.read(8)
     if len(prefix) < 8:
         raise _Damaged("shorter than a safetensors header")
