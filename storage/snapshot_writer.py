@@ -5,7 +5,10 @@ cache by the thread that generates (torch work on a second thread would make
 the engine's OpenMP thread pools fight: decode ran at half speed afterwards).
 This thread only checksums and writes. A newer submission for the same
 conversation replaces one not started yet: only the latest state is worth
-writing. `flush` waits until everything submitted is on disk (before the
+writing. A submission may carry `wanted` (e.g. "the conversation still
+exists"), which SnapshotStore.save asks right before and right after the
+file is renamed into place, so a conversation deleted meanwhile keeps no
+snapshot (see SnapshotStore.save for the deleter's half). `flush` waits until everything submitted is on disk (before the
 process exits); a failure is logged with one line and the old snapshot stays.
 """
 
@@ -13,26 +16,29 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 from engine.kv_snapshot import KVSnapshot
 from storage.snapshots import SnapshotStore
 
 log = logging.getLogger("kvchat")
 
+
 class SnapshotWriter:
     def __init__(self, store: SnapshotStore):
         self.store = store
-        self._pending: dict[str, KVSnapshot] = {}
+        self._pending: dict[str, tuple[KVSnapshot, Callable[[], bool] | None]] = {}
         self._busy = False
         self._closed = False
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="kvchat-snapshots", daemon=True)
         self._thread.start()
 
-    def submit(self, conversation_id: str, snapshot: KVSnapshot) -> None:
+    def submit(self, conversation_id: str, snapshot: KVSnapshot, wanted: Callable[[], bool] | None = None) -> None:
+        """Write `snapshot` in the background, unless `wanted` (asked on the writer thread) says no by then."""
         with self._cond:
             self._pending.pop(conversation_id, None)  # re-queued at the end: first come, first written
-            self._pending[conversation_id] = snapshot
+            self._pending[conversation_id] = (snapshot, wanted)
             self._cond.notify_all()
 
     def flush(self, timeout: float | None = None) -> bool:
@@ -53,18 +59,18 @@ class SnapshotWriter:
                 if self._closed and not self._pending:
                     return
                 conversation_id = next(iter(self._pending))
-                snapshot = self._pending.pop(conversation_id)
+                snapshot, wanted = self._pending.pop(conversation_id)
                 self._busy = True
             try:
-                self._write(conversation_id, snapshot)
+                self._write(conversation_id, snapshot, wanted)
             finally:
                 with self._cond:
                     self._busy = False
                     self._cond.notify_all()
 
-    def _write(self, conversation_id: str, snapshot: KVSnapshot) -> None:
+    def _write(self, conversation_id: str, snapshot: KVSnapshot, wanted: Callable[[], bool] | None) -> None:
         try:
-            self.store.save(conversation_id, snapshot)
+            self.store.save(conversation_id, snapshot, wanted=wanted)
         except Exception as exc:  # a snapshot is an optimisation: never let it take the chat down
             log.warning("kvchat: the KV snapshot of conversation %s was not saved (%s); "
                         "its history will be recomputed when it is resumed", conversation_id, exc)

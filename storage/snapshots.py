@@ -25,7 +25,7 @@ import os
 import secrets
 import stat
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -68,9 +68,19 @@ class SnapshotStore(SnapshotDir):
 
     # ---- writing --------------------------------------------------------------
 
-    def save(self, conversation_id: str, snapshot: KVSnapshot) -> int:
-        """Write atomically and durably; returns the file's size. Raises OSError (disk full, ...) with the
-        old snapshot left in place."""
+    def save(self, conversation_id: str, snapshot: KVSnapshot, wanted: Callable[[], bool] | None = None) -> int:
+        """Write atomically and durably; returns the file's size (0: not kept, because `wanted` said no).
+        Raises OSError (disk full, ...) with the old snapshot left in place.
+
+        `wanted` (e.g. "the conversation still exists") is asked before writing, right before the temp
+        file is renamed into place, and again right after; if it says no after the rename, the file is
+        removed again. So with a deleter that first makes `wanted` false (deletes the conversation) and
+        then unlinks the snapshot (`delete`), no snapshot of a deleted conversation survives, whatever
+        the interleaving: the rename happens either before the deleter's unlink, or after its delete, and
+        then the check after the rename sees it. An exception from `wanted` propagates, and the file
+        is not kept."""
+        if wanted is not None and not wanted():
+            return 0
         path = self.path(conversation_id)
         self.dir.mkdir(parents=True, exist_ok=True)
         token_ids = torch.tensor(snapshot.token_ids, dtype=torch.int64)
@@ -90,12 +100,26 @@ class SnapshotStore(SnapshotDir):
                 os.fsync(fd)
             finally:
                 os.close(fd)
+            if wanted is not None and not wanted():
+                temp.unlink()
+                return 0
             os.replace(temp, path)
         except BaseException:
             temp.unlink(missing_ok=True)
             raise
+        kept = False
+        try:
+            kept = wanted is None or wanted()
+        finally:
+            if not kept:  # deleted while it was renamed: the deleter's unlink may have come first
+                path.unlink(missing_ok=True)
         fsync_dir(self.dir)
-        size = path.stat().st_size
+        if not kept:
+            return 0
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:  # deleted just after the check: as it should be
+            return 0
         self.enforce_cap(keep=path)
         return size
 

@@ -15,7 +15,7 @@ class FakeStore:
         self.started = threading.Event()
         self.fail_for = set(fail_for)
 
-    def save(self, conversation_id, snapshot):
+    def save(self, conversation_id, snapshot, wanted=None):
         self.started.set()
         self.release.wait(10)
         if conversation_id in self.fail_for:
