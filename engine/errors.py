@@ -23,3 +23,13 @@ class ContextWindowError(EngineError):
             f"The prompt is {prompt_tokens} tokens but the model's context window is "
             f"{context_window} tokens; shorten the message or start a new conversation."
         )
+
+
+class NonFiniteLogitsError(EngineError):
+    """The first logits of a request (after its prefill) hold NaN or infinity. The prefix-cache blocks the
+    request reused, and those it computed, were dropped before this was raised, so the same prompt sent
+    again is computed from scratch."""
+
+    def __init__(self) -> None:
+        super().__init__("The model computed non-finite scores (NaN or infinity) for this prompt, so no reply "
+                         "was generated; the cached K/V it reused were dropped, so sending it again recomputes it.")

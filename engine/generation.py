@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.detokenizer import IncrementalDetokenizer
-from engine.errors import EngineError
+from engine.errors import EngineError, NonFiniteLogitsError
 from engine.events import Done, Event, RequestStats, Stats, TokenDelta
 from engine.kv_cache import KVCache
 from engine.sampling import Sampler, SamplingParams
@@ -70,12 +70,24 @@ class Generation:
         start = time.perf_counter()
         cache, source = engine.open_sequence(self.prompt_ids, self.use_prefix_cache)
         generated: list[int] = []
+        poisoned = False
         try:
             stats = RequestStats(prompt_tokens=len(self.prompt_ids), cached_tokens=cache.num_tokens,
                                  prefilled_tokens=len(self.prompt_ids) - cache.num_tokens, cache_source=source)
             yield from self._generate(cache, stats, start, generated)
+        except NonFiniteLogitsError:
+            poisoned = True
+            raise
         finally:
             engine.close_sequence(cache, self.prompt_ids + generated)
+            if poisoned:  # before the error reaches the caller, so a retry finds nothing of it cached
+                self._forget_prompt()
+
+    def _forget_prompt(self) -> None:
+        """Drop the prompt's cached blocks (reused or just computed): one of them gave non-finite logits."""
+        if self.engine.prefix_cache is not None and self.use_prefix_cache:
+            with self.engine._lock:  # the lock that serialises every cache operation (engine.py)
+                self.engine.prefix_cache.forget(self.prompt_ids)
 
     def _generate(self, cache: KVCache, stats: RequestStats, start: float, generated: list[int]) -> Iterator[Event]:
         engine = self.engine
@@ -86,6 +98,8 @@ class Generation:
             stats.phase = "done"
             yield Done("stopped", stats)
             return
+        if not torch.isfinite(logits[-1]).all():  # the sampler would turn NaN into an arbitrary token
+            raise NonFiniteLogitsError()
         token = sampler(logits[-1])
         generated.append(token)
         first_token_at = time.perf_counter()

@@ -28,6 +28,8 @@ Rules:
 - A snapshot read from disk enters the tree with `insert` (nodes marked
   `from_disk` until a match first uses them, so that match reports `disk`);
   `export` copies a cached sequence's blocks out for a snapshot.
+- `forget` drops the blocks a prefix would reuse and everything below them
+  (after a request computed NaN from them), except referenced nodes.
 """
 
 from __future__ import annotations
@@ -253,6 +255,22 @@ class PrefixCache:
             self._drop_superseded(parent, node)
             parent = node
         return (full - len(chain)) * size + (0 if tail_covered else len(tail))
+
+    def forget(self, tokens: list[int]) -> int:
+        """Drop what a match of `tokens` would use (its full blocks and the block lending its tail), with
+        everything cached below them, so the next request for `tokens` computes them afresh (their K/V
+        are not to be trusted). Nodes a running request references stay, with their ancestors.
+        Returns how many blocks were dropped."""
+        chain, lender, _ = self._walk(tokens, len(tokens))
+        first = chain[0] if chain else lender
+        return self._drop_unreferenced(first) if first is not None else 0
+
+    def _drop_unreferenced(self, node: Node) -> int:
+        dropped = sum(self._drop_unreferenced(child) for child in list(node.children.values()))
+        if node.refs == 0 and not node.children:
+            self._remove(node)
+            dropped += 1
+        return dropped
 
     # ---- memory ---------------------------------------------------------------
 
