@@ -27,7 +27,7 @@ from engine.block_kernels import BlockKernels, load_block_kernels
 from engine.block_linear import BlockQuantLinear
 from engine.decode_runner import DecodeRunner
 from engine.device import pick_device, pick_dtype
-from engine.errors import ContextWindowError, EngineError
+from engine.errors import ContextWindowError, EngineError, ModelError
 from engine.fast_path import decode_path
 from engine.fingerprint import model_fingerprint
 from engine.generation import Generation
@@ -36,7 +36,7 @@ from engine.kv_cache import ContiguousKVCache, KVCache
 from engine.kv_pool import KVPool
 from engine.kv_snapshot import KVSnapshot
 from engine.model import CausalLM
-from engine.model_source import resolve_model
+from engine.model_source import ModelSource, reconvert, resolve_model
 from engine.prefix_cache import KVCacheFullError, PrefixCache, common_prefix_length
 from engine.sampling import SamplingParams
 from engine.sequence_kv import SequenceKV
@@ -100,6 +100,17 @@ def _block_kernels(mode: str, device: torch.device, dtype: torch.dtype,
     return kernels
 
 
+def _load_model_dir(source: ModelSource, device: torch.device, dtype: torch.dtype, kernels: BlockKernels | None,
+                    progress: Callable[[str], None]) -> tuple[CausalLM, Tokenizer]:
+    """The model and tokenizer of `source`'s directory; ModelError if its files are wrong."""
+    progress("loading weights")
+    try:
+        model = load_model(source.path, device, dtype, kernels)
+    except torch.OutOfMemoryError:
+        raise EngineError(f"Not enough {device.type} memory to load {source.name} in {dtype}.") from None
+    return model, Tokenizer(source.path, model.cfg.eos_token_ids)
+
+
 def _describe_weights(model: CausalLM) -> str:
     formats = sorted({m.fmt for m in model.modules() if isinstance(m, BlockQuantLinear)})
     if not formats:
@@ -134,7 +145,8 @@ class Engine:
     @classmethod
     def load(cls, options: EngineOptions = EngineOptions(),
              progress: Callable[[str], None] = lambda _: None) -> "Engine":
-        """Resolve, (convert,) and load the model; raises EngineError with one clear sentence."""
+        """Resolve, (convert,) and load the model; raises EngineError with one clear sentence.
+        A converted GGUF cache that fails to load (ModelError) is converted again once (model_source.py)."""
         start = time.perf_counter()
         device = pick_device(options.device)
         dtype = pick_dtype(options.dtype, device)
@@ -143,12 +155,13 @@ class Engine:
         path = decode_path(options.paged_kv, options.cuda_graphs, options.compile, device, options.prefix_cache)
         source = resolve_model(options.model, progress)
         kernels = _block_kernels(options.weights, device, dtype, progress)
-        progress("loading weights")
         try:
-            model = load_model(source.path, device, dtype, kernels)
-        except torch.OutOfMemoryError:
-            raise EngineError(f"Not enough {device.type} memory to load {source.name} in {dtype}.") from None
-        tokenizer = Tokenizer(source.path, model.cfg.eos_token_ids)
+            model, tokenizer = _load_model_dir(source, device, dtype, kernels, progress)
+        except ModelError as exc:
+            if source.gguf is None or source.converted:
+                raise  # not our cache, or converted just now: converting again would give the same
+            source = reconvert(source, f"it cannot be loaded: {str(exc).rstrip('.')}", progress)
+            model, tokenizer = _load_model_dir(source, device, dtype, kernels, progress)
         prefix_cache = _prefix_cache(options, model, device, dtype) if options.prefix_cache else None
         info = LoadInfo(
             model_name=source.name,

