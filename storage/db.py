@@ -1,14 +1,20 @@
-"""Opening the conversation database, transactions, and SQLite errors said as one sentence."""
+"""Opening the conversation database (for writing, or read-only when it must be), transactions,
+and SQLite errors said as one sentence."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from sqlite_utils import Database
+
+from storage.db_files import companion, refuse_special_file
 
 # Two kvchat processes may write to one database; a writer waits this long for the other
 # one's transaction (they last milliseconds) before giving up.
@@ -26,6 +32,13 @@ _CAUSES = {
     sqlite3.SQLITE_CORRUPT: "The conversation database is damaged",
     sqlite3.SQLITE_NOTADB: "The conversation database is damaged or not a SQLite database",
 }
+_SALVAGE = "`kvchat db recover` salvages what it still holds"
+# What to do about it, where that is not plain from the cause.
+_ADVICE = {sqlite3.SQLITE_CORRUPT: _SALVAGE, sqlite3.SQLITE_NOTADB: _SALVAGE}
+# Reading a page the -shm index places in the -wal, past the log's end: the log was removed (or
+# cut short) while another connection had the database open. The database itself is sound.
+_WAL_GONE = ("The write-ahead log (the database's -wal file) was removed while another kvchat had it open",
+             "quit that kvchat (it still holds the latest changes and writes them back as it exits), then try again")
 
 
 class StorageError(Exception):
@@ -39,10 +52,13 @@ def sqlite_errors(consequence: str) -> Iterator[None]:
     try:
         yield
     except sqlite3.Error as error:
-        cause = _CAUSES.get(error.sqlite_errorcode & 0xFF)  # extended codes carry detail above 8 bits
+        code = error_code(error)
+        primary = code & 0xFF  # extended codes carry detail above 8 bits
+        cause, advice = _WAL_GONE if code == sqlite3.SQLITE_IOERR_SHORT_READ else (_CAUSES.get(primary),
+                                                                                  _ADVICE.get(primary))
         if cause is None:
             raise
-        raise StorageError(f"{cause}: {consequence}.") from error
+        raise StorageError(f"{cause}: {consequence}" + (f"; {advice}." if advice else ".")) from error
 
 
 @contextmanager
@@ -67,6 +83,11 @@ def transaction(db: Database, what: str = "the change") -> Iterator[Database]:
             raise
 
 
+def error_code(error: sqlite3.Error) -> int:
+    """SQLite's extended result code of `error` (0 for an error raised by Python's sqlite3 itself)."""
+    return getattr(error, "sqlite_errorcode", None) or 0
+
+
 def _enable_wal(conn: sqlite3.Connection) -> None:
     """WAL: readers never block the writer, so one kvchat can list conversations while another
     streams a reply. Also the first read of the file: garbage bytes fail here (SQLITE_NOTADB)."""
@@ -78,35 +99,254 @@ def _enable_wal(conn: sqlite3.Connection) -> None:
         except sqlite3.OperationalError as error:
             # Two processes switching a new file to WAL at once can deadlock on its lock; SQLite
             # then fails one at once instead of waiting, so that one waits and tries again.
-            if error.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY or time.monotonic() > deadline:
+            if error_code(error) & 0xFF != sqlite3.SQLITE_BUSY or time.monotonic() > deadline:
                 raise
             time.sleep(0.01)
 
 
-def open_database(path: Path) -> Database:
-    """Open (creating it and its directory if needed) the database at `path`, migrated to the
-    current schema. Raises StorageError for a file that is not a kvchat database."""
-    from storage.migrations import apply_migrations  # migrations.py builds on this module
+@dataclass(frozen=True)
+class OpenedDatabase:
+    """What open_database opened. `read_only_reason` is None when writes are allowed; otherwise the
+    connection is read-only (SQLite itself refuses writes) and it is the one sentence that says why
+    (a damaged file, a read-only folder, or that the caller asked only to read), for every write
+    the store refuses."""
 
+    db: Database
+    read_only_reason: str | None
+
+    @property
+    def writable(self) -> bool:
+        return self.read_only_reason is None
+
+
+READING_ONLY = "The conversation database was opened for reading only."
+
+
+def damaged_read_only(path: Path) -> str:
+    return f"{path} is damaged; kvchat opened it read-only; `kvchat db recover` salvages it."
+
+
+def open_database(path: Path, *, write: bool = True) -> OpenedDatabase:
+    """The database at `path`, at the current schema.
+
+    write=True (the chat, `kvchat ask`, delete, rename): created with its folder if missing, its
+    file checked (PRAGMA quick_check, storage/db_health.py), migrated, and backed up once a day
+    (storage/db_backup.py). A damaged file, or one in a read-only folder, is opened read-only
+    instead, with the reason. write=False (list, show, search, export): opened read-only, nothing
+    checked, migrated or created, so a lock held by another kvchat, a full disk or a read-only
+    folder does not stop reading. Raises StorageError, one sentence by cause, where it cannot be
+    read at all.
+    """
+    refuse_special_file(path)
+    if not write:
+        return OpenedDatabase(_open_for_reading(path), READING_ONLY)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise StorageError(f"Cannot create the folder {path.parent}: {error.strerror}.") from error
-    with sqlite_errors(f"{path} could not be opened (move it aside and kvchat starts a new one)"):
-        # Autocommit (isolation_level=None): transaction() decides where transactions begin.
-        # `timeout` is SQLite's busy timeout: a second kvchat waits instead of "database is locked".
-        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_S)
+    existed = path.exists()
+    reason = _write_refusal(path)
+    if reason is None:
         try:
-            _enable_wal(conn)
-            # NORMAL in WAL syncs at checkpoints, not at every commit: a committed transaction
-            # survives the process being killed (it is in the WAL file, in the OS cache), but a
-            # power loss or OS crash may lose the last few commits (never corrupting the file).
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute("PRAGMA foreign_keys=ON")
-            # No sqlite-utils plugins: whatever the user installed must not change our connection.
-            db = Database(conn, execute_plugins=False)
-            apply_migrations(db)
+            opened = _open_for_writing(path, existed)
+            if opened is not None:
+                return opened
+            reason = damaged_read_only(path)
+        except (sqlite3.Error, StorageError) as error:
+            cause = error if isinstance(error, sqlite3.Error) else error.__cause__
+            if not isinstance(cause, sqlite3.Error):
+                raise  # a database made by a newer kvchat
+            reason = _read_only_cause(path, cause)
+            if reason is None:
+                failure = cannot_open(path, cause)
+                if failure is cause:
+                    raise
+                raise failure from cause
+    elif not existed:
+        raise StorageError(f"{path.parent} cannot be written: kvchat cannot create its conversation database "
+                           "there; set KVCHAT_HOME to a folder it can write.")
+    return OpenedDatabase(_open_for_reading(path), reason)
+
+
+def _folder_writable(folder: Path) -> bool:
+    # Asked, not tried: a trial write would leave files in a folder that is only being read.
+    return os.access(folder, os.W_OK)
+
+
+def _folder_read_only(path: Path) -> str:
+    return f"The folder {path.parent} is read-only; kvchat opened {path.name} read-only (nothing new is saved)."
+
+
+def _file_read_only(path: Path) -> str:
+    return f"{path} is read-only; kvchat opened it read-only (nothing new is saved)."
+
+
+def _write_refusal(path: Path) -> str | None:
+    """Why `path` cannot be written (a read-only folder or file), or None."""
+    if not _folder_writable(path.parent):
+        return _folder_read_only(path)
+    if path.exists() and not os.access(path, os.W_OK):
+        return _file_read_only(path)
+    return None
+
+
+def _open_for_writing(path: Path, existed: bool) -> OpenedDatabase | None:
+    """None if quick_check finds the file damaged. Raises sqlite3.Error, or StorageError from a
+    migration, where SQLite failed."""
+    from storage import db_backup, db_health
+    from storage.migrations import apply_migrations  # migrations.py builds on this module
+
+    # Checked before anything writes: a damaged file is never opened for writing.
+    if existed and db_health.is_damaged(path):
+        return None
+    conn = connect(path)
+    try:
+        _enable_wal(conn)
+        # NORMAL in WAL syncs at checkpoints, not at every commit: a committed transaction
+        # survives the process being killed (it is in the WAL file, in the OS cache), but a
+        # power loss or OS crash may lose the last few commits (never corrupting the file).
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA foreign_keys=ON")
+        # No sqlite-utils plugins: whatever the user installed must not change our connection.
+        db = Database(conn, execute_plugins=False)
+        apply_migrations(db)
+    except BaseException:
+        conn.close()
+        raise
+    if existed:
+        db_backup.daily_backup_quietly(conn, path)
+    return OpenedDatabase(db, None)
+
+
+def _read_only_cause(path: Path, error: sqlite3.Error) -> str | None:
+    """The reason to open `path` read-only after opening it for writing failed with `error`, or None
+    (what os.access did not foresee: ACLs, a network filesystem, damage quick_check missed)."""
+    code = error_code(error)
+    if code == sqlite3.SQLITE_READONLY_DIRECTORY:
+        return _folder_read_only(path)
+    if code & 0xFF == sqlite3.SQLITE_READONLY:
+        return _file_read_only(path)
+    if code & 0xFF == sqlite3.SQLITE_CORRUPT:
+        return damaged_read_only(path)
+    return None
+
+
+def cannot_open(path: Path, error: sqlite3.Error) -> StorageError | sqlite3.Error:
+    """The one sentence for `path` that could not be opened, by what SQLite reported (reproduced
+    for each); `error` itself when it is not about the file or the disk (a bug)."""
+    code = error_code(error)
+    primary = code & 0xFF
+    if code == sqlite3.SQLITE_IOERR_SHORT_READ and companion(path, "-shm").exists():
+        sentence = (f"{companion(path, '-wal')} was removed while another kvchat had the database open: {_WAL_GONE[1]}"
+                    " (the conversations are intact)")
+    elif primary == sqlite3.SQLITE_FULL or code == sqlite3.SQLITE_IOERR_SHMSIZE or (
+            primary == sqlite3.SQLITE_IOERR and _disk_full(path.parent)):
+        sentence = (f"The disk is full: kvchat could not open {path} for writing; free some space and start "
+                    "again (nothing in it was changed)")
+    elif primary in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
+        sentence = (f"{path} is damaged or not a SQLite database: {_SALVAGE}, `kvchat db restore` puts the "
+                    "newest backup in its place")
+    elif primary in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+        sentence = f"{_LOCKED}: {path} could not be opened; try again when it is done"
+    elif primary in (sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_PERM):
+        sentence = f"{path} cannot be opened: check the permissions of the file and of its folder"
+    elif primary == sqlite3.SQLITE_IOERR:
+        sentence = f"{_CAUSES[primary]}: {path} could not be opened"
+    else:
+        return error
+    return StorageError(sentence + ".")
+
+
+# Failures to make the -shm index SQLite keeps beside a WAL database: a full disk (SHMSIZE), a
+# folder that cannot be written.
+_NO_INDEX = {sqlite3.SQLITE_IOERR_SHMSIZE, sqlite3.SQLITE_IOERR_SHMOPEN, sqlite3.SQLITE_READONLY_DIRECTORY,
+             sqlite3.SQLITE_CANTOPEN}
+
+
+def _disk_full(folder: Path) -> bool:
+    """Whether an I/O error is likely the disk being full: SQLite reports a full disk as SQLITE_FULL
+    when a page does not fit, but as an I/O error when its -shm index cannot be made."""
+    try:
+        return shutil.disk_usage(folder).free < 1 << 20
+    except OSError:
+        return False
+
+
+def connect(path: Path, *, read_only: bool = False) -> sqlite3.Connection:
+    """A connection to `path` in autocommit mode (transaction() decides where transactions begin),
+    shareable between threads (the store serialises its statements), waiting up to BUSY_TIMEOUT_S
+    for another kvchat's lock instead of failing with "database is locked".
+
+    read_only: SQLite's mode=ro, so not even a checkpoint writes to the file. Where SQLite cannot
+    make the -shm index (a read-only folder, a full disk) and the -wal holds nothing, also
+    immutable=1: no locks, no -shm. That is right only where no kvchat is writing, which is so:
+    a writer keeps a -shm, and its commits in the -wal."""
+    if not read_only:
+        return sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_S)
+    uri = path.resolve().as_uri() + "?mode=ro"
+    wal_empty = _is_empty(companion(path, "-wal"))
+    if not _folder_writable(path.parent) and not companion(path, "-shm").exists() and wal_empty:
+        uri += "&immutable=1"
+    conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_S)
+    if wal_empty and "immutable" not in uri:
+        try:
+            conn.execute("SELECT 1 FROM sqlite_schema LIMIT 1")  # the first read makes the -shm
+        except sqlite3.Error as error:
+            if error_code(error) in _NO_INDEX:  # other failures are the caller's to meet and say
+                conn.close()
+                conn = sqlite3.connect(uri + "&immutable=1", uri=True, isolation_level=None, check_same_thread=False)
+    return conn
+
+
+def _is_empty(file: Path) -> bool:
+    try:
+        return os.stat(file).st_size == 0
+    except FileNotFoundError:
+        return True
+
+
+def _open_for_reading(path: Path) -> Database:
+    """`path` read-only; one at an older schema is read through a migrated copy in memory, and
+    none at all reads as an empty database (nothing is created). Raises StorageError by cause."""
+    from storage.migrations import MIGRATIONS, apply_migrations
+
+    if not path.exists():
+        db = Database(_memory(), execute_plugins=False)
+    else:
+        source = connect(path, read_only=True)
+        try:
+            with _opening(path):
+                current = _applied_migrations(source) == {name for name, _ in MIGRATIONS}
+                if current:
+                    return Database(source, execute_plugins=False)
+                copy = _memory()
+                source.backup(copy)
         except BaseException:
-            conn.close()
+            source.close()
             raise
+        source.close()
+        db = Database(copy, execute_plugins=False)
+    apply_migrations(db)  # also refuses a database made by a newer kvchat
     return db
+
+
+@contextmanager
+def _opening(path: Path) -> Iterator[None]:
+    """sqlite3 errors while opening `path` as the sentence cannot_open gives."""
+    try:
+        yield
+    except sqlite3.Error as error:
+        failure = cannot_open(path, error)
+        if failure is error:
+            raise
+        raise failure from error
+
+
+def _memory() -> sqlite3.Connection:
+    return sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+
+
+def _applied_migrations(conn: sqlite3.Connection) -> set[str]:
+    if not conn.execute("SELECT 1 FROM sqlite_schema WHERE name = '_migrations'").fetchone():
+        return set()  # an empty file, or one made by other software
+    return {name for (name,) in conn.execute("SELECT name FROM _migrations")}

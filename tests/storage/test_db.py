@@ -2,10 +2,16 @@
 files and failures the user can meet, each said as one sentence."""
 
 import json
+import os
 import sqlite3
+import subprocess
+import sys
 
 import pytest
 from sqlite_utils import Database
+
+import storage.db
+from app.cli import main
 
 from storage.conversations import ConversationStore
 from storage.records import encode_token_ids
@@ -82,16 +88,16 @@ def test_a_database_from_every_older_version_upgrades_with_its_rows_intact(kvcha
 
 
 def test_reopening_an_up_to_date_database_applies_nothing(kvchat_home):
-    open_database(kvchat_home / "kvchat.db").close()
+    open_database(kvchat_home / "kvchat.db").db.close()
     db = raw_database(kvchat_home)
     first = list(db.query("SELECT name, applied_at FROM _migrations"))
     db.close()
-    db = open_database(kvchat_home / "kvchat.db")
+    db = open_database(kvchat_home / "kvchat.db").db
     assert list(db.query("SELECT name, applied_at FROM _migrations")) == first
 
 
 def test_a_database_from_a_newer_kvchat_is_refused(kvchat_home):
-    db = open_database(kvchat_home / "kvchat.db")
+    db = open_database(kvchat_home / "kvchat.db").db
     db.execute("INSERT INTO _migrations (name, applied_at) VALUES ('0099_from_the_future', 0)")
     db.close()
     with pytest.raises(StorageError, match="made by a newer kvchat"):
@@ -120,7 +126,7 @@ def test_a_step_another_process_applied_meanwhile_is_not_applied_again(kvchat_ho
         # Runs just before this connection's first BEGIN IMMEDIATE, after it has seen no steps.
         if sql == "BEGIN IMMEDIATE" and not applied_here and not path.with_suffix(".done").exists():
             path.with_suffix(".done").touch()
-            open_database(path).close()
+            open_database(path).db.close()
 
     db = Database(sqlite3.connect(path, isolation_level=None), tracer=other_process_migrates_first)
     apply_migrations(db, steps)
@@ -188,3 +194,185 @@ def test_a_lock_held_past_the_busy_timeout_is_one_sentence(kvchat_home):
         other.close()
         store.rename(conversation.id, "renamed")
         assert store.get(conversation.id).title == "renamed"
+
+
+# What goes wrong around the file, each its own sentence, and reading that goes on regardless.
+
+
+def dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def a_conversation_with_a_dead_streaming_reply(home) -> str:
+    """Opening it for writing has work to do (the reply is to be marked interrupted), so a lock
+    held by another kvchat makes that work wait."""
+    with ConversationStore.open(home) as store:
+        conversation = store.create("m", title="herons")
+        question = store.add_message(conversation.id, None, "user", "What is a heron?", 0, [1])
+        reply = store.add_message(conversation.id, question.id, "assistant", "A wading", 1, [2], status="streaming")
+        store.db.execute("UPDATE messages SET writer_pid = ? WHERE id = ?", [dead_pid(), reply.id])
+    return conversation.id
+
+
+@pytest.mark.parametrize("lock", ["IMMEDIATE", "EXCLUSIVE"])
+def test_another_kvchats_write_lock_does_not_stop_kvchat_list(kvchat_home, monkeypatch, capsys, lock):
+    conversation_id = a_conversation_with_a_dead_streaming_reply(kvchat_home)
+    monkeypatch.setattr(storage.db, "BUSY_TIMEOUT_S", 0.2)  # what a writer would wait; the list must not
+    other = sqlite3.connect(kvchat_home / "kvchat.db", isolation_level=None)
+    other.execute(f"BEGIN {lock}")
+    other.execute("UPDATE conversations SET title = 'being renamed'")
+    try:
+        assert main(["list"]) == 0
+        assert main(["show", conversation_id]) == 0
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    out = capsys.readouterr().out
+    assert f"{conversation_id}  " in out and "A wading" in out
+
+
+def test_another_kvchats_write_lock_does_not_stop_the_chat_from_opening(kvchat_home, monkeypatch):
+    conversation_id = a_conversation_with_a_dead_streaming_reply(kvchat_home)
+    monkeypatch.setattr(storage.db, "BUSY_TIMEOUT_S", 0.2)
+    other = sqlite3.connect(kvchat_home / "kvchat.db", isolation_level=None)
+    other.execute("BEGIN EXCLUSIVE")
+    try:
+        with ConversationStore.open() as store:  # marking the reply waits for the lock, then gives up
+            assert store.read_only_reason is None
+            assert [m.text for m in store.branch(conversation_id)] == ["What is a heron?", "A wading"]
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+
+
+def pretend_the_folder_is_read_only(monkeypatch) -> list[str]:
+    """What a read-only mount or a folder without write permission looks like to kvchat (tests run
+    as root, which writes through permissions). Returns the URIs SQLite is asked to open."""
+    monkeypatch.setattr(storage.db, "_folder_writable", lambda folder: False)
+    opened = []
+    real_connect = sqlite3.connect
+
+    def recording_connect(database, *args, **kwargs):
+        opened.append(str(database))
+        return real_connect(database, *args, **kwargs)
+
+    monkeypatch.setattr(sqlite3, "connect", recording_connect)
+    return opened
+
+
+def test_a_read_only_data_folder_still_lists_shows_searches_and_exports(kvchat_home, monkeypatch, capsys):
+    with ConversationStore.open() as store:
+        conversation = store.create("m", title="herons")
+        store.add_message(conversation.id, None, "user", "Where do herons nest?", 0, [1, 2])
+    opened = pretend_the_folder_is_read_only(monkeypatch)
+
+    for command in (["list"], ["show", conversation.id[:6]], ["search", "nest"],
+                    ["export", conversation.id, "--format", "json"]):
+        assert main(command) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert out.count(conversation.id) >= 3 and "Where do herons nest?" in out
+    # Opened as SQLite can in a folder it cannot write: read-only and immutable (no -shm to make).
+    assert opened and all(uri.endswith("?mode=ro&immutable=1") for uri in opened)
+    assert [p.name for p in kvchat_home.iterdir()] == ["kvchat.db"]  # nothing written beside it
+
+
+def test_the_chat_in_a_read_only_folder_opens_read_only_and_every_write_says_why(kvchat_home, monkeypatch):
+    with ConversationStore.open() as store:
+        conversation = store.create("m", title="herons")
+    pretend_the_folder_is_read_only(monkeypatch)
+    with ConversationStore.open() as store:
+        assert store.read_only_reason == (f"The folder {kvchat_home} is read-only; kvchat opened kvchat.db "
+                                          "read-only (nothing new is saved).")
+        assert store.list() == [store.get(conversation.id)]
+        for write in (lambda: store.create("m"), lambda: store.rename(conversation.id, "egrets"),
+                      lambda: store.add_message(conversation.id, None, "user", "hi", 0, [1])):
+            with pytest.raises(StorageError) as refused:
+                write()
+            assert str(refused.value) == store.read_only_reason
+
+
+def test_a_database_of_an_older_kvchat_in_a_read_only_folder_is_read_through_a_migrated_copy(kvchat_home, monkeypatch):
+    db = raw_database(kvchat_home)
+    apply_migrations(db, MIGRATIONS[:4])
+    insert_rows_valid_at_its_version(db)
+    db.close()
+    before = (kvchat_home / "kvchat.db").read_bytes()
+    pretend_the_folder_is_read_only(monkeypatch)
+    with ConversationStore.open(write=False) as store:
+        assert [m.text for m in store.branch("0123")] == ["What is a heron?", "A wading bird."]
+        assert [hit.message_id for hit in store.search("heron")] == ["aaaaaaaaaaaa"]
+    assert (kvchat_home / "kvchat.db").read_bytes() == before
+
+
+def test_reading_before_any_conversation_exists_creates_nothing(tmp_path):
+    with ConversationStore.open(tmp_path / "new", write=False) as store:
+        assert store.list() == []
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+@pytest.mark.parametrize("command", ["list", "rename"])
+def test_a_database_path_that_is_not_a_file_is_one_sentence_not_a_hang(kvchat_home, kind, command):
+    path = kvchat_home / "kvchat.db"
+    os.mkfifo(path) if kind == "fifo" else path.mkdir()
+    args = ["list"] if command == "list" else ["rename", "0123", "new title"]
+    result = subprocess.run([sys.executable, "-m", "app.cli", *args], capture_output=True, text=True, timeout=60)
+    noun = "a named pipe (FIFO)" if kind == "fifo" else "a folder"
+    assert result.returncode == 1
+    assert result.stderr == (f"kvchat: {path} is {noun}, not a database file: move it away, or set KVCHAT_HOME "
+                             "to another folder.\n")
+
+
+def test_a_full_disk_when_opening_says_so_and_not_to_move_the_database_aside(kvchat_home, monkeypatch):
+    db = raw_database(kvchat_home)
+    db.execute("PRAGMA journal_mode=WAL")  # as every kvchat keeps it
+    apply_migrations(db, MIGRATIONS[:4])  # an upgrade to apply: opening has to write
+    insert_rows_valid_at_its_version(db)
+    db.close()
+    before = (kvchat_home / "kvchat.db").read_bytes()
+    real_connect = sqlite3.connect
+
+    def connect_on_a_full_disk(database, *args, **kwargs):
+        conn = real_connect(database, *args, **kwargs)
+        if "mode=ro" not in str(database):  # not one page more than the file has
+            conn.execute(f"PRAGMA max_page_count = {conn.execute('PRAGMA page_count').fetchone()[0]}")
+        return conn
+
+    monkeypatch.setattr(sqlite3, "connect", connect_on_a_full_disk)
+    with pytest.raises(StorageError) as refused:
+        ConversationStore.open()
+    assert str(refused.value) == (f"The disk is full: kvchat could not open {kvchat_home / 'kvchat.db'} for writing; "
+                                  "free some space and start again (nothing in it was changed).")
+    assert (kvchat_home / "kvchat.db").read_bytes() == before
+
+
+HOLDER = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("PRAGMA wal_autocheckpoint = 0")  # its commits stay in the -wal
+conn.execute("UPDATE conversations SET title = 'written by the other kvchat'")
+print("ready", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_write_ahead_log_removed_under_another_kvchat_is_its_own_sentence_and_loses_nothing(kvchat_home):
+    with ConversationStore.open() as store:
+        conversation = store.create("m", title="herons")
+    path = kvchat_home / "kvchat.db"
+    other = subprocess.Popen([sys.executable, "-c", HOLDER, str(path)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline() == "ready\n"
+        (kvchat_home / "kvchat.db-wal").unlink()
+        with pytest.raises(StorageError) as refused:
+            ConversationStore.open()
+        assert str(refused.value) == (
+            f"{path}-wal was removed while another kvchat had the database open: quit that kvchat (it still holds "
+            "the latest changes and writes them back as it exits), then try again (the conversations are intact).")
+    finally:
+        other.communicate("quit\n", timeout=30)
+    with ConversationStore.open() as store:  # as the sentence says
+        assert store.get(conversation.id).title == "written by the other kvchat"
