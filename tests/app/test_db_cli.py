@@ -1,0 +1,91 @@
+"""`kvchat db check | backup | restore | recover` as a user runs them: a short report or one sentence
+on stderr, exit 0 when all is well and 1 when a problem was found or the action failed."""
+
+import sqlite3
+
+from app.cli import main
+from storage.conversations import ConversationStore
+from storage.db_backup import backups
+from storage.db_files import database_path
+from tests.storage.damaged_db import damage, fill
+
+
+def run(capsys, *args) -> tuple[int, str, str]:
+    code = main(["db", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_check_reports_a_sound_database_and_exits_0(kvchat_home, capsys):
+    fill(kvchat_home, conversations=3, messages=4)
+    code, out, err = run(capsys, "check")
+    assert code == 0
+    assert out.splitlines()[1:] == ["integrity_check: ok", "search index: ok", "conversations: 3", "messages: 12"]
+    assert err == f"kvchat: {database_path(kvchat_home)} is sound.\n"
+
+
+def test_check_finds_a_damaged_page_and_exits_1(kvchat_home, capsys):
+    fill(kvchat_home, conversations=10, messages=20)
+    damage(kvchat_home, "messages", count=1)
+    code, out, err = run(capsys, "check")
+    assert code == 1 and "integrity_check: 1 problem(s)" in out
+    assert err == f"kvchat: {database_path(kvchat_home)} is damaged; `kvchat db recover` salvages what it still holds.\n"
+
+
+def test_check_finds_a_search_index_that_disagrees_with_itself_though_every_page_is_sound(kvchat_home, capsys):
+    fill(kvchat_home, conversations=3, messages=4)
+    conn = sqlite3.connect(database_path(kvchat_home))
+    conn.execute("DELETE FROM messages_fts_data WHERE id > 10")  # index segments gone, their entries not
+    conn.commit()
+    conn.close()
+    code, out, _ = run(capsys, "check")
+    assert code == 1 and "integrity_check: ok" in out and "search index: damaged" in out
+
+
+def test_backup_writes_the_file_given_and_refuses_to_overwrite_it(kvchat_home, tmp_path, capsys):
+    fill(kvchat_home, conversations=2, messages=2)
+    target = tmp_path / "copy.db"
+    code, _, err = run(capsys, "backup", str(target))
+    assert code == 0 and err.startswith(f"kvchat: backed up {database_path(kvchat_home)} to {target} (")
+    written = target.read_bytes()
+    code, _, err = run(capsys, "backup", str(target))
+    assert code == 1 and err == f"kvchat: {target} already exists; `kvchat db backup` does not overwrite a file.\n"
+    assert target.read_bytes() == written
+
+
+def test_restore_without_a_file_puts_the_newest_backup_back(kvchat_home, capsys):
+    with ConversationStore.open() as store:
+        kept = store.create("m", title="before")
+    assert run(capsys, "backup")[0] == 0
+    with ConversationStore.open() as store:
+        store.delete(kept.id)
+    code, _, err = run(capsys, "restore")
+    assert code == 0 and err.startswith(f"kvchat: restored {backups(database_path(kvchat_home))[-1]}")
+    assert "the database it replaced is now" in err and len(err.splitlines()) == 1
+    with ConversationStore.open() as store:
+        assert [c.title for c in store.list()] == ["before"]
+
+
+def test_restore_with_no_backup_is_one_sentence(kvchat_home, capsys):
+    fill(kvchat_home, conversations=1, messages=1)
+    code, _, err = run(capsys, "restore")
+    assert code == 1 and err.startswith("kvchat: There is no backup in ") and len(err.splitlines()) == 1
+
+
+def test_recover_reports_what_it_kept_and_the_chat_then_opens_for_writing(kvchat_home, capsys):
+    fill(kvchat_home, conversations=30, messages=20)
+    damage(kvchat_home, "messages", count=4)
+    code, _, err = run(capsys, "recover")
+    assert code == 0 and len(err.splitlines()) == 1
+    assert err.startswith("kvchat: recovered 30 conversations and 59") and "rows could not be read" in err
+    with ConversationStore.open() as store:
+        assert store.read_only_reason is None
+    assert run(capsys, "check")[0] == 0
+
+
+def test_recover_leaves_a_sound_database_alone(kvchat_home, capsys):
+    fill(kvchat_home, conversations=2, messages=2)
+    before = database_path(kvchat_home).read_bytes()
+    code, _, err = run(capsys, "recover")
+    assert code == 0 and "there is nothing to recover" in err
+    assert database_path(kvchat_home).read_bytes() == before
