@@ -4,6 +4,7 @@ the same parent) with the token ids that produced them, and full-text search ove
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import secrets
@@ -17,15 +18,13 @@ from sqlite_utils import Database
 
 import storage.data_dir
 from storage.db import StorageError, open_database, sqlite_errors, transaction
+from storage.streaming_replies import StreamingReplies
 from storage.records import (  # Conversation and StoredMessage are this module's public types too
     CONVERSATION_COLUMNS, MESSAGE_COLUMNS, ROLES, STATUSES, Conversation, SearchHit, StoredMessage,
     conversation_from_row, encode_token_ids, fts_query, message_from_row, title_from,
 )
 
 MIN_PREFIX = 4  # shortest conversation id prefix accepted
-# A streaming reply not updated for this long is dead even if its writer's pid is alive:
-# the writer updates it about every second, so the pid now belongs to another process.
-STALE_STREAM_S = 3600.0
 
 _NOT_GIVEN = object()  # "leave unchanged"; None is a value (no system prompt, no stats)
 
@@ -47,40 +46,42 @@ WITH RECURSIVE below(id) AS (
 )"""
 
 
-def _process_alive(pid: int) -> bool:
-    if os.name == "nt":  # os.kill(pid, 0) would terminate it; rely on STALE_STREAM_S there
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # it exists, under another user
-        pass
-    return True
-
-
-class ConversationStore:
+class ConversationStore(StreamingReplies):
     """Conversations in one SQLite database. Every method taking a conversation id also takes a
     unique prefix of it (at least MIN_PREFIX characters). Safe to share between threads, and
     between processes on one database."""
 
-    def __init__(self, db: Database):
+    def __init__(self, db: Database, read_only_reason: str | None = None):
         self.db = db
+        # None: writes allowed. Otherwise the connection is read-only and this is the one sentence
+        # (a damaged file, a read-only folder, opened for reading) that every write raises.
+        self.read_only_reason = read_only_reason
         # One connection serves all threads; a transaction must not interleave with another
         # thread's statements.
         self._lock = threading.RLock()
 
     @classmethod
-    def open(cls, data_dir: Path | None = None) -> ConversationStore:
-        """The store in `data_dir`/kvchat.db (default: the kvchat data dir); replies whose
-        writer died are marked interrupted."""
+    def open(cls, data_dir: Path | None = None, *, write: bool = True) -> ConversationStore:
+        """The store in `data_dir`/kvchat.db (default: the kvchat data dir).
+
+        write=True (the chat, `kvchat ask`, delete, rename): the file is checked, migrated and
+        backed up daily (storage/db.py), and replies whose writer died are marked interrupted.
+        It may still come up read-only (a damaged file, a read-only folder): `read_only_reason`
+        says why, before any work the user would lose. write=False (list, show, search, export):
+        read-only, nothing written, so another kvchat's lock cannot stop it."""
         path = (data_dir or storage.data_dir.data_dir()) / "kvchat.db"
-        store = cls(open_database(path))
-        try:
-            store.recover_interrupted()
-        except BaseException:
-            store.close()
-            raise
+        opened = open_database(path, write=write)
+        store = cls(opened.db, opened.read_only_reason)
+        if store.read_only_reason is None:
+            try:
+                store.recover_interrupted()
+            except StorageError as error:
+                # Busy, full, read-only: readers show such a reply as interrupted anyway, and the
+                # next open tries again; the conversations must still open.
+                logging.getLogger("kvchat").warning("Interrupted replies were not marked: %s", error)
+            except BaseException:
+                store.close()
+                raise
         return store
 
     def close(self) -> None:
@@ -94,6 +95,8 @@ class ConversationStore:
 
     @contextmanager
     def _write(self, what: str) -> Iterator[None]:
+        if self.read_only_reason is not None:
+            raise StorageError(self.read_only_reason)
         with self._lock, transaction(self.db, what):
             yield
 
@@ -112,15 +115,16 @@ class ConversationStore:
     def resolve_id(self, id_or_prefix: str) -> str:
         """The full id of the one conversation whose id starts with `id_or_prefix`."""
         prefix = id_or_prefix.strip().lower()
+        shown = repr(id_or_prefix) if len(id_or_prefix) <= 40 else repr(id_or_prefix[:39]) + "…"  # not 100 KB back
         if len(prefix) < MIN_PREFIX:
-            raise StorageError(f"'{id_or_prefix}' is too short; give at least {MIN_PREFIX} characters of the id.")
+            raise StorageError(f"{shown} is too short; give at least {MIN_PREFIX} characters of the id.")
         # Only hex can match, and it is safe inside a GLOB pattern (which can use the index).
         hex_prefix = re.fullmatch(r"[0-9a-f]+", prefix)
         rows = self._rows("SELECT id FROM conversations WHERE id GLOB ?", [prefix + "*"]) if hex_prefix else []
         if not rows:
-            raise StorageError(f"No conversation matches '{id_or_prefix}'.")
+            raise StorageError(f"No conversation matches {shown}.")
         if len(rows) > 1:
-            raise StorageError(f"'{id_or_prefix}' matches {len(rows)} conversations; give more of the id.")
+            raise StorageError(f"{shown} matches {len(rows)} conversations; give more of the id.")
         return rows[0]["id"]
 
     def create(self, model: str, system: str | None = None, params: dict | None = None,
@@ -144,6 +148,10 @@ class ConversationStore:
         if not rows:  # deleted by another process just now
             raise StorageError(f"No conversation matches '{conversation_id}'.")
         return conversation_from_row(rows[0])
+
+    def exists(self, conversation_id: str) -> bool:
+        """Whether the conversation (its full id) is still there: another kvchat may have deleted it."""
+        return bool(self._rows("SELECT 1 FROM conversations WHERE id = ?", [conversation_id]))
 
     def list(self, limit: int | None = None, offset: int = 0) -> list[Conversation]:
         """Newest activity first. Reads only the conversations table, so it stays instant with
@@ -234,6 +242,8 @@ class ConversationStore:
         with self._write("the message"):
             if not self._update("messages", message_id, changes):
                 raise StorageError(f"No message has the id '{message_id}'.")
+            if text is not _NOT_GIVEN:  # the whole text: what a streaming reply appended is in it
+                self.db.execute("DELETE FROM stream_parts WHERE message_id = ?", [message_id])
             self.db.execute("UPDATE conversations SET updated_at = ? WHERE id = "
                             "(SELECT conversation_id FROM messages WHERE id = ?)", [now, message_id])
 
@@ -241,7 +251,7 @@ class ConversationStore:
         rows = self._rows(f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE id = ?", [message_id])
         if not rows:
             raise StorageError(f"No message has the id '{message_id}'.")
-        return message_from_row(rows[0])
+        return self.read_back([message_from_row(rows[0])])[0]
 
     def _require_message(self, conversation_id: str, message_id: str) -> None:
         if not self._rows("SELECT 1 FROM messages WHERE id = ? AND conversation_id = ?", [message_id, conversation_id]):
@@ -263,7 +273,7 @@ class ConversationStore:
         )
         if not rows:
             raise StorageError(f"Message '{leaf}' is not in conversation {full_id}.")
-        return [message_from_row(row) for row in rows]
+        return self.read_back([message_from_row(row) for row in rows])
 
     def all_messages(self, conversation_id: str) -> list[StoredMessage]:
         """Every message of every branch, oldest first (so each parent before its children)."""
@@ -271,14 +281,14 @@ class ConversationStore:
             f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE conversation_id = ? ORDER BY created_at, seq",
             [self.resolve_id(conversation_id)],
         )
-        return [message_from_row(row) for row in rows]
+        return self.read_back([message_from_row(row) for row in rows])
 
     def children(self, message_id: str) -> list[StoredMessage]:
         """The replies to a message, and their edits and regenerations, oldest first."""
         rows = self._rows(
             f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE parent_id = ? ORDER BY created_at, seq", [message_id]
         )
-        return [message_from_row(row) for row in rows]
+        return self.read_back([message_from_row(row) for row in rows])
 
     def siblings(self, message_id: str) -> list[StoredMessage]:
         """The message and the others under the same parent (its edits or regenerations), oldest
@@ -289,7 +299,7 @@ class ConversationStore:
             " ORDER BY messages.created_at, messages.seq",
             [message_id],
         )
-        return [message_from_row(row) for row in rows]
+        return self.read_back([message_from_row(row) for row in rows])
 
     def sibling_ids(self, message_id: str) -> list[str]:
         """siblings() as ids only: what the chat view needs to show "2/3" on a message."""
@@ -321,7 +331,7 @@ class ConversationStore:
             self._require_message(full_id, message_id)
             self._update("conversations", full_id, {"active_leaf": message_id})
 
-    # Search and recovery
+    # Search and the input's history
 
     def search(self, text: str, limit: int = 50) -> list[SearchHit]:
         """Messages containing every word of `text` (any characters; none has a special meaning),
@@ -348,22 +358,6 @@ class ConversationStore:
         )
         texts = [row["text"] for row in reversed(rows)]
         return [text for i, text in enumerate(texts) if i == 0 or text != texts[i - 1]]
-
-    def recover_interrupted(self) -> int:
-        """Mark `interrupted` (keeping their text) the streaming replies whose writer process is
-        gone or silent for STALE_STREAM_S; those of a live kvchat are left alone. Returns how many."""
-        now = time.time()
-        with self._write("the recovery of interrupted replies"):
-            streaming = self.db.execute(
-                "SELECT id, writer_pid, updated_at FROM messages WHERE status = 'streaming'"
-            ).fetchall()
-            dead = [
-                message_id for message_id, pid, updated_at in streaming
-                if pid is None or updated_at < now - STALE_STREAM_S or not _process_alive(pid)
-            ]
-            for message_id in dead:
-                self._update("messages", message_id, {"status": "interrupted", "updated_at": now})
-        return len(dead)
 
 
 def _json_or_null(value: dict | None) -> str | None:

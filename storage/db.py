@@ -83,6 +83,9 @@ def transaction(db: Database, what: str = "the change") -> Iterator[Database]:
             raise
 
 
+WAL_CHECKPOINT_PAGES = 16
+
+
 def error_code(error: sqlite3.Error) -> int:
     """SQLite's extended result code of `error` (0 for an error raised by Python's sqlite3 itself)."""
     return getattr(error, "sqlite_errorcode", None) or 0
@@ -206,6 +209,10 @@ def _open_for_writing(path: Path, existed: bool) -> OpenedDatabase | None:
         # survives the process being killed (it is in the WAL file, in the OS cache), but a
         # power loss or OS crash may lose the last few commits (never corrupting the file).
         conn.execute("PRAGMA synchronous=NORMAL")
+        # The log starts over once 16 pages (64 KB) are copied back, instead of at SQLite's 4 MB, so a
+        # streaming reply's saves reuse the same small stretch of disk: on a nearly full disk a 4 MB log
+        # is what runs out of room first. A checkpoint this small costs a few ms, every few seconds at most.
+        conn.execute(f"PRAGMA wal_autocheckpoint={WAL_CHECKPOINT_PAGES}")
         conn.execute("PRAGMA foreign_keys=ON")
         # No sqlite-utils plugins: whatever the user installed must not change our connection.
         db = Database(conn, execute_plugins=False)

@@ -87,6 +87,38 @@ def _prompt_history(db: Database) -> None:
     db["messages"].create_index(["role", "created_at"])
 
 
+def _stream_parts(db: Database) -> None:
+    # What a streaming reply added since its row was written, appended in order (streaming_replies.py):
+    # saving the reply so far writes only the new text, not the whole reply again.
+    db.execute(
+        "CREATE TABLE stream_parts ("
+        " message_id TEXT NOT NULL REFERENCES messages(id) ON DELETE CASCADE,"
+        " seq INTEGER NOT NULL,"  # 0, 1, 2, ... in the order the parts were written
+        " text TEXT NOT NULL,"
+        " token_ids BLOB NOT NULL,"  # little-endian int32, like messages.token_ids
+        " created_at REAL NOT NULL,"  # epoch seconds: the stream's heartbeat
+        " PRIMARY KEY (message_id, seq)) WITHOUT ROWID"
+    )
+    # The search index covers a message once it is no longer streaming: a streaming row changes at
+    # every save, and reindexing it each time (sqlite-utils' trigger fires on any column) wrote more
+    # than the save itself. Updates of other columns (stats, updated_at) no longer touch the index.
+    for trigger in ("messages_ai", "messages_ad", "messages_au"):
+        db.execute(f"DROP TRIGGER IF EXISTS {trigger}")
+    db.execute("INSERT INTO messages_fts (messages_fts, rowid, text) SELECT 'delete', seq, text FROM messages"
+               " WHERE status = 'streaming'")
+    db.execute("CREATE TRIGGER messages_ai AFTER INSERT ON messages WHEN new.status != 'streaming' BEGIN"
+               " INSERT INTO messages_fts (rowid, text) VALUES (new.seq, new.text); END")
+    db.execute("CREATE TRIGGER messages_ad AFTER DELETE ON messages WHEN old.status != 'streaming' BEGIN"
+               " INSERT INTO messages_fts (messages_fts, rowid, text) VALUES ('delete', old.seq, old.text); END")
+    # One trigger, so the old entry always goes before the new one goes in (FTS5 forgets a row's
+    # terms by the text it was given; the other order would drop the new entry's shared terms).
+    db.execute("CREATE TRIGGER messages_au AFTER UPDATE OF text, status ON messages BEGIN"
+               " INSERT INTO messages_fts (messages_fts, rowid, text)"
+               " SELECT 'delete', old.seq, old.text WHERE old.status != 'streaming';"
+               " INSERT INTO messages_fts (rowid, text) SELECT new.seq, new.text WHERE new.status != 'streaming';"
+               " END")
+
+
 Migration = tuple[str, Callable[[Database], None]]
 
 MIGRATIONS: list[Migration] = [
@@ -96,6 +128,7 @@ MIGRATIONS: list[Migration] = [
     ("0004_token_fingerprint", _token_fingerprint),
     ("0005_writer_pid", _writer_pid),
     ("0006_prompt_history", _prompt_history),
+    ("0007_stream_parts", _stream_parts),
 ]
 
 
