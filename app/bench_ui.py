@@ -126,7 +126,7 @@ def saved_conversation(engine: Engine, storage: Storage, messages: int) -> str:
     store = storage.conversations
     conversation = store.create(model=engine.info.model_name, params=sampling_settings(SamplingParams()),
                                 title="a long conversation")
-    store.update_settings(conversation.id, token_fingerprint=engine.fingerprint)
+    store.update_settings(conversation.id, token_fingerprint=engine.token_fingerprint)
     parent, position = None, 0
     for i in range(messages):
         role = "user" if i % 2 == 0 else "assistant"

@@ -8,12 +8,15 @@ through SavedConversation, stores them and the conversation's K/V snapshot).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from app.prompt_ids import NextPrompt, next_prompt
 from app.reply_timeline import ReplyTimeline
+from app.reply_writer import ConversationDeleted, ReplyNotSaved
 from app.saved_chat import SavedConversation, reply_stats
 from engine import Done, Engine, EngineError, Event, Generation, SamplingParams, TokenDelta
+from engine.errors import NonFiniteLogitsError
 from engine.tokenizer import Tokenizer
 
 
@@ -124,8 +127,9 @@ class ChatSession:
     def regenerate(self) -> Iterator[Event]:
         """A new reply to the last user message (the old reply stays saved, a sibling branch)."""
         before = self._regenerating()
-        prompt = self._ids_through(before) or self.engine.tokenizer.encode(self._rendered(before))
-        self._restart(before, self.engine.generate(prompt, self.params))
+        with self._taking_turn():
+            prompt = self._ids_through(before) or self.engine.tokenizer.encode(self._rendered(before))
+            self._restart(before, self.engine.generate(prompt, self.params))
         return self._stream(self.generation, prompt)
 
     def _regenerating(self) -> list[ChatMessage]:
@@ -164,13 +168,28 @@ class ChatSession:
     def _turn(self, before: list[ChatMessage], seen: list[int], user_text: str) -> Iterator[Event]:
         """`user_text` after the messages `before` (whose ids are `seen`): validated first, then recorded."""
         self._check_length(user_text)
-        prompt = self._next_prompt(before, seen, user_text)
-        generation = self.engine.generate(prompt.ids, self.params)
-        self.rewritten_at = prompt.rewritten_at
-        start = len(seen) if prompt.rewritten_at is None else prompt.rewritten_at
-        self._record_user(before, user_text, len(prompt.ids), start, prompt.ids[start:])
+        with self._taking_turn():
+            prompt = self._next_prompt(before, seen, user_text)
+            generation = self.engine.generate(prompt.ids, self.params)
+            self.rewritten_at = prompt.rewritten_at
+            start = len(seen) if prompt.rewritten_at is None else prompt.rewritten_at
+            self._record_user(before, user_text, len(prompt.ids), start, prompt.ids[start:])
         self.generation = generation
         return self._stream(generation, prompt.ids)
+
+    @contextmanager
+    def _taking_turn(self) -> Iterator[None]:
+        """The conversation's turn for the reply about to start (see SavedConversation.begin_turn); given
+        back if starting it fails, else when the reply's stream ends."""
+        if self.saved is None:
+            yield
+            return
+        self.saved.begin_turn()
+        try:
+            yield
+        except BaseException:
+            self.saved.end_turn()
+            raise
 
     def _check_length(self, user_text: str) -> None:
         window = self.engine.context_window  # 0: not known (a server that does not say)
@@ -188,9 +207,9 @@ class ChatSession:
         self.messages = [*before, ChatMessage("user", text, token_end, user_id)]
 
     def _stream(self, generation: Generation, prompt: list[int]) -> Iterator[Event]:
-        saved, pieces, ids, done = self.saved, [], [], None
+        saved, pieces, ids, done, deleted = self.saved, [], [], None, False
         timeline = ReplyTimeline()
-        stream = iter(generation)
+        stream = self._events(generation, prompt)
         try:
             for event in stream:
                 if isinstance(event, TokenDelta):
@@ -208,15 +227,45 @@ class ChatSession:
                     status = "stopped" if event.finish_reason == "stopped" else "complete"
                     self.messages.append(ChatMessage("assistant", event.text, len(self.seen_ids), None, status, stats))
                     if saved is not None:  # may raise (disk full) after the chat in memory is whole
-                        self.messages[-1].id = saved.reply_done(event, len(prompt), stats)
+                        try:
+                            self.messages[-1].id = saved.reply_done(event, len(prompt), stats)
+                        except ReplyNotSaved as exc:
+                            self.messages[-1].id = exc.message_id  # what was kept; the next message follows it
+                            raise
                 yield event
+        except ConversationDeleted:
+            deleted = True  # another kvchat deleted it: nothing more of it is written
+            raise
         finally:
             stream.close()  # ends the request if the consumer walked away: its K/V are in the cache now
             self.generation = None
-            if saved is not None and done is not None:
+            if saved is not None and done is not None and not deleted:
                 saved.save_kv(self.engine, self.seen_ids)
-            elif done is None:  # an engine or server error, or the consumer walked away before the end
+            elif done is None and not deleted:  # an engine or server error, or the consumer walked away
                 self._keep_interrupted("".join(pieces), saved.reply_failed(pieces, ids, len(prompt)) if saved else None)
+            if saved is not None:
+                saved.end_turn()
+
+    def _events(self, generation: Generation, prompt: list[int]) -> Iterator[Event]:
+        """`generation`'s events. If its first logits were not finite (K/V poisoned, e.g. by a forged or
+        damaged snapshot; the engine has forgotten those blocks), the conversation's snapshot is deleted
+        and the reply is computed once more, from scratch."""
+        stream = iter(generation)
+        try:
+            try:
+                first = next(stream, None)
+            except NonFiniteLogitsError:
+                stream.close()
+                if self.saved is not None:
+                    self.saved.drop_snapshot("the model computed non-finite scores from it")
+                self.generation = generation = self.engine.generate(prompt, self.params, generation.use_prefix_cache)
+                stream = iter(generation)
+                first = next(stream, None)
+            if first is not None:
+                yield first
+            yield from stream
+        finally:
+            stream.close()
 
     def _keep_interrupted(self, text: str, message_id: str | None) -> None:
         """What a failed reply said stays in the conversation, marked interrupted, as it is when the

@@ -72,6 +72,7 @@ def request_body(model: str, turns: list[dict], params: SamplingParams) -> dict:
 
 class RemoteEngine:
     fingerprint = None  # no token ids: a conversation's history is sent as text every time
+    token_fingerprint = None
     prefix_cache = None  # the server owns its cache: nothing to snapshot or restore here
 
     def __init__(self, client: httpx.Client, info: RemoteInfo, models: list[str]):

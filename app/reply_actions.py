@@ -7,6 +7,7 @@ from textual.widgets import Markdown, Static
 
 from app.chat import ChatMessage
 from app.engine_events import ReplyDone, ReplyStats, ReplyText, stream_reply
+from app.saved_chat import ConversationChanged
 from app.widgets.chat_view import ChatView
 from app.widgets.inspector import Inspector
 from app.widgets.messages import AssistantMessageView, MessageView, UserMessageView
@@ -24,8 +25,6 @@ class ReplyActions:
     # only from classes it creates (widgets, apps), not from a plain mixin like this one.
     """Needs: self.session, self.engine, self.engine_thread, self.reply, self.editing, self._can_send() (KvchatApp)."""
 
-
-
     async def on_prompt_input_submitted(self, event: PromptInput.Submitted) -> None:
         text = event.text.strip()
         if not text or not self._can_send(text):
@@ -33,6 +32,9 @@ class ReplyActions:
         session, editing = self.session, self.editing
         try:
             events = session.send(text) if editing is None else session.edit(editing, text)
+        except ConversationChanged:
+            await self._reload_changed()
+            return
         except (EngineError, StorageError, ValueError) as exc:
             self.notify(str(exc), severity="error", timeout=10)
             return
@@ -45,6 +47,12 @@ class ReplyActions:
             await chat.truncate(editing)
         await chat.add(session.messages[-1])
         await self._start_reply(events)
+
+    async def _reload_changed(self) -> None:
+        """Another kvchat added to the conversation shown: show what it is now instead of forking it."""
+        await self.open_conversation(self.conversation_id)
+        self.notify("This conversation got new messages in another kvchat; they are shown now. Send yours again.",
+                    severity="warning", timeout=10)
 
     def on_prompt_input_refused(self, event: PromptInput.Refused) -> None:
         self.notify(event.sentence, severity="warning", timeout=10)
@@ -125,6 +133,9 @@ class ReplyActions:
             return
         try:
             events = self.session.regenerate()
+        except ConversationChanged:
+            await self._reload_changed()
+            return
         except (EngineError, StorageError) as exc:
             self.notify(str(exc), severity="warning", timeout=10)
             return

@@ -1,9 +1,10 @@
 """SavedConversation: what a ChatSession keeps on disk as the conversation goes on.
 
+- A conversation takes one turn at a time, across processes (begin_turn).
 - The user's message is committed before its reply starts.
-- The reply is a `streaming` row from its first token, its text and ids
-  rewritten at least every PARTIAL_SAVE_S (a crash leaves it `interrupted`,
-  text kept), and final when it ends (`complete`, or `stopped`).
+- The reply is a `streaming` row from its first token, what it adds saved at
+  least every PARTIAL_SAVE_S (app/reply_writer.py; a crash leaves it
+  `interrupted`, text kept), and final when it ends (`complete`, or `stopped`).
 - After each turn the conversation's K/V is snapshotted in the background;
   when the conversation is resumed in a new process, that snapshot goes into
   the prefix cache, so the next message prefills only its own tokens.
@@ -16,20 +17,34 @@ history makes a message start before the end of the previous one.
 from __future__ import annotations
 
 import logging
-import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+from app.reply_writer import ReplyWriter
 from engine import Done, Engine, EngineError, SamplingParams
 from storage.conversations import Conversation, ConversationStore
 from storage.data_dir import data_dir
 from storage.db import StorageError
 from storage.snapshot_writer import SnapshotWriter
 from storage.snapshots import SnapshotRejected, SnapshotStore
+from storage.turn_lock import TurnLock
 
 log = logging.getLogger("kvchat")
 
-PARTIAL_SAVE_S = 0.5  # a streaming reply's text reaches the database at least this often
 DEFAULT_SNAPSHOT_GB = 4.0
+
+
+class ConversationBusy(StorageError):
+    def __init__(self, conversation_id: str):
+        super().__init__(f"Conversation {conversation_id} is answering a message in another kvchat; "
+                         "try again when that reply is done.")
+
+
+class ConversationChanged(StorageError):
+    def __init__(self, conversation_id: str):
+        super().__init__(f"Conversation {conversation_id} got new messages from another kvchat since it was "
+                         "opened here; open it again to see them, then send.")
 
 
 @dataclass
@@ -47,6 +62,10 @@ class Storage:
         home = data_dir()
         snapshots = SnapshotStore(home, int((DEFAULT_SNAPSHOT_GB if snapshot_gb is None else snapshot_gb) * 1e9))
         return cls(ConversationStore.open(home), snapshots, SnapshotWriter(snapshots))
+
+    @property
+    def home(self) -> Path:
+        return self.snapshots.home
 
     def close(self) -> None:
         """Finish writing pending snapshots (so the next start finds them), then close the database."""
@@ -97,8 +116,9 @@ class SavedConversation:
         self.conversation = conversation
         self.new_settings = new_settings or {}
         self.leaf = conversation.active_leaf if conversation else None  # what the reply being made answers
-        self._reply: str | None = None  # the row of the reply being streamed
-        self._saved_at = float("-inf")  # when the streaming reply was last written
+        self._known_leaf = self.leaf  # the active leaf as this process last read or wrote it
+        self._reply: ReplyWriter | None = None  # the row of the reply being streamed
+        self._turn: TurnLock | None = None
 
     @property
     def id(self) -> str | None:
@@ -120,7 +140,9 @@ class SavedConversation:
         branch = self.store.branch(self.id)
         # Ids are reused only by the tokenizer that made them; else the text is tokenized afresh. A remote
         # server (fingerprint None) takes text, and stores messages without ids.
-        reusable = engine.fingerprint is not None and self.conversation.token_fingerprint == engine.fingerprint
+        # kvchat before 0.1 stored the K/V fingerprint here, which also changes with the dtype or device.
+        reusable = engine.token_fingerprint is not None and self.conversation.token_fingerprint in (
+            engine.token_fingerprint, engine.fingerprint)
         ids: list[int] = []
         messages = []
         for message in branch:
@@ -135,6 +157,7 @@ class SavedConversation:
         leaf = self.store.latest_leaf(message_id)
         self.store.set_active_leaf(self.id, leaf)
         self.conversation = self.store.get(self.id)
+        self.leaf = self._known_leaf = leaf
 
     def change_settings(self, system: str | None, params: SamplingParams) -> None:
         """A new system prompt and sampling settings. A conversation not created yet (nothing sent)
@@ -181,70 +204,101 @@ class SavedConversation:
         write it to disk in the background."""
         if engine.prefix_cache is None or self.storage.snapshots.cap_bytes == 0:
             return
+        store, conversation_id = self.store, self.id
+        if not store.exists(conversation_id):  # deleted by another kvchat: nothing of it is written any more
+            return
         snapshot = engine.export_kv(token_ids)
-        if snapshot is not None:
-            self.storage.writer.submit(self.id, snapshot)
+        if snapshot is not None:  # checked again on the writer thread, around the rename: a delete always wins
+            self.storage.writer.submit(conversation_id, snapshot, wanted=lambda: store.exists(conversation_id))
 
-    # ---- messages -----------------------------------------------------------------------
+    def drop_snapshot(self, reason: str) -> None:
+        """Delete the conversation's KV snapshot (it produced `reason`), with one log line."""
+        if self.conversation is not None:
+            self.storage.snapshots.delete(self.id)
+            log.warning("kvchat: the saved KV cache of conversation %s was deleted (%s); its history is "
+                        "recomputed", self.id, reason)
+
+    # ---- turns and messages --------------------------------------------------------------
+
+    def begin_turn(self, wait_s: float = 0.0, on_wait: Callable[[], None] | None = None,
+                   reload: bool = False) -> None:
+        """Take the conversation's turn (one at a time across processes, see storage/turn_lock.py),
+        waiting up to `wait_s` for another kvchat's reply to end (`on_wait` is called if it must wait).
+        Raises ConversationBusy if it did not end in time. If another kvchat added to the conversation
+        since this one read it, `reload` reads it again (for `ask`, which has shown nothing yet); else
+        ConversationChanged, since sending now would fork it silently. A new conversation has no one
+        to wait for."""
+        if self.conversation is None:
+            return
+        if self._turn is None:
+            self._turn = TurnLock(self.storage.home, self.id)
+        if not self._turn.acquire(0.0):
+            if on_wait is not None and wait_s > 0:
+                on_wait()
+            if not self._turn.acquire(wait_s):
+                raise ConversationBusy(self.id)
+        try:
+            current = self.store.get(self.id)
+        except StorageError:
+            self.end_turn()
+            raise
+        if reload:
+            self.conversation, self.leaf, self._known_leaf = current, current.active_leaf, current.active_leaf
+        elif current.active_leaf != self._known_leaf:
+            self.end_turn()
+            raise ConversationChanged(self.id)
+
+    def end_turn(self) -> None:
+        """The turn is over (the reply ended, or the message was never sent)."""
+        if self._turn is not None:
+            self._turn.release()
 
     def user_message(self, engine: Engine, parent_id: str | None, text: str, token_start: int,
                      token_ids: list[int]) -> str:
         """Commit the user's message under `parent_id` (a sibling of the old one when it is an edit);
         from now on it survives anything. Its reply will hang under it. Returns its id."""
-        if self.conversation is None or self.conversation.token_fingerprint != engine.fingerprint:
-            self.update_settings(model=engine.info.model_name, token_fingerprint=engine.fingerprint)
+        if self.conversation is None or self.conversation.token_fingerprint != engine.token_fingerprint:
+            self.update_settings(model=engine.info.model_name, token_fingerprint=engine.token_fingerprint)
         message = self.store.add_message(self.id, parent_id, "user", text, token_start, token_ids)
+        self._known_leaf = message.id
         self.start_reply(message.id)
         return message.id
 
     def start_reply(self, parent_id: str) -> None:
         """The next reply answers `parent_id` (for a regenerated reply: a sibling of the old one)."""
-        self.leaf, self._reply, self._saved_at = parent_id, None, float("-inf")
+        self.leaf, self._reply = parent_id, None
+
+    def _writer(self, token_start: int) -> ReplyWriter:
+        if self._reply is None:
+            self._reply = ReplyWriter(self.store, self.id, self.leaf, token_start)
+        return self._reply
 
     def reply_progress(self, pieces: list[str], token_ids: list[int], token_start: int) -> None:
-        """The reply so far; written when PARTIAL_SAVE_S has passed since the last write. A failed write
-        (disk full) does not stop the reply: the next one, or the final one, tries again."""
-        now = time.monotonic()
-        if now - self._saved_at < PARTIAL_SAVE_S:
-            return
-        self._saved_at = now
-        try:
-            if self._reply is None:
-                self._reply = self.store.add_message(self.id, self.leaf, "assistant", "".join(pieces), token_start,
-                                                     token_ids, status="streaming").id
-            else:
-                self.store.update_message(self._reply, text="".join(pieces), token_ids=token_ids)
-        except StorageError as exc:
-            log.warning("kvchat: the reply so far could not be saved (%s)", exc)
+        """The reply so far (see ReplyWriter.progress). ConversationDeleted if the conversation is gone."""
+        self._writer(token_start).progress(pieces, token_ids)
+        self._known_leaf = self._reply.message_id or self._known_leaf
 
     def reply_done(self, done: Done, token_start: int, stats: dict) -> str:
-        """Store the finished reply with its `stats` (reply_stats); returns its id."""
+        """Store the finished reply with its `stats` (reply_stats); returns its id. ReplyNotSaved (with
+        the id of what was kept) or ConversationDeleted if that could not be done."""
         status = "stopped" if done.finish_reason == "stopped" else "complete"
-        if self._reply is None:  # stopped before its first token
-            message = self.store.add_message(self.id, self.leaf, "assistant", done.text, token_start,
-                                             list(done.token_ids), status=status, stats=stats)
-            self._reply = message.id
-        else:
-            self.store.update_message(self._reply, text=done.text, token_ids=list(done.token_ids), status=status,
-                                      stats=stats)
-        self.leaf, self._reply, self._saved_at = self._reply, None, float("-inf")
+        writer, self._reply = self._writer(token_start), None
+        try:
+            self.leaf = writer.done(done.text, list(done.token_ids), status, stats)
+        finally:
+            self._known_leaf = writer.message_id or self._known_leaf
         return self.leaf
 
     def reply_failed(self, pieces: list[str], token_ids: list[int], token_start: int) -> str | None:
         """The reply ended without a result (an engine error): keep what it said, as interrupted; returns
         its id (None if nothing was said, or it could not be stored). Runs while that error propagates,
         so a storage failure here is only logged."""
-        try:
-            if self._reply is not None:
-                self.store.update_message(self._reply, text="".join(pieces), token_ids=token_ids,
-                                          status="interrupted")
-            elif pieces:
-                self._reply = self.store.add_message(self.id, self.leaf, "assistant", "".join(pieces),
-                                                     token_start, token_ids, status="interrupted").id
-        except StorageError as exc:
-            log.warning("kvchat: the interrupted reply could not be saved (%s)", exc)
-        kept = self._reply
-        if kept is not None:
-            self.leaf = kept
-        self._reply, self._saved_at = None, float("-inf")
-        return kept
+        writer, self._reply = self._writer(token_start), None
+        if writer.message_id is not None or pieces:
+            try:
+                writer.done("".join(pieces), token_ids, "interrupted", None)
+            except StorageError as exc:
+                log.warning("kvchat: the interrupted reply could not be saved (%s)", exc)
+        if writer.message_id is not None:
+            self.leaf = self._known_leaf = writer.message_id
+        return writer.message_id

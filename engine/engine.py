@@ -14,6 +14,7 @@ serialised by one lock, so several threads may generate at once.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -29,7 +30,7 @@ from engine.decode_runner import DecodeRunner
 from engine.device import pick_device, pick_dtype
 from engine.errors import ContextWindowError, EngineError, ModelError
 from engine.fast_path import decode_path
-from engine.fingerprint import model_fingerprint
+from engine.fingerprint import model_fingerprint, tokenizer_fingerprint
 from engine.generation import Generation
 from engine.kv_budget import host_tier_bytes, kv_pool_bytes
 from engine.kv_cache import ContiguousKVCache, KVCache
@@ -274,6 +275,12 @@ class Engine:
                     Path(self.info.model_dir), dtype=self.dtype, device=self.device.type, weights=self.info.weights,
                     kv_layout=(self.options.kv_block_size, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim))
             return self._fingerprint
+
+    @functools.cached_property
+    def token_fingerprint(self) -> str:
+        """Identifies the token ids this engine's tokenizer and chat template make (see fingerprint.py):
+        a conversation's stored ids are reused under another dtype or device, its K/V snapshot is not."""
+        return tokenizer_fingerprint(Path(self.info.model_dir))
 
     def cached_length(self, token_ids: list[int]) -> int:
         """How many leading tokens of `token_ids` the prefix cache holds."""

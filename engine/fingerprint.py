@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 from engine.paths import cache_dir
@@ -83,3 +84,16 @@ def model_fingerprint(model_dir: Path, **arithmetic: object) -> str:
     """sha256 hex over the model's files and `arithmetic` (dtype, device type, weight format, KV layout)."""
     description = {"files": model_files_digest(model_dir), **{k: str(v) for k, v in arithmetic.items()}}
     return hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()
+
+
+# The files that decide the token ids a text becomes: the tokenizer, its special tokens and the chat template.
+_TOKENIZER_FILE = re.compile(r"tokenizer.*|special_tokens_map\.json|added_tokens\.json|vocab\..*|merges\.txt"
+                             r"|chat_template\..*|.*\.tiktoken")
+
+
+def tokenizer_fingerprint(model_dir: Path) -> str:
+    """sha256 hex over the tokenizer and chat-template files of the model directory: token ids stored by a
+    conversation are reused by any engine with the same value, whatever its dtype, device or weights (those
+    change the K/V, not the ids). Hashed through the same stat-keyed memo as model_fingerprint."""
+    digests = {name: digest for name, digest in model_files_digest(model_dir).items() if _TOKENIZER_FILE.fullmatch(name)}
+    return hashlib.sha256(json.dumps(digests, sort_keys=True).encode()).hexdigest()

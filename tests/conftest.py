@@ -8,7 +8,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
-from tests.tiny_models import make_tiny_model  # noqa: E402
+from tests.tiny_models import make_endless_model, make_tiny_model  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -23,6 +23,12 @@ def kvchat_home(tmp_path_factory, monkeypatch) -> Path:
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A tiny random Llama with a byte tokenizer (shared, read-only)."""
     return make_tiny_model(tmp_path_factory.mktemp("tiny-llama"), "llama")
+
+
+@pytest.fixture(scope="session")
+def endless_model_dir(tmp_path_factory) -> Path:
+    """A tiny random Llama whose greedy replies only end at --max-tokens or its 4,096-token window."""
+    return make_endless_model(tmp_path_factory.mktemp("endless-llama"))
 
 
 @pytest.fixture(scope="session")

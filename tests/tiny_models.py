@@ -71,6 +71,19 @@ def make_tiny_model(path: Path, arch: str = "llama", seed: int = 0, **overrides)
     return path
 
 
+def make_endless_model(path: Path, context: int = 4096) -> Path:
+    """A tiny Llama whose greedy replies never end by themselves (its end-of-turn logit is always 0, below
+    the best of 259 random ones), with room for long replies: for tests that need a reply still streaming
+    when something happens to it (a signal, a full disk, a delete)."""
+    from safetensors.torch import load_file, save_file
+
+    make_tiny_model(path, "llama", max_position_embeddings=context)
+    weights = load_file(str(path / "model.safetensors"))
+    weights["lm_head.weight"][IM_END] = 0.0
+    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
+    return path
+
+
 def load_reference(path: Path):
     """transformers' own implementation of a saved model, fp32, eval mode."""
     from transformers import AutoModelForCausalLM

@@ -96,11 +96,11 @@ def test_a_reply_cut_by_kill_9_is_recovered_as_interrupted_with_its_text(tiny_mo
     # The child streams a reply and kills itself with SIGKILL after 30 tokens, mid-stream.
     child = textwrap.dedent(f"""
         import os, signal
-        import app.saved_chat as saved_chat
+        import app.reply_writer as reply_writer
         from app.chat import ChatSession
         from app.saved_chat import SavedConversation, Storage
         from engine import Engine, EngineOptions, SamplingParams, TokenDelta
-        saved_chat.PARTIAL_SAVE_S = 0.0
+        reply_writer.PARTIAL_SAVE_S = 0.0
         engine = Engine.load(EngineOptions(model={str(tiny_model_dir)!r}, device="cpu"))
         params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=200)
         session = ChatSession(engine, None, params, SavedConversation.new(Storage.open(), engine, None, params))

@@ -2,7 +2,7 @@
 
 import pytest
 
-import app.saved_chat as saved_chat
+import app.reply_writer as reply_writer
 from app.chat import ChatSession
 from app.saved_chat import SavedConversation, Storage
 from engine import Done, SamplingParams, TokenDelta
@@ -47,7 +47,7 @@ def test_the_user_message_is_committed_before_the_reply_starts(tiny_engine, stor
 
 
 def test_a_streaming_reply_is_written_as_it_grows(tiny_engine, storage, monkeypatch):
-    monkeypatch.setattr(saved_chat, "PARTIAL_SAVE_S", 0.0)
+    monkeypatch.setattr(reply_writer, "PARTIAL_SAVE_S", 0.0)
     session = new_session(tiny_engine, storage, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
     seen = []
     for event in session.send("count"):
@@ -120,7 +120,7 @@ def test_a_resumed_conversation_keeps_its_system_prompt_and_branch(tiny_engine, 
     assert resumed.prompt_ids("three") == session.prompt_ids("three")
 
 
-def test_ids_of_another_model_are_not_reused(tiny_engine, storage, tmp_path):
+def test_another_model_with_the_same_tokenizer_reuses_the_ids_but_not_the_kv(tiny_engine, storage, tmp_path):
     from engine import Engine, EngineOptions
     from tests.tiny_models import make_tiny_model
 
@@ -129,10 +129,47 @@ def test_ids_of_another_model_are_not_reused(tiny_engine, storage, tmp_path):
     storage.writer.flush()
     other = Engine.load(EngineOptions(model=str(make_tiny_model(tmp_path / "other", "llama", seed=3)), device="cpu"))
     resumed = ChatSession(other, None, GREEDY, SavedConversation.open(storage, session.saved.id))
-    assert resumed.seen_ids == [] and resumed.notice is None  # re-tokenized from the text, no snapshot tried
+    assert resumed.seen_ids == session.seen_ids  # the same tokenizer made them
+    assert "computed by another model" in resumed.notice  # the snapshot was tried, refused and said so
     done = reply(resumed.send("more"))
     assert done.stats.cached_tokens == 0
-    assert storage.conversations.get(session.saved.id).token_fingerprint == other.fingerprint
+    assert storage.conversations.get(session.saved.id).token_fingerprint == other.token_fingerprint
+
+
+def test_a_conversation_opened_in_another_dtype_says_why_its_snapshot_is_not_used(tiny_model_dir, tiny_engine,
+                                                                                  storage, caplog):
+    from engine import Engine, EngineOptions
+
+    session = new_session(tiny_engine, storage)
+    reply(session.send("hello"))
+    storage.writer.flush()
+    bf16 = Engine.load(EngineOptions(model=str(tiny_model_dir), device="cpu", dtype="bfloat16"))
+    with caplog.at_level("WARNING", logger="kvchat"):
+        resumed = ChatSession(bf16, None, GREEDY, SavedConversation.open(storage, session.saved.id))
+    # Switching --dtype used to drop the snapshot silently: the ids were thought unusable, so no load was tried.
+    assert resumed.seen_ids == session.seen_ids
+    assert "another model, dtype, device or KV layout" in resumed.notice
+    assert any("was not used" in record.getMessage() for record in caplog.records)
+
+
+def test_ids_of_another_tokenizer_are_not_reused(tiny_engine, storage, tmp_path):
+    import json
+
+    from engine import Engine, EngineOptions
+    from tests.tiny_models import make_tiny_model
+
+    session = new_session(tiny_engine, storage)
+    reply(session.send("hello"))
+    other_dir = make_tiny_model(tmp_path / "other", "llama", seed=3)
+    config = json.loads((other_dir / "tokenizer_config.json").read_text())
+    config["chat_template"] = "{% for m in messages %}[{{ m['content'] }}]{% endfor %}"
+    (other_dir / "tokenizer_config.json").write_text(json.dumps(config))
+    (other_dir / "chat_template.jinja").unlink(missing_ok=True)
+    other = Engine.load(EngineOptions(model=str(other_dir), device="cpu"))
+    resumed = ChatSession(other, None, GREEDY, SavedConversation.open(storage, session.saved.id))
+    assert resumed.seen_ids == [] and resumed.notice is None  # re-tokenized from the text, no snapshot tried
+    assert reply(resumed.send("more")).stats.cached_tokens == 0
+    assert storage.conversations.get(session.saved.id).token_fingerprint == other.token_fingerprint
 
 
 def test_a_reply_cut_by_an_engine_error_is_kept_as_interrupted(tiny_engine, storage, monkeypatch):
@@ -167,16 +204,18 @@ def test_a_reply_cut_by_an_engine_error_is_kept_as_interrupted(tiny_engine, stor
 def test_a_database_that_fails_mid_reply_does_not_stop_the_reply(tiny_engine, storage, monkeypatch):
     from storage.db import StorageError
 
-    monkeypatch.setattr(saved_chat, "PARTIAL_SAVE_S", 0.0)
+    monkeypatch.setattr(reply_writer, "PARTIAL_SAVE_S", 0.0)
     session = new_session(tiny_engine, storage, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
     events = session.send("hello")  # the user's message is saved
 
     def disk_full(*args, **kwargs):
         raise StorageError("The disk is full: the message was not saved.")
 
-    monkeypatch.setattr(storage.conversations, "update_message", disk_full)
+    monkeypatch.setattr(storage.conversations, "add_message", disk_full)
+    monkeypatch.setattr(storage.conversations, "append_to_reply", disk_full)
+    monkeypatch.setattr(storage.conversations, "finish_reply", disk_full)
     deltas = []
-    with pytest.raises(StorageError, match="disk is full"):  # the final write reports it
+    with pytest.raises(StorageError, match="disk is full: the reply was not saved"):  # the final write reports it
         for event in events:
             if isinstance(event, TokenDelta):
                 deltas.append(event)
@@ -242,3 +281,34 @@ def test_what_cannot_be_edited_or_regenerated_is_one_sentence(tiny_engine, stora
     reply(session.send("hello"))
     with pytest.raises(ChatError, match="Only your own messages"):
         session.edit(1, "not mine")
+
+
+def test_a_snapshot_that_makes_the_model_compute_non_finite_scores_is_dropped_and_the_reply_recomputed(
+        tiny_engine, storage, monkeypatch, caplog):
+    from engine.errors import NonFiniteLogitsError
+
+    session = new_session(tiny_engine, storage)
+    reply(session.send("hello"))
+    storage.writer.flush()
+    resumed = ChatSession(tiny_engine, None, GREEDY, SavedConversation.open(storage, session.saved.id))
+    expected = reply(tiny_engine.generate(resumed.prompt_ids("more"), GREEDY, prefix_cache=False))
+    generate, calls, deleted = tiny_engine.generate, [], []
+
+    class Poisoned:  # what the engine does when K/V that passed every check still give NaN scores
+        use_prefix_cache = True
+
+        def __iter__(self):
+            raise NonFiniteLogitsError()
+            yield
+
+    def first_call_poisoned(*args, **kwargs):
+        calls.append(args)
+        return Poisoned() if len(calls) == 1 else generate(*args, **kwargs)
+
+    monkeypatch.setattr(tiny_engine, "generate", first_call_poisoned)
+    monkeypatch.setattr(storage.snapshots, "delete", deleted.append)
+    with caplog.at_level("WARNING", logger="kvchat"):
+        done = reply(resumed.send("more"))
+    assert len(calls) == 2 and done.text == expected.text  # computed once more, from scratch
+    assert deleted == [session.saved.id]
+    assert any("non-finite" in record.getMessage() for record in caplog.records)
