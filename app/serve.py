@@ -1,14 +1,17 @@
 """`kvchat serve`: the embedded engine behind an OpenAI-compatible HTTP API (app/openai_api.py).
 
-Loads the model once, then runs uvicorn on --host/--port (127.0.0.1:8000 by
-default: only this machine can reach it unless told otherwise). Needs the
-`serve` extra (FastAPI and uvicorn).
+Takes --host/--port first (127.0.0.1:8000 by default: only this machine can reach it unless told
+otherwise), so a port in use or a bad --host is one sentence and exit 1 before the model loads;
+a client that connects while the model loads waits for it. Then loads the model once and serves on
+that socket with uvicorn. Needs the `serve` extra (FastAPI and uvicorn).
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import socket
 import sys
 
 from app.options import engine_options
@@ -16,30 +19,84 @@ from app.options import engine_options
 INSTALL_HINT = "the serve command needs FastAPI and uvicorn; install them with: pip install 'kvchat[serve]'"
 
 
+class ListenError(Exception):
+    """The address cannot be served on; the message is one sentence."""
+
+
+def address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # an IPv6 address is bracketed
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port and listening; ListenError (one sentence) if it cannot be."""
+    where = address(host, port)
+    try:
+        family, kind, proto, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except (socket.gaierror, UnicodeError) as exc:
+        reason = getattr(exc, "strerror", None) or exc
+        raise ListenError(f"cannot listen on {where}: the host is not known ({reason}); check --host") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: a restart within TIME_WAIT
+        sock.bind(sockaddr)
+        sock.listen(2048)  # uvicorn's default backlog
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise ListenError(f"{where} is already in use (another server?); stop it or pick another --port") \
+                from None
+        raise ListenError(f"cannot listen on {where} ({exc.strerror or exc}); check --host and --port") from None
+    return sock
+
+
+def _say(message: str) -> None:
+    try:
+        print(f"kvchat: {message}", file=sys.stderr)
+    except OSError:  # the terminal is gone (SIGHUP): nobody reads it
+        pass
+
+
 def run_serve(args: argparse.Namespace) -> int:
     try:
         import fastapi  # noqa: F401
         import uvicorn
     except ImportError:
-        print(f"kvchat: {INSTALL_HINT}.", file=sys.stderr)
+        _say(f"{INSTALL_HINT}.")
         return 1
+    try:
+        sock = listen(args.host, args.port)
+    except ListenError as exc:
+        _say(f"{exc}.")
+        return 1
+    try:
+        return _serve(args, sock)
+    finally:
+        sock.close()
+
+
+def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
+    """Load the model, then serve on `sock`; the exit code."""
+    import uvicorn
+
     from app.openai_api import create_app
     from app.openai_runner import EngineRunner
     from engine import Engine
 
-    progress = lambda step: print(f"kvchat: {step}…", file=sys.stderr)  # noqa: E731
+    progress = lambda step: _say(f"{step}…")  # noqa: E731
     runner = EngineRunner()
-    # Loaded on the thread that generates: torch's OpenMP team belongs to the thread that starts it, and
-    # a second team (main thread + engine thread) halved decode speed here (see app/engine_thread.py).
     try:
+        # Loaded on the thread that generates: torch's OpenMP team belongs to the thread that starts it, and
+        # a second team (main thread + engine thread) halved decode speed here (see app/engine_thread.py).
         engine = runner.run(lambda: Engine.load(engine_options(args),
                                                 progress=progress if sys.stderr.isatty() else lambda _: None))
+        api_key = args.api_key or os.environ.get("KVCHAT_API_KEY") or None
+        app = create_app(engine, api_key=api_key, runner=runner)
+        server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info"))
+        _say(f"serving {engine.info.model_name} ({engine.info.device}, {engine.info.dtype}) at "
+             f"http://{address(args.host, args.port)}/v1{' (API key required)' if api_key else ''}")
+        server.run(sockets=[sock])
     except BaseException:
         runner.close()
         raise
-    api_key = args.api_key or os.environ.get("KVCHAT_API_KEY") or None
-    app = create_app(engine, api_key=api_key, runner=runner)
-    print(f"kvchat: serving {engine.info.model_name} ({engine.info.device}, {engine.info.dtype}) at "
-          f"http://{args.host}:{args.port}/v1{' (API key required)' if api_key else ''}", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     return 0
