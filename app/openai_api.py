@@ -7,7 +7,9 @@ render_chat); the engine's prefix cache reuses whatever a request shares with th
 ones before it, and `usage.prompt_tokens_details.cached_tokens` says how much.
 Streaming answers are server-sent events ending with `data: [DONE]`; with
 `stream_options.include_usage` a last chunk carries the usage, as OpenAI and vLLM do.
-Every refusal is OpenAI's error shape; the server stays up.
+Every refusal is OpenAI's error shape; the server stays up. While the server shuts down
+(EngineRunner.stop), a reply in progress ends with an error event (streaming) or a 503,
+code `server_shutting_down`.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from app.chat import render_chat
-from app.openai_runner import EngineRunner, Finish, reply
+from app.openai_runner import EngineRunner, Finish, ShuttingDown, reply
 from app.openai_schema import (APIError, ChatCompletionRequest, CompletionRequest, SamplingRequest, error_body,
                                usage, validation_message)
 from engine import ContextWindowError, Engine, EngineError, Generation, SamplingParams
@@ -79,6 +81,10 @@ def create_app(engine: Engine, api_key: str | None = None, model_name: str | Non
     async def engine_error(_request: Request, exc: EngineError) -> JSONResponse:
         code = "context_length_exceeded" if isinstance(exc, ContextWindowError) else None
         return JSONResponse(error_body(str(exc), param="messages" if code else None, code=code), status_code=400)
+
+    @app.exception_handler(ShuttingDown)
+    async def shutting_down(_request: Request, exc: ShuttingDown) -> JSONResponse:
+        return JSONResponse(error_body(str(exc), type="server_error", code="server_shutting_down"), status_code=503)
 
     @app.exception_handler(HTTPException)
     async def http_error(_request: Request, exc: HTTPException) -> JSONResponse:
@@ -174,6 +180,8 @@ async def stream(base: dict, pieces: AsyncIterator, chat: bool, include_usage: b
                 yield chunk(item)
     except EngineError as exc:  # e.g. out of memory mid-reply: the stream says so and ends
         yield _sse(error_body(str(exc)))
+    except ShuttingDown as exc:
+        yield _sse(error_body(str(exc), type="server_error", code="server_shutting_down"))
     finally:
         await pieces.aclose()
     yield _sse("[DONE]")

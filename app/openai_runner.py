@@ -6,6 +6,8 @@ app/engine_thread.py). The event loop never waits on the engine; a request's
 events reach it through an asyncio.Queue. A consumer that goes away (a client
 that disconnected) cancels its generation, which then ends before its next
 decode step, and the engine closes the sequence, freeing its KV blocks.
+`stop()` (the server is shutting down) cancels every generation and refuses new
+ones with ShuttingDown.
 """
 
 from __future__ import annotations
@@ -32,10 +34,18 @@ class Finish:
     stats: RequestStats
 
 
+class ShuttingDown(Exception):
+    """The server is stopping: the request was refused, or its reply cut short."""
+
+    def __init__(self) -> None:
+        super().__init__("The server is shutting down; send the request again once it is back.")
+
+
 class EngineRunner:
     def __init__(self) -> None:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvchat-serve")
         self.active: set[Generation] = set()
+        self.stopping = False
 
     def run(self, fn: Callable[[], T]) -> T:
         """Run `fn` on the engine thread and wait for it, from outside the event loop (loading the model
@@ -44,11 +54,20 @@ class EngineRunner:
 
     async def call(self, fn: Callable[[], T]) -> T:
         """Run `fn` on the engine thread (after the jobs before it) and return its result."""
+        self._refuse_if_stopping()
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn)
+
+    def _refuse_if_stopping(self) -> None:
+        if self.stopping:
+            raise ShuttingDown()
 
     async def events(self, generation: Generation) -> AsyncIterator[TokenDelta | Done]:
         """The generation's TokenDelta and Done events, computed on the engine thread.
-        Leaving the loop early (or being cancelled) cancels the generation."""
+        Leaving the loop early (or being cancelled) cancels the generation. If the server is already
+        stopping, ShuttingDown at once and nothing runs."""
+        if self.stopping:
+            generation.cancel()
+            raise ShuttingDown()
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
 
@@ -81,10 +100,16 @@ class EngineRunner:
             generation.cancel()  # nothing if it ended; else it stops before its next step
             self.active.discard(generation)
 
-    def close(self) -> None:
-        """Stop every generation in progress and end the engine thread."""
+    def stop(self) -> None:
+        """The server is shutting down: every generation in progress ends before its next step (its
+        consumer gets ShuttingDown), and new requests are refused. Call on the event loop's thread."""
+        self.stopping = True
         for generation in list(self.active):
             generation.cancel()
+
+    def close(self) -> None:
+        """Stop every generation in progress and end the engine thread."""
+        self.stop()
         self.executor.shutdown(wait=True, cancel_futures=True)
 
 
@@ -120,7 +145,8 @@ class StopText:
 
 
 async def reply(runner: EngineRunner, generation: Generation, stops: list[str]) -> AsyncIterator[str | Finish]:
-    """The reply's text pieces (stop strings applied), then one Finish."""
+    """The reply's text pieces (stop strings applied), then one Finish; ShuttingDown instead of the
+    Finish when the server's shutdown cut the reply short."""
     stop = StopText(stops)
     events = runner.events(generation)
     try:
@@ -131,6 +157,8 @@ async def reply(runner: EngineRunner, generation: Generation, stops: list[str]) 
                 if stop.hit:
                     generation.cancel()  # ends with Done("stopped") before the next step
             else:
+                if event.finish_reason == "stopped" and runner.stopping and not stop.hit:
+                    raise ShuttingDown()
                 if tail := stop.flush():
                     yield tail
                 finish = "length" if event.finish_reason == "length" and not stop.hit else "stop"

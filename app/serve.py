@@ -3,7 +3,10 @@
 Takes --host/--port first (127.0.0.1:8000 by default: only this machine can reach it unless told
 otherwise), so a port in use or a bad --host is one sentence and exit 1 before the model loads;
 a client that connects while the model loads waits for it. Then loads the model once and serves on
-that socket with uvicorn. Needs the `serve` extra (FastAPI and uvicorn).
+that socket with uvicorn. SIGINT (Ctrl+C), SIGTERM and SIGHUP (the terminal closed) stop it alike:
+every reply in progress ends (app/openai_runner.py's EngineRunner.stop), connections still open after
+SHUTDOWN_GRACE_S are closed, the engine thread ends, and the exit code is 128 + the signal's number
+(130, 143, 129). Needs the `serve` extra (FastAPI and uvicorn).
 """
 
 from __future__ import annotations
@@ -11,12 +14,14 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import signal
 import socket
 import sys
 
 from app.options import engine_options
 
 INSTALL_HINT = "the serve command needs FastAPI and uvicorn; install them with: pip install 'kvchat[serve]'"
+SHUTDOWN_GRACE_S = 3  # after the replies were cut: a client that stopped reading its stream holds no longer
 
 
 class ListenError(Exception):
@@ -76,11 +81,12 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
-    """Load the model, then serve on `sock`; the exit code."""
+    """Load the model, then serve on `sock` until a signal; the exit code."""
     import uvicorn
 
     from app.openai_api import create_app
     from app.openai_runner import EngineRunner
+    from app.serve_thread import Server
     from engine import Engine
 
     progress = lambda step: _say(f"{step}…")  # noqa: E731
@@ -92,11 +98,15 @@ def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
                                                 progress=progress if sys.stderr.isatty() else lambda _: None))
         api_key = args.api_key or os.environ.get("KVCHAT_API_KEY") or None
         app = create_app(engine, api_key=api_key, runner=runner)
-        server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info"))
+        config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
+                                timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
+        server = Server(config, on_shutdown=runner.stop)
         _say(f"serving {engine.info.model_name} ({engine.info.device}, {engine.info.dtype}) at "
              f"http://{address(args.host, args.port)}/v1{' (API key required)' if api_key else ''}")
         server.run(sockets=[sock])
-    except BaseException:
-        runner.close()
-        raise
-    return 0
+    finally:
+        runner.close()  # also when a second signal skipped the app's own shutdown
+    if server.signal is None:
+        return 0
+    _say(f"stopped ({signal.Signals(server.signal).name}).")
+    return 128 + server.signal

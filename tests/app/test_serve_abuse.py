@@ -1,13 +1,150 @@
-"""`kvchat serve` against what tries to break it. Every wait is bounded; nothing here times the server's speed."""
+"""`kvchat serve` against what tries to break it: signals, a port in use. Every wait is bounded; nothing
+here times the server's speed."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import signal
 import socket
+import threading
+import time
 
+import httpx
 import pytest
+import uvicorn
 
 from app.cli import main
+from app.openai_api import create_app
+from app.openai_runner import EngineRunner, ShuttingDown
+from app.serve_thread import Server as SignalServer
 from engine import Engine
+from tests.app.serve_child import ServeChild, StreamReader
+from tests.app.serve_harness import Server, wait_until
+from tests.app.test_serve import no_request_holds_blocks
+from tests.tiny_models import make_tiny_model
+
+HANG_GUARD_S = 10  # far above what any of these takes; only there so a regression fails instead of hanging
+
+
+@pytest.fixture
+def engine(tiny_engine):
+    return tiny_engine.with_fresh_cache()  # this test's own prefix cache (and decode, if it slows it)
+
+
+@pytest.fixture
+def app(engine):
+    return create_app(engine)
+
+
+@pytest.fixture
+def server(app):
+    with Server(app, on_shutdown=app.state.runner.stop) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def long_model_dir(tmp_path_factory):
+    """A tiny model whose context window (131,072 tokens) outlasts any test: a reply with ignore_eos and
+    a large max_tokens is still streaming when the test stops the server."""
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-long"), "llama", max_position_embeddings=2**17)
+
+
+def slow_decode(engine, seconds: float) -> None:
+    """Each decode step takes `seconds` more, so a long reply is surely running when the test acts."""
+    decode = engine.decode
+
+    def slow(token, kv):
+        time.sleep(seconds)
+        return decode(token, kv)
+
+    engine.decode = slow
+
+
+def chat(engine, content: str = "hi", **fields) -> dict:
+    return {"model": engine.info.model_name, "messages": [{"role": "user", "content": content}], **fields}
+
+
+def post(server, path: str, body: dict | bytes, timeout: float = HANG_GUARD_S) -> httpx.Response:
+    """POST `body` to /v1/`path`; a dict goes as ASCII JSON, so a lone surrogate travels as its escape."""
+    content = body if isinstance(body, bytes) else json.dumps(body)
+    return httpx.post(f"{server.url}/v1/{path}", content=content, timeout=timeout,
+                      headers={"Content-Type": "application/json"})
+
+
+# SIGTERM and SIGHUP: like Ctrl+C, every reply in progress ends and the server exits.
+
+def stream_then_signal(child: ServeChild, sig: int) -> StreamReader:
+    """Send `sig` while a long reply streams; the stream's reader, once the server has exited."""
+    body = {"model": httpx.get(f"{child.url}/models").json()["data"][0]["id"],
+            "messages": [{"role": "user", "content": "Talk forever"}], "max_tokens": 10**6, "ignore_eos": True,
+            "stream": True}
+    reader = StreamReader(child.url, body)
+    wait_until(lambda: reader.chunks() >= 5, timeout=HANG_GUARD_S, what="the stream to begin")
+    child.process.send_signal(sig)
+    child.process.wait(timeout=HANG_GUARD_S)  # TimeoutExpired: the server did not exit
+    reader.thread.join(timeout=HANG_GUARD_S)
+    return reader
+
+
+def assert_stream_told_of_the_shutdown(reader: StreamReader) -> None:
+    assert not reader.thread.is_alive() and reader.error is None
+    assert reader.lines[-1] == "data: [DONE]"
+    error = json.loads(reader.lines[-2].removeprefix("data: "))["error"]
+    assert error["code"] == "server_shutting_down" and error["type"] == "server_error"
+    assert "shutting down" in error["message"]
+
+
+def test_sigterm_ends_open_streams_with_a_shutdown_event_and_exits_143(long_model_dir, tmp_path):
+    with ServeChild(long_model_dir, tmp_path / "stderr") as child:
+        reader = stream_then_signal(child, signal.SIGTERM)
+    assert child.process.returncode == 128 + signal.SIGTERM
+    assert_stream_told_of_the_shutdown(reader)
+    assert "Traceback" not in child.stderr and "kvchat: stopped (SIGTERM)." in child.stderr
+
+
+def test_sighup_is_handled_like_sigterm_and_exits_129(long_model_dir, tmp_path):
+    with ServeChild(long_model_dir, tmp_path / "stderr") as child:
+        reader = stream_then_signal(child, signal.SIGHUP)
+    assert child.process.returncode == 128 + signal.SIGHUP
+    assert_stream_told_of_the_shutdown(reader)
+    assert "Traceback" not in child.stderr and "kvchat: stopped (SIGHUP)." in child.stderr
+
+
+def test_a_non_streaming_reply_cut_by_the_shutdown_is_a_503(engine, app):
+    slow_decode(engine, 0.02)
+    runner, got = app.state.runner, {}
+    with Server(app, on_shutdown=runner.stop) as server:
+        body = chat(engine, max_tokens=10**6, ignore_eos=True)
+        client = threading.Thread(target=lambda: got.update(response=post(server, "chat/completions", body)))
+        client.start()
+        wait_until(lambda: runner.active, what="the reply to begin")
+    client.join(timeout=HANG_GUARD_S)
+    response = got["response"]
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "server_shutting_down"
+    assert no_request_holds_blocks(engine)
+
+
+def test_a_request_after_the_shutdown_began_is_refused():
+    runner = EngineRunner()
+    runner.stop()
+    with pytest.raises(ShuttingDown):
+        asyncio.run(runner.call(lambda: [1, 2, 3]))
+    runner.close()
+
+
+def test_a_signal_ignored_when_the_server_starts_stays_ignored():
+    # `nohup kvchat serve` ignores SIGHUP, as it did before the server handled SIGHUP itself.
+    server = SignalServer(uvicorn.Config(app=None))
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with server.capture_signals():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) == server.handle_exit
+        assert signal.getsignal(signal.SIGTERM) != server.handle_exit
+    finally:
+        signal.signal(signal.SIGHUP, before)
 
 
 # The address is taken before the model loads.
