@@ -7,21 +7,23 @@ render_chat); the engine's prefix cache reuses whatever a request shares with th
 ones before it, and `usage.prompt_tokens_details.cached_tokens` says how much.
 Streaming answers are server-sent events ending with `data: [DONE]`; with
 `stream_options.include_usage` a last chunk carries the usage, as OpenAI and vLLM do.
-Every refusal is OpenAI's error shape; the server stays up. While the server shuts down
-(EngineRunner.stop), a reply in progress ends with an error event (streaming) or a 503,
-code `server_shutting_down`.
+Every refusal is OpenAI's error shape; the server stays up. A client that disconnects,
+streaming or not, cancels its generation. While the server shuts down (EngineRunner.stop),
+a reply in progress ends with an error event (streaming) or a 503, code `server_shutting_down`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
+from typing import TypeVar
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
@@ -47,6 +49,28 @@ class BearerAuth:
                                                    code="invalid_api_key"), status_code=401)
                 return await response(scope, receive, send)
         await self.app(scope, receive, send)
+
+
+T = TypeVar("T")
+
+
+async def unless_disconnected(work: Awaitable[T], receive) -> T | None:
+    """`work`'s result, or None if the client disconnects first (`receive` then says http.disconnect),
+    in which case `work` is cancelled and awaited (a reply's generation ends before its next step)."""
+    task, watch = asyncio.ensure_future(work), asyncio.ensure_future(_disconnect(receive))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    return task.result() if not task.cancelled() else None
+
+
+async def _disconnect(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass  # the request's body was read before the endpoint ran: only the disconnect is left
 
 
 def create_app(engine: Engine, api_key: str | None = None, model_name: str | None = None,
@@ -108,24 +132,24 @@ def create_app(engine: Engine, api_key: str | None = None, model_name: str | Non
                                             "owned_by": "kvchat", "max_model_len": engine.context_window}]}
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(request: ChatCompletionRequest):
+    async def chat_completions(request: ChatCompletionRequest, http: Request):
         check_model(request)
         params = sampling(request, request.max_completion_tokens)
         turns = [message.turn() for message in request.messages]
         generation = await runner.call(
             lambda: engine.generate(engine.tokenizer.encode(render_chat(engine.tokenizer, turns)), params))
-        return await respond(request, generation, chat=True)
+        return await respond(request, generation, http, chat=True)
 
     @app.post("/v1/completions")
-    async def completions(request: CompletionRequest):
+    async def completions(request: CompletionRequest, http: Request):
         check_model(request)
         params = sampling(request)
         prompt = request.text_or_ids()
         generation = await runner.call(
             lambda: engine.generate(engine.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt, params))
-        return await respond(request, generation, chat=False)
+        return await respond(request, generation, http, chat=False)
 
-    async def respond(request: SamplingRequest, generation: Generation, chat: bool):
+    async def respond(request: SamplingRequest, generation: Generation, http: Request, chat: bool):
         base = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
                 "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
                 "model": model_name}
@@ -133,22 +157,30 @@ def create_app(engine: Engine, api_key: str | None = None, model_name: str | Non
         if request.stream:
             return StreamingResponse(stream(base, pieces, chat, request.include_usage), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        text, finish = [], None
-        try:
-            async for item in pieces:
-                if isinstance(item, Finish):
-                    finish = item
-                else:
-                    text.append(item)
-        finally:
-            await pieces.aclose()
-        body = "".join(text)
+        whole = await unless_disconnected(collect(pieces), http.receive)
+        if whole is None:
+            return Response(status_code=499)  # the client is gone (nginx's code for it; nobody reads it)
+        body, finish = whole
         choice = ({"index": 0, "message": {"role": "assistant", "content": body}} if chat
                   else {"index": 0, "text": body})
         choice.update(logprobs=None, finish_reason=finish.finish_reason)
         return {**base, "choices": [choice], "usage": usage(finish.stats)}
 
     return app
+
+
+async def collect(pieces: AsyncIterator[str | Finish]) -> tuple[str, Finish]:
+    """A non-streaming reply: its whole text and its Finish."""
+    text, finish = [], None
+    try:
+        async for item in pieces:
+            if isinstance(item, Finish):
+                finish = item
+            else:
+                text.append(item)
+    finally:
+        await pieces.aclose()
+    return "".join(text), finish
 
 
 def _sse(payload: dict | str) -> str:

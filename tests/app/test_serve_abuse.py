@@ -1,5 +1,5 @@
-"""`kvchat serve` against what tries to break it: signals, a port in use. Every wait is bounded; nothing
-here times the server's speed."""
+"""`kvchat serve` against what tries to break it: signals, a port in use, clients that leave. Every wait
+is bounded; nothing here times the server's speed."""
 
 from __future__ import annotations
 
@@ -174,3 +174,20 @@ def test_serve_on_an_address_not_of_this_machine_is_one_sentence_and_exit_1(tiny
     err = capsys.readouterr().err
     assert code == 1
     assert err.startswith("kvchat: cannot listen on 192.0.2.1:8000") and err.count("\n") == 1
+
+
+# A non-streaming client that disconnects cancels its generation.
+
+def test_a_non_streaming_client_that_disconnects_cancels_its_generation(engine, app, server):
+    slow_decode(engine, 0.05)  # the whole reply (the 256-token window) would take 12 s
+    runner = app.state.runner
+    body = json.dumps(chat(engine, max_tokens=10**6, ignore_eos=True)).encode()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=HANG_GUARD_S) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        wait_until(lambda: runner.active, what="the reply to begin")
+        time.sleep(0.5)
+    response = post(server, "chat/completions", chat(engine, max_tokens=2), timeout=5)  # not 12 s behind it
+    assert response.status_code == 200
+    wait_until(lambda: not runner.active, what="the runner to be idle")
+    assert no_request_holds_blocks(engine)
