@@ -7,9 +7,14 @@ render_chat); the engine's prefix cache reuses whatever a request shares with th
 ones before it, and `usage.prompt_tokens_details.cached_tokens` says how much.
 Streaming answers are server-sent events ending with `data: [DONE]`; with
 `stream_options.include_usage` a last chunk carries the usage, as OpenAI and vLLM do.
-Every refusal is OpenAI's error shape; the server stays up. A client that disconnects,
-streaming or not, cancels its generation. While the server shuts down (EngineRunner.stop),
-a reply in progress ends with an error event (streaming) or a 503, code `server_shutting_down`.
+Every refusal is OpenAI's error shape; the server stays up.
+
+Limits: a body over openai_schema.body_limit(context window) is a 413 before it is read
+(by its Content-Length, or as soon as a chunked body outgrows it); a prompt of more
+characters than the context window could hold (app/chat.py's MAX_CHARS_PER_TOKEN) is a
+400 context_length_exceeded before it is tokenized. A client that disconnects, streaming
+or not, cancels its generation. While the server shuts down (EngineRunner.stop), a reply
+in progress ends with an error event (streaming) or a 503, code `server_shutting_down`.
 """
 
 from __future__ import annotations
@@ -28,10 +33,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from app.chat import render_chat
+from app.chat import MAX_CHARS_PER_TOKEN, render_chat
 from app.openai_runner import EngineRunner, Finish, ShuttingDown, reply
-from app.openai_schema import (APIError, ChatCompletionRequest, CompletionRequest, SamplingRequest, error_body,
-                               usage, validation_message)
+from app.openai_schema import (APIError, ChatCompletionRequest, CompletionRequest, SamplingRequest, body_limit,
+                               error_body, usage, validation_message)
 from engine import ContextWindowError, Engine, EngineError, Generation, SamplingParams
 
 
@@ -49,6 +54,48 @@ class BearerAuth:
                                                    code="invalid_api_key"), status_code=401)
                 return await response(scope, receive, send)
         await self.app(scope, receive, send)
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over `limit` bytes is a 413, refused by its Content-Length before
+    any of it is read, or as soon as a chunked body outgrows the limit. A body within it is read here
+    (the app reads it whole anyway) and handed on; later receive() calls go to the server (disconnects)."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and int(declared) > self.limit:
+            return await self.refuse(scope, receive, send)
+        body, more = bytearray(), True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # the client left before sending its request: nobody to answer
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.limit:
+                return await self.refuse(scope, receive, send)
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": bytes(body), "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def refuse(self, scope, receive, send):
+        # Connection: close, since the rest of the body is never read.
+        response = JSONResponse(error_body(f"The request body is larger than this server's limit of "
+                                           f"{self.limit:,} bytes.", code="request_too_large"),
+                                status_code=413, headers={"Connection": "close"})
+        await response(scope, receive, send)
 
 
 T = TypeVar("T")
@@ -79,6 +126,7 @@ def create_app(engine: Engine, api_key: str | None = None, model_name: str | Non
     model_name = model_name or engine.info.model_name
     created = int(time.time())
     runner = runner or EngineRunner()
+    window = engine.context_window
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -89,7 +137,8 @@ def create_app(engine: Engine, api_key: str | None = None, model_name: str | Non
 
     app = FastAPI(title="kvchat", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.runner = runner
-    if api_key:
+    app.add_middleware(BodyLimit, limit=body_limit(window))
+    if api_key:  # added last, so it runs first: a request without the key is refused before its body is read
         app.add_middleware(BearerAuth, api_key=api_key)
 
     @app.exception_handler(APIError)
@@ -122,21 +171,29 @@ def create_app(engine: Engine, api_key: str | None = None, model_name: str | Non
 
     def sampling(request: SamplingRequest, max_tokens: int | None = None) -> SamplingParams:
         try:
-            return request.sampling_params(max_tokens)
+            return request.sampling_params(window, max_tokens)
         except ValueError as exc:
             raise APIError(400, f"{str(exc).capitalize()}.") from None
+
+    def check_length(characters: int, param: str) -> None:
+        """Refuse, before tokenizing it, a prompt longer than any context window of tokens could hold."""
+        if characters > MAX_CHARS_PER_TOKEN * window:
+            raise APIError(400, f"The prompt is {characters:,} characters, far more than the model's context "
+                                f"window of {window} tokens can hold.", param=param, code="context_length_exceeded")
 
     @app.get("/v1/models")
     async def models() -> dict:
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
                                             "owned_by": "kvchat", "max_model_len": engine.context_window}]}
 
+    # Templates and tokenizing run on the runner's tokenizer thread (engine.generate only checks the ids).
     @app.post("/v1/chat/completions")
     async def chat_completions(request: ChatCompletionRequest, http: Request):
         check_model(request)
         params = sampling(request, request.max_completion_tokens)
         turns = [message.turn() for message in request.messages]
-        generation = await runner.call(
+        check_length(sum(len(turn["content"]) for turn in turns), "messages")
+        generation = await runner.prepare(
             lambda: engine.generate(engine.tokenizer.encode(render_chat(engine.tokenizer, turns)), params))
         return await respond(request, generation, http, chat=True)
 
@@ -145,7 +202,9 @@ def create_app(engine: Engine, api_key: str | None = None, model_name: str | Non
         check_model(request)
         params = sampling(request)
         prompt = request.text_or_ids()
-        generation = await runner.call(
+        if isinstance(prompt, str):
+            check_length(len(prompt), "prompt")
+        generation = await runner.prepare(
             lambda: engine.generate(engine.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt, params))
         return await respond(request, generation, http, chat=False)
 

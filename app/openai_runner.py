@@ -2,7 +2,11 @@
 
 Requests run one after another on a single-thread executor: torch's OpenMP team
 belongs to the thread that starts it, and one engine thread decodes fastest (see
-app/engine_thread.py). The event loop never waits on the engine; a request's
+app/engine_thread.py). Chat templates and tokenizing run on a second single
+thread, so a long prompt never holds up the reply being generated (one thread:
+Hugging Face fast tokenizers can fail with "Already borrowed" when several
+threads call them at once; the engine thread only decodes, which borrows the
+tokenizer read-only). The event loop never waits on either; a request's
 events reach it through an asyncio.Queue. A consumer that goes away (a client
 that disconnected) cancels its generation, which then ends before its next
 decode step, and the engine closes the sequence, freeing its KV blocks.
@@ -44,6 +48,7 @@ class ShuttingDown(Exception):
 class EngineRunner:
     def __init__(self) -> None:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvchat-serve")
+        self.tokenizer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvchat-tokenize")
         self.active: set[Generation] = set()
         self.stopping = False
 
@@ -56,6 +61,13 @@ class EngineRunner:
         """Run `fn` on the engine thread (after the jobs before it) and return its result."""
         self._refuse_if_stopping()
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn)
+
+    async def prepare(self, fn: Callable[[], T]) -> T:
+        """Run `fn` (chat template, tokenizer: a prompt's preparation) on the tokenizer thread."""
+        self._refuse_if_stopping()
+        result = await asyncio.get_running_loop().run_in_executor(self.tokenizer_thread, fn)
+        self._refuse_if_stopping()  # the server began to stop while this prompt was prepared
+        return result
 
     def _refuse_if_stopping(self) -> None:
         if self.stopping:
@@ -108,8 +120,9 @@ class EngineRunner:
             generation.cancel()
 
     def close(self) -> None:
-        """Stop every generation in progress and end the engine thread."""
+        """Stop every generation in progress and end the engine and tokenizer threads."""
         self.stop()
+        self.tokenizer_thread.shutdown(wait=True, cancel_futures=True)
         self.executor.shutdown(wait=True, cancel_futures=True)
 
 

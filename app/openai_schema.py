@@ -11,8 +11,19 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.chat import MAX_CHARS_PER_TOKEN
 from engine.events import RequestStats
-from engine.sampling import SamplingParams
+from engine.sampling import MAX_INT64, SamplingParams
+
+# The largest request body: as many characters as a prompt could ever turn into a context window of
+# tokens (MAX_CHARS_PER_TOKEN each), 4 bytes each (UTF-8's widest), and never less than MIN_BODY_BYTES.
+BODY_BYTES_PER_TOKEN = 4 * MAX_CHARS_PER_TOKEN
+MIN_BODY_BYTES = 2**20
+
+
+def body_limit(context_window: int) -> int:
+    """The most bytes a request body may have for a model of `context_window` tokens."""
+    return max(MIN_BODY_BYTES, BODY_BYTES_PER_TOKEN * context_window)
 
 
 class APIError(Exception):
@@ -56,14 +67,18 @@ class SamplingRequest(BaseModel):
     min_p: float | None = Field(None, ge=0, le=1)
     repetition_penalty: float | None = Field(None, gt=0)
 
-    def sampling_params(self, max_tokens: int | None = None) -> SamplingParams:
+    def sampling_params(self, context_window: int, max_tokens: int | None = None) -> SamplingParams:
+        """`max_tokens` (else the request's) is capped at `context_window`: no reply outgrows it anyway.
+        A top_k of -1, 0, or at least the vocabulary's size is off, however large (the sampler's rule).
+        ValueError (one phrase) for a value SamplingParams refuses."""
         if self.n not in (None, 1):
             raise APIError(400, f"n must be 1: this server returns one choice per request, not {self.n}.", param="n")
+        max_tokens = max_tokens if max_tokens is not None else self.max_tokens
         return SamplingParams(temperature=1.0 if self.temperature is None else self.temperature,
                               top_p=1.0 if self.top_p is None else self.top_p,
-                              top_k=max(self.top_k or 0, 0), min_p=self.min_p or 0.0,
+                              top_k=min(max(self.top_k or 0, 0), MAX_INT64), min_p=self.min_p or 0.0,
                               repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
-                              max_tokens=max_tokens if max_tokens is not None else self.max_tokens,
+                              max_tokens=None if max_tokens is None else min(max_tokens, context_window),
                               seed=self.seed, ignore_eos=self.ignore_eos)
 
     def stop_strings(self) -> list[str]:

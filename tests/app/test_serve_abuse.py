@@ -1,5 +1,5 @@
-"""`kvchat serve` against what tries to break it: signals, a port in use, clients that leave. Every wait
-is bounded; nothing here times the server's speed."""
+"""`kvchat serve` against clients that try to break it: signals, a port in use, clients that leave,
+oversized and malformed requests. Every wait is bounded; nothing here times the server's speed."""
 
 from __future__ import annotations
 
@@ -14,9 +14,11 @@ import httpx
 import pytest
 import uvicorn
 
+from app.chat import MAX_CHARS_PER_TOKEN
 from app.cli import main
 from app.openai_api import create_app
 from app.openai_runner import EngineRunner, ShuttingDown
+from app.openai_schema import MIN_BODY_BYTES, body_limit
 from app.serve_thread import Server as SignalServer
 from engine import Engine
 from tests.app.serve_child import ServeChild, StreamReader
@@ -70,6 +72,15 @@ def post(server, path: str, body: dict | bytes, timeout: float = HANG_GUARD_S) -
     content = body if isinstance(body, bytes) else json.dumps(body)
     return httpx.post(f"{server.url}/v1/{path}", content=content, timeout=timeout,
                       headers={"Content-Type": "application/json"})
+
+
+def read_response(sock: socket.socket) -> tuple[int, dict]:
+    """The status and JSON body of the one HTTP response on `sock` (the server closes it after)."""
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
 
 
 # SIGTERM and SIGHUP: like Ctrl+C, every reply in progress ends and the server exits.
@@ -130,7 +141,7 @@ def test_a_request_after_the_shutdown_began_is_refused():
     runner = EngineRunner()
     runner.stop()
     with pytest.raises(ShuttingDown):
-        asyncio.run(runner.call(lambda: [1, 2, 3]))
+        asyncio.run(runner.prepare(lambda: [1, 2, 3]))
     runner.close()
 
 
@@ -191,3 +202,83 @@ def test_a_non_streaming_client_that_disconnects_cancels_its_generation(engine, 
     assert response.status_code == 200
     wait_until(lambda: not runner.active, what="the runner to be idle")
     assert no_request_holds_blocks(engine)
+
+
+# Size limits.
+
+def test_the_body_limit_follows_the_context_window_above_a_floor():
+    assert body_limit(256) == MIN_BODY_BYTES
+    assert body_limit(8192) == 4 * MAX_CHARS_PER_TOKEN * 8192  # 2 MiB for SmolLM2's window
+
+
+def test_a_body_declared_larger_than_the_limit_is_a_413_before_it_is_read(engine, server):
+    limit = body_limit(engine.context_window)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=HANG_GUARD_S) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % (limit + 1))  # and not one byte of it
+        status, body = read_response(sock)
+    assert status == 413
+    assert body["error"]["code"] == "request_too_large" and f"{limit:,} bytes" in body["error"]["message"]
+
+
+def test_a_chunked_body_that_outgrows_the_limit_is_a_413_without_reading_the_rest(engine, server):
+    limit, piece = body_limit(engine.context_window), b"x" * 2**16
+    with socket.create_connection(("127.0.0.1", server.port), timeout=HANG_GUARD_S) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n")
+        for _ in range(limit // len(piece)):
+            sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+        # One byte over the limit, and no last chunk: the body never ends. (The server reads all that was
+        # sent, so its close is a clean one: unread bytes would make it a reset that loses the response.)
+        sock.sendall(b"%x\r\n%s\r\n" % (limit % len(piece) + 1, b"x" * (limit % len(piece) + 1)))
+        status, body = read_response(sock)
+    assert status == 413 and body["error"]["code"] == "request_too_large"
+
+
+@pytest.mark.parametrize("path", ["chat/completions", "completions"])
+def test_a_prompt_longer_than_the_window_could_hold_is_refused_before_tokenizing(engine, server, monkeypatch, path):
+    encoded = []
+    monkeypatch.setattr(engine.tokenizer, "encode", lambda text: encoded.append(text) or [1])
+    text = "x" * (MAX_CHARS_PER_TOKEN * engine.context_window + 1)
+    body = chat(engine, text) if path == "chat/completions" else {"model": engine.info.model_name, "prompt": text}
+    response = post(server, path, body)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "context_length_exceeded" and "characters" in error["message"]
+    assert encoded == []
+
+
+def test_prompts_are_templated_and_tokenized_off_the_engine_thread(engine, server, monkeypatch):
+    encode, threads = engine.tokenizer.encode, []
+    monkeypatch.setattr(engine.tokenizer, "encode",
+                        lambda text: threads.append(threading.current_thread().name) or encode(text))
+    assert post(server, "chat/completions", chat(engine, max_tokens=2)).status_code == 200
+    assert len(threads) == 1 and threads[0].startswith("kvchat-tokenize")
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_max_tokens_above_the_context_window_is_capped_at_it(engine, server, field):
+    response = post(server, "chat/completions", chat(engine, temperature=0, ignore_eos=True, **{field: 10**30}))
+    assert response.status_code == 200
+    reply = response.json()
+    assert reply["choices"][0]["finish_reason"] == "length"
+    assert reply["usage"]["total_tokens"] == engine.context_window
+
+
+@pytest.mark.parametrize("field, literal", [("temperature", b"1e308"), ("temperature", b"Infinity"),
+                                            ("seed", b"18446744073709551616"), ("seed", b"-1")])
+def test_sampling_values_out_of_range_are_400s_not_500s(engine, server, field, literal):
+    body = json.dumps(chat(engine, max_tokens=2))[:-1].encode() + b', "%s": %s}' % (field.encode(), literal)
+    response = post(server, "chat/completions", body)
+    assert response.status_code == 400
+    assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_a_top_k_above_the_vocabulary_is_accepted_and_means_off(engine, server):
+    def text(**top_k) -> str:
+        response = post(server, "chat/completions", chat(engine, temperature=1.0, seed=7, max_tokens=12, **top_k))
+        assert response.status_code == 200
+        return response.json()["choices"][0]["message"]["content"]
+
+    off = text()
+    assert text(top_k=1e11) == off and text(top_k=10**30) == off and text(top_k=-1) == off
