@@ -2,14 +2,17 @@
 
 Fields the engine has no use for (presence_penalty, user, ...) are accepted and ignored,
 as most OpenAI-compatible servers do; `ignore_eos` (always generate max_tokens), `top_k`,
-`min_p` and `repetition_penalty` are vLLM's extensions.
+`min_p` and `repetition_penalty` are vLLM's extensions. A JSON string may carry lone
+UTF-16 surrogates ("\\ud800"), which no UTF-8 text can hold: each becomes U+FFFD, the
+replacement character, before anything reads the request.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.chat import MAX_CHARS_PER_TOKEN
 from engine.events import RequestStats
@@ -19,11 +22,24 @@ from engine.sampling import MAX_INT64, SamplingParams
 # tokens (MAX_CHARS_PER_TOKEN each), 4 bytes each (UTF-8's widest), and never less than MIN_BODY_BYTES.
 BODY_BYTES_PER_TOKEN = 4 * MAX_CHARS_PER_TOKEN
 MIN_BODY_BYTES = 2**20
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def body_limit(context_window: int) -> int:
     """The most bytes a request body may have for a model of `context_window` tokens."""
     return max(MIN_BODY_BYTES, BODY_BYTES_PER_TOKEN * context_window)
+
+
+def without_surrogates(value: Any) -> Any:
+    """`value` (parsed JSON) with every lone surrogate in its string values replaced by U+FFFD (keys are
+    left alone: an unknown one is ignored, and no field's name has a surrogate)."""
+    if isinstance(value, str):
+        return value if value.isascii() else _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [without_surrogates(item) for item in value]
+    if isinstance(value, dict):
+        return {key: without_surrogates(item) for key, item in value.items()}
+    return value
 
 
 class APIError(Exception):
@@ -51,6 +67,11 @@ class SamplingRequest(BaseModel):
     """What chat and text completions share: the model, sampling and streaming."""
 
     model_config = ConfigDict(extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_text(cls, data: Any) -> Any:
+        return without_surrogates(data)
 
     model: str
     max_tokens: int | None = Field(None, ge=1)

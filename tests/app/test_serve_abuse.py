@@ -282,3 +282,22 @@ def test_a_top_k_above_the_vocabulary_is_accepted_and_means_off(engine, server):
 
     off = text()
     assert text(top_k=1e11) == off and text(top_k=10**30) == off and text(top_k=-1) == off
+
+
+# Lone surrogates become U+FFFD.
+
+@pytest.mark.parametrize("path", ["chat/completions", "completions"])
+def test_lone_surrogates_in_a_prompt_become_replacement_characters(engine, server, path):
+    def prompt_tokens(text: str) -> int:
+        body = chat(engine, text) if path == "chat/completions" else {"model": engine.info.model_name, "prompt": text}
+        response = post(server, path, {**body, "max_tokens": 1})
+        assert response.status_code == 200
+        return response.json()["usage"]["prompt_tokens"]
+
+    assert prompt_tokens("a\ud800b\udc00") == prompt_tokens("a\ufffdb\ufffd")
+
+
+def test_a_lone_surrogate_in_the_model_name_is_a_404_not_a_500(engine, server):
+    response = post(server, "chat/completions", {**chat(engine), "model": "\udfff"})
+    assert response.status_code == 404
+    assert "'\ufffd' does not exist" in response.json()["error"]["message"]
