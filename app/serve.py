@@ -63,9 +63,9 @@ def _say(message: str) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    try:
+    try:  # only whether they are installed; _serve imports them for use
         import fastapi  # noqa: F401
-        import uvicorn
+        import uvicorn  # noqa: F401
     except ImportError:
         _say(f"{INSTALL_HINT}.")
         return 1
