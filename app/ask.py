@@ -1,4 +1,11 @@
-"""`kvchat ask`: answer one message in a saved conversation, streaming to stdout (or one JSON line with --json)."""
+"""`kvchat ask`: answer one message in a saved conversation, streaming to stdout (or one JSON line with --json).
+
+Stopping: Ctrl+C, SIGTERM and SIGHUP (a closed terminal window, a logout)
+all stop the reply the same way: what it said is kept as `stopped`, its KV
+snapshot is written, and the exit code is 128 + the signal (130, 143, 129). A
+reader of stdout that goes away (`| head`) stops it too, exit 141. A second
+signal quits at once (the reply is then kept as interrupted).
+"""
 
 from __future__ import annotations
 
@@ -12,11 +19,17 @@ from app.chat import ChatSession
 from app.conversations_cli import stats_line
 from app.options import sampling_params
 from app.saved_chat import SavedConversation, Storage, reply_stats, sampling_settings
+from app.terminal_text import BROKEN_PIPE_EXIT, SafeOutput, clean_input, printable, say, silence
 from engine import Done, EngineError, TokenDelta
+from storage.db import StorageError
+
+# How long `ask --conversation ID` waits for another kvchat's reply in the same conversation to end.
+TURN_WAIT_S = 30.0
+STOP_SIGNALS = [signal.SIGINT, signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
 
 
 def read_message(arg: str) -> str:
-    message = sys.stdin.read() if arg == "-" else arg
+    message = clean_input(None if arg == "-" else arg, "The message", stdin=arg == "-")
     if not message.strip():
         raise ValueError("the message is empty")
     return message
@@ -36,12 +49,13 @@ def result_json(done: Done, engine: Backend, conversation_id: str) -> dict:
     }
 
 
-def open_session(args: argparse.Namespace, engine: Backend, storage: Storage) -> ChatSession:
-    """A new saved conversation, or the one named by --conversation with its settings (flags override them)."""
-    if args.conversation is None:
+def open_session(args: argparse.Namespace, engine: Backend, storage: Storage,
+                 saved: SavedConversation | None) -> ChatSession:
+    """A new saved conversation, or `saved` (the one named by --conversation, whose turn this process
+    holds) with its settings (flags override them)."""
+    if saved is None:
         params = sampling_params(args)
         return chat_session(engine, args.system, params, SavedConversation.new(storage, engine, args.system, params))
-    saved = SavedConversation.open(storage, args.conversation)
     params = sampling_params(args, saved.conversation.params)
     system = saved.conversation.system if args.system is None else args.system
     if (system, sampling_settings(params)) != (saved.conversation.system, saved.conversation.params):
@@ -51,49 +65,67 @@ def open_session(args: argparse.Namespace, engine: Backend, storage: Storage) ->
 
 def run_ask(args: argparse.Namespace) -> int:
     message = read_message(args.message)
+    args.system = clean_input(args.system, "The system prompt")
     sampling_params(args)  # bad flags fail before the model loads
     progress = lambda step: print(f"kvchat: {step}…", file=sys.stderr)  # noqa: E731
     storage = Storage.open(args.snapshot_gb)
     try:
+        if storage.conversations.read_only_reason:  # a damaged file, a read-only folder: say so before loading
+            raise StorageError(storage.conversations.read_only_reason)
+        # An unknown --conversation fails now, not after the model has loaded.
+        saved = SavedConversation.open(storage, args.conversation) if args.conversation is not None else None
         engine = backend_loader(args)(args.model, progress if sys.stderr.isatty() else lambda _: None)
-        session = open_session(args, engine, storage)  # a discarded snapshot was logged to stderr
-        done = _answer(session, message, stream=not args.json)
-        if args.json:
-            print(json.dumps(result_json(done, engine, session.saved.id), ensure_ascii=False))
-        else:
-            print(stats_line(reply_stats(done)), file=sys.stderr)
-            print(f"kvchat: conversation {session.saved.id} (continue it with --conversation {session.saved.id})",
-                  file=sys.stderr)
-        return 130 if done.finish_reason == "stopped" else 0
+        if saved is not None:  # one turn at a time: wait for another kvchat's reply, then read what it added
+            saved.begin_turn(TURN_WAIT_S, on_wait=lambda: say("waiting for the reply another kvchat is writing "
+                                                              "in this conversation…"), reload=True)
+        session = open_session(args, engine, storage, saved)  # a discarded snapshot was logged to stderr
+        done, code = _answer(session, message, stream=not args.json)
+        try:
+            if args.json:
+                print(json.dumps(result_json(done, engine, session.saved.id), ensure_ascii=False), flush=True)
+        except BrokenPipeError:
+            silence(sys.stdout)
+            code = code or BROKEN_PIPE_EXIT
+        say(stats_line(reply_stats(done)), prefix=False)
+        say(f"conversation {session.saved.id} (continue it with --conversation {session.saved.id})")
+        return code
     finally:
         storage.close()  # waits for the KV snapshot, so the next `ask --conversation` resumes from it
 
 
-def _answer(session: ChatSession, message: str, stream: bool) -> Done:
-    """Send the message and stream the reply. Ctrl+C stops the reply (kept, as stopped); a second one quits."""
-    interrupts = 0
+def _answer(session: ChatSession, message: str, stream: bool) -> tuple[Done, int]:
+    """Send the message and stream the reply; returns its Done and the exit code. A stop signal or a
+    reader that went away stops the reply (kept, as stopped); a second signal quits."""
+    signals: list[int] = []
+    out = SafeOutput(sys.stdout)
+    # Control characters in a reply would reach the terminal as commands; a pipe gets the exact text.
+    to_terminal = stream and sys.stdout.isatty()
 
-    def on_interrupt(signum, frame) -> None:
-        nonlocal interrupts
-        interrupts += 1
-        if interrupts > 1:
+    def on_signal(signum, frame) -> None:
+        signals.append(signum)
+        if len(signals) > 1:
             raise KeyboardInterrupt
         session.cancel()  # the stream ends with Done("stopped") before the next token
-        print("\nkvchat: stopping…", file=sys.stderr)
+        say("stopping…")
 
-    previous = signal.signal(signal.SIGINT, on_interrupt)
+    previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
     done = None
     try:
         for event in session.send(message):
-            if isinstance(event, TokenDelta) and stream:
-                sys.stdout.write(event.text)
-                sys.stdout.flush()
+            if isinstance(event, TokenDelta) and stream and not out.broken:
+                if not out.write(printable(event.text) if to_terminal else event.text):
+                    session.cancel()  # nobody reads the reply any more: stop it, keep what was made
             elif isinstance(event, Done):
                 done = event
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     if done is None:
         raise EngineError("The reply ended without a result.")
     if stream:
-        sys.stdout.write("\n")
-    return done
+        out.write("\n")
+    if signals:
+        return done, 128 + signals[0]
+    if out.broken:
+        return done, BROKEN_PIPE_EXIT
+    return done, 130 if done.finish_reason == "stopped" else 0

@@ -180,7 +180,9 @@ def check_backend_args(args: argparse.Namespace) -> None:
 
 
 def _fail(message: str, code: int = 1) -> int:
-    print(f"kvchat: {message}", file=sys.stderr)
+    from app.terminal_text import say
+
+    say(message)  # control characters shown as escapes: a message may quote what the user typed
     return code
 
 
@@ -230,6 +232,11 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(f"{exc}.", code=2)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `kvchat list | head`: the reader went away; end as a pipe's writer does
+        from app.terminal_text import BROKEN_PIPE_EXIT, silence
+
+        silence(sys.stdout)
+        return BROKEN_PIPE_EXIT
 
 
 if __name__ == "__main__":

@@ -8,11 +8,14 @@ import sys
 import time
 from pathlib import Path
 
+from app.arg_types import shown
+from app.export_file import write_new_file
 from app.stats_text import cached_text
+from app.terminal_text import clean_input, printable
 from storage.conversations import Conversation, ConversationStore, StoredMessage
 from storage.data_dir import data_dir
-from storage.db import StorageError
 from storage.snapshot_dir import SnapshotDir
+from storage.turn_lock import TurnLock
 
 STATUS_NOTES = {"stopped": " (stopped)", "interrupted": " (interrupted)", "streaming": " (still being written)"}
 
@@ -37,18 +40,18 @@ def run_list(args: argparse.Namespace, store: ConversationStore) -> int:
     elif not conversations:
         print("No saved conversations yet; start one with `kvchat` or `kvchat ask MESSAGE`.", file=sys.stderr)
     for c in conversations if not args.json else []:
-        print(f"{c.id}  {_when(c.updated_at)}  {c.title or '(untitled)'}")
+        print(f"{c.id}  {_when(c.updated_at)}  {printable(c.title, one_line=True) or '(untitled)'}")
     return 0
 
 
 def run_show(args: argparse.Namespace, store: ConversationStore) -> int:
     conversation = store.get(args.id)
-    print(f"# {conversation.title or '(untitled)'}\n{conversation.id} · {conversation.model} · "
-          f"updated {_when(conversation.updated_at)}")
+    print(f"# {printable(conversation.title, one_line=True) or '(untitled)'}\n{conversation.id} · "
+          f"{printable(conversation.model, one_line=True)} · updated {_when(conversation.updated_at)}")
     if conversation.system is not None:
-        print(f"system: {conversation.system}")
+        print(f"system: {printable(conversation.system)}")
     for message in store.branch(conversation.id):
-        print(f"\n{message.role}{STATUS_NOTES.get(message.status, '')}:\n{message.text}")
+        print(f"\n{message.role}{STATUS_NOTES.get(message.status, '')}:\n{printable(message.text)}")
         if message.role == "assistant" and message.stats:
             print(stats_line(message.stats))
     return 0
@@ -89,18 +92,15 @@ def export_text(store: ConversationStore, conversation_id: str, fmt: str) -> str
                        "messages": [_message_json(m) for m in everything]}, ensure_ascii=False, indent=1)
 
 
-def write_export(store: ConversationStore, conversation_id: str, fmt: str, path: Path) -> None:
-    text = export_text(store, conversation_id, fmt)
-    try:
-        path.write_text(text + "\n", encoding="utf-8")
-    except OSError as exc:
-        raise StorageError(f"Cannot write {path}: {exc.strerror or exc}.") from None
+def write_export(store: ConversationStore, conversation_id: str, fmt: str, path: Path, force: bool = False) -> None:
+    """The export written to `path`, which must be new unless `force` (see app/export_file.py)."""
+    write_new_file(path, export_text(store, conversation_id, fmt) + "\n", force)
 
 
 def run_export(args: argparse.Namespace, store: ConversationStore) -> int:
-    if args.output:
-        write_export(store, args.id, args.format, Path(args.output))
-    else:
+    if args.output and args.output != "-":
+        write_export(store, args.id, args.format, Path(args.output), args.force)
+    else:  # exact text: an export is a file format, not a view, so nothing is escaped
         sys.stdout.write(export_text(store, args.id, args.format) + "\n")
     return 0
 
@@ -108,31 +108,36 @@ def run_export(args: argparse.Namespace, store: ConversationStore) -> int:
 def delete_conversation(store: ConversationStore, conversation_id: str) -> Conversation:
     """The conversation, its messages and its KV snapshot. Returns what was deleted."""
     conversation = store.get(conversation_id)
-    store.delete(conversation.id)
+    store.delete(conversation.id)  # first: a snapshot being written sees it gone and is not kept
     SnapshotDir(data_dir(), cap_bytes=0).delete(conversation.id)
+    TurnLock(data_dir(), conversation.id).remove_file()
     return conversation
 
 
 def run_delete(args: argparse.Namespace, store: ConversationStore) -> int:
     conversation = delete_conversation(store, args.id)
-    print(f"kvchat: deleted conversation {conversation.id} ({conversation.title or 'untitled'}).", file=sys.stderr)
+    title = printable(conversation.title, one_line=True) or "untitled"
+    print(f"kvchat: deleted conversation {conversation.id} ({title}).", file=sys.stderr)
     return 0
 
 
 def run_search(args: argparse.Namespace, store: ConversationStore) -> int:
+    args.text = clean_input(args.text, "The search text")
     hits = store.search(args.text, limit=args.limit)
     if args.json:
         print(json.dumps([vars(hit) for hit in hits], ensure_ascii=False))
         return 0
     if not hits:
-        print(f"No message contains {args.text!r}.", file=sys.stderr)
+        print(f"No message contains {shown(args.text)}.", file=sys.stderr)
         return 1
     for hit in hits:
-        print(f"{hit.conversation_id}  {hit.title or '(untitled)'}  [{hit.role}] {hit.snippet}")
+        print(f"{hit.conversation_id}  {printable(hit.title, one_line=True) or '(untitled)'}  [{hit.role}] "
+              f"{printable(hit.snippet, one_line=True)}")
     return 0
 
 
 def run_rename(args: argparse.Namespace, store: ConversationStore) -> int:
+    args.title = clean_input(args.title, "The title")
     if not args.title.strip():
         raise ValueError("the title is empty")
     store.rename(args.id, args.title)
@@ -143,7 +148,12 @@ COMMANDS = {"list": run_list, "show": run_show, "export": run_export, "delete": 
             "rename": run_rename}
 
 
+# Commands that only read open the database read-only: another kvchat's lock, a full disk or a
+# read-only folder does not stop them.
+READ_ONLY_COMMANDS = {"list", "show", "export", "search"}
+
+
 def run_conversation_command(args: argparse.Namespace) -> int:
     """Runs without loading torch or a model, so these commands answer at once."""
-    with ConversationStore.open() as store:
+    with ConversationStore.open(write=args.command not in READ_ONLY_COMMANDS) as store:
         return COMMANDS[args.command](args, store)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 
 from app.conversations_cli import delete_conversation, write_export
+from app.export_file import ExportTargetExists
 from app.screens.confirm import ConfirmScreen
 from app.screens.text_prompt import TextPromptScreen
 from app.widgets.chat_view import ChatView
@@ -111,6 +112,9 @@ class LibraryActions:
             target = Path(path).expanduser()
             try:
                 write_export(self.storage.conversations, conversation_id, fmt, target)
+            except ExportTargetExists:
+                self.notify(f"{target} already exists; choose another name.", severity="error", timeout=10)
+                return
             except StorageError as exc:
                 self.notify(str(exc), severity="error", timeout=10)
                 return

@@ -10,6 +10,8 @@ its session (and its K/V) is ready on the engine thread.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import signal
 from pathlib import Path
 
 from textual.app import App, ComposeResult
@@ -28,6 +30,7 @@ from app.remote_stream import RemoteError
 from app.reply_actions import ReplyActions
 from app.options import SAMPLING_FIELDS, sampling_params
 from app.saved_chat import SavedConversation, Storage
+from app.terminal_text import clean_input
 from app.widgets.chat_view import ChatView
 from app.widgets.inspector import Inspector
 from app.widgets.messages import AssistantMessageView
@@ -40,6 +43,9 @@ from storage.preferences import Preferences
 
 STYLES = Path(__file__).resolve().parent.parent / "assets" / "kvchat.tcss"
 STATUS_TICK_S = 0.25  # the status bar is redrawn 4 times a second while a reply is generated
+# Closing the terminal window (SIGHUP) or `kill` (SIGTERM) quit like Ctrl+Q: the reply being written is
+# stopped and kept, its KV snapshot written; the exit code is 128 + the signal.
+QUIT_SIGNALS = [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)]
 
 
 class KvchatApp(ReplyActions, PanelActions, LibraryActions, App):
@@ -87,6 +93,7 @@ class KvchatApp(ReplyActions, PanelActions, LibraryActions, App):
         self._queued_text: str | None = None  # typed before the session was ready: sent when it is
         self._retry_load = False  # the last load failed in a way that trying again may fix
         self._closing = False
+        self._signals: list[int] = []  # installed quit signals
 
     # ---- layout and lifecycle ------------------------------------------------------------
 
@@ -117,12 +124,32 @@ class KvchatApp(ReplyActions, PanelActions, LibraryActions, App):
         self.query_one(StatusBar).show("loading")
         self.query_one("#prompt").focus()
         self.set_interval(STATUS_TICK_S, self._tick)
+        self._catch_quit_signals()
+        if self.storage.conversations.read_only_reason:  # browsing works; sending would fail later
+            self.notify(self.storage.conversations.read_only_reason, title="Read-only", severity="warning",
+                        timeout=30)
         self.engine_thread.submit(lambda: self._load(self.model_spec))
         await self.open_conversation(self.conversation_id)
+
+    def _catch_quit_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in QUIT_SIGNALS:
+            try:
+                loop.add_signal_handler(sig, self._quit_on_signal, sig)
+            except (NotImplementedError, RuntimeError, ValueError):  # Windows, or not the main thread
+                continue
+            self._signals.append(sig)
+
+    def _quit_on_signal(self, sig: int) -> None:
+        if self.return_code is None:
+            self.exit(return_code=128 + sig)
 
     def on_unmount(self) -> None:
         # Quitting mid-reply stops it (kept as stopped); a model still loading finishes loading and then
         # does nothing more. run_tui waits for the engine thread before it closes storage.
+        loop = asyncio.get_running_loop()
+        for sig in self._signals:
+            loop.remove_signal_handler(sig)
         self._closing = True
         if self.session is not None:
             self.session.cancel()
@@ -292,12 +319,16 @@ class KvchatApp(ReplyActions, PanelActions, LibraryActions, App):
 
 def run_tui(args: argparse.Namespace) -> int:
     load = backend_loader(args)
+    sampling_params(args)  # bad flags fail before anything starts
+    system = clean_input(args.system, "The system prompt")
     storage = Storage.open(args.snapshot_gb)
+    app = None
     try:
         app = KvchatApp(load, storage, overrides={name: getattr(args, name, None) for name in SAMPLING_FIELDS},
-                        system=args.system, conversation_id=args.conversation, model=args.model)
+                        system=system, conversation_id=args.conversation, model=args.model)
         app.run()
-        app.engine_thread.stop()  # the reply it stopped, or the model it was loading, ends first
     finally:
+        if app is not None:
+            app.engine_thread.stop()  # the reply it stopped, or the model it was loading, ends first
         storage.close()  # pending KV snapshots are written before the process ends
-    return 0
+    return app.return_code or 0

@@ -12,27 +12,23 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import shutil
 import subprocess
-import sys
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from tests.app.tmux_terminal import KVCHAT, REPO, Terminal
+
 pytestmark = [pytest.mark.real_model,
               pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")]
 
-REPO = Path(__file__).resolve().parents[2]
-KVCHAT = [sys.executable, "-m", "app.cli"]
 GREEDY = ["--temperature", "0", "--max-tokens", "24"]
 QUESTION = "What is the capital of France?"
 FOLLOW_UP = "And what about Italy?"
-LOAD_S, REPLY_S, EXIT_S = 120.0, 120.0, 30.0  # deadlines for a slow CI machine; a pass takes far less
-POLL_S = 0.2
+LOAD_S, REPLY_S = 120.0, 120.0  # deadlines for a slow CI machine; a pass takes far less
 
 IDLE_LINE = re.compile(r"^\s*idle\b.*$", re.M)  # the status bar once nothing is running
 TTFT = re.compile(r"TTFT (\d+) ms")
@@ -89,82 +85,6 @@ def saved_messages(home: Path) -> tuple[str, list[dict]]:
     doc = json.loads(exported.stdout)
     by_id = {m["id"]: m for m in doc["messages"]}
     return conversations[0]["id"], [by_id[i] for i in doc["active_branch"]]
-
-
-class Terminal:
-    """One kvchat process in a detached 160x45 tmux pane, on a private tmux server."""
-
-    def __init__(self, home: Path, scratch: Path):
-        self.home = home
-        self.socket = f"kvchat-e2e-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.exit_file = scratch / f"{self.socket}.exit"
-        self.env = {k: v for k, v in os.environ.items() if k != "TMUX"}  # even when pytest runs inside tmux
-        self.last_screen = ""
-        self.socket_path = ""
-
-    def tmux(self, *args: str) -> str:
-        result = subprocess.run(["tmux", "-L", self.socket, "-f", "/dev/null", *args], capture_output=True,
-                                text=True, env=self.env, timeout=30)
-        assert result.returncode == 0, f"tmux {' '.join(args)}: {result.stderr}\n{self.report()}"
-        return result.stdout
-
-    def start(self, *kvchat_args: str) -> None:
-        # A shell waits for kvchat and writes its exit status to a file: tmux's own #{pane_dead_status} is
-        # not reliable here (tmux 3.3a sometimes leaves the exited process a zombie for many seconds).
-        # remain-on-exit keeps the pane, so whatever kvchat printed on its way out can still be read.
-        kvchat = shlex.join(["env", f"KVCHAT_HOME={self.home}", "TERM=xterm-256color", *KVCHAT, *kvchat_args])
-        command = f"{kvchat}; echo $? > {shlex.quote(str(self.exit_file))}"
-        self.tmux("new-session", "-d", "-s", "kvchat", "-x", "160", "-y", "45", "-c", str(REPO), command,
-                  ";", "set-option", "-g", "remain-on-exit", "on")
-        self.socket_path = self.tmux("display-message", "-p", "#{socket_path}").strip()
-
-    def screen(self) -> str:
-        self.last_screen = self.tmux("capture-pane", "-p", "-t", "kvchat")
-        return self.last_screen
-
-    def exit_status(self) -> int | None:
-        """None while kvchat runs, else its exit status."""
-        written = self.exit_file.read_text() if self.exit_file.exists() else ""
-        return int(written) if written.endswith("\n") else None
-
-    def wait_for(self, what: str, found, timeout: float):
-        """Poll the screen until `found(screen)` is truthy (returns it); fail early if kvchat exits."""
-        deadline = time.monotonic() + timeout
-        while True:
-            result = found(self.screen())
-            if result:
-                return result
-            status = self.exit_status()
-            if status is not None:
-                self.screen()
-                raise AssertionError(f"kvchat exited ({status}) while waiting for {what}\n{self.report()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no {what} after {timeout:.0f} s\n{self.report()}")
-            time.sleep(POLL_S)
-
-    def send(self, text: str) -> None:
-        self.tmux("send-keys", "-t", "kvchat", "-l", text)
-        self.tmux("send-keys", "-t", "kvchat", "Enter")
-
-    def quit(self) -> int:
-        """ctrl+q, then wait for the process to end; returns its exit status."""
-        self.tmux("send-keys", "-t", "kvchat", "C-q")
-        deadline = time.monotonic() + EXIT_S
-        while (status := self.exit_status()) is None:
-            if time.monotonic() > deadline:
-                self.screen()
-                raise AssertionError(f"kvchat still running {EXIT_S:.0f} s after ctrl+q\n{self.report()}")
-            time.sleep(POLL_S)
-        self.screen()  # what it printed on the way out (a traceback, if any)
-        return status
-
-    def report(self) -> str:
-        return f"--- last screen ---\n{self.last_screen.rstrip()}\n-------------------"
-
-    def close(self) -> None:
-        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, env=self.env, timeout=30)
-        if self.socket_path:  # tmux leaves the socket file behind
-            Path(self.socket_path).unlink(missing_ok=True)
 
 
 @dataclass
