@@ -16,25 +16,20 @@ def _number(text: str, kind: type) -> float | int:
     return value
 
 
-def positive_int(text: str) -> int:
-    value = _number(text, int)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
-    return value
+def _at_least(kind: type, ok, rule: str):
+    """An argparse type: a number of `kind` for which `ok(value)` holds (`rule` says which)."""
+    def parse(text: str):
+        value = _number(text, kind)
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {rule}, not {shown(text)}")
+        return value
+
+    return parse
 
 
-def positive_float(text: str) -> float:
-    value = _number(text, float)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be above 0, not {shown(text)}")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    value = _number(text, float)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, not {shown(text)}")
-    return value
+positive_int = _at_least(int, lambda value: value >= 1, "1 or more")
+positive_float = _at_least(float, lambda value: value > 0, "above 0")
+non_negative_float = _at_least(float, lambda value: value >= 0, "0 or more")
 
 
 def port(text: str) -> int:

@@ -195,7 +195,8 @@ class SavedConversation:
                 engine.import_kv(snapshot)
             return None
         except (SnapshotRejected, EngineError) as exc:
-            notice = f"The saved KV cache of this conversation was not used, so its history is recomputed: {exc}."
+            notice = ("The saved KV cache of this conversation was not used, so its history is recomputed: "
+                      f"{str(exc).rstrip('.')}.")
             log.warning("kvchat: %s", notice)
             return notice
 

@@ -289,6 +289,14 @@ class Engine:
         with self._lock:
             return self.prefix_cache.cached_length(token_ids)
 
+    def forget_prefix(self, token_ids: list[int]) -> int:
+        """Drop the cached blocks a match of `token_ids` would use (their K/V are not to be trusted), so
+        the next request for them computes them afresh; returns how many blocks went."""
+        if self.prefix_cache is None:
+            return 0
+        with self._lock:
+            return self.prefix_cache.forget(token_ids)
+
     def export_kv(self, token_ids: list[int]) -> KVSnapshot | None:
         """A copy of the cached K/V of the longest cached prefix of `token_ids` (None: nothing cached)."""
         if self.prefix_cache is None:

@@ -85,9 +85,8 @@ class Generation:
 
     def _forget_prompt(self) -> None:
         """Drop the prompt's cached blocks (reused or just computed): one of them gave non-finite logits."""
-        if self.engine.prefix_cache is not None and self.use_prefix_cache:
-            with self.engine._lock:  # the lock that serialises every cache operation (engine.py)
-                self.engine.prefix_cache.forget(self.prompt_ids)
+        if self.use_prefix_cache:
+            self.engine.forget_prefix(self.prompt_ids)
 
     def _generate(self, cache: KVCache, stats: RequestStats, start: float, generated: list[int]) -> Iterator[Event]:
         engine = self.engine

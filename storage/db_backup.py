@@ -96,7 +96,7 @@ def daily_backup_quietly(source: sqlite3.Connection, path: Path) -> None:
     try:
         daily_backup(source, path)
     except (OSError, sqlite3.Error) as error:
-        log.warning("The daily backup of %s was not made: %s", path, error)
+        log.warning("kvchat: the daily backup of %s was not made: %s", path, error)
 
 
 def backup_now(path: Path, target: Path | None = None) -> Path:

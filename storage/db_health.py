@@ -100,7 +100,7 @@ def is_damaged(path: Path) -> bool:
     finally:
         conn.close()
     if found:
-        log.warning("quick_check of %s: %s", path, "; ".join(found[:3]))
+        log.warning("kvchat: quick_check of %s: %s", path, "; ".join(found[:3]))
         return True
     remember_passed(path, version)
     return False

@@ -22,10 +22,16 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _default_signals() -> None:
+def _spawn_with_default_hangup(*args, **kwargs) -> subprocess.Popen:
     # A test run under nohup ignores SIGHUP, and its children would inherit that; the server keeps a
-    # signal it finds ignored ignored, so the child starts with the default, as from a terminal.
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    # signal it finds ignored ignored, so the child starts with the default, as from a terminal. Set
+    # here around the spawn, not in a preexec_fn: that would make Python fork instead of vfork, and a
+    # fork of a test process holding several engines can fail for lack of memory to commit.
+    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        return subprocess.Popen(*args, **kwargs)
+    finally:
+        signal.signal(signal.SIGHUP, previous)
 
 
 class ServeChild:
@@ -41,8 +47,8 @@ class ServeChild:
 
     def __enter__(self) -> "ServeChild":
         self.out = self.log.open("wb")
-        self.process = subprocess.Popen(self.command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=self.out,
-                                        env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=_default_signals)
+        self.process = _spawn_with_default_hangup(self.command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=self.out,
+                                                  env={**os.environ, "PYTHONUNBUFFERED": "1"})
         deadline = time.monotonic() + 60
         while True:
             try:

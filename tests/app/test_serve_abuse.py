@@ -106,20 +106,14 @@ def assert_stream_told_of_the_shutdown(reader: StreamReader) -> None:
     assert "shutting down" in error["message"]
 
 
-def test_sigterm_ends_open_streams_with_a_shutdown_event_and_exits_143(long_model_dir, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_end_open_streams_with_a_shutdown_event_and_exit_128_plus_the_signal(
+        long_model_dir, tmp_path, sig):
     with ServeChild(long_model_dir, tmp_path / "stderr") as child:
-        reader = stream_then_signal(child, signal.SIGTERM)
-    assert child.process.returncode == 128 + signal.SIGTERM
+        reader = stream_then_signal(child, sig)
+    assert child.process.returncode == 128 + sig
     assert_stream_told_of_the_shutdown(reader)
-    assert "Traceback" not in child.stderr and "kvchat: stopped (SIGTERM)." in child.stderr
-
-
-def test_sighup_is_handled_like_sigterm_and_exits_129(long_model_dir, tmp_path):
-    with ServeChild(long_model_dir, tmp_path / "stderr") as child:
-        reader = stream_then_signal(child, signal.SIGHUP)
-    assert child.process.returncode == 128 + signal.SIGHUP
-    assert_stream_told_of_the_shutdown(reader)
-    assert "Traceback" not in child.stderr and "kvchat: stopped (SIGHUP)." in child.stderr
+    assert "Traceback" not in child.stderr and f"kvchat: stopped ({signal.Signals(sig).name})." in child.stderr
 
 
 def test_a_non_streaming_reply_cut_by_the_shutdown_is_a_503(engine, app):

@@ -67,7 +67,7 @@ def test_a_backup_that_cannot_be_written_does_not_stop_the_conversations_from_op
     backup_folder(database_path(kvchat_home)).write_text("a file where the folder would be")
     with ConversationStore.open() as store:
         assert [c.title for c in store.list()] == ["kept"] and store.read_only_reason is None
-    assert "The daily backup" in caplog.text
+    assert "the daily backup" in caplog.text
 
 
 def test_a_backup_to_a_file_refuses_to_overwrite_it(kvchat_home, tmp_path):
