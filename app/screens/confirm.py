@@ -10,7 +10,10 @@ from textual.widgets import Button, Label
 
 
 class ConfirmScreen(ModalScreen[bool]):
-    """Dismissed with True (the confirm button, y or Enter) or False (Cancel, n or Esc)."""
+    """Dismissed with True (the confirm button, or y) or False (Cancel, n or Esc).
+
+    Cancel has the focus at first, so Enter alone never confirms: a key pressed by habit (d, then
+    Enter) must not delete. Enter presses whichever button has the focus; Tab moves to the other."""
 
     DEFAULT_CSS = """
     ConfirmScreen {
@@ -38,11 +41,9 @@ class ConfirmScreen(ModalScreen[bool]):
     }
     """
 
-    # Enter on a focused button presses that button; the confirm button has focus at first,
-    # so Enter confirms unless the user moved to Cancel.
-    AUTO_FOCUS = "#confirm"
+    AUTO_FOCUS = "#cancel"
     BINDINGS = [
-        Binding("y,enter", "answer(True)", "Yes", show=False),
+        Binding("y", "answer(True)", "Yes", show=False),
         Binding("n,escape", "answer(False)", "No", show=False),
     ]
 

@@ -54,17 +54,25 @@ def test_confirm_label_defaults_to_delete():
     assert ConfirmScreen("Sure?").confirm_label == "Delete"
 
 
-@pytest.mark.parametrize("key, answer", [("y", True), ("enter", True), ("n", False), ("escape", False)])
+@pytest.mark.parametrize("key, answer", [("y", True), ("n", False), ("escape", False), ("enter", False)])
 async def test_confirm_keys(key, answer):
     app = ModalApp(ConfirmScreen("Delete this conversation?"))
     async with app.run_test() as pilot:
         assert await answered(pilot, key) is answer
 
 
-async def test_enter_on_the_focused_cancel_button_cancels():
+async def test_cancel_has_the_focus_at_first_so_enter_alone_cancels():
     app = ModalApp(ConfirmScreen("Delete this conversation?"))
     async with app.run_test() as pilot:
-        assert await answered(pilot, "shift+tab", "enter") is False
+        await wait_until(pilot, lambda: app.screen is app.modal and app.modal.focused is not None)
+        assert app.modal.focused.id == "cancel"
+        assert await answered(pilot, "enter") is False
+
+
+async def test_enter_on_the_confirm_button_reached_with_tab_confirms():
+    app = ModalApp(ConfirmScreen("Delete this conversation?"))
+    async with app.run_test() as pilot:
+        assert await answered(pilot, "tab", "enter") is True
 
 
 @pytest.mark.parametrize("button, answer", [("#confirm", True), ("#cancel", False)])
