@@ -14,6 +14,7 @@ import asyncio
 import signal
 from pathlib import Path
 
+from textual import events
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -52,7 +53,7 @@ class KvchatApp(ReplyActions, PanelActions, LibraryActions, App):
     CSS_PATH = str(STYLES)
     TITLE = "kvchat"
     BINDINGS = [
-        Binding("escape", "stop", "Stop"),
+        Binding("escape", "escape", "Stop", tooltip="Stop the reply or cancel an edit; back to the message box"),
         Binding("ctrl+n", "new_chat", "New"),
         Binding("ctrl+b", "toggle_sidebar", "Chats"),
         Binding("ctrl+f", "search", "Search chats", show=False),
@@ -155,6 +156,18 @@ class KvchatApp(ReplyActions, PanelActions, LibraryActions, App):
             self.session.cancel()
         if self._owns_engine_thread:
             self.engine_thread.stop(timeout=0)
+
+    async def on_event(self, event: events.Event) -> None:
+        # Before Textual routes a key (bindings included): typing meant for the message box goes there
+        # (PanelActions.key_goes_to_prompt), so a letter typed on a message or the list acts on nothing.
+        if isinstance(event, events.Key) and not event.is_forwarded and self.key_goes_to_prompt(event):
+            self.screen.set_focus(self.query_one(PromptInput))
+        await super().on_event(event)
+
+    def action_escape(self) -> None:
+        """Esc: stop the reply (or cancel the edit), and whatever has the focus, back to the message box."""
+        self.action_stop()
+        self.query_one(PromptInput).focus()
 
     def _remember_theme(self, theme: str) -> None:
         try:

@@ -1,9 +1,10 @@
 """One message of the chat view: who said it, which branch it is on, its text, and (replies) its numbers.
 
-A message can be focused (click, Tab, or up/down from another message); the
-keys on it copy it, switch between its alternatives (edits of a user message,
-regenerations of a reply), edit it or regenerate it. The view only asks: the
-app decides what those requests do.
+A message can be focused (click, Tab, Ctrl+Up, or up/down from another message);
+the keys on it copy it, switch between its alternatives (edits of a user message,
+regenerations of a reply), edit it or regenerate it. Its single-letter keys act
+only when the app says so (see letter_keys.py). The view only asks: the app
+decides what those requests do.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from textual.widgets import Markdown, Static
 
 from app.chat import ChatMessage
 from app.stats_text import cached_text
+from app.widgets.letter_keys import letters_act
 
 STATUS_NOTES = {"stopped": "stopped", "interrupted": "interrupted", "streaming": "still being written"}
 _FENCE = re.compile(r"^(```|~~~)[^\n]*\n(.*?)^\1[ \t]*$", re.MULTILINE | re.DOTALL)
@@ -61,6 +63,10 @@ class MessageView(Vertical, can_focus=True):
         Binding("down", "neighbour(1)", "Next", show=False),
     ]
 
+    # Actions bound to a plain letter (or ‹ ›); ← and → of "branch" are navigation keys, which
+    # the app counts as navigating before the binding runs, so they always act.
+    LETTER_ACTIONS = frozenset({"copy", "copy_code", "branch", "edit", "regenerate"})
+
     class BranchRequested(Message):
         """Show the message's previous (-1) or next (+1) alternative."""
 
@@ -99,6 +105,9 @@ class MessageView(Vertical, can_focus=True):
     def refresh_header(self) -> None:
         for header in self.query(".header"):  # none once the view is gone (the app quit mid-update)
             header.update(self.header_text())
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return letters_act(self) if action in self.LETTER_ACTIONS else True
 
     def action_copy(self) -> None:
         self.app.copy_to_clipboard(self.text)

@@ -2,7 +2,8 @@
 
 It only reads the store (the conversations table, plus full-text search while filtering), so it
 stays instant however long the conversations are. Opening, renaming, deleting and starting a chat
-are posted as messages; the app does them and then calls refresh_list().
+are posted as messages; the app does them and then calls refresh_list(). The list's single-letter
+keys act only when the app says so (see letter_keys.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from textual.message import Message
 from textual.timer import Timer
 from textual.widgets import Input, Label, ListItem, ListView
 
+from app.widgets.letter_keys import letters_act
 from storage.conversations import Conversation, ConversationStore
 from storage.db import StorageError
 
@@ -322,6 +324,8 @@ class Sidebar(Vertical):
             return False  # those keys type into the filter there, so the footer should not offer them
         if action in ("rename", "delete") and self.selected_id is None:
             return False
+        if action in ("new", "rename", "delete", "focus_filter"):
+            return letters_act(self)
         return True
 
     def action_new(self) -> None:

@@ -3,7 +3,7 @@
 from app.widgets.chat_view import ChatView
 from app.widgets.messages import AssistantMessageView, UserMessageView
 from tests.app.pilot import wait_until
-from tests.app.tui_harness import app_with, exchange, ready
+from tests.app.tui_harness import app_with, exchange, navigate_to, ready
 
 
 def texts(app) -> list[str]:
@@ -45,8 +45,7 @@ async def test_editing_a_message_makes_a_branch_and_the_old_one_stays_reachable(
         await exchange(pilot, "second question")
         old_branch = [m.content for m in app.session.messages]
 
-        first_user = app.query(UserMessageView).first()
-        first_user.focus()
+        await navigate_to(pilot, app.query(UserMessageView).first())
         await pilot.press("e")
         prompt = app.query_one("#prompt")
         assert prompt.text == "first question" and app.editing == 0

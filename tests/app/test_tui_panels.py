@@ -13,7 +13,7 @@ from app.widgets.messages import AssistantMessageView, NoteView, UserMessageView
 from app.widgets.status_bar import StatusBar
 from storage.preferences import Preferences
 from tests.app.pilot import wait_until
-from tests.app.tui_harness import RecordingApp, app_with, exchange, ready, send
+from tests.app.tui_harness import RecordingApp, app_with, exchange, navigate_to, ready, send
 
 
 async def test_settings_change_sampling_and_system_prompt_and_are_saved(tiny_engine):
@@ -121,12 +121,12 @@ async def test_copy_puts_the_message_and_the_last_code_block_on_the_clipboard(ti
         view = app.query(AssistantMessageView).last()
         await view.finish(dataclasses.replace(app.session.messages[-1],
                                               content="Try:\n```python\nprint(1)\n```\nor\n```\nls -l\n```\n"), [])
-        view.focus()
+        await navigate_to(pilot, view)
         await pilot.press("c")
         assert app.clipboard.startswith("Try:")
         await pilot.press("k")
         assert app.clipboard == "ls -l"
-        app.query(UserMessageView).first().focus()
+        await pilot.press("up")
         await pilot.press("k")
         assert any("no code block" in n for n in app.notices)
 

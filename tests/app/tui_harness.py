@@ -42,3 +42,15 @@ async def exchange(pilot, text: str) -> None:
     before = len(app.session.messages)
     await send(pilot, text)
     await wait_until(pilot, lambda: not app.generating and len(app.session.messages) >= before + 2)
+
+
+async def navigate_to(pilot, view) -> None:
+    """Move the focus to the message `view` with the keys (Ctrl+Up, then Up), as a user does to make
+    its single-letter keys act; a message focused by a click or Tab leaves them to the message box."""
+    app = pilot.app
+    await pilot.press("ctrl+up")
+    for _ in range(len(app.query("MessageView"))):
+        if app.focused is view:
+            return
+        await pilot.press("up")
+    assert app.focused is view, "the message was not reached with the keys"
