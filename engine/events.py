@@ -1,8 +1,9 @@
 """The typed events a generation streams to its consumer.
 
 A generation yields TokenDelta for each token (text may be empty while a
-multi-byte character is incomplete), Stats when the numbers change (after the
-first token, then a few times a second), and exactly one Done at the end.
+multi-byte character is incomplete), Stats when the numbers change (after each
+prefill chunk but the last, after the first token, then a few times a second),
+and exactly one Done at the end.
 """
 
 from __future__ import annotations
@@ -18,17 +19,21 @@ class RequestStats:
     # None: not known (a remote server that does not report its cache hits); the engine always knows.
     cached_tokens: int | None = 0  # prompt tokens whose K/V were reused
     prefilled_tokens: int | None = 0  # prompt tokens computed by prefill
+    # Of prefilled_tokens, how many are computed so far: the engine's progress while the phase is "prefill".
+    prefill_done_tokens: int = 0
     generated_tokens: int = 0
     cache_source: str = "none"  # device | host | disk | none (| server, for a remote server's hits)
     ttft_ms: float = 0.0  # submit -> first token sampled
-    prefill_ms: float = 0.0
+    prefill_ms: float = 0.0  # submit -> first token; while the phase is "prefill": submit -> now
     decode_ms: float = 0.0  # first token -> last token
     phase: str = "prefill"  # prefill | decode | done
 
     @property
     def prefill_tokens_per_s(self) -> float:
-        known = self.prefilled_tokens is not None and self.prefill_ms > 0
-        return self.prefilled_tokens / (self.prefill_ms / 1e3) if known else 0.0
+        # While the prompt is prefilled: the rate so far, of the tokens done so far.
+        tokens = self.prefill_done_tokens if self.phase == "prefill" else self.prefilled_tokens
+        known = tokens is not None and self.prefill_ms > 0
+        return tokens / (self.prefill_ms / 1e3) if known else 0.0
 
     @property
     def decode_tokens_per_s(self) -> float:

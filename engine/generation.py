@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -45,14 +45,26 @@ class Generation:
                 raise EngineError(f"Out of {self.engine.device.type} memory while generating; "
                                   "try a shorter conversation or a smaller model.") from None
 
-    def _prefill(self, cache: KVCache) -> torch.Tensor | None:
-        """Compute the uncached rest of the prompt chunk by chunk; last logits, or None if cancelled."""
-        chunk = self.engine.options.prefill_chunk
+    def _prefill(self, cache: KVCache, stats: RequestStats,
+                 start: float) -> Generator[Event, None, torch.Tensor | None]:
+        """Compute the uncached rest of the prompt chunk by chunk; returns the last logits, or None if
+        cancelled. After each chunk but the last it yields Stats (phase "prefill", prefill_done_tokens and
+        prefill_ms so far): a long prompt's progress. A chunk whose last logits are not finite ends the
+        request (NonFiniteLogitsError) before anything more is yielded: poisoned cached K/V show in the
+        first chunk, so a consumer (ChatSession's retry) still sees the error before any event."""
+        chunk, first, end = self.engine.options.prefill_chunk, cache.num_tokens, len(self.prompt_ids)
         logits = None
-        for begin in range(cache.num_tokens, len(self.prompt_ids), chunk):
+        for begin in range(first, end, chunk):
             if self._cancelled.is_set():
                 return None
             logits = self.engine.forward(self.prompt_ids[begin : begin + chunk], cache)
+            if not torch.isfinite(logits[-1]).all():  # the sampler would turn NaN into an arbitrary token
+                raise NonFiniteLogitsError()
+            if begin + chunk < end:
+                stats.prefill_done_tokens = begin + chunk - first
+                stats.prefill_ms = (time.perf_counter() - start) * 1e3
+                yield Stats(dataclasses.replace(stats))
+        stats.prefill_done_tokens = end - first
         return logits
 
     def _finish_reason(self, token: int, generated: int) -> str | None:
@@ -92,13 +104,11 @@ class Generation:
         engine = self.engine
         sampler = Sampler(self.params, engine.model.cfg.vocab_size, self.prompt_ids, engine.device)
         detokenizer = IncrementalDetokenizer(engine.tokenizer.decode)
-        logits = self._prefill(cache)
+        logits = yield from self._prefill(cache, stats, start)
         if logits is None:
             stats.phase = "done"
             yield Done("stopped", stats)
             return
-        if not torch.isfinite(logits[-1]).all():  # the sampler would turn NaN into an arbitrary token
-            raise NonFiniteLogitsError()
         token = sampler(logits[-1])
         generated.append(token)
         first_token_at = time.perf_counter()
