@@ -18,6 +18,9 @@ from storage.db import StorageError
 # Streamed text reaches the UI at most 10 times a second: still reads as a stream, and every batch costs
 # the UI a layout of the screen (the reply grows), CPU the decode shares on a small machine.
 TEXT_BATCH_S = 0.1
+# The KV cache's numbers go with a reply's live Stats at most once a second: cache_stats() walks the
+# prefix tree (0.6 ms with 3,200 cached blocks), and a block holds 16 tokens, so the figure moves slowly.
+KV_REFRESH_S = 1.0
 
 
 class LoadProgress(Message):
@@ -60,9 +63,10 @@ class ReplyText(Message):
 
 
 class ReplyStats(Message):
-    def __init__(self, stats: RequestStats):
+    def __init__(self, stats: RequestStats, kv_cache: dict | None = None):
+        """`kv_cache`: engine.cache_stats() as the reply runs (None: not measured this time)."""
         super().__init__()
-        self.stats = stats
+        self.stats, self.kv_cache = stats, kv_cache
 
 
 class ReplyDone(Message):
@@ -86,6 +90,7 @@ def stream_reply(events: Iterator[Event], engine: Engine, post: Callable[[Messag
     pending: list[str] = []
     done = None
     last_post = time.monotonic()
+    last_kv = float("-inf")
     try:
         for event in events:
             if isinstance(event, TokenDelta):
@@ -95,7 +100,10 @@ def stream_reply(events: Iterator[Event], engine: Engine, post: Callable[[Messag
                     pending.clear()
                     last_post = time.monotonic()
             elif isinstance(event, Stats):
-                post(ReplyStats(event.stats))
+                kv_cache = None
+                if time.monotonic() - last_kv >= KV_REFRESH_S:  # the request's blocks count from the start
+                    kv_cache, last_kv = engine.cache_stats(), time.monotonic()
+                post(ReplyStats(event.stats, kv_cache))
             elif isinstance(event, Done):
                 if pending:
                     post(ReplyText("".join(pending)))

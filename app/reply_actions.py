@@ -69,7 +69,9 @@ class ReplyActions:
             await self._stream.write(message.text)
 
     def on_reply_stats(self, message: ReplyStats) -> None:
-        self.query_one(StatusBar).show(message.stats.phase, stats=message.stats)
+        bar = self.query_one(StatusBar)
+        bar.kv_cache = message.kv_cache or bar.kv_cache
+        bar.show(message.stats.phase, stats=message.stats)
         inspector = self.query_one(Inspector)
         if inspector.display and self._inspecting_live:
             inspector.show(message.stats.as_dict(), "the reply being written")

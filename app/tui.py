@@ -229,8 +229,9 @@ class KvchatApp(ReplyActions, PanelActions, LibraryActions, App):
         info = engine.info
         bar = self.query_one(StatusBar)
         bar.context_window = info.context_window
-        bar.device = f"{info.model_name} · {info.device} {info.dtype}".rstrip()
+        bar.model, bar.device = info.model_name, f"{info.device} {info.dtype}".strip()
         bar.kv_cache = engine.cache_stats()
+        bar.clear_reply()  # a reply's numbers from the model loaded before are not this one's
         prompt = self.query_one(PromptInput)
         window = info.context_window or None  # a server may not say
         prompt.context_window, prompt.max_chars = window, window and MAX_CHARS_PER_TOKEN * window
@@ -265,6 +266,7 @@ class KvchatApp(ReplyActions, PanelActions, LibraryActions, App):
             conversation, branch = None, []
         self._ticket += 1
         self._queued_text = None  # it was meant for the conversation shown before
+        self.query_one(StatusBar).clear_reply()  # the last reply's numbers were the other conversation's
         self.session, self.conversation_id = None, conversation.id if conversation else None
         self._stop_editing()
         await self.query_one(ChatView).show(

@@ -17,7 +17,7 @@ from textual.containers import Vertical
 from textual.widget import Widget
 from textual.widgets import Sparkline, Static
 
-from app.stats_text import cached_text
+from app.stats_text import cached_text, format_duration
 
 HINT = "Select a reply to see where its time went."
 NO_NUMBERS = "No numbers were kept for this reply."
@@ -46,19 +46,6 @@ def split_bar(first: float, second: float, width: int) -> tuple[int, int]:
         cells = max(cells, 1 if first > 0 else 0)
         cells = min(cells, width - 1 if second > 0 else width)
     return cells, width - cells
-
-
-def format_duration(ms: float) -> str:
-    """"4.2 ms", "123 ms", "4.5 s", "2 min 05 s"."""
-    if ms < 10:
-        return f"{ms:.1f} ms"
-    if round(ms) < 1000:
-        return f"{ms:.0f} ms"
-    seconds = ms / 1e3
-    if round(seconds, 1) < 60:
-        return f"{seconds:.1f} s"
-    minutes, seconds = divmod(round(seconds), 60)
-    return f"{minutes} min {seconds:02d} s"
 
 
 def format_count(n: float) -> str:

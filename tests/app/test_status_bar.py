@@ -1,0 +1,116 @@
+"""The status bar fits its parts to the terminal's width: the least important go first, never TTFT,
+tokens/s or the cached/computed counts; below 120 columns it takes two lines. Read off the screen."""
+
+import time
+
+import pytest
+from textual.app import App, ComposeResult
+
+from app.stats_text import MIN_PREFILL_TOKENS_FOR_RATE
+from app.tui import STYLES
+from app.widgets.status_bar import StatusBar, clip, fit
+from engine import RequestStats
+from tests.app.screen_text import screen_lines
+
+REPLY = RequestStats(prompt_tokens=1036, cached_tokens=1024, prefilled_tokens=12, prefill_done_tokens=12,
+                     generated_tokens=180, cache_source="disk", ttft_ms=48.0, prefill_ms=46.5, decode_ms=3400.0,
+                     phase="done")
+NUMBERS = ("TTFT 48 ms", "52.6 tok/s", "1024 cached", "12 computed")
+
+
+class BarApp(App):
+    CSS_PATH = str(STYLES)
+
+    def compose(self) -> ComposeResult:
+        yield StatusBar()
+
+    def on_mount(self) -> None:
+        bar = self.query_one(StatusBar)
+        bar.context_window, bar.model, bar.device = 8192, "SmolLM2-135M-Instruct", "cpu float32"
+        bar.kv_cache = {"enabled": True, "bytes_used": 80 * 2**20, "bytes_total": 2048 * 2**20}
+
+
+async def bar_lines(width: int, phase: str, detail: str = "", stats: RequestStats | None = REPLY) -> list[str]:
+    app = BarApp()
+    async with app.run_test(size=(width, 4)) as pilot:
+        app.query_one(StatusBar).show(phase, detail, stats)
+        await pilot.pause()
+        bar = app.query_one(StatusBar)
+        return [line.strip() for line in screen_lines(app)[bar.region.y : bar.region.bottom]]
+
+
+def test_fit_shortens_the_parts_in_the_order_given_until_the_line_fits():
+    parts = {"a": ["aaaa", "a"], "b": ["bbbb", ""], "c": ["cc"]}
+    assert fit(parts, ("a", "b", "c"), ("b", "a"), 20) == "aaaa · bbbb · cc"
+    assert fit(parts, ("a", "b", "c"), ("b", "a"), 10) == "aaaa · cc"
+    assert fit(parts, ("a", "b", "c"), ("b", "a"), 6) == "a · cc"
+    assert fit(parts, ("a", "b", "c"), ("b", "a"), 3) == "a · cc"  # nothing left to shorten: the renderer cuts
+
+
+def test_clip_ends_a_cut_text_with_an_ellipsis():
+    assert clip("SmolLM2-135M-Instruct", 10) == "SmolLM2-1…"
+    assert clip("short", 10) == "short"
+
+
+@pytest.mark.parametrize("width", [160, 130])
+async def test_a_wide_bar_is_one_line_with_everything(width):
+    lines = await bar_lines(width, "idle")
+    assert len(lines) == 1
+    for part in (*NUMBERS, "from disk", "context 1216/8192", "KV 80/2048 MiB", "SmolLM2-135M-Instruct"):
+        assert part in lines[0]
+
+
+async def test_at_160_columns_a_long_phase_detail_is_cut_before_the_model_name_goes():
+    detail = "the conversation could not be opened because its snapshot was written by another model"
+    [line] = await bar_lines(160, "idle", detail)
+    assert line.startswith(f"idle: {clip(detail, 24)} · ")
+    for part in (*NUMBERS, "KV 80/2048 MiB", "SmolLM2-135M-Instruct"):
+        assert part in line
+
+
+async def test_at_80_columns_the_numbers_and_the_rest_each_get_a_line():
+    lines = await bar_lines(80, "idle", "stopped at the length limit")
+    assert len(lines) == 2
+    assert lines[0].startswith("idle") and all(part in lines[0] for part in (*NUMBERS, "from disk"))
+    assert all(part in lines[1] for part in ("context 1216/8192", "KV 80/2048 MiB", "SmolLM2-135M-Instruct"))
+
+
+async def test_at_60_columns_the_product_numbers_are_all_still_there():
+    lines = await bar_lines(60, "decode")
+    assert all(part in lines[0] for part in NUMBERS)
+    assert "context 1216/8192" in lines[1] and "KV 80/2048 MiB" in lines[1]
+    assert all(len(line) <= 60 and not line.endswith("…") for line in lines)
+
+
+async def test_before_any_reply_the_bar_shows_the_phase_kv_and_model():
+    lines = await bar_lines(80, "idle", "loaded in 3.2 s", stats=None)
+    assert lines == ["idle: loaded in 3.2 s", "KV 80/2048 MiB · SmolLM2-135M-Instruct · cpu float32"]
+
+
+def prefill_stats(done: int, ms: float, total: int = 8192) -> RequestStats:
+    return RequestStats(prompt_tokens=total, cached_tokens=0, prefilled_tokens=total, prefill_done_tokens=done,
+                        prefill_ms=ms, phase="prefill")
+
+
+async def test_a_long_prefill_shows_the_tokens_done_its_rate_and_the_time_left():
+    app = BarApp()
+    async with app.run_test(size=(160, 4)) as pilot:
+        bar = app.query_one(StatusBar)
+        bar.begin_reply()
+        bar.show("prefill", stats=prefill_stats(2048, 4000.0))
+        bar.show("prefill", stats=prefill_stats(4096, 9000.0))  # the last chunk took 5 s: 10 s left
+        await pilot.pause()
+        line = screen_lines(app)[bar.region.y]
+        assert line.lstrip().startswith("prefill 4096/8192 tokens, ")
+        assert "455 tok/s" in line and "~10.0 s left" in line and "TTFT" not in line
+        bar.progress = bar.progress.__class__(4096, 8192, 9000.0, 10.0, time.monotonic() - 4)
+        assert "~6.0 s left" in bar.status_text()  # it counts down between the engine's reports
+
+
+async def test_a_prefill_of_few_tokens_shows_no_rate():
+    app = BarApp()
+    async with app.run_test(size=(160, 4)):
+        bar = app.query_one(StatusBar)
+        bar.begin_reply()
+        bar.show("prefill", stats=prefill_stats(MIN_PREFILL_TOKENS_FOR_RATE - 1, 50.0, total=400))
+        assert "tok/s" not in bar.status_text() and f"{MIN_PREFILL_TOKENS_FOR_RATE - 1}/400" in bar.status_text()
