@@ -14,14 +14,19 @@ import json
 import signal
 import sys
 
-from app.backend import Backend, backend_loader, chat_session
-from app.chat import ChatSession
+from typing import TYPE_CHECKING
+
 from app.conversations_cli import stats_line
-from app.options import sampling_params
-from app.saved_chat import SavedConversation, Storage, reply_stats, sampling_settings
+from app.options import given_settings, reply_limits, sampling_params
 from app.terminal_text import BROKEN_PIPE_EXIT, SafeOutput, clean_input, printable, say, silence
-from engine import Done, EngineError, TokenDelta
+from storage.conversations import ConversationStore
 from storage.db import StorageError
+
+if TYPE_CHECKING:  # torch and the model stack (about a second): imported once the request is known good
+    from app.backend import Backend
+    from app.chat import ChatSession
+    from app.saved_chat import SavedConversation, Storage
+    from engine import Done
 
 # How long `ask --conversation ID` waits for another kvchat's reply in the same conversation to end.
 TURN_WAIT_S = 30.0
@@ -52,21 +57,57 @@ def result_json(done: Done, engine: Backend, conversation_id: str) -> dict:
 def open_session(args: argparse.Namespace, engine: Backend, storage: Storage,
                  saved: SavedConversation | None) -> ChatSession:
     """A new saved conversation, or `saved` (the one named by --conversation, whose turn this process
-    holds) with its settings (flags override them)."""
+    holds). Sampling flags apply to this reply only: a conversation's settings change when the user
+    changes them (the chat's settings screen, or `--save-settings` here)."""
+    from app.backend import chat_session
+    from app.saved_chat import SavedConversation
+
+    config, limits = args.config, reply_limits(args.config)
+    keep = given_settings(args) if args.save_settings else {}
     if saved is None:
-        params = sampling_params(args)
-        return chat_session(engine, args.system, params, SavedConversation.new(storage, engine, args.system, params))
-    params = sampling_params(args, saved.conversation.params)
+        system = config.system if args.system is None else args.system  # part of the history from now on
+        params = sampling_params(args, None, config)
+        return chat_session(engine, system, params,
+                            SavedConversation.new(storage, engine, system, params, settings=keep), limits)
+    params = sampling_params(args, saved.conversation.params, config)
     system = saved.conversation.system if args.system is None else args.system
-    if (system, sampling_settings(params)) != (saved.conversation.system, saved.conversation.params):
-        saved.update_settings(system=system, params=sampling_settings(params))
-    return chat_session(engine, system, params, saved)
+    if args.save_settings and (keep or system != saved.conversation.system):
+        saved.update_settings(system=system, params={**saved.conversation.params, **keep})
+    return chat_session(engine, system, params, saved, limits)
+
+
+def check_before_loading(args: argparse.Namespace) -> str:
+    """The message, once every mistake the user can make is ruled out: the flags, the text, an unknown
+    --conversation. Nothing heavy is imported yet, so a mistake is reported in a few ms, not after
+    torch (about a second) and the model (seconds) have loaded."""
+    message = read_message(args.message)
+    args.system = clean_input(args.system, "The system prompt")
+    sampling_params(args)
+    resolve_conversation(args)
+    return message
+
+
+def resolve_conversation(args: argparse.Namespace) -> None:
+    """--conversation to a full id, and --continue to the most recent conversation (ValueError or
+    StorageError with one sentence), reading the database only."""
+    if getattr(args, "continue_last", False):
+        if args.conversation is not None:
+            raise ValueError("give --conversation ID or --continue, not both")
+        with ConversationStore.open(write=False) as store:
+            latest = store.list(limit=1)
+        if not latest:
+            raise StorageError("There is no saved conversation to continue yet.")
+        args.conversation = latest[0].id
+    elif args.conversation is not None:
+        with ConversationStore.open(write=False) as store:
+            args.conversation = store.resolve_id(args.conversation)
 
 
 def run_ask(args: argparse.Namespace) -> int:
-    message = read_message(args.message)
-    args.system = clean_input(args.system, "The system prompt")
-    sampling_params(args)  # bad flags fail before the model loads
+    message = check_before_loading(args)
+    from app.backend import backend_loader
+    from app.saved_chat import SavedConversation, Storage, reply_stats
+
     progress = lambda step: print(f"kvchat: {step}…", file=sys.stderr)  # noqa: E731
     storage = Storage.open(args.snapshot_gb)
     try:
@@ -96,6 +137,8 @@ def run_ask(args: argparse.Namespace) -> int:
 def _answer(session: ChatSession, message: str, stream: bool) -> tuple[Done, int]:
     """Send the message and stream the reply; returns its Done and the exit code. A stop signal or a
     reader that went away stops the reply (kept, as stopped); a second signal quits."""
+    from engine import Done, EngineError, TokenDelta
+
     signals: list[int] = []
     out = SafeOutput(sys.stdout)
     # Control characters in a reply would reach the terminal as commands; a pipe gets the exact text.

@@ -17,6 +17,7 @@ from app.chat import ChatSession
 from app.local_models import LocalModel
 from app.options import engine_options
 from app.remote_chat import RemoteChatSession
+from app.reply_limits import NO_LIMITS, ReplyLimits
 from app.remote_engine import RemoteEngine
 from app.saved_chat import SavedConversation
 from engine import Engine, SamplingParams
@@ -36,10 +37,10 @@ def backend_loader(args: argparse.Namespace) -> LoadBackend:
 
 
 def chat_session(engine: Backend, system: str | None, params: SamplingParams,
-                 saved: SavedConversation | None) -> ChatSession:
+                 saved: SavedConversation | None, limits: ReplyLimits = NO_LIMITS) -> ChatSession:
     """The conversation's session on `engine` (a saved one with messages resumes)."""
     kind = RemoteChatSession if isinstance(engine, RemoteEngine) else ChatSession
-    return kind(engine, system, params, saved)
+    return kind(engine, system, params, saved, limits)
 
 
 def is_remote(engine: Backend | None) -> bool:

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from app.prompt_ids import NextPrompt, next_prompt
+from app.reply_limits import NO_LIMITS, ReplyLimits
 from app.reply_timeline import ReplyTimeline
 from app.reply_writer import ConversationDeleted, ReplyNotSaved
 from app.saved_chat import SavedConversation, reply_stats
@@ -57,13 +58,15 @@ class ChatSession:
     """
 
     def __init__(self, engine: Engine, system: str | None = None, params: SamplingParams = SamplingParams(),
-                 saved: SavedConversation | None = None):
+                 saved: SavedConversation | None = None, limits: ReplyLimits = NO_LIMITS):
         """`saved`: where the conversation is kept (None: in memory only). A saved conversation with
-        messages resumes: its history is loaded, and its K/V snapshot if the cache lacks it."""
+        messages resumes: its history is loaded, and its K/V snapshot if the cache lacks it. `limits`:
+        the chat's own guards on every reply (app/reply_limits.py), never stored with the conversation."""
         self._check_can_chat(engine)
         self.engine = engine
         self.system = system
         self.params = params
+        self.limits = limits
         self.saved = saved
         self.messages: list[ChatMessage] = []
         self.generation: Generation | None = None
@@ -77,6 +80,11 @@ class ChatSession:
 
     # Events carry token ids, kept to extend the next prompt; a remote server's carry text only.
     TOKEN_IDS = True
+
+    @property
+    def reply_params(self) -> SamplingParams:
+        """The conversation's settings with the chat's limits: what the next reply is generated with."""
+        return self.limits.apply(self.params)
 
     def _check_can_chat(self, engine: Engine) -> None:
         if not engine.tokenizer.has_chat_template:
@@ -129,7 +137,7 @@ class ChatSession:
         before = self._regenerating()
         with self._taking_turn():
             prompt = self._ids_through(before) or self.engine.tokenizer.encode(self._rendered(before))
-            self._restart(before, self.engine.generate(prompt, self.params))
+            self._restart(before, self.engine.generate(prompt, self.reply_params))
         return self._stream(self.generation, prompt)
 
     def _regenerating(self) -> list[ChatMessage]:
@@ -170,7 +178,7 @@ class ChatSession:
         self._check_length(user_text)
         with self._taking_turn():
             prompt = self._next_prompt(before, seen, user_text)
-            generation = self.engine.generate(prompt.ids, self.params)
+            generation = self.engine.generate(prompt.ids, self.reply_params)
             self.rewritten_at = prompt.rewritten_at
             start = len(seen) if prompt.rewritten_at is None else prompt.rewritten_at
             self._record_user(before, user_text, len(prompt.ids), start, prompt.ids[start:])
@@ -258,7 +266,8 @@ class ChatSession:
                 stream.close()
                 if self.saved is not None:
                     self.saved.drop_snapshot("the model computed non-finite scores from it")
-                self.generation = generation = self.engine.generate(prompt, self.params, generation.use_prefix_cache)
+                self.generation = generation = self.engine.generate(prompt, self.reply_params,
+                                                                       generation.use_prefix_cache)
                 stream = iter(generation)
                 first = next(stream, None)
             if first is not None:

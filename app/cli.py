@@ -89,7 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
     _engine_options(parser, top_level=True)
     _remote_options(parser, top_level=True)
     _storage_options(parser, top_level=True)
+    parser.add_argument("--version", action="version", version=f"kvchat {_version()}")
     parser.add_argument("--conversation", metavar="ID", help="open this saved conversation (id or unique prefix)")
+    parser.add_argument("-c", "--continue", dest="continue_last", action="store_true",
+                        help="open the most recent conversation")
     _sampling_options(parser, top_level=True)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
@@ -97,7 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("message", help="the message; '-' reads it from stdin")
     ask.add_argument("--conversation", metavar="ID", default=argparse.SUPPRESS,
                      help="continue this saved conversation (id or unique prefix)")
+    ask.add_argument("-c", "--continue", dest="continue_last", action="store_true", default=argparse.SUPPRESS,
+                     help="continue the most recent conversation")
     ask.add_argument("--json", action="store_true", help="print one JSON object instead of the streamed reply")
+    ask.add_argument("--save-settings", action="store_true",
+                     help="keep the sampling flags (and --system) as the conversation's settings; without it they "
+                          "apply to this reply only")
     _engine_options(ask, top_level=False)
     _remote_options(ask, top_level=False)
     _storage_options(ask, top_level=False)
@@ -106,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing = commands.add_parser("list", help="saved conversations, newest first")
     listing.add_argument("--limit", type=positive_int, default=None)
     listing.add_argument("--json", action="store_true", help="print one JSON array")
+    listing.add_argument("--deleted", action="store_true", help="the trash instead (kept 30 days; see restore)")
     show = commands.add_parser("show", help="print a saved conversation")
     show.add_argument("id", help="conversation id or unique prefix")
     export = commands.add_parser("export", help="write a saved conversation as Markdown or JSON")
@@ -114,8 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--output", "-o", metavar="FILE", help="default (or -): stdout; an existing file is "
                         "refused unless --force, a symlink always")
     export.add_argument("--force", action="store_true", help="replace FILE if it exists")
-    delete = commands.add_parser("delete", help="delete a saved conversation and its KV snapshot")
+    delete = commands.add_parser("delete", help="move a saved conversation (and its KV snapshot) to the trash")
     delete.add_argument("id", help="conversation id or unique prefix")
+    delete.add_argument("--permanently", action="store_true", help="delete it for good instead, at once")
+    restore = commands.add_parser("restore", help="bring a conversation back from the trash")
+    restore.add_argument("id", help="conversation id or unique prefix (see `kvchat list --deleted`)")
     search = commands.add_parser("search", help="find messages containing every word of TEXT")
     search.add_argument("text")
     search.add_argument("--limit", type=positive_int, default=50)
@@ -123,13 +135,15 @@ def build_parser() -> argparse.ArgumentParser:
     rename = commands.add_parser("rename", help="give a saved conversation a new title")
     rename.add_argument("id", help="conversation id or unique prefix")
     rename.add_argument("title")
+    storage = commands.add_parser("storage", help="what kvchat keeps on disk, how big it is, and how to free space")
+    storage.add_argument("--json", action="store_true", help="print one JSON object")
     db = commands.add_parser("db", help="check, back up, restore or recover the conversation database")
     db.add_argument("action", choices=["check", "backup", "restore", "recover"],
                     help="check: verify it; backup [FILE]: copy it now (default: the backups folder); "
                          "restore [FILE]: put a backup in its place (default: the newest), the current file "
                          "moved aside; recover: salvage what a damaged file still holds into a new database")
     db.add_argument("file", nargs="?", metavar="FILE", help="the backup to write or to restore")
-    for sub in (listing, show, export, delete, search, rename):
+    for sub in (listing, show, export, delete, restore, search, rename, storage):
         _storage_options(sub, top_level=False)
 
     serve = commands.add_parser("serve", help="serve the model through an OpenAI-compatible HTTP API")
@@ -179,6 +193,24 @@ def check_backend_args(args: argparse.Namespace) -> None:
             raise ValueError(f"{flag} is a setting of the embedded engine; with --remote the server decides it")
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kvchat")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "(not installed)"
+
+
+def apply_config(args: argparse.Namespace) -> None:
+    """The config file's defaults under the flags (app/config.py): args.config, and --model's default."""
+    from app.config import load_config
+
+    args.config = load_config()
+    if getattr(args, "model", None) is None and not os.environ.get("KVCHAT_MODEL") and args.config.model:
+        args.model = args.config.model
+
+
 def _fail(message: str, code: int = 1) -> int:
     from app.terminal_text import say
 
@@ -194,10 +226,15 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         check_backend_args(args)
-        if args.command in ("list", "show", "export", "delete", "search", "rename"):
+        apply_config(args)
+        if args.command in ("list", "show", "export", "delete", "restore", "search", "rename"):
             from app.conversations_cli import run_conversation_command
 
             return run_conversation_command(args)
+        if args.command == "storage":
+            from app.storage_usage import run_storage
+
+            return run_storage(args)
         if args.command == "db":
             from app.db_cli import run_db_command
 
@@ -223,6 +260,11 @@ def main(argv: list[str] | None = None) -> int:
 
             args.repeat = 5 if args.repeat is None else args.repeat
             return run_bench(args)
+        from app.ask import resolve_conversation
+        from app.options import sampling_params
+
+        sampling_params(args)  # the chat's flags and --conversation/--continue, before Textual or torch load
+        resolve_conversation(args)
         from app.tui import run_tui
 
         return run_tui(args)

@@ -13,8 +13,10 @@ from app.export_file import write_new_file
 from app.stats_text import cached_text
 from app.terminal_text import clean_input, printable
 from storage.conversations import Conversation, ConversationStore, StoredMessage
+from storage.db import StorageError
 from storage.data_dir import data_dir
 from storage.snapshot_dir import SnapshotDir
+from storage.trash import TRASH_KEEP_S, empty_trash
 from storage.turn_lock import TurnLock
 
 STATUS_NOTES = {"stopped": " (stopped)", "interrupted": " (interrupted)", "streaming": " (still being written)"}
@@ -34,13 +36,15 @@ def stats_line(s: dict) -> str:
 
 
 def run_list(args: argparse.Namespace, store: ConversationStore) -> int:
-    conversations = store.list(limit=args.limit)
+    conversations = store.trashed()[: args.limit] if args.deleted else store.list(limit=args.limit)
     if args.json:
         print(json.dumps([_conversation_json(c) for c in conversations], ensure_ascii=False))
     elif not conversations:
-        print("No saved conversations yet; start one with `kvchat` or `kvchat ask MESSAGE`.", file=sys.stderr)
+        print("The trash is empty." if args.deleted else
+              "No saved conversations yet; start one with `kvchat` or `kvchat ask MESSAGE`.", file=sys.stderr)
     for c in conversations if not args.json else []:
-        print(f"{c.id}  {_when(c.updated_at)}  {printable(c.title, one_line=True) or '(untitled)'}")
+        when = f"deleted {_when(c.deleted_at)}" if args.deleted else _when(c.updated_at)
+        print(f"{c.id}  {when}  {printable(c.title, one_line=True) or '(untitled)'}")
     return 0
 
 
@@ -70,7 +74,8 @@ def render_markdown(conversation: Conversation, branch: list[StoredMessage]) -> 
 
 def _conversation_json(c: Conversation) -> dict:
     return {"id": c.id, "title": c.title, "model": c.model, "system": c.system, "params": c.params,
-            "created_at": c.created_at, "updated_at": c.updated_at, "active_leaf": c.active_leaf}
+            "created_at": c.created_at, "updated_at": c.updated_at, "active_leaf": c.active_leaf,
+            "deleted_at": c.deleted_at}
 
 
 def _message_json(m: StoredMessage) -> dict:
@@ -105,19 +110,42 @@ def run_export(args: argparse.Namespace, store: ConversationStore) -> int:
     return 0
 
 
-def delete_conversation(store: ConversationStore, conversation_id: str) -> Conversation:
-    """The conversation, its messages and its KV snapshot. Returns what was deleted."""
-    conversation = store.get(conversation_id)
-    store.delete(conversation.id)  # first: a snapshot being written sees it gone and is not kept
+def delete_conversation(store: ConversationStore, conversation_id: str, permanently: bool = False) -> Conversation:
+    """Move the conversation to the trash (storage/trash.py), with its KV snapshot; or delete it, its
+    messages and its snapshot for good. Returns what was deleted."""
+    if not permanently:
+        return store.trash(conversation_id)
+    trashed = [c for c in store.trashed() if c.id.startswith(conversation_id.strip().lower())]
+    conversation = trashed[0] if len(trashed) == 1 and not _live(store, conversation_id) else store.get(conversation_id)
+    store.delete(conversation.id, trashed=conversation.deleted_at is not None)  # first: a snapshot being written sees it gone
     SnapshotDir(data_dir(), cap_bytes=0).delete(conversation.id)
     TurnLock(data_dir(), conversation.id).remove_file()
     return conversation
 
 
+def _live(store: ConversationStore, conversation_id: str) -> bool:
+    try:
+        store.resolve_id(conversation_id)
+    except StorageError:
+        return False
+    return True
+
+
 def run_delete(args: argparse.Namespace, store: ConversationStore) -> int:
-    conversation = delete_conversation(store, args.id)
+    conversation = delete_conversation(store, args.id, args.permanently)
     title = printable(conversation.title, one_line=True) or "untitled"
-    print(f"kvchat: deleted conversation {conversation.id} ({title}).", file=sys.stderr)
+    if args.permanently:
+        print(f"kvchat: deleted conversation {conversation.id} ({title}) for good.", file=sys.stderr)
+    else:
+        print(f"kvchat: moved conversation {conversation.id} ({title}) to the trash; `kvchat restore "
+              f"{conversation.id}` brings it back within {TRASH_KEEP_S / 86400:.0f} days.", file=sys.stderr)
+    return 0
+
+
+def run_restore(args: argparse.Namespace, store: ConversationStore) -> int:
+    conversation = store.restore(args.id)
+    title = printable(conversation.title, one_line=True) or "untitled"
+    print(f"kvchat: restored conversation {conversation.id} ({title}).", file=sys.stderr)
     return 0
 
 
@@ -141,11 +169,14 @@ def run_rename(args: argparse.Namespace, store: ConversationStore) -> int:
     if not args.title.strip():
         raise ValueError("the title is empty")
     store.rename(args.id, args.title)
+    conversation = store.get(args.id)
+    print(f"kvchat: renamed conversation {conversation.id} to {printable(conversation.title, one_line=True)!r}.",
+          file=sys.stderr)
     return 0
 
 
 COMMANDS = {"list": run_list, "show": run_show, "export": run_export, "delete": run_delete, "search": run_search,
-            "rename": run_rename}
+            "rename": run_rename, "restore": run_restore}
 
 
 # Commands that only read open the database read-only: another kvchat's lock, a full disk or a
@@ -156,4 +187,6 @@ READ_ONLY_COMMANDS = {"list", "show", "export", "search"}
 def run_conversation_command(args: argparse.Namespace) -> int:
     """Runs without loading torch or a model, so these commands answer at once."""
     with ConversationStore.open(write=args.command not in READ_ONLY_COMMANDS) as store:
+        if store.read_only_reason is None:
+            empty_trash(store, data_dir())
         return COMMANDS[args.command](args, store)

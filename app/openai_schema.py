@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.chat import MAX_CHARS_PER_TOKEN
 from engine.events import RequestStats
-from engine.sampling import MAX_INT64, SamplingParams
+from engine.sampling_params import MAX_INT64, SamplingParams
 
 # The largest request body: as many characters as a prompt could ever turn into a context window of
 # tokens (MAX_CHARS_PER_TOKEN each), 4 bytes each (UTF-8's widest), and never less than MIN_BODY_BYTES.

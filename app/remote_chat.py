@@ -23,13 +23,15 @@ class RemoteChatSession(ChatSession):
 
     def _turn(self, before: list[ChatMessage], seen: list[int], user_text: str) -> Iterator[Event]:
         self._check_length(user_text)
-        generation = self.engine.chat(self._turns([*before, ChatMessage("user", user_text)]), self.params)
-        self.rewritten_at = None
-        self._record_user(before, user_text, 0, 0, [])
+        with self._taking_turn():
+            generation = self.engine.chat(self._turns([*before, ChatMessage("user", user_text)]), self.reply_params)
+            self.rewritten_at = None
+            self._record_user(before, user_text, 0, 0, [])
         self.generation = generation
         return self._stream(generation, [])
 
     def regenerate(self) -> Iterator[Event]:
         before = self._regenerating()
-        self._restart(before, self.engine.chat(self._turns(before), self.params))
+        with self._taking_turn():
+            self._restart(before, self.engine.chat(self._turns(before), self.reply_params))
         return self._stream(self.generation, [])

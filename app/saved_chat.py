@@ -26,13 +26,14 @@ from engine import Done, Engine, EngineError, SamplingParams
 from storage.conversations import Conversation, ConversationStore
 from storage.data_dir import data_dir
 from storage.db import StorageError
+from storage.snapshot_dir import DEFAULT_SNAPSHOT_GB
 from storage.snapshot_writer import SnapshotWriter
 from storage.snapshots import SnapshotRejected, SnapshotStore
+from storage.trash import empty_trash
 from storage.turn_lock import TurnLock
 
 log = logging.getLogger("kvchat")
 
-DEFAULT_SNAPSHOT_GB = 4.0
 
 
 class ConversationBusy(StorageError):
@@ -61,7 +62,10 @@ class Storage:
             raise ValueError("--snapshot-gb must be 0 (no KV snapshots) or more")
         home = data_dir()
         snapshots = SnapshotStore(home, int((DEFAULT_SNAPSHOT_GB if snapshot_gb is None else snapshot_gb) * 1e9))
-        return cls(ConversationStore.open(home), snapshots, SnapshotWriter(snapshots))
+        conversations = ConversationStore.open(home)
+        if conversations.read_only_reason is None:
+            empty_trash(conversations, home)  # conversations deleted over 30 days ago go for good
+        return cls(conversations, snapshots, SnapshotWriter(snapshots))
 
     @property
     def home(self) -> Path:
@@ -125,9 +129,12 @@ class SavedConversation:
         return self.conversation.id if self.conversation else None
 
     @classmethod
-    def new(cls, storage: Storage, engine: Engine, system: str | None, params: SamplingParams) -> "SavedConversation":
+    def new(cls, storage: Storage, engine: Engine, system: str | None, params: SamplingParams,
+            settings: dict | None = None) -> "SavedConversation":
+        """A conversation created with its first message. It keeps `settings` as its own sampling
+        settings (default: all of `params`); {} keeps none, so it follows the config file's defaults."""
         return cls(storage, None, {"model": engine.info.model_name, "system": system,
-                                   "params": sampling_settings(params)})
+                                   "params": sampling_settings(params) if settings is None else dict(settings)})
 
     @classmethod
     def open(cls, storage: Storage, conversation_id: str) -> "SavedConversation":

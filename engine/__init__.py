@@ -18,7 +18,7 @@ _EXPORTS = {
     "ContextWindowError": "engine.errors", "EngineError": "engine.errors", "ModelError": "engine.errors",
     "Done": "engine.events", "Event": "engine.events", "RequestStats": "engine.events", "Stats": "engine.events",
     "TokenDelta": "engine.events",
-    "SamplingParams": "engine.sampling",
+    "SamplingParams": "engine.sampling_params",
 }
 __all__ = sorted(_EXPORTS)
 

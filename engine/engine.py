@@ -39,7 +39,7 @@ from engine.kv_snapshot import KVSnapshot
 from engine.model import CausalLM
 from engine.model_source import ModelSource, reconvert, resolve_model
 from engine.prefix_cache import KVCacheFullError, PrefixCache, common_prefix_length
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 from engine.sequence_kv import SequenceKV
 from engine.tokenizer import Tokenizer
 from engine.weights import load_model

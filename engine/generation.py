@@ -14,6 +14,7 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import EngineError, NonFiniteLogitsError
 from engine.events import Done, Event, RequestStats, Stats, TokenDelta
 from engine.kv_cache import KVCache
+from engine.repetition import repeating_period
 from engine.sampling import Sampler, SamplingParams
 
 if TYPE_CHECKING:
@@ -67,13 +68,15 @@ class Generation:
         stats.prefill_done_tokens = end - first
         return logits
 
-    def _finish_reason(self, token: int, generated: int) -> str | None:
+    def _finish_reason(self, token: int, generated: list[int]) -> str | None:
         if token in self.engine.tokenizer.eos_token_ids and not self.params.ignore_eos:
             return "stop"
-        if self.params.max_tokens is not None and generated >= self.params.max_tokens:
+        if self.params.max_tokens is not None and len(generated) >= self.params.max_tokens:
             return "length"
+        if self.params.stop_repetition and repeating_period(generated) is not None:
+            return "repetition"
         # The sequence may not outgrow the context window; the next turn must still fit its history.
-        if len(self.prompt_ids) + generated >= self.engine.context_window:
+        if len(self.prompt_ids) + len(generated) >= self.engine.context_window:
             return "length"
         return None
 
@@ -120,7 +123,7 @@ class Generation:
             text = detokenizer.push(token)
             pieces.append(text)
             yield TokenDelta(token, text)
-            finish = self._finish_reason(token, len(generated))
+            finish = self._finish_reason(token, generated)
             if finish is None and self._cancelled.is_set():
                 finish = "stopped"
             if finish is not None:

@@ -19,7 +19,7 @@ import torch
 
 from engine.engine import Engine
 from engine.events import Done
-from engine.sampling import SamplingParams
+from engine.sampling_params import SamplingParams
 
 
 def synchronize(device: torch.device) -> None:

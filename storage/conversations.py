@@ -19,6 +19,7 @@ from sqlite_utils import Database
 import storage.data_dir
 from storage.db import StorageError, open_database, sqlite_errors, transaction
 from storage.streaming_replies import StreamingReplies
+from storage.trash import Trash
 from storage.records import (  # Conversation and StoredMessage are this module's public types too
     CONVERSATION_COLUMNS, MESSAGE_COLUMNS, ROLES, STATUSES, Conversation, SearchHit, StoredMessage,
     conversation_from_row, encode_token_ids, fts_query, message_from_row, title_from,
@@ -46,7 +47,7 @@ WITH RECURSIVE below(id) AS (
 )"""
 
 
-class ConversationStore(StreamingReplies):
+class ConversationStore(StreamingReplies, Trash):
     """Conversations in one SQLite database. Every method taking a conversation id also takes a
     unique prefix of it (at least MIN_PREFIX characters). Safe to share between threads, and
     between processes on one database."""
@@ -112,17 +113,23 @@ class ConversationStore(StreamingReplies):
 
     # Conversations
 
-    def resolve_id(self, id_or_prefix: str) -> str:
-        """The full id of the one conversation whose id starts with `id_or_prefix`."""
+    def resolve_id(self, id_or_prefix: str, trashed: bool = False) -> str:
+        """The full id of the one conversation whose id starts with `id_or_prefix`: among those not
+        deleted, or (`trashed`) among those in the trash."""
         prefix = id_or_prefix.strip().lower()
         shown = repr(id_or_prefix) if len(id_or_prefix) <= 40 else repr(id_or_prefix[:39]) + "…"  # not 100 KB back
         if len(prefix) < MIN_PREFIX:
             raise StorageError(f"{shown} is too short; give at least {MIN_PREFIX} characters of the id.")
         # Only hex can match, and it is safe inside a GLOB pattern (which can use the index).
         hex_prefix = re.fullmatch(r"[0-9a-f]+", prefix)
-        rows = self._rows("SELECT id FROM conversations WHERE id GLOB ?", [prefix + "*"]) if hex_prefix else []
+        rows = self._rows("SELECT id, deleted_at FROM conversations WHERE id GLOB ?", [prefix + "*"]) if hex_prefix else []
+        wanted = [row for row in rows if (row["deleted_at"] is not None) == trashed]
+        if not wanted and rows and not trashed:
+            raise StorageError(f"Conversation {rows[0]['id']} is in the trash; `kvchat restore {rows[0]['id']}` "
+                               "brings it back.")
+        rows = wanted
         if not rows:
-            raise StorageError(f"No conversation matches {shown}.")
+            raise StorageError(f"No conversation {'in the trash ' if trashed else ''}matches {shown}.")
         if len(rows) > 1:
             raise StorageError(f"{shown} matches {len(rows)} conversations; give more of the id.")
         return rows[0]["id"]
@@ -150,14 +157,16 @@ class ConversationStore(StreamingReplies):
         return conversation_from_row(rows[0])
 
     def exists(self, conversation_id: str) -> bool:
-        """Whether the conversation (its full id) is still there: another kvchat may have deleted it."""
-        return bool(self._rows("SELECT 1 FROM conversations WHERE id = ?", [conversation_id]))
+        """Whether the conversation (its full id) is still there and not in the trash: another kvchat
+        may have deleted it."""
+        return bool(self._rows("SELECT 1 FROM conversations WHERE id = ? AND deleted_at IS NULL", [conversation_id]))
 
     def list(self, limit: int | None = None, offset: int = 0) -> list[Conversation]:
         """Newest activity first. Reads only the conversations table, so it stays instant with
         thousands of long conversations."""
         rows = self._rows(
-            f"SELECT {CONVERSATION_COLUMNS} FROM conversations ORDER BY updated_at DESC, id LIMIT ? OFFSET ?",
+            f"SELECT {CONVERSATION_COLUMNS} FROM conversations WHERE deleted_at IS NULL"
+            " ORDER BY updated_at DESC, id LIMIT ? OFFSET ?",
             [-1 if limit is None else limit, offset],
         )
         return [conversation_from_row(row) for row in rows]
@@ -183,10 +192,11 @@ class ConversationStore(StreamingReplies):
             if changes:
                 self._update("conversations", full_id, changes)
 
-    def delete(self, conversation_id: str) -> None:
-        """The conversation, its messages and their search entries (foreign key cascade + triggers)."""
+    def delete(self, conversation_id: str, trashed: bool = False) -> None:
+        """The conversation, its messages and their search entries, for good (foreign key cascade +
+        triggers); `trashed`: one in the trash. Moving it to the trash instead: trash()."""
         with self._write("the deletion"):
-            self.db.execute("DELETE FROM conversations WHERE id = ?", [self.resolve_id(conversation_id)])
+            self.db.execute("DELETE FROM conversations WHERE id = ?", [self.resolve_id(conversation_id, trashed)])
 
     # Messages
 
@@ -345,7 +355,8 @@ class ConversationStore(StreamingReplies):
             " FROM messages_fts"
             " JOIN messages ON messages.seq = messages_fts.rowid"
             " JOIN conversations ON conversations.id = messages.conversation_id"
-            " WHERE messages_fts MATCH ? ORDER BY messages_fts.rank, messages.updated_at DESC LIMIT ?",
+            " WHERE messages_fts MATCH ? AND conversations.deleted_at IS NULL"
+            " ORDER BY messages_fts.rank, messages.updated_at DESC LIMIT ?",
             [query, limit],
         )
         return [SearchHit(**row) for row in rows]
@@ -354,7 +365,9 @@ class ConversationStore(StreamingReplies):
         """The texts of the latest `limit` user messages of all conversations, oldest first, as the
         chat input's history; a text sent again right after itself is kept once (so fewer may come)."""
         rows = self._rows(
-            "SELECT text FROM messages WHERE role = 'user' ORDER BY created_at DESC, seq DESC LIMIT ?", [limit]
+            "SELECT text FROM messages WHERE role = 'user' AND conversation_id NOT IN"
+            " (SELECT id FROM conversations WHERE deleted_at IS NOT NULL) ORDER BY created_at DESC, seq DESC LIMIT ?",
+            [limit],
         )
         texts = [row["text"] for row in reversed(rows)]
         return [text for i, text in enumerate(texts) if i == 0 or text != texts[i - 1]]

@@ -119,6 +119,12 @@ def _stream_parts(db: Database) -> None:
                " END")
 
 
+def _trash(db: Database) -> None:
+    # A deleted conversation is kept in the trash for a while (storage/trash.py); NULL: not deleted.
+    db["conversations"].add_column("deleted_at", float)
+    db.execute("CREATE INDEX idx_conversations_deleted ON conversations(deleted_at) WHERE deleted_at IS NOT NULL")
+
+
 Migration = tuple[str, Callable[[Database], None]]
 
 MIGRATIONS: list[Migration] = [
@@ -129,6 +135,7 @@ MIGRATIONS: list[Migration] = [
     ("0005_writer_pid", _writer_pid),
     ("0006_prompt_history", _prompt_history),
     ("0007_stream_parts", _stream_parts),
+    ("0008_trash", _trash),
 ]
 
 

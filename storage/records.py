@@ -26,6 +26,7 @@ class Conversation:
     active_leaf: str | None  # id of the message the shown branch ends at
     created_at: float  # epoch seconds
     updated_at: float  # last message added or changed
+    deleted_at: float | None = None  # moved to the trash then (storage/trash.py); None: not deleted
 
 
 @dataclass(frozen=True)

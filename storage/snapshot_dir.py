@@ -27,6 +27,7 @@ from pathlib import Path
 
 log = logging.getLogger("kvchat")
 
+DEFAULT_SNAPSHOT_GB = 4.0  # the size cap unless --snapshot-gb says otherwise
 SUFFIX = ".safetensors"
 STALE_TEMP_S = 600  # a temp file this old belongs to a writer that died (or whose pid was reused)
 CONVERSATION_ID = re.compile(r"[0-9a-f]{4,64}")

@@ -38,7 +38,8 @@ STALE_STREAM_S = 3600.0
 
 
 class ReplyGone(StorageError):
-    """The reply (or its whole conversation) was deleted, or finished elsewhere, while it was written."""
+    """The reply (or its whole conversation) was deleted or moved to the trash, or finished elsewhere,
+    while it was written."""
 
 
 def process_alive(pid: int) -> bool:
@@ -70,7 +71,8 @@ class StreamingReplies:
             added = self.db.execute(
                 "INSERT INTO stream_parts (message_id, seq, text, token_ids, created_at)"
                 " SELECT id, (SELECT coalesce(max(seq) + 1, 0) FROM stream_parts WHERE message_id = :id),"
-                " :text, :ids, :now FROM messages WHERE id = :id AND status = 'streaming'", params).rowcount
+                " :text, :ids, :now FROM messages WHERE id = :id AND status = 'streaming'"
+                " AND conversation_id IN (SELECT id FROM conversations WHERE deleted_at IS NULL)", params).rowcount
             if not added:
                 raise ReplyGone(f"The reply {message_id} was deleted while it was being written.")
 
@@ -87,7 +89,8 @@ class StreamingReplies:
         def finish() -> None:
             changed = self.db.execute(
                 "UPDATE messages SET text = ?, token_ids = ?, status = ?, stats = ?, finish_reason = ?,"
-                " updated_at = ? WHERE id = ?",
+                " updated_at = ? WHERE id = ?"
+                " AND conversation_id IN (SELECT id FROM conversations WHERE deleted_at IS NULL)",
                 [text, encode_token_ids(token_ids), status, None if stats is None else json.dumps(stats),
                  (stats or {}).get("finish_reason"), now, message_id]).rowcount
             if not changed:

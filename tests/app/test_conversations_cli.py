@@ -67,9 +67,12 @@ def test_list_show_export_search_rename_delete(tiny_model_dir):
 
     assert kvchat("rename", a, "Fruit").returncode == 0
     assert "Fruit" in kvchat("list").stdout
-    assert kvchat("delete", b).returncode == 0
+    assert kvchat("delete", b).returncode == 0  # to the trash, with its snapshot
     assert [line.split()[0] for line in kvchat("list").stdout.splitlines()] == [a]
-    assert not os.path.exists(os.path.join(os.environ["KVCHAT_HOME"], "snapshots", f"{b}.safetensors"))
+    snapshot = os.path.join(os.environ["KVCHAT_HOME"], "snapshots", f"{b}.safetensors")
+    assert os.path.exists(snapshot)
+    assert kvchat("delete", b, "--permanently").returncode == 0  # out of the trash, for good
+    assert not os.path.exists(snapshot) and kvchat("list", "--deleted").stdout == ""
 
 
 @pytest.mark.parametrize("command", [("show", "abcdef"), ("delete", "abcdef"), ("export", "abcdef"),

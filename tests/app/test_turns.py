@@ -96,7 +96,7 @@ def test_a_conversation_deleted_while_its_reply_streams_leaves_nothing_behind(ti
                 tokens += 1
                 if tokens == 5:
                     from app.conversations_cli import delete_conversation
-                    delete_conversation(other.conversations, conversation)
+                    delete_conversation(other.conversations, conversation, permanently=True)
             assert not isinstance(event, Done)
     other.close()
     storage.writer.flush()
@@ -119,7 +119,33 @@ def test_a_snapshot_of_a_conversation_deleted_before_it_is_written_is_not_kept(t
     storage.snapshots.save = slow_save
     list(session.send("again"))
     from app.conversations_cli import delete_conversation
-    delete_conversation(storage.conversations, session.saved.id)
+    delete_conversation(storage.conversations, session.saved.id, permanently=True)
     gate.set()
     storage.writer.flush()
     assert list((kvchat_home / "snapshots").iterdir()) == []
+
+
+def test_a_conversation_moved_to_the_trash_mid_reply_takes_nothing_more(tiny_engine, storage, kvchat_home,
+                                                                      monkeypatch):
+    monkeypatch.setattr(reply_writer, "PARTIAL_SAVE_S", 0.0)
+    session = saved_chat(tiny_engine, storage)
+    session.params = SamplingParams(temperature=0, max_tokens=150, ignore_eos=True)
+    storage.writer.flush()
+    snapshot = kvchat_home / "snapshots" / f"{session.saved.id}.safetensors"
+    before = snapshot.read_bytes()
+    other, tokens, kept = Storage.open(), 0, None
+    with pytest.raises(ConversationDeleted):
+        for event in session.send("go on"):
+            if isinstance(event, TokenDelta):
+                tokens += 1
+                if tokens == 5:
+                    from app.conversations_cli import delete_conversation
+                    delete_conversation(other.conversations, session.saved.id)
+                    kept = len(other.conversations.trashed())
+    other.close()
+    storage.writer.flush()
+    assert kept == 1 and tokens < 20
+    assert snapshot.read_bytes() == before  # the trash keeps the snapshot it had, and no newer one
+    restored = storage.conversations.restore(session.saved.id)
+    reply = storage.conversations.branch(restored.id)[-1]
+    assert reply.role == "assistant" and len(reply.token_ids) <= 6  # what was saved before the delete, no more

@@ -1,0 +1,68 @@
+"""The trash: a deleted conversation is kept for TRASH_KEEP_S, with its KV snapshot, and can be restored.
+
+`delete` in the chat or on the command line moves a conversation here (conversations.deleted_at);
+it leaves the sidebar, `list`, `search` and the input's history, and takes no more messages. `kvchat
+list --deleted` shows the trash and `kvchat restore ID` brings one back as it was. A writable open
+empties the trash of conversations deleted over TRASH_KEEP_S ago, for good (empty_trash).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from storage.db import StorageError
+from storage.records import CONVERSATION_COLUMNS, Conversation, conversation_from_row
+
+TRASH_KEEP_S = 30 * 24 * 3600.0  # 30 days
+
+
+class Trash:
+    """A mixin of ConversationStore. Needs its _write(), _rows(), resolve_id() and delete()."""
+
+    def trash(self, conversation_id: str) -> Conversation:
+        """Move the conversation to the trash; returns it (as it was)."""
+        with self._write("the deletion"):
+            full_id = self.resolve_id(conversation_id)
+            rows = self._rows(f"SELECT {CONVERSATION_COLUMNS} FROM conversations WHERE id = ?", [full_id])
+            self.db.execute("UPDATE conversations SET deleted_at = ? WHERE id = ?", [time.time(), full_id])
+        return conversation_from_row(rows[0])
+
+    def restore(self, conversation_id: str) -> Conversation:
+        """Take the conversation out of the trash, as it was; returns it."""
+        with self._write("the restored conversation"):
+            full_id = self.resolve_id(conversation_id, trashed=True)
+            self.db.execute("UPDATE conversations SET deleted_at = NULL WHERE id = ?", [full_id])
+        return self.get(full_id)
+
+    def trashed(self) -> list[Conversation]:
+        """The conversations in the trash, most recently deleted first."""
+        rows = self._rows(f"SELECT {CONVERSATION_COLUMNS} FROM conversations WHERE deleted_at IS NOT NULL"
+                          " ORDER BY deleted_at DESC, id")
+        return [conversation_from_row(row) for row in rows]
+
+    def purge_trash(self, older_than_s: float = TRASH_KEEP_S) -> list[str]:
+        """Delete for good the conversations in the trash for over `older_than_s`; returns their ids."""
+        cutoff = time.time() - older_than_s
+        expired = [row["id"] for row in self._rows(
+            "SELECT id FROM conversations WHERE deleted_at IS NOT NULL AND deleted_at < ?", [cutoff])]
+        for conversation_id in expired:
+            self.delete(conversation_id, trashed=True)
+        return expired
+
+
+def empty_trash(store, home: Path, older_than_s: float = TRASH_KEEP_S) -> int:
+    """Purge the trash's expired conversations with their KV snapshots and turn locks; how many went. A
+    failure (a busy or full database) leaves them for the next start."""
+    from storage.snapshot_dir import SnapshotDir
+    from storage.turn_lock import TurnLock
+
+    try:
+        expired = store.purge_trash(older_than_s)
+    except StorageError:
+        return 0
+    snapshots = SnapshotDir(home, cap_bytes=0)
+    for conversation_id in expired:
+        snapshots.delete(conversation_id)
+        TurnLock(home, conversation_id).remove_file()
+    return len(expired)
