@@ -44,6 +44,7 @@ from storage.preferences import Preferences
 
 STYLES = Path(__file__).resolve().parent.parent / "assets" / "kvchat.tcss"
 STATUS_TICK_S = 0.25  # the status bar is redrawn 4 times a second while a reply is generated
+NARROW_BELOW = 100  # columns: narrower, the chat keeps the whole width (see on_resize)
 # Closing the terminal window (SIGHUP) or `kill` (SIGTERM) quit like Ctrl+Q: the reply being written is
 # stopped and kept, its KV snapshot written; the exit code is 128 + the signal.
 QUIT_SIGNALS = [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)]
@@ -168,6 +169,26 @@ class KvchatApp(ReplyActions, PanelActions, LibraryActions, App):
         """Esc: stop the reply (or cancel the edit), and whatever has the focus, back to the message box."""
         self.action_stop()
         self.query_one(PromptInput).focus()
+
+    # Whether the conversation list was shown when the terminal became narrow: widening brings it back,
+    # unless the user had hidden it while it was wide.
+    _sidebar_was_shown = True
+
+    def on_resize(self, event: events.Resize) -> None:
+        """Below NARROW_BELOW columns the chat keeps the whole width: the conversation list folds away
+        (Ctrl+B shows it over the chat), and the inspector covers the chat instead of squeezing it."""
+        narrow = event.size.width < NARROW_BELOW
+        body = self.query_one("#body")
+        if narrow == body.has_class("-narrow"):
+            return
+        body.set_class(narrow, "-narrow")
+        sidebar = self.query_one(Sidebar)
+        if narrow:
+            if self.focused is not None and sidebar in self.focused.ancestors_with_self:
+                self.query_one(PromptInput).focus()
+            self._sidebar_was_shown, sidebar.display = sidebar.display, False
+        elif self._sidebar_was_shown:
+            sidebar.display = True
 
     def _remember_theme(self, theme: str) -> None:
         try:

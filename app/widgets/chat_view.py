@@ -3,15 +3,19 @@
 Opening a long conversation must be instant, and a Markdown widget costs
 milliseconds to build, so only the newest PAGE messages are mounted; a button
 above them mounts the next PAGE older ones on demand. The view follows a
-streaming reply (Textual's anchor) unless the user has scrolled up.
+streaming reply (Textual's anchor) unless the user has scrolled up. Code
+blocks keep their lines whole and scroll sideways (Shift+←/→ on a message).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from textual.actions import SkipAction
+from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Button, Static
+from textual.widgets.markdown import MarkdownFence
 
 from app.chat import ChatMessage
 from app.widgets.messages import AssistantMessageView, MessageView, NoteView, UserMessageView
@@ -23,6 +27,10 @@ WELCOME = ("Type a message and press Enter.  Ctrl+J adds a line · Esc stops a r
 
 
 class ChatView(VerticalScroll):
+    # On a message: its code blocks scroll sideways (their long lines are not wrapped).
+    BINDINGS = [Binding("shift+left", "scroll_code(-1)", "◂ Code", show=False),
+                Binding("shift+right", "scroll_code(1)", "Code ▸", show=False)]
+
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.messages: list[ChatMessage] = []
@@ -83,6 +91,16 @@ class ChatView(VerticalScroll):
 
     async def add_note(self, text: str) -> None:
         await self.mount(NoteView(text))
+
+    def action_scroll_code(self, step: int) -> None:
+        """Scroll the focused message's code blocks that are wider than the chat, half a width a step."""
+        focused = self.app.focused
+        fences = [fence for fence in focused.query(MarkdownFence) if fence.max_scroll_x] \
+            if isinstance(focused, MessageView) else []
+        if not fences:
+            raise SkipAction()  # the keys keep whatever else they do there
+        for fence in fences:
+            fence.scroll_relative(x=step * max(fence.size.width // 2, 1), animate=False)
 
     def views(self) -> list[MessageView]:
         return list(self.query_children(MessageView))

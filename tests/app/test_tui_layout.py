@@ -1,0 +1,109 @@
+"""The chat on narrow terminals (the sizes a newcomer tried: 160x45, 80x30, 60x20): the conversation
+list folds away below 100 columns and comes back when the terminal widens, the panels cover the chat
+instead of squeezing it, and a code block too wide for the chat scrolls sideways."""
+
+import pytest
+from textual.widgets.markdown import MarkdownFence
+
+from app.saved_chat import Storage
+from app.widgets.chat_view import ChatView
+from app.widgets.inspector import HINT, Inspector
+from app.widgets.messages import AssistantMessageView
+from app.widgets.sidebar import Sidebar
+from tests.app.pilot import wait_until
+from tests.app.screen_text import screen_lines
+from tests.app.tui_harness import RecordingApp, app_with, ready
+
+LONG_LINE = "result = sorted(names_from_the_database, key=lambda name: (name.lower(), len(name)), reverse=True)"
+
+
+@pytest.mark.parametrize("size", [(80, 30), (60, 20)])
+async def test_a_narrow_terminal_folds_the_conversation_list_away(tiny_engine, size):
+    app = app_with(tiny_engine)
+    async with app.run_test(size=size) as pilot:
+        await ready(pilot)
+        assert not app.query_one(Sidebar).display
+        assert app.query_one(ChatView).region.width == size[0]
+
+
+async def test_a_wide_terminal_keeps_the_list_beside_the_chat(tiny_engine):
+    app = app_with(tiny_engine)
+    async with app.run_test(size=(160, 45)) as pilot:
+        await ready(pilot)
+        sidebar, chat = app.query_one(Sidebar), app.query_one(ChatView)
+        assert sidebar.display and chat.region.x >= sidebar.region.right
+
+
+async def test_ctrl_b_on_a_narrow_terminal_shows_the_list_over_the_chat(tiny_engine):
+    app = app_with(tiny_engine)
+    async with app.run_test(size=(80, 30)) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+b")
+        await wait_until(pilot, lambda: app.query_one(Sidebar).display)
+        await pilot.pause()
+        assert app.query_one(Sidebar).region.x == 0 and app.query_one(ChatView).region.width == 80
+        assert "Search conversations" in screen_lines(app)[1]
+
+
+async def test_widening_brings_the_list_back_unless_the_user_hid_it(tiny_engine):
+    app = app_with(tiny_engine)
+    async with app.run_test(size=(160, 45)) as pilot:
+        await ready(pilot)
+        sidebar = app.query_one(Sidebar)
+        await pilot.resize_terminal(80, 30)
+        await wait_until(pilot, lambda: not sidebar.display)
+        await pilot.resize_terminal(160, 45)
+        await wait_until(pilot, lambda: sidebar.display)
+        await pilot.press("ctrl+b")  # hidden by the user, on a wide terminal
+        await wait_until(pilot, lambda: not sidebar.display)
+        await pilot.resize_terminal(80, 30)
+        await pilot.pause(0.1)
+        await pilot.resize_terminal(160, 45)
+        await pilot.pause(0.1)
+        assert not sidebar.display
+
+
+@pytest.mark.parametrize("size", [(80, 30), (60, 20)])
+async def test_the_inspector_on_a_narrow_terminal_covers_the_chat_and_shows_its_hint(tiny_engine, size):
+    app = app_with(tiny_engine)
+    async with app.run_test(size=size) as pilot:  # this crashed: the message box got 0 columns
+        await ready(pilot)
+        await pilot.press("ctrl+t")
+        await wait_until(pilot, lambda: app.query_one(Inspector).display)
+        await pilot.pause()
+        inspector = app.query_one(Inspector)
+        assert inspector.region.right == size[0] and app.query_one(ChatView).region.width == size[0]
+        shown = " ".join(line[inspector.region.x + 2 :].strip() for line in screen_lines(app)[:6])
+        assert HINT in " ".join(shown.split())
+
+
+@pytest.fixture
+def code_app(tiny_engine):
+    storage = Storage.open()
+    store = storage.conversations
+    conversation = store.create(model=tiny_engine.info.model_name, title="Sorting")
+    question = store.add_message(conversation.id, None, "user", "How do I sort?", 0, [1, 2, 3])
+    store.add_message(conversation.id, question.id, "assistant", f"Like this:\n\n```python\n{LONG_LINE}\n```\n", 3,
+                      [4, 5])
+    yield RecordingApp(lambda spec, progress: tiny_engine.with_fresh_cache(), storage,
+                       conversation_id=conversation.id)
+    storage.close()
+
+
+async def test_a_code_block_wider_than_the_chat_scrolls_sideways(code_app):
+    async with code_app.run_test(size=(80, 30)) as pilot:
+        await ready(pilot)
+        fence = code_app.query_one(MarkdownFence)
+        assert fence.max_scroll_x > 0 and fence.scrollbar_size_horizontal == 1  # a scrollbar says there is more
+        code_app.query_one(AssistantMessageView).focus()
+        await pilot.press("shift+right")
+        await wait_until(pilot, lambda: fence.scroll_x > 0)
+        await pilot.press("shift+left")
+        await wait_until(pilot, lambda: fence.scroll_x == 0)
+
+
+async def test_a_code_block_that_fits_has_no_scrollbar(code_app):
+    async with code_app.run_test(size=(160, 45)) as pilot:
+        await ready(pilot)
+        fence = code_app.query_one(MarkdownFence)
+        assert fence.max_scroll_x == 0 and fence.scrollbar_size_horizontal == 0
