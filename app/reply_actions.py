@@ -8,6 +8,7 @@ from textual.widgets import Markdown, Static
 from app.chat import ChatMessage
 from app.engine_events import ReplyDone, ReplyStats, ReplyText, stream_reply
 from app.saved_chat import ConversationChanged
+from app.stats_text import live_stats
 from app.widgets.chat_view import ChatView
 from app.widgets.inspector import Inspector
 from app.widgets.messages import AssistantMessageView, MessageView, UserMessageView
@@ -74,7 +75,7 @@ class ReplyActions:
         bar.show(message.stats.phase, stats=message.stats)
         inspector = self.query_one(Inspector)
         if inspector.display and self._inspecting_live:
-            inspector.show(message.stats.as_dict(), "the reply being written")
+            inspector.show(live_stats(message.stats), "the reply being written")
 
     async def on_reply_done(self, message: ReplyDone) -> None:
         # `self.reply` is cleared only when the screen is final, so "generating" covers all of this.
@@ -99,6 +100,9 @@ class ReplyActions:
                 reply.message.status = "interrupted"
                 reply.refresh_header()
             await self._show_conversation_saved()  # the user's message was, whatever happened after it
+            if reply is not None:
+                self.reply = None  # so the inspector shows the interrupted reply, not "the reply being written"
+                self._inspect(reply)
             return
         stored = session.messages[-1] if session and session.messages[-1].role == "assistant" else None
         if reply is not None and stored is not None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from engine import RequestStats
+
 # A prefill rate is shown only over at least this many computed prompt tokens. Below it the time is
 # mostly the request's fixed cost (prefix lookup, sampler, the first forward's setup: ~20 ms for
 # SmolLM2 on 2 CPU cores), not the prompt's: 1 token read "52 tok/s", 16 tokens 216, 128 tokens
@@ -35,3 +37,14 @@ def format_duration(ms: float) -> str:
         return f"{seconds:.1f} s"
     minutes, seconds = divmod(round(seconds), 60)
     return f"{minutes} min {seconds:02d} s"
+
+
+def live_stats(stats: RequestStats) -> dict:
+    """What the inspector shows of the reply being written: its stats dict, without the first token's
+    and decode's numbers while it is still prefilled (they are zeros then, not measurements)."""
+    shown = stats.as_dict()
+    if stats.phase == "prefill":
+        for key in ("ttft_ms", "decode_ms", "decode_tokens_per_s", "generated_tokens"):
+            del shown[key]
+        shown["prefill_done_tokens"] = stats.prefill_done_tokens
+    return shown

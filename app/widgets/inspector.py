@@ -17,10 +17,11 @@ from textual.containers import Vertical
 from textual.widget import Widget
 from textual.widgets import Sparkline, Static
 
-from app.stats_text import cached_text, format_duration
+from app.stats_text import cached_text, format_duration, prefill_rate_shown
 
-HINT = "Select a reply to see where its time went."
+HINT = "Select a reply (click it, or Ctrl+↑) to see where its time went."
 NO_NUMBERS = "No numbers were kept for this reply."
+NONE_KEPT = "No numbers were kept for this reply: an interrupted reply has none."
 FINISH_REASONS = {"stop": "end of reply", "length": "length limit", "stopped": "stopped by you"}
 PREFILL_CHAR = "▓"  # prefill's work, in both bars: the timeline's prefill and the prompt's computed tokens
 DECODE_CHAR = "█"
@@ -95,13 +96,19 @@ def prompt_legend(stats: dict, split: tuple[float, float]) -> str:
 
 
 def number_lines(stats: dict) -> list[str]:
-    """The reply's single numbers, one per line, for the keys it has."""
+    """The reply's single numbers, one per line, for the keys it has; a prefill rate only over enough
+    computed tokens to mean something (stats_text.MIN_PREFILL_TOKENS_FOR_RATE)."""
     lines = []
+    # While prefilling (the live view) the rate is over the tokens done so far.
+    prefilled = stat_number(stats, "prefill_done_tokens")
+    prefilled = stat_number(stats, "prefilled_tokens") if prefilled is None else prefilled
     for label, key, show in (("TTFT", "ttft_ms", format_duration),
                              ("decode", "decode_tokens_per_s", format_rate),
                              ("prefill", "prefill_tokens_per_s", format_rate),
                              ("generated", "generated_tokens", lambda n: f"{format_count(n)} tokens")):
         value = stat_number(stats, key)
+        if key == "prefill_tokens_per_s" and not prefill_rate_shown(prefilled):
+            continue
         if value is not None:
             lines.append(f"{label:<10}{show(value)}")
     reason = stats.get("finish_reason")
@@ -240,7 +247,8 @@ class Inspector(Widget):
         self._refresh_content()
 
     def show(self, stats: dict | None, label: str = "") -> None:
-        """Show `stats` (a reply's stored stats dict; None: no reply selected) under `label`."""
+        """Show `stats` (a reply's stored stats dict) under `label`. None: no reply selected, or with a
+        label, a reply that kept no numbers (an interrupted one)."""
         self.stats, self.label = stats, label
         if self.is_mounted:
             self._refresh_content()
@@ -251,7 +259,7 @@ class Inspector(Widget):
         shown = [self._show_time(stats or {}), self._show_prompt(stats or {}),
                  self._show_numbers(stats or {}), self._show_rates(stats or {})]
         hint = self.query_one("#hint", Static)
-        hint.update(HINT if stats is None else NO_NUMBERS)
+        hint.update(NO_NUMBERS if stats is not None else NONE_KEPT if self.label else HINT)
         hint.display = not any(shown)
 
     def _show_time(self, stats: dict) -> bool:

@@ -5,8 +5,9 @@ from textual.app import App, ComposeResult
 from textual.color import Color
 from textual.widgets import Sparkline
 
+from app.stats_text import MIN_PREFILL_TOKENS_FOR_RATE
 from app.widgets.inspector import (
-    HINT, NO_NUMBERS, Inspector, SplitBar, format_count, format_duration, number_lines, prompt_legend,
+    HINT, NO_NUMBERS, NONE_KEPT, Inspector, SplitBar, format_count, format_duration, number_lines, prompt_legend,
     prompt_split, rate_legend, rate_series, split_bar, stat_number, timeline_legend,
 )
 from tests.app.pilot import wait_until
@@ -77,11 +78,18 @@ def test_legends():
 
 def test_number_lines_show_the_keys_there_are():
     lines = number_lines(FULL)
-    assert lines == ["TTFT      131 ms", "decode    85.0 tok/s", "prefill   12.0 tok/s",
-                     "generated 256 tokens", "ended     length limit"]
+    assert lines == ["TTFT      131 ms", "decode    85.0 tok/s", "generated 256 tokens", "ended     length limit"]
     assert number_lines({"generated_tokens": 3, "ttft_ms": "fast", "finish_reason": "stopped"}) == [
         "generated 3 tokens", "ended     stopped by you"]
     assert number_lines({}) == []
+
+
+def test_a_prefill_rate_is_shown_only_over_enough_computed_tokens():
+    assert not any(line.startswith("prefill") for line in number_lines(FULL))  # 12 tokens: mostly fixed cost
+    enough = {**FULL, "prefilled_tokens": MIN_PREFILL_TOKENS_FOR_RATE, "prefill_tokens_per_s": 445.0}
+    assert "prefill   445.0 tok/s" in number_lines(enough)
+    live = {**enough, "prefill_done_tokens": 64}  # the reply being prefilled: 64 of them done so far
+    assert not any(line.startswith("prefill") for line in number_lines(live))
 
 
 def test_rate_series_keeps_only_numbers():
@@ -129,7 +137,7 @@ async def test_full_stats_show_the_bars_numbers_and_sparkline():
         assert text_of(app, "#prompt-legend") == "1,024 cached (disk) · 12 computed"
 
         numbers = text_of(app, "#numbers")
-        for part in ("TTFT      131 ms", "decode    85.0 tok/s", "prefill   12.0 tok/s", "256 tokens", "length limit"):
+        for part in ("TTFT      131 ms", "decode    85.0 tok/s", "256 tokens", "length limit"):
             assert part in numbers
         assert app.query_one("#sparkline", Sparkline).data == [80.0, 90.0, 70.0, 100.0, 85.0]
         assert text_of(app, "#sparkline-legend") == "min 70.0 · median 85.0 · max 100.0"
@@ -204,6 +212,15 @@ async def test_no_reply_shows_the_hint_and_nothing_else():
         assert shown(app, "#hint") and text_of(app, "#hint") == HINT
         for section in ("#time-section", "#prompt-section", "#numbers-section", "#rate-section"):
             assert not shown(app, section)
+
+
+async def test_a_reply_without_numbers_says_so_instead_of_asking_for_a_reply():
+    app = InspectorApp()
+    async with app.run_test(size=(60, 30)) as pilot:
+        app.query_one(Inspector).show(None, "reply 2")  # an interrupted reply keeps no stats
+        await pilot.pause()
+        assert text_of(app, "#heading") == "reply 2"
+        assert shown(app, "#hint") and text_of(app, "#hint") == NONE_KEPT
 
 
 async def test_stats_given_before_the_panel_is_mounted_are_shown_when_it_is():
