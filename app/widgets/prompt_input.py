@@ -1,5 +1,6 @@
 """The chat input: a TextArea where Enter sends, Shift+Enter or Ctrl+J starts a new line, Up and
-Down recall sent prompts, and a paste too large for the model is refused.
+Down recall sent prompts, F7 selects everything, Ctrl+L clears it, and a paste too large for the
+model is refused. Its border's subtitle is the token meter the app keeps up to date.
 
 The widget only asks (Submitted, Refused): the app decides whether a prompt is sent, and calls
 remember() once it is.
@@ -7,9 +8,13 @@ remember() once it is.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
+
 from textual import events
 from textual.binding import Binding
 from textual.message import Message
+from textual.timer import Timer
 from textual.widgets import TextArea
 
 # The key names Textual 8 gives a "new line" press. Terminals speaking the kitty keyboard protocol
@@ -18,6 +23,11 @@ from textual.widgets import TextArea
 # set up to send for shift+enter. xterm's modifyOtherKeys form of shift+enter comes out "shift+\r".
 NEWLINE_KEYS = frozenset({"shift+enter", "ctrl+j", "newline", "shift+\r"})
 DEFAULT_PLACEHOLDER = "Message · Enter sends · Shift+Enter or Ctrl+J: new line"
+METER_DELAY_S = 0.15  # the meter counts again once typing pauses this long, not on every key
+
+# What the app gives the meter: text -> (what to show, whether the message is over the context window).
+# It may take tens of ms (a tokenizer), so it runs on a worker thread.
+Meter = Callable[[str], tuple[str, bool]]
 
 
 class PromptInput(TextArea):
@@ -28,13 +38,26 @@ class PromptInput(TextArea):
         height: auto;
         max-height: 10;  /* 8 lines of text inside the border */
     }
+    PromptInput.-over-window {
+        border-subtitle-color: $error;
+        border-subtitle-style: bold;
+    }
     """
 
-    # The keys this widget handles itself (in _on_key, not as bindings), for the F1 help.
+    # TextArea's own F7 (select all) and a clear that Ctrl+Z takes back, in the footer while there is text.
+    BINDINGS = [
+        Binding("f7", "select_all", "Select all"),
+        Binding("ctrl+l", "clear_text", "Clear"),
+    ]
+    # The keys of the message box for the F1 help: those it handles itself (in _on_key) and its own
+    # bindings above, with what TextArea offers that a newcomer looks for.
     HELP_BINDINGS = [
         Binding("enter", "", "Send the message"),
         Binding("shift+enter,ctrl+j", "", "New line"),
         Binding("up,down", "", "Earlier prompts (in an empty box)"),
+        Binding("f7", "", "Select all"),
+        Binding("ctrl+l", "", "Clear the box (Ctrl+Z brings it back)"),
+        Binding("ctrl+z,ctrl+y", "", "Undo, redo"),
     ]
 
     class Submitted(Message):
@@ -77,6 +100,8 @@ class PromptInput(TextArea):
         self.max_chars: int | None = None
         self.context_window: int | None = None
         self._recalled: int | None = None  # index in sent_prompts of the prompt Up/Down last showed
+        self.meter: Meter | None = None  # set by the app once it can count (see refresh_meter)
+        self._meter_timer: Timer | None = None
 
     # Sending and new lines
 
@@ -95,9 +120,53 @@ class PromptInput(TextArea):
             self.replace("\n", *self.selection, maintain_selection_offset=False)
 
     def clear(self):
-        """Empty the input (and stop walking the history)."""
+        """Empty the input (and stop walking the history). One edit: Ctrl+Z brings the text back."""
         self._recalled = None
         return super().clear()
+
+    def action_clear_text(self) -> None:
+        self.clear()
+
+    def replace_all(self, text: str) -> None:
+        """Put `text` in place of everything, the cursor at its end, as one edit (Ctrl+Z takes it back)."""
+        self.replace(text, (0, 0), self.document.end, maintain_selection_offset=False)
+        self.move_cursor(self.document.end)
+
+    # The token meter
+
+    def refresh_meter(self) -> None:
+        """Count the text again with `meter` once typing pauses (METER_DELAY_S), on a worker thread, and
+        show the result in the border, in the error colour when it is over the context window. Called on
+        every edit; the app calls it when what the count depends on changes (the model, the conversation)."""
+        if self._meter_timer is not None:
+            self._meter_timer.stop()
+        self._meter_timer = self.set_timer(METER_DELAY_S, self._start_count)
+
+    def on_text_area_changed(self, event: TextArea.Changed) -> None:
+        self.refresh_meter()
+        self.refresh_bindings()  # select all and clear are offered while there is text
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in ("select_all", "clear_text"):
+            return bool(self.text)
+        return super().check_action(action, parameters)
+
+    def _start_count(self) -> None:
+        self._meter_timer = None
+        if self.meter is None or not self.text:
+            self._show_meter("", False)
+            return
+        # Exclusive: a count still running for older text is cancelled (its result is dropped).
+        self.run_worker(self._count(self.meter, self.text), exclusive=True, group="token-meter")
+
+    async def _count(self, meter: Meter, text: str) -> None:
+        shown, over = await asyncio.to_thread(meter, text)
+        if text == self.text:
+            self._show_meter(shown, over)
+
+    def _show_meter(self, text: str, over_window: bool) -> None:
+        self.border_subtitle = text
+        self.set_class(over_window, "-over-window")
 
     # History
 
@@ -135,9 +204,7 @@ class PromptInput(TextArea):
         super().action_cursor_down(select)
 
     def _show_prompt(self, index: int) -> None:
-        # An edit, not load_text(): Ctrl+Z can still take it back.
-        self.replace(self.sent_prompts[index], (0, 0), self.document.end, maintain_selection_offset=False)
-        self.move_cursor(self.document.end)
+        self.replace_all(self.sent_prompts[index])  # an edit, not load_text(): Ctrl+Z can take it back
         self._recalled = index
 
     # Pasting

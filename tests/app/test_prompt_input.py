@@ -226,3 +226,78 @@ async def test_without_a_known_context_window_pastes_are_not_limited():
         await paste(pilot, prompt, "y" * 5000)
         assert len(prompt.text) == 5000
         assert not app.refused
+
+
+# Select all, clear
+
+
+async def test_f7_selects_everything_and_ctrl_l_clears_it_and_ctrl_z_brings_it_back():
+    app = InputApp()
+    async with app.run_test() as pilot:
+        prompt = app.query_one(PromptInput)
+        await pilot.press(*"one", "ctrl+j", *"two", "f7")
+        assert prompt.selected_text == "one\ntwo"
+        await pilot.press("ctrl+l")
+        assert prompt.text == ""
+        await pilot.press("ctrl+z")
+        assert prompt.text == "one\ntwo"
+
+
+async def test_select_all_and_clear_are_offered_in_the_footer_only_while_there_is_text():
+    app = InputApp()
+    async with app.run_test() as pilot:
+        prompt = app.query_one(PromptInput)
+        assert not prompt.check_action("select_all", ()) and not prompt.check_action("clear_text", ())
+        await pilot.press("x")
+        assert prompt.check_action("select_all", ()) and prompt.check_action("clear_text", ())
+        shown = {binding.description for binding in PromptInput.BINDINGS if binding.show}
+        assert shown == {"Select all", "Clear"}
+
+
+# The token meter
+
+
+async def test_the_meter_counts_once_typing_pauses_not_on_every_key():
+    app = InputApp()
+    async with app.run_test() as pilot:
+        prompt = app.query_one(PromptInput)
+        counted = []
+        prompt.meter = lambda text: (counted.append(text), (f"{len(text)} tokens", False))[1]
+        for character in "hello world":  # eleven edits at once, as fast typing or a paste makes them
+            prompt.insert(character)
+        await wait_until(pilot, lambda: prompt.border_subtitle == "11 tokens")
+        assert counted == ["hello world"]
+
+
+async def test_the_meter_counts_off_the_ui_thread_so_typing_goes_on_while_it_counts():
+    import threading
+
+    app = InputApp()
+    async with app.run_test() as pilot:
+        prompt = app.query_one(PromptInput)
+        release, threads = threading.Event(), []
+
+        def slow_meter(text):  # a tokenizer busy with a huge paste
+            threads.append(threading.current_thread())
+            release.wait(10)
+            return f"{len(text)} tokens", False
+
+        prompt.meter = slow_meter
+        await pilot.press(*"first")
+        await wait_until(pilot, lambda: threads)
+        await pilot.press(*" and more")  # typed while the count is still running
+        assert prompt.text == "first and more"
+        release.set()
+        await wait_until(pilot, lambda: prompt.border_subtitle == "14 tokens")
+        assert threading.main_thread() not in threads
+
+
+async def test_a_message_over_the_window_shows_its_meter_in_the_error_colour_and_an_empty_box_none():
+    app = InputApp()
+    async with app.run_test() as pilot:
+        prompt = app.query_one(PromptInput)
+        prompt.meter = lambda text: ("300 tokens · 45 over the 256-token window", len(text) > 3)
+        await pilot.press(*"long")
+        await wait_until(pilot, lambda: prompt.has_class("-over-window"))
+        await pilot.press("ctrl+l")
+        await wait_until(pilot, lambda: not prompt.border_subtitle and not prompt.has_class("-over-window"))
