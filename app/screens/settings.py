@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from rich.text import Text
@@ -17,7 +16,7 @@ from textual.widgets import Button, Input, Label, Select, Static, TextArea
 
 from app.local_models import LocalModel, model_from_spec
 from engine import SamplingParams
-
+from engine.sampling_params import MAX_INT64, MAX_REPETITION_PENALTY, MAX_SEED, MAX_TEMPERATURE
 
 
 @dataclass(frozen=True)
@@ -27,59 +26,75 @@ class ChatSettings:
     model: str | None  # a model spec as --model takes it; None = the default
 
 
-SEED_RANGE = "The seed must be between 0 and 2^64 - 1, or empty for a random one."
-
-
 class InvalidField(ValueError):
-    """One field's value, explained in one sentence for the user."""
+    """One field's value, explained in one sentence that names the field."""
 
     def __init__(self, field_id: str, sentence: str):
         super().__init__(sentence)
         self.field_id = field_id
 
 
-def _number(label: str, example: str) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not math.isfinite(value):
-            raise ValueError(f"{label} must be a number, such as {example}.")
-        return value
-
-    return parse
-
-
-def _whole(label: str, optional: str = "") -> Callable[[str], int | None]:
-    def parse(text: str) -> int | None:
-        if not text and optional:
-            return None
-        try:
-            return int(text)
-        except ValueError:
-            blank = f", or empty for {optional}" if optional else ""
-            raise ValueError(f"{label} must be a whole number{blank}.") from None
-
-    return parse
-
-
 @dataclass(frozen=True)
 class _Field:
+    """One sampling setting's input: what it edits, what it takes and what it may be."""
+
     id: str
-    label: str
+    label: str  # as the form shows it
+    name: str  # in sentences ("Repetition penalty", not "Rep. penalty")
     param: str  # the SamplingParams field it edits
-    parse: Callable[[str], float | int | None]
+    whole: bool  # a whole number (else any finite number)
+    low: float
+    high: float
+    low_open: bool = False  # the low end itself is not allowed (top-p 0)
+    empty: str = ""  # what an empty field means (None is stored); "" = it must not be empty
     placeholder: str = ""
+    allowed: str = ""  # what it may be, after "must be" ("a number from 0 (greedy) to 5")
+    allowed_below: str = ""  # the same with a tighter top than `high`, given as {high}
+
+    def parse(self, text: str, high: float | None = None) -> float | int | None:
+        """The value of `text`; InvalidField if it is not one this field takes (`high`: a tighter top)."""
+        top = self.high if high is None else high
+        if not text and self.empty:
+            return None
+        try:
+            value = int(text) if self.whole else float(text)
+        except ValueError:
+            value = math.nan
+        finite = isinstance(value, int) or math.isfinite(value)  # an int may be too large for a float
+        below = value <= self.low if self.low_open else value < self.low
+        if not finite or below or value > top:
+            raise InvalidField(self.id, f"{self.name} must be {self.allowed_text(high)}.")
+        return value
+
+    def allowed_text(self, high: float | None = None) -> str:
+        return self.allowed if high is None else self.allowed_below.format(high=f"{int(high):,}")
+
+    def hint(self, high: float | None = None) -> str:
+        return f"{self.name}: {self.allowed_text(high)}."
 
 
 _FIELDS = (
-    _Field("temperature", "Temperature", "temperature", _number("Temperature", "0.7"), "0 = greedy"),
-    _Field("top-p", "Top-p", "top_p", _number("Top-p", "0.9"), "1 = off"),
-    _Field("top-k", "Top-k", "top_k", _whole("Top-k"), "0 = off"),
-    _Field("max-tokens", "Max tokens", "max_tokens", _whole("Max tokens", "no limit"), "until the model stops"),
-    _Field("seed", "Seed", "seed", _whole("The seed", "a random one"), "random"),
+    _Field("temperature", "Temperature", "Temperature", "temperature", False, 0, MAX_TEMPERATURE,
+           placeholder="0 = greedy", allowed=f"a number from 0 (greedy) to {MAX_TEMPERATURE:g}"),
+    _Field("top-p", "Top-p", "Top-p", "top_p", False, 0, 1, low_open=True, placeholder="1 = off",
+           allowed="a number above 0, at most 1 (1 = off)"),
+    _Field("top-k", "Top-k", "Top-k", "top_k", True, 0, MAX_INT64, placeholder="0 = off",
+           allowed="a whole number, 0 (off) or more"),
+    _Field("min-p", "Min-p", "Min-p", "min_p", False, 0, 1, placeholder="0 = off",
+           allowed="a number from 0 (off) to 1"),
+    _Field("repetition-penalty", "Rep. penalty", "Repetition penalty", "repetition_penalty", False, 0,
+           MAX_REPETITION_PENALTY, low_open=True, placeholder="1 = off",
+           allowed=f"a number above 0, at most {MAX_REPETITION_PENALTY:g} (1 = off)"),
+    _Field("max-tokens", "Max tokens", "Max tokens", "max_tokens", True, 1, MAX_INT64, empty="no limit",
+           placeholder="until the model stops", allowed="a whole number, 1 or more, or empty for no limit",
+           allowed_below="a whole number from 1 to {high}, or empty for no limit"),
+    _Field("seed", "Seed", "Seed", "seed", True, 0, MAX_SEED, empty="a random one", placeholder="random",
+           allowed="a whole number from 0 to 2^64 - 1, or empty for a random one"),
 )
+_HINTS = {
+    "system": "Empty: the model's default · Enter: new line · Ctrl+S saves",
+    "model": "A new model or system prompt recomputes the KV cache.",
+}
 
 
 def _sentence(message: str) -> str:
@@ -93,7 +108,11 @@ def _shown(value: float | int | None) -> str:
 
 
 class SettingsScreen(ModalScreen[ChatSettings | None]):
-    """Edits one conversation's settings; dismisses the new ChatSettings, or None if cancelled."""
+    """Edits one conversation's settings; dismisses the new ChatSettings, or None if cancelled.
+
+    Enter in a one-line field saves, as Ctrl+S does anywhere; in the system prompt Enter is a new line.
+    The line under the form says what the focused field may be, or why a value was refused (naming
+    the field, which gets the focus)."""
 
     # Compact widgets and two fields a row, so that the whole dialog fits an 80x24 terminal.
     DEFAULT_CSS = """
@@ -112,14 +131,14 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
     }
     SettingsScreen #title {
         width: 100%;
-        margin: 1 0;
+        margin: 0 0 1 0;
         text-align: center;
         text-style: bold;
     }
     SettingsScreen #form {
         grid-size: 4;
         grid-columns: 13 1fr 12 1fr;
-        grid-rows: 4 1 1 1 1;
+        grid-rows: 3 1 1 1 1 1;
         grid-gutter: 1 2;
         height: auto;
     }
@@ -132,22 +151,23 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
     }
     SettingsScreen #system {
         column-span: 3;
-        height: 4;
+        height: 3;
     }
     SettingsScreen #model {
         column-span: 3;
     }
-    SettingsScreen #model-hint {
+    SettingsScreen #hint {
+        margin-top: 1;
         padding-left: 15;
         color: $text-muted;
     }
     SettingsScreen #error {
-        margin-top: 1;
+        padding-left: 15;
         color: $error;
     }
     SettingsScreen #buttons {
         height: auto;
-        margin: 1 0;
+        margin: 1 0 0 0;
         align-horizontal: right;
     }
     SettingsScreen #buttons > Button {
@@ -160,6 +180,8 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
     ]
 
     def __init__(self, settings: ChatSettings, models: list[LocalModel], context_window: int | None = None):
+        """`models`: those to choose from (the current one is added when missing); `context_window`:
+        the loaded model's, in tokens (None: no model loaded, or a server that does not say)."""
         super().__init__()
         self.settings = settings
         self.context_window = context_window
@@ -177,14 +199,15 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
                 for field in _FIELDS:
                     yield Label(field.label)
                     value = _shown(getattr(params, field.param))
-                    yield Input(value, placeholder=field.placeholder, id=field.id, compact=True)
+                    yield Input(value, placeholder=field.placeholder, id=field.id, compact=True,
+                                tooltip=field.hint(self._high(field)))
                 yield Label()  # the row of the seed has no second field
                 yield Label()
                 yield Label("Model")
                 # Text, not markup: a path may hold square brackets.
                 options = [(Text(f"{model.name} · {model.detail}"), model.spec) for model in self.models]
                 yield Select(options, value=self.settings.model, allow_blank=False, id="model", compact=True)
-            yield Static("A new model or system prompt recomputes the KV cache.", id="model-hint")
+            yield Static(_HINTS["system"], id="hint", markup=False)
             yield Static("", id="error", markup=False)
             with Horizontal(id="buttons"):
                 yield Button("Save", variant="primary", id="save", compact=True)
@@ -194,21 +217,22 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
         self.query_one("#error", Static).display = False
         self.query_one("#system", TextArea).focus()
 
+    def _high(self, field: _Field) -> float | None:
+        """A tighter top than the field's own: max tokens must leave the prompt room in the window."""
+        if field.param == "max_tokens" and self.context_window:
+            return self.context_window - 1
+        return None
+
     def read_settings(self) -> ChatSettings:
         """The settings as entered; raises InvalidField for the first field that does not hold."""
-        params = self.settings.params  # min-p, repetition penalty etc. are kept as they are
+        params = self.settings.params  # what the screen does not show (ignore_eos, ...) is kept as it is
         for field in _FIELDS:
             text = self.query_one(f"#{field.id}", Input).value.strip()
+            value = field.parse(text, self._high(field))
             try:
-                params = dataclasses.replace(params, **{field.param: field.parse(text)})
-            except ValueError as error:  # the parser's or SamplingParams' own check
-                if field.param == "seed" and str(error).startswith("seed must be"):
-                    raise InvalidField("seed", SEED_RANGE) from None
+                params = dataclasses.replace(params, **{field.param: value})
+            except ValueError as error:  # SamplingParams' own check, should it be stricter than the field's
                 raise InvalidField(field.id, _sentence(str(error))) from None
-        if self.context_window and params.max_tokens is not None and params.max_tokens >= self.context_window:
-            raise InvalidField(
-                "max-tokens", f"Max tokens must be below the model's context window of {self.context_window} tokens."
-            )
         system = self.query_one("#system", TextArea).text
         model = self.query_one("#model", Select).value
         return ChatSettings(system=system if system.strip() else None, params=params, model=model)
@@ -235,9 +259,23 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
     def action_cancel(self) -> None:
         self.dismiss(None)
 
+    def on_descendant_focus(self, event) -> None:
+        """The hint line says what the focused field may be."""
+        widget_id = event.widget.id
+        fields = {field.id: field for field in _FIELDS}
+        if widget_id in fields:
+            self.query_one("#hint", Static).update(fields[widget_id].hint(self._high(fields[widget_id])))
+        elif widget_id in _HINTS:
+            self.query_one("#hint", Static).update(_HINTS[widget_id])
+
     @on(Input.Changed)
     def _edited(self, event: Input.Changed) -> None:
         event.input.remove_class("-invalid")  # Input's own style for a bad value; this one is being fixed
+
+    @on(Input.Submitted)
+    def _enter_in_a_field(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.action_save()
 
     @on(Button.Pressed, "#save")
     def _save_pressed(self) -> None:

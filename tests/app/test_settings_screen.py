@@ -4,7 +4,7 @@ from textual.widgets import Input, Select, Static, TextArea
 
 from app.local_models import LocalModel
 from app.screens.settings import ChatSettings, SettingsScreen
-from engine.sampling import MAX_SEED
+from engine.sampling_params import MAX_SEED
 from engine import SamplingParams
 from tests.app.pilot import wait_until
 
@@ -58,27 +58,28 @@ async def test_fields_show_the_settings_and_save_them_back_unchanged():
         screen = await opened(pilot)
         assert screen.query_one("#system", TextArea).text == "You are terse."
         shown = {field: screen.query_one(f"#{field}", Input).value
-                 for field in ("temperature", "top-p", "top-k", "max-tokens", "seed")}
-        assert shown == {"temperature": "0.5", "top-p": "0.9", "top-k": "40", "max-tokens": "256", "seed": "7"}
+                 for field in ("temperature", "top-p", "top-k", "min-p", "repetition-penalty", "max-tokens", "seed")}
+        assert shown == {"temperature": "0.5", "top-p": "0.9", "top-k": "40", "min-p": "0.05",
+                         "repetition-penalty": "1.1", "max-tokens": "256", "seed": "7"}
         assert screen.query_one("#model", Select).value == "org/tiny"
         await pilot.click("#save")
         assert await saved(pilot) == SETTINGS
 
 
-async def test_edits_make_new_settings_and_keep_the_params_the_screen_does_not_show():
+async def test_edits_make_new_settings():
     app = SettingsApp()
     async with app.run_test(size=(100, 40)) as pilot:
         screen = await opened(pilot)
         await pilot.press("tab")  # from the system prompt to the temperature, whose old value is selected
         assert screen.query_one("#temperature", Input).has_focus
         await pilot.press(*"1.25")
-        fill(screen, top_p="0.5", top_k="0", max_tokens="", seed="")
+        fill(screen, top_p="0.5", top_k="0", min_p="0", repetition_penalty="1.3", max_tokens="", seed="")
         screen.query_one("#system", TextArea).text = "Answer in French."
         await pilot.press("ctrl+s")
         result = await saved(pilot)
     assert result == ChatSettings(
         system="Answer in French.",
-        params=SamplingParams(temperature=1.25, top_p=0.5, top_k=0, min_p=0.05, repetition_penalty=1.1,
+        params=SamplingParams(temperature=1.25, top_p=0.5, top_k=0, min_p=0.0, repetition_penalty=1.3,
                               max_tokens=None, seed=None),
         model="org/tiny",
     )
@@ -94,23 +95,26 @@ async def test_an_empty_system_prompt_means_the_models_default(system):
         assert (await saved(pilot)).system is None
 
 
+TEMPERATURE = "Temperature must be a number from 0 (greedy) to 5."
+TOP_P = "Top-p must be a number above 0, at most 1 (1 = off)."
+TOP_K = "Top-k must be a whole number, 0 (off) or more."
+MIN_P = "Min-p must be a number from 0 (off) to 1."
+PENALTY = "Repetition penalty must be a number above 0, at most 10 (1 = off)."
+MAX_TOKENS = "Max tokens must be a whole number, 1 or more, or empty for no limit."
+SEED = "Seed must be a whole number from 0 to 2^64 - 1, or empty for a random one."
+
+
 @pytest.mark.parametrize(("field", "text", "sentence"), [
-    ("temperature", "warm", "Temperature must be a number, such as 0.7."),
-    ("temperature", "", "Temperature must be a number, such as 0.7."),
-    ("temperature", "nan", "Temperature must be a number, such as 0.7."),
-    ("temperature", "-0.1", "Temperature must be from 0 (greedy) to 5."),
-    ("temperature", "40", "Temperature must be from 0 (greedy) to 5."),
-    ("top-p", "0", "Top-p must be in (0, 1]."),
-    ("top-p", "1.5", "Top-p must be in (0, 1]."),
-    ("top-k", "2.5", "Top-k must be a whole number."),
-    ("top-k", "-1", "Top-k must be 0 (off) or positive."),
-    ("max-tokens", "0", "Max tokens must be at least 1."),
-    ("max-tokens", "lots", "Max tokens must be a whole number, or empty for no limit."),
-    ("seed", "abc", "The seed must be a whole number, or empty for a random one."),
-    ("seed", "-3", "The seed must be between 0 and 2^64 - 1, or empty for a random one."),
-    ("seed", str(MAX_SEED + 1), "The seed must be between 0 and 2^64 - 1, or empty for a random one."),
+    ("temperature", "warm", TEMPERATURE), ("temperature", "", TEMPERATURE), ("temperature", "nan", TEMPERATURE),
+    ("temperature", "inf", TEMPERATURE), ("temperature", "-0.1", TEMPERATURE), ("temperature", "5.01", TEMPERATURE),
+    ("top-p", "0", TOP_P), ("top-p", "1.5", TOP_P), ("top-p", "", TOP_P),
+    ("top-k", "2.5", TOP_K), ("top-k", "-1", TOP_K), ("top-k", str(2**63), TOP_K),
+    ("min-p", "-0.01", MIN_P), ("min-p", "1.1", MIN_P), ("min-p", "some", MIN_P),
+    ("repetition-penalty", "0", PENALTY), ("repetition-penalty", "11", PENALTY), ("repetition-penalty", "1e400", PENALTY),
+    ("max-tokens", "0", MAX_TOKENS), ("max-tokens", "lots", MAX_TOKENS), ("max-tokens", "1e3", MAX_TOKENS),
+    ("seed", "abc", SEED), ("seed", "-3", SEED), ("seed", str(MAX_SEED + 1), SEED), ("seed", "1" * 400, SEED),
 ])
-async def test_a_bad_value_is_explained_and_the_screen_stays_open(field, text, sentence):
+async def test_a_bad_value_is_explained_naming_its_field_and_the_screen_stays_open(field, text, sentence):
     app = SettingsApp()
     async with app.run_test(size=(100, 40)) as pilot:
         screen = await opened(pilot)
@@ -133,8 +137,9 @@ async def test_a_bad_value_is_explained_and_the_screen_stays_open(field, text, s
 
 
 @pytest.mark.parametrize(("field", "text", "value"), [
-    ("temperature", "0", 0.0), ("top-p", "1", 1.0), ("top-k", " 0 ", 0), ("max-tokens", "1", 1),
-    ("seed", "0", 0), ("seed", str(MAX_SEED), MAX_SEED),
+    ("temperature", "0", 0.0), ("temperature", "5", 5.0), ("top-p", "1", 1.0), ("top-p", "0.001", 0.001),
+    ("top-k", " 0 ", 0), ("min-p", "0", 0.0), ("min-p", "1", 1.0), ("repetition-penalty", "10", 10.0),
+    ("max-tokens", "1", 1), ("seed", "0", 0), ("seed", str(MAX_SEED), MAX_SEED),
 ])
 async def test_values_at_the_edges_are_accepted(field, text, value):
     app = SettingsApp()
@@ -153,7 +158,7 @@ async def test_max_tokens_must_leave_room_in_the_context_window():
         await pilot.press("ctrl+s")
         error = screen.query_one("#error", Static)
         await wait_until(pilot, lambda: error.display)
-        assert str(error.render()) == "Max tokens must be below the model's context window of 2048 tokens."
+        assert str(error.render()) == "Max tokens must be a whole number from 1 to 2,047, or empty for no limit."
         assert app.results == []
         fill(screen, max_tokens="2047")
         await pilot.press("ctrl+s")
@@ -218,5 +223,71 @@ async def test_the_dialog_names_itself_and_warns_about_the_kv_cache():
     async with app.run_test(size=(100, 40)) as pilot:
         screen = await opened(pilot)
         assert str(screen.query_one("#title", Static).render()) == "Conversation settings"
-        assert "KV cache" in str(screen.query_one("#model-hint", Static).render())
+        screen.query_one("#model").focus()
+        await wait_until(pilot, lambda: "KV cache" in str(screen.query_one("#hint", Static).render()))
         assert not screen.query_one("#error", Static).display
+
+
+# Keys, hints, and an 80x24 terminal
+
+
+async def test_enter_in_a_one_line_field_saves():
+    app = SettingsApp()
+    async with app.run_test(size=(100, 40)) as pilot:
+        await opened(pilot)
+        await pilot.press("tab", *"0.25", "enter")
+        assert (await saved(pilot)).params.temperature == 0.25
+
+
+async def test_enter_in_the_system_prompt_is_a_new_line_and_ctrl_s_saves():
+    app = SettingsApp()
+    async with app.run_test(size=(100, 40)) as pilot:
+        screen = await opened(pilot)
+        await pilot.press("end", "enter", *"Briefly.")
+        await pilot.pause()
+        assert app.screen is screen and app.results == []
+        assert screen.query_one("#system", TextArea).text == "You are terse.\nBriefly."
+        await pilot.press("ctrl+s")
+        assert (await saved(pilot)).system == "You are terse.\nBriefly."
+
+
+async def test_enter_with_a_bad_value_explains_instead_of_saving():
+    app = SettingsApp()
+    async with app.run_test(size=(100, 40)) as pilot:
+        screen = await opened(pilot)
+        screen.query_one("#min-p", Input).focus()
+        await pilot.press("ctrl+a", *"2", "enter")  # ctrl+a: to the start of the selected old value
+        error = screen.query_one("#error", Static)
+        await wait_until(pilot, lambda: error.display)
+        assert str(error.render()) == MIN_P and app.results == []
+
+
+@pytest.mark.parametrize(("field", "hint"), [
+    ("temperature", "Temperature: a number from 0 (greedy) to 5."),
+    ("top-p", "Top-p: a number above 0, at most 1 (1 = off)."),
+    ("min-p", "Min-p: a number from 0 (off) to 1."),
+    ("repetition-penalty", "Repetition penalty: a number above 0, at most 10 (1 = off)."),
+    ("max-tokens", "Max tokens: a whole number from 1 to 4,095, or empty for no limit."),
+    ("seed", "Seed: a whole number from 0 to 2^64 - 1, or empty for a random one."),
+])
+async def test_the_focused_field_shows_its_allowed_range(field, hint):
+    app = SettingsApp(context_window=4096)
+    async with app.run_test(size=(100, 40)) as pilot:
+        screen = await opened(pilot)
+        assert "Enter: new line" in str(screen.query_one("#hint", Static).render())  # the system prompt's
+        screen.query_one(f"#{field}", Input).focus()
+        await wait_until(pilot, lambda: str(screen.query_one("#hint", Static).render()) == hint)
+        assert screen.query_one(f"#{field}", Input).tooltip == hint
+
+
+async def test_the_whole_dialog_fits_an_80_by_24_terminal_even_with_an_error():
+    app = SettingsApp()
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = await opened(pilot)
+        fill(screen, temperature="9")
+        await pilot.press("ctrl+s")
+        await wait_until(pilot, lambda: screen.query_one("#error", Static).display)
+        await pilot.pause()
+        dialog = screen.query_one("#dialog")
+        assert dialog.max_scroll_y == 0
+        assert screen.query_one("#buttons").region.bottom <= 24
