@@ -1,14 +1,20 @@
 """Command palette (Ctrl+P) entries for every action of the app, next to Textual's own
-(theme, keys, screenshot, quit)."""
+(theme, screenshot, quit)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from textual.app import SystemCommand
 
+# Textual's own entries that kvchat's replace: its "Keys" panel shows a summary of the focused
+# widget's bindings; kvchat's "Keys" (F1) lists every key and slash command.
+REPLACED = frozenset({"Keys"})
 
-def palette_commands(app) -> Iterator[SystemCommand]:
+
+def palette_commands(app, textual_commands: Iterable[SystemCommand] = ()) -> Iterator[SystemCommand]:
+    """Textual's entries (`textual_commands`, less those kvchat replaces), then kvchat's own, each title once."""
+    yield from (command for command in textual_commands if command.title not in REPLACED)
     entries = [
         ("New chat", "Start a new conversation (Ctrl+N)", app.action_new_chat),
         ("Stop the reply", "Stop generating and keep what was written (Esc)", app.action_stop),
@@ -25,7 +31,7 @@ def palette_commands(app) -> Iterator[SystemCommand]:
         ("Rename the conversation", "Give it a title", lambda: app.rename_conversation(app.conversation_id)),
         ("Delete the conversation", "With its branches and saved KV cache",
          lambda: app.delete_conversation(app.conversation_id)),
-        ("Keys", "Every key of kvchat (F1)", app.action_help),
+        ("Keys", "Every key and slash command of kvchat (F1)", app.action_help),
     ]
     for title, help_text, callback in entries:
         yield SystemCommand(title, help_text, callback)

@@ -3,53 +3,103 @@ focus and the keys go. A mixin of KvchatApp."""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+
 from textual import events
 from textual.widget import Widget
 from textual.widgets import Input, TextArea
 
+from app import slash_commands
 from app.backend import is_remote, remote_models
-from app.local_models import find_local_models
+from app.local_models import LocalModel, find_local_models
+from app.options import sampling_params
 from app.screens.help import HelpScreen
 from app.screens.settings import ChatSettings, SettingsScreen
+from app.token_meter import count_tokens, estimate_tokens, meter_text, room_left
 from app.widgets.chat_view import ChatView
 from app.widgets.inspector import Inspector
 from app.widgets.letter_keys import NAVIGATION_KEYS
 from app.widgets.messages import AssistantMessageView, MessageView, UserMessageView
 from app.widgets.prompt_input import PromptInput
 from app.widgets.sidebar import Sidebar
+from app.widgets.status_bar import StatusBar
 from storage.db import StorageError
 
 
+HELP_NOTE = ("Typing goes to the message box wherever the focus is. On a message or in the conversation list, "
+             "the letter keys act once you have moved there with the arrow keys (or Ctrl+↑); Esc always "
+             "comes back to the box.")
+
+
 class PanelActions:
-    """Needs: self.session, self.engine, self.model_spec, self.generating, self._reload (KvchatApp)."""
+    """Needs: self.session, self.engine, self.model_spec, self.system, self.overrides, self.storage,
+    self.conversation_id, self.editing, self.generating, self._retry_load, self._reload (KvchatApp)."""
 
     # Where the user moved with the arrow keys ("messages" or "conversations"): the single-letter
     # keys act there, until the focus goes somewhere else. None: nowhere, typing goes to the box.
     _navigating: str | None = None
 
+    # What was saved in the settings while no model was loaded: (the conversation shown then, its
+    # settings), applied once that conversation's session is ready with the model chosen.
+    _pending_settings: tuple[str | None, ChatSettings] | None = None
+
+    def _no_model(self) -> bool:
+        """The model (or server) failed to load, and no load is under way."""
+        return self.engine is None and self.query_one(StatusBar).phase == "no model"
+
+    def current_settings(self) -> ChatSettings:
+        """The shown conversation's settings: its session's, or, while there is none (no model loaded),
+        those it will open with."""
+        if self.session is not None:
+            return ChatSettings(self.session.system, self.session.params, self.model_spec)
+        if self._pending_settings is not None and self._pending_settings[0] == self.conversation_id:
+            return dataclasses.replace(self._pending_settings[1], model=self.model_spec)
+        system, saved = self.system, None
+        if self.conversation_id is not None:
+            try:
+                conversation = self.storage.conversations.get(self.conversation_id)
+                system, saved = conversation.system, conversation.params
+            except StorageError:
+                pass  # opening it says why; the defaults stand in meanwhile
+        config = getattr(self, "config", None)  # the config file's [sampling], as _open_session layers it
+        params = sampling_params(argparse.Namespace(**self.overrides), saved, config)
+        return ChatSettings(system, params, self.model_spec)
+
+    def model_choices(self) -> list[LocalModel]:
+        """The models the settings screen and /model offer: the server's, or those on this machine."""
+        if is_remote(self.engine):
+            return remote_models(self.engine, self.model_spec)
+        if self.engine is None and self._retry_load:  # the server was unreachable: it lists none
+            return []
+        return find_local_models(self.model_spec)
+
     def action_settings(self) -> None:
-        if self.session is None:
+        """Ctrl+O. Also while no model is loaded (it failed), so that another one can be chosen and loaded."""
+        if self.session is None and not self._no_model():
             self.notify("Settings open once the model and the conversation are ready.", severity="warning")
             return
-        current = ChatSettings(self.session.system, self.session.params, self.model_spec)
+        current = self.current_settings()
         window = self.engine.context_window if self.engine else None
-        models = remote_models(self.engine, self.model_spec) if is_remote(self.engine) else \
-            find_local_models(self.model_spec)
-        self.push_screen(SettingsScreen(current, models, window),
+        self.push_screen(SettingsScreen(current, self.model_choices(), window),
                          lambda result: self.run_worker(self._apply_settings(current, result)))
 
-    async def _apply_settings(self, old: ChatSettings, new: ChatSettings | None) -> None:
-        if new is None or new == old:
-            return
+    async def _apply_settings(self, old: ChatSettings, new: ChatSettings | None) -> bool:
+        """Make `new` the shown conversation's settings (`old`: what they were when the change began).
+        False if they could not be (said why)."""
+        if new is None or new == old and self.session is not None:
+            return new is not None
+        if self.session is None:
+            return await self._settings_without_session(old, new)
         if self.generating:
             self.notify("Stop the reply first (Esc); the settings were not changed.", severity="warning")
-            return
+            return False
         chat = self.query_one(ChatView)
         try:
             self.session.change_settings(new.system, new.params)
         except StorageError as exc:
             self.notify(str(exc), severity="error", timeout=10)
-            return
+            return False
         if new.system != old.system:
             await chat.add_note("System prompt changed" + (f": {new.system}" if new.system else " to the model's "
                                 "default") + ". The next reply recomputes the conversation.")
@@ -59,6 +109,71 @@ class PanelActions:
                                 "next reply recomputes the conversation with it.")
             self.engine = self.session = None
             self._reload()
+        return True
+
+    async def _settings_without_session(self, old: ChatSettings, new: ChatSettings) -> bool:
+        """No session: the model failed to load (saving loads the model chosen, even the same one again),
+        or it is still loading. The system prompt and sampling wait for the conversation to open."""
+        no_model = self._no_model()
+        if not no_model and new.model != old.model:
+            self.notify("The model is still loading; choose another once it is ready.", severity="warning")
+            return False
+        self._pending_settings = (self.conversation_id, new)
+        if no_model:
+            self.model_spec = new.model
+            await self.query_one(ChatView).add_note(f"Loading {new.model or 'the default model'}.")
+            self._reload()
+        return True
+
+    def on_session_ready(self, message) -> None:
+        # Runs after KvchatApp.on_session_ready (Textual calls the handler of every class in the MRO).
+        session = self.session
+        if session is None or session is not message.session:
+            return  # it was for a conversation no longer shown
+        pending, self._pending_settings = self._pending_settings, None
+        if pending is not None and pending[0] == self.conversation_id and \
+                (pending[1].system, pending[1].params) != (session.system, session.params):
+            try:
+                session.change_settings(pending[1].system, pending[1].params)
+            except StorageError as exc:
+                self.notify(str(exc), severity="error", timeout=10)
+        # The model's tokenizer and the conversation's tokens are known now: the meter can count.
+        prompt = self.query_one(PromptInput)
+        prompt.meter = self.meter_reading
+        prompt.refresh_meter()
+
+    # ---- the message box's token meter (set up in on_session_ready)
+
+    def on_reply_done(self, message) -> None:
+        # After ReplyActions.on_reply_done: the reply took room in the context window.
+        self.query_one(PromptInput).refresh_meter()
+
+    def meter_reading(self, text: str) -> tuple[str, bool]:
+        """The meter of the message box holding `text`: its tokens and the context window's room left
+        (see token_meter.py), and whether it is over. Runs on a worker thread (it tokenizes)."""
+        engine, session = self.engine, self.session
+        if engine is None or session is None:
+            return meter_text(estimate_tokens(text), 0, 0), False
+        count = count_tokens(text, None if is_remote(engine) else engine.tokenizer)
+        window, used = engine.context_window, self.context_used()
+        return meter_text(count, window, used), bool(window) and room_left(count, window, used) < 1
+
+    def context_used(self) -> int:
+        """Tokens of the conversation the next message follows (up to the message being edited, when one
+        is): the token ids the model saw, else its text counted as the meter counts (a new chat's system
+        prompt, a conversation made with another tokenizer, a remote server's). May tokenize: a worker
+        thread's call."""
+        session, engine = self.session, self.engine
+        if session is None or engine is None:  # the model is being changed
+            return 0
+        before = session.messages if self.editing is None else session.messages[:self.editing]
+        remote = is_remote(engine)
+        if not remote:
+            seen = len(session.seen_ids) if self.editing is None else (before[-1].token_end if before else 0)
+            if seen:
+                return seen
+        texts = [session.system or ""] + [message.content for message in before]
+        return count_tokens("\n".join(texts), None if remote else engine.tokenizer).tokens
 
     def action_toggle_inspector(self) -> None:
         inspector = self.query_one(Inspector)
@@ -122,11 +237,15 @@ class PanelActions:
         return event.is_printable and place != self._navigating
 
     def action_help(self) -> None:
+        letters = "letters act after an arrow key"
+        commands = [(slash_commands.usage(name), does) for name, (_, does) in slash_commands.COMMANDS.items()]
+        commands.append((f"{slash_commands.ESCAPE}TEXT", "Send a message that starts with a single /"))
         sections = [("Anywhere", self.BINDINGS), ("In the message box", PromptInput.HELP_BINDINGS),
-                    ("On a message (Tab or Ctrl+↑ to reach one)", MessageView.BINDINGS),
+                    ("Slash commands, typed at the start of the box", commands),
+                    (f"On a message (Ctrl+↑ to reach one; {letters})", MessageView.BINDINGS),
                     ("On your message", UserMessageView.BINDINGS), ("On a reply", AssistantMessageView.BINDINGS),
-                    ("In the conversation list", Sidebar.BINDINGS)]
-        self.push_screen(HelpScreen(sections))
+                    (f"In the conversation list (Ctrl+B; {letters})", Sidebar.BINDINGS)]
+        self.push_screen(HelpScreen(sections, [HELP_NOTE]))
 
     def action_focus_messages(self) -> None:
         """Ctrl+Up: to the last message, navigating (its letter keys act)."""

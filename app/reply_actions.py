@@ -1,21 +1,30 @@
 """Sending a message and what follows: the streamed reply, stop, regenerate, edit-and-resend,
-and switching between branches. A mixin of KvchatApp; the chat logic itself is ChatSession's."""
+and switching between branches; slash commands typed instead of a message. A mixin of KvchatApp;
+the chat logic itself is ChatSession's."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+
 from textual.widgets import Markdown, Static
 
-from app.chat import ChatMessage
+from app import slash_commands
+from app.backend import is_remote
+from app.chat import MAX_CHARS_PER_TOKEN, ChatMessage
 from app.engine_events import ReplyDone, ReplyStats, ReplyText, stream_reply
+from app.file_attachment import NO_WINDOW_MAX_CHARS, AttachmentError, read_attachment
 from app.saved_chat import ConversationChanged
+from app.slash_commands import Command, CommandError, UnknownCommand
 from app.stats_text import live_stats
+from app.token_meter import count_tokens, room_left
 from app.widgets.chat_view import ChatView
 from app.widgets.inspector import Inspector
 from app.widgets.messages import AssistantMessageView, MessageView, UserMessageView
 from app.widgets.prompt_input import PromptInput
 from app.widgets.sidebar import Sidebar
 from app.widgets.status_bar import StatusBar
-from engine import EngineError
+from engine import ContextWindowError, EngineError
 from storage.db import StorageError
 
 FINISH_NOTES = {"stop": "", "length": "stopped at the length limit", "stopped": "stopped by you"}
@@ -27,8 +36,12 @@ class ReplyActions:
     """Needs: self.session, self.engine, self.engine_thread, self.reply, self.editing, self._can_send() (KvchatApp)."""
 
     async def on_prompt_input_submitted(self, event: PromptInput.Submitted) -> None:
-        text = event.text.strip()
-        if not text or not self._can_send(text):
+        typed = event.text.strip()
+        text = slash_commands.parse(typed)
+        if not isinstance(text, str):
+            await self._run_command(text, typed)
+            return
+        if not text or not self._can_send(typed):
             return
         session, editing = self.session, self.editing
         try:
@@ -36,11 +49,14 @@ class ReplyActions:
         except ConversationChanged:
             await self._reload_changed()
             return
+        except ContextWindowError as exc:
+            self.notify(f"{exc} Ctrl+L clears the box; /clear starts a new chat.", severity="error", timeout=10)
+            return
         except (EngineError, StorageError, ValueError) as exc:
             self.notify(str(exc), severity="error", timeout=10)
             return
         prompt = self.query_one(PromptInput)
-        prompt.remember(text)
+        prompt.remember(typed)
         prompt.clear()
         self._stop_editing()
         chat = self.query_one(ChatView)
@@ -48,6 +64,101 @@ class ReplyActions:
             await chat.truncate(editing)
         await chat.add(session.messages[-1])
         await self._start_reply(events)
+
+    # ---- slash commands (app/slash_commands.py parses them)
+
+    async def _run_command(self, command: Command | UnknownCommand, typed: str) -> None:
+        """Carry out a command typed in the box. Done: it leaves the box (Up recalls it); refused: one
+        sentence says why and the box keeps it, to be corrected."""
+        if isinstance(command, UnknownCommand):
+            self.notify(command.sentence(), severity="warning", timeout=10)
+            return
+        try:
+            if command.name == "file":
+                self._attach_file(command.argument, typed)
+                return  # the box gets the file's content once it is read and counted
+            done = await getattr(self, f"_command_{command.name}")(command.argument)
+        except CommandError as exc:
+            self.notify(str(exc), severity="warning", timeout=10)
+            return
+        prompt = self.query_one(PromptInput)
+        if done and prompt.text.strip() == typed:
+            prompt.remember(typed)
+            prompt.clear()
+
+    # Each returns True once done, False if it was refused (and said why); CommandError for a bad argument.
+
+    async def _command_system(self, text: str) -> bool:
+        if not text:
+            raise CommandError("/system needs the text of the system prompt, such as /system Answer briefly. "
+                               "(Ctrl+O can clear it, for the model's default.)")
+        old = self.current_settings()
+        return await self._apply_settings(old, dataclasses.replace(old, system=text))
+
+    async def _command_temperature(self, argument: str) -> bool:
+        old = self.current_settings()
+        if not argument:
+            raise CommandError(f"The temperature is {old.params.temperature:g}; /temperature X changes it "
+                               "(0 = greedy).")
+        new = dataclasses.replace(old, params=slash_commands.temperature(argument, old.params))
+        if not await self._apply_settings(old, new):
+            return False
+        self.notify(f"Temperature {new.params.temperature:g} from the next reply on.", timeout=4)
+        return True
+
+    async def _command_model(self, name: str) -> bool:
+        models = self.model_choices()
+        if not name:
+            names = ", ".join(model.name for model in models) or "none found"
+            raise CommandError(f"/model NAME switches the model; these are here: {names}.")
+        chosen = slash_commands.choose_model(name, models)
+        old = self.current_settings()
+        return await self._apply_settings(old, dataclasses.replace(old, model=chosen.spec))
+
+    async def _command_clear(self, argument: str) -> bool:
+        if self.generating:
+            raise CommandError("Stop the reply first (Esc), then /clear starts a new chat.")
+        await self.action_new_chat()
+        return True
+
+    async def _command_help(self, argument: str) -> bool:
+        self.action_help()
+        return True
+
+    def _attach_file(self, argument: str, typed: str) -> None:
+        path, _, rest = argument.partition("\n")
+        if not path.strip():
+            raise CommandError("/file needs the path of a text file, such as /file notes.txt.")
+        if self.session is None:
+            raise CommandError("A file can be attached once the model and the conversation are ready.")
+        self.run_worker(self._attach(path.strip(), rest, typed), exclusive=True, group="attach-file")
+
+    async def _attach(self, path: str, rest: str, typed: str) -> None:
+        """Read and count the file off the UI thread; if it fits the context window's room, it takes the
+        command's place in the box, with the lines typed after the command, and its size is shown."""
+        engine = self.engine
+        window = engine.context_window if engine else 0
+        try:
+            attachment = await asyncio.to_thread(read_attachment, path,
+                                                 MAX_CHARS_PER_TOKEN * window if window else NO_WINDOW_MAX_CHARS)
+        except AttachmentError as exc:
+            self.notify(str(exc), severity="warning", timeout=10)
+            return
+        block = attachment.as_message_text()
+        tokenizer = None if is_remote(engine) or engine is None else engine.tokenizer
+        count, used = await asyncio.to_thread(lambda: (count_tokens(block, tokenizer), self.context_used()))
+        size = f"{'≈ ' if count.estimated else ''}{count.tokens:,} tokens"
+        if window and room_left(count, window, used) < 1:
+            self.notify(f"{attachment.name} is {size}, more than the {max(0, window - used - 1):,} this "
+                        f"conversation's context window ({window:,} tokens) has room for; /clear starts a new chat.",
+                        severity="warning", timeout=10)
+            return
+        prompt = self.query_one(PromptInput)
+        if prompt.text.strip() != typed:
+            return  # the box was changed meanwhile: leave what the user wrote alone
+        prompt.remember(typed)
+        prompt.replace_all(block + rest)
+        self.notify(f"Attached {attachment.name} ({size}); write your message and press Enter.", timeout=6)
 
     async def _reload_changed(self) -> None:
         """Another kvchat added to the conversation shown: show what it is now instead of forking it."""

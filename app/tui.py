@@ -53,18 +53,20 @@ QUIT_SIGNALS = [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasat
 class KvchatApp(ReplyActions, PanelActions, LibraryActions, App):
     CSS_PATH = str(STYLES)
     TITLE = "kvchat"
+    # In the footer's order: what a newcomer needs first (stop, help, settings) comes first, so that it
+    # stays in view on an 80-column terminal.
     BINDINGS = [
-        Binding("escape", "escape", "Stop", tooltip="Stop the reply or cancel an edit; back to the message box"),
-        Binding("ctrl+n", "new_chat", "New"),
+        Binding("escape", "escape", "Stop", tooltip="Stop the reply (or an edit); back to the message box"),
+        Binding("f1", "help", "Help"),
+        Binding("ctrl+o", "settings", "Settings"),
         Binding("ctrl+b", "toggle_sidebar", "Chats"),
+        Binding("ctrl+n", "new_chat", "New"),
+        Binding("ctrl+t,f2", "toggle_inspector", "Inspector"),
         Binding("ctrl+f", "search", "Search chats", show=False),
         Binding("ctrl+r", "regenerate", "Regenerate", show=False),
         Binding("ctrl+g", "edit_last", "Edit last message", show=False),
-        Binding("ctrl+o", "settings", "Settings"),
-        Binding("ctrl+t,f2", "toggle_inspector", "Inspector"),
         Binding("ctrl+s", "export('md')", "Export as Markdown", show=False),
         Binding("ctrl+up", "focus_messages", "Go to the messages", show=False),
-        Binding("f1", "help", "Help"),
         Binding("ctrl+q", "quit", "Quit", priority=True),
     ]
 
@@ -201,8 +203,7 @@ class KvchatApp(ReplyActions, PanelActions, LibraryActions, App):
             self.query_one(StatusBar).refresh_text()
 
     def get_system_commands(self, screen):
-        yield from super().get_system_commands(screen)
-        yield from palette_commands(self)
+        yield from palette_commands(self, super().get_system_commands(screen))
 
     # ---- the engine and the conversation's session ------------------------------------------
 
@@ -330,7 +331,8 @@ class KvchatApp(ReplyActions, PanelActions, LibraryActions, App):
             self.notify("Trying the server again" + ("; your message is sent once it answers." if text else "."),
                         severity="warning")
         elif no_model:
-            self.notify("No model is loaded; start kvchat again with a working --model.", severity="warning")
+            self.notify("No model is loaded; choose one in the settings (Ctrl+O) or with /model NAME.",
+                        severity="warning")
         elif self.engine is None or self.session is None:
             self._queued_text = text
             waiting = "The model is still loading" if self.engine is None else "The conversation is still opening"

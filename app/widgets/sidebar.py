@@ -152,7 +152,8 @@ class Sidebar(Vertical):
         Binding("r", "rename", "Rename"),
         Binding("d,delete", "delete", "Delete"),
         Binding("slash", "focus_filter", "Search", show=False),
-        Binding("down", "focus_list", "List", show=False),  # from the filter; the list moves its own cursor
+        # From the filter; the list moves its own cursor.
+        Binding("down", "focus_list", "From the search to the list", show=False),
     ]
 
     class Open(Message):

@@ -175,3 +175,12 @@ async def test_the_settings_offer_the_servers_models_and_switching_reconnects(re
             await exchange(pilot, "Hi there")
             assert fake.requests[-1]["model"] == "second/model"
             assert "prompt 42 (32 cached from server, 10 computed)" in status(app)
+
+
+async def test_on_a_server_the_token_meter_is_an_estimate_and_says_so(fake, remotes, storage):
+    app = remote_app(fake.url, None, remotes, storage)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await pilot.press(*"twelve chars")  # about 4 characters a token: 3
+        prompt = app.query_one("#prompt")
+        await wait_until(pilot, lambda: prompt.border_subtitle == "≈ 3 tokens · ≈ 4,093 of 4,096 left")

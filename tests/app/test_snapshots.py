@@ -62,3 +62,25 @@ def test_keys_help(snap_compare, saved_app):
         await pilot.pause()
 
     assert snap_compare(saved_app, terminal_size=(100, 50), run_before=open_help)
+
+
+def test_settings_at_80_by_24(snap_compare, saved_app):
+    async def open_settings(pilot):
+        await settle(pilot)
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+        await pilot.press("tab")  # to the temperature, whose range the hint line shows
+        await pilot.pause()
+
+    assert snap_compare(saved_app, terminal_size=(80, 24), run_before=open_settings)
+
+
+def test_the_token_meter_under_the_message_box(snap_compare, saved_app):
+    async def type_a_message(pilot):
+        await settle(pilot)
+        await pilot.press(*"How stable is it?")
+        prompt = pilot.app.query_one("#prompt")
+        await wait_until(pilot, lambda: (prompt.border_subtitle or "").startswith("17 tokens"))
+        await pilot.pause()
+
+    assert snap_compare(saved_app, terminal_size=SIZE, run_before=type_a_message)

@@ -4,6 +4,8 @@ import dataclasses
 import json
 import threading
 
+from textual.widgets import Select
+
 from app.saved_chat import Storage
 from app.screens.help import HelpScreen
 from app.screens.settings import ChatSettings, SettingsScreen
@@ -11,9 +13,10 @@ from app.widgets.chat_view import ChatView
 from app.widgets.inspector import Inspector
 from app.widgets.messages import AssistantMessageView, NoteView, UserMessageView
 from app.widgets.status_bar import StatusBar
+from engine import EngineError
 from storage.preferences import Preferences
 from tests.app.pilot import wait_until
-from tests.app.tui_harness import RecordingApp, app_with, exchange, navigate_to, ready, send
+from tests.app.tui_harness import RecordingApp, app_with, exchange, model_loader, navigate_to, ready, send
 
 
 async def test_settings_change_sampling_and_system_prompt_and_are_saved(tiny_engine):
@@ -54,14 +57,9 @@ async def test_settings_of_a_new_chat_create_no_conversation_until_a_message_is_
 
 
 async def test_choosing_another_model_reloads_and_the_chat_goes_on(tiny_engine, tmp_path):
-    other = tiny_engine.with_fresh_cache()
-    loads = []
-
-    def loader(spec, progress):
-        loads.append(spec)
-        return other if spec else tiny_engine
-
-    app = RecordingApp(loader, Storage.open(), overrides={"temperature": 0, "max_tokens": 3})
+    other, loads = tiny_engine.with_fresh_cache(), []
+    app = RecordingApp(model_loader(tiny_engine, other, loads), Storage.open(),
+                       overrides={"temperature": 0, "max_tokens": 3})
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
         await exchange(pilot, "before")
@@ -93,8 +91,7 @@ async def test_the_inspector_shows_the_selected_replys_numbers(tiny_engine):
         assert "TTFT" in numbers
         first_reply = app.query(AssistantMessageView).first()
         first_reply.focus()
-        await pilot.pause(0.1)
-        assert "reply 2" in str(inspector.query_one("#heading").render())
+        await wait_until(pilot, lambda: "reply 2" in str(inspector.query_one("#heading").render()))
         await pilot.press("f2")
         assert not inspector.display
 
@@ -104,10 +101,9 @@ async def test_f1_lists_the_keys_of_every_part_of_the_app(tiny_engine):
     async with app.run_test(size=(120, 50)) as pilot:
         await pilot.press("f1")
         await wait_until(pilot, lambda: isinstance(app.screen, HelpScreen))
-        table = app.screen.table()
-        rows = [str(cell) for column in table.columns for cell in column.cells]
+        rows = [f"{keys} {does}" for _, keys, does in app.screen.rows()]
         for description in ("Regenerate", "Edit & resend", "Stop", "Settings", "Inspector", "New line",
-                            "Copy code", "Rename", "Delete"):
+                            "Copy code", "Rename", "Delete", "Select all", "Clear the box", "/file PATH"):
             assert any(description in row for row in rows), description
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)
@@ -206,3 +202,46 @@ async def test_conversations_can_be_browsed_while_the_model_loads(tiny_engine):
         assert app.session.messages[2].content == "too early"
         await exchange(pilot, "now")
         assert len(app.session.messages) == 6
+
+
+async def test_settings_open_when_the_model_failed_and_another_chosen_there_loads(tiny_engine, tiny_model_dir):
+    loads = []
+    broken = EngineError("No model found at /nowhere.")
+    app = RecordingApp(model_loader(broken, tiny_engine, loads), Storage.open(),
+                       overrides={"temperature": 0, "max_tokens": 3})
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_until(pilot, lambda: app.query_one(StatusBar).phase == "no model")
+        await send(pilot, "hello")
+        await wait_until(pilot, lambda: any("choose one in the settings (Ctrl+O)" in n for n in app.notices))
+        await pilot.press("ctrl+o")
+        await wait_until(pilot, lambda: isinstance(app.screen, SettingsScreen))
+        screen = app.screen
+        screen.query_one("#model", Select).set_options([("tiny", str(tiny_model_dir)), ("default", None)])
+        screen.query_one("#model", Select).value = str(tiny_model_dir)
+        screen.query_one("#temperature").value = "0.4"
+        await pilot.press("ctrl+s")
+        await wait_until(pilot, lambda: app.session is not None and app.engine is tiny_engine)
+        assert loads == [None, str(tiny_model_dir)]
+        assert app.session.params.temperature == 0.4  # what was saved meanwhile applies to the conversation
+        await exchange(pilot, "now it answers")
+        assert app.storage.conversations.get(app.conversation_id).params["temperature"] == 0.4
+
+
+async def test_with_no_model_saving_the_settings_tries_the_same_model_again(tiny_engine):
+    loads = []
+    attempts = iter([False, True])
+
+    def flaky(spec, progress):
+        loads.append(spec)
+        if not next(attempts):
+            raise EngineError("The model file is still being copied.")
+        return tiny_engine
+
+    app = RecordingApp(flaky, Storage.open(), overrides={"temperature": 0, "max_tokens": 3})
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_until(pilot, lambda: app.query_one(StatusBar).phase == "no model")
+        await pilot.press("ctrl+o")
+        await wait_until(pilot, lambda: isinstance(app.screen, SettingsScreen))
+        await pilot.press("ctrl+s")
+        await wait_until(pilot, lambda: app.session is not None)
+        assert loads == [None, None]

@@ -54,3 +54,17 @@ async def navigate_to(pilot, view) -> None:
             return
         await pilot.press("up")
     assert app.focused is view, "the message was not reached with the keys"
+
+
+def model_loader(default, other, loads: list):
+    """A loader for RecordingApp: `default` for the default model (spec None), `other` for any model
+    named; each spec asked for is appended to `loads`. `default` may be an exception, raised instead."""
+
+    def load(spec, progress):
+        loads.append(spec)
+        engine = other if spec else default
+        if isinstance(engine, Exception):
+            raise engine
+        return engine
+
+    return load
