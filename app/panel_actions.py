@@ -82,15 +82,16 @@ class PanelActions:
         current = self.current_settings()
         window = self.engine.context_window if self.engine else None
         self.push_screen(SettingsScreen(current, self.model_choices(), window),
-                         lambda result: self.run_worker(self._apply_settings(current, result)))
+                         lambda result: self.run_worker(self._apply_settings(current, result, load_again=True)))
 
-    async def _apply_settings(self, old: ChatSettings, new: ChatSettings | None) -> bool:
+    async def _apply_settings(self, old: ChatSettings, new: ChatSettings | None, load_again: bool = False) -> bool:
         """Make `new` the shown conversation's settings (`old`: what they were when the change began).
+        `load_again`: if the model failed to load, try the same one again (the settings screen's Save).
         False if they could not be (said why)."""
         if new is None or new == old and self.session is not None:
             return new is not None
         if self.session is None:
-            return await self._settings_without_session(old, new)
+            return await self._settings_without_session(old, new, load_again)
         if self.generating:
             self.notify("Stop the reply first (Esc); the settings were not changed.", severity="warning")
             return False
@@ -111,18 +112,21 @@ class PanelActions:
             self._reload()
         return True
 
-    async def _settings_without_session(self, old: ChatSettings, new: ChatSettings) -> bool:
-        """No session: the model failed to load (saving loads the model chosen, even the same one again),
-        or it is still loading. The system prompt and sampling wait for the conversation to open."""
+    async def _settings_without_session(self, old: ChatSettings, new: ChatSettings, load_again: bool) -> bool:
+        """No session: the model failed to load (another model chosen loads now; with `load_again`, the same
+        one too), or it is still loading. The system prompt and sampling wait for the conversation to open."""
         no_model = self._no_model()
         if not no_model and new.model != old.model:
             self.notify("The model is still loading; choose another once it is ready.", severity="warning")
             return False
         self._pending_settings = (self.conversation_id, new)
-        if no_model:
+        if no_model and (load_again or new.model != old.model):
             self.model_spec = new.model
             await self.query_one(ChatView).add_note(f"Loading {new.model or 'the default model'}.")
             self._reload()
+        elif (new.system, new.params) != (old.system, old.params):
+            self.notify("Kept for this conversation: it applies once a model is loaded and the conversation "
+                        "is open.", timeout=6)
         return True
 
     def on_session_ready(self, message) -> None:

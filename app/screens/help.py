@@ -3,6 +3,8 @@ bindings and the command table themselves (so the help can never disagree with w
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
@@ -28,7 +30,7 @@ class HelpScreen(ModalScreen[None]):
     """
     BINDINGS = [Binding("escape,f1,q", "dismiss", "Close")]
 
-    def __init__(self, sections: list[tuple[str, list[Row]]], notes: list[str] = ()):
+    def __init__(self, sections: list[tuple[str, list[Row]]], notes: Sequence[str] = ()):
         """`sections`: (where the keys work, their rows); bindings without a description are left out.
         `notes`: sentences shown above the keys."""
         super().__init__()

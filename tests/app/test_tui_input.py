@@ -204,3 +204,19 @@ async def test_slash_file_refuses_a_binary_file_or_one_too_big_for_the_window(ti
         expected = sentence.format(path=path)
         await wait_until(pilot, lambda: expected in app.notices)
         assert app.query_one("#prompt").text == f"/file {path}"
+
+
+async def test_with_no_model_slash_commands_keep_the_settings_and_slash_model_loads_one(tiny_engine, tiny_model_dir):
+    from engine import EngineError
+
+    loads = []
+    app = RecordingApp(model_loader(EngineError("No model found at /nowhere."), tiny_engine, loads), Storage.open(),
+                       overrides={"max_tokens": 3})
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_until(pilot, lambda: app.query_one("StatusBar").phase == "no model")
+        await send(pilot, "/temperature 0.2")
+        await wait_until(pilot, lambda: any(n.startswith("Kept for this conversation") for n in app.notices))
+        assert loads == [None]  # the model that failed is not tried again for a temperature
+        await send(pilot, f"/model {tiny_model_dir}")
+        await wait_until(pilot, lambda: app.session is not None)
+        assert loads == [None, str(tiny_model_dir)] and app.session.params.temperature == 0.2
