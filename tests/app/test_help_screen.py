@@ -47,7 +47,7 @@ async def test_the_help_lists_the_slash_commands_the_box_keys_and_where_the_lett
 
 async def test_the_palette_has_one_keys_entry_the_apps_own(tiny_engine):
     app = app_with(tiny_engine)
-    async with app.run_test() as pilot:
+    async with app.run_test():
         commands = list(app.get_system_commands(app.screen))
         keys = [command for command in commands if command.title == "Keys"]
         assert len(keys) == 1 and keys[0].callback == app.action_help

@@ -1,13 +1,11 @@
 """The chat screen driven by Textual's Pilot on a real (tiny) engine."""
 
-import time
-
 from app.saved_chat import Storage
 from app.widgets.messages import AssistantMessageView, UserMessageView
 from app.widgets.status_bar import StatusBar
 from engine import EngineError
 from tests.app.pilot import wait_until
-from tests.app.tui_harness import RecordingApp, app_with, send
+from tests.app.tui_harness import RecordingApp, app_with, send, slow_and_endless
 
 
 async def test_a_sent_message_streams_a_reply_and_shows_its_numbers(tiny_engine):
@@ -27,14 +25,7 @@ async def test_a_sent_message_streams_a_reply_and_shows_its_numbers(tiny_engine)
 
 
 async def test_escape_stops_the_reply_and_keeps_the_partial_text(tiny_engine, monkeypatch):
-    forward = tiny_engine.forward
-
-    def slow_forward(*args, **kwargs):  # a tiny model is too fast to catch mid-reply
-        time.sleep(0.02)
-        return forward(*args, **kwargs)
-
-    monkeypatch.setattr(tiny_engine, "forward", slow_forward)
-    monkeypatch.setattr(tiny_engine.tokenizer, "eos_token_ids", frozenset())  # it must not end by itself
+    slow_and_endless(tiny_engine, monkeypatch)
     app = app_with(tiny_engine)
     async with app.run_test() as pilot:
         await wait_until(pilot, lambda: app.session is not None)

@@ -1,14 +1,12 @@
 """Where keys go in the chat app: typing reaches the message box wherever the focus happens to be,
 single-letter keys act only where the user navigated with the arrow keys, Esc comes back to the box."""
 
-import time
-
 from app.screens.confirm import ConfirmScreen
 from app.screens.text_prompt import TextPromptScreen
 from app.widgets.messages import AssistantMessageView, UserMessageView
 from app.widgets.status_bar import StatusBar
 from tests.app.pilot import wait_until
-from tests.app.tui_harness import app_with, exchange, ready, send
+from tests.app.tui_harness import app_with, exchange, ready, send, slow_and_endless
 
 
 def prompt_text(app) -> str:
@@ -120,14 +118,7 @@ async def test_escape_brings_the_focus_back_to_the_message_box_from_anywhere(tin
 
 
 async def test_escape_on_a_message_stops_the_reply_and_returns_to_the_box(tiny_engine, monkeypatch):
-    forward = tiny_engine.forward
-
-    def slow_forward(*args, **kwargs):  # a tiny model is too fast to catch mid-reply
-        time.sleep(0.02)
-        return forward(*args, **kwargs)
-
-    monkeypatch.setattr(tiny_engine, "forward", slow_forward)
-    monkeypatch.setattr(tiny_engine.tokenizer, "eos_token_ids", frozenset())
+    slow_and_endless(tiny_engine, monkeypatch)
     app = app_with(tiny_engine)
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)

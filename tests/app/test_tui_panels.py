@@ -11,7 +11,7 @@ from app.screens.help import HelpScreen
 from app.screens.settings import ChatSettings, SettingsScreen
 from app.widgets.chat_view import ChatView
 from app.widgets.inspector import Inspector
-from app.widgets.messages import AssistantMessageView, NoteView, UserMessageView
+from app.widgets.messages import AssistantMessageView, NoteView
 from app.widgets.status_bar import StatusBar
 from engine import EngineError
 from storage.preferences import Preferences

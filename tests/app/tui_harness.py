@@ -3,6 +3,8 @@ and every notification kept so tests can assert on what the user was told."""
 
 from __future__ import annotations
 
+import time
+
 from app.saved_chat import Storage
 from app.tui import KvchatApp
 from tests.app.pilot import wait_until
@@ -68,3 +70,16 @@ def model_loader(default, other, loads: list):
         return engine
 
     return load
+
+
+def slow_and_endless(engine, monkeypatch) -> None:
+    """Make `engine`'s replies slow enough to catch mid-way (20 ms a step; a tiny model is too fast) and
+    endless (no end-of-sequence token), so a test can stop one."""
+    forward = engine.forward
+
+    def slow_forward(*args, **kwargs):
+        time.sleep(0.02)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "forward", slow_forward)
+    monkeypatch.setattr(engine.tokenizer, "eos_token_ids", frozenset())
