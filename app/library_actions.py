@@ -93,12 +93,14 @@ class LibraryActions:
             except StorageError as exc:
                 self.notify(str(exc), severity="error")
                 return
-            self.notify(f"Deleted “{title}”.", timeout=4)
+            self.notify(f"Moved “{title}” to the trash, with its KV cache; `kvchat restore {conversation_id}` "
+                        "brings it back within 30 days.", timeout=8)
             if conversation_id == self.conversation_id:
                 await self.open_conversation(None)
             await self.query_one(Sidebar).refresh_list()
 
-        self.push_screen(ConfirmScreen(f"Delete “{title}”, all its branches and its saved KV cache?"), delete)
+        self.push_screen(ConfirmScreen(f"Move “{title}” to the trash (kept 30 days), with all its branches and its "
+                                       "saved KV cache?"), delete)
 
     def action_export(self, fmt: str) -> None:
         conversation_id = self.conversation_id

@@ -16,6 +16,7 @@ from app.local_models import LocalModel, find_local_models
 from app.options import sampling_params
 from app.screens.help import HelpScreen
 from app.screens.settings import ChatSettings, SettingsScreen
+from app.storage_usage import one_line, usage
 from app.token_meter import count_tokens, estimate_tokens, meter_text, room_left
 from app.widgets.chat_view import ChatView
 from app.widgets.inspector import Inspector
@@ -33,7 +34,7 @@ HELP_NOTE = ("Typing goes to the message box wherever the focus is. On a message
 
 
 class PanelActions:
-    """Needs: self.session, self.engine, self.model_spec, self.system, self.overrides, self.storage,
+    """Needs: self.session, self.engine, self.model_spec, self.system, self.overrides, self.config, self.storage,
     self.conversation_id, self.editing, self.generating, self._retry_load, self._reload (KvchatApp)."""
 
     # Where the user moved with the arrow keys ("messages" or "conversations"): the single-letter
@@ -81,8 +82,16 @@ class PanelActions:
             return
         current = self.current_settings()
         window = self.engine.context_window if self.engine else None
-        self.push_screen(SettingsScreen(current, self.model_choices(), window),
+        self.push_screen(SettingsScreen(current, self.model_choices(), window, self.config.max_reply_tokens or None,
+                                        self._disk_line()),
                          lambda result: self.run_worker(self._apply_settings(current, result, load_again=True)))
+
+    def _disk_line(self) -> str:
+        """What kvchat keeps on disk, in one line (an unreadable folder: nothing rather than an error)."""
+        try:
+            return one_line(usage(self.storage.snapshots.cap_bytes / 1e9))
+        except (OSError, StorageError):
+            return ""
 
     async def _apply_settings(self, old: ChatSettings, new: ChatSettings | None, load_again: bool = False) -> bool:
         """Make `new` the shown conversation's settings (`old`: what they were when the change began).

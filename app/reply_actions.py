@@ -27,7 +27,8 @@ from app.widgets.status_bar import StatusBar
 from engine import ContextWindowError, EngineError
 from storage.db import StorageError
 
-FINISH_NOTES = {"stop": "", "length": "stopped at the length limit", "stopped": "stopped by you"}
+FINISH_NOTES = {"stop": "", "length": "stopped at the length limit (max tokens: Ctrl+O)", "stopped": "stopped by you",
+                "repetition": "stopped: it kept repeating itself"}
 
 
 class ReplyActions:

@@ -29,7 +29,8 @@ from app.library_actions import LibraryActions
 from app.panel_actions import PanelActions
 from app.remote_stream import RemoteError
 from app.reply_actions import ReplyActions
-from app.options import SAMPLING_FIELDS, sampling_params
+from app.config import Config
+from app.options import SAMPLING_FIELDS, reply_limits, sampling_params
 from app.saved_chat import SavedConversation, Storage
 from app.terminal_text import clean_input
 from app.widgets.chat_view import ChatView
@@ -72,15 +73,16 @@ class KvchatApp(ReplyActions, PanelActions, LibraryActions, App):
 
     def __init__(self, load_engine: LoadBackend, storage: Storage, overrides: dict | None = None,
                  system: str | None = None, conversation_id: str | None = None, model: str | None = None,
-                 engine_thread: EngineThread | None = None):
+                 engine_thread: EngineThread | None = None, config: Config = Config()):
         """`load_engine(model_spec, progress)`: the embedded engine or a remote server; `overrides`:
-        sampling settings given on the command line (they win over a conversation's own);
-        `conversation_id`: a saved conversation to open."""
+        sampling settings given on the command line (they win over a conversation's own, and are not
+        stored with it); `conversation_id`: a saved conversation to open; `config`: the config file."""
         super().__init__()
         self._load_engine = load_engine
         self.storage = storage
         self.overrides = {k: v for k, v in (overrides or {}).items() if k in SAMPLING_FIELDS and v is not None}
-        self.system = system
+        self.config = config
+        self.system = config.system if system is None else system  # of new conversations
         self.model_spec = model
         self.engine_thread = engine_thread or EngineThread()
         self._owns_engine_thread = engine_thread is None  # a shared one (benchmarks) outlives the app
@@ -120,7 +122,7 @@ class KvchatApp(ReplyActions, PanelActions, LibraryActions, App):
             return []
 
     async def on_mount(self) -> None:
-        theme = self.preferences.get("theme")
+        theme = self.config.theme or self.preferences.get("theme")  # the config file's, else the last picked
         if theme in self.available_themes:
             self.theme = theme
         self.watch(self, "theme", self._remember_theme, init=False)
@@ -230,14 +232,15 @@ class KvchatApp(ReplyActions, PanelActions, LibraryActions, App):
             return  # no model (already reported), quitting, or another conversation was opened since
         try:
             overrides = argparse.Namespace(**self.overrides)
-            if conversation_id is None:
-                saved = SavedConversation.new(self.storage, engine, self.system, sampling_params(overrides))
+            if conversation_id is None:  # it keeps no settings of its own until the user sets some
+                saved = SavedConversation.new(self.storage, engine, self.system,
+                                              sampling_params(overrides, None, self.config), settings={})
             else:
                 saved = SavedConversation.open(self.storage, conversation_id)
             conversation = saved.conversation
             system = conversation.system if conversation else self.system
-            params = sampling_params(overrides, conversation.params if conversation else None)
-            session = chat_session(engine, system, params, saved)
+            params = sampling_params(overrides, conversation.params if conversation else None, self.config)
+            session = chat_session(engine, system, params, saved, reply_limits(self.config))
         except (EngineError, StorageError) as exc:
             self.post_message(SessionFailed(ticket, str(exc)))
             return
@@ -363,7 +366,8 @@ def run_tui(args: argparse.Namespace) -> int:
     app = None
     try:
         app = KvchatApp(load, storage, overrides={name: getattr(args, name, None) for name in SAMPLING_FIELDS},
-                        system=system, conversation_id=args.conversation, model=args.model)
+                        system=system, conversation_id=args.conversation, model=args.model,
+                        config=getattr(args, "config", Config()))
         app.run()
     finally:
         if app is not None:

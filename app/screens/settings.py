@@ -179,12 +179,17 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
         Binding("ctrl+s", "save", "Save"),
     ]
 
-    def __init__(self, settings: ChatSettings, models: list[LocalModel], context_window: int | None = None):
+    def __init__(self, settings: ChatSettings, models: list[LocalModel], context_window: int | None = None,
+                 reply_ceiling: int | None = None, disk: str = ""):
         """`models`: those to choose from (the current one is added when missing); `context_window`:
-        the loaded model's, in tokens (None: no model loaded, or a server that does not say)."""
+        the loaded model's, in tokens (None: no model loaded, or a server that does not say);
+        `reply_ceiling`: the chat's own cap on a reply, when max tokens is left empty (None: none);
+        `disk`: a line about what kvchat keeps on disk (app/storage_usage.py)."""
         super().__init__()
         self.settings = settings
         self.context_window = context_window
+        self.reply_ceiling = reply_ceiling
+        self.disk = disk
         self.models = list(models)
         if settings.model not in {model.spec for model in self.models}:
             self.models.append(model_from_spec(settings.model, "this conversation's model"))
@@ -209,6 +214,8 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
                 yield Select(options, value=self.settings.model, allow_blank=False, id="model", compact=True)
             yield Static(_HINTS["system"], id="hint", markup=False)
             yield Static("", id="error", markup=False)
+            if self.disk:
+                yield Static(f"{self.disk} · `kvchat storage` says how to free space", id="disk", markup=False)
             with Horizontal(id="buttons"):
                 yield Button("Save", variant="primary", id="save", compact=True)
                 yield Button("Cancel", id="cancel", compact=True)
@@ -216,6 +223,11 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
     def on_mount(self) -> None:
         self.query_one("#error", Static).display = False
         self.query_one("#system", TextArea).focus()
+        if self.reply_ceiling:  # empty is not "no limit": the chat's ceiling applies (app/reply_limits.py)
+            max_tokens = self.query_one("#max-tokens", Input)
+            max_tokens.placeholder = f"the chat's {self.reply_ceiling:,}"
+            max_tokens.tooltip = (f"Empty: the chat's ceiling of {self.reply_ceiling:,} tokens "
+                                  "(max_reply_tokens in the config file)")
 
     def _high(self, field: _Field) -> float | None:
         """A tighter top than the field's own: max tokens must leave the prompt room in the window."""

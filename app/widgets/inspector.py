@@ -22,7 +22,8 @@ from app.stats_text import cached_text, format_duration, prefill_rate_shown
 HINT = "Select a reply (click it, or Ctrl+↑) to see where its time went."
 NO_NUMBERS = "No numbers were kept for this reply."
 NONE_KEPT = "No numbers were kept for this reply: an interrupted reply has none."
-FINISH_REASONS = {"stop": "end of reply", "length": "length limit", "stopped": "stopped by you"}
+FINISH_REASONS = {"stop": "end of reply", "length": "length limit", "stopped": "stopped by you",
+                  "repetition": "kept repeating itself"}
 PREFILL_CHAR = "▓"  # prefill's work, in both bars: the timeline's prefill and the prompt's computed tokens
 DECODE_CHAR = "█"
 CACHED_CHAR = "░"  # reused, not computed: the lightest shade
