@@ -1,12 +1,10 @@
 """The inspector in the running chat: a reply that kept no numbers says so (instead of the hint to
 select a reply), and the reply being prefilled shows no TTFT or decode numbers before it has any."""
 
-import time
-
 from app.saved_chat import Storage
 from app.widgets.inspector import NONE_KEPT, Inspector
-from engine import Engine, EngineOptions
 from tests.app.pilot import wait_until
+from tests.app.slow_engine import slow_endless_engine
 from tests.app.tui_harness import RecordingApp, app_with, ready, send
 
 
@@ -53,15 +51,7 @@ async def test_a_reopened_interrupted_reply_says_it_kept_no_numbers(tiny_engine)
 
 
 async def test_the_reply_being_prefilled_shows_no_ttft_before_its_first_token(endless_model_dir, monkeypatch):
-    engine = Engine.load(EngineOptions(model=str(endless_model_dir), device="cpu", dtype="float32", prefill_chunk=64))
-    forward = engine.forward
-
-    def slow_forward(token_ids, *args, **kwargs):
-        time.sleep(0.15 if len(token_ids) > 1 else 0)
-        return forward(token_ids, *args, **kwargs)
-
-    monkeypatch.setattr(engine, "forward", slow_forward)
-    app = app_with(engine, overrides={"max_tokens": 3})
+    app = app_with(slow_endless_engine(endless_model_dir, monkeypatch), overrides={"max_tokens": 3})
     async with app.run_test(size=(160, 45)) as pilot:
         await ready(pilot)
         await pilot.press("ctrl+t")

@@ -2,33 +2,22 @@
 conversation does not show the last one's numbers, and a long prompt's prefill shows its progress."""
 
 import re
-import time
 
 import pytest
 
 from app.widgets.status_bar import StatusBar
-from engine import Engine, EngineOptions
 from tests.app.pilot import wait_until
+from tests.app.slow_engine import CHUNK, slow_endless_engine
 from tests.app.tui_harness import app_with, exchange, ready, send
 
 
 @pytest.fixture
-def slow_endless_engine(endless_model_dir, monkeypatch):
-    """A model whose replies never end by themselves, slowed (20 ms a token, 150 ms a prefill chunk of 64
-    tokens) so a test can watch a reply, and a long prompt's prefill, while it runs."""
-    engine = Engine.load(EngineOptions(model=str(endless_model_dir), device="cpu", dtype="float32", prefill_chunk=64))
-    forward = engine.forward
-
-    def slow_forward(token_ids, *args, **kwargs):
-        time.sleep(0.15 if len(token_ids) > 1 else 0.02)
-        return forward(token_ids, *args, **kwargs)
-
-    monkeypatch.setattr(engine, "forward", slow_forward)
-    return engine
+def slow_engine(endless_model_dir, monkeypatch):
+    return slow_endless_engine(endless_model_dir, monkeypatch)
 
 
-async def test_the_kv_figure_moves_while_the_first_reply_is_written(slow_endless_engine):
-    app = app_with(slow_endless_engine, overrides={"max_tokens": 400})
+async def test_the_kv_figure_moves_while_the_first_reply_is_written(slow_engine):
+    app = app_with(slow_engine, overrides={"max_tokens": 400})
     async with app.run_test() as pilot:
         await ready(pilot)
         bar = app.query_one(StatusBar)
@@ -56,15 +45,15 @@ async def test_a_new_chat_does_not_show_the_last_replys_numbers(tiny_engine):
         assert "computed" not in status and "KV " in status  # the cache is still the engine's
 
 
-async def test_a_long_prompt_shows_the_tokens_prefilled_so_far(slow_endless_engine):
-    app = app_with(slow_endless_engine, overrides={"max_tokens": 3})
+async def test_a_long_prompt_shows_the_tokens_prefilled_so_far(slow_engine):
+    app = app_with(slow_engine, overrides={"max_tokens": 3})
     async with app.run_test(size=(160, 40)) as pilot:
         await ready(pilot)
         bar = app.query_one(StatusBar)
         seen = []
-        await send(pilot, "x" * 600)  # ten chunks of 64 tokens
+        await send(pilot, "x" * 600)  # ten chunks
         await wait_until(pilot, lambda: seen.append(bar.status_text()) or re.match(r"prefill \d+/\d+ tokens", seen[-1]))
         done, total = map(int, re.match(r"prefill (\d+)/(\d+)", seen[-1]).groups())
-        assert done % 64 == 0 and 0 < done < total and "left" in seen[-1]
+        assert done % CHUNK == 0 and 0 < done < total and "left" in seen[-1]
         await wait_until(pilot, lambda: not app.generating)
         assert app.query_one(StatusBar).status_text().startswith("idle")
