@@ -6,7 +6,8 @@ over: at least MIN_REPEATS times in a row and at least MIN_SPAN tokens in all. P
 repeat words and lines, but not one block eight times back to back; a table or ASCII art that does is
 rarer than a loop, and the check can be turned off (SamplingParams.stop_repetition).
 
-Cost: for each period, one comparison of two list slices (done in C); well under 0.1 ms a token.
+Cost: for each period, one comparison of the last token and, where it repeats, of two list slices (done
+in C): under 10 µs a token on a 2,048-token reply here, against 14-20 ms for a decode step.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ def repeating_period(tokens: list[int]) -> int | None:
         if span > n:
             break
         # Periodic with `period` over the last `span` tokens: the span equals itself shifted by one period.
-        if tokens[n - span + period:] == tokens[n - span : n - period]:
+        # The last token is checked first: it rules out almost every period without copying a slice.
+        if tokens[-1] == tokens[-1 - period] and tokens[n - span + period:] == tokens[n - span : n - period]:
             return period
     return None
