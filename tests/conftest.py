@@ -31,6 +31,16 @@ def endless_model_dir(tmp_path_factory) -> Path:
     return make_endless_model(tmp_path_factory.mktemp("endless-llama"))
 
 
+@pytest.fixture
+def endless_replies(tmp_path, monkeypatch) -> None:
+    """A config file that turns off the chat's reply ceiling and loop check (app/config.py), for tests that
+    need a reply still streaming when something happens to it: the endless model loops, and the loop
+    check would end its reply first."""
+    config = tmp_path / "endless-config.toml"
+    config.write_text("max_reply_tokens = 0\nstop_repetition = false\n")
+    monkeypatch.setenv("KVCHAT_CONFIG", str(config))
+
+
 @pytest.fixture(scope="session")
 def tiny_engine(tiny_model_dir):
     from engine import Engine, EngineOptions

@@ -45,6 +45,7 @@ def kvchat_lines(stderr: str) -> list[str]:
 needs_cc = pytest.mark.skipif(compiler() is None, reason="the disk-full shim is compiled with the C compiler")
 
 
+@pytest.mark.usefixtures("endless_replies")
 @needs_cc
 def test_a_reply_saved_at_every_token_fits_where_the_old_saves_filled_the_disk(endless_model_dir, kvchat_home,
                                                                                 tmp_path):
@@ -64,6 +65,7 @@ def test_a_reply_saved_at_every_token_fits_where_the_old_saves_filled_the_disk(e
     assert reply["text"] + "\n" == out
 
 
+@pytest.mark.usefixtures("endless_replies")
 @needs_cc
 def test_a_disk_that_fills_mid_reply_keeps_what_fit_says_so_once_and_exits_1(endless_model_dir, kvchat_home,
                                                                               tmp_path):
@@ -96,6 +98,7 @@ def streaming_ask(model_dir, *extra, stdout=subprocess.PIPE):
     return run
 
 
+@pytest.mark.usefixtures("endless_replies")
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_a_stop_signal_keeps_the_reply_as_stopped_with_its_snapshot(endless_model_dir, kvchat_home, sig):
     # SIGTERM and SIGHUP (a closed terminal) used to kill the process: exit 143/129, the row left
@@ -115,6 +118,7 @@ def test_a_stop_signal_keeps_the_reply_as_stopped_with_its_snapshot(endless_mode
     assert (kvchat_home / "snapshots" / f"{conversation}.safetensors").is_file()
 
 
+@pytest.mark.usefixtures("endless_replies")
 def test_a_reader_that_goes_away_stops_the_reply_quietly_and_keeps_it(endless_model_dir, kvchat_home):
     reader = subprocess.Popen(["head", "-c", "20"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
     run = streaming_ask(endless_model_dir, stdout=reader.stdin)

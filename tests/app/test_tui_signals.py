@@ -41,6 +41,7 @@ def gone(pid: int, timeout: float = 60.0) -> bool:
     return False
 
 
+@pytest.mark.usefixtures("endless_replies")  # no loop check: the reply must still stream when it is ended
 @pytest.mark.parametrize("end", ["sigterm", "hangup"])
 def test_the_chat_ended_mid_reply_keeps_the_reply_as_stopped_with_its_snapshot(endless_model_dir, kvchat_home,
                                                                               tmp_path, end):
