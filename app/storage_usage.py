@@ -70,15 +70,16 @@ def usage(snapshot_gb: float | None = None) -> Usage:
 
 
 def human(n: int) -> str:
+    """571 MB, 94.4 MB, 1.2 GB: three figures at most."""
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
         if n >= size:
-            return f"{n / size:.1f} {unit}"
+            return f"{n / size:.0f} {unit}" if n >= 100 * size else f"{n / size:.1f} {unit}"
     return f"{n} B"
 
 
 def one_line(u: Usage) -> str:
-    """For the chat: "disk: snapshots 571 MB of 4.0 GB · database 1.2 MB · models 623 MB"."""
-    return (f"disk: snapshots {human(u.snapshot_bytes)} of {human(u.snapshot_cap_bytes)} · database "
+    """For the chat: "disk: snapshots 571 MB/4.0 GB · db 1.2 MB · models 623 MB"."""
+    return (f"disk: snapshots {human(u.snapshot_bytes)}/{human(u.snapshot_cap_bytes)} · db "
             f"{human(u.database_bytes + u.backup_bytes)} · models {human(u.model_cache_bytes)}")
 
 

@@ -165,6 +165,10 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
         padding-left: 15;
         color: $error;
     }
+    SettingsScreen #disk {
+        padding-left: 15;
+        color: $text-muted;
+    }
     SettingsScreen #buttons {
         height: auto;
         margin: 1 0 0 0;
@@ -215,7 +219,9 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
             yield Static(_HINTS["system"], id="hint", markup=False)
             yield Static("", id="error", markup=False)
             if self.disk:
-                yield Static(f"{self.disk} · `kvchat storage` says how to free space", id="disk", markup=False)
+                disk = Static(self.disk, id="disk", markup=False)
+                disk.tooltip = "`kvchat storage` lists it all and says how to free space"
+                yield disk
             with Horizontal(id="buttons"):
                 yield Button("Save", variant="primary", id="save", compact=True)
                 yield Button("Cancel", id="cancel", compact=True)

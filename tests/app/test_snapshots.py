@@ -21,8 +21,13 @@ REPLY = ("Use `sorted()` for a new list, or `list.sort()` in place:\n\n"
          "```python\nnames = sorted(names, key=str.lower)\n```\n\n- stable\n- O(n log n)")
 
 
+DISK = "disk: snapshots 94.4 MB/4.0 GB · db 1.2 MB · models 657 MB"  # the machine's own would vary
+
+
 @pytest.fixture
-def saved_app(tiny_engine):
+def saved_app(tiny_engine, monkeypatch):
+    monkeypatch.setattr("app.panel_actions.usage", lambda cap_gb: None)
+    monkeypatch.setattr("app.panel_actions.one_line", lambda usage: DISK)
     storage = Storage.open()
     store = storage.conversations
     model = tiny_engine.info.model_name  # the same model: no "made with another model" notice on screen
