@@ -22,6 +22,8 @@ class LibraryActions:
     async def on_sidebar_open(self, event: Sidebar.Open) -> None:
         if event.conversation_id != self.conversation_id:
             await self.open_conversation(event.conversation_id)
+        if self.query_one("#body").has_class("-narrow"):  # the list covers the chat there: picking one closes it
+            self.query_one(Sidebar).display = False
         self.query_one("#prompt").focus()
 
     async def on_sidebar_new(self, event: Sidebar.New) -> None:

@@ -255,7 +255,7 @@ class PanelActions:
         commands.append((f"{slash_commands.ESCAPE}TEXT", "Send a message that starts with a single /"))
         sections = [("Anywhere", self.BINDINGS), ("In the message box", PromptInput.HELP_BINDINGS),
                     ("Slash commands, typed at the start of the box", commands),
-                    (f"On a message (Ctrl+↑ to reach one; {letters})", MessageView.BINDINGS),
+                    (f"On a message (Ctrl+↑ to reach one; {letters})", [*MessageView.BINDINGS, *ChatView.BINDINGS]),
                     ("On your message", UserMessageView.BINDINGS), ("On a reply", AssistantMessageView.BINDINGS),
                     (f"In the conversation list (Ctrl+B; {letters})", Sidebar.BINDINGS)]
         self.push_screen(HelpScreen(sections, [HELP_NOTE]))

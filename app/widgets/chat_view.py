@@ -28,8 +28,8 @@ WELCOME = ("Type a message and press Enter.  Ctrl+J adds a line · Esc stops a r
 
 class ChatView(VerticalScroll):
     # On a message: its code blocks scroll sideways (their long lines are not wrapped).
-    BINDINGS = [Binding("shift+left", "scroll_code(-1)", "◂ Code", show=False),
-                Binding("shift+right", "scroll_code(1)", "Code ▸", show=False)]
+    BINDINGS = [Binding("shift+left", "scroll_code(-1)", "Scroll its code blocks left", show=False),
+                Binding("shift+right", "scroll_code(1)", "Scroll its code blocks right", show=False)]
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)

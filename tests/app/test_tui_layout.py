@@ -45,6 +45,22 @@ async def test_ctrl_b_on_a_narrow_terminal_shows_the_list_over_the_chat(tiny_eng
         assert "Search conversations" in screen_lines(app)[1]
 
 
+async def test_picking_a_conversation_on_a_narrow_terminal_closes_the_list_over_the_chat(tiny_engine):
+    storage = Storage.open()
+    other = storage.conversations.create(model=tiny_engine.info.model_name, title="Another chat")
+    storage.conversations.add_message(other.id, None, "user", "Another chat", 0, [1])
+    app = app_with(tiny_engine, storage)
+    async with app.run_test(size=(80, 30)) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+b")
+        sidebar = app.query_one(Sidebar)
+        await wait_until(pilot, lambda: sidebar.display)
+        sidebar.post_message(Sidebar.Open(other.id))
+        await wait_until(pilot, lambda: app.conversation_id == other.id and not sidebar.display)
+        assert app.focused is app.query_one("#prompt")
+    storage.close()
+
+
 async def test_widening_brings_the_list_back_unless_the_user_hid_it(tiny_engine):
     app = app_with(tiny_engine)
     async with app.run_test(size=(160, 45)) as pilot:
