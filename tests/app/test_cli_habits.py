@@ -11,18 +11,13 @@ import time
 import pytest
 
 from tests.app.test_cli import assert_one_clear_error, kvchat
+from tests.app.test_conversations_cli import export_json as conversation
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def ask(model_dir, message, *args, env=None):
     result = kvchat("ask", message, "--model", str(model_dir), "--temperature", "0", "--json", *args, env=env)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
-
-
-def conversation(conversation_id):
-    result = kvchat("export", conversation_id, "--format", "json")
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
