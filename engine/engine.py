@@ -24,25 +24,25 @@ from pathlib import Path
 
 import torch
 
-from engine.block_kernels import BlockKernels, load_block_kernels
-from engine.block_linear import BlockQuantLinear
-from engine.decode_runner import DecodeRunner
-from engine.device import pick_device, pick_dtype
+from engine.quant.kernels import BlockKernels, load_block_kernels
+from engine.quant.linear import BlockQuantLinear
+from engine.decode.graph_runner import DecodeRunner
+from engine.weights.device import pick_device, pick_dtype
 from engine.errors import ContextWindowError, EngineError, ModelError
-from engine.fast_path import decode_path
-from engine.fingerprint import model_fingerprint, tokenizer_fingerprint
-from engine.generation import Generation
-from engine.kv_budget import host_tier_bytes, kv_pool_bytes
-from engine.kv_cache import ContiguousKVCache, KVCache
-from engine.kv_pool import KVPool
-from engine.kv_snapshot import KVSnapshot
-from engine.model import CausalLM
-from engine.model_source import ModelSource, reconvert, resolve_model
-from engine.prefix_cache import KVCacheFullError, PrefixCache, common_prefix_length
+from engine.decode.path import decode_path
+from engine.kv.fingerprint import model_fingerprint, tokenizer_fingerprint
+from engine.request.generation import Generation
+from engine.kv.budget import host_tier_bytes, kv_pool_bytes
+from engine.kv.cache import ContiguousKVCache, KVCache
+from engine.kv.pool import KVPool
+from engine.kv.snapshot import KVSnapshot
+from engine.model.causal_lm import CausalLM
+from engine.weights.model_source import ModelSource, reconvert, resolve_model
+from engine.kv.prefix_cache import KVCacheFullError, PrefixCache, common_prefix_length
 from engine.sampling_params import SamplingParams
-from engine.sequence_kv import SequenceKV
-from engine.tokenizer import Tokenizer
-from engine.weights import load_model
+from engine.kv.sequence_kv import SequenceKV
+from engine.weights.tokenizer import Tokenizer
+from engine.weights.checkpoint import load_model
 
 log = logging.getLogger("kvchat")
 

@@ -18,7 +18,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from engine.kv_snapshot import KVSnapshot
+from engine.kv.snapshot import KVSnapshot
 from storage.snapshots import SnapshotStore
 
 log = logging.getLogger("kvchat")

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 from safetensors.torch import save_file
 
-from engine.kv_snapshot import KVSnapshot
+from engine.kv.snapshot import KVSnapshot
 from storage.snapshot_dir import SnapshotDir, SnapshotRejected, fsync_dir
 
 log = logging.getLogger("kvchat")

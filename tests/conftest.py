@@ -33,7 +33,7 @@ def endless_model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def endless_replies(tmp_path, monkeypatch) -> None:
-    """A config file that turns off the chat's reply ceiling and loop check (app/config.py), for tests that
+    """A config file that turns off the chat's reply ceiling and loop check (app/chat/config.py), for tests that
     need a reply still streaming when something happens to it: the endless model loops, and the loop
     check would end its reply first."""
     config = tmp_path / "endless-config.toml"

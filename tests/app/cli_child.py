@@ -7,8 +7,8 @@ environment (TEST_PARTIAL_SAVE_S; 0 saves at every token) so a test controls how
 import os
 import sys
 
-import app.reply_writer as reply_writer
-from app.cli import main
+import app.chat.reply_writer as reply_writer
+from app.cli.main import main
 
 if "TEST_PARTIAL_SAVE_S" in os.environ:
     reply_writer.PARTIAL_SAVE_S = float(os.environ["TEST_PARTIAL_SAVE_S"])

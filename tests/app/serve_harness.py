@@ -1,10 +1,10 @@
-"""Live servers for tests: app/serve_thread.py's ServerThread, and waiting on what they do."""
+"""Live servers for tests: app/server/serve_thread.py's ServerThread, and waiting on what they do."""
 
 from __future__ import annotations
 
 import time
 
-from app.serve_thread import ServerThread as Server  # noqa: F401  (the tests' name for it)
+from app.server.serve_thread import ServerThread as Server  # noqa: F401  (the tests' name for it)
 
 
 def wait_until(condition, timeout: float = 10.0, what: str = "the condition"):

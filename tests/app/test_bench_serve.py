@@ -2,7 +2,7 @@
 
 import json
 
-from app.cli import main
+from app.cli.main import main
 
 
 def test_bench_serve_measures_both_paths_and_the_load_test(tiny_model_dir, capsys):

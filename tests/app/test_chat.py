@@ -2,7 +2,7 @@
 
 import pytest
 
-from app.chat import ChatError, ChatSession
+from app.chat.session import ChatError, ChatSession
 from engine import ContextWindowError, Done, SamplingParams, TokenDelta
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8)

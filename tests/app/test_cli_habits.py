@@ -69,8 +69,8 @@ def test_the_default_ceiling_is_2048_tokens(endless_model_dir):
 
 
 def test_the_chat_asks_the_engine_to_stop_a_looping_reply(tiny_engine):
-    from app.chat import ChatSession
-    from app.reply_limits import ReplyLimits
+    from app.chat.session import ChatSession
+    from app.chat.reply_limits import ReplyLimits
     from engine import SamplingParams
 
     seen = []
@@ -151,7 +151,7 @@ def test_version():
                                   ["ask", "hi", "--seed", "-1"], ["ask", "  "]])
 def test_a_mistake_is_reported_before_torch_is_imported(args):
     # An unknown --conversation used to be reported after the model had loaded (7.5 s).
-    probe = ("import sys\nfrom app.cli import main\ncode = main(sys.argv[1:])\n"
+    probe = ("import sys\nfrom app.cli.main import main\ncode = main(sys.argv[1:])\n"
              "print('torch' in sys.modules, 'textual' in sys.modules)\nsys.exit(code)")
     result = subprocess.run([sys.executable, "-c", probe, *args], cwd=REPO, capture_output=True, text=True,
                             timeout=60)

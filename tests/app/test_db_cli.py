@@ -3,7 +3,7 @@ on stderr, exit 0 when all is well and 1 when a problem was found or the action 
 
 import sqlite3
 
-from app.cli import main
+from app.cli.main import main
 from storage.conversations import ConversationStore
 from storage.db_backup import backups
 from storage.db_files import database_path

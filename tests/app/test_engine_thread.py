@@ -2,7 +2,7 @@
 
 import threading
 
-from app.engine_thread import EngineThread
+from app.tui.engine_thread import EngineThread
 
 
 def test_jobs_run_in_order_on_one_thread_that_is_not_the_callers():

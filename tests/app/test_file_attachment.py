@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from app.file_attachment import Attachment, AttachmentError, read_attachment
+from app.tui.file_attachment import Attachment, AttachmentError, read_attachment
 
 
 def test_a_text_file_is_read_whole_with_its_line_endings_made_newlines(tmp_path):

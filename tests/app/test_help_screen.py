@@ -2,8 +2,8 @@
 
 from rich.console import Console
 
-from app.screens.help import HelpScreen
-from app.slash_commands import COMMANDS
+from app.tui.screens.help import HelpScreen
+from app.tui.slash_commands import COMMANDS
 from tests.app.pilot import wait_until
 from tests.app.tui_harness import app_with
 

@@ -5,8 +5,8 @@ from textual.app import App, ComposeResult
 from textual.color import Color
 from textual.widgets import Sparkline
 
-from app.stats_text import MIN_PREFILL_TOKENS_FOR_RATE
-from app.widgets.inspector import (
+from app.chat.stats_text import MIN_PREFILL_TOKENS_FOR_RATE
+from app.tui.widgets.inspector import (
     HINT, NO_NUMBERS, NONE_KEPT, Inspector, SplitBar, format_count, format_duration, number_lines, prompt_legend,
     prompt_split, rate_legend, rate_series, split_bar, stat_number, timeline_legend,
 )

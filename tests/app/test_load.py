@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from app.load_test import percentile, run_load
-from app.openai_api import create_app
-from app.remote_engine import RemoteEngine
+from app.bench.load_test import percentile, run_load
+from app.server.api import create_app
+from app.remote.client import RemoteEngine
 from engine import SamplingParams
 from tests.app.serve_harness import Server
 

@@ -5,10 +5,10 @@ from pathlib import Path
 import huggingface_hub.constants
 import pytest
 
-from app import local_models
-from app.local_models import LocalModel, find_local_models, model_from_spec, models_dir
+from app.chat import local_models
+from app.chat.local_models import LocalModel, find_local_models, model_from_spec, models_dir
 from engine.errors import ModelError
-from engine.model_source import DEFAULT_MODEL_NAME
+from engine.weights.model_source import DEFAULT_MODEL_NAME
 
 LLAMA_CONFIG = {"model_type": "llama"}
 BUNDLED = LocalModel(DEFAULT_MODEL_NAME, None, "bundled GGUF")

@@ -4,8 +4,8 @@ import pytest
 from textual.app import App
 from textual.widgets import Button, Input, Label
 
-from app.screens.confirm import ConfirmScreen
-from app.screens.text_prompt import EMPTY_HINT, TextPromptScreen
+from app.tui.screens.confirm import ConfirmScreen
+from app.tui.screens.text_prompt import EMPTY_HINT, TextPromptScreen
 from tests.app.pilot import wait_until
 
 UNANSWERED = object()

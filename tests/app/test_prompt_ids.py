@@ -2,8 +2,8 @@
 
 import pytest
 
-from app.chat import ChatMessage, ChatSession
-from app.prompt_ids import next_prompt
+from app.chat.session import ChatMessage, ChatSession
+from app.chat.prompt_ids import next_prompt
 from engine import Done, SamplingParams
 
 # Like Qwen3's template: earlier replies are rendered without their reasoning.

@@ -5,7 +5,7 @@ from textual import events
 from textual.app import App, ComposeResult
 from textual.widgets import Button
 
-from app.widgets.prompt_input import PromptInput
+from app.tui.widgets.prompt_input import PromptInput
 from tests.app.pilot import wait_until
 
 CONTEXT_WINDOW = 8192

@@ -3,8 +3,8 @@ continues token for token as a full recompute does."""
 
 import pytest
 
-from app.chat import ChatSession
-from app.saved_chat import SavedConversation, Storage
+from app.chat.session import ChatSession
+from app.chat.saved_chat import SavedConversation, Storage
 from engine import Done, SamplingParams
 
 pytestmark = pytest.mark.real_model

@@ -11,15 +11,15 @@ import pytest
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 
-from app.backend import chat_session
-from app.chat import ChatSession, render_chat
-from app.cli import main
-from app.conversations_cli import stats_line
-from app.openai_api import create_app
-from app.remote_engine import RemoteEngine, api_base
-from app.remote_stream import RemoteError, sse_data
-from app.saved_chat import SavedConversation, Storage, reply_stats
-from app.widgets.status_bar import prompt_text
+from app.chat.backend import chat_session
+from app.chat.session import ChatSession, render_chat
+from app.cli.main import main
+from app.cli.conversations import stats_line
+from app.server.api import create_app
+from app.remote.client import RemoteEngine, api_base
+from app.remote.stream import RemoteError, sse_data
+from app.chat.saved_chat import SavedConversation, Storage, reply_stats
+from app.tui.widgets.status_bar import prompt_text
 from engine import Done, SamplingParams, Stats, TokenDelta
 from tests.app.fake_openai_server import MODEL, FakeServer
 from tests.app.serve_harness import Server, wait_until

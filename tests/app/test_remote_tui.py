@@ -8,14 +8,14 @@ import re
 import pytest
 from textual.widgets import Select
 
-from app.chat import ChatSession
-from app.openai_api import create_app
-from app.remote_engine import RemoteEngine
-from app.saved_chat import Storage
-from app.screens.settings import SettingsScreen
-from app.widgets.chat_view import ChatView
-from app.widgets.messages import AssistantMessageView
-from app.widgets.status_bar import StatusBar
+from app.chat.session import ChatSession
+from app.server.api import create_app
+from app.remote.client import RemoteEngine
+from app.chat.saved_chat import Storage
+from app.tui.screens.settings import SettingsScreen
+from app.tui.widgets.chat_view import ChatView
+from app.tui.widgets.messages import AssistantMessageView
+from app.tui.widgets.status_bar import StatusBar
 from engine import Done, SamplingParams
 from tests.app.fake_openai_server import FakeServer
 from tests.app.pilot import wait_until

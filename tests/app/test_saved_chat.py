@@ -2,9 +2,9 @@
 
 import pytest
 
-import app.reply_writer as reply_writer
-from app.chat import ChatSession
-from app.saved_chat import SavedConversation, Storage
+import app.chat.reply_writer as reply_writer
+from app.chat.session import ChatSession
+from app.chat.saved_chat import SavedConversation, Storage
 from engine import Done, SamplingParams, TokenDelta
 
 GREEDY = SamplingParams(temperature=0, max_tokens=10)
@@ -273,7 +273,7 @@ def test_editing_the_first_message_starts_a_new_root(tiny_engine, storage):
 
 
 def test_what_cannot_be_edited_or_regenerated_is_one_sentence(tiny_engine, storage):
-    from app.chat import ChatError
+    from app.chat.session import ChatError
 
     session = new_session(tiny_engine, storage, GREEDY)
     with pytest.raises(ChatError, match="no reply to regenerate"):

@@ -9,9 +9,9 @@ import httpx  # the test extra installs the server and both clients: nothing her
 import openai
 import pytest
 
-from app.chat import ChatSession
-from app.openai_api import create_app
-from app.openai_runner import StopText
+from app.chat.session import ChatSession
+from app.server.api import create_app
+from app.server.runner import StopText
 from engine import Done, SamplingParams
 from tests.app.serve_harness import Server, wait_until
 

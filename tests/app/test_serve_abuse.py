@@ -14,12 +14,12 @@ import httpx
 import pytest
 import uvicorn
 
-from app.chat import MAX_CHARS_PER_TOKEN
-from app.cli import main
-from app.openai_api import create_app
-from app.openai_runner import EngineRunner, ShuttingDown
-from app.openai_schema import MIN_BODY_BYTES, body_limit
-from app.serve_thread import Server as SignalServer
+from app.chat.session import MAX_CHARS_PER_TOKEN
+from app.cli.main import main
+from app.server.api import create_app
+from app.server.runner import EngineRunner, ShuttingDown
+from app.server.schema import MIN_BODY_BYTES, body_limit
+from app.server.serve_thread import Server as SignalServer
 from engine import Engine
 from tests.app.serve_child import ServeChild, StreamReader
 from tests.app.serve_harness import Server, wait_until

@@ -2,8 +2,8 @@ import pytest
 from textual.app import App
 from textual.widgets import Input, Select, Static, TextArea
 
-from app.local_models import LocalModel
-from app.screens.settings import ChatSettings, SettingsScreen
+from app.chat.local_models import LocalModel
+from app.tui.screens.settings import ChatSettings, SettingsScreen
 from engine.sampling_params import MAX_SEED
 from engine import SamplingParams
 from tests.app.pilot import wait_until

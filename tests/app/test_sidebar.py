@@ -7,7 +7,7 @@ import pytest
 from textual.app import App, ComposeResult
 from textual.widgets import Input, ListView
 
-from app.widgets.sidebar import ConversationItem, NoticeItem, Sidebar, relative_time
+from app.tui.widgets.sidebar import ConversationItem, NoticeItem, Sidebar, relative_time
 from storage.conversations import ConversationStore
 from storage.db import StorageError
 from tests.app.pilot import wait_until
@@ -238,7 +238,7 @@ async def test_the_filter_finds_message_text_too_and_lists_each_conversation_onc
 async def test_search_reaches_conversations_older_than_the_loaded_rows(store, monkeypatch):
     old = chat(store, "Old", "the word albatross")
     newer = [chat(store, f"newer {i}") for i in range(3)]
-    monkeypatch.setattr("app.widgets.sidebar.MAX_ROWS", 2)
+    monkeypatch.setattr("app.tui.widgets.sidebar.MAX_ROWS", 2)
     app = SidebarApp(store)
     async with app.run_test() as pilot:
         await wait_until(pilot, lambda: shown_ids(app) == [newer[2].id, newer[1].id])

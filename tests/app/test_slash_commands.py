@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from app.local_models import LocalModel
-from app.slash_commands import (COMMANDS, Command, CommandError, UnknownCommand, choose_model, parse,
+from app.chat.local_models import LocalModel
+from app.tui.slash_commands import (COMMANDS, Command, CommandError, UnknownCommand, choose_model, parse,
                                 temperature, usage)
 from engine import SamplingParams
 

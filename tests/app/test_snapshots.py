@@ -8,7 +8,7 @@ generation, so no timing can differ between runs.
 
 import pytest
 
-from app.saved_chat import Storage
+from app.chat.saved_chat import Storage
 from tests.app.pilot import wait_until
 from tests.app.tui_harness import RecordingApp
 
@@ -26,8 +26,8 @@ DISK = "disk: snapshots 94.4 MB/4.0 GB · db 1.2 MB · models 657 MB"  # the mac
 
 @pytest.fixture
 def saved_app(tiny_engine, monkeypatch):
-    monkeypatch.setattr("app.panel_actions.usage", lambda cap_gb: None)
-    monkeypatch.setattr("app.panel_actions.one_line", lambda usage: DISK)
+    monkeypatch.setattr("app.tui.actions.panels.usage", lambda cap_gb: None)
+    monkeypatch.setattr("app.tui.actions.panels.one_line", lambda usage: DISK)
     storage = Storage.open()
     store = storage.conversations
     model = tiny_engine.info.model_name  # the same model: no "made with another model" notice on screen

@@ -7,9 +7,9 @@ import time
 import pytest
 from textual.app import App, ComposeResult
 
-from app.stats_text import MIN_PREFILL_TOKENS_FOR_RATE
-from app.tui import STYLES
-from app.widgets.status_bar import StatusBar, clip, fit
+from app.chat.stats_text import MIN_PREFILL_TOKENS_FOR_RATE
+from app.tui.app import STYLES
+from app.tui.widgets.status_bar import StatusBar, clip, fit
 from engine import RequestStats
 from tests.app.screen_text import screen_lines
 

@@ -1,6 +1,6 @@
 """The message box's token meter: counts and what it says."""
 
-from app.token_meter import TokenCount, count_tokens, estimate_tokens, meter_text, room_left
+from app.tui.token_meter import TokenCount, count_tokens, estimate_tokens, meter_text, room_left
 
 
 def test_without_a_tokenizer_the_count_is_an_estimate_of_four_characters_a_token():

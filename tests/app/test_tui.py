@@ -1,8 +1,8 @@
 """The chat screen driven by Textual's Pilot on a real (tiny) engine."""
 
-from app.saved_chat import Storage
-from app.widgets.messages import AssistantMessageView, UserMessageView
-from app.widgets.status_bar import StatusBar
+from app.chat.saved_chat import Storage
+from app.tui.widgets.messages import AssistantMessageView, UserMessageView
+from app.tui.widgets.status_bar import StatusBar
 from engine import EngineError
 from tests.app.pilot import wait_until
 from tests.app.tui_harness import RecordingApp, app_with, send, slow_and_endless

@@ -1,7 +1,7 @@
 """Regenerate, edit-and-resend and switching branches in the chat app, on the tiny engine."""
 
-from app.widgets.chat_view import ChatView
-from app.widgets.messages import AssistantMessageView, UserMessageView
+from app.tui.widgets.chat_view import ChatView
+from app.tui.widgets.messages import AssistantMessageView, UserMessageView
 from tests.app.pilot import wait_until
 from tests.app.tui_harness import app_with, exchange, navigate_to, ready
 

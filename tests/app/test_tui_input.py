@@ -3,9 +3,9 @@
 import pytest
 from textual import events
 
-from app.saved_chat import Storage
-from app.screens.help import HelpScreen
-from app.widgets.messages import NoteView, UserMessageView
+from app.chat.saved_chat import Storage
+from app.tui.screens.help import HelpScreen
+from app.tui.widgets.messages import NoteView, UserMessageView
 from tests.app.pilot import wait_until
 from tests.app.tui_harness import RecordingApp, app_with, exchange, model_loader, ready, send
 

@@ -1,8 +1,8 @@
 """The inspector in the running chat: a reply that kept no numbers says so (instead of the hint to
 select a reply), and the reply being prefilled shows no TTFT or decode numbers before it has any."""
 
-from app.saved_chat import Storage
-from app.widgets.inspector import NONE_KEPT, Inspector
+from app.chat.saved_chat import Storage
+from app.tui.widgets.inspector import NONE_KEPT, Inspector
 from tests.app.pilot import wait_until
 from tests.app.slow_engine import slow_endless_engine
 from tests.app.tui_harness import RecordingApp, app_with, ready, send

@@ -1,10 +1,10 @@
 """Where keys go in the chat app: typing reaches the message box wherever the focus happens to be,
 single-letter keys act only where the user navigated with the arrow keys, Esc comes back to the box."""
 
-from app.screens.confirm import ConfirmScreen
-from app.screens.text_prompt import TextPromptScreen
-from app.widgets.messages import AssistantMessageView, UserMessageView
-from app.widgets.status_bar import StatusBar
+from app.tui.screens.confirm import ConfirmScreen
+from app.tui.screens.text_prompt import TextPromptScreen
+from app.tui.widgets.messages import AssistantMessageView, UserMessageView
+from app.tui.widgets.status_bar import StatusBar
 from tests.app.pilot import wait_until
 from tests.app.tui_harness import app_with, exchange, ready, send, slow_and_endless
 

@@ -5,11 +5,11 @@ instead of squeezing it, and a code block too wide for the chat scrolls sideways
 import pytest
 from textual.widgets.markdown import MarkdownFence
 
-from app.saved_chat import Storage
-from app.widgets.chat_view import ChatView
-from app.widgets.inspector import HINT, Inspector
-from app.widgets.messages import AssistantMessageView
-from app.widgets.sidebar import Sidebar
+from app.chat.saved_chat import Storage
+from app.tui.widgets.chat_view import ChatView
+from app.tui.widgets.inspector import HINT, Inspector
+from app.tui.widgets.messages import AssistantMessageView
+from app.tui.widgets.sidebar import Sidebar
 from tests.app.pilot import wait_until
 from tests.app.screen_text import screen_lines
 from tests.app.tui_harness import RecordingApp, app_with, ready

@@ -2,9 +2,9 @@
 
 import pytest
 
-from app.screens.confirm import ConfirmScreen
-from app.widgets.chat_view import ChatView
-from app.widgets.sidebar import Sidebar
+from app.tui.screens.confirm import ConfirmScreen
+from app.tui.widgets.chat_view import ChatView
+from app.tui.widgets.sidebar import Sidebar
 from storage.db import StorageError
 from tests.app.pilot import wait_until
 from tests.app.tui_harness import app_with, exchange, ready

@@ -6,13 +6,13 @@ import threading
 
 from textual.widgets import Select
 
-from app.saved_chat import Storage
-from app.screens.help import HelpScreen
-from app.screens.settings import ChatSettings, SettingsScreen
-from app.widgets.chat_view import ChatView
-from app.widgets.inspector import Inspector
-from app.widgets.messages import AssistantMessageView, NoteView
-from app.widgets.status_bar import StatusBar
+from app.chat.saved_chat import Storage
+from app.tui.screens.help import HelpScreen
+from app.tui.screens.settings import ChatSettings, SettingsScreen
+from app.tui.widgets.chat_view import ChatView
+from app.tui.widgets.inspector import Inspector
+from app.tui.widgets.messages import AssistantMessageView, NoteView
+from app.tui.widgets.status_bar import StatusBar
 from engine import EngineError
 from storage.preferences import Preferences
 from tests.app.pilot import wait_until

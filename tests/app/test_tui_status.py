@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from app.widgets.status_bar import StatusBar
+from app.tui.widgets.status_bar import StatusBar
 from tests.app.pilot import wait_until
 from tests.app.slow_engine import CHUNK, slow_endless_engine
 from tests.app.tui_harness import app_with, exchange, ready, send

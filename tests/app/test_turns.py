@@ -8,10 +8,10 @@ import threading
 
 import pytest
 
-import app.reply_writer as reply_writer
-from app.chat import ChatSession
-from app.reply_writer import ConversationDeleted
-from app.saved_chat import ConversationBusy, ConversationChanged, SavedConversation, Storage
+import app.chat.reply_writer as reply_writer
+from app.chat.session import ChatSession
+from app.chat.reply_writer import ConversationDeleted
+from app.chat.saved_chat import ConversationBusy, ConversationChanged, SavedConversation, Storage
 from engine import Done, SamplingParams, TokenDelta
 from tests.app.test_cli import kvchat
 
@@ -95,7 +95,7 @@ def test_a_conversation_deleted_while_its_reply_streams_leaves_nothing_behind(ti
             if isinstance(event, TokenDelta):
                 tokens += 1
                 if tokens == 5:
-                    from app.conversations_cli import delete_conversation
+                    from app.cli.conversations import delete_conversation
                     delete_conversation(other.conversations, conversation, permanently=True)
             assert not isinstance(event, Done)
     other.close()
@@ -118,7 +118,7 @@ def test_a_snapshot_of_a_conversation_deleted_before_it_is_written_is_not_kept(t
 
     storage.snapshots.save = slow_save
     list(session.send("again"))
-    from app.conversations_cli import delete_conversation
+    from app.cli.conversations import delete_conversation
     delete_conversation(storage.conversations, session.saved.id, permanently=True)
     gate.set()
     storage.writer.flush()
@@ -139,7 +139,7 @@ def test_a_conversation_moved_to_the_trash_mid_reply_takes_nothing_more(tiny_eng
             if isinstance(event, TokenDelta):
                 tokens += 1
                 if tokens == 5:
-                    from app.conversations_cli import delete_conversation
+                    from app.cli.conversations import delete_conversation
                     delete_conversation(other.conversations, session.saved.id)
                     kept = len(other.conversations.trashed())
     other.close()

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
-from app.saved_chat import Storage
-from app.tui import KvchatApp
+from app.chat.saved_chat import Storage
+from app.tui.app import KvchatApp
 from tests.app.pilot import wait_until
 
 

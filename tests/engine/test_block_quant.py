@@ -9,9 +9,9 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from engine import Engine, EngineError, EngineOptions, SamplingParams
-from engine import block_kernels
-from engine.block_linear import BlockQuantLinear
-from engine.gguf_convert import BLOCKS_FILE, convert_gguf
+from engine.quant import kernels as block_kernels
+from engine.quant.linear import BlockQuantLinear
+from engine.weights.gguf import BLOCKS_FILE, convert_gguf
 from tests.tiny_gguf import write_gguf
 from tests.tiny_models import load_reference, make_tiny_model
 
@@ -31,7 +31,7 @@ def quantized(fmt, rows, cols, seed=0):
     import gguf
     from gguf.quants import dequantize, quantize
 
-    from engine.gguf_convert import _block_arrays
+    from engine.weights.gguf import _block_arrays
 
     qtype = getattr(gguf.GGMLQuantizationType, fmt.upper())
     w = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
@@ -122,7 +122,7 @@ def test_a_model_without_blocks_loads_dense_weights(tiny_engine):
 
 
 def test_wide_matrices_are_multiplied_in_row_slices_with_the_same_result(kernels):
-    from engine.block_linear import GEMM_ROWS, KERNEL_MAX_ROWS
+    from engine.quant.linear import GEMM_ROWS, KERNEL_MAX_ROWS
 
     parts, dense = quantized("q4_1", 2 * GEMM_ROWS + 37, 64, seed=11)
     linear = BlockQuantLinear(kernels, "q4_1", parts["qs"], parts["d"], parts["m"], None)

@@ -3,9 +3,9 @@ import json
 import pytest
 import torch
 
-from engine.config import ModelConfig, RopeConfig
+from engine.model.config import ModelConfig, RopeConfig
 from engine.errors import ModelError
-from engine.rope import inverse_frequencies
+from engine.model.rope import inverse_frequencies
 
 LLAMA = dict(model_type="llama", vocab_size=100, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-import engine.fingerprint as fingerprint
+import engine.kv.fingerprint as fingerprint
 from engine import Engine, EngineOptions, ModelError, SamplingParams
-from engine.gguf_convert import BLOCKS_FILE, COMPLETE_MARKER, RECORD_FILE, converted_damage
+from engine.weights.gguf import BLOCKS_FILE, COMPLETE_MARKER, RECORD_FILE, converted_damage
 from tests.tiny_gguf import write_gguf
 from tests.tiny_models import load_reference, make_tiny_model
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from engine import Engine, EngineError, EngineOptions, SamplingParams
-from engine.decode_runner import MIN_TABLE_BLOCKS, DecodeRunner
-from engine.fast_path import decode_path
+from engine.decode.graph_runner import MIN_TABLE_BLOCKS, DecodeRunner
+from engine.decode.path import decode_path
 from tests.tiny_models import make_tiny_model
 
 BLOCK = 16

@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.detokenizer import REPLACEMENT, IncrementalDetokenizer
-from engine.tokenizer import Tokenizer
+from engine.request.detokenizer import REPLACEMENT, IncrementalDetokenizer
+from engine.weights.tokenizer import Tokenizer
 
 SAMPLES = [
     "北京到上海有多少公里？大约1200公里。",

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.perf_report import format_report, target_checks
-from engine.synthetic_bench import QUICK_PLAN, measure_synthetic
+from engine.bench.report import format_report, target_checks
+from engine.bench.synthetic_bench import QUICK_PLAN, measure_synthetic
 
 REPO = Path(__file__).resolve().parents[2]
 # What the lent GPU machine lacks: importing any of these there fails.
@@ -24,7 +24,7 @@ class Missing:
             raise ImportError(f"{{name}} is not installed on the GPU machine")
 
 sys.meta_path.insert(0, Missing())
-from engine.device_check import main
+from engine.bench.device_check import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -86,7 +86,7 @@ def test_a_failed_measurement_is_recorded_and_the_run_goes_on(monkeypatch):
     def broken(*args):
         raise RuntimeError("kernel exploded")
 
-    monkeypatch.setattr("engine.synthetic_bench.prefill_speed", broken)
+    monkeypatch.setattr("engine.bench.synthetic_bench.prefill_speed", broken)
     plan = dataclasses.replace(QUICK_PLAN, hf=False, configs=())
     result = measure_synthetic("smollm2-135m", "cpu", "float32", plan, layers=1)
     assert result["errors"] == {"prefill": "RuntimeError: kernel exploded"} and result["prefill"] is None

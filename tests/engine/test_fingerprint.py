@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-import engine.fingerprint as fingerprint
+import engine.kv.fingerprint as fingerprint
 from engine import Engine, EngineError, EngineOptions
 from tests.tiny_models import make_tiny_model
 

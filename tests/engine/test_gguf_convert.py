@@ -4,9 +4,9 @@ import torch
 import pytest
 
 from engine import Engine, EngineOptions, ModelError
-from engine.gguf_convert import COMPLETE_MARKER, convert_gguf
-from engine.kv_cache import ContiguousKVCache
-from engine.weights import load_model
+from engine.weights.gguf import COMPLETE_MARKER, convert_gguf
+from engine.kv.cache import ContiguousKVCache
+from engine.weights.checkpoint import load_model
 from tests.tiny_gguf import dequantized_state, write_gguf
 from tests.tiny_models import VOCAB, load_reference, make_tiny_model
 
@@ -99,7 +99,7 @@ def test_default_model_conversion_matches_transformers_gguf_loader(default_engin
     from transformers import AutoModelForCausalLM
     from safetensors.torch import load_file
 
-    from engine.model_source import default_gguf
+    from engine.weights.model_source import default_gguf
 
     gguf_path = default_gguf()
     reference = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
@@ -110,7 +110,7 @@ def test_default_model_conversion_matches_transformers_gguf_loader(default_engin
 
 
 def test_a_new_conversion_removes_the_ones_older_versions_left(tmp_path, monkeypatch):
-    from engine.model_source import file_sha256
+    from engine.weights.model_source import file_sha256
 
     monkeypatch.setenv("KVCHAT_CACHE_DIR", str(tmp_path / "cache"))
     gguf_path = write_gguf(load_reference(make_tiny_model(tmp_path / "hf", "llama")), tmp_path / "tiny.gguf")

@@ -7,8 +7,8 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from engine import Engine, EngineOptions, ModelError
-from engine import model_source
-from engine.model_source import resolve_model
+from engine.weights import model_source
+from engine.weights.model_source import resolve_model
 
 
 def copy_model(src, dst):

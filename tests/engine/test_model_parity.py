@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from engine.kv_cache import ContiguousKVCache
-from engine.weights import load_model
+from engine.kv.cache import ContiguousKVCache
+from engine.weights.checkpoint import load_model
 from tests.tiny_models import ARCHITECTURES, VOCAB, load_reference, make_tiny_model
 
 ATOL = 1e-4

@@ -6,7 +6,7 @@ import torch
 
 from engine import Engine, EngineError, EngineOptions, SamplingParams
 from engine.errors import NonFiniteLogitsError
-from engine.kv_snapshot import KVSnapshot
+from engine.kv.snapshot import KVSnapshot
 
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 PROMPT = [256, *range(40, 100), 257]  # 62 tokens: three full 16-token blocks and a partial one
@@ -107,7 +107,7 @@ def test_finite_prompts_are_untouched_by_the_check(engine):
 
 
 def test_forget_leaves_blocks_a_running_request_references(engine):
-    from engine.prefix_cache import common_prefix_length
+    from engine.kv.prefix_cache import common_prefix_length
 
     done(engine, PROMPT)
     cache = engine.prefix_cache

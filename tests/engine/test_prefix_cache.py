@@ -5,10 +5,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.kv_cache import ContiguousKVCache
-from engine.kv_pool import KVPool
-from engine.prefix_cache import KVCacheFullError, PrefixCache
-from engine.sequence_kv import SequenceKV
+from engine.kv.cache import ContiguousKVCache
+from engine.kv.pool import KVPool
+from engine.kv.prefix_cache import KVCacheFullError, PrefixCache
+from engine.kv.sequence_kv import SequenceKV
 
 LAYERS, HEADS, DIM, SIZE = 2, 1, 2, 4
 CPU = torch.device("cpu")

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine import Engine, EngineError, EngineOptions, SamplingParams
-from engine.gguf_convert import convert_gguf
+from engine.weights.gguf import convert_gguf
 from tests.tiny_gguf import write_gguf
 from tests.tiny_models import load_reference, make_tiny_model
 

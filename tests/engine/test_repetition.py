@@ -2,7 +2,7 @@
 
 import random
 
-from engine.repetition import MAX_PERIOD, MIN_REPEATS, MIN_SPAN, repeating_period
+from engine.request.repetition import MAX_PERIOD, MIN_REPEATS, MIN_SPAN, repeating_period
 
 
 def test_a_phrase_said_over_and_over_is_stuck_with_its_period():

@@ -3,7 +3,7 @@ import collections
 import pytest
 import torch
 
-from engine.sampling import Sampler, SamplingParams
+from engine.request.sampling import Sampler, SamplingParams
 
 CPU = torch.device("cpu")
 

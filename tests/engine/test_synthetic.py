@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from engine import Engine, EngineOptions, ModelError, SamplingParams
-from engine.config import ModelConfig
-from engine.kv_cache import ContiguousKVCache
-from engine.model_source import resolve_model
-from engine.synthetic import MODELS, reference_model, synthetic_config, synthetic_model_dir
-from engine.synthetic_weights import STD, SyntheticWeights, tensor_shapes
-from engine.weights import load_model
+from engine.model.config import ModelConfig
+from engine.kv.cache import ContiguousKVCache
+from engine.weights.model_source import resolve_model
+from engine.weights.synthetic import MODELS, reference_model, synthetic_config, synthetic_model_dir
+from engine.weights.synthetic_weights import STD, SyntheticWeights, tensor_shapes
+from engine.weights.checkpoint import load_model
 
 CPU, FP32 = torch.device("cpu"), torch.float32
 # Parameter counts and context windows of the real checkpoints the synthetic models copy.

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from engine.kv_snapshot import KVSnapshot
+from engine.kv.snapshot import KVSnapshot
 from storage.snapshots import SnapshotStore
 
 FINGERPRINT = "c" * 64

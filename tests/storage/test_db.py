@@ -11,7 +11,7 @@ import pytest
 from sqlite_utils import Database
 
 import storage.db
-from app.cli import main
+from app.cli.main import main
 
 from storage.conversations import ConversationStore
 from storage.records import encode_token_ids

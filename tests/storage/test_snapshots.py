@@ -9,7 +9,7 @@ import torch
 from safetensors import safe_open
 
 import storage.snapshots as snapshots
-from engine.kv_snapshot import KVSnapshot
+from engine.kv.snapshot import KVSnapshot
 from storage.snapshots import SnapshotRejected, SnapshotStore
 
 FINGERPRINT = "f" * 64

@@ -1,0 +1,1 @@
+"""`kvchat bench`: the engine, chat-app and server measurements (never imported by the product)."""

@@ -1,0 +1,113 @@
+"""A bounded load test of an OpenAI-compatible server: N concurrent streaming clients, M requests in all.
+
+Each client is a thread sending one streamed chat request after another through
+RemoteEngine (the chat app's own client), until M have been sent. The report
+says how many completed (a finish reason and the end of the stream), requests/s
+over the whole run, and TTFT percentiles as the clients saw them: with a server
+that answers one request at a time, TTFT includes the wait in its queue.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+
+from app.remote.client import RemoteEngine
+from engine import Done, EngineError, SamplingParams
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    prompt: int  # index into the prompts
+    text: str
+    finish_reason: str
+    ttft_ms: float
+    generated_tokens: int
+
+
+@dataclass
+class LoadReport:
+    clients: int
+    requests: int
+    wall_s: float
+    results: list[LoadResult] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def completed(self) -> int:
+        return sum(r.finish_reason in ("stop", "length") for r in self.results)
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.completed / self.wall_s if self.wall_s > 0 else 0.0
+
+    def ttft_ms(self, q: float) -> float:
+        return percentile([r.ttft_ms for r in self.results], q)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Generated tokens of all clients together per second of the run."""
+        return sum(r.generated_tokens for r in self.results) / self.wall_s if self.wall_s > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {"clients": self.clients, "requests": self.requests, "completed": self.completed,
+                "failures": self.failures, "wall_s": round(self.wall_s, 3),
+                "requests_per_s": round(self.requests_per_s, 2), "ttft_p50_ms": round(self.ttft_ms(50), 1),
+                "ttft_p95_ms": round(self.ttft_ms(95), 1), "tokens_per_s": round(self.tokens_per_s, 1)}
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The nearest-rank q-th percentile (0 for no values): a value that was measured, never interpolated."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[max(math.ceil(q / 100 * len(ordered)), 1) - 1]
+
+
+def run_load(remote: RemoteEngine, prompts: list[str], clients: int, requests: int,
+             params: SamplingParams) -> LoadReport:
+    """Send `requests` chat requests (prompt i % len(prompts)) from `clients` threads; wait for all."""
+    if clients < 1 or requests < 1 or not prompts:
+        raise ValueError("a load test needs at least one client, one request and one prompt")
+    tickets = itertools.count()
+    lock = threading.Lock()
+    report = LoadReport(clients, requests, 0.0)
+
+    def ticket() -> int:
+        with lock:
+            return next(tickets)
+
+    def client() -> None:
+        while (i := ticket()) < requests:
+            prompt = i % len(prompts)
+            try:
+                done = _last(remote.chat([{"role": "user", "content": prompts[prompt]}], params))
+                result = LoadResult(prompt, done.text, done.finish_reason, done.stats.ttft_ms,
+                                    done.stats.generated_tokens)
+                with lock:
+                    report.results.append(result)
+            except EngineError as exc:
+                with lock:
+                    report.failures.append(str(exc))
+
+    threads = [threading.Thread(target=client, name=f"kvchat-load-{n}") for n in range(clients)]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    report.wall_s = time.perf_counter() - start
+    return report
+
+
+def _last(events) -> Done:
+    done = None
+    for event in events:
+        if isinstance(event, Done):
+            done = event
+    if done is None:
+        raise EngineError("The stream ended without a result.")
+    return done

@@ -1,0 +1,310 @@
+"""`kvchat bench`: our engine next to Hugging Face transformers, same weights, dtype and threads, one process.
+
+Every number is the median of several runs after a warm-up run. Ratios
+(kvchat / transformers) are what to compare across machines; absolute
+numbers depend on the machine and on whatever else it is doing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import itertools
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from app.cli.options import engine_options
+from engine import Engine, SamplingParams
+from engine.bench.perf import greedy, random_prompt
+from storage.snapshots import SnapshotStore
+
+
+def interleaved_medians(runs: int, measures: dict[str, Callable[[], float]]) -> dict[str, float]:
+    """Median of each measure over `runs` rounds; a round runs every measure once, in turn.
+
+    Interleaving spreads the noise of a shared machine over all contenders alike.
+    """
+    for measure in measures.values():
+        measure()  # warm-up: first-touch allocations and kernel selection
+    samples: dict[str, list[float]] = {name: [] for name in measures}
+    for _ in range(runs):
+        for name, measure in measures.items():
+            samples[name].append(measure())
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+class HFBaseline:
+    """transformers on the engine's own weights directory, device and threads (dtype: the engine's)."""
+
+    def __init__(self, engine: Engine, dtype: torch.dtype | None = None):
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(engine.info.model_dir, dtype=dtype or engine.dtype)
+        self.model.to(engine.device).eval()
+        self.device = engine.device
+
+    @torch.inference_mode()
+    def prefill(self, prompt: list[int]):
+        """Prompt in one forward pass, logits of the last position only (as `generate` does)."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        out = self.model(torch.tensor([prompt], device=self.device), past_key_values=cache, use_cache=True,
+                         logits_to_keep=1)
+        return out.logits[0, -1], cache
+
+    @torch.inference_mode()
+    def followup_seconds(self, history_cache, new_tokens: list[int]) -> float:
+        """Seconds to the first token of `new_tokens` after a history held in a DynamicCache (left intact)."""
+        cache = copy.deepcopy(history_cache)  # the measured call extends its own copy
+        start = time.perf_counter()
+        out = self.model(torch.tensor([new_tokens], device=self.device), past_key_values=cache, use_cache=True,
+                         logits_to_keep=1)
+        int(out.logits[0, -1].argmax())
+        return time.perf_counter() - start
+
+    @torch.inference_mode()
+    def decode_seconds(self, prompt: list[int], steps: int) -> float:
+        """Seconds for `steps` greedy decode steps after prefilling `prompt`."""
+        logits, cache = self.prefill(prompt)
+        token = int(logits.argmax())
+        start = time.perf_counter()
+        for _ in range(steps):
+            out = self.model(torch.tensor([[token]], device=self.device), past_key_values=cache, use_cache=True)
+            token = int(out.logits[0, -1].argmax())
+        return time.perf_counter() - start
+
+
+def _timed(fn: Callable[[], object]) -> Callable[[], float]:
+    def seconds() -> float:
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
+    return seconds
+
+
+def _throughput_row(label: str, value: int, tokens: int, measures: dict[str, Callable[[], float]],
+                    runs: int) -> dict:
+    """{label: value, "tokens_per_s": ours, "<key>tokens_per_s": each baseline's} for `tokens` per measure."""
+    row = {label: value, "tokens_per_s": None, "hf_tokens_per_s": None}
+    for key, seconds in interleaved_medians(runs, measures).items():
+        row[key + "tokens_per_s"] = round(tokens / seconds, 1)
+    return row
+
+
+def bench_prefill(engine: Engine, baselines: dict[str, HFBaseline], lengths: list[int], runs: int) -> list[dict]:
+    rows = []
+    for length in lengths:
+        prompt = random_prompt(engine, length)
+        measures = {"": lambda: greedy(engine, prompt, 1).stats.ttft_ms / 1e3}
+        for key, hf in baselines.items():
+            measures[key] = _timed(lambda hf=hf: hf.prefill(prompt))
+        rows.append(_throughput_row("prompt_tokens", length, length, measures, runs))
+    return rows
+
+
+def bench_decode(engine: Engine, baselines: dict[str, HFBaseline], contexts: list[int], steps: int,
+                 runs: int) -> list[dict]:
+    rows = []
+    for context in contexts:
+        prompt = random_prompt(engine, context, seed=1)
+        # Our decode time comes from the engine's own stats (first token -> last token, steps decode steps).
+        measures = {"": lambda: steps / greedy(engine, prompt, steps + 1).stats.decode_tokens_per_s}
+        for key, hf in baselines.items():
+            measures[key] = lambda hf=hf: hf.decode_seconds(prompt, steps)
+        rows.append(_throughput_row("context_tokens", context, steps, measures, runs))
+    return rows
+
+
+def bench_followup(engine: Engine, hf: HFBaseline | None, histories: list[int], new_tokens: int,
+                   runs: int) -> list[dict]:
+    """TTFT of a new message after a history: prefix cache on / off, transformers naive / with DynamicCache."""
+    rows = []
+    for history_len in histories:
+        history = random_prompt(engine, history_len, seed=2)
+        greedy(engine, history, 1, prefix_cache=True)  # the conversation so far: now in the prefix cache
+        fresh = (random_prompt(engine, new_tokens, seed=1000 + i) for i in itertools.count())
+        last: dict = {}
+
+        def cached() -> float:
+            stats = list(engine.generate(history + next(fresh), SamplingParams(temperature=0, max_tokens=1)))[-1].stats
+            last["stats"] = stats
+            return stats.ttft_ms / 1e3
+
+        def uncached() -> float:
+            params = SamplingParams(temperature=0, max_tokens=1)
+            return list(engine.generate(history + next(fresh), params, prefix_cache=False))[-1].stats.ttft_ms / 1e3
+
+        measures = {"cached": cached, "uncached": uncached}
+        if hf is not None:
+            _, history_cache = hf.prefill(history)
+            measures["hf_naive"] = _timed(lambda: hf.prefill(history + next(fresh)))
+            measures["hf_cache"] = lambda: hf.followup_seconds(history_cache, next(fresh))
+        seconds = interleaved_medians(runs, measures)
+        row = {"history_tokens": history_len, "new_tokens": new_tokens,
+               "cached_tokens": last["stats"].cached_tokens, "prefilled_tokens": last["stats"].prefilled_tokens,
+               "ttft_ms_hf_naive": None, "ttft_ms_hf_cache": None}
+        for name, value in seconds.items():
+            row[f"ttft_ms_{name}"] = round(value * 1e3, 1)
+        rows.append(row)
+    return rows
+
+
+def bench_resume(engine: Engine, histories: list[int], new_tokens: int, runs: int) -> list[dict]:
+    """TTFT of a new message in a resumed conversation: a fresh engine (model loaded, cache empty) reads
+    the history's KV snapshot from disk, verifies and imports it, then answers; next to the warm follow-up
+    (history still cached) and a full re-prefill. The snapshot file is in the OS page cache."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="kvchat-bench-") as home:
+        store = SnapshotStore(Path(home), cap_bytes=1 << 40)
+        for history_len in histories:
+            history = random_prompt(engine, history_len, seed=3)
+            greedy(engine, history, 1, prefix_cache=True)
+            snapshot = engine.export_kv(history)
+            fresh = (random_prompt(engine, new_tokens, seed=2000 + i) for i in itertools.count())
+            params = SamplingParams(temperature=0, max_tokens=1)
+            last: dict = {}
+
+            def from_disk() -> float:
+                resumed = engine.with_fresh_cache()
+                prompt = history + next(fresh)
+                start = time.perf_counter()
+                resumed.import_kv(store.load("000000000000", resumed.fingerprint, prompt))
+                loaded = time.perf_counter() - start
+                last["stats"] = list(resumed.generate(prompt, params))[-1].stats
+                return loaded + last["stats"].ttft_ms / 1e3
+
+            def warm() -> float:
+                return list(engine.generate(history + next(fresh), params))[-1].stats.ttft_ms / 1e3
+
+            def uncached() -> float:
+                return list(engine.generate(history + next(fresh), params, prefix_cache=False))[-1].stats.ttft_ms / 1e3
+
+            def write() -> None:
+                last["bytes"] = store.save("000000000000", snapshot)
+
+            # "write" runs first in every round, so "disk" always reads a snapshot written just before.
+            seconds = interleaved_medians(runs, {"write": _timed(write), "disk": from_disk, "warm": warm,
+                                                 "uncached": uncached})
+            rows.append({
+                "history_tokens": history_len, "new_tokens": new_tokens,
+                "ttft_ms_disk": round(seconds["disk"] * 1e3, 1), "ttft_ms_warm": round(seconds["warm"] * 1e3, 1),
+                "ttft_ms_uncached": round(seconds["uncached"] * 1e3, 1),
+                "cached_tokens": last["stats"].cached_tokens, "cache_source": last["stats"].cache_source,
+                "snapshot_bytes_per_token": round(last["bytes"] / len(snapshot.token_ids)),
+                "snapshot_write_ms": round(seconds["write"] * 1e3, 1),
+            })
+    return rows
+
+
+def _ratio(ours: float, theirs: float | None) -> str:
+    return f"{ours / theirs:5.2f}x" if theirs else "   n/a"
+
+
+def print_table(result: dict) -> None:
+    print(f"kvchat bench · {result['model']} · {result['device']} {result['dtype']} · weights {result['weights']} · "
+          f"{result['threads']} threads · medians of {result['runs']} runs")
+    bf16 = any(row.get("hf_bf16_tokens_per_s") for row in result["prefill"])
+    header = f"{'tokens/s':24}{'kvchat':>10}{'transformers':>14}{'ratio':>8}"
+    print(header + (f"{'transformers bf16':>19}{'ratio':>8}" if bf16 else ""))
+    rows = [(f"prefill {r['prompt_tokens']:>5} tokens", r) for r in result["prefill"]]
+    rows += [(f"decode @ {r['context_tokens']:>5} context", r) for r in result["decode"]]
+    for label, row in rows:
+        ours, hf = row["tokens_per_s"], row["hf_tokens_per_s"]
+        line = f"{label:24}{ours:>10.1f}{(f'{hf:.1f}' if hf else '-'):>14}{_ratio(ours, hf):>8}"
+        if bf16:
+            hf16 = row.get("hf_bf16_tokens_per_s")
+            line += f"{(f'{hf16:.1f}' if hf16 else '-'):>19}{_ratio(ours, hf16):>8}"
+        print(line)
+    if result["followup"]:
+        print(f"\n{'follow-up TTFT, ms':24}{'cached':>10}{'uncached':>10}{'speed-up':>10}"
+              f"{'hf naive':>10}{'hf cache':>10}{'cached/prefilled':>18}")
+    for row in result["followup"]:
+        speedup = row["ttft_ms_uncached"] / row["ttft_ms_cached"]
+        hf_naive, hf_cache = row["ttft_ms_hf_naive"], row["ttft_ms_hf_cache"]
+        print(f"{str(row['history_tokens']) + ' + ' + str(row['new_tokens']) + ' tokens':24}"
+              f"{row['ttft_ms_cached']:>10.1f}{row['ttft_ms_uncached']:>10.1f}{speedup:>9.1f}x"
+              f"{(f'{hf_naive:.1f}' if hf_naive else '-'):>10}{(f'{hf_cache:.1f}' if hf_cache else '-'):>10}"
+              f"{str(row['cached_tokens']) + '/' + str(row['prefilled_tokens']):>18}")
+
+
+def _print_resume(rows: list[dict]) -> None:
+    if rows:
+        print(f"\n{'resume TTFT, ms':24}{'disk':>10}{'warm':>10}{'uncached':>10}{'disk/warm':>11}"
+              f"{'uncached/disk':>15}{'bytes/token':>13}{'write ms':>10}")
+    for row in rows:
+        print(f"{str(row['history_tokens']) + ' + ' + str(row['new_tokens']) + ' tokens':24}"
+              f"{row['ttft_ms_disk']:>10.1f}{row['ttft_ms_warm']:>10.1f}{row['ttft_ms_uncached']:>10.1f}"
+              f"{row['ttft_ms_disk'] / row['ttft_ms_warm']:>10.2f}x{row['ttft_ms_uncached'] / row['ttft_ms_disk']:>14.1f}x"
+              f"{row['snapshot_bytes_per_token']:>13,}{row['snapshot_write_ms']:>10.1f}")
+
+
+def ui_section(args: argparse.Namespace) -> dict:
+    """`kvchat bench --ui` in a process of its own (it needs every torch op on one thread)."""
+    flags = ["--json"] + (["--quick"] if args.quick else []) + ["--repeat", str(args.repeat)]
+    for name in ("model", "device", "dtype", "threads", "kv_cache_gb"):
+        if getattr(args, name, None) is not None:
+            flags += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    result = subprocess.run([sys.executable, "-m", "app.cli", "bench", "--ui", *flags], capture_output=True,
+                            text=True)
+    if result.returncode != 0:
+        print(f"kvchat: the UI benchmark failed: {result.stderr.strip()[-500:]}", file=sys.stderr)
+        return {"ui": [], "open": []}
+    return json.loads(result.stdout)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    if args.ui:
+        from app.bench.ui import print_ui, run_ui_bench
+
+        result = run_ui_bench(args)
+        print(json.dumps(result)) if args.json else print_ui(result)
+        return 0
+    engine = Engine.load(engine_options(args))
+    baselines: dict[str, HFBaseline] = {}
+    if not args.no_hf:
+        baselines["hf_"] = HFBaseline(engine)
+        if engine.device.type == "cpu" and engine.dtype == torch.float32 and not args.quick:
+            # transformers' fastest CPU setting, for reference next to the same-dtype comparison
+            baselines["hf_bf16_"] = HFBaseline(engine, torch.bfloat16)
+    runs = 2 if args.quick else max(1, args.repeat)
+    prefill_lengths = [16, 64] if args.quick else [128, 1024, 2048]
+    histories = [32, 64] if args.quick else [256, 1024, 2048]
+    decode_contexts = [16, 64] if args.quick else [128, 2048]
+    decode_steps = 8 if args.quick else 64
+    result = {
+        "model": engine.info.model_name,
+        "device": engine.info.device,
+        "dtype": engine.info.dtype,
+        "weights": engine.info.weights,
+        "threads": torch.get_num_threads(),
+        "runs": runs,
+        "load_ms": round(engine.info.load_ms, 1),
+        "kv_cache_bytes": engine.info.kv_cache_bytes,
+        "prefill": bench_prefill(engine, baselines, prefill_lengths, runs),
+        "decode": bench_decode(engine, baselines, decode_contexts, decode_steps, runs),
+        "followup": bench_followup(engine, baselines.get("hf_"), histories, 8 if args.quick else 24, runs)
+        if engine.prefix_cache is not None else [],
+        "resume": bench_resume(engine, [64] if args.quick else [2048], 8 if args.quick else 24, runs)
+        if engine.prefix_cache is not None else [],
+    }
+    result["kv_cache"] = engine.cache_stats()
+    result.update({"ui": [], "open": []} if args.no_ui else ui_section(args))
+    if args.json:
+        print(json.dumps(result))
+    else:
+        from app.bench.ui import print_ui
+
+        print_table(result)
+        _print_resume(result["resume"])
+        print_ui(result)
+    sys.stdout.flush()
+    return 0

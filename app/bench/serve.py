@@ -1,0 +1,157 @@
+"""`kvchat bench --serve`: what `kvchat serve` costs over calling the engine in-process, and a load test.
+
+One process: the engine, its API server on a loopback port, and a client
+(RemoteEngine, the chat app's own). Each round asks the same prompts both ways,
+in alternating order, greedy with a fixed number of tokens; every number is
+timed where the user would see it (in-process: the caller; served: the HTTP
+client, so TTFT includes the request and the first server-sent event, and
+tokens/s the per-token chunks). Each prompt is tagged with its round and path
+so that no run reuses another's prompt from the prefix cache (the model's
+default system prompt, before the tag, is cached for both alike). The
+in-process calls run on the server's engine thread: one torch thread team, as
+in `kvchat serve` itself (see app/tui/engine_thread.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine import Engine, SamplingParams
+
+# The engine (torch) is imported inside the functions: add_arguments runs on every `kvchat` start.
+
+SHORT = "Explain in detail how a KV cache speeds up text generation in a transformer."
+# About 700 tokens of plain prose: a long paste, computed in full by both paths.
+LONG = ("Here is a long note from my research log; summarise it. " + " ".join(
+    f"Day {day}: the cache kept {day * 16} tokens, the follow-up prefilled only the new message, and the "
+    f"first token came back before I could look away." for day in range(1, 25)))
+
+
+def add_arguments(bench: argparse.ArgumentParser) -> None:
+    group = bench.add_argument_group("the API server (--serve)")
+    group.add_argument("--serve", action="store_true",
+                       help="kvchat serve against the engine in-process (TTFT, tokens/s), then a load test")
+    group.add_argument("--clients", type=int, default=4, help="concurrent streaming clients of the load test (4)")
+    group.add_argument("--requests", type=int, default=16, help="requests of the load test in all (16)")
+
+
+@dataclass(frozen=True)
+class Sample:
+    ttft_ms: float
+    tokens_per_s: float
+
+
+def in_process(engine: Engine, turns: list[dict], params: SamplingParams) -> Sample:
+    """What ChatSession does: render, tokenize, generate; timed as the caller sees the tokens."""
+    from app.chat.session import render_chat
+    from engine import TokenDelta
+
+    start = time.perf_counter()
+    ids = engine.tokenizer.encode(render_chat(engine.tokenizer, turns))
+    times = [time.perf_counter() for event in engine.generate(ids, params)
+             if isinstance(event, TokenDelta) and event.token_id is not None]
+    return Sample((times[0] - start) * 1e3, (len(times) - 1) / (times[-1] - times[0]))
+
+
+def served(remote, turns: list[dict], params: SamplingParams) -> Sample:
+    done = [event for event in remote.chat(turns, params)][-1]
+    return Sample(done.stats.ttft_ms, done.stats.decode_tokens_per_s)
+
+
+def run_serve_bench(args: argparse.Namespace) -> int:
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        from app.server.main import INSTALL_HINT
+
+        print(f"kvchat: {INSTALL_HINT}.", file=sys.stderr)
+        return 1
+    from app.bench.load_test import run_load
+    from app.server.api import create_app
+    from app.cli.options import engine_options
+    from engine import Engine, SamplingParams
+    from app.server.runner import EngineRunner
+    from app.remote.client import RemoteEngine
+    from app.server.serve_thread import ServerThread
+
+    if args.clients < 1 or args.requests < 1:
+        raise ValueError("--clients and --requests must be at least 1")
+    quick = args.quick
+    repeat = args.repeat or (2 if quick else 5)
+    tokens = 32 if quick else 128
+    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+    runner = EngineRunner()
+    engine = runner.run(lambda: Engine.load(engine_options(args)))
+    prompts = {name: text for name, text in (("short", SHORT), ("long", LONG))
+               if _prompt_tokens(engine, text) + tokens + 8 < engine.context_window}  # 8: the round's tag
+    if not prompts:
+        raise ValueError(f"the model's context window of {engine.context_window} tokens is too small for this "
+                         "benchmark")
+    samples: dict[tuple[str, str], list[Sample]] = {(name, path): [] for name in prompts for path in ("local", "served")}
+    with ServerThread(create_app(engine, runner=runner), log_level="error") as server:
+        remote = RemoteEngine.connect(server.url)
+        try:
+            for round_ in range(-1, repeat):  # round -1: warm-up, not kept
+                for name, text in prompts.items():
+                    # A tag per round and path, of the same length: each run computes its whole prompt.
+                    turns = {path: [{"role": "user", "content": f"[{round_ + 1:02d}{tag}] {text}"}]
+                             for path, tag in (("local", "L"), ("served", "S"))}
+                    runs = {"local": lambda: runner.run(lambda: in_process(engine, turns["local"], params)),
+                            "served": lambda: served(remote, turns["served"], params)}
+                    for path in (("local", "served") if round_ % 2 else ("served", "local")):
+                        sample = runs[path]()
+                        if round_ >= 0:
+                            samples[(name, path)].append(sample)
+            load_params = SamplingParams(temperature=0, max_tokens=32)
+            load = run_load(remote, [f"[load {i}] {SHORT}" for i in range(args.clients)], args.clients,
+                            min(args.requests, 4) if quick else args.requests, load_params)
+        finally:
+            remote.close()
+    rows = [_row(name, engine, text, samples[(name, "local")], samples[(name, "served")])
+            for name, text in prompts.items()]
+    result = {"model": engine.info.model_name, "device": engine.info.device, "dtype": engine.info.dtype,
+              "generated_tokens": tokens, "runs": repeat, "rows": rows, "load": load.as_dict()}
+    print(json.dumps(result) if args.json else _table(result))
+    return 0
+
+
+def _prompt_tokens(engine: Engine, text: str) -> int:
+    from app.chat.session import render_chat
+
+    return len(engine.tokenizer.encode(render_chat(engine.tokenizer, [{"role": "user", "content": text}])))
+
+
+def _row(name: str, engine: Engine, text: str, local: list[Sample], remote: list[Sample]) -> dict:
+    median = lambda values: round(statistics.median(values), 2)  # noqa: E731
+    row = {"prompt": name, "prompt_tokens": _prompt_tokens(engine, text),
+           "ttft_ms_in_process": median([s.ttft_ms for s in local]),
+           "ttft_ms_served": median([s.ttft_ms for s in remote]),
+           "tokens_per_s_in_process": median([s.tokens_per_s for s in local]),
+           "tokens_per_s_served": median([s.tokens_per_s for s in remote])}
+    row["tokens_per_s_ratio"] = round(row["tokens_per_s_served"] / row["tokens_per_s_in_process"], 3)
+    return row
+
+
+def _table(result: dict) -> str:
+    lines = [f"kvchat serve vs the engine in-process: {result['model']} on {result['device']} {result['dtype']}, "
+             f"greedy, {result['generated_tokens']} tokens, medians of {result['runs']} interleaved runs",
+             f"{'prompt':<8}{'tokens':>7}{'TTFT in-process':>17}{'TTFT served':>13}"
+             f"{'tok/s in-process':>18}{'tok/s served':>14}{'served/in-process':>19}"]
+    for r in result["rows"]:
+        lines.append(f"{r['prompt']:<8}{r['prompt_tokens']:>7}{r['ttft_ms_in_process']:>14.1f} ms"
+                     f"{r['ttft_ms_served']:>10.1f} ms{r['tokens_per_s_in_process']:>18.1f}"
+                     f"{r['tokens_per_s_served']:>14.1f}{r['tokens_per_s_ratio']:>18.2f}x")
+    load = result["load"]
+    lines.append(f"load test: {load['clients']} streaming clients, {load['requests']} requests: "
+                 f"{load['completed']} completed, {load['requests_per_s']:.2f} requests/s, TTFT p50 "
+                 f"{load['ttft_p50_ms']:.0f} ms / p95 {load['ttft_p95_ms']:.0f} ms, {load['tokens_per_s']:.1f} tok/s "
+                 "in all" + (f", failures: {load['failures']}" if load["failures"] else ""))
+    return "\n".join(lines)

@@ -1,0 +1,37 @@
+"""RemoteChatSession: a conversation answered by a remote OpenAI-compatible server (app/remote/client.py).
+
+The same messages, branches, settings and storage as ChatSession, but each reply
+is asked for with the conversation's messages as text: the server renders its
+chat template and reuses its own prefix cache. There are no token ids to keep
+and no K/V to snapshot; the history is saved as text (and, opened later with the
+embedded engine, tokenized afresh).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from app.chat.session import ChatMessage, ChatSession
+from engine import Event
+
+
+class RemoteChatSession(ChatSession):
+    TOKEN_IDS = False
+
+    def _check_can_chat(self, engine) -> None:
+        pass  # the server has the chat template; a model without one is refused by the server, in words
+
+    def _turn(self, before: list[ChatMessage], seen: list[int], user_text: str) -> Iterator[Event]:
+        self._check_length(user_text)
+        with self._taking_turn():
+            generation = self.engine.chat(self._turns([*before, ChatMessage("user", user_text)]), self.reply_params)
+            self.rewritten_at = None
+            self._record_user(before, user_text, 0, 0, [])
+        self.generation = generation
+        return self._stream(generation, [])
+
+    def regenerate(self) -> Iterator[Event]:
+        before = self._regenerating()
+        with self._taking_turn():
+            self._restart(before, self.engine.chat(self._turns(before), self.reply_params))
+        return self._stream(self.generation, [])

@@ -1,0 +1,28 @@
+"""ReplyLimits: what every chat reply gets besides its conversation's settings, and how they combine.
+
+A conversation's settings are what the user chose (the settings screen, `--save-settings`); these are
+the chat's guards, never stored with a conversation, so a config change reaches every conversation:
+a ceiling on a reply's length when the conversation sets none (a greedy small model can loop for
+thousands of tokens), and the loop check (engine/request/repetition.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from engine.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class ReplyLimits:
+    max_tokens: int | None = None  # a reply's ceiling when its settings set no max_tokens; None: none
+    stop_repetition: bool = False
+
+    def apply(self, params: SamplingParams) -> SamplingParams:
+        """`params` as the engine gets them for one reply."""
+        return dataclasses.replace(params, max_tokens=params.max_tokens or self.max_tokens,
+                                   stop_repetition=params.stop_repetition or self.stop_repetition)
+
+
+NO_LIMITS = ReplyLimits()

@@ -1,0 +1,312 @@
+"""SavedConversation: what a ChatSession keeps on disk as the conversation goes on.
+
+- A conversation takes one turn at a time, across processes (begin_turn).
+- The user's message is committed before its reply starts.
+- The reply is a `streaming` row from its first token, what it adds saved at
+  least every PARTIAL_SAVE_S (app/chat/reply_writer.py; a crash leaves it
+  `interrupted`, text kept), and final when it ends (`complete`, or `stopped`).
+- After each turn the conversation's K/V is snapshotted in the background;
+  when the conversation is resumed in a new process, that snapshot goes into
+  the prefix cache, so the next message prefills only its own tokens.
+
+Token ids: each message stores the ids it added to the conversation's token
+sequence and where they start (`token_start`): a template that rewrites
+history makes a message start before the end of the previous one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.chat.reply_writer import ReplyWriter
+from engine import Done, Engine, EngineError, SamplingParams
+from storage.conversations import Conversation, ConversationStore
+from storage.data_dir import data_dir
+from storage.db import StorageError
+from storage.snapshot_dir import DEFAULT_SNAPSHOT_GB
+from storage.snapshot_writer import SnapshotWriter
+from storage.snapshots import SnapshotRejected, SnapshotStore
+from storage.trash import empty_trash
+from storage.turn_lock import TurnLock
+
+log = logging.getLogger("kvchat")
+
+
+
+class ConversationBusy(StorageError):
+    def __init__(self, conversation_id: str):
+        super().__init__(f"Conversation {conversation_id} is answering a message in another kvchat; "
+                         "try again when that reply is done.")
+
+
+class ConversationChanged(StorageError):
+    def __init__(self, conversation_id: str):
+        super().__init__(f"Conversation {conversation_id} got new messages from another kvchat since it was "
+                         "opened here; open it again to see them, then send.")
+
+
+@dataclass
+class Storage:
+    """The database, the snapshot directory and the background snapshot writer of one data dir."""
+
+    conversations: ConversationStore
+    snapshots: SnapshotStore
+    writer: SnapshotWriter
+
+    @classmethod
+    def open(cls, snapshot_gb: float | None = None) -> "Storage":
+        if snapshot_gb is not None and snapshot_gb < 0:
+            raise ValueError("--snapshot-gb must be 0 (no KV snapshots) or more")
+        home = data_dir()
+        snapshots = SnapshotStore(home, int((DEFAULT_SNAPSHOT_GB if snapshot_gb is None else snapshot_gb) * 1e9))
+        conversations = ConversationStore.open(home)
+        if conversations.read_only_reason is None:
+            empty_trash(conversations, home)  # conversations deleted over 30 days ago go for good
+        return cls(conversations, snapshots, SnapshotWriter(snapshots))
+
+    @property
+    def home(self) -> Path:
+        return self.snapshots.home
+
+    def close(self) -> None:
+        """Finish writing pending snapshots (so the next start finds them), then close the database."""
+        self.writer.close()
+        self.conversations.close()
+
+
+def sampling_settings(params: SamplingParams) -> dict:
+    """The per-conversation sampling settings kept with a conversation."""
+    return {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
+            "min_p": params.min_p, "repetition_penalty": params.repetition_penalty,
+            "max_tokens": params.max_tokens, "seed": params.seed}
+
+
+def reply_stats(done: Done, rate_series: list[float] | None = None) -> dict:
+    """What is kept of a reply's numbers (`kvchat ask` / `show` print them, the inspector draws them).
+    `rate_series`: decode tokens/s over the reply (ReplyTimeline.rates), for the inspector's sparkline."""
+    stats = {**done.stats.as_dict(), "finish_reason": done.finish_reason}
+    if rate_series:
+        stats["decode_rate_series"] = rate_series
+    return stats
+
+
+@dataclass(frozen=True)
+class HistoryMessage:
+    id: str
+    role: str
+    text: str
+    token_end: int  # the length of the conversation's token sequence after this message (0: ids not reusable)
+    status: str = "complete"  # complete | stopped | interrupted | streaming
+    stats: dict | None = None  # a reply's numbers (reply_stats)
+
+
+@dataclass(frozen=True)
+class History:
+    """A saved conversation's active branch as a ChatSession needs it."""
+
+    messages: list[HistoryMessage]  # oldest first
+    token_ids: list[int]  # the model's view of it: prompt + reply ids of the last turn ([] if not reusable)
+
+
+class SavedConversation:
+    def __init__(self, storage: Storage, conversation: Conversation | None, new_settings: dict | None = None):
+        """`conversation` None: a new one, created with `new_settings` when its first message is stored
+        (so a chat that never sends anything leaves no empty conversation behind)."""
+        self.storage = storage
+        self.store = storage.conversations
+        self.conversation = conversation
+        self.new_settings = new_settings or {}
+        self.leaf = conversation.active_leaf if conversation else None  # what the reply being made answers
+        self._known_leaf = self.leaf  # the active leaf as this process last read or wrote it
+        self._reply: ReplyWriter | None = None  # the row of the reply being streamed
+        self._turn: TurnLock | None = None
+
+    @property
+    def id(self) -> str | None:
+        return self.conversation.id if self.conversation else None
+
+    @classmethod
+    def new(cls, storage: Storage, engine: Engine, system: str | None, params: SamplingParams,
+            settings: dict | None = None) -> "SavedConversation":
+        """A conversation created with its first message. It keeps `settings` as its own sampling
+        settings (default: all of `params`); {} keeps none, so it follows the config file's defaults."""
+        return cls(storage, None, {"model": engine.info.model_name, "system": system,
+                                   "params": sampling_settings(params) if settings is None else dict(settings)})
+
+    @classmethod
+    def open(cls, storage: Storage, conversation_id: str) -> "SavedConversation":
+        """A saved conversation by id or unique id prefix (StorageError if there is none)."""
+        return cls(storage, storage.conversations.get(conversation_id))
+
+    def history(self, engine: Engine) -> History:
+        if self.conversation is None:
+            return History([], [])
+        branch = self.store.branch(self.id)
+        # Ids are reused only by the tokenizer that made them; else the text is tokenized afresh. A remote
+        # server (fingerprint None) takes text, and stores messages without ids.
+        # kvchat before 0.1 stored the K/V fingerprint here, which also changes with the dtype or device.
+        reusable = engine.token_fingerprint is not None and self.conversation.token_fingerprint in (
+            engine.token_fingerprint, engine.fingerprint)
+        ids: list[int] = []
+        messages = []
+        for message in branch:
+            del ids[message.token_start :]  # usually nothing: a message continues the one before it
+            ids.extend(message.token_ids)
+            messages.append(HistoryMessage(message.id, message.role, message.text, len(ids) if reusable else 0,
+                                           message.status, message.stats))
+        return History(messages, ids if reusable else [])
+
+    def switch_to(self, message_id: str) -> None:
+        """Make the branch through `message_id` (down to its newest leaf) the active one."""
+        leaf = self.store.latest_leaf(message_id)
+        self.store.set_active_leaf(self.id, leaf)
+        self.conversation = self.store.get(self.id)
+        self.leaf = self._known_leaf = leaf
+
+    def change_settings(self, system: str | None, params: SamplingParams) -> None:
+        """A new system prompt and sampling settings. A conversation not created yet (nothing sent)
+        keeps them for when it is, so opening the settings never leaves an empty conversation behind."""
+        settings = {"system": system, "params": sampling_settings(params)}
+        if self.conversation is None:
+            self.new_settings.update(settings)
+        else:
+            self.update_settings(**settings)
+
+    def sibling_ids(self, message_id: str) -> list[str]:
+        """The message and its alternatives (edits, regenerations), oldest first."""
+        return self.store.sibling_ids(message_id)
+
+    def update_settings(self, **changes) -> None:
+        if self.conversation is None:
+            settings = {**self.new_settings, **changes}
+            changes = {"token_fingerprint": settings.pop("token_fingerprint")} if "token_fingerprint" in settings else {}
+            self.conversation = self.store.create(**settings)
+        if changes:
+            self.store.update_settings(self.id, **changes)
+        self.conversation = self.store.get(self.id)
+
+    # ---- the K/V snapshot -------------------------------------------------------------
+
+    def restore_kv(self, engine: Engine, token_ids: list[int]) -> str | None:
+        """Put the conversation's snapshot into the prefix cache unless the cache already holds its
+        history. Returns a sentence for the user when a snapshot had to be discarded."""
+        if (self.conversation is None or engine.prefix_cache is None
+                or engine.cached_length(token_ids) >= len(token_ids) - 1):
+            return None
+        try:
+            snapshot = self.storage.snapshots.load(self.id, engine.fingerprint, token_ids)
+            if snapshot is not None:
+                engine.import_kv(snapshot)
+            return None
+        except (SnapshotRejected, EngineError) as exc:
+            notice = ("The saved KV cache of this conversation was not used, so its history is recomputed: "
+                      f"{str(exc).rstrip('.')}.")
+            log.warning("kvchat: %s", notice)
+            return notice
+
+    def save_kv(self, engine: Engine, token_ids: list[int]) -> None:
+        """Copy the conversation's cached K/V out of the cache (in the calling, generating thread) and
+        write it to disk in the background."""
+        if engine.prefix_cache is None or self.storage.snapshots.cap_bytes == 0:
+            return
+        store, conversation_id = self.store, self.id
+        if not store.exists(conversation_id):  # deleted by another kvchat: nothing of it is written any more
+            return
+        snapshot = engine.export_kv(token_ids)
+        if snapshot is not None:  # checked again on the writer thread, around the rename: a delete always wins
+            self.storage.writer.submit(conversation_id, snapshot, wanted=lambda: store.exists(conversation_id))
+
+    def drop_snapshot(self, reason: str) -> None:
+        """Delete the conversation's KV snapshot (it produced `reason`), with one log line."""
+        if self.conversation is not None:
+            self.storage.snapshots.delete(self.id)
+            log.warning("kvchat: the saved KV cache of conversation %s was deleted (%s); its history is "
+                        "recomputed", self.id, reason)
+
+    # ---- turns and messages --------------------------------------------------------------
+
+    def begin_turn(self, wait_s: float = 0.0, on_wait: Callable[[], None] | None = None,
+                   reload: bool = False) -> None:
+        """Take the conversation's turn (one at a time across processes, see storage/turn_lock.py),
+        waiting up to `wait_s` for another kvchat's reply to end (`on_wait` is called if it must wait).
+        Raises ConversationBusy if it did not end in time. If another kvchat added to the conversation
+        since this one read it, `reload` reads it again (for `ask`, which has shown nothing yet); else
+        ConversationChanged, since sending now would fork it silently. A new conversation has no one
+        to wait for."""
+        if self.conversation is None:
+            return
+        if self._turn is None:
+            self._turn = TurnLock(self.storage.home, self.id)
+        if not self._turn.acquire(0.0):
+            if on_wait is not None and wait_s > 0:
+                on_wait()
+            if not self._turn.acquire(wait_s):
+                raise ConversationBusy(self.id)
+        try:
+            current = self.store.get(self.id)
+        except StorageError:
+            self.end_turn()
+            raise
+        if reload:
+            self.conversation, self.leaf, self._known_leaf = current, current.active_leaf, current.active_leaf
+        elif current.active_leaf != self._known_leaf:
+            self.end_turn()
+            raise ConversationChanged(self.id)
+
+    def end_turn(self) -> None:
+        """The turn is over (the reply ended, or the message was never sent)."""
+        if self._turn is not None:
+            self._turn.release()
+
+    def user_message(self, engine: Engine, parent_id: str | None, text: str, token_start: int,
+                     token_ids: list[int]) -> str:
+        """Commit the user's message under `parent_id` (a sibling of the old one when it is an edit);
+        from now on it survives anything. Its reply will hang under it. Returns its id."""
+        if self.conversation is None or self.conversation.token_fingerprint != engine.token_fingerprint:
+            self.update_settings(model=engine.info.model_name, token_fingerprint=engine.token_fingerprint)
+        message = self.store.add_message(self.id, parent_id, "user", text, token_start, token_ids)
+        self._known_leaf = message.id
+        self.start_reply(message.id)
+        return message.id
+
+    def start_reply(self, parent_id: str) -> None:
+        """The next reply answers `parent_id` (for a regenerated reply: a sibling of the old one)."""
+        self.leaf, self._reply = parent_id, None
+
+    def _writer(self, token_start: int) -> ReplyWriter:
+        if self._reply is None:
+            self._reply = ReplyWriter(self.store, self.id, self.leaf, token_start)
+        return self._reply
+
+    def reply_progress(self, pieces: list[str], token_ids: list[int], token_start: int) -> None:
+        """The reply so far (see ReplyWriter.progress). ConversationDeleted if the conversation is gone."""
+        self._writer(token_start).progress(pieces, token_ids)
+        self._known_leaf = self._reply.message_id or self._known_leaf
+
+    def reply_done(self, done: Done, token_start: int, stats: dict) -> str:
+        """Store the finished reply with its `stats` (reply_stats); returns its id. ReplyNotSaved (with
+        the id of what was kept) or ConversationDeleted if that could not be done."""
+        status = "stopped" if done.finish_reason == "stopped" else "complete"
+        writer, self._reply = self._writer(token_start), None
+        try:
+            self.leaf = writer.done(done.text, list(done.token_ids), status, stats)
+        finally:
+            self._known_leaf = writer.message_id or self._known_leaf
+        return self.leaf
+
+    def reply_failed(self, pieces: list[str], token_ids: list[int], token_start: int) -> str | None:
+        """The reply ended without a result (an engine error): keep what it said, as interrupted; returns
+        its id (None if nothing was said, or it could not be stored). Runs while that error propagates,
+        so a storage failure here is only logged."""
+        writer, self._reply = self._writer(token_start), None
+        if writer.message_id is not None or pieces:
+            try:
+                writer.done("".join(pieces), token_ids, "interrupted", None)
+            except StorageError as exc:
+                log.warning("kvchat: the interrupted reply could not be saved (%s)", exc)
+        if writer.message_id is not None:
+            self.leaf = self._known_leaf = writer.message_id
+        return writer.message_id

@@ -1,0 +1,289 @@
+"""Chat orchestration shared by `kvchat ask` and the TUI: messages -> prompt ids -> engine events.
+
+No UI and no torch math here: this module renders the model's chat template,
+hands token ids to the engine and keeps the conversation's messages (and,
+through SavedConversation, stores them and the conversation's K/V snapshot).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from app.chat.prompt_ids import NextPrompt, next_prompt
+from app.chat.reply_limits import NO_LIMITS, ReplyLimits
+from app.chat.reply_timeline import ReplyTimeline
+from app.chat.reply_writer import ConversationDeleted, ReplyNotSaved
+from app.chat.saved_chat import SavedConversation, reply_stats
+from engine import Done, Engine, EngineError, Event, Generation, SamplingParams, TokenDelta
+from engine.errors import NonFiniteLogitsError
+from engine.weights.tokenizer import Tokenizer
+
+
+# No tokenizer packs more than this many characters into one token on average, so a
+# longer message cannot fit the context window and is refused before tokenizing it.
+MAX_CHARS_PER_TOKEN = 64
+
+
+class ChatError(EngineError):
+    """The conversation cannot be turned into a prompt (no template, template refused it)."""
+
+
+@dataclass
+class ChatMessage:
+    role: str  # system | user | assistant
+    content: str
+    token_end: int = 0  # the length of seen_ids after this message (0: unknown, re-tokenize to branch here)
+    id: str | None = None  # its row in storage, for a saved conversation
+    status: str = "complete"  # complete | stopped | interrupted
+    stats: dict | None = None  # a reply's numbers (saved_chat.reply_stats), for the status bar and inspector
+
+
+def render_chat(tokenizer: Tokenizer, turns: list[dict]) -> str:
+    """The chat template's text of `turns` ({"role", "content"} dicts), ready for the assistant's reply."""
+    if not tokenizer.has_chat_template:
+        raise ChatError("This model has no chat template, so it cannot chat; use an instruct/chat model.")
+    try:
+        return tokenizer.hf.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+    except Exception as exc:  # jinja2 TemplateError, or a template's raise_exception()
+        raise ChatError(f"The model's chat template rejected this conversation ({exc}).") from None
+
+
+class ChatSession:
+    """One conversation: in memory, and kept on disk through a SavedConversation when given one.
+
+    `system=None` renders the template with the user's messages only, so the
+    model's own default system prompt (if its template has one) applies.
+    """
+
+    def __init__(self, engine: Engine, system: str | None = None, params: SamplingParams = SamplingParams(),
+                 saved: SavedConversation | None = None, limits: ReplyLimits = NO_LIMITS):
+        """`saved`: where the conversation is kept (None: in memory only). A saved conversation with
+        messages resumes: its history is loaded, and its K/V snapshot if the cache lacks it. `limits`:
+        the chat's own guards on every reply (app/chat/reply_limits.py), never stored with the conversation."""
+        self._check_can_chat(engine)
+        self.engine = engine
+        self.system = system
+        self.params = params
+        self.limits = limits
+        self.saved = saved
+        self.messages: list[ChatMessage] = []
+        self.generation: Generation | None = None
+        self.seen_ids: list[int] = []  # the last turn's prompt + reply ids, as the model saw them
+        self.rewritten_at: int | None = None  # set when the template changed earlier turns' tokens
+        self.notice: str | None = None  # something the user should know about the resumed conversation
+        if saved is not None:
+            self._load_history()
+            if self.seen_ids:
+                self.notice = saved.restore_kv(engine, self.seen_ids)
+
+    # Events carry token ids, kept to extend the next prompt; a remote server's carry text only.
+    TOKEN_IDS = True
+
+    @property
+    def reply_params(self) -> SamplingParams:
+        """The conversation's settings with the chat's limits: what the next reply is generated with."""
+        return self.limits.apply(self.params)
+
+    def _check_can_chat(self, engine: Engine) -> None:
+        if not engine.tokenizer.has_chat_template:
+            raise ChatError("This model has no chat template, so it cannot chat; use an instruct/chat model.")
+
+    def _load_history(self) -> None:
+        history = self.saved.history(self.engine)
+        self.messages = [ChatMessage(m.role, m.text, m.token_end, m.id, m.status, m.stats) for m in history.messages]
+        self.seen_ids = history.token_ids
+
+    def _turns(self, messages: list[ChatMessage]) -> list[dict]:
+        """The system prompt (if any) and `messages` as the chat API's {"role", "content"} dicts."""
+        turns = [{"role": "system", "content": self.system}] if self.system is not None else []
+        return turns + [{"role": m.role, "content": m.content} for m in messages]
+
+    def _rendered(self, messages: list[ChatMessage]) -> str:
+        return render_chat(self.engine.tokenizer, self._turns(messages))
+
+    def prompt_ids(self, user_text: str) -> list[int]:
+        """Token ids of the whole conversation plus `user_text`, ready for the assistant's reply.
+
+        They extend the previous turn's prompt and reply ids whenever the template allows.
+        """
+        prompt = self._next_prompt(self.messages, self.seen_ids, user_text)
+        self.rewritten_at = prompt.rewritten_at
+        return prompt.ids
+
+    def _next_prompt(self, before: list[ChatMessage], seen: list[int], user_text: str) -> NextPrompt:
+        return next_prompt(self.engine.tokenizer, seen, self._rendered([*before, ChatMessage("user", user_text)]))
+
+    def send(self, user_text: str) -> Iterator[Event]:
+        """Start the reply to `user_text` and return its events.
+
+        Raises ContextWindowError (and other EngineErrors) before anything is
+        recorded. The user message is recorded at once; the reply when it ends,
+        also when it was stopped (its partial text is kept).
+        """
+        return self._turn(self.messages, self.seen_ids, user_text)
+
+    def edit(self, index: int, user_text: str) -> Iterator[Event]:
+        """Send `user_text` instead of the user message at `index`: a new branch from the message before it.
+        The old branch stays saved; the prefix cache reuses everything before the edit."""
+        if not 0 <= index < len(self.messages) or self.messages[index].role != "user":
+            raise ChatError("Only your own messages can be edited.")
+        before = self.messages[:index]
+        return self._turn(before, self._ids_through(before), user_text)
+
+    def regenerate(self) -> Iterator[Event]:
+        """A new reply to the last user message (the old reply stays saved, a sibling branch)."""
+        before = self._regenerating()
+        with self._taking_turn():
+            prompt = self._ids_through(before) or self.engine.tokenizer.encode(self._rendered(before))
+            self._restart(before, self.engine.generate(prompt, self.reply_params))
+        return self._stream(self.generation, prompt)
+
+    def _regenerating(self) -> list[ChatMessage]:
+        """The messages a regenerated reply answers (ChatError if the last message is not a reply)."""
+        if len(self.messages) < 2 or self.messages[-1].role != "assistant" or self.messages[-2].role != "user":
+            raise ChatError("There is no reply to regenerate.")
+        return self.messages[:-1]
+
+    def _restart(self, before: list[ChatMessage], generation) -> None:
+        """A new reply to the last of `before` is under way (the old one stays saved, a sibling)."""
+        self.messages, self.rewritten_at = before, None
+        if self.saved is not None:
+            self.saved.start_reply(before[-1].id)
+        self.generation = generation
+
+    def switch_branch(self, message_id: str) -> None:
+        """Show the saved branch through `message_id` (to its newest message), e.g. an earlier reply."""
+        if self.saved is None:
+            raise ChatError("Only a saved conversation has branches.")
+        self.saved.switch_to(message_id)
+        self._load_history()
+
+    def change_settings(self, system: str | None, params: SamplingParams) -> None:
+        """The system prompt and sampling settings of the next replies (and, when saved, of the
+        conversation). A new system prompt changes the prompt from its first tokens, so the next
+        reply recomputes the history; the template's output says so through rewritten_at."""
+        if self.saved is not None:
+            self.saved.change_settings(system, params)
+        self.system, self.params = system, params
+
+    def _ids_through(self, messages: list[ChatMessage]) -> list[int]:
+        """seen_ids up to the end of the last of `messages` (a prefix of this branch); [] if unknown."""
+        end = messages[-1].token_end if messages else 0
+        return self.seen_ids[:end] if 0 < end <= len(self.seen_ids) else []
+
+    def _turn(self, before: list[ChatMessage], seen: list[int], user_text: str) -> Iterator[Event]:
+        """`user_text` after the messages `before` (whose ids are `seen`): validated first, then recorded."""
+        self._check_length(user_text)
+        with self._taking_turn():
+            prompt = self._next_prompt(before, seen, user_text)
+            generation = self.engine.generate(prompt.ids, self.reply_params)
+            self.rewritten_at = prompt.rewritten_at
+            start = len(seen) if prompt.rewritten_at is None else prompt.rewritten_at
+            self._record_user(before, user_text, len(prompt.ids), start, prompt.ids[start:])
+        self.generation = generation
+        return self._stream(generation, prompt.ids)
+
+    @contextmanager
+    def _taking_turn(self) -> Iterator[None]:
+        """The conversation's turn for the reply about to start (see SavedConversation.begin_turn); given
+        back if starting it fails, else when the reply's stream ends."""
+        if self.saved is None:
+            yield
+            return
+        self.saved.begin_turn()
+        try:
+            yield
+        except BaseException:
+            self.saved.end_turn()
+            raise
+
+    def _check_length(self, user_text: str) -> None:
+        window = self.engine.context_window  # 0: not known (a server that does not say)
+        if window and len(user_text) > MAX_CHARS_PER_TOKEN * window:
+            raise ChatError(f"The message is {len(user_text):,} characters, far more than the model's "
+                            f"context window of {window} tokens can hold.")
+
+    def _record_user(self, before: list[ChatMessage], text: str, token_end: int, token_start: int,
+                     new_ids: list[int]) -> None:
+        """Commit the user's message after `before` (it survives anything from now on)."""
+        user_id = None
+        if self.saved is not None:
+            parent = before[-1].id if before else None
+            user_id = self.saved.user_message(self.engine, parent, text, token_start, new_ids)
+        self.messages = [*before, ChatMessage("user", text, token_end, user_id)]
+
+    def _stream(self, generation: Generation, prompt: list[int]) -> Iterator[Event]:
+        saved, pieces, ids, done, deleted = self.saved, [], [], None, False
+        timeline = ReplyTimeline()
+        stream = self._events(generation, prompt)
+        try:
+            for event in stream:
+                if isinstance(event, TokenDelta):
+                    pieces.append(event.text)
+                    if event.token_id is not None:
+                        ids.append(event.token_id)
+                    if event.token_id is not None or (not self.TOKEN_IDS and event.text):
+                        timeline.token()  # without ids, each text chunk counts as a token
+                    if saved is not None:
+                        saved.reply_progress(pieces, ids, len(prompt))
+                elif isinstance(event, Done):
+                    done = event
+                    self.seen_ids = prompt + list(event.token_ids)
+                    stats = reply_stats(event, timeline.rates())
+                    status = "stopped" if event.finish_reason == "stopped" else "complete"
+                    self.messages.append(ChatMessage("assistant", event.text, len(self.seen_ids), None, status, stats))
+                    if saved is not None:  # may raise (disk full) after the chat in memory is whole
+                        try:
+                            self.messages[-1].id = saved.reply_done(event, len(prompt), stats)
+                        except ReplyNotSaved as exc:
+                            self.messages[-1].id = exc.message_id  # what was kept; the next message follows it
+                            raise
+                yield event
+        except ConversationDeleted:
+            deleted = True  # another kvchat deleted it: nothing more of it is written
+            raise
+        finally:
+            stream.close()  # ends the request if the consumer walked away: its K/V are in the cache now
+            self.generation = None
+            if saved is not None and done is not None and not deleted:
+                saved.save_kv(self.engine, self.seen_ids)
+            elif done is None and not deleted:  # an engine or server error, or the consumer walked away
+                self._keep_interrupted("".join(pieces), saved.reply_failed(pieces, ids, len(prompt)) if saved else None)
+            if saved is not None:
+                saved.end_turn()
+
+    def _events(self, generation: Generation, prompt: list[int]) -> Iterator[Event]:
+        """`generation`'s events. If its first logits were not finite (K/V poisoned, e.g. by a forged or
+        damaged snapshot; the engine has forgotten those blocks), the conversation's snapshot is deleted
+        and the reply is computed once more, from scratch."""
+        stream = iter(generation)
+        try:
+            try:
+                first = next(stream, None)
+            except NonFiniteLogitsError:
+                stream.close()
+                if self.saved is not None:
+                    self.saved.drop_snapshot("the model computed non-finite scores from it")
+                self.generation = generation = self.engine.generate(prompt, self.reply_params,
+                                                                       generation.use_prefix_cache)
+                stream = iter(generation)
+                first = next(stream, None)
+            if first is not None:
+                yield first
+            yield from stream
+        finally:
+            stream.close()
+
+    def _keep_interrupted(self, text: str, message_id: str | None) -> None:
+        """What a failed reply said stays in the conversation, marked interrupted, as it is when the
+        conversation is opened again: the next message follows it, and the model sees it (re-tokenized)."""
+        if text:
+            self.messages.append(ChatMessage("assistant", text, 0, message_id, "interrupted"))
+
+    def cancel(self) -> None:
+        """Stop the reply in progress, if any (safe from any thread)."""
+        generation = self.generation
+        if generation is not None:
+            generation.cancel()

@@ -1,0 +1,1 @@
+"""The `kvchat` command line: arguments, `ask`, and the conversation and database commands."""

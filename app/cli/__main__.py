@@ -1,0 +1,5 @@
+"""`python -m app.cli`: the same as the `kvchat` command."""
+
+from app.cli.main import main
+
+raise SystemExit(main())

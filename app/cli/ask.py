@@ -1,0 +1,174 @@
+"""`kvchat ask`: answer one message in a saved conversation, streaming to stdout (or one JSON line with --json).
+
+Stopping: Ctrl+C, SIGTERM and SIGHUP (a closed terminal window, a logout)
+all stop the reply the same way: what it said is kept as `stopped`, its KV
+snapshot is written, and the exit code is 128 + the signal (130, 143, 129). A
+reader of stdout that goes away (`| head`) stops it too, exit 141. A second
+signal quits at once (the reply is then kept as interrupted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+
+from typing import TYPE_CHECKING
+
+from app.cli.conversations import stats_line
+from app.cli.options import given_settings, reply_limits, sampling_params
+from app.chat.terminal_text import BROKEN_PIPE_EXIT, SafeOutput, clean_input, printable, say, silence
+from storage.conversations import ConversationStore
+from storage.db import StorageError
+
+if TYPE_CHECKING:  # torch and the model stack (about a second): imported once the request is known good
+    from app.chat.backend import Backend
+    from app.chat.session import ChatSession
+    from app.chat.saved_chat import SavedConversation, Storage
+    from engine import Done
+
+# How long `ask --conversation ID` waits for another kvchat's reply in the same conversation to end.
+TURN_WAIT_S = 30.0
+STOP_SIGNALS = [signal.SIGINT, signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
+
+
+def read_message(arg: str) -> str:
+    message = clean_input(None if arg == "-" else arg, "The message", stdin=arg == "-")
+    if not message.strip():
+        raise ValueError("the message is empty")
+    return message
+
+
+def result_json(done: Done, engine: Backend, conversation_id: str) -> dict:
+    return {
+        "conversation_id": conversation_id,
+        "reply": done.text,
+        "finish_reason": done.finish_reason,
+        **done.stats.as_dict(),
+        "model": engine.info.model_name,
+        "device": engine.info.device,
+        "dtype": engine.info.dtype,
+        "load_ms": round(engine.info.load_ms, 1),
+        "kv_cache": engine.cache_stats(),
+    }
+
+
+def open_session(args: argparse.Namespace, engine: Backend, storage: Storage,
+                 saved: SavedConversation | None) -> ChatSession:
+    """A new saved conversation, or `saved` (the one named by --conversation, whose turn this process
+    holds). Sampling flags apply to this reply only: a conversation's settings change when the user
+    changes them (the chat's settings screen, or `--save-settings` here)."""
+    from app.chat.backend import chat_session
+    from app.chat.saved_chat import SavedConversation
+
+    config, limits = args.config, reply_limits(args.config)
+    keep = given_settings(args) if args.save_settings else {}
+    if saved is None:
+        system = config.system if args.system is None else args.system  # part of the history from now on
+        params = sampling_params(args, None, config)
+        return chat_session(engine, system, params,
+                            SavedConversation.new(storage, engine, system, params, settings=keep), limits)
+    params = sampling_params(args, saved.conversation.params, config)
+    system = saved.conversation.system if args.system is None else args.system
+    if args.save_settings and (keep or system != saved.conversation.system):
+        saved.update_settings(system=system, params={**saved.conversation.params, **keep})
+    return chat_session(engine, system, params, saved, limits)
+
+
+def check_before_loading(args: argparse.Namespace) -> str:
+    """The message, once every mistake the user can make is ruled out: the flags, the text, an unknown
+    --conversation. Nothing heavy is imported yet, so a mistake is reported in a few ms, not after
+    torch (about a second) and the model (seconds) have loaded."""
+    message = read_message(args.message)
+    args.system = clean_input(args.system, "The system prompt")
+    sampling_params(args)
+    resolve_conversation(args)
+    return message
+
+
+def resolve_conversation(args: argparse.Namespace) -> None:
+    """--conversation to a full id, and --continue to the most recent conversation (ValueError or
+    StorageError with one sentence), reading the database only."""
+    if getattr(args, "continue_last", False):
+        if args.conversation is not None:
+            raise ValueError("give --conversation ID or --continue, not both")
+        with ConversationStore.open(write=False) as store:
+            latest = store.list(limit=1)
+        if not latest:
+            raise StorageError("There is no saved conversation to continue yet.")
+        args.conversation = latest[0].id
+    elif args.conversation is not None:
+        with ConversationStore.open(write=False) as store:
+            args.conversation = store.resolve_id(args.conversation)
+
+
+def run_ask(args: argparse.Namespace) -> int:
+    message = check_before_loading(args)
+    from app.chat.backend import backend_loader
+    from app.chat.saved_chat import SavedConversation, Storage, reply_stats
+
+    progress = lambda step: print(f"kvchat: {step}…", file=sys.stderr)  # noqa: E731
+    storage = Storage.open(args.snapshot_gb)
+    try:
+        if storage.conversations.read_only_reason:  # a damaged file, a read-only folder: say so before loading
+            raise StorageError(storage.conversations.read_only_reason)
+        # An unknown --conversation fails now, not after the model has loaded.
+        saved = SavedConversation.open(storage, args.conversation) if args.conversation is not None else None
+        engine = backend_loader(args)(args.model, progress if sys.stderr.isatty() else lambda _: None)
+        if saved is not None:  # one turn at a time: wait for another kvchat's reply, then read what it added
+            saved.begin_turn(TURN_WAIT_S, on_wait=lambda: say("waiting for the reply another kvchat is writing "
+                                                              "in this conversation…"), reload=True)
+        session = open_session(args, engine, storage, saved)  # a discarded snapshot was logged to stderr
+        done, code = _answer(session, message, stream=not args.json)
+        try:
+            if args.json:
+                print(json.dumps(result_json(done, engine, session.saved.id), ensure_ascii=False), flush=True)
+        except BrokenPipeError:
+            silence(sys.stdout)
+            code = code or BROKEN_PIPE_EXIT
+        say(stats_line(reply_stats(done)), prefix=False)
+        say(f"conversation {session.saved.id} (continue it with --conversation {session.saved.id})")
+        return code
+    finally:
+        storage.close()  # waits for the KV snapshot, so the next `ask --conversation` resumes from it
+
+
+def _answer(session: ChatSession, message: str, stream: bool) -> tuple[Done, int]:
+    """Send the message and stream the reply; returns its Done and the exit code. A stop signal or a
+    reader that went away stops the reply (kept, as stopped); a second signal quits."""
+    from engine import Done, EngineError, TokenDelta
+
+    signals: list[int] = []
+    out = SafeOutput(sys.stdout)
+    # Control characters in a reply would reach the terminal as commands; a pipe gets the exact text.
+    to_terminal = stream and sys.stdout.isatty()
+
+    def on_signal(signum, frame) -> None:
+        signals.append(signum)
+        if len(signals) > 1:
+            raise KeyboardInterrupt
+        session.cancel()  # the stream ends with Done("stopped") before the next token
+        say("stopping…")
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
+    done = None
+    try:
+        for event in session.send(message):
+            if isinstance(event, TokenDelta) and stream and not out.broken:
+                if not out.write(printable(event.text) if to_terminal else event.text):
+                    session.cancel()  # nobody reads the reply any more: stop it, keep what was made
+            elif isinstance(event, Done):
+                done = event
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if done is None:
+        raise EngineError("The reply ended without a result.")
+    if stream:
+        out.write("\n")
+    if signals:
+        return done, 128 + signals[0]
+    if out.broken:
+        return done, BROKEN_PIPE_EXIT
+    return done, 130 if done.finish_reason == "stopped" else 0

@@ -1,0 +1,1 @@
+"""The client of OpenAI-compatible servers (`--remote`): the model list and the reply stream."""

@@ -1,0 +1,1 @@
+"""`kvchat serve`: the OpenAI-compatible HTTP API over the embedded engine."""

@@ -1,0 +1,196 @@
+"""The OpenAI-compatible HTTP API over one embedded engine: /v1/models, /v1/chat/completions, /v1/completions.
+
+    app = create_app(engine, api_key=None)   # then run it with uvicorn (app/server/main.py)
+
+Chat messages become prompt ids through the model's chat template (app/chat/session.py's
+render_chat); the engine's prefix cache reuses whatever a request shares with the
+ones before it, and `usage.prompt_tokens_details.cached_tokens` says how much.
+Streaming answers are server-sent events ending with `data: [DONE]`; with
+`stream_options.include_usage` a last chunk carries the usage, as OpenAI and vLLM do.
+Every refusal is OpenAI's error shape; the server stays up.
+
+Limits: a body over openai_schema.body_limit(context window) is a 413 before it is read
+(by its Content-Length, or as soon as a chunked body outgrows it); a prompt of more
+characters than the context window could hold (app/chat/session.py's MAX_CHARS_PER_TOKEN) is a
+400 context_length_exceeded before it is tokenized. A client that disconnects, streaming
+or not, cancels its generation. While the server shuts down (EngineRunner.stop), a reply
+in progress ends with an error event (streaming) or a 503, code `server_shutting_down`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from app.chat.session import MAX_CHARS_PER_TOKEN, render_chat
+from app.server.guards import BearerAuth, BodyLimit, unless_disconnected
+from app.server.runner import EngineRunner, Finish, ShuttingDown, reply
+from app.server.schema import (APIError, ChatCompletionRequest, CompletionRequest, SamplingRequest, body_limit,
+                               error_body, usage, validation_message)
+from engine import ContextWindowError, Engine, EngineError, Generation, SamplingParams
+
+
+def create_app(engine: Engine, api_key: str | None = None, model_name: str | None = None,
+               runner: EngineRunner | None = None) -> FastAPI:
+    """`runner`: the engine thread, if the engine was loaded on it (see run_serve); the app closes it."""
+    model_name = model_name or engine.info.model_name
+    created = int(time.time())
+    runner = runner or EngineRunner()
+    window = engine.context_window
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        try:
+            yield
+        finally:
+            runner.close()
+
+    app = FastAPI(title="kvchat", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.runner = runner
+    app.add_middleware(BodyLimit, limit=body_limit(window))
+    if api_key:  # added last, so it runs first: a request without the key is refused before its body is read
+        app.add_middleware(BearerAuth, api_key=api_key)
+
+    @app.exception_handler(APIError)
+    async def api_error(_request: Request, exc: APIError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = validation_message(list(exc.errors()))
+        return JSONResponse(error_body(message, param=param), status_code=400)
+
+    @app.exception_handler(EngineError)
+    async def engine_error(_request: Request, exc: EngineError) -> JSONResponse:
+        code = "context_length_exceeded" if isinstance(exc, ContextWindowError) else None
+        return JSONResponse(error_body(str(exc), param="messages" if code else None, code=code), status_code=400)
+
+    @app.exception_handler(ShuttingDown)
+    async def shutting_down(_request: Request, exc: ShuttingDown) -> JSONResponse:
+        return JSONResponse(error_body(str(exc), type="server_error", code="server_shutting_down"), status_code=503)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_request: Request, exc: HTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return JSONResponse(error_body(str(exc.detail), type=kind), status_code=exc.status_code)
+
+    def check_model(request: SamplingRequest) -> None:
+        if request.model != model_name:
+            raise APIError(404, f"The model '{request.model}' does not exist; this server serves '{model_name}'.",
+                           param="model", code="model_not_found")
+
+    def sampling(request: SamplingRequest, max_tokens: int | None = None) -> SamplingParams:
+        try:
+            return request.sampling_params(window, max_tokens)
+        except ValueError as exc:
+            raise APIError(400, f"{str(exc).capitalize()}.") from None
+
+    def check_length(characters: int, param: str) -> None:
+        """Refuse, before tokenizing it, a prompt longer than any context window of tokens could hold."""
+        if characters > MAX_CHARS_PER_TOKEN * window:
+            raise APIError(400, f"The prompt is {characters:,} characters, far more than the model's context "
+                                f"window of {window} tokens can hold.", param=param, code="context_length_exceeded")
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
+                                            "owned_by": "kvchat", "max_model_len": engine.context_window}]}
+
+    # Templates and tokenizing run on the runner's tokenizer thread (engine.generate only checks the ids).
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: ChatCompletionRequest, http: Request):
+        check_model(request)
+        params = sampling(request, request.max_completion_tokens)
+        turns = [message.turn() for message in request.messages]
+        check_length(sum(len(turn["content"]) for turn in turns), "messages")
+        generation = await runner.prepare(
+            lambda: engine.generate(engine.tokenizer.encode(render_chat(engine.tokenizer, turns)), params))
+        return await respond(request, generation, http, chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(request: CompletionRequest, http: Request):
+        check_model(request)
+        params = sampling(request)
+        prompt = request.text_or_ids()
+        if isinstance(prompt, str):
+            check_length(len(prompt), "prompt")
+        generation = await runner.prepare(
+            lambda: engine.generate(engine.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt, params))
+        return await respond(request, generation, http, chat=False)
+
+    async def respond(request: SamplingRequest, generation: Generation, http: Request, chat: bool):
+        base = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+                "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+                "model": model_name}
+        pieces = reply(runner, generation, request.stop_strings())
+        if request.stream:
+            return StreamingResponse(stream(base, pieces, chat, request.include_usage), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        whole = await unless_disconnected(collect(pieces), http.receive)
+        if whole is None:
+            return Response(status_code=499)  # the client is gone (nginx's code for it; nobody reads it)
+        body, finish = whole
+        choice = ({"index": 0, "message": {"role": "assistant", "content": body}} if chat
+                  else {"index": 0, "text": body})
+        choice.update(logprobs=None, finish_reason=finish.finish_reason)
+        return {**base, "choices": [choice], "usage": usage(finish.stats)}
+
+    return app
+
+
+async def collect(pieces: AsyncIterator[str | Finish]) -> tuple[str, Finish]:
+    """A non-streaming reply: its whole text and its Finish."""
+    text, finish = [], None
+    try:
+        async for item in pieces:
+            if isinstance(item, Finish):
+                finish = item
+            else:
+                text.append(item)
+    finally:
+        await pieces.aclose()
+    return "".join(text), finish
+
+
+def _sse(payload: dict | str) -> str:
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+async def stream(base: dict, pieces: AsyncIterator, chat: bool, include_usage: bool) -> AsyncIterator[str]:
+    """Server-sent events of one reply: a chunk per text piece, the finish reason, the usage if asked, [DONE]."""
+    base = {**base, "object": "chat.completion.chunk" if chat else "text_completion"}
+
+    def chunk(text: str | None, finish: str | None = None) -> str:
+        if chat:
+            delta = {"role": "assistant", "content": ""} if text is None else {"content": text} if text else {}
+            choice = {"index": 0, "delta": delta}
+        else:
+            choice = {"index": 0, "text": text or ""}
+        choice.update(logprobs=None, finish_reason=finish)
+        return _sse({**base, "choices": [choice], **({"usage": None} if include_usage else {})})
+
+    try:
+        if chat:
+            yield chunk(None)
+        async for item in pieces:
+            if isinstance(item, Finish):
+                yield chunk("", item.finish_reason)
+                if include_usage:
+                    yield _sse({**base, "choices": [], "usage": usage(item.stats)})
+            else:
+                yield chunk(item)
+    except EngineError as exc:  # e.g. out of memory mid-reply: the stream says so and ends
+        yield _sse(error_body(str(exc)))
+    except ShuttingDown as exc:
+        yield _sse(error_body(str(exc), type="server_error", code="server_shutting_down"))
+    finally:
+        await pieces.aclose()
+    yield _sse("[DONE]")

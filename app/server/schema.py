@@ -1,0 +1,175 @@
+"""The OpenAI-compatible API's request models, error shape and response pieces (used by app/server/api.py).
+
+Fields the engine has no use for (presence_penalty, user, ...) are accepted and ignored,
+as most OpenAI-compatible servers do; `ignore_eos` (always generate max_tokens), `top_k`,
+`min_p` and `repetition_penalty` are vLLM's extensions. A JSON string may carry lone
+UTF-16 surrogates ("\\ud800"), which no UTF-8 text can hold: each becomes U+FFFD, the
+replacement character, before anything reads the request.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from app.chat.session import MAX_CHARS_PER_TOKEN
+from engine.events import RequestStats
+from engine.sampling_params import MAX_INT64, SamplingParams
+
+# The largest request body: as many characters as a prompt could ever turn into a context window of
+# tokens (MAX_CHARS_PER_TOKEN each), 4 bytes each (UTF-8's widest), and never less than MIN_BODY_BYTES.
+BODY_BYTES_PER_TOKEN = 4 * MAX_CHARS_PER_TOKEN
+MIN_BODY_BYTES = 2**20
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def body_limit(context_window: int) -> int:
+    """The most bytes a request body may have for a model of `context_window` tokens."""
+    return max(MIN_BODY_BYTES, BODY_BYTES_PER_TOKEN * context_window)
+
+
+def without_surrogates(value: Any) -> Any:
+    """`value` (parsed JSON) with every lone surrogate in its string values replaced by U+FFFD (keys are
+    left alone: an unknown one is ignored, and no field's name has a surrogate)."""
+    if isinstance(value, str):
+        return value if value.isascii() else _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [without_surrogates(item) for item in value]
+    if isinstance(value, dict):
+        return {key: without_surrogates(item) for key, item in value.items()}
+    return value
+
+
+class APIError(Exception):
+    """A request the server refuses, as OpenAI's `{"error": {message, type, param, code}}`."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def body(self) -> dict:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class SamplingRequest(BaseModel):
+    """What chat and text completions share: the model, sampling and streaming."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_text(cls, data: Any) -> Any:
+        return without_surrogates(data)
+
+    model: str
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int | None = 1
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool = False
+    # vLLM's and SGLang's sampling extensions (kvchat's remote backend sends them when set); top_k -1 is off
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0)
+
+    def sampling_params(self, context_window: int, max_tokens: int | None = None) -> SamplingParams:
+        """`max_tokens` (else the request's) is capped at `context_window`: no reply outgrows it anyway.
+        A top_k of -1, 0, or at least the vocabulary's size is off, however large (the sampler's rule).
+        ValueError (one phrase) for a value SamplingParams refuses."""
+        if self.n not in (None, 1):
+            raise APIError(400, f"n must be 1: this server returns one choice per request, not {self.n}.", param="n")
+        max_tokens = max_tokens if max_tokens is not None else self.max_tokens
+        return SamplingParams(temperature=1.0 if self.temperature is None else self.temperature,
+                              top_p=1.0 if self.top_p is None else self.top_p,
+                              top_k=min(max(self.top_k or 0, 0), MAX_INT64), min_p=self.min_p or 0.0,
+                              repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+                              max_tokens=None if max_tokens is None else min(max_tokens, context_window),
+                              seed=self.seed, ignore_eos=self.ignore_eos)
+
+    def stop_strings(self) -> list[str]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return [s for s in stops if s]
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: str
+    text: str | None = None
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+
+    def turn(self) -> dict:
+        """The {"role", "content"} dict a chat template takes (developer messages are system messages)."""
+        if isinstance(self.content, list):
+            if any(part.type != "text" or part.text is None for part in self.content):
+                raise APIError(400, "Only text content parts are supported.", param="messages")
+            content = "".join(part.text for part in self.content)
+        else:
+            content = self.content or ""
+        return {"role": "system" if self.role == "developer" else self.role, "content": content}
+
+
+class ChatCompletionRequest(SamplingRequest):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+
+class CompletionRequest(SamplingRequest):
+    prompt: str | list[str] | list[int]
+
+    def text_or_ids(self) -> str | list[int]:
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+            if len(prompt) != 1:
+                raise APIError(400, f"Send one prompt per request, not {len(prompt)}.", param="prompt")
+            return prompt[0]
+        return prompt
+
+
+def usage(stats: RequestStats) -> dict:
+    """Token counts as vLLM reports them; cached_tokens is the prefix-cache hit."""
+    return {
+        "prompt_tokens": stats.prompt_tokens,
+        "completion_tokens": stats.generated_tokens,
+        "total_tokens": stats.prompt_tokens + stats.generated_tokens,
+        "prompt_tokens_details": {"cached_tokens": stats.cached_tokens},
+    }
+
+
+def validation_message(errors: list[dict]) -> tuple[str, str | None]:
+    """One sentence and the offending parameter for pydantic's (FastAPI's) validation errors."""
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": ""}
+    if first.get("type") == "json_invalid":
+        detail = (first.get("ctx") or {}).get("error", "")
+        return f"The request body is not valid JSON ({detail}).".replace(" ()", ""), None
+    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    param = ".".join(loc) or None
+    if param is None:
+        return f"The request body is invalid: {first.get('msg', 'invalid request')}.", None
+    return f"Invalid '{param}': {first.get('msg')}.", param

@@ -1,0 +1,150 @@
+"""The app's conversation library: the sidebar's requests (open, new, rename, delete), search,
+export and copying. A mixin of KvchatApp, kept apart so each file stays about one thing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+from app.cli.conversations import delete_conversation, write_export
+from app.chat.export_file import ExportTargetExists
+from app.tui.screens.confirm import ConfirmScreen
+from app.tui.screens.text_prompt import TextPromptScreen
+from app.tui.widgets.chat_view import ChatView
+from app.tui.widgets.messages import MessageView, last_code_block
+from app.tui.widgets.sidebar import Sidebar
+from storage.db import StorageError
+
+
+class LibraryActions:
+    """Needs: self.storage, self.conversation_id, self.generating, self.open_conversation (KvchatApp)."""
+
+    async def on_sidebar_open(self, event: Sidebar.Open) -> None:
+        if event.conversation_id != self.conversation_id:
+            await self.open_conversation(event.conversation_id)
+        if self.query_one("#body").has_class("-narrow"):  # the list covers the chat there: picking one closes it
+            self.query_one(Sidebar).display = False
+        self.query_one("#prompt").focus()
+
+    async def on_sidebar_new(self, event: Sidebar.New) -> None:
+        await self.action_new_chat()
+
+    async def action_new_chat(self) -> None:
+        await self.open_conversation(None)
+        self.query_one("#prompt").focus()
+
+    async def action_toggle_sidebar(self) -> None:
+        sidebar = self.query_one(Sidebar)
+        sidebar.display = not sidebar.display
+        if sidebar.display:
+            await sidebar.refresh_list()
+            sidebar.query_one("#conversations").focus()
+        else:
+            self.query_one("#prompt").focus()
+
+    def action_search(self) -> None:
+        sidebar = self.query_one(Sidebar)
+        sidebar.display = True
+        sidebar.query_one("#filter").focus()
+
+    def on_sidebar_rename(self, event: Sidebar.Rename) -> None:
+        self.rename_conversation(event.conversation_id)
+
+    def rename_conversation(self, conversation_id: str | None) -> None:
+        if conversation_id is None:
+            self.notify("This chat is saved (and can be renamed) once it has a message.", severity="warning")
+            return
+        try:
+            current = self.storage.conversations.get(conversation_id).title
+        except StorageError as exc:
+            self.notify(str(exc), severity="error")
+            return
+
+        async def rename(title: str | None) -> None:
+            if title is None:
+                return
+            try:
+                self.storage.conversations.rename(conversation_id, title)
+            except StorageError as exc:
+                self.notify(str(exc), severity="error")
+            await self.query_one(Sidebar).refresh_list()
+
+        self.push_screen(TextPromptScreen("Rename the conversation", current, "A title"), rename)
+
+    def on_sidebar_delete(self, event: Sidebar.Delete) -> None:
+        self.delete_conversation(event.conversation_id)
+
+    def delete_conversation(self, conversation_id: str | None) -> None:
+        if conversation_id is None:
+            self.notify("This chat has nothing saved yet.", severity="warning")
+            return
+        if self.generating and conversation_id == self.conversation_id:
+            self.notify("Stop the reply first (Esc).", severity="warning")
+            return
+        try:
+            title = self.storage.conversations.get(conversation_id).title or "this conversation"
+        except StorageError as exc:
+            self.notify(str(exc), severity="error")
+            return
+
+        async def delete(confirmed: bool | None) -> None:
+            if not confirmed:
+                return
+            try:
+                delete_conversation(self.storage.conversations, conversation_id)
+            except StorageError as exc:
+                self.notify(str(exc), severity="error")
+                return
+            self.notify(f"Moved “{title}” to the trash, with its KV cache; `kvchat restore {conversation_id}` "
+                        "brings it back within 30 days.", timeout=8)
+            if conversation_id == self.conversation_id:
+                await self.open_conversation(None)
+            await self.query_one(Sidebar).refresh_list()
+
+        self.push_screen(ConfirmScreen(f"Move “{title}” to the trash (kept 30 days), with all its branches and its "
+                                       "saved KV cache?"), delete)
+
+    def action_export(self, fmt: str) -> None:
+        conversation_id = self.conversation_id
+        if conversation_id is None:
+            self.notify("This chat has nothing to export yet.", severity="warning")
+            return
+
+        def export(path: str | None) -> None:
+            if path is None:
+                return
+            target = Path(path).expanduser()
+            try:
+                write_export(self.storage.conversations, conversation_id, fmt, target)
+            except ExportTargetExists:
+                self.notify(f"{target} already exists; choose another name.", severity="error", timeout=10)
+                return
+            except StorageError as exc:
+                self.notify(str(exc), severity="error", timeout=10)
+                return
+            self.notify(f"Exported to {target}.", timeout=6)
+
+        default = f"kvchat-{conversation_id}.{fmt}"
+        self.push_screen(TextPromptScreen(f"Export as {'Markdown' if fmt == 'md' else 'JSON'} to", default), export)
+
+    def _selected_message(self, role: str | None = None) -> MessageView | None:
+        """The focused message, else the last one (of `role`)."""
+        focused = self.focused
+        if isinstance(focused, MessageView) and (role is None or focused.message.role == role):
+            return focused
+        views = [v for v in self.query_one(ChatView).views() if role is None or v.message.role == role]
+        return views[-1] if views else None
+
+    def action_copy_reply(self) -> None:
+        view = self._selected_message("assistant")
+        if view is None:
+            self.notify("There is no reply to copy yet.", severity="warning")
+        else:
+            view.action_copy()
+
+    def action_copy_code(self) -> None:
+        view = self._selected_message("assistant")
+        if view is None or last_code_block(view.text) is None:
+            self.notify("The reply has no code block.", severity="warning")
+        else:
+            view.action_copy_code()

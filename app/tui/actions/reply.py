@@ -1,0 +1,316 @@
+"""Sending a message and what follows: the streamed reply, stop, regenerate, edit-and-resend,
+and switching between branches; slash commands typed instead of a message. A mixin of KvchatApp;
+the chat logic itself is ChatSession's."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+from textual.widgets import Markdown, Static
+
+from app.tui import slash_commands
+from app.chat.backend import is_remote
+from app.chat.session import MAX_CHARS_PER_TOKEN, ChatMessage
+from app.tui.engine_events import ReplyDone, ReplyStats, ReplyText, stream_reply
+from app.tui.file_attachment import NO_WINDOW_MAX_CHARS, AttachmentError, read_attachment
+from app.chat.saved_chat import ConversationChanged
+from app.tui.slash_commands import Command, CommandError, UnknownCommand
+from app.chat.stats_text import live_stats
+from app.tui.token_meter import count_tokens, room_left
+from app.tui.widgets.chat_view import ChatView
+from app.tui.widgets.inspector import Inspector
+from app.tui.widgets.messages import AssistantMessageView, MessageView, UserMessageView
+from app.tui.widgets.prompt_input import PromptInput
+from app.tui.widgets.sidebar import Sidebar
+from app.tui.widgets.status_bar import StatusBar
+from engine import ContextWindowError, EngineError
+from storage.db import StorageError
+
+FINISH_NOTES = {"stop": "", "length": "stopped at the length limit (max tokens: Ctrl+O)", "stopped": "stopped by you",
+                "repetition": "stopped: it kept repeating itself"}
+
+
+class ReplyActions:
+    # Handlers are named on_<message> rather than decorated with @on: Textual collects @on handlers
+    # only from classes it creates (widgets, apps), not from a plain mixin like this one.
+    """Needs: self.session, self.engine, self.engine_thread, self.reply, self.editing, self._can_send() (KvchatApp)."""
+
+    async def on_prompt_input_submitted(self, event: PromptInput.Submitted) -> None:
+        typed = event.text.strip()
+        text = slash_commands.parse(typed)
+        if not isinstance(text, str):
+            await self._run_command(text, typed)
+            return
+        if not text or not self._can_send(typed):
+            return
+        session, editing = self.session, self.editing
+        try:
+            events = session.send(text) if editing is None else session.edit(editing, text)
+        except ConversationChanged:
+            await self._reload_changed()
+            return
+        except ContextWindowError as exc:
+            self.notify(f"{exc} Ctrl+L clears the box; /clear starts a new chat.", severity="error", timeout=10)
+            return
+        except (EngineError, StorageError, ValueError) as exc:
+            self.notify(str(exc), severity="error", timeout=10)
+            return
+        prompt = self.query_one(PromptInput)
+        prompt.remember(typed)
+        prompt.clear()
+        self._stop_editing()
+        chat = self.query_one(ChatView)
+        if editing is not None:
+            await chat.truncate(editing)
+        await chat.add(session.messages[-1])
+        await self._start_reply(events)
+
+    # ---- slash commands (app/tui/slash_commands.py parses them)
+
+    async def _run_command(self, command: Command | UnknownCommand, typed: str) -> None:
+        """Carry out a command typed in the box. Done: it leaves the box (Up recalls it); refused: one
+        sentence says why and the box keeps it, to be corrected."""
+        if isinstance(command, UnknownCommand):
+            self.notify(command.sentence(), severity="warning", timeout=10)
+            return
+        try:
+            if command.name == "file":
+                self._attach_file(command.argument, typed)
+                return  # the box gets the file's content once it is read and counted
+            done = await getattr(self, f"_command_{command.name}")(command.argument)
+        except CommandError as exc:
+            self.notify(str(exc), severity="warning", timeout=10)
+            return
+        prompt = self.query_one(PromptInput)
+        if done and prompt.text.strip() == typed:
+            prompt.remember(typed)
+            prompt.clear()
+
+    # Each returns True once done, False if it was refused (and said why); CommandError for a bad argument.
+
+    async def _command_system(self, text: str) -> bool:
+        if not text:
+            raise CommandError("/system needs the text of the system prompt, such as /system Answer briefly. "
+                               "(Ctrl+O can clear it, for the model's default.)")
+        old = self.current_settings()
+        return await self._apply_settings(old, dataclasses.replace(old, system=text))
+
+    async def _command_temperature(self, argument: str) -> bool:
+        old = self.current_settings()
+        if not argument:
+            raise CommandError(f"The temperature is {old.params.temperature:g}; /temperature X changes it "
+                               "(0 = greedy).")
+        new = dataclasses.replace(old, params=slash_commands.temperature(argument, old.params))
+        if not await self._apply_settings(old, new):
+            return False
+        self.notify(f"Temperature {new.params.temperature:g} from the next reply on.", timeout=4)
+        return True
+
+    async def _command_model(self, name: str) -> bool:
+        models = self.model_choices()
+        if not name:
+            names = ", ".join(model.name for model in models) or "none found"
+            raise CommandError(f"/model NAME switches the model; these are here: {names}.")
+        chosen = slash_commands.choose_model(name, models)
+        old = self.current_settings()
+        return await self._apply_settings(old, dataclasses.replace(old, model=chosen.spec))
+
+    async def _command_clear(self, argument: str) -> bool:
+        if self.generating:
+            raise CommandError("Stop the reply first (Esc), then /clear starts a new chat.")
+        await self.action_new_chat()
+        return True
+
+    async def _command_help(self, argument: str) -> bool:
+        self.action_help()
+        return True
+
+    def _attach_file(self, argument: str, typed: str) -> None:
+        path, _, rest = argument.partition("\n")
+        if not path.strip():
+            raise CommandError("/file needs the path of a text file, such as /file notes.txt.")
+        if self.session is None:
+            raise CommandError("A file can be attached once the model and the conversation are ready.")
+        self.run_worker(self._attach(path.strip(), rest, typed), exclusive=True, group="attach-file")
+
+    async def _attach(self, path: str, rest: str, typed: str) -> None:
+        """Read and count the file off the UI thread; if it fits the context window's room, it takes the
+        command's place in the box, with the lines typed after the command, and its size is shown."""
+        engine = self.engine
+        window = engine.context_window if engine else 0
+        try:
+            attachment = await asyncio.to_thread(read_attachment, path,
+                                                 MAX_CHARS_PER_TOKEN * window if window else NO_WINDOW_MAX_CHARS)
+        except AttachmentError as exc:
+            self.notify(str(exc), severity="warning", timeout=10)
+            return
+        block = attachment.as_message_text()
+        tokenizer = None if is_remote(engine) or engine is None else engine.tokenizer
+        count, used = await asyncio.to_thread(lambda: (count_tokens(block, tokenizer), self.context_used()))
+        size = f"{'≈ ' if count.estimated else ''}{count.tokens:,} tokens"
+        if window and room_left(count, window, used) < 1:
+            self.notify(f"{attachment.name} is {size}, more than the {max(0, window - used - 1):,} this "
+                        f"conversation's context window ({window:,} tokens) has room for; /clear starts a new chat.",
+                        severity="warning", timeout=10)
+            return
+        prompt = self.query_one(PromptInput)
+        if prompt.text.strip() != typed:
+            return  # the box was changed meanwhile: leave what the user wrote alone
+        prompt.remember(typed)
+        prompt.replace_all(block + rest)
+        self.notify(f"Attached {attachment.name} ({size}); write your message and press Enter.", timeout=6)
+
+    async def _reload_changed(self) -> None:
+        """Another kvchat added to the conversation shown: show what it is now instead of forking it."""
+        await self.open_conversation(self.conversation_id)
+        self.notify("This conversation got new messages in another kvchat; they are shown now. Send yours again.",
+                    severity="warning", timeout=10)
+
+    def on_prompt_input_refused(self, event: PromptInput.Refused) -> None:
+        self.notify(event.sentence, severity="warning", timeout=10)
+
+    async def _start_reply(self, events) -> None:
+        self.reply = await self.query_one(ChatView).add(ChatMessage("assistant", "", status="streaming"))
+        self._stream = Markdown.get_stream(self.reply.body)
+        self.query_one(StatusBar).begin_reply()
+        engine = self.engine
+        self.engine_thread.submit(lambda: stream_reply(events, engine, self.post_message))
+
+    async def on_reply_text(self, message: ReplyText) -> None:
+        if self._stream is not None:
+            await self._stream.write(message.text)
+
+    def on_reply_stats(self, message: ReplyStats) -> None:
+        bar = self.query_one(StatusBar)
+        bar.kv_cache = message.kv_cache or bar.kv_cache
+        bar.show(message.stats.phase, stats=message.stats)
+        inspector = self.query_one(Inspector)
+        if inspector.display and self._inspecting_live:
+            inspector.show(live_stats(message.stats), "the reply being written")
+
+    async def on_reply_done(self, message: ReplyDone) -> None:
+        # `self.reply` is cleared only when the screen is final, so "generating" covers all of this.
+        try:
+            await self._show_reply_end(message)
+        finally:
+            self.reply = None
+
+    async def _show_reply_end(self, message: ReplyDone) -> None:
+        if self._stream is not None:
+            await self._stream.stop()
+            self._stream = None
+        reply, bar, session = self.reply, self.query_one(StatusBar), self.session
+        bar.kv_cache = message.kv_cache or bar.kv_cache
+        if message.done is None:
+            bar.show("idle", "failed")
+            self.notify(message.error or "The reply failed.", severity="error", timeout=10)
+            kept = session.messages[-1] if session and session.messages else None
+            if reply is not None and kept is not None and kept.status == "interrupted":
+                await self._show_final(reply, kept)  # what it said is part of the conversation now
+            elif reply is not None:  # nothing was said: the empty reply is shown as interrupted
+                reply.message.status = "interrupted"
+                reply.refresh_header()
+            await self._show_conversation_saved()  # the user's message was, whatever happened after it
+            if reply is not None:
+                self.reply = None  # so the inspector shows the interrupted reply, not "the reply being written"
+                self._inspect(reply)
+            return
+        stored = session.messages[-1] if session and session.messages[-1].role == "assistant" else None
+        if reply is not None and stored is not None:
+            await self._show_final(reply, stored)
+        bar.show("idle", FINISH_NOTES.get(message.done.finish_reason, message.done.finish_reason), message.done.stats)
+        await self._show_conversation_saved()
+        if reply is not None and stored is not None:
+            self.reply = None  # so the inspector shows the finished reply, not the live one
+            self._inspect(reply)
+
+    async def _show_final(self, reply: AssistantMessageView, message: ChatMessage) -> None:
+        """The streamed reply's view becomes the session's message (its id, status and numbers)."""
+        self.query_one(ChatView).messages[reply.index] = message
+        await reply.finish(message, self._alternatives(message) if message.id else [])
+
+    async def _show_conversation_saved(self) -> None:
+        """The sidebar lists the conversation as it now is (the first message created it)."""
+        session = self.session
+        if session and session.saved and session.saved.id != self.conversation_id:
+            self.conversation_id = session.saved.id
+        sidebar = self.query_one(Sidebar)
+        await sidebar.refresh_list()
+        sidebar.highlight(self.conversation_id)
+
+    def action_stop(self) -> None:
+        if self.generating and self.session is not None:
+            self.session.cancel()
+        elif self.editing is not None:
+            self._stop_editing()
+            self.query_one(PromptInput).clear()
+
+    async def action_regenerate(self) -> None:
+        if not self._can_send():
+            return
+        try:
+            events = self.session.regenerate()
+        except ConversationChanged:
+            await self._reload_changed()
+            return
+        except (EngineError, StorageError) as exc:
+            self.notify(str(exc), severity="warning", timeout=10)
+            return
+        await self.query_one(ChatView).truncate(len(self.session.messages))
+        await self._start_reply(events)
+
+    async def on_assistant_message_view_regenerate_requested(self, event: AssistantMessageView.RegenerateRequested) -> None:
+        if event.view.index != len(self.query_one(ChatView).messages) - 1:
+            self.notify("Only the last reply can be regenerated; earlier ones: edit the message before them.",
+                        severity="warning", timeout=6)
+            return
+        await self.action_regenerate()
+
+    def on_user_message_view_edit_requested(self, event: UserMessageView.EditRequested) -> None:
+        self._start_editing(event.view.index, event.view.text)
+
+    def action_edit_last(self) -> None:
+        messages = self.query_one(ChatView).messages
+        users = [i for i, m in enumerate(messages) if m.role == "user"]
+        if not users:
+            self.notify("There is no message of yours to edit.", severity="warning")
+            return
+        self._start_editing(users[-1], messages[users[-1]].content)
+
+    def _start_editing(self, index: int, text: str) -> None:
+        if self.generating:
+            self.notify("Stop the reply first (Esc).", severity="warning")
+            return
+        self.editing = index
+        banner = self.query_one("#editing", Static)
+        banner.update(f"Editing message {index + 1}: Enter sends it as a new branch (the old one stays, "
+                      "‹ › on the message) · Esc cancels")
+        banner.display = True
+        prompt = self.query_one(PromptInput)
+        prompt.text = text
+        prompt.focus()
+
+    def _stop_editing(self) -> None:
+        self.editing = None
+        self.query_one("#editing", Static).display = False
+
+    async def on_message_view_branch_requested(self, event: MessageView.BranchRequested) -> None:
+        if not self._can_send():
+            return
+        view = event.view
+        position = view.alternatives.index(view.message.id) + event.step
+        if not 0 <= position < len(view.alternatives):
+            self.notify("There is no other version that way.", timeout=3)
+            return
+        try:
+            self.session.switch_branch(view.alternatives[position])
+        except (EngineError, StorageError) as exc:
+            self.notify(str(exc), severity="error", timeout=10)
+            return
+        chat = self.query_one(ChatView)
+        await chat.show(self.session.messages)
+        for other in chat.views():
+            if other.index == view.index:
+                other.focus()
+

@@ -1,0 +1,199 @@
+"""One message of the chat view: who said it, which branch it is on, its text, and (replies) its numbers.
+
+A message can be focused (click, Tab, Ctrl+Up, or up/down from another message);
+the keys on it copy it, switch between its alternatives (edits of a user message,
+regenerations of a reply), edit it or regenerate it. Its single-letter keys act
+only when the app says so (see letter_keys.py). The view only asks: the app
+decides what those requests do.
+"""
+
+from __future__ import annotations
+
+import re
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.message import Message
+from textual.widgets import Markdown, Static
+
+from app.chat.session import ChatMessage
+from app.chat.stats_text import cached_text
+from app.tui.widgets.letter_keys import letters_act
+
+STATUS_NOTES = {"stopped": "stopped", "interrupted": "interrupted", "streaming": "still being written"}
+_FENCE = re.compile(r"^(```|~~~)[^\n]*\n(.*?)^\1[ \t]*$", re.MULTILINE | re.DOTALL)
+
+
+def last_code_block(markdown: str) -> str | None:
+    """The text inside the last fenced code block of `markdown` (an unclosed last fence counts,
+    as a reply stopped mid-block has one); None if it has none."""
+    closed = list(_FENCE.finditer(markdown))
+    blocks = [match.group(2) for match in closed]
+    closed_end = closed[-1].end() if closed else 0
+    tail = re.search(r"^(```|~~~)[^\n]*\n(.*)\Z", markdown[closed_end:], re.MULTILINE | re.DOTALL)
+    if tail:
+        blocks.append(tail.group(2))
+    return blocks[-1].rstrip("\n") if blocks else None
+
+
+def stats_summary(stats: dict | None) -> str:
+    """A reply's numbers in one short line for its header."""
+    if not stats:
+        return ""
+    parts = []
+    if "ttft_ms" in stats:
+        parts.append(f"TTFT {stats['ttft_ms']:.0f} ms")
+    if stats.get("decode_tokens_per_s"):
+        parts.append(f"{stats['decode_tokens_per_s']:.1f} tok/s")
+    if "cached_tokens" in stats:
+        parts.append(cached_text(stats["cached_tokens"], stats.get("cache_source")))
+    return " · ".join(parts)
+
+
+class MessageView(Vertical, can_focus=True):
+    """A message: a header line and its text. `index` is its position in the conversation's branch."""
+
+    BINDINGS = [
+        Binding("c", "copy", "Copy"),
+        Binding("k", "copy_code", "Copy code"),
+        Binding("left,less_than_sign", "branch(-1)", "‹ Branch"),
+        Binding("right,greater_than_sign", "branch(1)", "Branch ›"),
+        Binding("up", "neighbour(-1)", "Previous", show=False),
+        Binding("down", "neighbour(1)", "Next", show=False),
+    ]
+
+    # Actions bound to a plain letter (or ‹ ›); ← and → of "branch" are navigation keys, which
+    # the app counts as navigating before the binding runs, so they always act.
+    LETTER_ACTIONS = frozenset({"copy", "copy_code", "branch", "edit", "regenerate"})
+
+    class BranchRequested(Message):
+        """Show the message's previous (-1) or next (+1) alternative."""
+
+        def __init__(self, view: MessageView, step: int):
+            super().__init__()
+            self.view, self.step = view, step
+
+    def __init__(self, message: ChatMessage, index: int, alternatives: list[str] | None = None):
+        super().__init__(classes=message.role)
+        self.message = message
+        self.index = index
+        self.alternatives = alternatives or []  # ids of this message and its siblings, oldest first
+
+    @property
+    def text(self) -> str:
+        return self.message.content
+
+    def compose(self) -> ComposeResult:
+        yield Static(self.header_text(), classes="header", markup=False)
+        yield self.make_body()
+
+    def make_body(self) -> Static | Markdown:
+        raise NotImplementedError
+
+    def who(self) -> str:
+        raise NotImplementedError
+
+    def header_text(self) -> str:
+        parts = [self.who()]
+        if len(self.alternatives) > 1 and self.message.id in self.alternatives:
+            parts.append(f"‹ {self.alternatives.index(self.message.id) + 1}/{len(self.alternatives)} ›")
+        if self.message.status in STATUS_NOTES:
+            parts.append(STATUS_NOTES[self.message.status])
+        return " · ".join(parts)
+
+    def refresh_header(self) -> None:
+        for header in self.query(".header"):  # none once the view is gone (the app quit mid-update)
+            header.update(self.header_text())
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return letters_act(self) if action in self.LETTER_ACTIONS else True
+
+    def action_copy(self) -> None:
+        self.app.copy_to_clipboard(self.text)
+        self.notify(f"Copied the message ({len(self.text):,} characters).", timeout=3)
+
+    def action_copy_code(self) -> None:
+        code = last_code_block(self.text)
+        if code is None:
+            self.notify("This message has no code block.", severity="warning", timeout=3)
+            return
+        self.app.copy_to_clipboard(code)
+        self.notify(f"Copied the code block ({len(code.splitlines())} lines).", timeout=3)
+
+    def action_branch(self, step: int) -> None:
+        if len(self.alternatives) < 2:
+            self.notify("This message has no other versions.", timeout=3)
+            return
+        self.post_message(self.BranchRequested(self, step))
+
+    def action_neighbour(self, step: int) -> None:
+        views = list(self.parent.query_children(MessageView)) if self.parent else []
+        position = views.index(self) + step if self in views else -1
+        if 0 <= position < len(views):
+            views[position].focus()
+            views[position].scroll_visible()
+        elif step > 0:
+            self.app.query_one("#prompt").focus()
+
+
+class UserMessageView(MessageView):
+    """What the user sent, shown as typed (no Markdown interpretation)."""
+
+    BINDINGS = [Binding("e", "edit", "Edit & resend")]
+
+    class EditRequested(Message):
+        def __init__(self, view: UserMessageView):
+            super().__init__()
+            self.view = view
+
+    def who(self) -> str:
+        return "you"
+
+    def make_body(self) -> Static:
+        return Static(self.message.content, classes="body", markup=False)
+
+    def action_edit(self) -> None:
+        self.post_message(self.EditRequested(self))
+
+
+class AssistantMessageView(MessageView):
+    """A reply: streamed as Markdown while it is generated, rendered whole at the end."""
+
+    BINDINGS = [Binding("r", "regenerate", "Regenerate")]
+
+    class RegenerateRequested(Message):
+        def __init__(self, view: AssistantMessageView):
+            super().__init__()
+            self.view = view
+
+    def who(self) -> str:
+        summary = stats_summary(self.message.stats)
+        return "assistant" + (f" · {summary}" if summary else "")
+
+    def make_body(self) -> Markdown:
+        return Markdown(self.message.content, classes="body")
+
+    @property
+    def body(self) -> Markdown:
+        return self.query_one(".body", Markdown)
+
+    @property
+    def text(self) -> str:
+        return self.body.source if self.is_mounted else self.message.content
+
+    def action_regenerate(self) -> None:
+        self.post_message(self.RegenerateRequested(self))
+
+    async def finish(self, message: ChatMessage, alternatives: list[str]) -> None:
+        """The reply ended: one full render (streamed code fences can be left half-drawn), then the header."""
+        self.message, self.alternatives = message, alternatives
+        await self.body.update(message.content or "*(no reply)*")
+        self.refresh_header()
+
+
+class NoteView(Static):
+    """A line about the conversation itself (model or system prompt changed), not a message."""
+
+    def __init__(self, text: str):
+        super().__init__(text, markup=False)

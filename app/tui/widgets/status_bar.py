@@ -1,0 +1,227 @@
+"""The live status bar: what the engine is doing and what the last reply cost.
+
+Its parts, most important first: the phase · TTFT · tokens/s · prompt tokens cached (and from where)
+and computed · context used/window · KV cache memory used/budget · model · device and dtype. Each
+redraw fits them to the bar's width: the least important part is shortened or dropped first (the
+phase's detail, the prompt's wording, the device, the model, KV, context, then where the cache came
+from), never TTFT, tokens/s or the cached/computed counts. Below TWO_LINES_BELOW columns the bar has two
+lines: the phase and the reply's numbers, then context, KV and model.
+
+While a reply is prefilled the phase counts the seconds (redrawn by the app's timer); a prompt of more
+than one prefill chunk also shows the tokens done of those to compute, the rate and the time left, from
+the Stats the engine sends after each chunk (the time left counts down between them).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from rich.cells import cell_len
+from rich.text import Text
+from textual import events
+from textual.widget import Widget
+
+from app.chat.stats_text import format_duration, prefill_rate_shown
+from engine import RequestStats
+
+SEPARATOR = " · "
+TWO_LINES_BELOW = 120  # columns: narrower, the reply's numbers get a line of their own
+DETAIL_CELLS = 24  # a phase's detail ("loaded in 3.2 s", an error) is cut to this before anything is dropped
+MODEL_CELLS = 16  # and a long model name to this before it is dropped
+
+# The order the parts are shortened in, one step at a time, until the line fits ("phase" twice: its
+# detail is cut, later dropped). A prefill's "progress" stands where the phase does, shortened last.
+ONE_LINE_STEPS = ("phase", "prompt", "device", "phase", "model", "model", "kv", "context", "prompt",
+                  "progress", "progress", "phase")
+FIRST_LINE = ("phase", "progress", "ttft", "rate", "prompt")
+FIRST_LINE_STEPS = ("phase", "prompt", "phase", "prompt", "progress", "progress", "phase")
+SECOND_LINE = ("context", "kv", "model", "device")
+SECOND_LINE_STEPS = ("device", "model", "model", "kv", "context")
+
+
+def prompt_text(s: RequestStats) -> str:
+    """"prompt 120 (100 cached from device, 20 computed)"; a remote server's counts come with its usage
+    report at the end, and the cached part only if it reports one."""
+    if s.cached_tokens is None:
+        return f"prompt {s.prompt_tokens} (cached n/a)" if s.phase == "done" and s.prompt_tokens else "prompt …"
+    source = f" from {s.cache_source}" if s.cached_tokens else ""
+    return f"prompt {s.prompt_tokens} ({s.cached_tokens} cached{source}, {s.prefilled_tokens} computed)"
+
+
+def prompt_forms(s: RequestStats) -> list[str]:
+    """The prompt's counts, longest first: prompt_text, "1024 cached from disk / 12 computed",
+    "1024 cached / 12 computed" (plain numbers, as in prompt_text, whatever the width)."""
+    if s.cached_tokens is None or s.prefilled_tokens is None:
+        return [prompt_text(s), "cached n/a" if s.phase == "done" and s.prompt_tokens else "prompt …"]
+    source = f" from {s.cache_source}" if s.cached_tokens else ""
+    compact = f"{s.cached_tokens} cached{{}} / {s.prefilled_tokens} computed"
+    return [prompt_text(s), compact.format(source), compact.format("")]
+
+
+def clip(text: str, cells: int) -> str:
+    """`text` cut to `cells` cells, ending with "…" if it was cut."""
+    if cell_len(text) <= cells:
+        return text
+    while text and cell_len(text) > cells - 1:
+        text = text[:-1]
+    return text.rstrip() + "…"
+
+
+def fit(parts: dict[str, list[str]], order: tuple[str, ...], steps: tuple[str, ...], width: int) -> str:
+    """`parts` (name -> its forms, longest first; "" is dropped) joined in `order`, each at its longest
+    form, then shortened one step at a time in the order `steps` names them while the line is wider than
+    `width` cells. What still does not fit is cut by the renderer's ellipsis."""
+    level = dict.fromkeys(parts, 0)
+
+    def line() -> str:
+        shown = (parts[name][level[name]] for name in order if name in parts)
+        return SEPARATOR.join(text for text in shown if text)
+
+    text = line()
+    for name in steps:
+        if cell_len(text) <= width:
+            break
+        if name in parts and level[name] < len(parts[name]) - 1:
+            level[name] += 1
+            text = line()
+    return text
+
+
+@dataclass(frozen=True)
+class PrefillProgress:
+    """The engine's last report of a long prompt's prefill, and what the UI made of it."""
+
+    done: int  # prompt tokens computed so far
+    total: int  # prompt tokens to compute
+    elapsed_ms: float  # since the request was submitted (the engine's clock)
+    left_s: float  # the time left, as of `received`
+    received: float  # time.monotonic() when it arrived
+    chunk_ms: float  # the last chunk's time per token
+    chunk_at: float  # and its tokens' mean position in the sequence
+
+    @staticmethod
+    def after(stats: RequestStats, before: PrefillProgress | None) -> PrefillProgress:
+        """The report `stats` (phase "prefill") following `before` (None: the first chunk's).
+
+        A token costs more the later it comes (it attends over all before it: 4-5x as much at 7,000 as
+        at 1,000 for SmolLM2 on a CPU), so the time left is not the rate so far times the tokens left:
+        the time per token is taken as a line through the last two chunks' (their mean positions), and
+        summed over the positions still to compute; after the first chunk, that chunk's time per token."""
+        done0, ms0 = (before.done, before.elapsed_ms) if before else (0, 0.0)
+        done, start = stats.prefill_done_tokens, stats.cached_tokens or 0
+        chunk_ms = max(stats.prefill_ms - ms0, 0.0) / max(done - done0, 1)
+        chunk_at = start + (done0 + done) / 2
+        slope = 0.0  # ms per token, per position further on
+        if before is not None and chunk_at > before.chunk_at:
+            slope = max((chunk_ms - before.chunk_ms) / (chunk_at - before.chunk_at), 0.0)
+        total = stats.prefilled_tokens or 0
+        rest_at = start + (done + total) / 2  # the mean position of the tokens still to compute
+        left_ms = (total - done) * (chunk_ms + slope * (rest_at - chunk_at))
+        return PrefillProgress(done, total, stats.prefill_ms, left_ms / 1e3, time.monotonic(), chunk_ms, chunk_at)
+
+    def forms(self, elapsed_s: float) -> list[str]:
+        """"prefill 2048/8192 tokens, 4.6 s · 445 tok/s · ~14.0 s left", then shorter."""
+        remaining = self.left_s - (time.monotonic() - self.received)
+        left = f"~{format_duration(remaining * 1e3)} left" if remaining >= 1 else "finishing"
+        counts = f"{self.done}/{self.total}"
+        rate = f" · {self.done / self.elapsed_ms * 1e3:.0f} tok/s" if prefill_rate_shown(self.done) else ""
+        percent = f"{100 * self.done // max(self.total, 1)}%"
+        return [f"prefill {counts} tokens, {elapsed_s:.1f} s{rate} · {left}", f"prefill {counts} · {left}",
+                f"prefill {percent} · {left}"]
+
+
+class StatusBar(Widget):
+    """A Widget that renders its own line, not a Static: Static.update() asks for a layout of the
+    whole screen, which redrawing the status 9 times a second while a reply streams cannot afford
+    (a full layout took ~12 ms here, on the two cores the decode also needs). Fitting the parts to the
+    width is string work at each render; only a resize across TWO_LINES_BELOW changes its height."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.phase = "loading"
+        self.detail = ""
+        self.stats: RequestStats | None = None
+        self.context_window = 0
+        self.model = ""
+        self.device = ""  # "cpu float32"
+        self.kv_cache: dict = {}  # engine.cache_stats(), refreshed while a reply runs and after it
+        self.reply_started: float | None = None  # monotonic time the reply being written was sent
+        self.progress: PrefillProgress | None = None  # the reply being prefilled, once a chunk is done
+
+    def show(self, phase: str, detail: str = "", stats: RequestStats | None = None) -> None:
+        self.phase, self.detail = phase, detail
+        if stats is not None:
+            self.stats = stats
+            if stats.phase == "prefill" and stats.prefill_done_tokens:
+                self.progress = PrefillProgress.after(stats, self.progress)
+        if phase != "prefill":
+            self.progress = None
+        if phase in ("idle", "no model"):
+            self.reply_started = None
+        self.refresh_text()
+
+    def begin_reply(self) -> None:
+        self.reply_started = time.monotonic()
+        self.stats = self.progress = None
+        self.show("prefill")
+
+    def clear_reply(self) -> None:
+        """Forget the last reply's numbers: another conversation, or another model, is shown now."""
+        self.stats = self.progress = None
+        self.refresh_text()
+
+    def refresh_text(self) -> None:
+        self.refresh()  # repaint only: the bar's height depends on its width, not on what it says
+
+    def on_resize(self, event: events.Resize) -> None:
+        self.set_class(event.size.width < TWO_LINES_BELOW, "-two-lines")
+
+    def render(self) -> Text:
+        width, parts = self.content_size.width, self.parts()
+        if self.has_class("-two-lines"):
+            lines = [fit(parts, FIRST_LINE, FIRST_LINE_STEPS, width),
+                     fit(parts, SECOND_LINE, SECOND_LINE_STEPS, width)]
+        else:
+            lines = [fit(parts, FIRST_LINE + SECOND_LINE, ONE_LINE_STEPS, width)]
+        return Text("\n".join(lines), no_wrap=True, overflow="ellipsis")
+
+    def status_text(self) -> str:
+        """Everything the bar knows, on one line, nothing shortened (what a wide enough bar shows)."""
+        parts = self.parts()
+        return SEPARATOR.join(parts[name][0] for name in FIRST_LINE + SECOND_LINE if name in parts and parts[name][0])
+
+    def parts(self) -> dict[str, list[str]]:
+        """Each part's forms, longest first ("" last where the part may be dropped)."""
+        elapsed = time.monotonic() - self.reply_started if self.reply_started is not None else None
+        if self.phase == "prefill" and self.progress is not None and elapsed is not None:
+            parts = {"progress": self.progress.forms(elapsed)}
+        else:
+            parts = {"phase": self._phase_forms(elapsed)}
+        s = self.stats
+        if s is not None:
+            if s.phase != "prefill":
+                parts["ttft"] = [f"TTFT {s.ttft_ms:.0f} ms" if s.generated_tokens else "TTFT …"]
+                parts["rate"] = [f"{s.decode_tokens_per_s:.1f} tok/s"]
+            parts["prompt"] = prompt_forms(s)
+            if self.context_window and s.prompt_tokens:  # a server's count comes at the end of the reply
+                parts["context"] = [f"context {s.prompt_tokens + s.generated_tokens}/{self.context_window}", ""]
+        if self.kv_cache.get("enabled"):
+            used, total = self.kv_cache["bytes_used"] / 2**20, self.kv_cache["bytes_total"] / 2**20
+            shown = f"{used:.1f}" if 0 < used < 10 else f"{used:.0f}"  # a first short reply is not "0"
+            parts["kv"] = [f"KV {shown}/{total:.0f} MiB", ""]
+        if self.model:
+            parts["model"] = [self.model, clip(self.model, MODEL_CELLS), ""]
+        if self.device:
+            parts["device"] = [self.device, ""]
+        return parts
+
+    def _phase_forms(self, elapsed: float | None) -> list[str]:
+        phase = self.phase
+        if self.phase == "prefill" and elapsed is not None:
+            phase += f" {elapsed:.1f} s"
+        # Dropped last of all, and only beside a reply's numbers: they show what is going on.
+        last = [""] if self.stats is not None and self.stats.phase != "prefill" else []
+        if not self.detail:
+            return [phase, *last]
+        return [f"{phase}: {self.detail}", f"{phase}: {clip(self.detail, DETAIL_CELLS)}", phase, *last]

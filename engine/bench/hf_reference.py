@@ -1,0 +1,83 @@
+"""The engine next to transformers on the same weights: logits, greedy tokens, `generate` speed.
+
+`hf` is a transformers causal LM on the engine's device and dtype (for a
+synthetic model: synthetic.reference_model). transformers is only touched
+through the model object, so importing this module does not import it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from engine.engine import Engine
+from engine.bench.perf import synchronize
+
+
+@torch.inference_mode()
+def logits_rel_error(engine: Engine, hf, prompt: list[int]) -> float:
+    """max |ours - theirs| / max |theirs| over the last position's logits of one pass over `prompt`."""
+    ours = engine.forward(prompt, engine.new_cache())[-1].float()
+    ids = torch.tensor([prompt], device=engine.device)
+    theirs = hf(ids, logits_to_keep=1).logits[0, -1].float()
+    return float((ours - theirs).abs().max() / theirs.abs().max())
+
+
+@torch.inference_mode()
+def hf_greedy_tokens(hf, prompt: list[int], count: int, device: torch.device) -> list[int]:
+    """`count` greedy tokens by transformers, one forward per step with its DynamicCache.
+
+    A plain argmax loop, not `generate`: generate's min_new_tokens would mask the
+    end-of-sequence token, which the engine's ignore_eos does not do.
+    """
+    from transformers import DynamicCache
+
+    cache, tokens, ids = DynamicCache(), [], torch.tensor([prompt], device=device)
+    for _ in range(count):
+        logits = hf(ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+        tokens.append(int(logits.argmax()))
+        ids = torch.tensor([[tokens[-1]]], device=device)
+    return tokens
+
+
+def compare_tokens(ours: list[int], theirs: list[int]) -> dict:
+    """Whether two greedy token lists are equal, and the index where they first differ (None: nowhere)."""
+    first_difference = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
+    if first_difference is None and len(ours) != len(theirs):
+        first_difference = min(len(ours), len(theirs))
+    return {"tokens": len(theirs), "equal": ours == theirs, "first_difference": first_difference}
+
+
+@torch.inference_mode()
+def hf_generate_speed(hf, prompt: list[int], new_tokens: int, runs: int, device: torch.device) -> dict:
+    """transformers `generate` (greedy, its default cache) after `prompt`: decode tokens/s.
+
+    Timed for `new_tokens` tokens and for 1 token (prefill + first token); the difference
+    is what the remaining new_tokens - 1 decode steps cost.
+    """
+    ids = torch.tensor([prompt], device=device)
+    mask = torch.ones_like(ids)
+    eos = hf.generation_config.eos_token_id
+    pad = eos[0] if isinstance(eos, list) else eos
+
+    def seconds(count: int) -> float:
+        synchronize(device)
+        start = time.perf_counter()
+        out = hf.generate(ids, attention_mask=mask, max_new_tokens=count, min_new_tokens=count, do_sample=False,
+                          pad_token_id=pad)
+        synchronize(device)
+        if out.shape[1] != len(prompt) + count:
+            raise RuntimeError(f"transformers generated {out.shape[1] - len(prompt)} tokens, not {count}")
+        return time.perf_counter() - start
+
+    seconds(new_tokens)  # warm-up
+    full, first = [], []
+    for _ in range(max(1, runs)):
+        full.append(seconds(new_tokens))
+        first.append(seconds(1))
+    decode_s = max(statistics.median(full) - statistics.median(first), 1e-9)
+    return {"context_tokens": len(prompt), "new_tokens": new_tokens,
+            "tokens_per_s": round((new_tokens - 1) / decode_s, 2),
+            "generate_ms": round(statistics.median(full) * 1e3, 1)}

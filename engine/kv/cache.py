@@ -1,0 +1,120 @@
+"""The KV cache of one sequence, behind the small interface the model uses.
+
+The model only ever calls `attention(layer, q, k, v, mask, scale)`: store the
+new tokens' K/V and attend over the whole sequence. By default that is `write`
+followed by dense SDPA over the K/V it returns; a paged cache overrides it to
+read its blocks in place. The engine calls `reserve` before a forward pass and
+`commit` after it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Protocol
+
+import torch
+
+from engine.model.attention import attend
+
+
+class KVAttention(Protocol):
+    """What a decoder layer needs from a sequence's K/V: store the new tokens', attend over all."""
+
+    def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  mask: torch.Tensor | None, scale: float) -> torch.Tensor: ...
+
+
+class KVCache(ABC):
+    """K/V of every layer for the tokens of one sequence, in position order."""
+
+    @property
+    @abstractmethod
+    def num_tokens(self) -> int:
+        """Tokens whose K/V are stored (and committed)."""
+
+    @abstractmethod
+    def reserve(self, new_tokens: int) -> None:
+        """Make room for `new_tokens` more tokens before a forward pass."""
+
+    @abstractmethod
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store K/V [kv_heads, T, head_dim] of the T new tokens for `layer`.
+
+        Returns K/V [kv_heads, num_tokens + T, head_dim] of the whole sequence,
+        the new tokens last. Every layer writes the same T tokens in one pass.
+        """
+
+    @abstractmethod
+    def commit(self, new_tokens: int) -> None:
+        """Count the `new_tokens` written by the last forward pass as stored."""
+
+    def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+        """Store k/v [kv_heads, T, head_dim] of the T new tokens; attend q [T, heads, head_dim] over
+        the whole sequence. Returns [T, heads * head_dim]. `mask` is `prefix_causal_mask(T, S)`."""
+        k_all, v_all = self.write(layer, k, v)
+        return attend(q, k_all, v_all, mask, scale)
+
+
+class ContiguousKVCache(KVCache):
+    """One growing buffer per K and V: [layers, kv_heads, capacity, head_dim]."""
+
+    GROWTH_QUANTUM = 256  # tokens; capacity is kept a multiple of this
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, max_tokens: int,
+                 device: torch.device, dtype: torch.dtype):
+        self._shape = (num_layers, num_kv_heads, 0, head_dim)
+        self._max_tokens = max_tokens
+        self._device, self._dtype = device, dtype
+        self._length = 0
+        self._k = self._v = torch.empty(self._shape, device=device, dtype=dtype)
+
+    @property
+    def num_tokens(self) -> int:
+        return self._length
+
+    @property
+    def capacity(self) -> int:
+        return self._k.shape[2]
+
+    def reserve(self, new_tokens: int) -> None:
+        needed = self._length + new_tokens
+        if needed > self._max_tokens:
+            raise ValueError(f"KV cache of {self._max_tokens} tokens cannot hold {needed}")
+        if needed <= self.capacity:
+            return
+        # Grow geometrically so a long reply costs O(log n) copies, not O(n).
+        quantum = self.GROWTH_QUANTUM
+        grown = max(needed, 2 * self.capacity)
+        grown = min(self._max_tokens, -(-grown // quantum) * quantum)
+        layers, heads, _, dim = self._shape
+        k = torch.empty((layers, heads, grown, dim), device=self._device, dtype=self._dtype)
+        v = torch.empty_like(k)
+        k[:, :, : self._length] = self._k[:, :, : self._length]
+        v[:, :, : self._length] = self._v[:, :, : self._length]
+        self._k, self._v = k, v
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self._length + k.shape[1]
+        self._k[layer, :, self._length : end] = k
+        self._v[layer, :, self._length : end] = v
+        return self._k[layer, :, :end], self._v[layer, :, :end]
+
+    def commit(self, new_tokens: int) -> None:
+        self._length += new_tokens
+
+    def truncate(self, length: int) -> None:
+        """Keep positions 0..length and the buffers (their pages are already mapped)."""
+        self._length = min(self._length, length)
+
+    def positions(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V of positions start..end, all layers: views [layers, kv_heads, end - start, head_dim]."""
+        return self._k[:, :, start:end], self._v[:, :, start:end]
+
+    def fill(self, end: int, load) -> None:
+        """Extend to `end` positions, written by `load(start, end, k, v)` (for cached prefixes)."""
+        start = self._length
+        self.reserve(end - start)
+        load(start, end, self._k, self._v)
+        self.commit(end - start)
+

@@ -1,0 +1,1 @@
+"""The Llama-family decoder: config, layers, attention, RoPE."""

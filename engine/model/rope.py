@@ -1,0 +1,60 @@
+"""Rotary position embeddings (RoPE), including Llama 3's frequency scaling.
+
+Weights are in Hugging Face's layout, so rotation uses the rotate-half
+convention (first and second halves of each head form the pairs).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from engine.model.config import RopeConfig
+
+
+def inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
+    """Per-pair rotation frequencies [head_dim // 2], fp32."""
+    inv_freq = 1.0 / (rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if rope.type == "linear":
+        return inv_freq / rope.factor
+    if rope.type == "llama3":
+        return _llama3_scaled(inv_freq, rope)
+    return inv_freq
+
+
+def _llama3_scaled(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
+    # Long wavelengths are slowed by `factor`, short ones kept, the band between blended.
+    old_len = rope.original_max_position_embeddings
+    low_freq_wavelen = old_len / rope.low_freq_factor
+    high_freq_wavelen = old_len / rope.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / rope.factor, inv_freq)
+    smooth = (old_len / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
+    blended = (1 - smooth) * scaled / rope.factor + smooth * scaled
+    is_medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, blended, scaled)
+
+
+class RotaryEmbedding:
+    """Precomputed cos/sin tables for positions [0, max_positions)."""
+
+    def __init__(self, rope: RopeConfig, head_dim: int, max_positions: int, device: torch.device, dtype: torch.dtype):
+        inv_freq = inverse_frequencies(rope, head_dim)
+        positions = torch.arange(max_positions, dtype=torch.float32)
+        freqs = torch.outer(positions, inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        # Computed in fp32 and then cast, as the reference implementation does.
+        self.cos = emb.cos().to(device=device, dtype=dtype)
+        # rotate_half(x) * sin == swap_halves(x) * sin_signed, bit for bit (negation is exact),
+        # with one op fewer on the decode path.
+        half = head_dim // 2
+        sign = torch.cat((-torch.ones(half), torch.ones(half)))
+        self.sin_signed = (emb.sin() * sign).to(device=device, dtype=dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """Rotate x [T, heads, head_dim] by the position tables [T, 1, head_dim]."""
+    half = x.shape[-1] // 2
+    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + swapped * sin_signed

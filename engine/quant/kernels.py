@@ -1,0 +1,101 @@
+"""The C kernels of csrc/block_quant.c, compiled once on this machine and called through ctypes.
+
+Compiled with -march=native for the CPU it runs on and cached (keyed by the
+source, the compiler and the CPU). The library links the same OpenMP runtime
+as torch (same soname, already loaded by torch), so the two never fight over
+the cores. No compiler, or a failed build, means no kernels: callers fall back
+to dense weights.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.weights.paths import cache_dir
+
+SOURCE = Path(__file__).resolve().parent / "csrc" / "block_quant.c"
+FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
+
+_lock = threading.Lock()
+_loaded: "BlockKernels | str | None" = None  # the kernels, or why there are none
+
+
+@dataclass(frozen=True)
+class BlockKernels:
+    lib: ctypes.CDLL
+    isa: str  # avx512 | avx2 | portable
+
+
+def _cpu_identity() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor()
+    wanted = [line for line in lines if line.startswith(("model name", "flags"))][:2]
+    return "\n".join(wanted)
+
+
+def _compiler() -> str | None:
+    return shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+
+
+def _build(compiler: str) -> Path:
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, " ".join(FLAGS), _cpu_identity()]).encode())
+    target = cache_dir() / "kernels" / f"block_quant-{key.hexdigest()[:20]}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        built = Path(tmp) / target.name
+        result = subprocess.run([compiler, *FLAGS, "-o", str(built), str(SOURCE), "-lm"],
+                                capture_output=True, text=True, timeout=300)
+        if result.returncode != 0:
+            raise RuntimeError(result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "build failed")
+        os.replace(built, target)  # atomic: a concurrent start sees the old state or the whole file
+    return target
+
+
+def _bind(lib: ctypes.CDLL) -> BlockKernels:
+    p, i = ctypes.c_void_p, ctypes.c_int
+    lib.q4_1_matmul.argtypes = [p, i, i, p, p, p, i, p, i]
+    lib.q8_0_matmul.argtypes = [p, i, i, p, p, i, p, i]
+    lib.q4_1_dequantize.argtypes = [p, p, p, i, i, p, i]
+    lib.q8_0_dequantize.argtypes = [p, p, i, i, p, i]
+    for fn in (lib.q4_1_matmul, lib.q8_0_matmul, lib.q4_1_dequantize, lib.q8_0_dequantize):
+        fn.restype = None
+    lib.kv_isa.restype = ctypes.c_char_p
+    return BlockKernels(lib, lib.kv_isa().decode())
+
+
+def load_block_kernels() -> BlockKernels | str:
+    """The kernels, or one sentence saying why they are unavailable."""
+    global _loaded
+    with _lock:
+        if _loaded is None:
+            import torch  # noqa: F401  (loads the OpenMP runtime the library will share)
+
+            compiler = _compiler()
+            if compiler is None:
+                _loaded = "no C compiler was found (set CC)"
+            else:
+                try:
+                    _loaded = _bind(ctypes.CDLL(str(_build(compiler))))
+                except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+                    _loaded = f"the C kernels did not build ({exc})"
+        return _loaded
+
+
+def reset_for_tests() -> None:
+    global _loaded
+    with _lock:
+        _loaded = None

@@ -1,0 +1,1 @@
+"""One request from prompt to Done: the generation loop, sampling, stop rules, detokenizing."""

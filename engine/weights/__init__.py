@@ -1,0 +1,1 @@
+"""Loading a model: where it comes from (directory, GGUF, synthetic), checkpoints, the tokenizer, the device."""

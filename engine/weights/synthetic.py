@@ -1,0 +1,169 @@
+"""Synthetic models: the exact shapes of well-known checkpoints, with seeded random weights.
+
+The model spec `synthetic:NAME` (like a directory or a .gguf file) measures
+speed on the shape of a real model without downloading anything.
+resolve_model turns it into a cached model directory holding config.json, a
+tokenizer over the whole vocabulary (token i is the word "t<i>", so any id
+decodes) and synthetic.json (name, seed), but no weights file: load_model sees
+synthetic.json and draws the weights from SyntheticWeights, so everything after
+that (fusing, validation, the engine) is the path a real model takes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from engine.model.config import ModelConfig
+from engine.errors import ModelError
+from engine.weights.paths import cache_dir
+from engine.weights.synthetic_weights import SyntheticWeights
+
+PREFIX = "synthetic:"
+MARKER = "synthetic.json"  # its presence makes load_model draw the weights instead of reading them
+FORMAT_VERSION = 1  # part of the cache key: bump when the directory's contents change
+
+_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+          "attention_bias": False, "mlp_bias": False, "rms_norm_eps": 1e-5}
+_LLAMA3 = {**_LLAMA, "vocab_size": 128256, "max_position_embeddings": 131072, "head_dim": 64,
+           "num_key_value_heads": 8, "rope_theta": 500000.0, "bos_token_id": 128000,
+           "eos_token_id": [128001, 128008, 128009]}
+_QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_act": "silu",
+          "attention_bias": False, "rms_norm_eps": 1e-6, "vocab_size": 151936, "head_dim": 128,
+          "max_position_embeddings": 40960, "rope_theta": 1000000.0, "num_key_value_heads": 8,
+          "use_sliding_window": False, "sliding_window": None, "bos_token_id": 151643, "eos_token_id": 151645}
+
+
+def _llama3_rope(factor: float) -> dict:
+    return {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192}
+
+
+# name -> (the checkpoint whose config.json this copies, that config's fields)
+MODELS: dict[str, tuple[str, dict]] = {
+    "smollm2-135m": ("HuggingFaceTB/SmolLM2-135M-Instruct", {
+        **_LLAMA, "hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+        "head_dim": 64, "intermediate_size": 1536, "vocab_size": 49152, "tie_word_embeddings": True,
+        "rope_theta": 100000.0, "max_position_embeddings": 8192, "bos_token_id": 1, "eos_token_id": 2}),
+    "llama-3.2-1b": ("meta-llama/Llama-3.2-1B-Instruct", {
+        **_LLAMA3, "hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32,
+        "intermediate_size": 8192, "tie_word_embeddings": True, "rope_scaling": _llama3_rope(32.0)}),
+    "llama-3.1-8b": ("meta-llama/Llama-3.1-8B-Instruct", {
+        **_LLAMA3, "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "head_dim": 128,
+        "intermediate_size": 14336, "tie_word_embeddings": False, "rope_scaling": _llama3_rope(8.0)}),
+    "qwen3-0.6b": ("Qwen/Qwen3-0.6B", {
+        **_QWEN3, "hidden_size": 1024, "num_hidden_layers": 28, "num_attention_heads": 16,
+        "intermediate_size": 3072, "tie_word_embeddings": True}),
+    "qwen3-8b": ("Qwen/Qwen3-8B", {
+        **_QWEN3, "hidden_size": 4096, "num_hidden_layers": 36, "num_attention_heads": 32,
+        "intermediate_size": 12288, "tie_word_embeddings": False}),
+}
+# A minimal template so `kvchat ask --model synthetic:...` runs; words outside "t<i>" all become token 0.
+_CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+
+
+def synthetic_name(spec: str | None) -> str | None:
+    """NAME of a `synthetic:NAME` spec (unchecked), else None."""
+    return spec[len(PREFIX):] if spec and spec.startswith(PREFIX) else None
+
+
+def synthetic_config(name: str, layers: int | None = None) -> dict:
+    """The config.json of a synthetic model; `layers` overrides the depth (for tests on big shapes)."""
+    if name not in MODELS:
+        raise ModelError(f"Unknown synthetic model {name!r}: kvchat has {', '.join(MODELS)}.")
+    config = dict(MODELS[name][1])
+    if layers is not None:
+        if layers < 1:
+            raise ModelError("A synthetic model needs at least one layer.")
+        config["num_hidden_layers"] = layers
+    return config
+
+
+def synthetic_model_dir(name: str, layers: int | None = None, seed: int = 0) -> Path:
+    """The cached directory of a synthetic model (written on first use, a few MB, no weights)."""
+    config = synthetic_config(name, layers)
+    depth = f"-{layers}l" if layers is not None else ""
+    out_dir = cache_dir() / "models" / f"synthetic-{name}{depth}-s{seed}-v{FORMAT_VERSION}"
+    if (out_dir / MARKER).is_file():
+        return out_dir
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    # Written in a temporary directory and renamed, so a crash or a concurrent start never sees half of it.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is as readable as any other
+    try:
+        (tmp / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+        _save_tokenizer(tmp, config)
+        marker = {"name": name, "shape_of": MODELS[name][0], "layers": config["num_hidden_layers"], "seed": seed}
+        (tmp / MARKER).write_text(json.dumps(marker), encoding="utf-8")
+        try:
+            os.replace(tmp, out_dir)
+        except OSError:
+            if not (out_dir / MARKER).is_file():  # not another process finishing first: a real failure
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def _save_tokenizer(path: Path, config: dict) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(config["vocab_size"])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()  # decoding joins the words with spaces
+    eos = config["eos_token_id"]
+    eos = eos[-1] if isinstance(eos, list) else eos
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=f"t{eos}", unk_token="t0")
+    fast.chat_template = _CHAT_TEMPLATE
+    fast.save_pretrained(str(path))
+
+
+def read_marker(model_dir: Path) -> dict | None:
+    """synthetic.json of a model directory ({name, shape_of, layers, seed}), or None for a real model."""
+    try:
+        return json.loads((Path(model_dir) / MARKER).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"The synthetic model's {MARKER} cannot be read ({exc}).") from None
+
+
+def synthetic_weights(model_dir: Path, cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
+                      seed: int | None = None) -> SyntheticWeights:
+    """The weight source of a synthetic model directory (its own seed unless `seed` is given)."""
+    marker = read_marker(model_dir)
+    if marker is None:
+        raise ModelError(f"{model_dir} is not a synthetic model: it has no {MARKER}.")
+    return SyntheticWeights(cfg, int(marker["seed"]) if seed is None else seed, device, dtype)
+
+
+def reference_model(name_or_dir: str | Path, device: torch.device | str, dtype: torch.dtype,
+                    seed: int | None = None):
+    """transformers' own model of a synthetic model, filled with the very weights the engine draws.
+
+    `name_or_dir`: a synthetic name, a `synthetic:NAME` spec, or a synthetic model
+    directory (e.g. one with fewer layers). The weights match the engine's only on
+    the same device type and dtype. Needs memory for a second copy of the weights.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    name = synthetic_name(str(name_or_dir))
+    if name is None and Path(name_or_dir).is_dir():
+        model_dir = Path(name_or_dir)
+    else:  # a name: an unknown one fails here with the list of known ones
+        model_dir = synthetic_model_dir(name or str(name_or_dir), seed=seed or 0)
+    cfg = ModelConfig.from_file(model_dir / "config.json")
+    source = synthetic_weights(model_dir, cfg, torch.device(device), dtype, seed)
+    config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
+    with torch.device(device):  # built in place: an 8B model never passes through host memory
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    with torch.no_grad():
+        for param_name, param in model.named_parameters():  # a tied lm_head is listed once, as the embedding
+            param.copy_(source.get(param_name))
+    return model.eval()

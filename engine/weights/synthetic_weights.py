@@ -1,0 +1,86 @@
+"""Seeded random weights for a ModelConfig, served by Hugging Face tensor name.
+
+SyntheticWeights is a weight source like a safetensors checkpoint (see
+weights.py), but each tensor is drawn from a generator seeded by (seed, tensor
+name), directly on the target device in the target dtype: an 8B model appears
+in GPU memory in seconds and nothing is written to disk. The same seed, name,
+device type and dtype always give the same tensor, so the transformers
+reference can be filled with exactly the engine's weights. CPU and CUDA
+generators differ, so the same seed gives other weights on another device type.
+
+Scale: N(0, 0.02) for embeddings, linear weights and biases (the usual init),
+ones for RMSNorm weights. With unit-RMS inputs every projection then has an
+output RMS of about 0.02·sqrt(fan_in) ≈ 1.3 at hidden size 4096, so the residual
+stream grows slowly and stays finite through 36 layers in bf16.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+from engine.model.config import ModelConfig
+from engine.errors import ModelError
+
+STD = 0.02
+
+
+def tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor a Hugging Face checkpoint of `cfg` holds: name -> shape."""
+    hidden, inter = cfg.hidden_size, cfg.intermediate_size
+    q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, hidden),
+                                          "model.norm.weight": (hidden,)}
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head.weight"] = (cfg.vocab_size, hidden)
+    for i in range(cfg.num_layers):
+        prefix = f"model.layers.{i}."
+        shapes[prefix + "input_layernorm.weight"] = (hidden,)
+        shapes[prefix + "post_attention_layernorm.weight"] = (hidden,)
+        linears = [("self_attn.q_proj", q_size, hidden, cfg.qkv_bias),
+                   ("self_attn.k_proj", kv_size, hidden, cfg.qkv_bias),
+                   ("self_attn.v_proj", kv_size, hidden, cfg.qkv_bias),
+                   ("self_attn.o_proj", hidden, q_size, cfg.o_bias),
+                   ("mlp.gate_proj", inter, hidden, cfg.mlp_bias),
+                   ("mlp.up_proj", inter, hidden, cfg.mlp_bias),
+                   ("mlp.down_proj", hidden, inter, cfg.mlp_bias)]
+        for name, out_features, in_features, bias in linears:
+            shapes[f"{prefix}{name}.weight"] = (out_features, in_features)
+            if bias:
+                shapes[f"{prefix}{name}.bias"] = (out_features,)
+        if cfg.qk_norm:
+            shapes[prefix + "self_attn.q_norm.weight"] = (cfg.head_dim,)
+            shapes[prefix + "self_attn.k_norm.weight"] = (cfg.head_dim,)
+    return shapes
+
+
+def tensor_seed(seed: int, name: str) -> int:
+    """A 63-bit generator seed for one tensor: independent of every other tensor's and of load order."""
+    digest = hashlib.blake2b(f"{seed}/{name}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+class SyntheticWeights:
+    """Name -> tensor for a config, drawn on `device` in `dtype` when asked for (nothing is kept)."""
+
+    def __init__(self, cfg: ModelConfig, seed: int, device: torch.device | str, dtype: torch.dtype):
+        self.shapes = tensor_shapes(cfg)
+        self.seed = seed
+        self.device = torch.device(device)
+        self.dtype = dtype
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.shapes
+
+    def get(self, name: str) -> torch.Tensor:
+        shape = self.shapes.get(name)
+        if shape is None:
+            raise ModelError(f"The synthetic model has no tensor named {name!r}.")
+        if name.endswith("norm.weight"):
+            return torch.ones(shape, device=self.device, dtype=self.dtype)
+        generator = torch.Generator(device=self.device).manual_seed(tensor_seed(self.seed, name))
+        return torch.randn(shape, generator=generator, device=self.device, dtype=self.dtype).mul_(STD)
+
+    def block_format(self, name: str) -> str | None:
+        return None  # dense only: nothing is stored as Q4_1/Q8_0 blocks
