@@ -17,13 +17,15 @@ from pathlib import Path
 from sqlite_utils import Database
 
 import storage.data_dir
-from storage.db import StorageError, open_database, sqlite_errors, transaction
-from storage.streaming_replies import StreamingReplies
-from storage.trash import Trash
+from storage.db import open_database
+from storage.errors import StorageError, sqlite_errors
 from storage.records import (  # Conversation and StoredMessage are this module's public types too
     CONVERSATION_COLUMNS, MESSAGE_COLUMNS, ROLES, STATUSES, Conversation, SearchHit, StoredMessage,
     conversation_from_row, encode_token_ids, fts_query, message_from_row, title_from,
 )
+from storage.streaming_replies import StreamingReplies
+from storage.transaction import transaction
+from storage.trash import Trash
 
 MIN_PREFIX = 4  # shortest conversation id prefix accepted
 

@@ -1,5 +1,5 @@
-"""Opening the conversation database (for writing, or read-only when it must be), transactions,
-and SQLite errors said as one sentence."""
+"""Opening the conversation database: for writing, or read-only when it must be, and the one sentence
+for a file that cannot be opened. Transactions: storage/transaction.py; errors: storage/errors.py."""
 
 from __future__ import annotations
 
@@ -15,80 +15,11 @@ from pathlib import Path
 from sqlite_utils import Database
 
 from storage.db_files import companion, refuse_special_file
-
-# Two kvchat processes may write to one database; a writer waits this long for the other
-# one's transaction (they last milliseconds) before giving up.
-BUSY_TIMEOUT_S = 10.0
-
-_LOCKED = f"Another kvchat kept the conversation database locked for over {BUSY_TIMEOUT_S:.0f} s"
-# What went wrong, by SQLite's primary result code, in words the user can act on.
-_CAUSES = {
-    sqlite3.SQLITE_FULL: "The disk is full",
-    sqlite3.SQLITE_IOERR: "The disk could not be read or written (disk I/O error)",
-    sqlite3.SQLITE_BUSY: _LOCKED,
-    sqlite3.SQLITE_LOCKED: _LOCKED,
-    sqlite3.SQLITE_READONLY: "The conversation database is read-only",
-    sqlite3.SQLITE_CANTOPEN: "The conversation database cannot be created or opened (check the folder's permissions)",
-    sqlite3.SQLITE_CORRUPT: "The conversation database is damaged",
-    sqlite3.SQLITE_NOTADB: "The conversation database is damaged or not a SQLite database",
-}
-_SALVAGE = "`kvchat db recover` salvages what it still holds"
-# What to do about it, where that is not plain from the cause.
-_ADVICE = {sqlite3.SQLITE_CORRUPT: _SALVAGE, sqlite3.SQLITE_NOTADB: _SALVAGE}
-# Reading a page the -shm index places in the -wal, past the log's end: the log was removed (or
-# cut short) while another connection had the database open. The database itself is sound.
-_WAL_GONE = ("The write-ahead log (the database's -wal file) was removed while another kvchat had it open",
-             "quit that kvchat (it still holds the latest changes and writes them back as it exits), then try again")
-
-
-class StorageError(Exception):
-    """Something the user can act on (disk full, damaged file, unknown id), in one sentence."""
-
-
-@contextmanager
-def sqlite_errors(consequence: str) -> Iterator[None]:
-    """Turn an environment failure (disk full, I/O error, lock timeout, damaged file) into a
-    StorageError "<cause>: <consequence>."; other sqlite3 errors are bugs and pass through."""
-    try:
-        yield
-    except sqlite3.Error as error:
-        code = error_code(error)
-        primary = code & 0xFF  # extended codes carry detail above 8 bits
-        cause, advice = _WAL_GONE if code == sqlite3.SQLITE_IOERR_SHORT_READ else (_CAUSES.get(primary),
-                                                                                  _ADVICE.get(primary))
-        if cause is None:
-            raise
-        raise StorageError(f"{cause}: {consequence}" + (f"; {advice}." if advice else ".")) from error
-
-
-@contextmanager
-def transaction(db: Database, what: str = "the change") -> Iterator[Database]:
-    """One write transaction: committed when the block ends, rolled back if it raises.
-
-    Write with `db.execute` inside it. `what` names the change for the error sentence
-    ("The disk is full: the reply was not saved."). Not reentrant.
-    """
-    with sqlite_errors(f"{what} was not saved"):
-        # IMMEDIATE takes the write lock now, waiting up to the busy timeout; a deferred
-        # transaction that reads first and then writes would fail at once with SQLITE_BUSY
-        # in WAL mode if another process committed in between.
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            yield db
-            db.execute("COMMIT")
-        except BaseException:
-            # SQLite may already have rolled back by itself (e.g. after SQLITE_FULL).
-            if db.conn.in_transaction:
-                db.execute("ROLLBACK")
-            raise
-
+from storage.errors import (BUSY_TIMEOUT_S, CAUSES, LOCKED, SALVAGE, WAL_GONE, StorageError,
+                            error_code)
+from storage.migrations import MIGRATIONS, apply_migrations
 
 WAL_CHECKPOINT_PAGES = 16
-
-
-def error_code(error: sqlite3.Error) -> int:
-    """SQLite's extended result code of `error` (0 for an error raised by Python's sqlite3 itself)."""
-    return getattr(error, "sqlite_errorcode", None) or 0
 
 
 def _enable_wal(conn: sqlite3.Connection) -> None:
@@ -197,7 +128,6 @@ def _open_for_writing(path: Path, existed: bool) -> OpenedDatabase | None:
     """None if quick_check finds the file damaged. Raises sqlite3.Error, or StorageError from a
     migration, where SQLite failed."""
     from storage import db_backup, db_health
-    from storage.migrations import apply_migrations  # migrations.py builds on this module
 
     # Checked before anything writes: a damaged file is never opened for writing.
     if existed and db_health.is_damaged(path):
@@ -244,21 +174,21 @@ def cannot_open(path: Path, error: sqlite3.Error) -> StorageError | sqlite3.Erro
     code = error_code(error)
     primary = code & 0xFF
     if code == sqlite3.SQLITE_IOERR_SHORT_READ and companion(path, "-shm").exists():
-        sentence = (f"{companion(path, '-wal')} was removed while another kvchat had the database open: {_WAL_GONE[1]}"
+        sentence = (f"{companion(path, '-wal')} was removed while another kvchat had the database open: {WAL_GONE[1]}"
                     " (the conversations are intact)")
     elif primary == sqlite3.SQLITE_FULL or code == sqlite3.SQLITE_IOERR_SHMSIZE or (
             primary == sqlite3.SQLITE_IOERR and _disk_full(path.parent)):
         sentence = (f"The disk is full: kvchat could not open {path} for writing; free some space and start "
                     "again (nothing in it was changed)")
     elif primary in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
-        sentence = (f"{path} is damaged or not a SQLite database: {_SALVAGE}, `kvchat db restore` puts the "
+        sentence = (f"{path} is damaged or not a SQLite database: {SALVAGE}, `kvchat db restore` puts the "
                     "newest backup in its place")
-    elif primary in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
-        sentence = f"{_LOCKED}: {path} could not be opened; try again when it is done"
+    elif primary in (sqlite3.SQLITE_BUSY, sqlite3.SQLITELOCKED):
+        sentence = f"{LOCKED}: {path} could not be opened; try again when it is done"
     elif primary in (sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_PERM):
         sentence = f"{path} cannot be opened: check the permissions of the file and of its folder"
     elif primary == sqlite3.SQLITE_IOERR:
-        sentence = f"{_CAUSES[primary]}: {path} could not be opened"
+        sentence = f"{CAUSES[primary]}: {path} could not be opened"
     else:
         return error
     return StorageError(sentence + ".")
@@ -315,8 +245,6 @@ def _is_empty(file: Path) -> bool:
 def _open_for_reading(path: Path) -> Database:
     """`path` read-only; one at an older schema is read through a migrated copy in memory, and
     none at all reads as an empty database (nothing is created). Raises StorageError by cause."""
-    from storage.migrations import MIGRATIONS, apply_migrations
-
     if not path.exists():
         db = Database(_memory(), execute_plugins=False)
     else:

@@ -16,9 +16,11 @@ import sqlite3
 import time
 from pathlib import Path
 
-from storage.db import StorageError, connect, error_code, sqlite_errors
+from storage.db import connect
 from storage.db_files import in_use, refuse_special_file, replace_database
 from storage.db_health import damaged, problems
+from storage.errors import StorageError, error_code, sqlite_errors
+from storage.migrations import MIGRATIONS
 from storage.snapshot_dir import fsync_dir
 
 log = logging.getLogger("kvchat")
@@ -128,8 +130,6 @@ def backup_now(path: Path, target: Path | None = None) -> Path:
 
 def _verify_backup(source: Path) -> sqlite3.Connection:
     """A read-only connection to `source` if it is a sound kvchat database this kvchat can open."""
-    from storage.migrations import MIGRATIONS
-
     refuse_special_file(source)
     if not source.is_file():
         raise StorageError(f"{source} does not exist.")

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import storage.data_dir
+from storage.errors import StorageError
 from storage.snapshot_dir import fsync_dir
 
 DATABASE_NAME = "kvchat.db"
@@ -30,8 +31,6 @@ def companion(path: Path, suffix: str) -> Path:
 def refuse_special_file(path: Path) -> None:
     """StorageError if `path` exists but is not a regular file (a folder, a FIFO, a device): SQLite
     would fail on a folder with a misleading cause, and reading a FIFO waits forever for a writer."""
-    from storage.db import StorageError  # storage.db builds on this module
-
     try:
         mode = os.stat(path).st_mode
     except (FileNotFoundError, NotADirectoryError):  # not there (yet)

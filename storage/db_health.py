@@ -18,8 +18,9 @@ import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from storage.db import connect, error_code
+from storage.db import connect
 from storage.db_files import companion
+from storage.errors import error_code
 
 log = logging.getLogger("kvchat")
 

@@ -22,8 +22,10 @@ from pathlib import Path
 
 from sqlite_utils import Database
 
-from storage.db import StorageError, connect, error_code, sqlite_errors
+from storage.db import connect
 from storage.db_files import in_use, replace_database
+from storage.errors import StorageError, error_code, sqlite_errors
+from storage.migrations import apply_migrations
 from storage.records import ROLES, STATUSES
 
 RECOVERED_TITLE = "(recovered)"
@@ -245,8 +247,6 @@ def _sound_message(row: dict) -> bool:
 
 def salvage(source: sqlite3.Connection, target_path: Path) -> _Salvage:
     """Write what `source` still holds into a new database at `target_path`."""
-    from storage.migrations import apply_migrations
-
     target = sqlite3.connect(target_path, isolation_level=None)
     try:
         apply_migrations(Database(target, execute_plugins=False))

@@ -9,7 +9,8 @@ from collections.abc import Callable, Sequence
 from sqlite_utils import Database
 from sqlite_utils.db import ForeignKey
 
-from storage.db import StorageError, transaction
+from storage.errors import StorageError
+from storage.transaction import transaction
 
 
 def _conversations(db: Database) -> None:

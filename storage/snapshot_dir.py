@@ -25,6 +25,8 @@ import stat
 import time
 from pathlib import Path
 
+from storage.errors import SnapshotRejected
+
 log = logging.getLogger("kvchat")
 
 DEFAULT_SNAPSHOT_GB = 4.0  # the size cap unless --snapshot-gb says otherwise
@@ -32,10 +34,6 @@ SUFFIX = ".safetensors"
 STALE_TEMP_S = 600  # a temp file this old belongs to a writer that died (or whose pid was reused)
 CONVERSATION_ID = re.compile(r"[0-9a-f]{4,64}")
 TEMP_NAME = re.compile(r"\.[0-9a-f]{4,64}\.(\d+)\.[0-9a-f]+\.tmp")
-
-
-class SnapshotRejected(Exception):
-    """A snapshot exists but cannot be used; the message says why."""
 
 
 def fsync_dir(path: Path) -> None:

@@ -32,7 +32,8 @@ import torch
 from safetensors.torch import save_file
 
 from engine.kv.snapshot import KVSnapshot
-from storage.snapshot_dir import SnapshotDir, SnapshotRejected, fsync_dir
+from storage.errors import SnapshotRejected
+from storage.snapshot_dir import SnapshotDir, fsync_dir
 
 log = logging.getLogger("kvchat")
 

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from storage.db import StorageError
+from storage.errors import StorageError
 from storage.records import StoredMessage, decode_token_ids, encode_token_ids
 
 T = TypeVar("T")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from storage.db import StorageError
+from storage.errors import StorageError
 from storage.records import CONVERSATION_COLUMNS, Conversation, conversation_from_row
 
 TRASH_KEEP_S = 30 * 24 * 3600.0  # 30 days

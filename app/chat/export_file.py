@@ -15,7 +15,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-from storage.db import StorageError
+from storage.errors import StorageError
 
 
 class ExportTargetExists(StorageError):

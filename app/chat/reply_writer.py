@@ -19,7 +19,7 @@ import logging
 import time
 
 from storage.conversations import ConversationStore
-from storage.db import StorageError
+from storage.errors import StorageError
 from storage.streaming_replies import ReplyGone
 
 log = logging.getLogger("kvchat")

@@ -25,10 +25,10 @@ from app.chat.reply_writer import ReplyWriter
 from engine import Done, Engine, EngineError, SamplingParams
 from storage.conversations import Conversation, ConversationStore
 from storage.data_dir import data_dir
-from storage.db import StorageError
+from storage.errors import SnapshotRejected, StorageError
 from storage.snapshot_dir import DEFAULT_SNAPSHOT_GB
 from storage.snapshot_writer import SnapshotWriter
-from storage.snapshots import SnapshotRejected, SnapshotStore
+from storage.snapshots import SnapshotStore
 from storage.trash import empty_trash
 from storage.turn_lock import TurnLock
 

@@ -20,7 +20,7 @@ from app.cli.conversations import stats_line
 from app.cli.options import given_settings, reply_limits, sampling_params
 from app.chat.terminal_text import BROKEN_PIPE_EXIT, SafeOutput, clean_input, printable, say, silence
 from storage.conversations import ConversationStore
-from storage.db import StorageError
+from storage.errors import StorageError
 
 if TYPE_CHECKING:  # torch and the model stack (about a second): imported once the request is known good
     from app.chat.backend import Backend

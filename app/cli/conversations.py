@@ -13,8 +13,8 @@ from app.chat.export_file import write_new_file
 from app.chat.stats_text import cached_text
 from app.chat.terminal_text import clean_input, printable
 from storage.conversations import Conversation, ConversationStore, StoredMessage
-from storage.db import StorageError
 from storage.data_dir import data_dir
+from storage.errors import StorageError
 from storage.snapshot_dir import SnapshotDir
 from storage.trash import TRASH_KEEP_S, empty_trash
 from storage.turn_lock import TurnLock

@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     from engine.errors import EngineError
-    from storage.db import StorageError
+    from storage.errors import StorageError
 
     try:
         check_backend_args(args)

@@ -40,7 +40,7 @@ from app.tui.widgets.prompt_input import PromptInput
 from app.tui.widgets.sidebar import Sidebar
 from app.tui.widgets.status_bar import StatusBar
 from engine import EngineError
-from storage.db import StorageError
+from storage.errors import StorageError
 from storage.preferences import Preferences
 
 STYLES = Path(__file__).resolve().parents[2] / "assets" / "kvchat.tcss"

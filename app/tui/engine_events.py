@@ -13,7 +13,7 @@ from textual.message import Message
 
 from app.chat.session import ChatSession
 from engine import Done, Engine, EngineError, Event, RequestStats, Stats, TokenDelta
-from storage.db import StorageError
+from storage.errors import StorageError
 
 # Streamed text reaches the UI at most 10 times a second: still reads as a stream, and every batch costs
 # the UI a layout of the screen (the reply grows), CPU the decode shares on a small machine.

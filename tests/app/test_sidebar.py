@@ -9,7 +9,7 @@ from textual.widgets import Input, ListView
 
 from app.tui.widgets.sidebar import ConversationItem, NoticeItem, Sidebar, relative_time
 from storage.conversations import ConversationStore
-from storage.db import StorageError
+from storage.errors import StorageError
 from tests.app.pilot import wait_until
 
 

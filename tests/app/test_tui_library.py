@@ -5,7 +5,7 @@ import pytest
 from app.tui.screens.confirm import ConfirmScreen
 from app.tui.widgets.chat_view import ChatView
 from app.tui.widgets.sidebar import Sidebar
-from storage.db import StorageError
+from storage.errors import StorageError
 from tests.app.pilot import wait_until
 from tests.app.tui_harness import app_with, exchange, ready
 

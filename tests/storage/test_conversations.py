@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from storage.conversations import ConversationStore
-from storage.db import StorageError
+from storage.errors import StorageError
 
 
 @pytest.fixture

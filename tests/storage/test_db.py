@@ -14,9 +14,11 @@ import storage.db
 from app.cli.main import main
 
 from storage.conversations import ConversationStore
-from storage.records import encode_token_ids
-from storage.db import StorageError, open_database, transaction
+from storage.db import open_database
+from storage.errors import StorageError
 from storage.migrations import MIGRATIONS, apply_migrations
+from storage.records import encode_token_ids
+from storage.transaction import transaction
 from tests.storage.conversation_writer import spawn, start_together
 
 ALL_STEPS = [name for name, _ in MIGRATIONS]

@@ -5,8 +5,8 @@ import pytest
 
 import storage.db_health
 from storage.conversations import ConversationStore
-from storage.db import StorageError
 from storage.db_files import database_path
+from storage.errors import StorageError
 from tests.storage.damaged_db import damage, fill
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import torch
 
-from storage.snapshots import SnapshotRejected, SnapshotStore
+from storage.errors import SnapshotRejected
+from storage.snapshots import SnapshotStore
 from tests.storage.snapshot_crash_child import CONVERSATION, FINGERPRINT
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,8 +7,9 @@ import threading
 
 import pytest
 
+from storage.errors import SnapshotRejected
 from storage.snapshot_dir import STALE_TEMP_S
-from storage.snapshots import SnapshotRejected, SnapshotStore
+from storage.snapshots import SnapshotStore
 from tests.storage.test_snapshots import CONVERSATION, FINGERPRINT, make_snapshot
 
 HANG_GUARD_S = 10

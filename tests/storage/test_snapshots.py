@@ -10,7 +10,8 @@ from safetensors import safe_open
 
 import storage.snapshots as snapshots
 from engine.kv.snapshot import KVSnapshot
-from storage.snapshots import SnapshotRejected, SnapshotStore
+from storage.errors import SnapshotRejected
+from storage.snapshots import SnapshotStore
 
 FINGERPRINT = "f" * 64
 CONVERSATION = "0123456789ab"

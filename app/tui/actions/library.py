@@ -13,7 +13,7 @@ from app.tui.screens.text_prompt import TextPromptScreen
 from app.tui.widgets.chat_view import ChatView
 from app.tui.widgets.messages import MessageView, last_code_block
 from app.tui.widgets.sidebar import Sidebar
-from storage.db import StorageError
+from storage.errors import StorageError
 
 
 class LibraryActions:

@@ -25,7 +25,7 @@ from app.tui.widgets.messages import AssistantMessageView, MessageView, UserMess
 from app.tui.widgets.prompt_input import PromptInput
 from app.tui.widgets.sidebar import Sidebar
 from app.tui.widgets.status_bar import StatusBar
-from storage.db import StorageError
+from storage.errors import StorageError
 
 
 HELP_NOTE = ("Typing goes to the message box wherever the focus is. On a message or in the conversation list, "

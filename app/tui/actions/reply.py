@@ -25,7 +25,7 @@ from app.tui.widgets.prompt_input import PromptInput
 from app.tui.widgets.sidebar import Sidebar
 from app.tui.widgets.status_bar import StatusBar
 from engine import ContextWindowError, EngineError
-from storage.db import StorageError
+from storage.errors import StorageError
 
 FINISH_NOTES = {"stop": "", "length": "stopped at the length limit (max tokens: Ctrl+O)", "stopped": "stopped by you",
                 "repetition": "stopped: it kept repeating itself"}

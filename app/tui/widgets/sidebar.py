@@ -24,7 +24,7 @@ from textual.widgets import Input, Label, ListItem, ListView
 
 from app.tui.widgets.letter_keys import letters_act
 from storage.conversations import Conversation, ConversationStore
-from storage.db import StorageError
+from storage.errors import StorageError
 
 MAX_ROWS = 500  # conversations loaded into the list; older ones are reached by searching
 SEARCH_HITS = 200  # matching messages asked of the search (several may share a conversation)
