@@ -11,12 +11,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from app.chat.errors import ChatError
 from app.chat.prompt_ids import NextPrompt, next_prompt
 from app.chat.reply_limits import NO_LIMITS, ReplyLimits
 from app.chat.reply_timeline import ReplyTimeline
 from app.chat.reply_writer import ConversationDeleted, ReplyNotSaved
 from app.chat.saved_chat import SavedConversation, reply_stats
-from engine import Done, Engine, EngineError, Event, Generation, SamplingParams, TokenDelta
+from engine import Done, Engine, Event, Generation, SamplingParams, TokenDelta
 from engine.errors import NonFiniteLogitsError
 from engine.weights.tokenizer import Tokenizer
 
@@ -24,10 +25,6 @@ from engine.weights.tokenizer import Tokenizer
 # No tokenizer packs more than this many characters into one token on average, so a
 # longer message cannot fit the context window and is refused before tokenizing it.
 MAX_CHARS_PER_TOKEN = 64
-
-
-class ChatError(EngineError):
-    """The conversation cannot be turned into a prompt (no template, template refused it)."""
 
 
 @dataclass
@@ -118,7 +115,7 @@ class ChatSession:
     def send(self, user_text: str) -> Iterator[Event]:
         """Start the reply to `user_text` and return its events.
 
-        Raises ContextWindowError (and other EngineErrors) before anything is
+        Raises ContextWindowError (and other EngineErrors) or ChatError before anything is
         recorded. The user message is recorded at once; the reply when it ends,
         also when it was stopped (its partial text is kept).
         """

@@ -221,8 +221,7 @@ def _fail(message: str, code: int = 1) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from engine.errors import EngineError
-    from storage.errors import StorageError
+    from app.chat.errors import USER_FACING_ERRORS
 
     try:
         check_backend_args(args)
@@ -268,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         from app.tui.app import run_tui
 
         return run_tui(args)
-    except (EngineError, StorageError) as exc:
+    except USER_FACING_ERRORS as exc:
         return _fail(str(exc))
     except ValueError as exc:  # invalid sampling parameters and similar argument mistakes
         return _fail(f"{str(exc).rstrip('.')}.", code=2)

@@ -30,6 +30,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from app.chat.errors import ChatError
 from app.chat.session import MAX_CHARS_PER_TOKEN, render_chat
 from app.server.guards import BearerAuth, BodyLimit, unless_disconnected
 from app.server.runner import EngineRunner, Finish, ShuttingDown, reply
@@ -69,7 +70,8 @@ def create_app(engine: Engine, api_key: str | None = None, model_name: str | Non
         return JSONResponse(error_body(message, param=param), status_code=400)
 
     @app.exception_handler(EngineError)
-    async def engine_error(_request: Request, exc: EngineError) -> JSONResponse:
+    @app.exception_handler(ChatError)  # the model's chat template refused the messages, or it has none
+    async def engine_error(_request: Request, exc: EngineError | ChatError) -> JSONResponse:
         code = "context_length_exceeded" if isinstance(exc, ContextWindowError) else None
         return JSONResponse(error_body(str(exc), param="messages" if code else None, code=code), status_code=400)
 

@@ -21,6 +21,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Static
 
 from app.chat.backend import Backend, LoadBackend, backend_loader, chat_session, is_remote
+from app.chat.errors import USER_FACING_ERRORS
 from app.chat.session import MAX_CHARS_PER_TOKEN, ChatMessage, ChatSession
 from app.tui.palette import palette_commands
 from app.tui.engine_events import EngineFailed, EngineReady, LoadProgress, SessionFailed, SessionReady
@@ -241,7 +242,7 @@ class KvchatApp(ReplyActions, PanelActions, LibraryActions, App):
             system = conversation.system if conversation else self.system
             params = sampling_params(overrides, conversation.params if conversation else None, self.config)
             session = chat_session(engine, system, params, saved, reply_limits(self.config))
-        except (EngineError, StorageError) as exc:
+        except USER_FACING_ERRORS as exc:
             self.post_message(SessionFailed(ticket, str(exc)))
             return
         self.post_message(SessionReady(ticket, session))

@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterator
 
 from textual.message import Message
 
+from app.chat.errors import USER_FACING_ERRORS
 from app.chat.session import ChatSession
-from engine import Done, Engine, EngineError, Event, RequestStats, Stats, TokenDelta
-from storage.errors import StorageError
+from engine import Done, Engine, Event, RequestStats, Stats, TokenDelta
 
 # Streamed text reaches the UI at most 10 times a second: still reads as a stream, and every batch costs
 # the UI a layout of the screen (the reply grows), CPU the decode shares on a small machine.
@@ -76,8 +76,8 @@ class ReplyDone(Message):
 
 
 def failure_sentence(exc: BaseException) -> str:
-    """One sentence for an error the user did not cause (engine and storage errors already are one)."""
-    if isinstance(exc, (EngineError, StorageError)):
+    """One sentence for what ended a reply (the app's, the engine's and storage's errors already are one)."""
+    if isinstance(exc, USER_FACING_ERRORS):
         return str(exc)
     if isinstance(exc, MemoryError) or "out of memory" in str(exc).lower():
         return "The reply ran out of memory; try a shorter conversation or a smaller --kv-cache-gb."

@@ -2,7 +2,8 @@
 
 import pytest
 
-from app.chat.session import ChatError, ChatSession
+from app.chat.errors import ChatError
+from app.chat.session import ChatSession
 from engine import ContextWindowError, Done, SamplingParams, TokenDelta
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8)

@@ -11,6 +11,7 @@ from textual.widgets import Markdown, Static
 
 from app.tui import slash_commands
 from app.chat.backend import is_remote
+from app.chat.errors import USER_FACING_ERRORS
 from app.chat.session import MAX_CHARS_PER_TOKEN, ChatMessage
 from app.tui.engine_events import ReplyDone, ReplyStats, ReplyText, stream_reply
 from app.tui.file_attachment import NO_WINDOW_MAX_CHARS, AttachmentError, read_attachment
@@ -24,8 +25,7 @@ from app.tui.widgets.messages import AssistantMessageView, MessageView, UserMess
 from app.tui.widgets.prompt_input import PromptInput
 from app.tui.widgets.sidebar import Sidebar
 from app.tui.widgets.status_bar import StatusBar
-from engine import ContextWindowError, EngineError
-from storage.errors import StorageError
+from engine import ContextWindowError
 
 FINISH_NOTES = {"stop": "", "length": "stopped at the length limit (max tokens: Ctrl+O)", "stopped": "stopped by you",
                 "repetition": "stopped: it kept repeating itself"}
@@ -53,7 +53,7 @@ class ReplyActions:
         except ContextWindowError as exc:
             self.notify(f"{exc} Ctrl+L clears the box; /clear starts a new chat.", severity="error", timeout=10)
             return
-        except (EngineError, StorageError, ValueError) as exc:
+        except (*USER_FACING_ERRORS, ValueError) as exc:
             self.notify(str(exc), severity="error", timeout=10)
             return
         prompt = self.query_one(PromptInput)
@@ -254,7 +254,7 @@ class ReplyActions:
         except ConversationChanged:
             await self._reload_changed()
             return
-        except (EngineError, StorageError) as exc:
+        except USER_FACING_ERRORS as exc:
             self.notify(str(exc), severity="warning", timeout=10)
             return
         await self.query_one(ChatView).truncate(len(self.session.messages))
@@ -305,7 +305,7 @@ class ReplyActions:
             return
         try:
             self.session.switch_branch(view.alternatives[position])
-        except (EngineError, StorageError) as exc:
+        except USER_FACING_ERRORS as exc:
             self.notify(str(exc), severity="error", timeout=10)
             return
         chat = self.query_one(ChatView)
