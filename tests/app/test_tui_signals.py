@@ -31,11 +31,16 @@ def streaming_reply(home, timeout=120.0) -> str:
 
 
 def gone(pid: int, timeout: float = 60.0) -> bool:
+    """The process exited. A zombie counts: once the terminal is gone, kvchat's parent may be an init
+    that never reaps it (a container's), and a zombie still answers kill(pid, 0)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             os.kill(pid, 0)
-        except ProcessLookupError:
+            with open(f"/proc/{pid}/stat") as stat:
+                if stat.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except (ProcessLookupError, FileNotFoundError):
             return True
         time.sleep(0.1)
     return False
