@@ -6,10 +6,12 @@
 
 Requests are stateless (full prompt ids in): the longest prefix whose K/V the
 prefix cache still holds is reused, exact to the token, and only the rest is
-computed. Generation runs in the thread that iterates; `Generation.cancel()`
-may be called from any other thread and takes effect before the next decode
-step. Forward passes and cache operations of concurrent generations are
-serialised by one lock, so several threads may generate at once.
+computed. The work happens in engine/request/: a Request's state, the
+Scheduler that plans each step, the ModelRunner that computes it, and the
+StepLoop that turns it into events, driven by whichever thread iterates a
+Generation. `Generation.cancel()` may be called from any other thread and takes
+effect before the next step. Steps and cache operations are serialised by one
+lock, so several threads may generate at once.
 """
 
 from __future__ import annotations
@@ -24,25 +26,25 @@ from pathlib import Path
 
 import torch
 
-from engine.quant.kernels import BlockKernels, load_block_kernels
-from engine.quant.linear import BlockQuantLinear
-from engine.decode.graph_runner import DecodeRunner
-from engine.weights.device import pick_device, pick_dtype
-from engine.errors import ContextWindowError, EngineError, ModelError
 from engine.decode.path import decode_path
-from engine.kv.fingerprint import model_fingerprint, tokenizer_fingerprint
-from engine.request.generation import Generation
+from engine.errors import ContextWindowError, EngineError, ModelError
 from engine.kv.budget import host_tier_bytes, kv_pool_bytes
-from engine.kv.cache import ContiguousKVCache, KVCache
+from engine.kv.fingerprint import model_fingerprint, tokenizer_fingerprint
 from engine.kv.pool import KVPool
+from engine.kv.prefix_cache import KVCacheFullError, PrefixCache
 from engine.kv.snapshot import KVSnapshot
 from engine.model.causal_lm import CausalLM
-from engine.weights.model_source import ModelSource, reconvert, resolve_model
-from engine.kv.prefix_cache import KVCacheFullError, PrefixCache, common_prefix_length
+from engine.quant.kernels import BlockKernels, load_block_kernels
+from engine.quant.linear import BlockQuantLinear
+from engine.request.generation import Generation
+from engine.request.loop import StepLoop
+from engine.request.request import Request
+from engine.request.runner import ModelRunner
 from engine.sampling_params import SamplingParams
-from engine.kv.sequence_kv import SequenceKV
-from engine.weights.tokenizer import Tokenizer
 from engine.weights.checkpoint import load_model
+from engine.weights.device import pick_device, pick_dtype
+from engine.weights.model_source import ModelSource, reconvert, resolve_model
+from engine.weights.tokenizer import Tokenizer
 
 log = logging.getLogger("kvchat")
 
@@ -59,7 +61,7 @@ class EngineOptions:
     kv_cache_gb: float | None = None  # device KV pool; None: see kv_budget.py
     host_cache_gb: float | None = None  # host-RAM tier for blocks evicted from a GPU; None: see kv_budget.py
     kv_block_size: int = 16  # tokens per KV block
-    # The decode path (fast_path.py); None: the default for the device.
+    # The decode path (decode/path.py); None: the default for the device.
     paged_kv: bool | None = None  # attention reads KV blocks in place (default on CUDA) instead of a working copy
     cuda_graphs: bool | None = None  # the paged decode step replayed from CUDA graphs (default on CUDA)
     compile: bool | None = None  # torch.compile the paged decode step (default off)
@@ -77,7 +79,7 @@ class LoadInfo:
     host_cache_bytes: int  # host tier (0: none)
     converted: bool  # this start converted a GGUF file
     load_ms: float  # resolve (+ convert) + weights + tokenizer
-    decode: str = "eager"  # the decode path: "eager", or "paged" + what makes it fast (fast_path.py)
+    decode: str = "eager"  # the decode path: "eager", or "paged" + what makes it fast (decode/path.py)
 
 
 def _block_kernels(mode: str, device: torch.device, dtype: torch.dtype,
@@ -121,27 +123,19 @@ def _describe_weights(model: CausalLM) -> str:
 
 
 class Engine:
+    """A loaded model and its KV cache behind `generate`; the step loop (request/loop.py) does the work."""
+
     def __init__(self, model: CausalLM, tokenizer: Tokenizer, info: LoadInfo, options: EngineOptions,
-                 prefix_cache: PrefixCache | None):
+                 prefix_cache: PrefixCache | None, fingerprint: str | None = None):
+        """An engine over a loaded model. `fingerprint`: the model's, when already known (fingerprint.py)."""
         self.model = model
         self.tokenizer = tokenizer
         self.info = info
         self.options = options
-        self.prefix_cache = prefix_cache
-        self.device = model.embed_tokens.weight.device
-        self.dtype = model.embed_tokens.weight.dtype
-        self._lock = threading.RLock()
-        # The last request's working buffer is kept, with the ids of the positions it holds:
-        # a fresh buffer costs its page faults again (~60 ms for 2k tokens of SmolLM2 in fp32),
-        # and a chat's next turn starts with exactly those positions, so they need no gather.
-        self._spare_working: ContiguousKVCache | None = None
-        self._spare_tokens: list[int] = []
-        self._fingerprint: str | None = None
+        self.runner = ModelRunner(model, prefix_cache, options.paged_kv, options.cuda_graphs, options.compile)
+        self._loop = StepLoop(self.runner, tokenizer, options.prefill_chunk)
+        self._fingerprint = fingerprint
         self._fingerprint_lock = threading.Lock()
-        path = decode_path(options.paged_kv, options.cuda_graphs, options.compile, self.device,
-                           prefix_cache is not None)
-        self.decode_runner = (DecodeRunner(model, prefix_cache, path.cuda_graphs, path.compile)
-                              if path.paged else None)
 
     @classmethod
     def load(cls, options: EngineOptions = EngineOptions(),
@@ -163,7 +157,7 @@ class Engine:
                 raise  # not our cache, or converted just now: converting again would give the same
             source = reconvert(source, f"it cannot be loaded: {str(exc).rstrip('.')}", progress)
             model, tokenizer = _load_model_dir(source, device, dtype, kernels, progress)
-        prefix_cache = _prefix_cache(options, model, device, dtype) if options.prefix_cache else None
+        prefix_cache = new_prefix_cache(options, model) if options.prefix_cache else None
         info = LoadInfo(
             model_name=source.name,
             model_dir=str(source.path),
@@ -179,91 +173,27 @@ class Engine:
         )
         return cls(model, tokenizer, info, options, prefix_cache)
 
-    def with_fresh_cache(self) -> "Engine":
-        """The same loaded model with an empty prefix cache of its own: a new process, minus the load."""
-        prefix_cache = _prefix_cache(self.options, self.model, self.device, self.dtype) if self.prefix_cache else None
-        fresh = Engine(self.model, self.tokenizer, self.info, self.options, prefix_cache)
-        fresh._fingerprint = self._fingerprint
-        return fresh
-
     @property
     def context_window(self) -> int:
         return self.model.cfg.context_window
 
-    def new_cache(self) -> ContiguousKVCache:
-        """A private, uncached KV cache (for direct `forward` calls)."""
-        cfg = self.model.cfg
-        return ContiguousKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.context_window,
-                                 self.device, self.dtype)
+    @property
+    def device(self) -> torch.device:
+        return self.runner.device
 
-    def forward(self, token_ids: list[int], cache: KVCache, all_logits: bool = False) -> torch.Tensor:
-        """One forward pass over `token_ids` after `cache`'s tokens (serialised across threads)."""
-        ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
-        with self._lock:
-            logits = self.model(ids, cache, all_logits=all_logits)
-            if isinstance(cache, SequenceKV):
-                cache.committed(token_ids)
-            return logits
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.runner.dtype
 
-    def decode(self, token: int, kv: KVCache) -> torch.Tensor:
-        """One decode step: logits [1, vocab] of `token` after `kv`'s tokens, through the fast
-        path when the sequence is paged. Read the logits before the next step."""
-        if self.decode_runner is None or not isinstance(kv, SequenceKV) or kv.working is not None:
-            return self.forward([token], kv)
-        with self._lock:
-            kv.reserve(1)
-            logits = self.decode_runner.step(token, kv.num_tokens, kv.blocks)
-            kv.commit(1)
-            kv.committed([token])
-            return logits
+    @property
+    def prefix_cache(self) -> PrefixCache | None:
+        """The radix tree of cached K/V blocks (None: started with the prefix cache off)."""
+        return self.runner.prefix_cache
 
-    def _working_buffer(self, prompt_ids: list[int]) -> tuple[ContiguousKVCache, int]:
-        """A working buffer for the prompt, and how many of its leading positions already hold it."""
-        with self._lock:
-            working, held = self._spare_working, self._spare_tokens
-            self._spare_working, self._spare_tokens = None, []
-        if working is None:
-            working, held = self.new_cache(), []
-        valid = common_prefix_length(held, prompt_ids)
-        working.truncate(valid)
-        # Room for the prompt and a first stretch of reply, so prefill never regrows it.
-        working.reserve(min(self.context_window, len(prompt_ids) + 256) - valid)
-        return working, valid
-
-    def open_sequence(self, prompt_ids: list[int], use_prefix_cache: bool) -> tuple[KVCache, str]:
-        """The KV cache a request starts from (its cached prefix loaded) and where that prefix came from."""
-        if self.decode_runner is not None:  # paged: attention reads the blocks, no working copy
-            with self._lock:
-                match = self.prefix_cache.match(prompt_ids if use_prefix_cache else [])
-                return SequenceKV(self.prefix_cache, None, match, prompt_ids, publish=use_prefix_cache), match.source
-        working, valid = self._working_buffer(prompt_ids)
-        if self.prefix_cache is None or not use_prefix_cache:
-            working.truncate(0)
-        if self.prefix_cache is None:
-            return working, "none"
-        with self._lock:
-            cache = self.prefix_cache
-            match = cache.match(prompt_ids if use_prefix_cache else [])
-            working.truncate(match.cached_tokens)
-            return SequenceKV(cache, working, match, prompt_ids, publish=use_prefix_cache), match.source
-
-    def close_sequence(self, kv: KVCache, token_ids: list[int]) -> None:
-        """A request is over: its blocks go to the prefix cache, its working buffer is kept for the next one.
-
-        `token_ids`: the request's prompt + generated ids (those with K/V come first).
-        """
-        with self._lock:
-            if isinstance(kv, SequenceKV):
-                kv.close()
-                reusable = kv.publish
-                kv = kv.working
-                if kv is None:  # paged: nothing to keep
-                    return
-            else:
-                reusable = False
-            if self._spare_working is None or kv.capacity >= self._spare_working.capacity:
-                self._spare_working = kv
-                self._spare_tokens = list(token_ids[: kv.num_tokens]) if reusable else []
+    @property
+    def keeps_kv_snapshots(self) -> bool:
+        """Whether K/V can be exported (`export_kv`) and imported (`import_kv`): the prefix cache is on."""
+        return self.runner.prefix_cache is not None
 
     @property
     def fingerprint(self) -> str:
@@ -286,7 +216,7 @@ class Engine:
         """How many leading tokens of `token_ids` the prefix cache holds."""
         if self.prefix_cache is None:
             return 0
-        with self._lock:
+        with self._loop.lock:
             return self.prefix_cache.cached_length(token_ids)
 
     def forget_prefix(self, token_ids: list[int]) -> int:
@@ -294,15 +224,16 @@ class Engine:
         the next request for them computes them afresh; returns how many blocks went."""
         if self.prefix_cache is None:
             return 0
-        with self._lock:
+        with self._loop.lock:
             return self.prefix_cache.forget(token_ids)
 
     def export_kv(self, token_ids: list[int]) -> KVSnapshot | None:
-        """A copy of the cached K/V of the longest cached prefix of `token_ids` (None: nothing cached)."""
+        """A copy of the cached K/V of the longest cached prefix of `token_ids` (None: nothing cached).
+        Only final tokens are ever in the cache (kv/sequence.py), so a snapshot never holds a draft."""
         if self.prefix_cache is None:
             return None
         fingerprint = self.fingerprint
-        with self._lock:
+        with self._loop.lock:
             exported = self.prefix_cache.export(token_ids)
         if exported is None:
             return None
@@ -330,7 +261,7 @@ class Engine:
         # isfinite().all() takes 160 ms. A NaN let in would make every reply that reuses it empty.
         if not torch.isfinite(snapshot.kv.sum(dtype=torch.float32)):
             raise EngineError("The KV snapshot holds keys or values that are not finite (NaN or infinity).")
-        with self._lock:
+        with self._loop.lock:
             try:
                 return self.prefix_cache.insert(list(snapshot.token_ids), snapshot.kv)
             except KVCacheFullError as exc:
@@ -340,14 +271,15 @@ class Engine:
         """Engine-wide KV cache numbers: blocks and bytes used/total, hit rate."""
         if self.prefix_cache is None:
             return {"enabled": False}
-        with self._lock:
+        with self._loop.lock:
             return {"enabled": True, **self.prefix_cache.stats()}
 
     def generate(self, prompt_ids: list[int], params: SamplingParams = SamplingParams(),
-                 prefix_cache: bool = True) -> Generation:
+                 use_prefix_cache: bool = True) -> Generation:
         """Validate the request now; the returned Generation computes as it is iterated.
 
-        `prefix_cache=False` computes the whole prompt (for baselines and checks).
+        `use_prefix_cache=False` computes the whole prompt and leaves nothing cached (for baselines
+        and checks).
         """
         if not prompt_ids:
             raise EngineError("The prompt is empty.")
@@ -356,11 +288,12 @@ class Engine:
             raise EngineError(f"The prompt has token ids outside the model's vocabulary of {vocab}.")
         if len(prompt_ids) >= self.context_window:
             raise ContextWindowError(len(prompt_ids), self.context_window)
-        return Generation(self, list(prompt_ids), params, prefix_cache)
+        return Generation(self._loop, Request(list(prompt_ids), params, use_prefix_cache))
 
 
-def _prefix_cache(options: EngineOptions, model: CausalLM, device: torch.device,
-                  dtype: torch.dtype) -> PrefixCache:
+def new_prefix_cache(options: EngineOptions, model: CausalLM) -> PrefixCache:
+    """An empty prefix cache for `model`, sized by the options (kv_budget.py when unset)."""
+    device, dtype = model.embed_tokens.weight.device, model.embed_tokens.weight.dtype
     cfg, size = model.cfg, options.kv_block_size
     block_bytes = KVPool.block_bytes(size, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype)
     shape = (size, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)

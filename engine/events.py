@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+STATS_INTERVAL_S = 0.2  # live Stats events during decode: 5 per second (a remote stream sends them as often)
+
 
 @dataclass
 class RequestStats:

@@ -25,6 +25,7 @@ from app.cli.options import engine_options
 from engine import Engine, SamplingParams
 from engine.bench.perf import greedy, random_prompt
 from storage.snapshots import SnapshotStore
+from engine.bench.fresh import with_fresh_cache
 
 
 def interleaved_medians(runs: int, measures: dict[str, Callable[[], float]]) -> dict[str, float]:
@@ -130,7 +131,7 @@ def bench_followup(engine: Engine, hf: HFBaseline | None, histories: list[int], 
     rows = []
     for history_len in histories:
         history = random_prompt(engine, history_len, seed=2)
-        greedy(engine, history, 1, prefix_cache=True)  # the conversation so far: now in the prefix cache
+        greedy(engine, history, 1, use_prefix_cache=True)  # the conversation so far: now in the prefix cache
         fresh = (random_prompt(engine, new_tokens, seed=1000 + i) for i in itertools.count())
         last: dict = {}
 
@@ -141,7 +142,7 @@ def bench_followup(engine: Engine, hf: HFBaseline | None, histories: list[int], 
 
         def uncached() -> float:
             params = SamplingParams(temperature=0, max_tokens=1)
-            return list(engine.generate(history + next(fresh), params, prefix_cache=False))[-1].stats.ttft_ms / 1e3
+            return list(engine.generate(history + next(fresh), params, use_prefix_cache=False))[-1].stats.ttft_ms / 1e3
 
         measures = {"cached": cached, "uncached": uncached}
         if hf is not None:
@@ -167,14 +168,14 @@ def bench_resume(engine: Engine, histories: list[int], new_tokens: int, runs: in
         store = SnapshotStore(Path(home), cap_bytes=1 << 40)
         for history_len in histories:
             history = random_prompt(engine, history_len, seed=3)
-            greedy(engine, history, 1, prefix_cache=True)
+            greedy(engine, history, 1, use_prefix_cache=True)
             snapshot = engine.export_kv(history)
             fresh = (random_prompt(engine, new_tokens, seed=2000 + i) for i in itertools.count())
             params = SamplingParams(temperature=0, max_tokens=1)
             last: dict = {}
 
             def from_disk() -> float:
-                resumed = engine.with_fresh_cache()
+                resumed = with_fresh_cache(engine)
                 prompt = history + next(fresh)
                 start = time.perf_counter()
                 resumed.import_kv(store.load("000000000000", resumed.fingerprint, prompt))
@@ -186,7 +187,7 @@ def bench_resume(engine: Engine, histories: list[int], new_tokens: int, runs: in
                 return list(engine.generate(history + next(fresh), params))[-1].stats.ttft_ms / 1e3
 
             def uncached() -> float:
-                return list(engine.generate(history + next(fresh), params, prefix_cache=False))[-1].stats.ttft_ms / 1e3
+                return list(engine.generate(history + next(fresh), params, use_prefix_cache=False))[-1].stats.ttft_ms / 1e3
 
             def write() -> None:
                 last["bytes"] = store.save("000000000000", snapshot)

@@ -19,7 +19,7 @@ from engine.bench.perf import synchronize
 @torch.inference_mode()
 def logits_rel_error(engine: Engine, hf, prompt: list[int]) -> float:
     """max |ours - theirs| / max |theirs| over the last position's logits of one pass over `prompt`."""
-    ours = engine.forward(prompt, engine.new_cache())[-1].float()
+    ours = engine.runner.logits(prompt)[-1].float()
     ids = torch.tensor([prompt], device=engine.device)
     theirs = hf(ids, logits_to_keep=1).logits[0, -1].float()
     return float((ours - theirs).abs().max() / theirs.abs().max())

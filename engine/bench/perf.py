@@ -77,17 +77,17 @@ def random_prompt(engine: Engine, length: int, seed: int = 0) -> list[int]:
     return torch.randint(0, engine.model.cfg.vocab_size, (length,), generator=generator).tolist()
 
 
-def greedy(engine: Engine, prompt: list[int], max_tokens: int, prefix_cache: bool = False) -> Done:
+def greedy(engine: Engine, prompt: list[int], max_tokens: int, use_prefix_cache: bool = False) -> Done:
     """A greedy request of exactly `max_tokens` tokens (end-of-sequence ignored)."""
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    return list(engine.generate(prompt, params, prefix_cache=prefix_cache))[-1]
+    return list(engine.generate(prompt, params, use_prefix_cache=use_prefix_cache))[-1]
 
 
 def decode_speed(engine: Engine, context: int, steps: int, runs: int, bandwidth: float | None) -> dict:
     """Batch-1 greedy decode after a `context`-token prompt: tokens/s of `steps` decode steps, and the
     roofline fraction at `bandwidth` (bytes/s). Through the prefix cache, as a chat runs."""
     prompt = random_prompt(engine, context, seed=1)
-    tokens_per_s = median_of(runs, lambda: greedy(engine, prompt, steps + 1, prefix_cache=True)
+    tokens_per_s = median_of(runs, lambda: greedy(engine, prompt, steps + 1, use_prefix_cache=True)
                              .stats.decode_tokens_per_s)
     # The K/V read grows during the run; its mean context is what an average step reads.
     bytes_per_token = weight_bytes_per_token(engine) + kv_bytes_per_position(engine) * (context + steps / 2)
@@ -108,12 +108,12 @@ def prefill_speed(engine: Engine, length: int, runs: int) -> dict:
 def followup_ttft(engine: Engine, history: int, new_tokens: int, runs: int) -> dict:
     """TTFT of `new_tokens` fresh tokens after a `history`-token conversation the prefix cache holds."""
     history_ids = random_prompt(engine, history, seed=3)
-    greedy(engine, history_ids, 1, prefix_cache=True)  # the conversation so far: now cached
+    greedy(engine, history_ids, 1, use_prefix_cache=True)  # the conversation so far: now cached
     fresh = (random_prompt(engine, new_tokens, seed=1000 + i) for i in itertools.count())
     last: dict = {}
 
     def seconds() -> float:
-        last["stats"] = greedy(engine, history_ids + next(fresh), 1, prefix_cache=True).stats
+        last["stats"] = greedy(engine, history_ids + next(fresh), 1, use_prefix_cache=True).stats
         return last["stats"].ttft_ms / 1e3
 
     ttft = median_of(runs, seconds)

@@ -54,7 +54,7 @@ CPU_PLAN = Plan(decode_contexts=(128, 1024), decode_steps=16, prefill_tokens=102
 QUICK_PLAN = Plan(decode_contexts=(16, 64), decode_steps=4, prefill_tokens=64, history_tokens=64, new_tokens=8,
                   parity_tokens=16, greedy_tokens=8, hf_new_tokens=4, runs=1, kv_cache_gb=0.25,
                   configs=("eager", "cuda_graphs"))
-# Fast-path configuration -> the EngineOptions fields it sets (see fast_path.py). "eager" is the
+# Fast-path configuration -> the EngineOptions fields it sets (see decode/path.py). "eager" is the
 # reference path (a working copy of the K/V, no paging, graphs or compile) the others must equal.
 FAST_PATHS = {"eager": {"paged_kv": False, "cuda_graphs": False, "compile": False},
               "paged": {"paged_kv": True, "cuda_graphs": False, "compile": False},
@@ -137,7 +137,7 @@ def measure_synthetic(name: str, device: str = "auto", dtype: str = "auto", plan
 
 def greedy_tokens(engine: Engine, prompt: list[int], count: int) -> list[int]:
     """`count` greedy tokens through the prefix cache, as a chat makes them (the path the fast paths take)."""
-    return list(greedy(engine, prompt, count, prefix_cache=True).token_ids)
+    return list(greedy(engine, prompt, count, use_prefix_cache=True).token_ids)
 
 
 def _measure_default(engine: Engine | None, plan: Plan, result: dict, step: _Steps) -> list[int] | None:

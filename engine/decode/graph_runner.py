@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.kv.paged import attend_in_place
 from engine.kv.pool import KVPool
 from engine.kv.prefix_cache import PrefixCache
 from engine.model.causal_lm import CausalLM
-from engine.decode.paged_attention import paged_decode_attention
 
 MIN_TABLE_BLOCKS = 64  # 1k tokens at 16 per block
 WARMUP_STEPS = 2  # before a capture: lazy initialisation (cuBLAS handles, Triton compiles) must not be captured
@@ -43,9 +43,7 @@ class PagedDecodeKV:
 
     def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   mask: torch.Tensor | None, scale: float) -> torch.Tensor:
-        self.pool.write_slots(layer, self.blocks, self.offsets, k.transpose(0, 1), v.transpose(0, 1))
-        k_cache, v_cache = self.pool.layer_view(layer)
-        return paged_decode_attention(q, k_cache, v_cache, self.table, self.seq_len, scale).reshape(1, -1)
+        return attend_in_place(self.pool, layer, q, k, v, self.blocks, self.offsets, self.table, self.seq_len, scale)
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Which decode path an engine runs: explicit switches first, then defaults by device.
 
-- The CPU default is the eager step over a contiguous working copy (sequence_kv.py):
+- The CPU default is the eager step over a contiguous working copy (kv/working_copy.py):
   measured fastest on this project's 2-core CPU (see the note on `compile` below).
 - On CUDA the default is the paged step (blocks read in place by paged decode
   attention) replayed from CUDA graphs, because at batch 1 an eager step is bound

@@ -1,1 +1,2 @@
-"""The KV cache: a sequence's K/V, the block pool, the radix prefix cache, its host tier and snapshots."""
+"""The KV cache: one contract for a request's K/V (sequence.py) kept three ways (contiguous.py,
+working_copy.py, paged.py), the block pool, the radix prefix cache, its host tier and snapshots."""

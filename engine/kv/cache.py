@@ -1,10 +1,8 @@
-"""The KV cache of one sequence, behind the small interface the model uses.
+"""What the model needs from a sequence's K/V, and the contiguous buffer that keeps K/V in one piece.
 
-The model only ever calls `attention(layer, q, k, v, mask, scale)`: store the
-new tokens' K/V and attend over the whole sequence. By default that is `write`
-followed by dense SDPA over the K/V it returns; a paged cache overrides it to
-read its blocks in place. The engine calls `reserve` before a forward pass and
-`commit` after it.
+The model calls `reserve(T)`, then `attention(layer, q, k, v, mask, scale)` once per layer (store the T
+new tokens' K/V and attend over the whole sequence), then `commit(T)`. A request's K/V add the rules
+of kv/sequence.py (final tokens, truncation, close) on top of this.
 """
 
 from __future__ import annotations
@@ -18,7 +16,8 @@ from engine.model.attention import attend
 
 
 class KVAttention(Protocol):
-    """What a decoder layer needs from a sequence's K/V: store the new tokens', attend over all."""
+    """What a decoder layer needs: store the new tokens' K/V, attend over all (a captured decode step
+    passes only this, see decode/graph_runner.py)."""
 
     def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   mask: torch.Tensor | None, scale: float) -> torch.Tensor: ...
@@ -37,23 +36,15 @@ class KVCache(ABC):
         """Make room for `new_tokens` more tokens before a forward pass."""
 
     @abstractmethod
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store K/V [kv_heads, T, head_dim] of the T new tokens for `layer`.
-
-        Returns K/V [kv_heads, num_tokens + T, head_dim] of the whole sequence,
-        the new tokens last. Every layer writes the same T tokens in one pass.
-        """
-
-    @abstractmethod
-    def commit(self, new_tokens: int) -> None:
-        """Count the `new_tokens` written by the last forward pass as stored."""
-
     def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   mask: torch.Tensor | None, scale: float) -> torch.Tensor:
         """Store k/v [kv_heads, T, head_dim] of the T new tokens; attend q [T, heads, head_dim] over
-        the whole sequence. Returns [T, heads * head_dim]. `mask` is `prefix_causal_mask(T, S)`."""
-        k_all, v_all = self.write(layer, k, v)
-        return attend(q, k_all, v_all, mask, scale)
+        the whole sequence. Returns [T, heads * head_dim]. `mask` is `prefix_causal_mask(T, S)`.
+        Every layer stores the same T tokens in one pass."""
+
+    @abstractmethod
+    def commit(self, new_tokens: int) -> None:
+        """Count the `new_tokens` stored by the last forward pass."""
 
 
 class ContiguousKVCache(KVCache):
@@ -95,10 +86,17 @@ class ContiguousKVCache(KVCache):
         self._k, self._v = k, v
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store one layer's K/V [kv_heads, T, head_dim] of the T new tokens; returns the layer's K/V
+        [kv_heads, num_tokens + T, head_dim] of the whole sequence, the new tokens last."""
         end = self._length + k.shape[1]
         self._k[layer, :, self._length : end] = k
         self._v[layer, :, self._length : end] = v
         return self._k[layer, :, :end], self._v[layer, :, :end]
+
+    def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+        k_all, v_all = self.write(layer, k, v)
+        return attend(q, k_all, v_all, mask, scale)
 
     def commit(self, new_tokens: int) -> None:
         self._length += new_tokens
@@ -117,4 +115,3 @@ class ContiguousKVCache(KVCache):
         self.reserve(end - start)
         load(start, end, self._k, self._v)
         self.commit(end - start)
-

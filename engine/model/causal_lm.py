@@ -54,7 +54,7 @@ class CausalLM(nn.Module):
 
         The same layers as `forward`, with no Python number derived from the sequence,
         so the step can be captured in a CUDA graph or compiled once and replayed at
-        every position. `kv` stores the token's K/V and attends (see decode_runner.py)."""
+        every position. `kv` stores the token's K/V and attends (see decode/graph_runner.py)."""
         cos = self.rotary.cos[position].unsqueeze(1)
         sin = self.rotary.sin_signed[position].unsqueeze(1)
         x = self.embed_tokens(token)

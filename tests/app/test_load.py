@@ -10,6 +10,7 @@ from app.server.api import create_app
 from app.remote.client import RemoteEngine
 from engine import SamplingParams
 from tests.app.serve_harness import Server
+from engine.bench.fresh import with_fresh_cache
 
 PROMPTS = ["Hello there", "What is a KV cache?", "Count to five", "Tell me a story about a cat"]
 
@@ -22,7 +23,7 @@ def test_percentile_is_nearest_rank():
 
 
 def test_concurrent_streaming_clients_all_complete_with_their_own_replies(tiny_engine):
-    engine = tiny_engine.with_fresh_cache()
+    engine = with_fresh_cache(tiny_engine)
     params = SamplingParams(temperature=0, max_tokens=16)
     with Server(create_app(engine)) as server:
         remote = RemoteEngine.connect(server.url)

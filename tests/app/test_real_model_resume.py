@@ -6,6 +6,7 @@ import pytest
 from app.chat.session import ChatSession
 from app.chat.saved_chat import SavedConversation, Storage
 from engine import Done, SamplingParams
+from engine.bench.fresh import with_fresh_cache
 
 pytestmark = pytest.mark.real_model
 
@@ -24,10 +25,10 @@ def test_resume_from_disk_equals_recompute_on_the_default_model(default_engine):
         reply(session.send("Which one is the longest?"))
         storage.writer.flush()
 
-        resumed = ChatSession(default_engine.with_fresh_cache(), None, GREEDY,
+        resumed = ChatSession(with_fresh_cache(default_engine), None, GREEDY,
                               SavedConversation.open(storage, session.saved.id))
         from_disk = reply(resumed.send("How long is it?"))
-        recompute = ChatSession(default_engine.with_fresh_cache(), None, GREEDY)
+        recompute = ChatSession(with_fresh_cache(default_engine), None, GREEDY)
         recompute.messages, recompute.seen_ids = list(session.messages), list(session.seen_ids)
         expected = reply(recompute.send("How long is it?"))
 

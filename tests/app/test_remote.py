@@ -23,6 +23,7 @@ from app.tui.widgets.status_bar import prompt_text
 from engine import Done, SamplingParams, Stats, TokenDelta
 from tests.app.fake_openai_server import MODEL, FakeServer
 from tests.app.serve_harness import Server, wait_until
+from engine.bench.fresh import with_fresh_cache
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12)
 
@@ -219,7 +220,7 @@ def test_regenerate_and_edit_send_the_right_history(fake, remote, storage):
 def test_a_remote_conversation_resumes_on_the_embedded_engine_from_its_text(fake, remote, storage, tiny_engine):
     session = saved_session(remote, storage)
     run(session.send("Hi there"))
-    engine = tiny_engine.with_fresh_cache()
+    engine = with_fresh_cache(tiny_engine)
     resumed = chat_session(engine, None, GREEDY, SavedConversation.open(storage, session.saved.id))
     assert type(resumed) is ChatSession and resumed.seen_ids == []  # no ids were stored: tokenized afresh
     _, done, _ = run(resumed.send("Go on"))
@@ -232,7 +233,7 @@ def test_a_remote_conversation_resumes_on_the_embedded_engine_from_its_text(fake
 
 @pytest.fixture
 def served(tiny_engine):
-    engine = tiny_engine.with_fresh_cache()
+    engine = with_fresh_cache(tiny_engine)
     with Server(create_app(engine, api_key="k")) as server:
         remote = RemoteEngine.connect(server.url, api_key="k")
         yield engine, remote
@@ -244,14 +245,14 @@ def test_against_kvchat_serve_the_greedy_reply_is_the_embedded_ones_and_follow_u
     engine, remote = served
     session = saved_session(remote, storage)
     _, first, _ = run(session.send("Hello there"))
-    _, expected, _ = run(ChatSession(tiny_engine.with_fresh_cache(), params=GREEDY).send("Hello there"))
+    _, expected, _ = run(ChatSession(with_fresh_cache(tiny_engine), params=GREEDY).send("Hello there"))
     assert first.text == expected.text and first.stats.prompt_tokens == expected.stats.prompt_tokens
     # The follow-up's history goes as text, which the server tokenizes again: what the embedded engine
     # answers to the same text, with the first turn's prompt reused from the server's cache.
     _, second, _ = run(session.send("Tell me more"))
     turns = [{"role": "user", "content": "Hello there"}, {"role": "assistant", "content": first.text},
              {"role": "user", "content": "Tell me more"}]
-    fresh = tiny_engine.with_fresh_cache()
+    fresh = with_fresh_cache(tiny_engine)
     _, expected, _ = run(fresh.generate(fresh.tokenizer.encode(render_chat(fresh.tokenizer, turns)), GREEDY))
     assert second.text == expected.text and second.stats.prompt_tokens == expected.stats.prompt_tokens
     assert second.stats.cached_tokens >= first.stats.prompt_tokens - 1 > 0
@@ -288,7 +289,7 @@ def test_remote_flags_that_make_no_sense_exit_2(capsys):
 
 
 def test_a_local_conversation_continues_on_a_server_with_its_history_as_text(fake, remote, storage, tiny_engine):
-    engine = tiny_engine.with_fresh_cache()
+    engine = with_fresh_cache(tiny_engine)
     local = chat_session(engine, "Be brief.", GREEDY, SavedConversation.new(storage, engine, "Be brief.", GREEDY))
     _, first, _ = run(local.send("Hi there"))
     saved = SavedConversation.open(storage, local.saved.id)

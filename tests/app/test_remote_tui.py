@@ -21,6 +21,7 @@ from tests.app.fake_openai_server import FakeServer
 from tests.app.pilot import wait_until
 from tests.app.serve_harness import Server
 from tests.app.tui_harness import RecordingApp, exchange, ready, send
+from engine.bench.fresh import with_fresh_cache
 
 
 @pytest.fixture
@@ -52,14 +53,14 @@ def storage():
 
 
 async def test_the_chat_app_on_kvchat_serve_chats_saves_and_resumes(tiny_engine, remotes, storage, kvchat_home):
-    engine = tiny_engine.with_fresh_cache()
+    engine = with_fresh_cache(tiny_engine)
     with Server(create_app(engine, api_key="k")) as server:
         app = remote_app(server.url, "k", remotes, storage)
         async with app.run_test() as pilot:
             await ready(pilot)
             assert "· remote 127.0.0.1:" in status(app) and "KV " not in status(app)
             await exchange(pilot, "Hello there")
-            local = ChatSession(tiny_engine.with_fresh_cache(), params=SamplingParams(temperature=0, max_tokens=12))
+            local = ChatSession(with_fresh_cache(tiny_engine), params=SamplingParams(temperature=0, max_tokens=12))
             expected = next(e for e in local.send("Hello there") if isinstance(e, Done))
             assert app.session.messages[1].content == expected.text  # the embedded engine's own greedy reply
             await exchange(pilot, "Tell me more")

@@ -6,6 +6,7 @@ import app.chat.reply_writer as reply_writer
 from app.chat.session import ChatSession
 from app.chat.saved_chat import SavedConversation, Storage
 from engine import Done, SamplingParams, TokenDelta
+from engine.bench.fresh import with_fresh_cache
 
 GREEDY = SamplingParams(temperature=0, max_tokens=10)
 
@@ -76,12 +77,12 @@ def test_a_resumed_conversation_continues_exactly_as_a_full_recompute(tiny_engin
     reply(session.send("second question"))
     storage.writer.flush()
 
-    fresh = tiny_engine.with_fresh_cache()  # a new process: model loaded, nothing cached
+    fresh = with_fresh_cache(tiny_engine)  # a new process: model loaded, nothing cached
     resumed = ChatSession(fresh, None, GREEDY, SavedConversation.open(storage, session.saved.id))
     assert resumed.notice is None and resumed.seen_ids == session.seen_ids
     from_disk = reply(resumed.send("third question"))
 
-    recompute = ChatSession(tiny_engine.with_fresh_cache(), None, GREEDY)
+    recompute = ChatSession(with_fresh_cache(tiny_engine), None, GREEDY)
     recompute.messages, recompute.seen_ids = list(session.messages), list(session.seen_ids)
     expected = reply(recompute.send("third question"))
 
@@ -100,7 +101,7 @@ def test_a_damaged_snapshot_is_discarded_with_a_notice_and_the_history_recompute
     data[-100] ^= 0x10
     path.write_bytes(data)
 
-    fresh = tiny_engine.with_fresh_cache()
+    fresh = with_fresh_cache(tiny_engine)
     resumed = ChatSession(fresh, None, GREEDY, SavedConversation.open(storage, session.saved.id))
     assert "not used" in resumed.notice and "checksum" in resumed.notice
     done = reply(resumed.send("again"))
@@ -176,7 +177,7 @@ def test_a_reply_cut_by_an_engine_error_is_kept_as_interrupted(tiny_engine, stor
     from engine import EngineError
 
     session = new_session(tiny_engine, storage, SamplingParams(temperature=0, ignore_eos=True))
-    forward, calls = tiny_engine.forward, []
+    forward, calls = tiny_engine.runner.prefill, []  # every forward pass on this (eager) path
 
     def failing_forward(*args, **kwargs):
         calls.append(1)
@@ -184,7 +185,7 @@ def test_a_reply_cut_by_an_engine_error_is_kept_as_interrupted(tiny_engine, stor
             raise EngineError("Out of cpu memory while generating.")
         return forward(*args, **kwargs)
 
-    monkeypatch.setattr(tiny_engine, "forward", failing_forward)
+    monkeypatch.setattr(tiny_engine.runner, "prefill", failing_forward)
     texts = []
     with pytest.raises(EngineError, match="Out of cpu memory"):
         for event in session.send("go"):
@@ -196,7 +197,7 @@ def test_a_reply_cut_by_an_engine_error_is_kept_as_interrupted(tiny_engine, stor
     # In memory as on disk: the partial reply is part of the conversation, and the next message follows it.
     kept = session.messages[-1]
     assert (kept.role, kept.content, kept.status, kept.id) == ("assistant", "".join(texts), "interrupted", reply_row.id)
-    monkeypatch.setattr(tiny_engine, "forward", forward)
+    monkeypatch.setattr(tiny_engine.runner, "prefill", forward)
     list(session.send("go on"))
     assert [m.text for m in storage.conversations.branch(session.saved.id)][:3] == ["go", "".join(texts), "go on"]
 
@@ -248,14 +249,14 @@ def test_an_edit_branches_from_the_message_before_it_and_both_branches_stay(tiny
     siblings = storage.conversations.siblings(session.messages[2].id)
     assert {m.id for m in siblings} == {first_branch[2], session.messages[2].id}
 
-    fresh = tiny_engine.with_fresh_cache()  # the active branch resumes with the edit, ids intact
+    fresh = with_fresh_cache(tiny_engine)  # the active branch resumes with the edit, ids intact
     resumed = ChatSession(fresh, None, GREEDY, SavedConversation.open(storage, session.saved.id))
     assert resumed.seen_ids == session.seen_ids and [m.id for m in resumed.messages] == [m.id for m in session.messages]
 
     resumed.switch_branch(first_branch[2])  # back to the original second message and its reply
     assert [m.id for m in resumed.messages] == first_branch
     on_old_branch = reply(resumed.send("third"))
-    recompute = ChatSession(tiny_engine.with_fresh_cache(), None, GREEDY)
+    recompute = ChatSession(with_fresh_cache(tiny_engine), None, GREEDY)
     reply(recompute.send("first"))
     reply(recompute.send("second"))
     assert on_old_branch.token_ids == reply(recompute.send("third")).token_ids
@@ -291,7 +292,7 @@ def test_a_snapshot_that_makes_the_model_compute_non_finite_scores_is_dropped_an
     reply(session.send("hello"))
     storage.writer.flush()
     resumed = ChatSession(tiny_engine, None, GREEDY, SavedConversation.open(storage, session.saved.id))
-    expected = reply(tiny_engine.generate(resumed.prompt_ids("more"), GREEDY, prefix_cache=False))
+    expected = reply(tiny_engine.generate(resumed.prompt_ids("more"), GREEDY, use_prefix_cache=False))
     generate, calls, deleted = tiny_engine.generate, [], []
 
     class Poisoned:  # what the engine does when K/V that passed every check still give NaN scores

@@ -14,13 +14,14 @@ from app.server.api import create_app
 from app.server.runner import StopText
 from engine import Done, SamplingParams
 from tests.app.serve_harness import Server, wait_until
+from engine.bench.fresh import with_fresh_cache
 
 API_KEY = "test-key"
 
 
 @pytest.fixture
 def engine(tiny_engine):
-    return tiny_engine.with_fresh_cache()  # this test's own prefix cache
+    return with_fresh_cache(tiny_engine)  # this test's own prefix cache
 
 
 @pytest.fixture
@@ -64,7 +65,7 @@ def test_chat_greedy_matches_the_engine_and_reports_usage(client, model, engine,
     messages = [{"role": "user", "content": "Hello there"}]
     response = ask(client, model, messages, temperature=0, max_tokens=12)
     # What the chat app itself answers (another engine with its own cache, same weights).
-    session = ChatSession(tiny_engine.with_fresh_cache(), params=SamplingParams(temperature=0, max_tokens=12))
+    session = ChatSession(with_fresh_cache(tiny_engine), params=SamplingParams(temperature=0, max_tokens=12))
     done = [e for e in session.send("Hello there") if isinstance(e, Done)][0]
     choice = response.choices[0]
     assert choice.message.role == "assistant"
@@ -105,7 +106,7 @@ def test_a_follow_up_reuses_the_cached_conversation(client, model):
 def test_text_completions_stream_and_not(client, model, engine):
     prompt = "Once upon a time"
     whole = client.completions.create(model=model, prompt=prompt, temperature=0, max_tokens=9)
-    expected = [e for e in engine.with_fresh_cache().generate(engine.tokenizer.encode(prompt),
+    expected = [e for e in with_fresh_cache(engine).generate(engine.tokenizer.encode(prompt),
                                                               SamplingParams(temperature=0, max_tokens=9))
                 if isinstance(e, Done)][0]
     assert whole.object == "text_completion"
@@ -117,13 +118,13 @@ def test_text_completions_stream_and_not(client, model, engine):
 
 def test_a_stream_closed_early_cancels_its_generation_and_frees_its_blocks(client, model, engine, caplog):
     caplog.set_level(logging.INFO, logger="kvchat")
-    decode = engine.decode
+    decode = engine.runner.decode
 
-    def slow_decode(token, kv):  # a few ms a token, so the reply is surely still running when the client leaves
+    def slow_decode(kv, token):  # a few ms a token, so the reply is surely still running when the client leaves
         time.sleep(0.005)
-        return decode(token, kv)
+        return decode(kv, token)
 
-    engine.decode = slow_decode
+    engine.runner.decode = slow_decode
     stream = ask(client, model, [{"role": "user", "content": "Talk for a long time"}], temperature=0.8, seed=1,
                  max_tokens=200, stream=True, extra_body={"ignore_eos": True})
     got = 0

@@ -25,13 +25,14 @@ from tests.app.serve_child import ServeChild, StreamReader
 from tests.app.serve_harness import Server, wait_until
 from tests.app.test_serve import no_request_holds_blocks
 from tests.tiny_models import make_tiny_model
+from engine.bench.fresh import with_fresh_cache
 
 HANG_GUARD_S = 10  # far above what any of these takes; only there so a regression fails instead of hanging
 
 
 @pytest.fixture
 def engine(tiny_engine):
-    return tiny_engine.with_fresh_cache()  # this test's own prefix cache (and decode, if it slows it)
+    return with_fresh_cache(tiny_engine)  # this test's own prefix cache (and decode, if it slows it)
 
 
 @pytest.fixture
@@ -54,13 +55,13 @@ def long_model_dir(tmp_path_factory):
 
 def slow_decode(engine, seconds: float) -> None:
     """Each decode step takes `seconds` more, so a long reply is surely running when the test acts."""
-    decode = engine.decode
+    decode = engine.runner.decode
 
-    def slow(token, kv):
+    def slow(kv, token):
         time.sleep(seconds)
-        return decode(token, kv)
+        return decode(kv, token)
 
-    engine.decode = slow
+    engine.runner.decode = slow
 
 
 def chat(engine, content: str = "hi", **fields) -> dict:

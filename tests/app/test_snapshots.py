@@ -11,6 +11,7 @@ import pytest
 from app.chat.saved_chat import Storage
 from tests.app.pilot import wait_until
 from tests.app.tui_harness import RecordingApp
+from engine.bench.fresh import with_fresh_cache
 
 SIZE = (130, 34)
 STATS = {"prompt_tokens": 1036, "cached_tokens": 1024, "prefilled_tokens": 12, "generated_tokens": 180,
@@ -36,7 +37,7 @@ def saved_app(tiny_engine, monkeypatch):
     conversation = store.create(model=model, title="How do I sort a list in Python?")
     question = store.add_message(conversation.id, None, "user", "How do I sort a list in Python?", 0, [1, 2, 3])
     store.add_message(conversation.id, question.id, "assistant", REPLY, 3, [4, 5], stats=STATS)
-    app = RecordingApp(lambda spec, progress: tiny_engine.with_fresh_cache(), storage,
+    app = RecordingApp(lambda spec, progress: with_fresh_cache(tiny_engine), storage,
                        conversation_id=conversation.id)
     yield app
     storage.close()

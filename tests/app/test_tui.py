@@ -6,6 +6,7 @@ from app.tui.widgets.status_bar import StatusBar
 from engine import EngineError
 from tests.app.pilot import wait_until
 from tests.app.tui_harness import RecordingApp, app_with, send, slow_and_endless
+from engine.bench.fresh import with_fresh_cache
 
 
 async def test_a_sent_message_streams_a_reply_and_shows_its_numbers(tiny_engine):
@@ -75,15 +76,15 @@ async def test_a_model_that_fails_to_load_is_reported_and_the_app_stays_up():
 
 
 async def test_an_unexpected_engine_failure_is_a_notification_and_the_chat_goes_on(tiny_engine, monkeypatch):
-    forward = tiny_engine.forward
-    monkeypatch.setattr(tiny_engine, "forward", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    forward = tiny_engine.runner.prefill
+    monkeypatch.setattr(tiny_engine.runner, "prefill", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
     app = app_with(tiny_engine, overrides={"max_tokens": 3})
     async with app.run_test() as pilot:
         await wait_until(pilot, lambda: app.session is not None)
         await send(pilot, "hello")
         await wait_until(pilot, lambda: any("boom" in n for n in app.notices))
         assert not app.generating
-        monkeypatch.setattr(tiny_engine, "forward", forward)
+        monkeypatch.setattr(tiny_engine.runner, "prefill", forward)
         await send(pilot, "again")
         await wait_until(pilot, lambda: app.session.messages[-1].role == "assistant" and not app.generating)
 
@@ -105,7 +106,7 @@ async def test_a_chat_is_saved_and_reopens_with_its_history_from_the_disk_snapsh
     conversation = await saved_chat(tiny_engine, storage, "remember me")
     assert storage.conversations.get(conversation).title == "remember me"
 
-    fresh = tiny_engine.with_fresh_cache()  # as after a restart: nothing cached
+    fresh = with_fresh_cache(tiny_engine)  # as after a restart: nothing cached
     reopened = RecordingApp(lambda spec, progress: fresh, storage, conversation_id=conversation)
     async with reopened.run_test() as pilot:
         await wait_until(pilot, lambda: reopened.session is not None)
@@ -124,7 +125,7 @@ async def test_a_damaged_snapshot_is_a_notification_and_the_chat_goes_on(tiny_en
     conversation = await saved_chat(tiny_engine, storage, "hello")
     storage.snapshots.path(conversation).write_bytes(b"not a snapshot at all")
 
-    reopened = RecordingApp(lambda spec, progress: tiny_engine.with_fresh_cache(), storage,
+    reopened = RecordingApp(lambda spec, progress: with_fresh_cache(tiny_engine), storage,
                             conversation_id=conversation)
     async with reopened.run_test() as pilot:
         await wait_until(pilot, lambda: reopened.session is not None)

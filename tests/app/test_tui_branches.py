@@ -4,6 +4,7 @@ from app.tui.widgets.chat_view import ChatView
 from app.tui.widgets.messages import AssistantMessageView, UserMessageView
 from tests.app.pilot import wait_until
 from tests.app.tui_harness import app_with, exchange, navigate_to, ready
+from engine.bench.fresh import with_fresh_cache
 
 
 def texts(app) -> list[str]:
@@ -11,7 +12,7 @@ def texts(app) -> list[str]:
 
 
 async def test_regenerate_makes_a_sibling_reply_from_the_cached_prompt(tiny_engine):
-    app = app_with(tiny_engine.with_fresh_cache(), overrides={"max_tokens": 6, "temperature": 1.0, "seed": None})
+    app = app_with(with_fresh_cache(tiny_engine), overrides={"max_tokens": 6, "temperature": 1.0, "seed": None})
     async with app.run_test() as pilot:
         await ready(pilot)
         await exchange(pilot, "hello there")

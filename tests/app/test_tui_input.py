@@ -8,6 +8,7 @@ from app.tui.screens.help import HelpScreen
 from app.tui.widgets.messages import NoteView, UserMessageView
 from tests.app.pilot import wait_until
 from tests.app.tui_harness import RecordingApp, app_with, exchange, model_loader, ready, send
+from engine.bench.fresh import with_fresh_cache
 
 WINDOW = 256  # the tiny model's context window; its byte tokenizer makes a token of each byte
 
@@ -154,7 +155,7 @@ async def test_a_doubled_slash_sends_a_message_starting_with_one(tiny_engine):
 
 
 async def test_slash_model_loads_the_model_named_by_its_path(tiny_engine, tiny_model_dir):
-    other, loads = tiny_engine.with_fresh_cache(), []
+    other, loads = with_fresh_cache(tiny_engine), []
     app = RecordingApp(model_loader(tiny_engine, other, loads), Storage.open(),
                        overrides={"temperature": 0, "max_tokens": 3})
     async with app.run_test(size=(120, 40)) as pilot:

@@ -6,6 +6,7 @@ from app.tui.widgets.inspector import NONE_KEPT, Inspector
 from tests.app.pilot import wait_until
 from tests.app.slow_engine import slow_endless_engine
 from tests.app.tui_harness import RecordingApp, app_with, ready, send
+from engine.bench.fresh import with_fresh_cache
 
 
 def text_of(app, selector: str) -> str:
@@ -13,7 +14,7 @@ def text_of(app, selector: str) -> str:
 
 
 async def test_a_reply_that_failed_midway_says_it_kept_no_numbers(tiny_engine, monkeypatch):
-    forward, calls = tiny_engine.forward, []
+    forward, calls = tiny_engine.runner.prefill, []  # every forward pass on this (eager) path
 
     def failing_forward(*args, **kwargs):
         calls.append(1)
@@ -21,7 +22,7 @@ async def test_a_reply_that_failed_midway_says_it_kept_no_numbers(tiny_engine, m
             raise RuntimeError("boom")
         return forward(*args, **kwargs)
 
-    monkeypatch.setattr(tiny_engine, "forward", failing_forward)
+    monkeypatch.setattr(tiny_engine.runner, "prefill", failing_forward)
     monkeypatch.setattr(tiny_engine.tokenizer, "eos_token_ids", frozenset())
     app = app_with(tiny_engine)
     async with app.run_test(size=(160, 45)) as pilot:
@@ -40,7 +41,7 @@ async def test_a_reopened_interrupted_reply_says_it_kept_no_numbers(tiny_engine)
     conversation = store.create(model=tiny_engine.info.model_name, title="cut short")
     question = store.add_message(conversation.id, None, "user", "hello", 0, [1, 2])
     store.add_message(conversation.id, question.id, "assistant", "partial repl", 2, [3, 4], status="interrupted")
-    app = RecordingApp(lambda spec, progress: tiny_engine.with_fresh_cache(), storage, conversation_id=conversation.id)
+    app = RecordingApp(lambda spec, progress: with_fresh_cache(tiny_engine), storage, conversation_id=conversation.id)
     async with app.run_test(size=(160, 45)) as pilot:
         await ready(pilot)
         await pilot.press("ctrl+t")

@@ -13,6 +13,7 @@ from app.tui.widgets.sidebar import Sidebar
 from tests.app.pilot import wait_until
 from tests.app.screen_text import screen_lines
 from tests.app.tui_harness import RecordingApp, app_with, ready
+from engine.bench.fresh import with_fresh_cache
 
 LONG_LINE = "result = sorted(names_from_the_database, key=lambda name: (name.lower(), len(name)), reverse=True)"
 
@@ -101,7 +102,7 @@ def code_app(tiny_engine):
     question = store.add_message(conversation.id, None, "user", "How do I sort?", 0, [1, 2, 3])
     store.add_message(conversation.id, question.id, "assistant", f"Like this:\n\n```python\n{LONG_LINE}\n```\n", 3,
                       [4, 5])
-    yield RecordingApp(lambda spec, progress: tiny_engine.with_fresh_cache(), storage,
+    yield RecordingApp(lambda spec, progress: with_fresh_cache(tiny_engine), storage,
                        conversation_id=conversation.id)
     storage.close()
 

@@ -17,6 +17,7 @@ from engine import EngineError
 from storage.preferences import Preferences
 from tests.app.pilot import wait_until
 from tests.app.tui_harness import RecordingApp, app_with, exchange, model_loader, navigate_to, ready, send
+from engine.bench.fresh import with_fresh_cache
 
 
 async def test_settings_change_sampling_and_system_prompt_and_are_saved(tiny_engine):
@@ -57,7 +58,7 @@ async def test_settings_of_a_new_chat_create_no_conversation_until_a_message_is_
 
 
 async def test_choosing_another_model_reloads_and_the_chat_goes_on(tiny_engine, tmp_path):
-    other, loads = tiny_engine.with_fresh_cache(), []
+    other, loads = with_fresh_cache(tiny_engine), []
     app = RecordingApp(model_loader(tiny_engine, other, loads), Storage.open(),
                        overrides={"temperature": 0, "max_tokens": 3})
     async with app.run_test(size=(120, 40)) as pilot:

@@ -92,8 +92,8 @@ def test_block_weights_give_the_dense_models_logits_and_greedy_tokens(kernels, q
     assert packed.info.weights.startswith("q4_1 blocks") and dense.info.weights == "dense"
     ids = list(range(60, 100))
     for rows in (list(range(200)), ids, ids[:5]):  # the dequantize+GEMM path and the kernel
-        torch.testing.assert_close(packed.forward(rows, packed.new_cache(), all_logits=True),
-                                   dense.forward(rows, dense.new_cache(), all_logits=True), atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(packed.runner.logits(rows, all_logits=True),
+                                   dense.runner.logits(rows, all_logits=True), atol=1e-4, rtol=1e-5)
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     assert list(packed.generate(ids, params))[-1].token_ids == list(dense.generate(ids, params))[-1].token_ids
 

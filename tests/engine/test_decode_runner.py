@@ -32,15 +32,18 @@ def load(model_dir, **options) -> Engine:
 
 def logits_along(engine: Engine, prompt: list[int], continuation: list[int]) -> list[torch.Tensor]:
     """Logits after the prompt, then after each token of `continuation` fed one decode step at a time."""
-    kv, _ = engine.open_sequence(prompt, use_prefix_cache=True)
+    runner = engine.runner
+    kv, _ = runner.open_kv(prompt, True)
     try:
         cached = kv.num_tokens
-        out = [engine.forward(prompt[cached:], kv)[-1].clone()]
+        out = [runner.prefill(kv, prompt[cached:])[-1].clone()]
+        kv.finalize(prompt[cached:])
         for token in continuation:
-            out.append(engine.decode(token, kv)[-1].clone())
+            out.append(runner.decode(kv, token)[-1].clone())
+            kv.finalize([token])
         return out
     finally:
-        engine.close_sequence(kv, prompt + continuation)
+        kv.close()
 
 
 def test_the_default_path_is_eager_on_a_cpu_and_paged_with_graphs_on_cuda():
@@ -90,11 +93,11 @@ def test_a_follow_up_on_the_paged_path_reuses_the_cache_and_matches(long_model):
 
 def test_the_scratch_block_for_graph_capture_is_never_given_to_a_sequence(long_model):
     paged = load(long_model, paged_kv=True)
-    scratch = paged.decode_runner.scratch_block
-    kv, _ = paged.open_sequence(list(range(300)), use_prefix_cache=True)
+    scratch = paged.runner.graphs.scratch_block
+    kv, _ = paged.runner.open_kv(list(range(300)), True)
     kv.reserve(300)
     assert scratch not in kv.blocks and scratch in paged.prefix_cache.reserved
-    paged.close_sequence(kv, [])
+    kv.close()
     paged.prefix_cache.check_invariants()
 
 

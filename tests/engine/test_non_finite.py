@@ -7,6 +7,7 @@ import torch
 from engine import Engine, EngineError, EngineOptions, SamplingParams
 from engine.errors import NonFiniteLogitsError
 from engine.kv.snapshot import KVSnapshot
+from engine.bench.fresh import with_fresh_cache
 
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 PROMPT = [256, *range(40, 100), 257]  # 62 tokens: three full 16-token blocks and a partial one
@@ -25,12 +26,12 @@ def engine(request, tiny_model_dir):
 
 @pytest.mark.parametrize("poison", [float("nan"), float("inf"), float("-inf")])
 def test_a_snapshot_with_non_finite_kv_is_refused_by_import_kv(tiny_engine, poison):
-    source = tiny_engine.with_fresh_cache()
+    source = with_fresh_cache(tiny_engine)
     done(source, PROMPT)
     snapshot = source.export_kv(PROMPT)
     kv = snapshot.kv.clone()
     kv[1, 0, 1, 0, 3, 5] = poison
-    target = tiny_engine.with_fresh_cache()
+    target = with_fresh_cache(tiny_engine)
     with pytest.raises(EngineError, match="not finite"):
         target.import_kv(KVSnapshot(snapshot.token_ids, kv, snapshot.fingerprint))
     assert target.cached_length(PROMPT) == 0
@@ -44,7 +45,7 @@ def test_a_snapshot_of_bfloat16_kv_with_a_nan_is_refused(tiny_model_dir):
     kv = snapshot.kv.clone()
     kv[0, 1, 0, 1, 0, 0] = float("nan")
     with pytest.raises(EngineError, match="not finite"):
-        engine.with_fresh_cache().import_kv(KVSnapshot(snapshot.token_ids, kv, snapshot.fingerprint))
+        with_fresh_cache(engine).import_kv(KVSnapshot(snapshot.token_ids, kv, snapshot.fingerprint))
 
 
 def plant_nan(engine, prompt, block_index=1):
@@ -54,7 +55,7 @@ def plant_nan(engine, prompt, block_index=1):
 
 
 def test_nan_first_logits_end_the_request_and_drop_the_blocks_it_reused(engine):
-    expected = done(engine, PROMPT, prefix_cache=False).token_ids
+    expected = done(engine, PROMPT, use_prefix_cache=False).token_ids
     done(engine, PROMPT)
     done(engine, OTHER)  # the engine's spare working buffer now holds another prompt
     plant_nan(engine, PROMPT)
@@ -91,8 +92,8 @@ def test_forgetting_a_prompt_keeps_blocks_other_prompts_do_not_share(engine):
 def test_a_request_without_the_prefix_cache_also_ends_with_the_error(tiny_model_dir, monkeypatch):
     engine = Engine.load(EngineOptions(model=str(tiny_model_dir), device="cpu", dtype="float32",
                                        prefix_cache=False))
-    real = engine.forward
-    monkeypatch.setattr(engine, "forward", lambda *a, **k: real(*a, **k) * float("nan"))
+    real = engine.runner.prefill
+    monkeypatch.setattr(engine.runner, "prefill", lambda *a, **k: real(*a, **k) * float("nan"))
     with pytest.raises(NonFiniteLogitsError):
         done(engine, PROMPT)
     monkeypatch.undo()

@@ -22,7 +22,7 @@ def prefill_events(events) -> list[Stats]:
 
 
 def test_each_chunk_but_the_last_reports_the_prompt_tokens_computed_so_far(engine):
-    events = list(engine.generate(PROMPT, PARAMS, prefix_cache=False))
+    events = list(engine.generate(PROMPT, PARAMS, use_prefix_cache=False))
     progress = prefill_events(events)
     assert [e.stats.prefill_done_tokens for e in progress] == [16, 32, 48]
     assert all(e.stats.prefilled_tokens == len(PROMPT) and e.stats.generated_tokens == 0 for e in progress)
@@ -34,7 +34,7 @@ def test_each_chunk_but_the_last_reports_the_prompt_tokens_computed_so_far(engin
 
 
 def test_progress_comes_before_the_first_token(engine):
-    events = list(engine.generate(PROMPT, PARAMS, prefix_cache=False))
+    events = list(engine.generate(PROMPT, PARAMS, use_prefix_cache=False))
     first_token = next(i for i, e in enumerate(events) if isinstance(e, TokenDelta))
     assert all(i < first_token for i, e in enumerate(events) if e in prefill_events(events))
 
@@ -54,7 +54,7 @@ def test_progress_counts_only_the_uncached_tokens(engine):
 
 
 def test_a_cancel_between_chunks_stops_the_prefill(engine):
-    generation = engine.generate(PROMPT, PARAMS, prefix_cache=False)
+    generation = engine.generate(PROMPT, PARAMS, use_prefix_cache=False)
     events = []
     for event in generation:
         events.append(event)
@@ -75,6 +75,6 @@ def test_poisoned_cached_kv_fails_before_any_progress_is_reported(engine):
 
 
 def test_the_prefill_rate_while_prefilling_is_over_the_tokens_done_so_far(engine):
-    progress = prefill_events(engine.generate(PROMPT, PARAMS, prefix_cache=False))
+    progress = prefill_events(engine.generate(PROMPT, PARAMS, use_prefix_cache=False))
     first = progress[0].stats
     assert first.prefill_tokens_per_s == pytest.approx(16 / (first.prefill_ms / 1e3))

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from engine.kv.cache import ContiguousKVCache
 from engine.kv.pool import KVPool
 from engine.kv.prefix_cache import KVCacheFullError, PrefixCache
-from engine.kv.sequence_kv import SequenceKV
+from engine.kv.working_copy import WorkingCopyKV
 
 LAYERS, HEADS, DIM, SIZE = 2, 1, 2, 4
 CPU = torch.device("cpu")
@@ -34,12 +34,12 @@ def snapshot_blocks(tokens: list[int]) -> torch.Tensor:
     return blocks
 
 
-def open_request(cache: PrefixCache, prompt: list[int], publish: bool = True) -> SequenceKV:
+def open_request(cache: PrefixCache, prompt: list[int], publish: bool = True) -> WorkingCopyKV:
     working = ContiguousKVCache(LAYERS, HEADS, DIM, 4096, CPU, torch.float32)
-    return SequenceKV(cache, working, cache.match(prompt), prompt, publish)
+    return WorkingCopyKV(cache, working, cache.match(prompt), prompt, publish)
 
 
-def compute(kv: SequenceKV, tokens: list[int]) -> None:
+def compute(kv: WorkingCopyKV, tokens: list[int]) -> None:
     """Write K/V for tokens[kv.num_tokens:] the way a forward pass would."""
     start, new = kv.num_tokens, tokens[kv.num_tokens :]
     if not new:
@@ -47,9 +47,9 @@ def compute(kv: SequenceKV, tokens: list[int]) -> None:
     kv.reserve(len(new))
     for layer in range(LAYERS):
         values = torch.tensor([[kv_value(t, start + i, layer)] * DIM for i, t in enumerate(new)])
-        kv.write(layer, values[None], -values[None])
+        kv.working.write(layer, values[None], -values[None])
     kv.commit(len(new))
-    kv.committed(new)
+    kv.finalize(new)
 
 
 def serve(cache: PrefixCache, tokens: list[int], prompt_len: int | None = None, keep: bool = True) -> None:
@@ -62,7 +62,7 @@ def serve(cache: PrefixCache, tokens: list[int], prompt_len: int | None = None, 
         kv.close()
 
 
-def assert_holds(kv: SequenceKV, tokens: list[int]) -> None:
+def assert_holds(kv: WorkingCopyKV, tokens: list[int]) -> None:
     """The working copy holds exactly the K/V of `tokens` at their positions."""
     k, v = kv.working.positions(0, len(tokens))
     for layer in range(LAYERS):
@@ -237,7 +237,7 @@ def test_invariants_hold_after_every_operation(operations, host_blocks):
     """
     cache = make_cache(blocks=8, host_blocks=host_blocks)
     held: list[list[int]] = []
-    running: list[SequenceKV] = []
+    running: list[WorkingCopyKV] = []
     for op, arg in operations:
         try:
             if op in ("serve", "abandon"):

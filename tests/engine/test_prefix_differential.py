@@ -48,14 +48,14 @@ def engines(request, tmp_path_factory):
 
 def greedy(engine, prompt, n, use_cache=True):
     params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
-    return list(engine.generate(prompt, params, prefix_cache=use_cache))[-1]
+    return list(engine.generate(prompt, params, use_prefix_cache=use_cache))[-1]
 
 
 def assert_same_greedy(reference, prompt, ours, theirs):
     if ours == theirs:
         return
     i = next(i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b)
-    logits = reference.forward(prompt + list(theirs[:i]), reference.new_cache())[-1]
+    logits = reference.runner.logits(prompt + list(theirs[:i]))[-1]
     top = torch.topk(logits.float(), 2).values
     assert float(top[0] - top[1]) < 1e-4, f"cached and uncached diverged at token {i} without a numerical tie"
 

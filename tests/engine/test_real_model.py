@@ -42,8 +42,7 @@ def test_greedy_32_tokens_equal_transformers_generate(default_engine, reference,
 def test_prefill_logits_match_transformers(default_engine, reference):
     # Same weights bit for bit; the block kernels only sum in another order (fp32 rounding).
     ids = chat_ids(default_engine, PROMPTS[1])
-    cache = default_engine.new_cache()
-    ours = default_engine.forward(ids, cache, all_logits=True).float()
+    ours = default_engine.runner.logits(ids, all_logits=True).float()
     with torch.no_grad():
         expected = reference(torch.tensor([ids])).logits[0].float()
     torch.testing.assert_close(ours, expected, atol=5e-4, rtol=1e-5)

@@ -109,7 +109,7 @@ def test_a_layers_override_changes_only_the_depth():
 @torch.inference_mode()
 def test_smollm2_logits_equal_transformers_on_the_same_weights(smollm2):
     prompt = torch.randint(0, 49152, (24,), generator=torch.Generator().manual_seed(5)).tolist()
-    ours = smollm2.forward(prompt, smollm2.new_cache(), all_logits=True)
+    ours = smollm2.runner.logits(prompt, all_logits=True)
     reference = reference_model("synthetic:smollm2-135m", "cpu", FP32)
     theirs = reference(torch.tensor([prompt])).logits[0]
     assert relative_error(ours, theirs) < 1e-5
@@ -121,7 +121,7 @@ def test_qwen3_qk_norm_shape_equals_transformers_with_two_layers():
     model_dir = synthetic_model_dir("qwen3-0.6b", layers=2)
     engine = Engine.load(EngineOptions(model=str(model_dir), device="cpu", dtype="float32", kv_cache_gb=0.01))
     prompt = torch.randint(0, 151936, (12,), generator=torch.Generator().manual_seed(6)).tolist()
-    ours = engine.forward(prompt, engine.new_cache(), all_logits=True)
+    ours = engine.runner.logits(prompt, all_logits=True)
     theirs = reference_model(model_dir, "cpu", FP32)(torch.tensor([prompt])).logits[0]
     assert relative_error(ours, theirs) < 1e-5
 

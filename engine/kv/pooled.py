@@ -1,0 +1,65 @@
+"""PooledKV: a request's K/V in blocks of the prefix cache's pool (what working-copy and paged share).
+
+The request starts from a prefix cache match (its shared blocks referenced, a copied partial block
+owned) and allocates blocks as it grows. Blocks it owns are its own until they join the tree: a full
+block when `finalize` completes it, the last partial one at `close` (kv/sequence.py's rules). With
+`publish=False` nothing joins the tree and every block it owns goes back to the pool.
+"""
+
+from __future__ import annotations
+
+from engine.kv.prefix_cache import Match, Node, PrefixCache
+from engine.kv.sequence import SequenceKV
+
+
+class PooledKV(SequenceKV):
+    def __init__(self, cache: PrefixCache, match: Match, prompt_ids: list[int], publish: bool):
+        super().__init__(prompt_ids[: match.cached_tokens])
+        self.cache = cache
+        self.blocks = list(match.blocks)
+        self.owned = set(match.owned)
+        self.chain: list[Node] = list(match.shared)  # referenced nodes of this sequence's full final blocks
+        self.publish = publish
+        self._length = match.cached_tokens
+
+    @property
+    def num_tokens(self) -> int:
+        return self._length
+
+    def reserve(self, new_tokens: int) -> None:
+        missing = -(-(self._length + new_tokens) // self.cache.block_size) - len(self.blocks)
+        if missing > 0:
+            fresh = self.cache.allocate(missing)
+            self.blocks += fresh
+            self.owned.update(fresh)
+
+    def commit(self, new_tokens: int) -> None:
+        self._length += new_tokens
+
+    def _finalized(self) -> None:
+        """File every full block of final tokens not yet in the tree."""
+        if not self.publish:
+            return
+        size, root = self.cache.block_size, self.cache.root
+        while (len(self.chain) + 1) * size <= self.num_final:
+            index = len(self.chain)
+            piece = tuple(self.final_tokens[index * size : (index + 1) * size])
+            node = self.cache.adopt(self.chain[-1] if self.chain else root, piece, self.blocks[index], self.owned)
+            self.blocks[index] = node.block
+            self.chain.append(node)
+
+    def _truncate(self, num_tokens: int) -> None:
+        keep = -(-num_tokens // self.cache.block_size)
+        dropped = self.blocks[keep:]  # past every final position, so never in the tree: owned
+        self.blocks = self.blocks[:keep]
+        self.owned.difference_update(dropped)
+        self.cache.pool.release(dropped)
+        self._length = num_tokens
+
+    def _close(self) -> None:
+        if not self.publish:
+            self.cache.release(self.owned, self.chain)
+            return
+        start = len(self.chain) * self.cache.block_size
+        tail = tuple(self.final_tokens[start:])
+        self.cache.finish(self.chain, tail, self.blocks[len(self.chain)] if tail else None, self.owned)

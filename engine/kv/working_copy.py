@@ -1,0 +1,62 @@
+"""WorkingCopyKV: pool blocks read through a contiguous working copy (the CPU default).
+
+Attention reads the copy, so a decode step runs exactly as it does without a prefix cache; on a CPU
+this is faster than reading blocks in place. The cached prefix is gathered into the copy once when the
+request starts, except for the positions it already holds (the SpareBuffer hands the last request's
+copy to the next, which in a chat is the same conversation). Each forward pass appends its new
+positions to both (one slice per block touched, all layers at once).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.kv.cache import ContiguousKVCache
+from engine.kv.pooled import PooledKV
+from engine.kv.prefix_cache import Match, PrefixCache
+from engine.kv.spare_buffer import SpareBuffer
+
+
+class WorkingCopyKV(PooledKV):
+    def __init__(self, cache: PrefixCache, working: ContiguousKVCache, match: Match, prompt_ids: list[int],
+                 publish: bool, spare: SpareBuffer | None = None):
+        """`working` must hold no position beyond match.cached_tokens, and only correct ones.
+        `spare`: where the copy goes at close, for the next request (None: it is dropped)."""
+        super().__init__(cache, match, prompt_ids, publish)
+        self.working, self._spare = working, spare
+        working.fill(match.cached_tokens, lambda start, end, k, v: cache.pool.load(self.blocks, start, end, k, v))
+
+    @classmethod
+    def open(cls, cache: PrefixCache, spare: SpareBuffer, prompt_ids: list[int],
+             use_prefix_cache: bool) -> tuple["WorkingCopyKV", str]:
+        working, _ = spare.take(prompt_ids)
+        if not use_prefix_cache:
+            working.truncate(0)
+        match = cache.match(prompt_ids if use_prefix_cache else [])
+        working.truncate(match.cached_tokens)
+        return cls(cache, working, match, prompt_ids, use_prefix_cache, spare), match.source
+
+    def reserve(self, new_tokens: int) -> None:
+        self.working.reserve(new_tokens)
+        super().reserve(new_tokens)
+
+    def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+        return self.working.attention(layer, q, k, v, mask, scale)
+
+    def commit(self, new_tokens: int) -> None:
+        start = self.num_tokens
+        super().commit(new_tokens)
+        self.working.commit(new_tokens)
+        self.cache.pool.store(self.blocks, start, *self.working.positions(start, start + new_tokens))
+
+    def _truncate(self, num_tokens: int) -> None:
+        super()._truncate(num_tokens)
+        self.working.truncate(num_tokens)
+
+    def _close(self) -> None:
+        super()._close()
+        # The copy's positions past the final ones hold K/V of tokens nobody named: not reusable.
+        self.working.truncate(self.num_final)
+        if self._spare is not None:
+            self._spare.give(self.working, self.final_tokens if self.publish else [])

@@ -1,0 +1,57 @@
+"""Request: one generation's plain state, from the prompt to Done.
+
+The step loop (request/loop.py) changes it; the scheduler reads it to plan a step; the consumer's
+Generation (request/generation.py) takes its events from `outbox`. Nothing here computes.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+
+from engine.events import Event, RequestStats
+from engine.kv.sequence import SequenceKV
+from engine.request.detokenizer import IncrementalDetokenizer
+from engine.request.sampling import Sampler
+from engine.sampling_params import SamplingParams
+
+
+class Status(Enum):
+    WAITING = "waiting"  # submitted; no KV yet
+    PREFILL = "prefill"  # computing the uncached rest of the prompt, a chunk per step
+    DECODE = "decode"  # one token per step
+    FINISHED = "finished"  # Done is in the outbox, or `error` is set; its KV is closed
+
+
+@dataclass(eq=False)
+class Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    use_prefix_cache: bool = True
+    generated: list[int] = field(default_factory=list)  # sampled ids, the stop token included
+    status: Status = Status.WAITING
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    # Set when the request starts running:
+    kv: SequenceKV | None = None
+    stats: RequestStats = field(default_factory=RequestStats)
+    sampler: Sampler | None = None
+    detokenizer: IncrementalDetokenizer | None = None
+    pieces: list[str] = field(default_factory=list)  # the reply's text so far, piece by piece
+    submitted_at: float = 0.0  # perf_counter seconds; TTFT counts from here
+    first_token_at: float = 0.0
+    last_stats_at: float = 0.0
+    outbox: deque[Event] = field(default_factory=deque)  # made, not yet taken by the consumer
+    error: BaseException | None = None  # the request failed: its consumer raises this after the outbox
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    def next_tokens(self, prefill_chunk: int) -> list[int]:
+        """The ids the next step computes: the next prompt chunk, or the last sampled token."""
+        if self.status is Status.PREFILL:
+            begin = self.kv.num_tokens
+            return self.prompt_ids[begin : begin + prefill_chunk]
+        return [self.generated[-1]]

@@ -1,0 +1,80 @@
+"""ModelRunner: executes one step's work on the model, with the KV strategy and decode path chosen once.
+
+At load the engine's options and device pick (decode/path.py) the decode path, eager or paged (+ CUDA
+graphs / torch.compile), and with it one of the three KV strategies of kv/sequence.py: no prefix cache
+(ContiguousKV), a working copy over pool blocks (WorkingCopyKV, the CPU default) or blocks read in
+place (PagedKV, the GPU default). Nothing asks again per request. Called under the step loop's lock.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+
+from engine.decode.graph_runner import DecodeRunner
+from engine.decode.path import decode_path
+from engine.kv.cache import ContiguousKVCache
+from engine.kv.contiguous import ContiguousKV
+from engine.kv.paged import PagedKV
+from engine.kv.prefix_cache import PrefixCache
+from engine.kv.sequence import SequenceKV
+from engine.kv.spare_buffer import SpareBuffer
+from engine.kv.working_copy import WorkingCopyKV
+from engine.model.causal_lm import CausalLM
+from engine.request.scheduler import Work
+
+OpenKV = Callable[[list[int], bool], tuple[SequenceKV, str]]  # (prompt ids, use the prefix cache) -> KV, source
+
+
+class ModelRunner:
+    def __init__(self, model: CausalLM, prefix_cache: PrefixCache | None, paged_kv: bool | None = None,
+                 cuda_graphs: bool | None = None, compile: bool | None = None):
+        self.model = model
+        self.prefix_cache = prefix_cache
+        self.device = model.embed_tokens.weight.device
+        self.dtype = model.embed_tokens.weight.dtype
+        self.decode_path = decode_path(paged_kv, cuda_graphs, compile, self.device, prefix_cache is not None)
+        self.graphs = (DecodeRunner(model, prefix_cache, self.decode_path.cuda_graphs, self.decode_path.compile)
+                       if self.decode_path.paged else None)
+        spare = SpareBuffer(self._new_buffer, model.cfg.context_window)
+        self.open_kv: OpenKV
+        if prefix_cache is None:
+            self.open_kv = lambda prompt_ids, _: ContiguousKV.open(spare, prompt_ids)
+        elif self.decode_path.paged:
+            self.open_kv = functools.partial(PagedKV.open, prefix_cache)
+        else:
+            self.open_kv = functools.partial(WorkingCopyKV.open, prefix_cache, spare)
+
+    def _new_buffer(self) -> ContiguousKVCache:
+        cfg = self.model.cfg
+        return ContiguousKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.context_window,
+                                 self.device, self.dtype)
+
+    def run(self, step: list[Work]) -> list[torch.Tensor]:
+        """Logits [1, vocab] of the last token of each work item, its K/V computed into its request's KV
+        (not yet final: the step loop finalises). One request per step today, so one forward per item."""
+        return [self.prefill(w.request.kv, w.token_ids) if w.prefill else self.decode(w.request.kv, w.token_ids[0])
+                for w in step]
+
+    def prefill(self, kv: SequenceKV, token_ids: list[int]) -> torch.Tensor:
+        """One forward over `token_ids` after `kv`'s tokens: logits [1, vocab] of the last."""
+        return self.model(torch.tensor(token_ids, dtype=torch.long, device=self.device), kv)
+
+    def decode(self, kv: SequenceKV, token: int) -> torch.Tensor:
+        """One decode step: logits [1, vocab] of `token` after `kv`'s tokens, through the captured paged
+        step when the path is paged. Read them before the next step (a graph's output buffer is reused)."""
+        if self.graphs is None:
+            return self.prefill(kv, [token])
+        kv.reserve(1)
+        logits = self.graphs.step(token, kv.num_tokens, kv.blocks)
+        kv.commit(1)
+        return logits
+
+    def logits(self, token_ids: list[int], all_logits: bool = False) -> torch.Tensor:
+        """Logits of `token_ids` computed alone, in a buffer of their own (nothing cached or reused):
+        [T, vocab] if `all_logits`, else [1, vocab] of the last token. For references and checks."""
+        with torch.inference_mode():
+            ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
+            return self.model(ids, self._new_buffer(), all_logits=all_logits)
