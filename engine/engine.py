@@ -34,8 +34,8 @@ from engine.kv.pool import KVPool
 from engine.kv.prefix_cache import KVCacheFullError, PrefixCache
 from engine.kv.snapshot import KVSnapshot
 from engine.model.causal_lm import CausalLM
-from engine.quant.kernels import BlockKernels, load_block_kernels
-from engine.quant.linear import BlockQuantLinear
+from engine.quant.kernels import QuantKernels, load_quant_kernels
+from engine.quant.linear import QuantLinear
 from engine.request.generation import Generation
 from engine.request.loop import StepLoop
 from engine.request.request import Request
@@ -82,8 +82,8 @@ class LoadInfo:
     decode: str = "eager"  # the decode path: "eager", or "paged" + what makes it fast (decode/path.py)
 
 
-def _block_kernels(mode: str, device: torch.device, dtype: torch.dtype,
-                   progress: Callable[[str], None]) -> BlockKernels | None:
+def _quant_kernels(mode: str, device: torch.device, dtype: torch.dtype,
+                   progress: Callable[[str], None]) -> QuantKernels | None:
     """The CPU block kernels when `mode` allows them and they apply (CPU, fp32), else None."""
     if mode not in ("auto", "dense", "blocks"):
         raise EngineError(f"Unknown weights mode {mode!r}: use auto, dense or blocks.")
@@ -94,7 +94,7 @@ def _block_kernels(mode: str, device: torch.device, dtype: torch.dtype,
             raise EngineError("Block-quantized weights run on the CPU in float32 only; drop --weights blocks.")
         return None
     progress("preparing the CPU kernels")
-    kernels = load_block_kernels()
+    kernels = load_quant_kernels()
     if isinstance(kernels, str):
         if mode == "blocks":
             raise EngineError(f"Block-quantized weights are unavailable: {kernels}.")
@@ -103,7 +103,7 @@ def _block_kernels(mode: str, device: torch.device, dtype: torch.dtype,
     return kernels
 
 
-def _load_model_dir(source: ModelSource, device: torch.device, dtype: torch.dtype, kernels: BlockKernels | None,
+def _load_model_dir(source: ModelSource, device: torch.device, dtype: torch.dtype, kernels: QuantKernels | None,
                     progress: Callable[[str], None]) -> tuple[CausalLM, Tokenizer]:
     """The model and tokenizer of `source`'s directory; ModelError if its files are wrong."""
     progress("loading weights")
@@ -115,10 +115,10 @@ def _load_model_dir(source: ModelSource, device: torch.device, dtype: torch.dtyp
 
 
 def _describe_weights(model: CausalLM) -> str:
-    formats = sorted({m.fmt for m in model.modules() if isinstance(m, BlockQuantLinear)})
+    formats = sorted({m.fmt for m in model.modules() if isinstance(m, QuantLinear)})
     if not formats:
         return "dense"
-    isa = next(m.kernels.isa for m in model.modules() if isinstance(m, BlockQuantLinear))
+    isa = next(m.kernels.isa for m in model.modules() if isinstance(m, QuantLinear))
     return f"{'/'.join(formats)} blocks ({isa})"
 
 
@@ -149,7 +149,7 @@ class Engine:
             torch.set_num_threads(options.threads)
         path = decode_path(options.paged_kv, options.cuda_graphs, options.compile, device, options.prefix_cache)
         source = resolve_model(options.model, progress)
-        kernels = _block_kernels(options.weights, device, dtype, progress)
+        kernels = _quant_kernels(options.weights, device, dtype, progress)
         try:
             model, tokenizer = _load_model_dir(source, device, dtype, kernels, progress)
         except ModelError as exc:

@@ -26,11 +26,11 @@ SOURCE = Path(__file__).resolve().parent / "csrc" / "block_quant.c"
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 
 _lock = threading.Lock()
-_loaded: "BlockKernels | str | None" = None  # the kernels, or why there are none
+_loaded: "QuantKernels | str | None" = None  # the kernels, or why there are none
 
 
 @dataclass(frozen=True)
-class BlockKernels:
+class QuantKernels:
     lib: ctypes.CDLL
     isa: str  # avx512 | avx2 | portable
 
@@ -65,7 +65,7 @@ def _build(compiler: str) -> Path:
     return target
 
 
-def _bind(lib: ctypes.CDLL) -> BlockKernels:
+def _bind(lib: ctypes.CDLL) -> QuantKernels:
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.q4_1_matmul.argtypes = [p, i, i, p, p, p, i, p, i]
     lib.q8_0_matmul.argtypes = [p, i, i, p, p, i, p, i]
@@ -74,10 +74,10 @@ def _bind(lib: ctypes.CDLL) -> BlockKernels:
     for fn in (lib.q4_1_matmul, lib.q8_0_matmul, lib.q4_1_dequantize, lib.q8_0_dequantize):
         fn.restype = None
     lib.kv_isa.restype = ctypes.c_char_p
-    return BlockKernels(lib, lib.kv_isa().decode())
+    return QuantKernels(lib, lib.kv_isa().decode())
 
 
-def load_block_kernels() -> BlockKernels | str:
+def load_quant_kernels() -> QuantKernels | str:
     """The kernels, or one sentence saying why they are unavailable."""
     global _loaded
     with _lock:
@@ -93,9 +93,3 @@ def load_block_kernels() -> BlockKernels | str:
                 except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
                     _loaded = f"the C kernels did not build ({exc})"
         return _loaded
-
-
-def reset_for_tests() -> None:
-    global _loaded
-    with _lock:
-        _loaded = None

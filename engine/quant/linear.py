@@ -1,4 +1,4 @@
-"""BlockQuantLinear: a linear layer whose weight stays in GGUF blocks (Q4_1 or Q8_0).
+"""QuantLinear: a linear layer whose weight stays in GGUF blocks (Q4_1 or Q8_0).
 
 The weight values are the dense fp32 checkpoint's, bit for bit (the kernels
 rebuild each weight exactly as the conversion did), so outputs differ from a
@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.quant.kernels import BlockKernels
+from engine.quant.kernels import QuantKernels
 
 FORMATS = ("q4_1", "q8_0")
 BLOCK = 32
@@ -40,8 +40,8 @@ def _scratch_buffer(numel: int) -> torch.Tensor:
     return buffer[:numel]
 
 
-class BlockQuantLinear(nn.Module):
-    def __init__(self, kernels: BlockKernels, fmt: str, qs: torch.Tensor, d: torch.Tensor,
+class QuantLinear(nn.Module):
+    def __init__(self, kernels: QuantKernels, fmt: str, qs: torch.Tensor, d: torch.Tensor,
                  m: torch.Tensor | None, bias: torch.Tensor | None):
         super().__init__()
         if fmt not in FORMATS:

@@ -5,7 +5,7 @@ safetensors files are one source, a synthetic model's seeded generator
 (synthetic_weights.py) another, and all fusing and validation below is shared.
 q/k/v and gate/up are fused into one matmul each. With block kernels, every
 linear layer whose parts are all stored as Q4_1 or Q8_0 blocks in
-blocks.safetensors becomes a BlockQuantLinear, and its dense copy is never read.
+blocks.safetensors becomes a QuantLinear, and its dense copy is never read.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from typing import Protocol
 import torch
 from safetensors import safe_open
 
-from engine.quant.kernels import BlockKernels
-from engine.quant.linear import FORMATS, BlockQuantLinear
+from engine.quant.kernels import QuantKernels
+from engine.quant.linear import FORMATS, QuantLinear
 from engine.model.config import ModelConfig
 from engine.errors import ModelError
-from engine.weights.gguf import BLOCKS_FILE
+from engine.weights.gguf import QUANT_WEIGHTS_FILE
 from engine.model.causal_lm import CausalLM
 from engine.weights.synthetic import read_marker, synthetic_weights
 
@@ -37,7 +37,7 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
             raise ModelError(f"The model's safetensors index cannot be read ({exc}).") from None
         files = [model_dir / name for name in sorted(set(weight_map.values()))]
     else:
-        files = sorted(p for p in model_dir.glob("*.safetensors") if p.name != BLOCKS_FILE)
+        files = sorted(p for p in model_dir.glob("*.safetensors") if p.name != QUANT_WEIGHTS_FILE)
     if not files:
         raise ModelError(f"The model directory {model_dir} has no .safetensors weights.")
     return files
@@ -102,15 +102,15 @@ def _linears(cfg: ModelConfig) -> list[tuple[str, list[str], list[str] | None]]:
     return specs
 
 
-def _block_linear(kernels: BlockKernels, blocks: WeightSource, names: list[str],
-                  bias: torch.Tensor | None) -> BlockQuantLinear | None:
+def _quant_linear(kernels: QuantKernels, blocks: WeightSource, names: list[str],
+                  bias: torch.Tensor | None) -> QuantLinear | None:
     formats = {blocks.block_format(f"{n}.weight") for n in names}
     if len(formats) != 1 or None in formats:
         return None  # not stored as blocks, or parts in different formats: stays dense
     fmt = formats.pop()
     parts = {part: torch.cat([blocks.get(f"{n}.weight.{fmt}.{part}") for n in names])
              for part in (("qs", "d", "m") if fmt == "q4_1" else ("qs", "d"))}
-    return BlockQuantLinear(kernels, fmt, parts["qs"], parts["d"], parts.get("m"), bias)
+    return QuantLinear(kernels, fmt, parts["qs"], parts["d"], parts.get("m"), bias)
 
 
 def _joined(ckpt: WeightSource, names: list[str], suffix: str) -> torch.Tensor:
@@ -120,7 +120,7 @@ def _joined(ckpt: WeightSource, names: list[str], suffix: str) -> torch.Tensor:
 
 
 def load_model(model_dir: Path, device: torch.device, dtype: torch.dtype,
-               kernels: BlockKernels | None = None) -> CausalLM:
+               kernels: QuantKernels | None = None) -> CausalLM:
     """Build CausalLM from config.json and fill it from the directory's safetensors
     (a synthetic model's directory: from its seeded generator, on `device` in `dtype`)."""
     cfg = ModelConfig.from_file(model_dir / "config.json")
@@ -129,13 +129,13 @@ def load_model(model_dir: Path, device: torch.device, dtype: torch.dtype,
     with ExitStack() as stack:
         ckpt = _Checkpoint(checkpoint_files(model_dir), stack)
         blocks = None
-        if kernels is not None and (model_dir / BLOCKS_FILE).exists():
-            blocks = _Checkpoint([model_dir / BLOCKS_FILE], stack)
+        if kernels is not None and (model_dir / QUANT_WEIGHTS_FILE).exists():
+            blocks = _Checkpoint([model_dir / QUANT_WEIGHTS_FILE], stack)
         return load_from(cfg, ckpt, device, dtype, kernels, blocks)
 
 
 def load_from(cfg: ModelConfig, ckpt: WeightSource, device: torch.device, dtype: torch.dtype,
-              kernels: BlockKernels | None = None, blocks: WeightSource | None = None) -> CausalLM:
+              kernels: QuantKernels | None = None, blocks: WeightSource | None = None) -> CausalLM:
     """Build CausalLM for `cfg` and fill it from `ckpt` (and quantized linears from `blocks`, with `kernels`)."""
     with torch.device("meta"):
         model = CausalLM(cfg)
@@ -158,7 +158,7 @@ def load_from(cfg: ModelConfig, ckpt: WeightSource, device: torch.device, dtype:
                 put(f"layers.{i}.self_attn.{norm}.weight", ckpt.get(f"model.layers.{i}.self_attn.{norm}.weight"))
     for module, names, bias_names in _linears(cfg):
         bias = _joined(ckpt, bias_names, ".bias") if bias_names else None
-        packed = _block_linear(kernels, blocks, names, bias) if blocks is not None and kernels is not None else None
+        packed = _quant_linear(kernels, blocks, names, bias) if blocks is not None and kernels is not None else None
         if packed is not None:
             model.set_submodule(module, packed)
             continue
@@ -168,7 +168,7 @@ def load_from(cfg: ModelConfig, ckpt: WeightSource, device: torch.device, dtype:
         if bias is not None:
             put(f"{module}.bias", bias)
     model.load_state_dict(state, strict=False, assign=True)
-    if cfg.tie_word_embeddings and not isinstance(model.lm_head, BlockQuantLinear):
+    if cfg.tie_word_embeddings and not isinstance(model.lm_head, QuantLinear):
         model.lm_head.weight = model.embed_tokens.weight
     left_empty = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left_empty:

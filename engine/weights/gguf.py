@@ -36,7 +36,7 @@ from engine.kv.fingerprint import file_sha256, model_files_digest
 COMPLETE_MARKER = "kvchat-conversion-complete"
 RECORD_FILE = ".kvchat-sha256.json"  # {"sha256": {file name: hex}} of every file the conversion wrote
 CONVERSION_VERSION = 3  # part of the cache key: bump when the directory's contents change
-BLOCKS_FILE = "blocks.safetensors"  # the GGUF's Q4_1/Q8_0 weights, unexpanded (see block_linear.py)
+QUANT_WEIGHTS_FILE = "blocks.safetensors"  # the GGUF's Q4_1/Q8_0 weights, unexpanded (see quant/linear.py)
 # GGUF architectures whose q/k rows llama.cpp permuted at conversion time.
 _PERMUTED_QK = {"llama"}
 _MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
@@ -227,7 +227,7 @@ def _write_model_dir(gguf_path: Path, reader, config: dict[str, Any], out_dir: P
         save_file(dict(gguf_tensors(reader, config)), str(staging / "model.safetensors"), metadata={"format": "pt"})
         blocks = dict(gguf_blocks(reader, config))
         if blocks:
-            save_file(blocks, str(staging / BLOCKS_FILE), metadata={"format": "pt"})
+            save_file(blocks, str(staging / QUANT_WEIGHTS_FILE), metadata={"format": "pt"})
         (staging / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
         generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}
         (staging / "generation_config.json").write_text(json.dumps(generation, indent=2), encoding="utf-8")

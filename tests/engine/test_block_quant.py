@@ -9,9 +9,9 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from engine import Engine, EngineError, EngineOptions, SamplingParams
-from engine.quant import kernels as block_kernels
-from engine.quant.linear import BlockQuantLinear
-from engine.weights.gguf import BLOCKS_FILE, convert_gguf
+from engine.quant import kernels as quant_kernels
+from engine.quant.linear import QuantLinear
+from engine.weights.gguf import QUANT_WEIGHTS_FILE, convert_gguf
 from tests.tiny_gguf import write_gguf
 from tests.tiny_models import load_reference, make_tiny_model
 
@@ -21,13 +21,13 @@ pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc
 
 @pytest.fixture(scope="module")
 def kernels():
-    loaded = block_kernels.load_block_kernels()
+    loaded = quant_kernels.load_quant_kernels()
     assert not isinstance(loaded, str), loaded
     return loaded
 
 
 def quantized(fmt, rows, cols, seed=0):
-    """(BlockQuantLinear parts, the dense fp32 weight gguf's own dequantizer gives)."""
+    """(QuantLinear parts, the dense fp32 weight gguf's own dequantizer gives)."""
     import gguf
     from gguf.quants import dequantize, quantize
 
@@ -44,7 +44,7 @@ def quantized(fmt, rows, cols, seed=0):
 @pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
 def test_dequantized_weights_are_bit_identical_to_ggufs_own_dequantizer(kernels, fmt):
     parts, dense = quantized(fmt, 77, 96)
-    linear = BlockQuantLinear(kernels, fmt, parts["qs"], parts["d"], parts.get("m"), None)
+    linear = QuantLinear(kernels, fmt, parts["qs"], parts["d"], parts.get("m"), None)
     assert torch.equal(linear.dequantized(), dense)
 
 
@@ -53,14 +53,14 @@ def test_dequantized_weights_are_bit_identical_to_ggufs_own_dequantizer(kernels,
 def test_products_match_a_dense_matmul_of_the_same_weights(kernels, fmt, rows):
     parts, dense = quantized(fmt, 130, 160, seed=rows)
     bias = torch.randn(130)
-    linear = BlockQuantLinear(kernels, fmt, parts["qs"], parts["d"], parts.get("m"), bias)
+    linear = QuantLinear(kernels, fmt, parts["qs"], parts["d"], parts.get("m"), bias)
     x = torch.randn(rows, 160)
     torch.testing.assert_close(linear(x), F.linear(x, dense, bias), atol=1e-4, rtol=1e-5)
 
 
 def test_leading_dimensions_are_kept(kernels):
     parts, dense = quantized("q4_1", 64, 64)
-    linear = BlockQuantLinear(kernels, "q4_1", parts["qs"], parts["d"], parts["m"], None)
+    linear = QuantLinear(kernels, "q4_1", parts["qs"], parts["d"], parts["m"], None)
     x = torch.randn(2, 3, 64)
     assert linear(x).shape == (2, 3, 64)
     torch.testing.assert_close(linear(x), x @ dense.T, atol=1e-4, rtol=1e-5)
@@ -76,13 +76,13 @@ def q4_gguf_model(tmp_path_factory):
 
 def test_conversion_keeps_blocks_that_rebuild_the_dense_weights_exactly(kernels, q4_gguf_model):
     dense = load_file(str(q4_gguf_model / "model.safetensors"))
-    blocks = load_file(str(q4_gguf_model / BLOCKS_FILE))
+    blocks = load_file(str(q4_gguf_model / QUANT_WEIGHTS_FILE))
     names = sorted({k.rsplit(".", 2)[0] for k in blocks})
     assert "model.layers.0.self_attn.q_proj.weight" in names and "model.embed_tokens.weight" in names
     for name in names:
         fmt = next(k.rsplit(".", 2)[1] for k in blocks if k.startswith(name + "."))
         parts = {p: blocks.get(f"{name}.{fmt}.{p}") for p in ("qs", "d", "m")}
-        linear = BlockQuantLinear(kernels, fmt, parts["qs"], parts["d"], parts["m"], None)
+        linear = QuantLinear(kernels, fmt, parts["qs"], parts["d"], parts["m"], None)
         assert torch.equal(linear.dequantized(), dense[name]), name  # q/k rows un-permuted like the dense ones
 
 
@@ -100,15 +100,12 @@ def test_block_weights_give_the_dense_models_logits_and_greedy_tokens(kernels, q
 
 def test_without_a_compiler_the_engine_falls_back_to_dense_weights(q4_gguf_model, monkeypatch):
     monkeypatch.setenv("CC", "/nonexistent/cc")
-    monkeypatch.setattr(block_kernels.shutil, "which", lambda name: None)
-    block_kernels.reset_for_tests()
-    try:
-        engine = Engine.load(EngineOptions(model=str(q4_gguf_model), dtype="float32"))
-        assert engine.info.weights == "dense"
-        with pytest.raises(EngineError, match="no C compiler"):
-            Engine.load(EngineOptions(model=str(q4_gguf_model), dtype="float32", weights="blocks"))
-    finally:
-        block_kernels.reset_for_tests()
+    monkeypatch.setattr(quant_kernels.shutil, "which", lambda name: None)
+    monkeypatch.setattr(quant_kernels, "_loaded", None)  # as in a new process; the loaded kernels come back after
+    engine = Engine.load(EngineOptions(model=str(q4_gguf_model), dtype="float32"))
+    assert engine.info.weights == "dense"
+    with pytest.raises(EngineError, match="no C compiler"):
+        Engine.load(EngineOptions(model=str(q4_gguf_model), dtype="float32", weights="blocks"))
 
 
 def test_block_weights_are_refused_outside_cpu_float32(q4_gguf_model):
@@ -125,7 +122,7 @@ def test_wide_matrices_are_multiplied_in_row_slices_with_the_same_result(kernels
     from engine.quant.linear import GEMM_ROWS, KERNEL_MAX_ROWS
 
     parts, dense = quantized("q4_1", 2 * GEMM_ROWS + 37, 64, seed=11)
-    linear = BlockQuantLinear(kernels, "q4_1", parts["qs"], parts["d"], parts["m"], None)
+    linear = QuantLinear(kernels, "q4_1", parts["qs"], parts["d"], parts["m"], None)
     x = torch.randn(KERNEL_MAX_ROWS + 20, 64)
     torch.testing.assert_close(linear(x), x @ dense.T, atol=1e-4, rtol=1e-5)
     assert torch.equal(linear.dequantized(GEMM_ROWS, 37), dense[GEMM_ROWS : GEMM_ROWS + 37])

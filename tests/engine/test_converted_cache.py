@@ -9,7 +9,7 @@ import pytest
 
 import engine.kv.fingerprint as fingerprint
 from engine import Engine, EngineOptions, ModelError, SamplingParams
-from engine.weights.gguf import BLOCKS_FILE, COMPLETE_MARKER, RECORD_FILE, converted_damage
+from engine.weights.gguf import QUANT_WEIGHTS_FILE, COMPLETE_MARKER, RECORD_FILE, converted_damage
 from tests.tiny_gguf import write_gguf
 from tests.tiny_models import load_reference, make_tiny_model
 
@@ -53,13 +53,13 @@ def overwrite_middle(path: Path, seed: int = 0) -> None:
 def test_random_bytes_in_the_cached_blocks_are_found_and_the_model_is_converted_again(q4_gguf, caplog):
     first = load(q4_gguf)
     before, model_dir = reply(first), first.info.model_dir
-    blocks = Path(model_dir) / BLOCKS_FILE
+    blocks = Path(model_dir) / QUANT_WEIGHTS_FILE
     original = blocks.read_bytes()
     overwrite_middle(blocks)
     with caplog.at_level(logging.WARNING, logger="kvchat"):
         again = load(q4_gguf)
     assert again.info.converted and again.info.model_dir == model_dir
-    assert len(damage_lines(caplog, model_dir)) == 1 and BLOCKS_FILE in damage_lines(caplog, model_dir)[0]
+    assert len(damage_lines(caplog, model_dir)) == 1 and QUANT_WEIGHTS_FILE in damage_lines(caplog, model_dir)[0]
     assert blocks.read_bytes() == original
     assert reply(again) == before
 
@@ -105,8 +105,8 @@ def test_an_old_cache_without_a_record_is_trusted_and_recorded_on_first_use(q4_g
     forget_record(model_dir)
     assert not load(q4_gguf).info.converted
     recorded = json.loads(open(os.path.join(model_dir, RECORD_FILE)).read())["sha256"]
-    assert {"model.safetensors", BLOCKS_FILE, "config.json", COMPLETE_MARKER} <= set(recorded)
-    overwrite_middle(Path(model_dir) / BLOCKS_FILE, seed=5)
+    assert {"model.safetensors", QUANT_WEIGHTS_FILE, "config.json", COMPLETE_MARKER} <= set(recorded)
+    overwrite_middle(Path(model_dir) / QUANT_WEIGHTS_FILE, seed=5)
     assert "blocks.safetensors" in converted_damage(Path(model_dir))
 
 
