@@ -1,7 +1,7 @@
 """The engine next to transformers on the same weights: logits, greedy tokens, `generate` speed.
 
 `hf` is a transformers causal LM on the engine's device and dtype (for a
-synthetic model: synthetic.reference_model). transformers is only touched
+synthetic model: reference_model below). transformers is only touched
 through the model object, so importing this module does not import it.
 """
 
@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
-from engine.engine import Engine
 from engine.bench.perf import synchronize
+from engine.engine import Engine
+from engine.model.config import ModelConfig
+from engine.weights.synthetic import synthetic_model_dir, synthetic_name, synthetic_weights
 
 
 @torch.inference_mode()
@@ -81,3 +84,29 @@ def hf_generate_speed(hf, prompt: list[int], new_tokens: int, runs: int, device:
     return {"context_tokens": len(prompt), "new_tokens": new_tokens,
             "tokens_per_s": round((new_tokens - 1) / decode_s, 2),
             "generate_ms": round(statistics.median(full) * 1e3, 1)}
+
+
+def reference_model(name_or_dir: str | Path, device: torch.device | str, dtype: torch.dtype,
+                    seed: int | None = None):
+    """transformers' own model of a synthetic model, filled with the very weights the engine draws.
+
+    `name_or_dir`: a synthetic name, a `synthetic:NAME` spec, or a synthetic model
+    directory (e.g. one with fewer layers). The weights match the engine's only on
+    the same device type and dtype. Needs memory for a second copy of the weights.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    name = synthetic_name(str(name_or_dir))
+    if name is None and Path(name_or_dir).is_dir():
+        model_dir = Path(name_or_dir)
+    else:  # a name: an unknown one fails here with the list of known ones
+        model_dir = synthetic_model_dir(name or str(name_or_dir), seed=seed or 0)
+    cfg = ModelConfig.from_file(model_dir / "config.json")
+    source = synthetic_weights(model_dir, cfg, torch.device(device), dtype, seed)
+    config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
+    with torch.device(device):  # built in place: an 8B model never passes through host memory
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    with torch.no_grad():
+        for param_name, param in model.named_parameters():  # a tied lm_head is listed once, as the embedding
+            param.copy_(source.get(param_name))
+    return model.eval()

@@ -23,10 +23,11 @@ import torch
 
 from engine.weights.device import pick_device, pick_dtype
 from engine.engine import Engine, EngineOptions
-from engine.bench.hf_reference import compare_tokens, hf_generate_speed, hf_greedy_tokens, logits_rel_error
+from engine.bench.hf_reference import (compare_tokens, hf_generate_speed, hf_greedy_tokens, logits_rel_error,
+                                       reference_model)
 from engine.bench.perf import (copy_bandwidth, decode_speed, followup_ttft, greedy, kv_bytes_per_position,
                          prefill_speed, random_prompt, weight_bytes_per_token)
-from engine.weights.synthetic import MODELS, PREFIX, reference_model, synthetic_config, synthetic_model_dir
+from engine.weights.synthetic import MODELS, PREFIX, synthetic_config, synthetic_model_dir
 
 
 @dataclass(frozen=True)

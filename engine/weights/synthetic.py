@@ -141,29 +141,3 @@ def synthetic_weights(model_dir: Path, cfg: ModelConfig, device: torch.device, d
     if marker is None:
         raise ModelError(f"{model_dir} is not a synthetic model: it has no {MARKER}.")
     return SyntheticWeights(cfg, int(marker["seed"]) if seed is None else seed, device, dtype)
-
-
-def reference_model(name_or_dir: str | Path, device: torch.device | str, dtype: torch.dtype,
-                    seed: int | None = None):
-    """transformers' own model of a synthetic model, filled with the very weights the engine draws.
-
-    `name_or_dir`: a synthetic name, a `synthetic:NAME` spec, or a synthetic model
-    directory (e.g. one with fewer layers). The weights match the engine's only on
-    the same device type and dtype. Needs memory for a second copy of the weights.
-    """
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    name = synthetic_name(str(name_or_dir))
-    if name is None and Path(name_or_dir).is_dir():
-        model_dir = Path(name_or_dir)
-    else:  # a name: an unknown one fails here with the list of known ones
-        model_dir = synthetic_model_dir(name or str(name_or_dir), seed=seed or 0)
-    cfg = ModelConfig.from_file(model_dir / "config.json")
-    source = synthetic_weights(model_dir, cfg, torch.device(device), dtype, seed)
-    config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
-    with torch.device(device):  # built in place: an 8B model never passes through host memory
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    with torch.no_grad():
-        for param_name, param in model.named_parameters():  # a tied lm_head is listed once, as the embedding
-            param.copy_(source.get(param_name))
-    return model.eval()

@@ -10,7 +10,8 @@ from engine import Engine, EngineOptions, ModelError, SamplingParams
 from engine.model.config import ModelConfig
 from engine.kv.cache import ContiguousKVCache
 from engine.weights.model_source import resolve_model
-from engine.weights.synthetic import MODELS, reference_model, synthetic_config, synthetic_model_dir
+from engine.bench.hf_reference import reference_model
+from engine.weights.synthetic import MODELS, synthetic_config, synthetic_model_dir
 from engine.weights.synthetic_weights import STD, SyntheticWeights, tensor_shapes
 from engine.weights.checkpoint import load_model
 
