@@ -50,7 +50,7 @@ class Sample:
 
 def in_process(engine: Engine, turns: list[dict], params: SamplingParams) -> Sample:
     """What ChatSession does: render, tokenize, generate; timed as the caller sees the tokens."""
-    from app.chat.session import render_chat
+    from app.chat.template import render_chat
     from engine import TokenDelta
 
     start = time.perf_counter()
@@ -124,7 +124,7 @@ def run_serve_bench(args: argparse.Namespace) -> int:
 
 
 def _prompt_tokens(engine: Engine, text: str) -> int:
-    from app.chat.session import render_chat
+    from app.chat.template import render_chat
 
     return len(engine.tokenizer.encode(render_chat(engine.tokenizer, [{"role": "user", "content": text}])))
 

@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from app.chat.config import Config
 
 
 @dataclass(frozen=True)
@@ -26,3 +30,8 @@ class ReplyLimits:
 
 
 NO_LIMITS = ReplyLimits()
+
+
+def reply_limits(config: Config) -> ReplyLimits:
+    """The ceiling and loop check every chat reply gets, from the config file (see app/chat/config.py)."""
+    return ReplyLimits(max_tokens=config.max_reply_tokens or None, stop_repetition=config.stop_repetition)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.chat.reply_writer import ReplyWriter
+from app.chat.sampling_settings import sampling_settings
 from engine import Done, Engine, EngineError, SamplingParams
 from storage.conversations import Conversation, ConversationStore
 from storage.data_dir import data_dir
@@ -75,13 +76,6 @@ class Storage:
         """Finish writing pending snapshots (so the next start finds them), then close the database."""
         self.writer.close()
         self.conversations.close()
-
-
-def sampling_settings(params: SamplingParams) -> dict:
-    """The per-conversation sampling settings kept with a conversation."""
-    return {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
-            "min_p": params.min_p, "repetition_penalty": params.repetition_penalty,
-            "max_tokens": params.max_tokens, "seed": params.seed}
 
 
 def reply_stats(done: Done, rate_series: list[float] | None = None) -> dict:

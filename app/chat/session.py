@@ -17,9 +17,9 @@ from app.chat.reply_limits import NO_LIMITS, ReplyLimits
 from app.chat.reply_timeline import ReplyTimeline
 from app.chat.reply_writer import ConversationDeleted, ReplyNotSaved
 from app.chat.saved_chat import SavedConversation, reply_stats
+from app.chat.template import render_chat, require_chat_template
 from engine import Done, Engine, Event, Generation, SamplingParams, TokenDelta
 from engine.errors import NonFiniteLogitsError
-from engine.weights.tokenizer import Tokenizer
 
 
 # No tokenizer packs more than this many characters into one token on average, so a
@@ -35,16 +35,6 @@ class ChatMessage:
     id: str | None = None  # its row in storage, for a saved conversation
     status: str = "complete"  # complete | stopped | interrupted
     stats: dict | None = None  # a reply's numbers (saved_chat.reply_stats), for the status bar and inspector
-
-
-def render_chat(tokenizer: Tokenizer, turns: list[dict]) -> str:
-    """The chat template's text of `turns` ({"role", "content"} dicts), ready for the assistant's reply."""
-    if not tokenizer.has_chat_template:
-        raise ChatError("This model has no chat template, so it cannot chat; use an instruct/chat model.")
-    try:
-        return tokenizer.hf.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
-    except Exception as exc:  # jinja2 TemplateError, or a template's raise_exception()
-        raise ChatError(f"The model's chat template rejected this conversation ({exc}).") from None
 
 
 class ChatSession:
@@ -84,8 +74,7 @@ class ChatSession:
         return self.limits.apply(self.params)
 
     def _check_can_chat(self, engine: Engine) -> None:
-        if not engine.tokenizer.has_chat_template:
-            raise ChatError("This model has no chat template, so it cannot chat; use an instruct/chat model.")
+        require_chat_template(engine.tokenizer)
 
     def _load_history(self) -> None:
         history = self.saved.history(self.engine)

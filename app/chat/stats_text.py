@@ -39,6 +39,15 @@ def format_duration(ms: float) -> str:
     return f"{minutes} min {seconds:02d} s"
 
 
+def stats_line(s: dict) -> str:
+    """One reply's numbers, from its stats as stored (saved_chat.reply_stats)."""
+    return (f"[{s.get('ttft_ms', 0):.0f} ms to first token · {s.get('prompt_tokens', 0)} prompt tokens "
+            f"({cached_text(s.get('cached_tokens', 0), s.get('cache_source'))}, "
+            f"{s.get('prefilled_tokens') if s.get('prefilled_tokens') is not None else 'n/a'} computed) · "
+            f"{s.get('generated_tokens', 0)} tokens at "
+            f"{s.get('decode_tokens_per_s', 0):.1f} tok/s · {s.get('finish_reason', '?')}]")
+
+
 def live_stats(stats: RequestStats) -> dict:
     """What the inspector shows of the reply being written: its stats dict, without the first token's
     and decode's numbers while it is still prefilled (they are zeros then, not measurements)."""

@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             args.repeat = 5 if args.repeat is None else args.repeat
             return run_bench(args)
         from app.cli.ask import resolve_conversation
-        from app.cli.options import sampling_params
+        from app.chat.sampling_settings import sampling_params
 
         sampling_params(args)  # the chat's flags and --conversation/--continue, before Textual or torch load
         resolve_conversation(args)

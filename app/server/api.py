@@ -2,7 +2,7 @@
 
     app = create_app(engine, api_key=None)   # then run it with uvicorn (app/server/main.py)
 
-Chat messages become prompt ids through the model's chat template (app/chat/session.py's
+Chat messages become prompt ids through the model's chat template (app/chat/template.py's
 render_chat); the engine's prefix cache reuses whatever a request shares with the
 ones before it, and `usage.prompt_tokens_details.cached_tokens` says how much.
 Streaming answers are server-sent events ending with `data: [DONE]`; with
@@ -31,7 +31,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from app.chat.errors import ChatError
-from app.chat.session import MAX_CHARS_PER_TOKEN, render_chat
+from app.chat.session import MAX_CHARS_PER_TOKEN
+from app.chat.template import render_chat
 from app.server.guards import BearerAuth, BodyLimit, unless_disconnected
 from app.server.runner import EngineRunner, Finish, ShuttingDown, reply
 from app.server.schema import (APIError, ChatCompletionRequest, CompletionRequest, SamplingRequest, body_limit,

@@ -31,7 +31,8 @@ from app.tui.actions.panels import PanelActions
 from app.remote.stream import RemoteError
 from app.tui.actions.reply import ReplyActions
 from app.chat.config import Config
-from app.cli.options import SAMPLING_FIELDS, reply_limits, sampling_params
+from app.chat.reply_limits import reply_limits
+from app.chat.sampling_settings import SAMPLING_FIELDS, sampling_params
 from app.chat.saved_chat import SavedConversation, Storage
 from app.chat.terminal_text import clean_input
 from app.tui.widgets.chat_view import ChatView

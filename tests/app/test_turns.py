@@ -95,8 +95,8 @@ def test_a_conversation_deleted_while_its_reply_streams_leaves_nothing_behind(ti
             if isinstance(event, TokenDelta):
                 tokens += 1
                 if tokens == 5:
-                    from app.cli.conversations import delete_conversation
-                    delete_conversation(other.conversations, conversation, permanently=True)
+                    from app.chat.library import delete_conversation
+                    delete_conversation(other.conversations, other.home, conversation, permanently=True)
             assert not isinstance(event, Done)
     other.close()
     storage.writer.flush()
@@ -118,8 +118,8 @@ def test_a_snapshot_of_a_conversation_deleted_before_it_is_written_is_not_kept(t
 
     storage.snapshots.save = slow_save
     list(session.send("again"))
-    from app.cli.conversations import delete_conversation
-    delete_conversation(storage.conversations, session.saved.id, permanently=True)
+    from app.chat.library import delete_conversation
+    delete_conversation(storage.conversations, storage.home, session.saved.id, permanently=True)
     gate.set()
     storage.writer.flush()
     assert list((kvchat_home / "snapshots").iterdir()) == []
@@ -139,8 +139,8 @@ def test_a_conversation_moved_to_the_trash_mid_reply_takes_nothing_more(tiny_eng
             if isinstance(event, TokenDelta):
                 tokens += 1
                 if tokens == 5:
-                    from app.cli.conversations import delete_conversation
-                    delete_conversation(other.conversations, session.saved.id)
+                    from app.chat.library import delete_conversation
+                    delete_conversation(other.conversations, other.home, session.saved.id)
                     kept = len(other.conversations.trashed())
     other.close()
     storage.writer.flush()

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 
-from app.cli.conversations import delete_conversation, write_export
 from app.chat.export_file import ExportTargetExists
+from app.chat.library import delete_conversation, write_export
 from app.tui.screens.confirm import ConfirmScreen
 from app.tui.screens.text_prompt import TextPromptScreen
 from app.tui.widgets.chat_view import ChatView
@@ -91,7 +91,7 @@ class LibraryActions:
             if not confirmed:
                 return
             try:
-                delete_conversation(self.storage.conversations, conversation_id)
+                delete_conversation(self.storage.conversations, self.storage.home, conversation_id)
             except StorageError as exc:
                 self.notify(str(exc), severity="error")
                 return

@@ -13,7 +13,7 @@ from textual.widgets import Input, TextArea
 from app.tui import slash_commands
 from app.chat.backend import is_remote, remote_models
 from app.chat.local_models import LocalModel, find_local_models
-from app.cli.options import sampling_params
+from app.chat.sampling_settings import sampling_params
 from app.tui.screens.help import HelpScreen
 from app.tui.screens.settings import ChatSettings, SettingsScreen
 from app.chat.storage_usage import one_line, usage

@@ -1,0 +1,83 @@
+"""The saved conversations as the CLI and the TUI both act on them: exported (Markdown or JSON) and
+deleted (to the trash, or for good with the files kept beside the database)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from app.chat.export_file import write_new_file
+from storage.conversations import Conversation, ConversationStore, StoredMessage
+from storage.errors import StorageError
+from storage.snapshot_dir import SnapshotDir
+from storage.turn_lock import TurnLock
+
+STATUS_NOTES = {"stopped": " (stopped)", "interrupted": " (interrupted)", "streaming": " (still being written)"}
+
+
+def local_time(epoch: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(epoch))
+
+
+def render_markdown(conversation: Conversation, branch: list[StoredMessage]) -> str:
+    lines = [f"# {conversation.title or 'Untitled conversation'}", "",
+             f"*{conversation.model} · {local_time(conversation.created_at)}*", ""]
+    if conversation.system is not None:
+        lines += ["**System:**", "", conversation.system, ""]
+    for message in branch:
+        lines += [f"**{'You' if message.role == 'user' else 'Assistant'}:**{STATUS_NOTES.get(message.status, '')}",
+                  "", message.text, ""]
+    return "\n".join(lines)
+
+
+def conversation_json(c: Conversation) -> dict:
+    return {"id": c.id, "title": c.title, "model": c.model, "system": c.system, "params": c.params,
+            "created_at": c.created_at, "updated_at": c.updated_at, "active_leaf": c.active_leaf,
+            "deleted_at": c.deleted_at}
+
+
+def _message_json(m: StoredMessage) -> dict:
+    return {"id": m.id, "parent_id": m.parent_id, "role": m.role, "text": m.text, "status": m.status,
+            "token_start": m.token_start, "token_ids": m.token_ids, "stats": m.stats,
+            "created_at": m.created_at, "updated_at": m.updated_at}
+
+
+def export_text(store: ConversationStore, conversation_id: str, fmt: str) -> str:
+    """A saved conversation as Markdown (`md`, the active branch) or JSON (`json`)."""
+    conversation = store.get(conversation_id)
+    branch = store.branch(conversation.id)
+    if fmt == "md":
+        return render_markdown(conversation, branch)
+    # JSON: the active branch, plus every message of every branch with its parent, so nothing is lost.
+    everything = store.all_messages(conversation.id)
+    return json.dumps({"conversation": conversation_json(conversation),
+                       "active_branch": [m.id for m in branch],
+                       "messages": [_message_json(m) for m in everything]}, ensure_ascii=False, indent=1)
+
+
+def write_export(store: ConversationStore, conversation_id: str, fmt: str, path: Path, force: bool = False) -> None:
+    """The export written to `path`, which must be new unless `force` (see app/chat/export_file.py)."""
+    write_new_file(path, export_text(store, conversation_id, fmt) + "\n", force)
+
+
+def delete_conversation(store: ConversationStore, home: Path, conversation_id: str,
+                        permanently: bool = False) -> Conversation:
+    """Move the conversation to the trash (storage/trash.py), with its KV snapshot; or delete it, its
+    messages, and its snapshot and turn lock under the data dir `home`, for good. Returns what was deleted."""
+    if not permanently:
+        return store.trash(conversation_id)
+    trashed = [c for c in store.trashed() if c.id.startswith(conversation_id.strip().lower())]
+    conversation = trashed[0] if len(trashed) == 1 and not _live(store, conversation_id) else store.get(conversation_id)
+    store.delete(conversation.id, trashed=conversation.deleted_at is not None)  # first: a snapshot being written sees it gone
+    SnapshotDir(home, cap_bytes=0).delete(conversation.id)
+    TurnLock(home, conversation.id).remove_file()
+    return conversation
+
+
+def _live(store: ConversationStore, conversation_id: str) -> bool:
+    try:
+        store.resolve_id(conversation_id)
+    except StorageError:
+        return False
+    return True
