@@ -14,6 +14,9 @@ from pathlib import Path
 
 from sqlite_utils import Database
 
+from storage import db_backup, db_health
+from storage import connection
+from storage.connection import connect
 from storage.db_files import companion, refuse_special_file
 from storage.errors import (BUSY_TIMEOUT_S, CAUSES, LOCKED, SALVAGE, WAL_GONE, StorageError,
                             error_code)
@@ -102,11 +105,6 @@ def open_database(path: Path, *, write: bool = True) -> OpenedDatabase:
     return OpenedDatabase(_open_for_reading(path), reason)
 
 
-def _folder_writable(folder: Path) -> bool:
-    # Asked, not tried: a trial write would leave files in a folder that is only being read.
-    return os.access(folder, os.W_OK)
-
-
 def _folder_read_only(path: Path) -> str:
     return f"The folder {path.parent} is read-only; kvchat opened {path.name} read-only (nothing new is saved)."
 
@@ -117,7 +115,7 @@ def _file_read_only(path: Path) -> str:
 
 def _write_refusal(path: Path) -> str | None:
     """Why `path` cannot be written (a read-only folder or file), or None."""
-    if not _folder_writable(path.parent):
+    if not connection.folder_writable(path.parent):
         return _folder_read_only(path)
     if path.exists() and not os.access(path, os.W_OK):
         return _file_read_only(path)
@@ -127,8 +125,6 @@ def _write_refusal(path: Path) -> str | None:
 def _open_for_writing(path: Path, existed: bool) -> OpenedDatabase | None:
     """None if quick_check finds the file damaged. Raises sqlite3.Error, or StorageError from a
     migration, where SQLite failed."""
-    from storage import db_backup, db_health
-
     # Checked before anything writes: a damaged file is never opened for writing.
     if existed and db_health.is_damaged(path):
         return None
@@ -194,12 +190,6 @@ def cannot_open(path: Path, error: sqlite3.Error) -> StorageError | sqlite3.Erro
     return StorageError(sentence + ".")
 
 
-# Failures to make the -shm index SQLite keeps beside a WAL database: a full disk (SHMSIZE), a
-# folder that cannot be written.
-_NO_INDEX = {sqlite3.SQLITE_IOERR_SHMSIZE, sqlite3.SQLITE_IOERR_SHMOPEN, sqlite3.SQLITE_READONLY_DIRECTORY,
-             sqlite3.SQLITE_CANTOPEN}
-
-
 def _disk_full(folder: Path) -> bool:
     """Whether an I/O error is likely the disk being full: SQLite reports a full disk as SQLITE_FULL
     when a page does not fit, but as an I/O error when its -shm index cannot be made."""
@@ -207,39 +197,6 @@ def _disk_full(folder: Path) -> bool:
         return shutil.disk_usage(folder).free < 1 << 20
     except OSError:
         return False
-
-
-def connect(path: Path, *, read_only: bool = False) -> sqlite3.Connection:
-    """A connection to `path` in autocommit mode (transaction() decides where transactions begin),
-    shareable between threads (the store serialises its statements), waiting up to BUSY_TIMEOUT_S
-    for another kvchat's lock instead of failing with "database is locked".
-
-    read_only: SQLite's mode=ro, so not even a checkpoint writes to the file. Where SQLite cannot
-    make the -shm index (a read-only folder, a full disk) and the -wal holds nothing, also
-    immutable=1: no locks, no -shm. That is right only where no kvchat is writing, which is so:
-    a writer keeps a -shm, and its commits in the -wal."""
-    if not read_only:
-        return sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_S)
-    uri = path.resolve().as_uri() + "?mode=ro"
-    wal_empty = _is_empty(companion(path, "-wal"))
-    if not _folder_writable(path.parent) and not companion(path, "-shm").exists() and wal_empty:
-        uri += "&immutable=1"
-    conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_S)
-    if wal_empty and "immutable" not in uri:
-        try:
-            conn.execute("SELECT 1 FROM sqlite_schema LIMIT 1")  # the first read makes the -shm
-        except sqlite3.Error as error:
-            if error_code(error) in _NO_INDEX:  # other failures are the caller's to meet and say
-                conn.close()
-                conn = sqlite3.connect(uri + "&immutable=1", uri=True, isolation_level=None, check_same_thread=False)
-    return conn
-
-
-def _is_empty(file: Path) -> bool:
-    try:
-        return os.stat(file).st_size == 0
-    except FileNotFoundError:
-        return True
 
 
 def _open_for_reading(path: Path) -> Database:

@@ -16,7 +16,7 @@ import sqlite3
 import time
 from pathlib import Path
 
-from storage.db import connect
+from storage.connection import connect
 from storage.db_files import in_use, refuse_special_file, replace_database
 from storage.db_health import damaged, problems
 from storage.errors import StorageError, error_code, sqlite_errors

@@ -18,7 +18,7 @@ import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from storage.db import connect
+from storage.connection import connect
 from storage.db_files import companion
 from storage.errors import error_code
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from sqlite_utils import Database
 
-from storage.db import connect
+from storage.connection import connect
 from storage.db_files import in_use, replace_database
 from storage.errors import StorageError, error_code, sqlite_errors
 from storage.migrations import apply_migrations

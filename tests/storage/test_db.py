@@ -10,6 +10,7 @@ import sys
 import pytest
 from sqlite_utils import Database
 
+import storage.connection
 import storage.db
 from app.cli.main import main
 
@@ -222,6 +223,7 @@ def a_conversation_with_a_dead_streaming_reply(home) -> str:
 def test_another_kvchats_write_lock_does_not_stop_kvchat_list(kvchat_home, monkeypatch, capsys, lock):
     conversation_id = a_conversation_with_a_dead_streaming_reply(kvchat_home)
     monkeypatch.setattr(storage.db, "BUSY_TIMEOUT_S", 0.2)  # what a writer would wait; the list must not
+    monkeypatch.setattr(storage.connection, "BUSY_TIMEOUT_S", 0.2)
     other = sqlite3.connect(kvchat_home / "kvchat.db", isolation_level=None)
     other.execute(f"BEGIN {lock}")
     other.execute("UPDATE conversations SET title = 'being renamed'")
@@ -238,6 +240,7 @@ def test_another_kvchats_write_lock_does_not_stop_kvchat_list(kvchat_home, monke
 def test_another_kvchats_write_lock_does_not_stop_the_chat_from_opening(kvchat_home, monkeypatch):
     conversation_id = a_conversation_with_a_dead_streaming_reply(kvchat_home)
     monkeypatch.setattr(storage.db, "BUSY_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(storage.connection, "BUSY_TIMEOUT_S", 0.2)
     other = sqlite3.connect(kvchat_home / "kvchat.db", isolation_level=None)
     other.execute("BEGIN EXCLUSIVE")
     try:
@@ -252,7 +255,7 @@ def test_another_kvchats_write_lock_does_not_stop_the_chat_from_opening(kvchat_h
 def pretend_the_folder_is_read_only(monkeypatch) -> list[str]:
     """What a read-only mount or a folder without write permission looks like to kvchat (tests run
     as root, which writes through permissions). Returns the URIs SQLite is asked to open."""
-    monkeypatch.setattr(storage.db, "_folder_writable", lambda folder: False)
+    monkeypatch.setattr(storage.connection, "folder_writable", lambda folder: False)
     opened = []
     real_connect = sqlite3.connect
 
