@@ -1,0 +1,108 @@
+"""The import rules of the layout (README, Layout), checked on the source: they fail on the first
+import that breaks them, wherever it hides (inside a function, under TYPE_CHECKING).
+
+- `engine` imports neither `app` nor `storage`;
+- no product module imports a bench package (engine/bench, app/bench), except the `kvchat` command
+  line, which reaches `kvchat bench` from inside a function;
+- there is no import cycle between modules, deferred and type-only imports counted.
+"""
+
+import ast
+from pathlib import Path
+
+import engine
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("app", "engine", "storage")
+BENCH = ("app.bench", "engine.bench")
+BENCH_ENTRY = "app.cli.main"  # `kvchat bench` is one of its commands
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for package in PACKAGES for p in (ROOT / package).rglob("*.py")}
+
+
+def imports(module: str) -> list[tuple[str, bool]]:
+    """(imported module, whether the import is at module level) for every import in `module`."""
+    tree = ast.parse(MODULES[module].read_text())
+    top_level = {id(node) for node in tree.body}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = []
+            for alias in node.names:
+                if f"{node.module}.{alias.name}" in MODULES:  # from package import module
+                    names.append(f"{node.module}.{alias.name}")
+                elif node.module == "engine" and alias.name in engine._EXPORTS:  # the package's lazy names
+                    names.append(engine._EXPORTS[alias.name])
+                else:
+                    names.append(node.module)
+        else:
+            continue
+        found += [(name, id(node) in top_level) for name in names if name.split(".")[0] in PACKAGES]
+    return found
+
+
+def in_package(module: str, packages) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+def test_the_engine_imports_neither_the_app_nor_storage():
+    bad = [(m, i) for m in MODULES if in_package(m, ["engine"]) for i, _ in imports(m)
+           if in_package(i, ["app", "storage"])]
+    assert bad == []
+
+
+def test_product_modules_do_not_import_the_bench_packages():
+    bad = []
+    for module in MODULES:
+        if in_package(module, BENCH):
+            continue
+        for imported, top_level in imports(module):
+            if in_package(imported, BENCH) and (module != BENCH_ENTRY or top_level or imported.startswith("engine")):
+                bad.append((module, imported))
+    assert bad == []
+
+
+def test_there_is_no_import_cycle():
+    graph = {m: {i for i, _ in imports(m) if i in MODULES and i != m} for m in MODULES}
+    # Tarjan's strongly connected components: any with more than one module is a cycle.
+    index, low, stack, on_stack, cycles, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert cycles == []
+
+
+def test_the_rules_see_deferred_imports():
+    # The check itself: a function-level import counts (app/cli/main.py reaches app.bench that way).
+    assert ("app.bench.main", False) in imports("app.cli.main")
