@@ -1,55 +1,55 @@
-"""Which backend answers: the embedded engine, or a remote OpenAI-compatible server (`--remote URL`).
+"""Backend: what the chat app and `kvchat ask` need of whoever answers, the embedded Engine or a
+RemoteEngine (app/remote/client.py, a remote OpenAI-compatible server).
 
-Both look alike to the chat app and `kvchat ask`: `info`, `context_window`,
-`cache_stats()` and replies as the engine's events, through a ChatSession (token
-ids, the prefix cache, KV snapshots) or a RemoteChatSession (text only; the server
-keeps its own cache).
+Replies come as the engine's typed events (TokenDelta, Stats, exactly one Done) from a stream with
+`cancel()`. The embedded engine is asked in token ids (`Engine.generate`) through a ChatSession; a
+remote server in chat messages (`RemoteEngine.chat`) through a RemoteChatSession, and it keeps its
+own cache, so there is no K/V to snapshot.
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import os
-from collections.abc import Callable
-
-from app.chat.session import ChatSession
-from app.chat.local_models import LocalModel
-from app.cli.options import engine_options
-from app.chat.remote_session import RemoteChatSession
-from app.chat.reply_limits import NO_LIMITS, ReplyLimits
-from app.remote.client import RemoteEngine
-from app.chat.saved_chat import SavedConversation
-from engine import Engine, SamplingParams
-
-Backend = Engine | RemoteEngine
-LoadBackend = Callable[[str | None, Callable[[str], None]], Backend]
+from typing import Protocol
 
 
-def backend_loader(args: argparse.Namespace) -> LoadBackend:
-    """`load(model_spec, progress)`: the TUI loads (and reloads, when the model is changed) through it.
-    With --remote, the model spec is the name of one of the server's models (None: its first)."""
-    if args.remote is not None:
-        api_key = args.remote_api_key or os.environ.get("KVCHAT_API_KEY") or None
-        return lambda spec, progress: RemoteEngine.connect(args.remote, api_key, spec, progress)
-    options = engine_options(args)
-    return lambda spec, progress: Engine.load(dataclasses.replace(options, model=spec), progress=progress)
+class BackendInfo(Protocol):
+    """What the status bar and `kvchat ask --json` say of the model."""
+
+    @property
+    def model_name(self) -> str: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def load_ms(self) -> float: ...
 
 
-def chat_session(engine: Backend, system: str | None, params: SamplingParams,
-                 saved: SavedConversation | None, limits: ReplyLimits = NO_LIMITS) -> ChatSession:
-    """The conversation's session on `engine` (a saved one with messages resumes)."""
-    kind = RemoteChatSession if isinstance(engine, RemoteEngine) else ChatSession
-    return kind(engine, system, params, saved, limits)
+class Backend(Protocol):
+    @property
+    def info(self) -> BackendInfo: ...
+
+    @property
+    def context_window(self) -> int:
+        """Tokens a prompt and its reply may hold together; 0: not known (a server that does not say)."""
+        ...
+
+    def cache_stats(self) -> dict:
+        """The prefix cache's figures for the status bar ({"enabled": False} without one here)."""
+        ...
+
+    @property
+    def keeps_kv_snapshots(self) -> bool:
+        """Whether a conversation's K/V can be exported and imported (`export_kv`, `import_kv`)."""
+        ...
+
+    @property
+    def token_fingerprint(self) -> str | None:
+        """Identifies the token ids its tokenizer and chat template make, so stored ids are reused only
+        by the same ones; None when it takes text, not token ids (a remote server)."""
+        ...
 
 
-def is_remote(engine: Backend | None) -> bool:
-    return isinstance(engine, RemoteEngine)
-
-
-def remote_models(engine: RemoteEngine, current: str | None) -> list[LocalModel]:
-    """The server's models as the settings screen's model picker offers them; `current` is the app's
-    model spec (None: the server's first model, the one in use)."""
-    where = f"on {engine.info.device.removeprefix('remote ')}"
-    in_use = engine.info.model_name
-    return [LocalModel(name, None if current is None and name == in_use else name, where) for name in engine.models]
+def takes_token_ids(backend: Backend) -> bool:
+    """Whether replies are asked for in token ids (and their events carry them)."""
+    return backend.token_fingerprint is not None

@@ -16,11 +16,6 @@ from engine import Event
 
 
 class RemoteChatSession(ChatSession):
-    TOKEN_IDS = False
-
-    def _check_can_chat(self, engine) -> None:
-        pass  # the server has the chat template; a model without one is refused by the server, in words
-
     def _turn(self, before: list[ChatMessage], seen: list[int], user_text: str) -> Iterator[Event]:
         self._check_length(user_text)
         with self._taking_turn():

@@ -140,7 +140,7 @@ class SavedConversation:
             return History([], [])
         branch = self.store.branch(self.id)
         # Ids are reused only by the tokenizer that made them; else the text is tokenized afresh. A remote
-        # server (fingerprint None) takes text, and stores messages without ids.
+        # server (token_fingerprint None) takes text, and stores messages without ids.
         # kvchat before 0.1 stored the K/V fingerprint here, which also changes with the dtype or device.
         reusable = engine.token_fingerprint is not None and self.conversation.token_fingerprint in (
             engine.token_fingerprint, engine.fingerprint)
@@ -187,7 +187,7 @@ class SavedConversation:
     def restore_kv(self, engine: Engine, token_ids: list[int]) -> str | None:
         """Put the conversation's snapshot into the prefix cache unless the cache already holds its
         history. Returns a sentence for the user when a snapshot had to be discarded."""
-        if (self.conversation is None or engine.prefix_cache is None
+        if (self.conversation is None or not engine.keeps_kv_snapshots
                 or engine.cached_length(token_ids) >= len(token_ids) - 1):
             return None
         try:
@@ -204,7 +204,7 @@ class SavedConversation:
     def save_kv(self, engine: Engine, token_ids: list[int]) -> None:
         """Copy the conversation's cached K/V out of the cache (in the calling, generating thread) and
         write it to disk in the background."""
-        if engine.prefix_cache is None or self.storage.snapshots.cap_bytes == 0:
+        if not engine.keeps_kv_snapshots or self.storage.snapshots.cap_bytes == 0:
             return
         store, conversation_id = self.store, self.id
         if not store.exists(conversation_id):  # deleted by another kvchat: nothing of it is written any more

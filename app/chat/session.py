@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from app.chat.backend import Backend, takes_token_ids
 from app.chat.errors import ChatError
 from app.chat.prompt_ids import NextPrompt, next_prompt
 from app.chat.reply_limits import NO_LIMITS, ReplyLimits
@@ -18,7 +19,7 @@ from app.chat.reply_timeline import ReplyTimeline
 from app.chat.reply_writer import ConversationDeleted, ReplyNotSaved
 from app.chat.saved_chat import SavedConversation, reply_stats
 from app.chat.template import render_chat, require_chat_template
-from engine import Done, Engine, Event, Generation, SamplingParams, TokenDelta
+from engine import Done, Event, Generation, SamplingParams, TokenDelta
 from engine.errors import NonFiniteLogitsError
 
 
@@ -44,12 +45,15 @@ class ChatSession:
     model's own default system prompt (if its template has one) applies.
     """
 
-    def __init__(self, engine: Engine, system: str | None = None, params: SamplingParams = SamplingParams(),
+    def __init__(self, engine: Backend, system: str | None = None, params: SamplingParams = SamplingParams(),
                  saved: SavedConversation | None = None, limits: ReplyLimits = NO_LIMITS):
         """`saved`: where the conversation is kept (None: in memory only). A saved conversation with
         messages resumes: its history is loaded, and its K/V snapshot if the cache lacks it. `limits`:
         the chat's own guards on every reply (app/chat/reply_limits.py), never stored with the conversation."""
-        self._check_can_chat(engine)
+        # Events carry token ids, kept to extend the next prompt; a remote server's carry text only.
+        self.token_ids = takes_token_ids(engine)
+        if self.token_ids:  # a server has the template; a model without one is refused by it, in words
+            require_chat_template(engine.tokenizer)
         self.engine = engine
         self.system = system
         self.params = params
@@ -65,16 +69,10 @@ class ChatSession:
             if self.seen_ids:
                 self.notice = saved.restore_kv(engine, self.seen_ids)
 
-    # Events carry token ids, kept to extend the next prompt; a remote server's carry text only.
-    TOKEN_IDS = True
-
     @property
     def reply_params(self) -> SamplingParams:
         """The conversation's settings with the chat's limits: what the next reply is generated with."""
         return self.limits.apply(self.params)
-
-    def _check_can_chat(self, engine: Engine) -> None:
-        require_chat_template(engine.tokenizer)
 
     def _load_history(self) -> None:
         history = self.saved.history(self.engine)
@@ -210,7 +208,7 @@ class ChatSession:
                     pieces.append(event.text)
                     if event.token_id is not None:
                         ids.append(event.token_id)
-                    if event.token_id is not None or (not self.TOKEN_IDS and event.text):
+                    if event.token_id is not None or (not self.token_ids and event.text):
                         timeline.token()  # without ids, each text chunk counts as a token
                     if saved is not None:
                         saved.reply_progress(pieces, ids, len(prompt))

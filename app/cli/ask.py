@@ -60,7 +60,7 @@ def open_session(args: argparse.Namespace, engine: Backend, storage: Storage,
     """A new saved conversation, or `saved` (the one named by --conversation, whose turn this process
     holds). Sampling flags apply to this reply only: a conversation's settings change when the user
     changes them (the chat's settings screen, or `--save-settings` here)."""
-    from app.chat.backend import chat_session
+    from app.chat.backend_loader import chat_session
     from app.chat.saved_chat import SavedConversation
 
     config, limits = args.config, reply_limits(args.config)
@@ -106,7 +106,7 @@ def resolve_conversation(args: argparse.Namespace) -> None:
 
 def run_ask(args: argparse.Namespace) -> int:
     message = check_before_loading(args)
-    from app.chat.backend import backend_loader
+    from app.chat.backend_loader import backend_loader
     from app.chat.saved_chat import SavedConversation, Storage, reply_stats
 
     progress = lambda step: print(f"kvchat: {step}…", file=sys.stderr)  # noqa: E731

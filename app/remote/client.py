@@ -7,8 +7,8 @@
 The chat app and `kvchat ask` use it the way they use Engine: `info`,
 `context_window`, `cache_stats()`, and replies as the same typed events. It sends
 chat messages, not token ids: the server applies the chat template and keeps its
-own prefix cache. So it has no `fingerprint` (no token ids to reuse) and no
-`prefix_cache` (no K/V to snapshot), and the conversation keeps only its text.
+own prefix cache. So it has no token ids to reuse and no K/V to snapshot, and
+the conversation keeps only its text.
 """
 
 from __future__ import annotations
@@ -71,9 +71,11 @@ def request_body(model: str, turns: list[dict], params: SamplingParams) -> dict:
 
 
 class RemoteEngine:
-    fingerprint = None  # no token ids: a conversation's history is sent as text every time
-    token_fingerprint = None
-    prefix_cache = None  # the server owns its cache: nothing to snapshot or restore here
+    """A Backend (app/chat/backend.py) that takes chat messages: a conversation's history is sent as
+    text every time, and the server owns its cache, so there is nothing to snapshot or restore here."""
+
+    token_fingerprint = None  # it takes text, not token ids
+    keeps_kv_snapshots = False
 
     def __init__(self, client: httpx.Client, info: RemoteInfo, models: list[str]):
         self.client = client

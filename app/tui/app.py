@@ -20,7 +20,8 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Static
 
-from app.chat.backend import Backend, LoadBackend, backend_loader, chat_session, is_remote
+from app.chat.backend import Backend
+from app.chat.backend_loader import LoadBackend, backend_loader, chat_session, is_remote
 from app.chat.errors import USER_FACING_ERRORS
 from app.chat.session import MAX_CHARS_PER_TOKEN, ChatMessage, ChatSession
 from app.tui.palette import palette_commands

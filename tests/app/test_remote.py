@@ -11,7 +11,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 
-from app.chat.backend import chat_session
+from app.chat.backend_loader import chat_session
 from app.chat.session import ChatSession, render_chat
 from app.cli.main import main
 from app.cli.conversations import stats_line
@@ -79,7 +79,7 @@ def test_connect_picks_the_servers_first_model_and_its_context_window(fake, remo
     assert remote.context_window == 4096
     assert remote.info.device == f"remote 127.0.0.1:{fake.url.rsplit(':', 1)[1]}"
     assert remote.cache_stats() == {"enabled": False}
-    assert remote.fingerprint is None and remote.prefix_cache is None
+    assert remote.token_fingerprint is None and not remote.keeps_kv_snapshots  # text in, nothing to snapshot
 
 
 def test_connect_refuses_an_unknown_model_a_wrong_key_no_server_and_a_non_openai_server(fake):

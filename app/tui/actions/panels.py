@@ -11,7 +11,7 @@ from textual.widget import Widget
 from textual.widgets import Input, TextArea
 
 from app.tui import slash_commands
-from app.chat.backend import is_remote, remote_models
+from app.chat.backend_loader import is_remote, remote_models
 from app.chat.local_models import LocalModel, find_local_models
 from app.chat.sampling_settings import sampling_params
 from app.tui.screens.help import HelpScreen

@@ -10,7 +10,7 @@ import dataclasses
 from textual.widgets import Markdown, Static
 
 from app.tui import slash_commands
-from app.chat.backend import is_remote
+from app.chat.backend_loader import is_remote
 from app.chat.errors import USER_FACING_ERRORS
 from app.chat.session import MAX_CHARS_PER_TOKEN, ChatMessage
 from app.tui.engine_events import ReplyDone, ReplyStats, ReplyText, stream_reply
