@@ -24,9 +24,9 @@ from collections.abc import Iterable, Iterator
 import httpx
 
 from engine import Done, EngineError, Event, RequestStats, Stats, TokenDelta
+from engine.events import STATS_INTERVAL_S  # live Stats as often as the embedded engine sends them
 
 POLL_S = 0.05  # how often a consumer waiting for the server checks for cancel()
-STATS_INTERVAL_S = 0.2  # live Stats events, as the engine sends them
 _END = object()
 
 
