@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
-from pathlib import Path
 
 from textual import events
 from textual.app import App, ComposeResult
@@ -25,6 +24,8 @@ from app.chat.backend_loader import LoadBackend, backend_loader, chat_session, i
 from app.chat.errors import USER_FACING_ERRORS
 from app.chat.session import MAX_CHARS_PER_TOKEN, ChatMessage, ChatSession
 from app.tui.palette import palette_commands
+from app.tui.styles import stylesheet
+from app.tui.terminal_signals import resume_only_after_suspend
 from app.tui.engine_events import EngineFailed, EngineReady, LoadProgress, SessionFailed, SessionReady
 from app.tui.engine_thread import EngineThread
 from app.tui.actions.library import LibraryActions
@@ -46,7 +47,6 @@ from engine import EngineError
 from storage.errors import StorageError
 from storage.preferences import Preferences
 
-STYLES = Path(__file__).resolve().parents[2] / "assets" / "kvchat.tcss"
 STATUS_TICK_S = 0.25  # the status bar is redrawn 4 times a second while a reply is generated
 NARROW_BELOW = 100  # columns: narrower, the chat keeps the whole width (see on_resize)
 # Closing the terminal window (SIGHUP) or `kill` (SIGTERM) quit like Ctrl+Q: the reply being written is
@@ -55,7 +55,7 @@ QUIT_SIGNALS = [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasat
 
 
 class KvchatApp(ReplyActions, PanelActions, LibraryActions, App):
-    CSS_PATH = str(STYLES)
+    CSS_PATH = str(stylesheet())
     TITLE = "kvchat"
     # In the footer's order: what a newcomer needs first (stop, help, settings) comes first, so that it
     # stays in view on an 80-column terminal.
@@ -141,6 +141,7 @@ class KvchatApp(ReplyActions, PanelActions, LibraryActions, App):
         await self.open_conversation(self.conversation_id)
 
     def _catch_quit_signals(self) -> None:
+        resume_only_after_suspend()  # a closed terminal's SIGCONT must not restart the screen mid-quit
         loop = asyncio.get_running_loop()
         for sig in QUIT_SIGNALS:
             try:

@@ -8,7 +8,7 @@ import pytest
 from textual.app import App, ComposeResult
 
 from app.chat.stats_text import MIN_PREFILL_TOKENS_FOR_RATE
-from app.tui.app import STYLES
+from app.tui.styles import stylesheet
 from app.tui.widgets.status_bar import StatusBar, clip, fit
 from engine import RequestStats
 from tests.app.screen_text import screen_lines
@@ -20,7 +20,7 @@ NUMBERS = ("TTFT 48 ms", "52.6 tok/s", "1024 cached", "12 computed")
 
 
 class BarApp(App):
-    CSS_PATH = str(STYLES)
+    CSS_PATH = str(stylesheet())
 
     def compose(self) -> ComposeResult:
         yield StatusBar()

@@ -73,3 +73,29 @@ def test_the_chat_ended_mid_reply_keeps_the_reply_as_stopped_with_its_snapshot(e
     assert (reply.role, reply.status) == ("assistant", "stopped")
     assert 5 <= len(reply.token_ids) < 3000 and reply.stats["finish_reason"] == "stopped"
     assert (kvchat_home / "snapshots" / f"{conversation}.safetensors").is_file()
+
+
+def process_state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_a_suspended_chat_comes_back_on_sigcont(endless_model_dir, kvchat_home, tmp_path):
+    # The SIGCONT a closed terminal sends must not restart the screen (app/tui/terminal_signals.py);
+    # the one that follows a suspend (SIGTSTP: `kill -TSTP`, or a shell's job control) still must.
+    terminal = Terminal(kvchat_home, tmp_path)
+    try:
+        terminal.start("--model", str(endless_model_dir), "--temperature", "0", "--max-tokens", "3")
+        terminal.wait_for("the model loaded", lambda screen: LOADED in screen, 120)
+        pid = terminal.kvchat_pid()
+        os.kill(pid, signal.SIGTSTP)
+        deadline = time.monotonic() + 30
+        while process_state(pid) != "T" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert process_state(pid) == "T", "SIGTSTP did not suspend kvchat"
+        os.kill(pid, signal.SIGCONT)  # what the shell's `fg` sends
+        terminal.send("back again")
+        terminal.wait_for("the message after resuming", lambda screen: "back again" in screen, 60)
+        assert terminal.quit() == 0, terminal.report()
+    finally:
+        terminal.close()
