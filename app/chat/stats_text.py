@@ -1,8 +1,7 @@
-"""How a reply's numbers read, wherever they are shown (status bar, inspector, headers, `kvchat show`)."""
+"""How one number of a reply reads, wherever it is shown (status bar, inspector, headers, `kvchat show`);
+the lines made of them are reply_stats.ReplyNumbers'."""
 
 from __future__ import annotations
-
-from engine import RequestStats
 
 # A prefill rate is shown only over at least this many computed prompt tokens. Below it the time is
 # mostly the request's fixed cost (prefix lookup, sampler, the first forward's setup: ~20 ms for
@@ -26,6 +25,16 @@ def prefill_rate_shown(prefilled_tokens: object) -> bool:
     return counted and prefilled_tokens >= MIN_PREFILL_TOKENS_FOR_RATE
 
 
+def format_count(n: float) -> str:
+    """"1,024"."""
+    return f"{round(n):,}"
+
+
+def format_rate(tokens_per_s: float) -> str:
+    """"1,234.5 tok/s"."""
+    return f"{tokens_per_s:,.1f} tok/s"
+
+
 def format_duration(ms: float) -> str:
     """"4.2 ms", "123 ms", "4.5 s", "2 min 05 s"."""
     if ms < 10:
@@ -37,23 +46,3 @@ def format_duration(ms: float) -> str:
         return f"{seconds:.1f} s"
     minutes, seconds = divmod(round(seconds), 60)
     return f"{minutes} min {seconds:02d} s"
-
-
-def stats_line(s: dict) -> str:
-    """One reply's numbers, from its stats as stored (saved_chat.reply_stats)."""
-    return (f"[{s.get('ttft_ms', 0):.0f} ms to first token · {s.get('prompt_tokens', 0)} prompt tokens "
-            f"({cached_text(s.get('cached_tokens', 0), s.get('cache_source'))}, "
-            f"{s.get('prefilled_tokens') if s.get('prefilled_tokens') is not None else 'n/a'} computed) · "
-            f"{s.get('generated_tokens', 0)} tokens at "
-            f"{s.get('decode_tokens_per_s', 0):.1f} tok/s · {s.get('finish_reason', '?')}]")
-
-
-def live_stats(stats: RequestStats) -> dict:
-    """What the inspector shows of the reply being written: its stats dict, without the first token's
-    and decode's numbers while it is still prefilled (they are zeros then, not measurements)."""
-    shown = stats.as_dict()
-    if stats.phase == "prefill":
-        for key in ("ttft_ms", "decode_ms", "decode_tokens_per_s", "generated_tokens"):
-            del shown[key]
-        shown["prefill_done_tokens"] = stats.prefill_done_tokens
-    return shown

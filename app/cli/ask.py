@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from app.chat.reply_limits import reply_limits
 from app.chat.sampling_settings import given_settings, sampling_params
-from app.chat.stats_text import stats_line
+from app.chat.reply_stats import stats_line
 from app.chat.terminal_text import BROKEN_PIPE_EXIT, SafeOutput, clean_input, printable, say, silence
 from storage.conversations import ConversationStore
 from storage.errors import StorageError

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from app.chat.library import (STATUS_NOTES, conversation_json, delete_conversation, export_text, local_time,
                               write_export)
-from app.chat.stats_text import stats_line
+from app.chat.reply_stats import stats_line
 from app.chat.terminal_text import clean_input, printable
 from app.cli.arg_types import shown
 from storage.conversations import ConversationStore

@@ -5,10 +5,11 @@ from textual.app import App, ComposeResult
 from textual.color import Color
 from textual.widgets import Sparkline
 
-from app.chat.stats_text import MIN_PREFILL_TOKENS_FOR_RATE
+from app.chat.reply_stats import stat_number
+from app.chat.stats_text import MIN_PREFILL_TOKENS_FOR_RATE, format_count, format_duration
 from app.tui.widgets.inspector import (
-    HINT, NO_NUMBERS, NONE_KEPT, Inspector, SplitBar, format_count, format_duration, number_lines, prompt_legend,
-    prompt_split, rate_legend, rate_series, split_bar, stat_number, timeline_legend,
+    HINT, NO_NUMBERS, NONE_KEPT, Inspector, SplitBar, number_lines, prompt_legend, prompt_split, rate_legend,
+    rate_series, split_bar, timeline_legend,
 )
 from tests.app.pilot import wait_until
 

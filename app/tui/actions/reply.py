@@ -12,12 +12,12 @@ from textual.widgets import Markdown, Static
 from app.tui import slash_commands
 from app.chat.backend_loader import is_remote
 from app.chat.errors import USER_FACING_ERRORS
+from app.chat.reply_stats import ReplyNumbers
 from app.chat.session import MAX_CHARS_PER_TOKEN, ChatMessage
 from app.tui.engine_events import ReplyDone, ReplyStats, ReplyText, stream_reply
 from app.tui.file_attachment import NO_WINDOW_MAX_CHARS, AttachmentError, read_attachment
 from app.chat.saved_chat import ConversationChanged
 from app.tui.slash_commands import Command, CommandError, UnknownCommand
-from app.chat.stats_text import live_stats
 from app.tui.token_meter import count_tokens, room_left
 from app.tui.widgets.chat_view import ChatView
 from app.tui.widgets.inspector import Inspector
@@ -187,7 +187,7 @@ class ReplyActions:
         bar.show(message.stats.phase, stats=message.stats)
         inspector = self.query_one(Inspector)
         if inspector.display and self._inspecting_live:
-            inspector.show(live_stats(message.stats), "the reply being written")
+            inspector.show(ReplyNumbers.from_request(message.stats), "the reply being written")
 
     async def on_reply_done(self, message: ReplyDone) -> None:
         # `self.reply` is cleared only when the screen is final, so "generating" covers all of this.

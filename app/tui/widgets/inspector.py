@@ -1,13 +1,12 @@
 """The inspector: a side panel showing where one reply's time went.
 
-It reads the reply-stats dict kept with each reply (saved_chat.reply_stats,
-plus `decode_rate_series` from ReplyTimeline.rates()). Replies saved by older
-versions lack some keys, so every part shows only what its keys allow.
+It shows one reply's numbers (reply_stats.ReplyNumbers): a stored reply's, or
+the reply being written. Replies saved by older versions lack some numbers, so
+every part shows only what its numbers allow.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Sequence
 
@@ -17,13 +16,11 @@ from textual.containers import Vertical
 from textual.widget import Widget
 from textual.widgets import Sparkline, Static
 
-from app.chat.stats_text import cached_text, format_duration, prefill_rate_shown
+from app.chat.reply_stats import ReplyNumbers
 
 HINT = "Select a reply (click it, or Ctrl+↑) to see where its time went."
 NO_NUMBERS = "No numbers were kept for this reply."
 NONE_KEPT = "No numbers were kept for this reply: an interrupted reply has none."
-FINISH_REASONS = {"stop": "end of reply", "length": "length limit", "stopped": "stopped by you",
-                  "repetition": "kept repeating itself"}
 PREFILL_CHAR = "▓"  # prefill's work, in both bars: the timeline's prefill and the prompt's computed tokens
 DECODE_CHAR = "█"
 CACHED_CHAR = "░"  # reused, not computed: the lightest shade
@@ -50,80 +47,28 @@ def split_bar(first: float, second: float, width: int) -> tuple[int, int]:
     return cells, width - cells
 
 
-def format_count(n: float) -> str:
-    return f"{round(n):,}"
-
-
-def format_rate(tokens_per_s: float) -> str:
-    return f"{tokens_per_s:,.1f} tok/s"
-
-
-def stat_number(stats: dict, key: str) -> float | None:
-    """stats[key] if it is a finite number; None if missing or not one (a damaged or older row)."""
-    value = stats.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return value
+# The record's texts over a stored stats dict, as the tests call them.
 
 
 def prompt_split(stats: dict) -> tuple[float, float] | None:
-    """(cached, computed) prompt tokens; one of them may be worked out from prompt_tokens."""
-    cached, computed = stat_number(stats, "cached_tokens"), stat_number(stats, "prefilled_tokens")
-    prompt = stat_number(stats, "prompt_tokens")
-    if prompt is not None:
-        if cached is None and computed is not None:
-            cached = max(prompt - computed, 0)
-        elif computed is None and cached is not None:
-            computed = max(prompt - cached, 0)
-    if cached is None or computed is None:
-        return None
-    return cached, computed
+    return ReplyNumbers.from_saved(stats).prompt_split()
 
 
 def timeline_legend(stats: dict) -> str:
-    """"prefill 123 ms · decode 4.5 s", with whichever of the two is known ("" if neither)."""
-    parts = []
-    for name in ("prefill", "decode"):
-        ms = stat_number(stats, f"{name}_ms")
-        if ms is not None:
-            parts.append(f"{name} {format_duration(ms)}")
-    return " · ".join(parts)
+    return ReplyNumbers.from_saved(stats).timeline_legend()
 
 
 def prompt_legend(stats: dict, split: tuple[float, float]) -> str:
-    """"1,024 cached (disk) · 12 computed"."""
-    cached, computed = split
-    return f"{cached_text(cached, stats.get('cache_source'))} · {format_count(computed)} computed"
+    return ReplyNumbers.from_saved(stats).prompt_legend(split)
 
 
 def number_lines(stats: dict) -> list[str]:
-    """The reply's single numbers, one per line, for the keys it has; a prefill rate only over enough
-    computed tokens to mean something (stats_text.MIN_PREFILL_TOKENS_FOR_RATE)."""
-    lines = []
-    # While prefilling (the live view) the rate is over the tokens done so far.
-    prefilled = stat_number(stats, "prefill_done_tokens")
-    prefilled = stat_number(stats, "prefilled_tokens") if prefilled is None else prefilled
-    for label, key, show in (("TTFT", "ttft_ms", format_duration),
-                             ("decode", "decode_tokens_per_s", format_rate),
-                             ("prefill", "prefill_tokens_per_s", format_rate),
-                             ("generated", "generated_tokens", lambda n: f"{format_count(n)} tokens")):
-        value = stat_number(stats, key)
-        if key == "prefill_tokens_per_s" and not prefill_rate_shown(prefilled):
-            continue
-        if value is not None:
-            lines.append(f"{label:<10}{show(value)}")
-    reason = stats.get("finish_reason")
-    if isinstance(reason, str) and reason:
-        lines.append(f"{'ended':<10}{FINISH_REASONS.get(reason, reason)}")
-    return lines
+    return ReplyNumbers.from_saved(stats).number_lines()
 
 
 def rate_series(stats: dict) -> list[float]:
     """decode_rate_series, keeping only its numbers ([] if missing or not a list)."""
-    series = stats.get("decode_rate_series")
-    if not isinstance(series, list):
-        return []
-    return [v for v in series if not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)]
+    return list(ReplyNumbers.from_saved(stats).decode_rate_series)
 
 
 def rate_legend(series: Sequence[float]) -> str:
@@ -223,7 +168,7 @@ class Inspector(Widget):
 
     def __init__(self, *, id: str | None = None, classes: str | None = None):
         super().__init__(id=id, classes=classes)
-        self.stats: dict | None = None
+        self.stats: ReplyNumbers | None = None
         self.label = ""
 
     def compose(self) -> ComposeResult:
@@ -247,25 +192,28 @@ class Inspector(Widget):
     def on_mount(self) -> None:
         self._refresh_content()
 
-    def show(self, stats: dict | None, label: str = "") -> None:
-        """Show `stats` (a reply's stored stats dict) under `label`. None: no reply selected, or with a
-        label, a reply that kept no numbers (an interrupted one)."""
+    def show(self, stats: ReplyNumbers | dict | None, label: str = "") -> None:
+        """Show `stats` (a reply's stored stats dict, or its record) under `label`. None: no reply
+        selected, or with a label, a reply that kept no numbers (an interrupted one)."""
+        if not isinstance(stats, ReplyNumbers):  # a stored row that is not a dict is damaged: none kept
+            stats = ReplyNumbers.from_saved(stats) if isinstance(stats, dict) else None
         self.stats, self.label = stats, label
         if self.is_mounted:
             self._refresh_content()
 
     def _refresh_content(self) -> None:
-        stats = self.stats if isinstance(self.stats, dict) else None
+        stats = self.stats
         self.query_one("#heading", Static).update(self.label or ("Inspector" if stats is None else "Reply"))
-        shown = [self._show_time(stats or {}), self._show_prompt(stats or {}),
-                 self._show_numbers(stats or {}), self._show_rates(stats or {})]
+        numbers = stats if stats is not None else ReplyNumbers()  # no reply: every part hidden
+        shown = [self._show_time(numbers), self._show_prompt(numbers), self._show_numbers(numbers),
+                 self._show_rates(numbers)]
         hint = self.query_one("#hint", Static)
         hint.update(NO_NUMBERS if stats is not None else NONE_KEPT if self.label else HINT)
         hint.display = not any(shown)
 
-    def _show_time(self, stats: dict) -> bool:
-        legend = timeline_legend(stats)
-        prefill, decode = stat_number(stats, "prefill_ms"), stat_number(stats, "decode_ms")
+    def _show_time(self, stats: ReplyNumbers) -> bool:
+        legend = stats.timeline_legend()
+        prefill, decode = stats.prefill_ms, stats.decode_ms
         bar = self.query_one("#timeline", SplitBar)
         # With one of the two times unknown, a bar would show the known one as all the time.
         bar.display = prefill is not None and decode is not None
@@ -274,20 +222,20 @@ class Inspector(Widget):
         self.query_one("#timeline-legend", Static).update(legend)
         return self._show_section("#time-section", bool(legend))
 
-    def _show_prompt(self, stats: dict) -> bool:
-        split = prompt_split(stats)
+    def _show_prompt(self, stats: ReplyNumbers) -> bool:
+        split = stats.prompt_split()
         if split is not None:
             self.query_one("#prompt-split", SplitBar).set_parts(*split)
-            self.query_one("#prompt-legend", Static).update(prompt_legend(stats, split))
+            self.query_one("#prompt-legend", Static).update(stats.prompt_legend(split))
         return self._show_section("#prompt-section", split is not None)
 
-    def _show_numbers(self, stats: dict) -> bool:
-        lines = number_lines(stats)
+    def _show_numbers(self, stats: ReplyNumbers) -> bool:
+        lines = stats.number_lines()
         self.query_one("#numbers", Static).update("\n".join(lines))
         return self._show_section("#numbers-section", bool(lines))
 
-    def _show_rates(self, stats: dict) -> bool:
-        series = rate_series(stats)
+    def _show_rates(self, stats: ReplyNumbers) -> bool:
+        series = list(stats.decode_rate_series)
         self.query_one("#sparkline", Sparkline).data = series
         self.query_one("#sparkline-legend", Static).update(rate_legend(series) if series else "")
         return self._show_section("#rate-section", bool(series))

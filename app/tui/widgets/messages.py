@@ -17,8 +17,8 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import Markdown, Static
 
+from app.chat.reply_stats import ReplyNumbers
 from app.chat.session import ChatMessage
-from app.chat.stats_text import cached_text
 from app.tui.widgets.letter_keys import letters_act
 
 STATUS_NOTES = {"stopped": "stopped", "interrupted": "interrupted", "streaming": "still being written"}
@@ -35,20 +35,6 @@ def last_code_block(markdown: str) -> str | None:
     if tail:
         blocks.append(tail.group(2))
     return blocks[-1].rstrip("\n") if blocks else None
-
-
-def stats_summary(stats: dict | None) -> str:
-    """A reply's numbers in one short line for its header."""
-    if not stats:
-        return ""
-    parts = []
-    if "ttft_ms" in stats:
-        parts.append(f"TTFT {stats['ttft_ms']:.0f} ms")
-    if stats.get("decode_tokens_per_s"):
-        parts.append(f"{stats['decode_tokens_per_s']:.1f} tok/s")
-    if "cached_tokens" in stats:
-        parts.append(cached_text(stats["cached_tokens"], stats.get("cache_source")))
-    return " · ".join(parts)
 
 
 class MessageView(Vertical, can_focus=True):
@@ -168,7 +154,8 @@ class AssistantMessageView(MessageView):
             self.view = view
 
     def who(self) -> str:
-        summary = stats_summary(self.message.stats)
+        stats = self.message.stats
+        summary = ReplyNumbers.from_saved(stats).summary() if stats else ""
         return "assistant" + (f" · {summary}" if summary else "")
 
     def make_body(self) -> Markdown:

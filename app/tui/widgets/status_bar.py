@@ -22,6 +22,7 @@ from rich.text import Text
 from textual import events
 from textual.widget import Widget
 
+from app.chat.reply_stats import ReplyNumbers
 from app.chat.stats_text import format_duration, prefill_rate_shown
 from engine import RequestStats
 
@@ -41,22 +42,8 @@ SECOND_LINE_STEPS = ("device", "model", "model", "kv", "context")
 
 
 def prompt_text(s: RequestStats) -> str:
-    """"prompt 120 (100 cached from device, 20 computed)"; a remote server's counts come with its usage
-    report at the end, and the cached part only if it reports one."""
-    if s.cached_tokens is None:
-        return f"prompt {s.prompt_tokens} (cached n/a)" if s.phase == "done" and s.prompt_tokens else "prompt …"
-    source = f" from {s.cache_source}" if s.cached_tokens else ""
-    return f"prompt {s.prompt_tokens} ({s.cached_tokens} cached{source}, {s.prefilled_tokens} computed)"
-
-
-def prompt_forms(s: RequestStats) -> list[str]:
-    """The prompt's counts, longest first: prompt_text, "1024 cached from disk / 12 computed",
-    "1024 cached / 12 computed" (plain numbers, as in prompt_text, whatever the width)."""
-    if s.cached_tokens is None or s.prefilled_tokens is None:
-        return [prompt_text(s), "cached n/a" if s.phase == "done" and s.prompt_tokens else "prompt …"]
-    source = f" from {s.cache_source}" if s.cached_tokens else ""
-    compact = f"{s.cached_tokens} cached{{}} / {s.prefilled_tokens} computed"
-    return [prompt_text(s), compact.format(source), compact.format("")]
+    """The prompt's counts at their longest (ReplyNumbers.prompt_text)."""
+    return ReplyNumbers.from_request(s).prompt_text()
 
 
 def clip(text: str, cells: int) -> str:
@@ -203,7 +190,7 @@ class StatusBar(Widget):
             if s.phase != "prefill":
                 parts["ttft"] = [f"TTFT {s.ttft_ms:.0f} ms" if s.generated_tokens else "TTFT …"]
                 parts["rate"] = [f"{s.decode_tokens_per_s:.1f} tok/s"]
-            parts["prompt"] = prompt_forms(s)
+            parts["prompt"] = ReplyNumbers.from_request(s).prompt_forms()
             if self.context_window and s.prompt_tokens:  # a server's count comes at the end of the reply
                 parts["context"] = [f"context {s.prompt_tokens + s.generated_tokens}/{self.context_window}", ""]
         if self.kv_cache.get("enabled"):
