@@ -57,7 +57,7 @@ class EngineOptions:
     threads: int | None = None  # CPU threads for torch; None: torch's default
     prefill_chunk: int = 2048  # prompts longer than this are prefilled in chunks of this many tokens
     weights: str = "auto"  # auto | dense | blocks (GGUF Q4_1/Q8_0 blocks through the CPU kernels)
-    prefix_cache: bool = True  # keep K/V of finished requests and reuse matching prefixes
+    prefix_caching: bool = True  # keep a prefix cache: K/V of finished requests, reused by matching prefixes
     kv_cache_gb: float | None = None  # device KV pool; None: see kv_budget.py
     host_cache_gb: float | None = None  # host-RAM tier for blocks evicted from a GPU; None: see kv_budget.py
     kv_block_size: int = 16  # tokens per KV block
@@ -147,7 +147,7 @@ class Engine:
         dtype = pick_dtype(options.dtype, device)
         if options.threads:
             torch.set_num_threads(options.threads)
-        path = decode_path(options.paged_kv, options.cuda_graphs, options.compile, device, options.prefix_cache)
+        path = decode_path(options.paged_kv, options.cuda_graphs, options.compile, device, options.prefix_caching)
         source = resolve_model(options.model, progress)
         kernels = _quant_kernels(options.weights, device, dtype, progress)
         try:
@@ -157,7 +157,7 @@ class Engine:
                 raise  # not our cache, or converted just now: converting again would give the same
             source = reconvert(source, f"it cannot be loaded: {str(exc).rstrip('.')}", progress)
             model, tokenizer = _load_model_dir(source, device, dtype, kernels, progress)
-        prefix_cache = new_prefix_cache(options, model) if options.prefix_cache else None
+        prefix_cache = new_prefix_cache(options, model) if options.prefix_caching else None
         info = LoadInfo(
             model_name=source.name,
             model_dir=str(source.path),

@@ -58,7 +58,7 @@ def test_the_default_path_is_eager_on_a_cpu_and_paged_with_graphs_on_cuda():
 @pytest.mark.parametrize("switches, message", [
     (dict(cuda_graphs=True), "needs a CUDA device"),
     (dict(paged_kv=False, compile=True), "drop --no-paged-kv"),
-    (dict(paged_kv=True, prefix_cache=False), "need the prefix cache"),
+    (dict(paged_kv=True, prefix_caching=False), "need the prefix cache"),
 ])
 def test_an_impossible_switch_is_one_sentence(tiny_model_dir, switches, message):
     with pytest.raises(EngineError, match=message):

@@ -91,7 +91,7 @@ def test_forgetting_a_prompt_keeps_blocks_other_prompts_do_not_share(engine):
 
 def test_a_request_without_the_prefix_cache_also_ends_with_the_error(tiny_model_dir, monkeypatch):
     engine = Engine.load(EngineOptions(model=str(tiny_model_dir), device="cpu", dtype="float32",
-                                       prefix_cache=False))
+                                       prefix_caching=False))
     real = engine.runner.prefill
     monkeypatch.setattr(engine.runner, "prefill", lambda *a, **k: real(*a, **k) * float("nan"))
     with pytest.raises(NonFiniteLogitsError):

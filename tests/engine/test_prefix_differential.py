@@ -26,7 +26,7 @@ SYSTEM_PROMPTS = [[256, 10, 20, 30, 40, 50, 60, 257], [256, 11, 22, 33, 257]]
 
 def engines_for(model_dir, paged_kv=None):
     """(the engine under test, with a small prefix cache; the reference: eager, no prefix cache)."""
-    probe = Engine.load(EngineOptions(model=str(model_dir), dtype="float32", prefix_cache=False))
+    probe = Engine.load(EngineOptions(model=str(model_dir), dtype="float32", prefix_caching=False))
     cfg = probe.model.cfg
     cfg_block_bytes = 2 * cfg.num_layers * cfg.num_kv_heads * BLOCK * cfg.head_dim * 4
     cached = Engine.load(EngineOptions(model=str(model_dir), dtype="float32", kv_block_size=BLOCK,
@@ -160,7 +160,7 @@ def test_a_request_too_big_for_the_pool_fails_alone_with_a_clear_message(engines
 @pytest.mark.parametrize("paged_kv", [False, True])
 def test_with_a_host_tier_evicted_history_comes_back_from_host_memory(tmp_path, paged_kv):
     model_dir = make_tiny_model(tmp_path / "hf", "llama", seed=3)
-    probe = Engine.load(EngineOptions(model=str(model_dir), dtype="float32", prefix_cache=False))
+    probe = Engine.load(EngineOptions(model=str(model_dir), dtype="float32", prefix_caching=False))
     cfg = probe.model.cfg
     block_gb = 2 * cfg.num_layers * cfg.num_kv_heads * BLOCK * cfg.head_dim * 4 / 2**30
     engine = Engine.load(EngineOptions(model=str(model_dir), dtype="float32", kv_block_size=BLOCK,

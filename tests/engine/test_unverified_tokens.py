@@ -17,7 +17,7 @@ DRAFTS = list(range(50, 70))  # 20 tokens past the prompt, not final
 
 @pytest.fixture(scope="module", params=["working copy", "paged", "no prefix cache"])
 def engine(request, tiny_model_dir):
-    options = {"working copy": {}, "paged": {"paged_kv": True}, "no prefix cache": {"prefix_cache": False}}
+    options = {"working copy": {}, "paged": {"paged_kv": True}, "no prefix cache": {"prefix_caching": False}}
     return Engine.load(EngineOptions(model=str(tiny_model_dir), dtype="float32", kv_block_size=BLOCK,
                                      kv_cache_gb=0.02, **options[request.param]))
 
