@@ -58,8 +58,8 @@ class EngineOptions:
     prefill_chunk: int = 2048  # prompts longer than this are prefilled in chunks of this many tokens
     weights: str = "auto"  # auto | dense | blocks (GGUF Q4_1/Q8_0 blocks through the CPU kernels)
     prefix_caching: bool = True  # keep a prefix cache: K/V of finished requests, reused by matching prefixes
-    kv_cache_gb: float | None = None  # device KV pool; None: see kv_budget.py
-    host_cache_gb: float | None = None  # host-RAM tier for blocks evicted from a GPU; None: see kv_budget.py
+    kv_cache_gb: float | None = None  # device KV pool; None: see kv/budget.py
+    host_cache_gb: float | None = None  # host-RAM tier for blocks evicted from a GPU; None: see kv/budget.py
     kv_block_size: int = 16  # tokens per KV block
     # The decode path (decode/path.py); None: the default for the device.
     paged_kv: bool | None = None  # attention reads KV blocks in place (default on CUDA) instead of a working copy
@@ -127,7 +127,7 @@ class Engine:
 
     def __init__(self, model: CausalLM, tokenizer: Tokenizer, info: LoadInfo, options: EngineOptions,
                  prefix_cache: PrefixCache | None, fingerprint: str | None = None):
-        """An engine over a loaded model. `fingerprint`: the model's, when already known (fingerprint.py)."""
+        """An engine over a loaded model. `fingerprint`: the model's, when already known (kv/fingerprint.py)."""
         self.model = model
         self.tokenizer = tokenizer
         self.info = info
@@ -141,7 +141,7 @@ class Engine:
     def load(cls, options: EngineOptions = EngineOptions(),
              progress: Callable[[str], None] = lambda _: None) -> "Engine":
         """Resolve, (convert,) and load the model; raises EngineError with one clear sentence.
-        A converted GGUF cache that fails to load (ModelError) is converted again once (model_source.py)."""
+        A converted GGUF cache that fails to load (ModelError) is converted again once (weights/model_source.py)."""
         start = time.perf_counter()
         device = pick_device(options.device)
         dtype = pick_dtype(options.dtype, device)
@@ -197,7 +197,7 @@ class Engine:
 
     @property
     def fingerprint(self) -> str:
-        """Identifies the K/V this engine computes (see fingerprint.py); hashed on first use."""
+        """Identifies the K/V this engine computes (see kv/fingerprint.py); hashed on first use."""
         with self._fingerprint_lock:
             if self._fingerprint is None:
                 cfg = self.model.cfg
@@ -208,7 +208,7 @@ class Engine:
 
     @functools.cached_property
     def token_fingerprint(self) -> str:
-        """Identifies the token ids this engine's tokenizer and chat template make (see fingerprint.py):
+        """Identifies the token ids this engine's tokenizer and chat template make (see kv/fingerprint.py):
         a conversation's stored ids are reused under another dtype or device, its K/V snapshot is not."""
         return tokenizer_fingerprint(Path(self.info.model_dir))
 
@@ -292,7 +292,7 @@ class Engine:
 
 
 def new_prefix_cache(options: EngineOptions, model: CausalLM) -> PrefixCache:
-    """An empty prefix cache for `model`, sized by the options (kv_budget.py when unset)."""
+    """An empty prefix cache for `model`, sized by the options (kv/budget.py when unset)."""
     device, dtype = model.embed_tokens.weight.device, model.embed_tokens.weight.dtype
     cfg, size = model.cfg, options.kv_block_size
     block_bytes = KVPool.block_bytes(size, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype)

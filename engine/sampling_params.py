@@ -33,7 +33,7 @@ class SamplingParams:
     max_tokens: int | None = None  # None = until a stop token or the context window
     seed: int | None = None  # same seed, same prompt -> same tokens
     ignore_eos: bool = False  # benchmarks: always generate max_tokens
-    # End a reply stuck repeating one block of tokens (finish reason "repetition"; see repetition.py).
+    # End a reply stuck repeating one block of tokens (finish reason "repetition"; see request/repetition.py).
     # Off by default in the engine, so its output is what the model says; the chat turns it on.
     stop_repetition: bool = False
 

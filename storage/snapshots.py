@@ -1,7 +1,7 @@
 """KV snapshots on disk: one safetensors file per conversation, verified before use.
 
 A snapshot holds a conversation's cached token ids and their K/V (see
-engine.kv_snapshot). It is only ever written whole: to a temporary file,
+engine.kv.snapshot). It is only ever written whole: to a temporary file,
 fsynced, renamed over the old one, and the directory fsynced, so a crash
 leaves the old snapshot or the new one, never a torn one.
 

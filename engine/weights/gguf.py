@@ -10,7 +10,7 @@ also kept unexpanded in blocks.safetensors, for the CPU's block kernels.
 Each file's sha256 is recorded at conversion (RECORD_FILE, hidden, so not
 part of the model fingerprint), and `converted_damage` checks a directory
 against it before it is used. Files are hashed only when their size or
-mtime changed (fingerprint.py's memo), so an untouched directory costs a few
+mtime changed (kv/fingerprint.py's memo), so an untouched directory costs a few
 stats; a change that keeps both (bit rot) is not seen here, but a file that
 then fails to load is (model_source.reconvert). A directory converted by an
 older kvchat, without a record, gets one on first use and is trusted.
