@@ -204,26 +204,28 @@ class ChatSession:
         stream = self._events(generation, prompt)
         try:
             for event in stream:
-                if isinstance(event, TokenDelta):
-                    pieces.append(event.text)
-                    if event.token_id is not None:
-                        ids.append(event.token_id)
-                    if event.token_id is not None or (not self.token_ids and event.text):
-                        timeline.token()  # without ids, each text chunk counts as a token
-                    if saved is not None:
-                        saved.reply_progress(pieces, ids, len(prompt))
-                elif isinstance(event, Done):
-                    done = event
-                    self.seen_ids = prompt + list(event.token_ids)
-                    stats = reply_stats(event, timeline.rates())
-                    status = "stopped" if event.finish_reason == "stopped" else "complete"
-                    self.messages.append(ChatMessage("assistant", event.text, len(self.seen_ids), None, status, stats))
-                    if saved is not None:  # may raise (disk full) after the chat in memory is whole
-                        try:
-                            self.messages[-1].id = saved.reply_done(event, len(prompt), stats)
-                        except ReplyNotSaved as exc:
-                            self.messages[-1].id = exc.message_id  # what was kept; the next message follows it
-                            raise
+                match event:
+                    case TokenDelta(token_id=token_id, text=text):
+                        pieces.append(text)
+                        if token_id is not None:
+                            ids.append(token_id)
+                        if token_id is not None or (not self.token_ids and text):
+                            timeline.token()  # without ids, each text chunk counts as a token
+                        if saved is not None:
+                            saved.reply_progress(pieces, ids, len(prompt))
+                    case Done():
+                        done = event
+                        self.seen_ids = prompt + list(event.token_ids)
+                        stats = reply_stats(event, timeline.rates())
+                        status = "stopped" if event.finish_reason == "stopped" else "complete"
+                        self.messages.append(
+                            ChatMessage("assistant", event.text, len(self.seen_ids), None, status, stats))
+                        if saved is not None:  # may raise (disk full) after the chat in memory is whole
+                            try:
+                                self.messages[-1].id = saved.reply_done(event, len(prompt), stats)
+                            except ReplyNotSaved as exc:
+                                self.messages[-1].id = exc.message_id  # what was kept; the next message follows it
+                                raise
                 yield event
         except ConversationDeleted:
             deleted = True  # another kvchat deleted it: nothing more of it is written

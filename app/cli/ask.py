@@ -156,11 +156,12 @@ def _answer(session: ChatSession, message: str, stream: bool) -> tuple[Done, int
     done = None
     try:
         for event in session.send(message):
-            if isinstance(event, TokenDelta) and stream and not out.broken:
-                if not out.write(printable(event.text) if to_terminal else event.text):
-                    session.cancel()  # nobody reads the reply any more: stop it, keep what was made
-            elif isinstance(event, Done):
-                done = event
+            match event:
+                case TokenDelta(text=text) if stream and not out.broken:
+                    if not out.write(printable(text) if to_terminal else text):
+                        session.cancel()  # nobody reads the reply any more: stop it, keep what was made
+                case Done():
+                    done = event
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -92,10 +92,12 @@ class EngineRunner:
         def work() -> None:
             try:
                 for event in generation:
-                    if isinstance(event, Done) and event.finish_reason == "stopped":
-                        log.info("kvchat serve: a request stopped after %d tokens", event.stats.generated_tokens)
-                    if isinstance(event, (TokenDelta, Done)):
-                        put(event)
+                    match event:
+                        case Done(finish_reason="stopped", stats=stats):
+                            log.info("kvchat serve: a request stopped after %d tokens", stats.generated_tokens)
+                            put(event)
+                        case TokenDelta() | Done():  # the live Stats are not sent to a client
+                            put(event)
             except Exception as exc:  # an EngineError (out of memory) or a bug: the request fails, not the server
                 put(exc)
             finally:
@@ -164,17 +166,17 @@ async def reply(runner: EngineRunner, generation: Generation, stops: list[str]) 
     events = runner.events(generation)
     try:
         async for event in events:
-            if isinstance(event, TokenDelta):
-                if text := stop.push(event.text):
-                    yield text
-                if stop.hit:
-                    generation.cancel()  # ends with Done("stopped") before the next step
-            else:
-                if event.finish_reason == "stopped" and runner.stopping and not stop.hit:
-                    raise ShuttingDown()
-                if tail := stop.flush():
-                    yield tail
-                finish = "length" if event.finish_reason == "length" and not stop.hit else "stop"
-                yield Finish(finish, event.stats)
+            match event:
+                case TokenDelta(text=piece):
+                    if text := stop.push(piece):
+                        yield text
+                    if stop.hit:
+                        generation.cancel()  # ends with Done("stopped") before the next step
+                case Done(finish_reason=reason, stats=stats):
+                    if reason == "stopped" and runner.stopping and not stop.hit:
+                        raise ShuttingDown()
+                    if tail := stop.flush():
+                        yield tail
+                    yield Finish("length" if reason == "length" and not stop.hit else "stop", stats)
     finally:
         await events.aclose()

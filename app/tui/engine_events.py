@@ -93,21 +93,22 @@ def stream_reply(events: Iterator[Event], engine: Engine, post: Callable[[Messag
     last_kv = float("-inf")
     try:
         for event in events:
-            if isinstance(event, TokenDelta):
-                pending.append(event.text)
-                if time.monotonic() - last_post >= TEXT_BATCH_S:
-                    post(ReplyText("".join(pending)))
-                    pending.clear()
-                    last_post = time.monotonic()
-            elif isinstance(event, Stats):
-                kv_cache = None
-                if time.monotonic() - last_kv >= KV_REFRESH_S:  # the request's blocks count from the start
-                    kv_cache, last_kv = engine.cache_stats(), time.monotonic()
-                post(ReplyStats(event.stats, kv_cache))
-            elif isinstance(event, Done):
-                if pending:
-                    post(ReplyText("".join(pending)))
-                done = event
+            match event:
+                case TokenDelta(text=text):
+                    pending.append(text)
+                    if time.monotonic() - last_post >= TEXT_BATCH_S:
+                        post(ReplyText("".join(pending)))
+                        pending.clear()
+                        last_post = time.monotonic()
+                case Stats(stats=stats):
+                    kv_cache = None
+                    if time.monotonic() - last_kv >= KV_REFRESH_S:  # the request's blocks count from the start
+                        kv_cache, last_kv = engine.cache_stats(), time.monotonic()
+                    post(ReplyStats(stats, kv_cache))
+                case Done():
+                    if pending:
+                        post(ReplyText("".join(pending)))
+                    done = event
         # After the stream: the request's blocks are back in the cache and the stats include them.
         post(ReplyDone(done, kv_cache=engine.cache_stats()))
     except Exception as exc:  # a bug must not take the chat (and the user's text) down with it

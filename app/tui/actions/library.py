@@ -4,7 +4,7 @@ export and copying. A mixin of KvchatApp, kept apart so each file stays about on
 from __future__ import annotations
 
 from pathlib import Path
-
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from app.chat.export_file import ExportTargetExists
 from app.chat.library import delete_conversation, write_export
@@ -15,9 +15,34 @@ from app.tui.widgets.messages import MessageView, last_code_block
 from app.tui.widgets.sidebar import Sidebar
 from storage.errors import StorageError
 
+if TYPE_CHECKING:
+    from textual.app import App
 
-class LibraryActions:
-    """Needs: self.storage, self.conversation_id, self.generating, self.open_conversation (KvchatApp)."""
+    from app.chat.saved_chat import Storage
+
+
+@runtime_checkable  # so a test can check that KvchatApp keeps it
+class LibraryHost(Protocol):
+    """What LibraryActions uses of the app it is mixed into (KvchatApp), besides Textual's App."""
+
+    storage: Storage
+    conversation_id: str | None  # the conversation shown (None: a new one)
+
+    @property
+    def generating(self) -> bool: ...
+
+    async def open_conversation(self, conversation_id: str | None) -> None: ...
+
+
+if TYPE_CHECKING:
+    class _Host(LibraryHost, App):
+        """What a type checker takes `self` for: a Textual App that is a LibraryHost."""
+else:
+    _Host = object
+
+
+class LibraryActions(_Host):
+    """A mixin of KvchatApp; what it needs of the app is LibraryHost."""
 
     async def on_sidebar_open(self, event: Sidebar.Open) -> None:
         if event.conversation_id != self.conversation_id:

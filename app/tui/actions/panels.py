@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from textual import events
 from textual.widget import Widget
@@ -27,15 +28,51 @@ from app.tui.widgets.sidebar import Sidebar
 from app.tui.widgets.status_bar import StatusBar
 from storage.errors import StorageError
 
+if TYPE_CHECKING:
+    from textual.app import App
+
+    from app.chat.backend import Backend
+    from app.chat.config import Config
+    from app.chat.saved_chat import Storage
+    from app.chat.session import ChatSession
 
 HELP_NOTE = ("Typing goes to the message box wherever the focus is. On a message or in the conversation list, "
              "the letter keys act once you have moved there with the arrow keys (or Ctrl+↑); Esc always "
              "comes back to the box.")
 
 
-class PanelActions:
-    """Needs: self.session, self.engine, self.model_spec, self.system, self.overrides, self.config, self.storage,
-    self.conversation_id, self.editing, self.generating, self._retry_load, self._reload (KvchatApp)."""
+@runtime_checkable  # so a test can check that KvchatApp keeps it
+class PanelHost(Protocol):
+    """What PanelActions uses of the app it is mixed into (KvchatApp), besides Textual's App."""
+
+    storage: Storage
+    config: Config
+    overrides: dict  # sampling settings from the command line
+    system: str | None  # the system prompt of new conversations
+    model_spec: str | None
+    engine: Backend | None
+    session: ChatSession | None
+    conversation_id: str | None
+    reply: AssistantMessageView | None  # the reply being written
+    editing: int | None  # the index of the user message being edited
+    _inspecting_live: bool  # the inspector follows the reply being written
+    _retry_load: bool  # the last load failed in a way that trying again may fix
+
+    @property
+    def generating(self) -> bool: ...
+
+    def _reload(self) -> None: ...
+
+
+if TYPE_CHECKING:
+    class _Host(PanelHost, App):
+        """What a type checker takes `self` for: a Textual App that is a PanelHost."""
+else:
+    _Host = object
+
+
+class PanelActions(_Host):
+    """A mixin of KvchatApp; what it needs of the app is PanelHost."""
 
     # Where the user moved with the arrow keys ("messages" or "conversations"): the single-letter
     # keys act there, until the focus goes somewhere else. None: nowhere, typing goes to the box.

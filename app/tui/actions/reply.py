@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from textual.widgets import Markdown, Static
 
@@ -27,14 +28,71 @@ from app.tui.widgets.sidebar import Sidebar
 from app.tui.widgets.status_bar import StatusBar
 from engine import ContextWindowError
 
+if TYPE_CHECKING:
+    from textual.app import App
+    from textual.widgets.markdown import MarkdownStream
+
+    from app.chat.backend import Backend
+    from app.chat.session import ChatSession
+    from app.tui.engine_thread import EngineThread
+    from app.chat.local_models import LocalModel
+    from app.tui.screens.settings import ChatSettings
+
 FINISH_NOTES = {"stop": "", "length": "stopped at the length limit (max tokens: Ctrl+O)", "stopped": "stopped by you",
                 "repetition": "stopped: it kept repeating itself"}
 
 
-class ReplyActions:
+@runtime_checkable  # so a test can check that KvchatApp keeps it
+class ReplyHost(Protocol):
+    """What ReplyActions uses of the app it is mixed into (KvchatApp and its other mixins), besides
+    Textual's App."""
+
+    session: ChatSession | None
+    engine: Backend | None
+    engine_thread: EngineThread
+    conversation_id: str | None
+    reply: AssistantMessageView | None  # the reply being written
+    editing: int | None  # the index of the user message being edited
+    _stream: MarkdownStream | None  # the reply's text, streamed into its view
+    _inspecting_live: bool  # the inspector follows the reply being written
+
+    @property
+    def generating(self) -> bool: ...
+
+    def _can_send(self, text: str | None = None) -> bool: ...
+
+    def _alternatives(self, message: ChatMessage) -> list[str]: ...
+
+    async def open_conversation(self, conversation_id: str | None) -> None: ...
+
+    async def action_new_chat(self) -> None: ...
+
+    def action_help(self) -> None: ...
+
+    def current_settings(self) -> ChatSettings: ...
+
+    async def _apply_settings(self, old: ChatSettings, new: ChatSettings | None,
+                              load_again: bool = False) -> bool: ...
+
+    def model_choices(self) -> list[LocalModel]: ...
+
+    def context_used(self) -> int: ...
+
+    def _inspect(self, view: AssistantMessageView | None) -> None: ...
+
+
+if TYPE_CHECKING:
+    class _Host(ReplyHost, App):
+        """What a type checker takes `self` for: a Textual App that is a ReplyHost."""
+else:
+    _Host = object
+
+
+class ReplyActions(_Host):
+    """A mixin of KvchatApp; what it needs of the app is ReplyHost."""
+
     # Handlers are named on_<message> rather than decorated with @on: Textual collects @on handlers
     # only from classes it creates (widgets, apps), not from a plain mixin like this one.
-    """Needs: self.session, self.engine, self.engine_thread, self.reply, self.editing, self._can_send() (KvchatApp)."""
 
     async def on_prompt_input_submitted(self, event: PromptInput.Submitted) -> None:
         typed = event.text.strip()
