@@ -4,6 +4,7 @@ import that breaks them, wherever it hides (inside a function, under TYPE_CHECKI
 - `engine` imports neither `app` nor `storage`;
 - no product module imports a bench package (engine/bench, app/bench), except the `kvchat` command
   line, which reaches `kvchat bench` from inside a function;
+- the chat app (app/tui) and a conversation (app/chat, app/remote) never import the command line (app/cli);
 - there is no import cycle between modules, deferred and type-only imports counted.
 """
 
@@ -56,6 +57,12 @@ def in_package(module: str, packages) -> bool:
 def test_the_engine_imports_neither_the_app_nor_storage():
     bad = [(m, i) for m in MODULES if in_package(m, ["engine"]) for i, _ in imports(m)
            if in_package(i, ["app", "storage"])]
+    assert bad == []
+
+
+def test_the_chat_app_and_a_conversation_do_not_import_the_command_line():
+    bad = [(m, i) for m in MODULES if in_package(m, ["app.tui", "app.chat", "app.remote"]) for i, _ in imports(m)
+           if in_package(i, ["app.cli"])]
     assert bad == []
 
 

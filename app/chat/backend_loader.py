@@ -1,35 +1,22 @@
 """Which backend answers: the embedded engine, or a remote OpenAI-compatible server (`--remote URL`);
-both keep the Backend protocol (app/chat/backend.py). Loading one, and the session a conversation gets
-on it: a ChatSession (token ids, the prefix cache, KV snapshots) or a RemoteChatSession (text only)."""
+both keep the Backend protocol (app/chat/backend.py). How one is loaded (LoadBackend; the command line
+makes it from its flags, app/cli/options.py), and the session a conversation gets on it: a ChatSession
+(token ids, the prefix cache, KV snapshots) or a RemoteChatSession (text only)."""
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import os
 from collections.abc import Callable
 
 from app.chat.backend import Backend, takes_token_ids
 from app.chat.session import ChatSession
 from app.chat.local_models import LocalModel
-from app.cli.options import engine_options
 from app.chat.remote_session import RemoteChatSession
 from app.chat.reply_limits import NO_LIMITS, ReplyLimits
 from app.remote.client import RemoteEngine
 from app.chat.saved_chat import SavedConversation
-from engine import Engine, SamplingParams
+from engine import SamplingParams
 
 LoadBackend = Callable[[str | None, Callable[[str], None]], Backend]
-
-
-def backend_loader(args: argparse.Namespace) -> LoadBackend:
-    """`load(model_spec, progress)`: the TUI loads (and reloads, when the model is changed) through it.
-    With --remote, the model spec is the name of one of the server's models (None: its first)."""
-    if args.remote is not None:
-        api_key = args.remote_api_key or os.environ.get("KVCHAT_API_KEY") or None
-        return lambda spec, progress: RemoteEngine.connect(args.remote, api_key, spec, progress)
-    options = engine_options(args)
-    return lambda spec, progress: Engine.load(dataclasses.replace(options, model=spec), progress=progress)
 
 
 def chat_session(engine: Backend, system: str | None, params: SamplingParams,

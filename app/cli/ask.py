@@ -106,7 +106,7 @@ def resolve_conversation(args: argparse.Namespace) -> None:
 
 def run_ask(args: argparse.Namespace) -> int:
     message = check_before_loading(args)
-    from app.chat.backend_loader import backend_loader
+    from app.cli.options import backend_loader
     from app.chat.saved_chat import SavedConversation, Storage, reply_stats
 
     progress = lambda step: print(f"kvchat: {step}…", file=sys.stderr)  # noqa: E731

@@ -264,9 +264,10 @@ def main(argv: list[str] | None = None) -> int:
 
         sampling_params(args)  # the chat's flags and --conversation/--continue, before Textual or torch load
         resolve_conversation(args)
+        from app.cli.options import backend_loader
         from app.tui.app import run_tui
 
-        return run_tui(args)
+        return run_tui(args, backend_loader(args))
     except USER_FACING_ERRORS as exc:
         return _fail(str(exc))
     except ValueError as exc:  # invalid sampling parameters and similar argument mistakes

@@ -1,12 +1,15 @@
-"""Command-line arguments -> engine options (shared by ask, serve, bench and the TUI's model loader).
-A conversation's sampling settings: app/chat/sampling_settings.py."""
+"""Command-line arguments -> engine options and the backend loader (shared by ask, serve, bench and the
+TUI). A conversation's sampling settings: app/chat/sampling_settings.py."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from app.chat.backend_loader import LoadBackend
     from engine import EngineOptions
 
 
@@ -16,3 +19,16 @@ def engine_options(args: argparse.Namespace) -> EngineOptions:
     return EngineOptions(model=args.model, device=args.device, dtype=args.dtype, threads=args.threads,
                          kv_cache_gb=args.kv_cache_gb, prefix_caching=not args.no_prefix_cache,
                          paged_kv=args.paged_kv, cuda_graphs=args.cuda_graphs, compile=args.compile)
+
+
+def backend_loader(args: argparse.Namespace) -> LoadBackend:
+    """`load(model_spec, progress)`: the TUI loads (and reloads, when the model is changed) through it.
+    With --remote, the model spec is the name of one of the server's models (None: its first)."""
+    from app.remote.client import RemoteEngine
+    from engine import Engine  # torch: imported once the flags are known to be good
+
+    if args.remote is not None:
+        api_key = args.remote_api_key or os.environ.get("KVCHAT_API_KEY") or None
+        return lambda spec, progress: RemoteEngine.connect(args.remote, api_key, spec, progress)
+    options = engine_options(args)
+    return lambda spec, progress: Engine.load(dataclasses.replace(options, model=spec), progress=progress)

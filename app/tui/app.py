@@ -20,7 +20,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Static
 
 from app.chat.backend import Backend
-from app.chat.backend_loader import LoadBackend, backend_loader, chat_session, is_remote
+from app.chat.backend_loader import LoadBackend, chat_session, is_remote
 from app.chat.errors import USER_FACING_ERRORS
 from app.chat.session import MAX_CHARS_PER_TOKEN, ChatMessage, ChatSession
 from app.tui.palette import palette_commands
@@ -362,8 +362,8 @@ class KvchatApp(ReplyActions, PanelActions, LibraryActions, App):
             return []
 
 
-def run_tui(args: argparse.Namespace) -> int:
-    load = backend_loader(args)
+def run_tui(args: argparse.Namespace, load: LoadBackend) -> int:
+    """The chat on the backend `load` gives, with the command line's other flags."""
     sampling_params(args)  # bad flags fail before anything starts
     system = clean_input(args.system, "The system prompt")
     storage = Storage.open(args.snapshot_gb)
