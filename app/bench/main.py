@@ -262,6 +262,22 @@ def ui_section(args: argparse.Namespace) -> dict:
     return json.loads(result.stdout)
 
 
+def profile_section(engine: Engine, args: argparse.Namespace) -> int:
+    """`kvchat bench --profile`: one decode step taken apart, at a short and a long context."""
+    from engine.bench.decode_profile import decode_profile, print_profile
+
+    contexts, steps = ([16, 64], 8) if args.quick else ([128, 2048], 64)
+    rows = [decode_profile(engine, context, steps, random_prompt(engine, context, seed=1)) for context in contexts]
+    result = {"model": engine.info.model_name, "weights": engine.info.weights, "decode": engine.info.decode,
+              "threads": torch.get_num_threads(), "profile": rows}
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"{result['model']} ({result['weights']}, {result['decode']} decode, {result['threads']} threads)")
+        print_profile(rows)
+    return 0
+
+
 def run_bench(args: argparse.Namespace) -> int:
     if args.ui:
         from app.bench.ui import print_ui, run_ui_bench
@@ -270,6 +286,8 @@ def run_bench(args: argparse.Namespace) -> int:
         print(json.dumps(result)) if args.json else print_ui(result)
         return 0
     engine = Engine.load(engine_options(args))
+    if args.profile:
+        return profile_section(engine, args)
     baselines: dict[str, HFBaseline] = {}
     if not args.no_hf:
         baselines["hf_"] = HFBaseline(engine)

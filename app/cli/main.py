@@ -164,6 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--ui", action="store_true",
                        help="only the chat app's costs: streaming with and without the UI, opening 500 messages")
     bench.add_argument("--no-ui", action="store_true", help="skip the chat app's costs")
+    bench.add_argument("--profile", action="store_true",
+                       help="only where a decode step's time goes: quantized matmuls, torch ops, the rest")
     from app.bench.serve import add_arguments as serve_arguments
     from app.bench.synthetic import add_arguments as synthetic_arguments
 

@@ -82,6 +82,16 @@ def test_a_prompt_over_the_context_window_names_both_numbers(tiny_model_dir):
     assert_one_clear_error(result, 1, "context window is 256 tokens")
 
 
+def test_bench_profile_takes_a_decode_step_apart(tiny_model_dir):
+    result = kvchat("bench", "--profile", "--quick", "--json", "--model", str(tiny_model_dir))
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert [row["context_tokens"] for row in out["profile"]] == [16, 64]
+    for row in out["profile"]:
+        assert row["ms_per_token"] > 0 and row["top_ops"] and 0 < row["torch_op_share"] <= 1
+        assert row["quant_linear_calls"] == 0  # the tiny model's weights are dense
+
+
 def test_bench_quick_json_has_every_section(tiny_model_dir):
     result = kvchat("bench", "--quick", "--json", "--model", str(tiny_model_dir))
     assert result.returncode == 0, result.stderr
