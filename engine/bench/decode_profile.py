@@ -73,24 +73,20 @@ def _timed_quant_linears(engine: Engine, prompt: list[int], steps: int) -> tuple
 def _torch_ops(engine: Engine, prompt: list[int], steps: int) -> tuple[list[tuple[str, float]], float, float, float]:
     """(top ops as (name, self seconds per token), torch self seconds per token, top-level ops per token,
     seconds per token in all), from torch's profiler over the decode steps only."""
-    os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # no profiler_start/stop lines on stderr
+    os.environ.setdefault("KINETO_LOG_LEVEL", "5")
     from torch.profiler import ProfilerActivity, profile
 
-    runner = engine.runner
-    kv, _ = runner.open_kv(prompt, False)
+    prof, started = profile(activities=[ProfilerActivity.CPU]), []
+
+    def start() -> None:  # after the prompt's prefill: only the decode steps are profiled
+        prof.start()
+        started.append(True)
+
     try:
-        with torch.inference_mode():
-            token = int(runner.prefill(kv, prompt[kv.num_tokens:])[-1].argmax())
-            kv.finalize(prompt[kv.num_final:])
-            with profile(activities=[ProfilerActivity.CPU]) as prof:
-                start = time.perf_counter()
-                for _ in range(steps):
-                    logits = runner.decode(kv, token)
-                    kv.finalize([token])
-                    token = int(logits[-1].argmax())
-                total = time.perf_counter() - start
+        total = sum(_decode(engine, prompt, steps, on_prefilled=start))
     finally:
-        kv.close()
+        if started:
+            prof.stop()
     by_name: dict[str, float] = collections.defaultdict(float)
     top_level = 0
     for event in prof.events():

@@ -50,10 +50,10 @@ class PooledKV(SequenceKV):
 
     def _truncate(self, num_tokens: int) -> None:
         keep = -(-num_tokens // self.cache.block_size)
-        dropped = self.blocks[keep:]  # past every final position, so never in the tree: owned
+        dropped = set(self.blocks[keep:])  # past every final position, so never in the tree: owned
         self.blocks = self.blocks[:keep]
-        self.owned.difference_update(dropped)
-        self.cache.pool.release(dropped)
+        self.owned -= dropped
+        self.cache.release(dropped, [])  # the prefix cache keeps the books of who owns a block
         self._length = num_tokens
 
     def _close(self) -> None:

@@ -30,10 +30,8 @@ class WorkingCopyKV(PooledKV):
     def open(cls, cache: PrefixCache, spare: SpareBuffer, prompt_ids: list[int],
              use_prefix_cache: bool) -> tuple["WorkingCopyKV", str]:
         working, _ = spare.take(prompt_ids)
-        if not use_prefix_cache:
-            working.truncate(0)
         match = cache.match(prompt_ids if use_prefix_cache else [])
-        working.truncate(match.cached_tokens)
+        working.truncate(match.cached_tokens)  # without the prefix cache the match is empty: from scratch
         return cls(cache, working, match, prompt_ids, use_prefix_cache, spare), match.source
 
     def reserve(self, new_tokens: int) -> None:
