@@ -5,11 +5,12 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.screen import ModalScreen
 from textual.widgets import Button, Label
 
+from app.tui.screens.dialog import DialogScreen
 
-class ConfirmScreen(ModalScreen[bool]):
+
+class ConfirmScreen(DialogScreen[bool]):
     """Dismissed with True (the confirm button, or y) or False (Cancel, n or Esc).
 
     Cancel has the focus at first, so Enter alone never confirms: a key pressed by habit (d, then
@@ -17,14 +18,7 @@ class ConfirmScreen(ModalScreen[bool]):
 
     DEFAULT_CSS = """
     ConfirmScreen {
-        align: center middle;
-
         #dialog {
-            width: 60;
-            max-width: 90%;
-            height: auto;
-            padding: 1 2;
-            background: $surface;
             border: thick $error 50%;
         }
         #question {

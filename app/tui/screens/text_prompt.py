@@ -6,28 +6,19 @@ from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
-from textual.screen import ModalScreen
 from textual.widgets import Input, Label
+
+from app.tui.screens.dialog import DialogScreen
 
 EMPTY_HINT = "Type a name, or Esc to cancel."
 
 
-class TextPromptScreen(ModalScreen[str | None]):
+class TextPromptScreen(DialogScreen[str | None]):
     """Dismissed with the typed text, stripped (Enter), or None (Esc). Enter on an empty line
     keeps the box open and says what to do instead."""
 
     DEFAULT_CSS = """
     TextPromptScreen {
-        align: center middle;
-
-        #dialog {
-            width: 60;
-            max-width: 90%;
-            height: auto;
-            padding: 1 2;
-            background: $surface;
-            border: thick $accent 50%;
-        }
         #title {
             text-style: bold;
             margin: 0 0 1 0;
