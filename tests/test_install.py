@@ -14,12 +14,13 @@ import sys
 from pathlib import Path
 import app, engine, storage
 from app.tui.styles import stylesheet
-from engine.quant.kernels import SOURCE
+from engine.quant.kernels import HEADERS, SOURCES
 from app.cli.main import main
 target = Path(sys.argv[1])
 for module in (app, engine, storage):
     assert Path(module.__file__).is_relative_to(target), module.__file__
-assert SOURCE.is_file() and SOURCE.is_relative_to(target), SOURCE
+for source in SOURCES + HEADERS:
+    assert source.is_file() and source.is_relative_to(target), source
 print(stylesheet())
 sys.exit(main(["--version"]))
 """
@@ -38,7 +39,8 @@ def test_a_built_wheel_holds_everything_and_runs_from_an_install(tmp_path):
     assert build.returncode == 0, build.stderr
     wheel = next((tmp_path / "dist").glob("kvchat-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
-    assert "engine/quant/csrc/block_quant.c" in names
+    assert {"engine/quant/csrc/block_quant.c", "engine/quant/csrc/block_quant.h",
+            "engine/quant/csrc/decode_step.c"} <= set(names)
     assert any(n.endswith(".data/data/share/kvchat/kvchat.tcss") for n in names)
     assert not any(n.startswith(("tests/", "assets/")) for n in names)
 

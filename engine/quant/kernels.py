@@ -1,4 +1,4 @@
-"""The C kernels of csrc/block_quant.c, compiled once on this machine and called through ctypes.
+"""The C kernels of csrc/ (block products, the fused CPU decode step), compiled once and called through ctypes.
 
 Compiled with -march=native for the CPU it runs on and cached (keyed by the
 source, the compiler and the CPU). The library links the same OpenMP runtime
@@ -22,11 +22,25 @@ from pathlib import Path
 
 from engine.weights.paths import cache_dir
 
-SOURCE = Path(__file__).resolve().parent / "csrc" / "block_quant.c"
+CSRC = Path(__file__).resolve().parent / "csrc"
+SOURCES = [CSRC / "block_quant.c", CSRC / "decode_step.c"]
+HEADERS = [CSRC / "block_quant.h"]
 FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 
 _lock = threading.Lock()
 _loaded: "QuantKernels | str | None" = None  # the kernels, or why there are none
+
+
+# enum kv_format in csrc/block_quant.h
+FORMAT_CODES = {"f32": 0, "q4_1": 1, "q8_0": 2}
+
+
+class LinearDesc(ctypes.Structure):
+    """kv_linear of csrc/block_quant.h: one weight matrix as the kernels read it."""
+
+    _fields_ = [("format", ctypes.c_int32), ("N", ctypes.c_int32), ("K", ctypes.c_int32),
+                ("reserved", ctypes.c_int32), ("q", ctypes.c_void_p), ("d", ctypes.c_void_p),
+                ("m", ctypes.c_void_p), ("bias", ctypes.c_void_p)]
 
 
 @dataclass(frozen=True)
@@ -50,14 +64,15 @@ def _compiler() -> str | None:
 
 def _build(compiler: str) -> Path:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, " ".join(FLAGS), _cpu_identity()]).encode())
+    texts = [path.read_text() for path in SOURCES + HEADERS]
+    key = hashlib.sha256("\0".join([*texts, version, " ".join(FLAGS), _cpu_identity()]).encode())
     target = cache_dir() / "kernels" / f"block_quant-{key.hexdigest()[:20]}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         built = Path(tmp) / target.name
-        result = subprocess.run([compiler, *FLAGS, "-o", str(built), str(SOURCE), "-lm"],
+        result = subprocess.run([compiler, *FLAGS, "-o", str(built), *map(str, SOURCES), "-lm"],
                                 capture_output=True, text=True, timeout=300)
         if result.returncode != 0:
             raise RuntimeError(result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "build failed")
@@ -67,11 +82,10 @@ def _build(compiler: str) -> Path:
 
 def _bind(lib: ctypes.CDLL) -> QuantKernels:
     p, i = ctypes.c_void_p, ctypes.c_int
-    lib.q4_1_matmul.argtypes = [p, i, i, p, p, p, i, p, i]
-    lib.q8_0_matmul.argtypes = [p, i, i, p, p, i, p, i]
-    lib.q4_1_dequantize.argtypes = [p, p, p, i, i, p, i]
-    lib.q8_0_dequantize.argtypes = [p, p, i, i, p, i]
-    for fn in (lib.q4_1_matmul, lib.q8_0_matmul, lib.q4_1_dequantize, lib.q8_0_dequantize):
+    lib.kv_matmul.argtypes = [p, p, i, p, i]
+    lib.kv_dequantize.argtypes = [p, i, i, p, i]
+    lib.kv_decode_step.argtypes = [p, i, p, p, p, i, p, p, i]
+    for fn in (lib.kv_matmul, lib.kv_dequantize, lib.kv_decode_step):
         fn.restype = None
     lib.kv_isa.restype = ctypes.c_char_p
     return QuantKernels(lib, lib.kv_isa().decode())

@@ -13,13 +13,14 @@ stays in the CPU cache) and torch's GEMM, which wins on long prompts.
 
 from __future__ import annotations
 
+import ctypes
 import threading
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.quant.kernels import QuantKernels
+from engine.quant.kernels import FORMAT_CODES, LinearDesc, QuantKernels
 
 FORMATS = ("q4_1", "q8_0")
 BLOCK = 32
@@ -65,19 +66,17 @@ class QuantLinear(nn.Module):
 
     def _bind_kernels(self) -> None:
         # Plain attributes, not buffer lookups: this is called ~120 times per decoded token.
-        lib, n, k = self.kernels.lib, self.out_features, self.in_features
-        qs, d = self.qs.data_ptr(), self.d.data_ptr()
-        qs_row, d_row = self.qs[0].nbytes, self.d[0].nbytes  # bytes per weight row
-        if self.fmt == "q4_1":
-            m = self.m.data_ptr()
-            self._matmul = lambda x, rows, y, t: lib.q4_1_matmul(x, rows, k, qs, d, m, n, y, t)
-            self._dequantize = lambda w, first, count, t: lib.q4_1_dequantize(
-                qs + first * qs_row, d + first * d_row, m + first * d_row, count, k, w, t)
-        else:
-            self._matmul = lambda x, rows, y, t: lib.q8_0_matmul(x, rows, k, qs, d, n, y, t)
-            self._dequantize = lambda w, first, count, t: lib.q8_0_dequantize(
-                qs + first * qs_row, d + first * d_row, count, k, w, t)
+        self.desc = self.kernel_desc(with_bias=False)  # the bias is added in torch (it is on the GEMM path too)
+        lib, desc = self.kernels.lib, ctypes.byref(self.desc)
+        self._matmul = lambda x, rows, y, t: lib.kv_matmul(desc, x, rows, y, t)
+        self._dequantize = lambda w, first, count, t: lib.kv_dequantize(desc, first, count, w, t)
         self._bias = self.bias
+
+    def kernel_desc(self, with_bias: bool = True) -> LinearDesc:
+        """The weight as csrc/block_quant.h's kv_linear (addresses of this module's buffers: keep it)."""
+        return LinearDesc(FORMAT_CODES[self.fmt], self.out_features, self.in_features, 0, self.qs.data_ptr(),
+                          self.d.data_ptr(), 0 if self.m is None else self.m.data_ptr(),
+                          self.bias.data_ptr() if with_bias and self.bias is not None else 0)
 
     def dequantized(self, first: int = 0, count: int | None = None) -> torch.Tensor:
         """Weight rows first..first+count as fp32 [count, in], in a scratch buffer the next call reuses."""

@@ -21,8 +21,13 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "block_quant.h"
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
+#endif
+#ifdef _OPENMP
+#include <omp.h>
 #endif
 
 #define BLOCK 32
@@ -125,10 +130,34 @@ static inline void q8_0_decode(const int8_t *qs, float d, vec *w) { q8_0_block(q
 
 #define VEC_PER_BLOCK (BLOCK / VEC)
 
-/*
- * Output column n for ROWS input rows starting at row r0. ROWS is a
- * compile-time constant in every expansion, so the accumulators live in registers.
- */
+/* Columns decoded side by side when there is one input row: independent accumulators hide the FMA
+ * latency and each input vector is loaded once for all of them (as many as the registers hold). */
+#if VEC == 16
+#define SIDE_BY_SIDE 4
+#elif VEC == 8
+#define SIDE_BY_SIDE 2
+#else
+#define SIDE_BY_SIDE 1
+#endif
+
+/* Weight block b of row n as VEC_PER_BLOCK vectors. */
+#define DECODE_F32(n, b, w)                                                        \
+    for (int i_ = 0; i_ < VEC_PER_BLOCK; i_++)                                     \
+        (w)[i_] = vload((const float *)L->q + (int64_t)(n) * K + (b) * BLOCK + i_ * VEC)
+#define DECODE_Q4_1(n, b, w)                                                       \
+    q4_1_decode((const uint8_t *)L->q + ((int64_t)(n) * nb + (b)) * HALF, L->d[(int64_t)(n) * nb + (b)], \
+                L->m[(int64_t)(n) * nb + (b)], w)
+#define DECODE_Q8_0(n, b, w)                                                       \
+    q8_0_decode((const int8_t *)L->q + ((int64_t)(n) * nb + (b)) * BLOCK, L->d[(int64_t)(n) * nb + (b)], w)
+
+static inline float finish(const vec *acc, const float *bias, int n) {
+    vec s = acc[0];
+    for (int i = 1; i < VEC_PER_BLOCK; i++) s = vadd(s, acc[i]);
+    return bias ? vsum(s) + bias[n] : vsum(s);
+}
+
+/* Output column n for ROWS input rows starting at r0. ROWS is a compile-time constant in every
+ * expansion, so the accumulators live in registers. */
 #define COLUMN(ROWS, DECODE)                                                       \
     do {                                                                           \
         vec acc[ROWS][VEC_PER_BLOCK], w[VEC_PER_BLOCK];                            \
@@ -136,7 +165,7 @@ static inline void q8_0_decode(const int8_t *qs, float d, vec *w) { q8_0_block(q
         for (int r = 0; r < ROWS; r++)                                             \
             for (int i = 0; i < VEC_PER_BLOCK; i++) acc[r][i] = vzero();           \
         for (int b = 0; b < nb; b++) {                                             \
-            DECODE;                                                                \
+            DECODE(n, b, w);                                                       \
             _Pragma("GCC unroll 8")                                                \
             for (int r = 0; r < ROWS; r++) {                                       \
                 const float *xb = x + (int64_t)(r0 + r) * K + b * BLOCK;           \
@@ -145,69 +174,105 @@ static inline void q8_0_decode(const int8_t *qs, float d, vec *w) { q8_0_block(q
                     acc[r][i] = vfma(vload(xb + i * VEC), w[i], acc[r][i]);        \
             }                                                                      \
         }                                                                          \
-        for (int r = 0; r < ROWS; r++) {                                           \
-            vec s = acc[r][0];                                                     \
-            for (int i = 1; i < VEC_PER_BLOCK; i++) s = vadd(s, acc[r][i]);        \
-            y[(int64_t)(r0 + r) * N + n] = vsum(s);                                \
+        for (int r = 0; r < ROWS; r++) y[(int64_t)(r0 + r) * ldy + n] = finish(acc[r], L->bias, n); \
+    } while (0)
+
+/* SIDE_BY_SIDE output columns from n for the single input row: the same sums, in the same order, as
+ * COLUMN(1) would give each. */
+#define COLUMNS_OF_ONE_ROW(DECODE)                                                 \
+    do {                                                                           \
+        vec acc[SIDE_BY_SIDE][VEC_PER_BLOCK], w[VEC_PER_BLOCK], xv[VEC_PER_BLOCK]; \
+        _Pragma("GCC unroll 4")                                                    \
+        for (int c = 0; c < SIDE_BY_SIDE; c++)                                     \
+            for (int i = 0; i < VEC_PER_BLOCK; i++) acc[c][i] = vzero();           \
+        for (int b = 0; b < nb; b++) {                                             \
+            for (int i = 0; i < VEC_PER_BLOCK; i++) xv[i] = vload(x + b * BLOCK + i * VEC); \
+            _Pragma("GCC unroll 4")                                                \
+            for (int c = 0; c < SIDE_BY_SIDE; c++) {                               \
+                DECODE(n + c, b, w);                                               \
+                for (int i = 0; i < VEC_PER_BLOCK; i++) acc[c][i] = vfma(xv[i], w[i], acc[c][i]); \
+            }                                                                      \
+        }                                                                          \
+        for (int c = 0; c < SIDE_BY_SIDE; c++) y[n + c] = finish(acc[c], L->bias, n + c); \
+    } while (0)
+
+/* Each column's weights are decoded once per group of ROW_GROUP rows (they stay in L1), instead of the
+ * matrix being re-read from memory for every row. */
+#define ROW_GROUP 8
+#define COLUMNS(DECODE)                                                            \
+    do {                                                                           \
+        int n = n0;                                                                \
+        if (rows == 1) {                                                           \
+            const int r0 = 0;                                                      \
+            (void)r0;                                                              \
+            for (; n + SIDE_BY_SIDE <= n1; n += SIDE_BY_SIDE) COLUMNS_OF_ONE_ROW(DECODE); \
+            for (; n < n1; n++) COLUMN(1, DECODE);                                 \
+            break;                                                                 \
+        }                                                                          \
+        for (; n < n1; n++) {                                                      \
+            int r0 = 0;                                                            \
+            for (; r0 + ROW_GROUP <= rows; r0 += ROW_GROUP) COLUMN(ROW_GROUP, DECODE); \
+            switch (rows - r0) {                                                   \
+            case 1: COLUMN(1, DECODE); break;                                      \
+            case 2: COLUMN(2, DECODE); break;                                      \
+            case 3: COLUMN(3, DECODE); break;                                      \
+            case 4: COLUMN(4, DECODE); break;                                      \
+            case 5: COLUMN(5, DECODE); break;                                      \
+            case 6: COLUMN(6, DECODE); break;                                      \
+            case 7: COLUMN(7, DECODE); break;                                      \
+            default: break;                                                        \
+            }                                                                      \
         }                                                                          \
     } while (0)
 
-/*
- * y = x W^T for any number of rows: each thread takes output columns and walks
- * the rows in groups of ROW_GROUP, re-decoding the column's weights (cached in
- * L1) for every group instead of re-reading the matrix from memory.
- */
-#define ROW_GROUP 8
-#define MATMUL(DECODE)                                                             \
-    _Pragma("omp parallel for schedule(static) num_threads(threads)")              \
-    for (int n = 0; n < N; n++) {                                                  \
-        const int64_t row = (int64_t)n * nb;                                       \
-        int r0 = 0;                                                                \
-        for (; r0 + ROW_GROUP <= rows; r0 += ROW_GROUP) COLUMN(ROW_GROUP, DECODE); \
-        switch (rows - r0) {                                                       \
-        case 1: COLUMN(1, DECODE); break;                                          \
-        case 2: COLUMN(2, DECODE); break;                                          \
-        case 3: COLUMN(3, DECODE); break;                                          \
-        case 4: COLUMN(4, DECODE); break;                                          \
-        case 5: COLUMN(5, DECODE); break;                                          \
-        case 6: COLUMN(6, DECODE); break;                                          \
-        case 7: COLUMN(7, DECODE); break;                                          \
-        default: break;                                                            \
-        }                                                                          \
+void kv_linear_columns(const kv_linear *L, const float *x, int rows, float *y, int ldy, int n0, int n1) {
+    const int K = L->K, nb = K / BLOCK;
+    switch (L->format) {
+    case KV_F32: COLUMNS(DECODE_F32); break;
+    case KV_Q4_1: COLUMNS(DECODE_Q4_1); break;
+    case KV_Q8_0: COLUMNS(DECODE_Q8_0); break;
+    default: break;
     }
+}
+
+/* The columns [n0, n1) thread `t` of `threads` computes: contiguous, in multiples of SIDE_BY_SIDE. */
+void kv_thread_columns(int N, int t, int threads, int *n0, int *n1) {
+    const int groups = (N + SIDE_BY_SIDE - 1) / SIDE_BY_SIDE;
+    const int lo = (int)((int64_t)groups * t / threads), hi = (int)((int64_t)groups * (t + 1) / threads);
+    *n0 = lo * SIDE_BY_SIDE;
+    *n1 = hi * SIDE_BY_SIDE < N ? hi * SIDE_BY_SIDE : N;
+}
 
 /* ---- entry points (called through ctypes) ---- */
 
-void q4_1_matmul(const float *x, int rows, int K, const uint8_t *qs, const float *d, const float *m,
-                 int N, float *y, int threads) {
-    const int nb = K / BLOCK;
-    MATMUL(q4_1_decode(qs + (row + b) * HALF, d[row + b], m[row + b], w))
-}
-
-void q8_0_matmul(const float *x, int rows, int K, const int8_t *qs, const float *d, int N, float *y,
-                 int threads) {
-    const int nb = K / BLOCK;
-    MATMUL(q8_0_decode(qs + (row + b) * BLOCK, d[row + b], w))
-}
-
-/* W as fp32 [N, K], bit-identical to the dense checkpoint. */
-void q4_1_dequantize(const uint8_t *qs, const float *d, const float *m, int N, int K, float *out,
-                     int threads) {
-    const int64_t blocks = (int64_t)N * (K / BLOCK);
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t i = 0; i < blocks; i++) {
-        vec w[VEC_PER_BLOCK];
-        q4_1_decode(qs + i * HALF, d[i], m[i], w);
-        for (int v = 0; v < VEC_PER_BLOCK; v++) vstore(out + i * BLOCK + v * VEC, w[v]);
+/* y [rows, N] = x [rows, K] W^T (+ bias), the columns split between `threads` threads (the caller's
+ * budget, torch's, passed explicitly because OpenMP's default is per calling thread). */
+void kv_matmul(const kv_linear *L, const float *x, int rows, float *y, int threads) {
+#pragma omp parallel num_threads(threads)
+    {
+        int n0, n1;
+#ifdef _OPENMP
+        kv_thread_columns(L->N, omp_get_thread_num(), omp_get_num_threads(), &n0, &n1);
+#else
+        kv_thread_columns(L->N, 0, 1, &n0, &n1);
+#endif
+        kv_linear_columns(L, x, rows, y, L->N, n0, n1);
     }
 }
 
-void q8_0_dequantize(const int8_t *qs, const float *d, int N, int K, float *out, int threads) {
-    const int64_t blocks = (int64_t)N * (K / BLOCK);
+/* Rows first..first+count of W as fp32 [count, K], bit-identical to the dense checkpoint. */
+void kv_dequantize(const kv_linear *L, int first, int count, float *out, int threads) {
+    const int K = L->K, nb = K / BLOCK;
+    const int64_t blocks = (int64_t)count * nb, skip = (int64_t)first * nb;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t i = 0; i < blocks; i++) {
         vec w[VEC_PER_BLOCK];
-        q8_0_decode(qs + i * BLOCK, d[i], w);
+        const int64_t n = (skip + i) / nb, b = (skip + i) % nb;
+        switch (L->format) {
+        case KV_Q4_1: DECODE_Q4_1(n, b, w); break;
+        case KV_Q8_0: DECODE_Q8_0(n, b, w); break;
+        default: DECODE_F32(n, b, w); break;
+        }
         for (int v = 0; v < VEC_PER_BLOCK; v++) vstore(out + i * BLOCK + v * VEC, w[v]);
     }
 }
