@@ -1,0 +1,1 @@
+void kv_decode_step(void) {}
