@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -65,6 +65,7 @@ class EngineOptions:
     paged_kv: bool | None = None  # attention reads KV blocks in place (default on CUDA) instead of a working copy
     cuda_graphs: bool | None = None  # the paged decode step replayed from CUDA graphs (default on CUDA)
     compile: bool | None = None  # torch.compile the paged decode step (default off)
+    fused_decode: bool | None = None  # the CPU's decode step as one C call (decode/cpu_step.py; default on where it runs)
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,8 @@ class Engine:
         self.tokenizer = tokenizer
         self.info = info
         self.options = options
-        self.runner = ModelRunner(model, prefix_cache, options.paged_kv, options.cuda_graphs, options.compile)
+        self.runner = ModelRunner(model, prefix_cache, options.paged_kv, options.cuda_graphs, options.compile,
+                                  options.fused_decode)
         self._loop = StepLoop(self.runner, tokenizer, options.prefill_chunk)
         self._fingerprint = fingerprint
         self._fingerprint_lock = threading.Lock()
@@ -171,7 +173,9 @@ class Engine:
             load_ms=(time.perf_counter() - start) * 1e3,
             decode=path.describe(),
         )
-        return cls(model, tokenizer, info, options, prefix_cache)
+        engine = cls(model, tokenizer, info, options, prefix_cache)
+        engine.info = replace(info, decode=engine.runner.decode_description)
+        return engine
 
     @property
     def context_window(self) -> int:

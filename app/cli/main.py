@@ -43,6 +43,9 @@ def _engine_options(parser: argparse.ArgumentParser, top_level: bool) -> None:
                        help="replay the decode step from CUDA graphs (default: on with CUDA)")
     group.add_argument("--compile", action=argparse.BooleanOptionalAction, default=default(None),
                        help="torch.compile the decode step (default: off; slow first start)")
+    group.add_argument("--fused-decode", action=argparse.BooleanOptionalAction, default=default(None),
+                       help="run a CPU decode step as one C call (default: on for fp32 on a CPU; "
+                            "--no-fused-decode: the eager PyTorch step)")
 
 
 def _remote_options(parser: argparse.ArgumentParser, top_level: bool) -> None:

@@ -18,7 +18,8 @@ def engine_options(args: argparse.Namespace) -> EngineOptions:
 
     return EngineOptions(model=args.model, device=args.device, dtype=args.dtype, threads=args.threads,
                          kv_cache_gb=args.kv_cache_gb, prefix_caching=not args.no_prefix_cache,
-                         paged_kv=args.paged_kv, cuda_graphs=args.cuda_graphs, compile=args.compile)
+                         paged_kv=args.paged_kv, cuda_graphs=args.cuda_graphs, compile=args.compile,
+                         fused_decode=args.fused_decode)
 
 
 def backend_loader(args: argparse.Namespace) -> LoadBackend:

@@ -105,6 +105,11 @@ class ContiguousKVCache(KVCache):
         """Keep positions 0..length and the buffers (their pages are already mapped)."""
         self._length = min(self._length, length)
 
+    def storage(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole K and V buffers [layers, kv_heads, capacity, head_dim] (for the fused CPU decode step,
+        which writes the next position itself)."""
+        return self._k, self._v
+
     def positions(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K/V of positions start..end, all layers: views [layers, kv_heads, end - start, head_dim]."""
         return self._k[:, :, start:end], self._v[:, :, start:end]

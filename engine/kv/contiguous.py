@@ -28,6 +28,10 @@ class ContiguousKV(SequenceKV):
     def num_tokens(self) -> int:
         return self.buffer.num_tokens
 
+    @property
+    def contiguous(self) -> ContiguousKVCache:
+        return self.buffer
+
     def reserve(self, new_tokens: int) -> None:
         self.buffer.reserve(new_tokens)
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 
-from engine.kv.cache import KVCache
+from engine.kv.cache import ContiguousKVCache, KVCache
 
 
 class SequenceKV(KVCache):
@@ -46,6 +46,11 @@ class SequenceKV(KVCache):
 
     def _finalized(self) -> None:
         """Share what just became final (pooled strategies file full blocks); nothing by default."""
+
+    @property
+    def contiguous(self) -> ContiguousKVCache | None:
+        """The one buffer attention reads, when the strategy keeps one (None: blocks read in place)."""
+        return None
 
     def truncate(self, num_tokens: int) -> None:
         """Drop the computed positions from `num_tokens` on; they must not be final."""

@@ -34,6 +34,10 @@ class WorkingCopyKV(PooledKV):
         working.truncate(match.cached_tokens)  # without the prefix cache the match is empty: from scratch
         return cls(cache, working, match, prompt_ids, use_prefix_cache, spare), match.source
 
+    @property
+    def contiguous(self) -> ContiguousKVCache:
+        return self.working
+
     def reserve(self, new_tokens: int) -> None:
         self.working.reserve(new_tokens)
         super().reserve(new_tokens)

@@ -84,10 +84,12 @@ def _bind(lib: ctypes.CDLL) -> QuantKernels:
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.kv_matmul.argtypes = [p, p, i, p, i]
     lib.kv_dequantize.argtypes = [p, i, i, p, i]
-    lib.kv_decode_step.argtypes = [p, i, p, p, p, i, p, p, i]
+    lib.kv_decode_step.argtypes = [p, i, p, p, p, p, p, i, p, i]  # decode/cpu_step.py
+    lib.kv_decode_scratch_floats.argtypes = [p]
     for fn in (lib.kv_matmul, lib.kv_dequantize, lib.kv_decode_step):
         fn.restype = None
     lib.kv_isa.restype = ctypes.c_char_p
+    lib.kv_decode_scratch_floats.restype = ctypes.c_int64
     return QuantKernels(lib, lib.kv_isa().decode())
 
 

@@ -13,8 +13,10 @@ from collections.abc import Callable
 
 import torch
 
+from engine.decode.cpu_step import FusedCPUDecode
 from engine.decode.graph_runner import DecodeRunner
 from engine.decode.path import decode_path
+from engine.errors import EngineError
 from engine.kv.cache import ContiguousKVCache
 from engine.kv.contiguous import ContiguousKV
 from engine.kv.paged import PagedKV
@@ -23,6 +25,7 @@ from engine.kv.sequence import SequenceKV
 from engine.kv.spare_buffer import SpareBuffer
 from engine.kv.working_copy import WorkingCopyKV
 from engine.model.causal_lm import CausalLM
+from engine.quant.kernels import load_quant_kernels
 from engine.request.scheduler import Work
 
 OpenKV = Callable[[list[int], bool], tuple[SequenceKV, str]]  # (prompt ids, use the prefix cache) -> KV, source
@@ -30,7 +33,7 @@ OpenKV = Callable[[list[int], bool], tuple[SequenceKV, str]]  # (prompt ids, use
 
 class ModelRunner:
     def __init__(self, model: CausalLM, prefix_cache: PrefixCache | None, paged_kv: bool | None = None,
-                 cuda_graphs: bool | None = None, compile: bool | None = None):
+                 cuda_graphs: bool | None = None, compile: bool | None = None, fused_decode: bool | None = None):
         self.model = model
         self.prefix_cache = prefix_cache
         self.device = model.embed_tokens.weight.device
@@ -38,6 +41,7 @@ class ModelRunner:
         self.decode_path = decode_path(paged_kv, cuda_graphs, compile, self.device, prefix_cache is not None)
         self.graphs = (DecodeRunner(model, prefix_cache, self.decode_path.cuda_graphs, self.decode_path.compile)
                        if self.decode_path.paged else None)
+        self.fused = self._fused_step(fused_decode)
         spare = SpareBuffer(self._new_buffer, model.cfg.context_window)
         self.open_kv: OpenKV
         if prefix_cache is None:
@@ -46,6 +50,28 @@ class ModelRunner:
             self.open_kv = functools.partial(PagedKV.open, prefix_cache)
         else:
             self.open_kv = functools.partial(WorkingCopyKV.open, prefix_cache, spare)
+
+    def _fused_step(self, wanted: bool | None) -> FusedCPUDecode | None:
+        """The fused C decode step where it applies (the eager CPU path, fp32, kernels built), else None;
+        asked for explicitly and impossible: EngineError."""
+        if wanted is False:
+            return None
+        why = None
+        if self.decode_path.paged or self.device.type != "cpu":
+            why = "it runs on the CPU's eager path only (not paged, not on a GPU)"
+        else:
+            kernels = load_quant_kernels()
+            fused = kernels if isinstance(kernels, str) else FusedCPUDecode.build(self.model, kernels)
+            if not isinstance(fused, str):
+                return fused
+            why = fused
+        if wanted:
+            raise EngineError(f"The fused CPU decode step cannot run: {why}.")
+        return None
+
+    @property
+    def decode_description(self) -> str:
+        return "fused C step" if self.fused is not None else self.decode_path.describe()
 
     def _new_buffer(self) -> ContiguousKVCache:
         cfg = self.model.cfg
@@ -66,7 +92,13 @@ class ModelRunner:
         """One decode step: logits [1, vocab] of `token` after `kv`'s tokens, through the captured paged
         step when the path is paged. Read them before the next step (a graph's output buffer is reused)."""
         if self.graphs is None:
-            return self.prefill(kv, [token])
+            buffer = kv.contiguous if self.fused is not None else None
+            if buffer is None:
+                return self.prefill(kv, [token])
+            kv.reserve(1)
+            logits = self.fused.step(token, buffer, torch.get_num_threads())
+            kv.commit(1)
+            return logits
         kv.reserve(1)
         logits = self.graphs.step(token, kv.num_tokens, kv.blocks)
         kv.commit(1)

@@ -1,0 +1,134 @@
+"""FusedCPUDecode: one decode token through the whole model in one C call (quant/csrc/decode_step.c).
+
+The CPU default for fp32 models whose linears the C kernels can read (block-quantized or dense fp32):
+the eager step spends more of a token in ~1,400 small torch ops and ~120 OpenMP fork/joins than in
+arithmetic. The eager model stays the reference: `ModelRunner.logits` runs it, and the tests compare
+the two (logits, greedy tokens). The C structs are mirrored here field for field.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+import torch
+from torch import nn
+
+from engine.kv.cache import ContiguousKVCache
+from engine.model.causal_lm import CausalLM
+from engine.model.layers import DecoderLayer
+from engine.quant.kernels import FORMAT_CODES, LinearDesc, QuantKernels
+
+MAX_PARTS = 3
+MAX_HEAD_DIM = 512  # decode_step.c rotates a head in a stack buffer of this size
+_i32 = ctypes.c_int32
+
+
+class _Parts(ctypes.Structure):
+    _fields_ = [("count", _i32), ("N", _i32), ("reserved", _i32 * 2), ("first", _i32 * MAX_PARTS), ("pad", _i32),
+                ("part", LinearDesc * MAX_PARTS)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("attn_norm", ctypes.c_void_p), ("mlp_norm", ctypes.c_void_p), ("q_norm", ctypes.c_void_p),
+                ("k_norm", ctypes.c_void_p), ("qkv", _Parts), ("o", _Parts), ("gate_up", _Parts), ("down", _Parts)]
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [("layers", _i32), ("hidden", _i32), ("heads", _i32), ("kv_heads", _i32), ("head_dim", _i32),
+                ("intermediate", _i32), ("vocab", _i32), ("max_tokens", _i32), ("eps", ctypes.c_float),
+                ("scale", ctypes.c_float), ("max_threads", _i32), ("reserved", _i32),
+                ("layer", ctypes.POINTER(_Layer)), ("final_norm", ctypes.c_void_p), ("lm_head", _Parts),
+                ("scratch", ctypes.c_void_p)]
+
+
+class Unfusable(Exception):
+    """Why a model cannot run the fused step (one phrase)."""
+
+
+def _fp32(tensor: torch.Tensor, what: str) -> int:
+    if tensor.dtype != torch.float32 or tensor.device.type != "cpu" or not tensor.is_contiguous():
+        raise Unfusable(f"{what} is not a contiguous fp32 CPU tensor")
+    return tensor.data_ptr()
+
+
+def _parts(module: nn.Module, what: str) -> _Parts:
+    """The kernels' view of a linear layer: its parts (kernel_descs) or a dense fp32 weight."""
+    if hasattr(module, "kernel_descs"):  # a linear stored in parts of different formats
+        found = list(module.kernel_descs())
+    elif hasattr(module, "kernel_desc"):  # QuantLinear
+        found = [(module.kernel_desc(), 0)]
+    elif type(module) is nn.Linear:
+        weight, bias = module.weight, module.bias
+        if weight.shape[1] % 32:
+            raise Unfusable(f"{what} has {weight.shape[1]} inputs, not a multiple of 32")
+        found = [(LinearDesc(FORMAT_CODES["f32"], weight.shape[0], weight.shape[1], 0, _fp32(weight, what), 0, 0,
+                             0 if bias is None else _fp32(bias, what)), 0)]
+    else:
+        raise Unfusable(f"{what} is a {type(module).__name__}")
+    if not 1 <= len(found) <= MAX_PARTS:
+        raise Unfusable(f"{what} has {len(found)} parts")
+    parts = _Parts(count=len(found), N=max(first + desc.N for desc, first in found))
+    for i, (desc, first) in enumerate(found):
+        parts.part[i], parts.first[i] = desc, first
+    return parts
+
+
+class FusedCPUDecode:
+    def __init__(self, model: CausalLM, kernels: QuantKernels):
+        """Raises Unfusable (one phrase) for a model the C step does not cover."""
+        cfg = model.cfg
+        if type(model) is not CausalLM or any(type(layer) is not DecoderLayer for layer in model.layers):
+            raise Unfusable("the model is not the Llama-family decoder")
+        if model.embed_tokens.weight.device.type != "cpu" or model.embed_tokens.weight.dtype != torch.float32:
+            raise Unfusable("the model is not fp32 on the CPU")
+        if cfg.head_dim > MAX_HEAD_DIM or cfg.head_dim % 2 or cfg.num_heads % cfg.num_kv_heads:
+            raise Unfusable(f"its attention shape ({cfg.num_heads} heads / {cfg.num_kv_heads}, {cfg.head_dim}) is unusual")
+        self.model, self.kernels = model, kernels
+        self._layers = (_Layer * cfg.num_layers)()
+        for i, layer in enumerate(model.layers):
+            attn = layer.self_attn
+            self._layers[i] = _Layer(
+                attn_norm=_fp32(layer.input_layernorm.weight, "a norm"),
+                mlp_norm=_fp32(layer.post_attention_layernorm.weight, "a norm"),
+                q_norm=0 if attn.q_norm is None else _fp32(attn.q_norm.weight, "a norm"),
+                k_norm=0 if attn.k_norm is None else _fp32(attn.k_norm.weight, "a norm"),
+                qkv=_parts(attn.qkv_proj, "qkv_proj"), o=_parts(attn.o_proj, "o_proj"),
+                gate_up=_parts(layer.mlp.gate_up_proj, "gate_up_proj"), down=_parts(layer.mlp.down_proj, "down_proj"))
+        self._threads = max(os.cpu_count() or 1, torch.get_num_threads())
+        self._desc = _Model(
+            layers=cfg.num_layers, hidden=cfg.hidden_size, heads=cfg.num_heads, kv_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim, intermediate=cfg.intermediate_size, vocab=cfg.vocab_size,
+            max_tokens=cfg.context_window, eps=cfg.rms_norm_eps, scale=cfg.head_dim ** -0.5,
+            max_threads=self._threads, layer=self._layers, final_norm=_fp32(model.norm.weight, "the final norm"),
+            lm_head=_parts(model.lm_head, "lm_head"))
+        lib = kernels.lib
+        self._scratch = torch.empty(lib.kv_decode_scratch_floats(ctypes.byref(self._desc)), dtype=torch.float32)
+        self._desc.scratch = self._scratch.data_ptr()
+        self._logits = torch.empty(1, cfg.vocab_size, dtype=torch.float32)
+        self._embed = _fp32(model.embed_tokens.weight, "the embedding")
+        self._cos, self._sin = _fp32(model.rotary.cos, "RoPE"), _fp32(model.rotary.sin_signed, "RoPE")
+        self._row = cfg.hidden_size * 4  # bytes per embedding row
+        self._rope_row = cfg.head_dim * 4
+        self._step = lib.kv_decode_step
+        self._desc_ref = ctypes.byref(self._desc)
+
+    @classmethod
+    def build(cls, model: CausalLM, kernels: QuantKernels) -> "FusedCPUDecode | str":
+        """The fused step, or one phrase saying why this model cannot run it."""
+        try:
+            return cls(model, kernels)
+        except Unfusable as exc:
+            return str(exc)
+
+    def step(self, token: int, buffer: ContiguousKVCache, threads: int) -> torch.Tensor:
+        """Logits [1, vocab] of `token` at position buffer.num_tokens, its K/V written there (room must be
+        reserved; the caller commits). The tensor is reused by the next step: read it first."""
+        position = buffer.num_tokens
+        k, v = buffer.storage()
+        if not (0 <= token < self.model.cfg.vocab_size and position < k.shape[2]):
+            raise ValueError(f"token {token} at position {position}: out of range")
+        self._step(self._desc_ref, position, self._embed + token * self._row, self._cos + position * self._rope_row,
+                   self._sin + position * self._rope_row, k.data_ptr(), v.data_ptr(), k.shape[2],
+                   self._logits.data_ptr(), min(threads, self._threads))
+        return self._logits

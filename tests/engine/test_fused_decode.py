@@ -1,0 +1,112 @@
+"""The fused C decode step (decode/cpu_step.py) against the eager model it replaces: the same logits at
+every position up to summation order, the same greedy tokens, through every KV strategy."""
+
+import shutil
+
+import pytest
+import torch
+
+from engine import Engine, EngineError, EngineOptions, SamplingParams
+from engine.decode.cpu_step import FusedCPUDecode
+from engine.kv.cache import ContiguousKVCache
+from engine.quant.kernels import load_quant_kernels
+from engine.weights.checkpoint import load_model
+from engine.weights.gguf import convert_gguf
+from tests.tiny_gguf import write_gguf
+from tests.tiny_models import ARCHITECTURES, VOCAB, load_reference, make_tiny_model
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
+                                reason="the fused step is C code built on this machine")
+ATOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    loaded = load_quant_kernels()
+    assert not isinstance(loaded, str), loaded
+    return loaded
+
+
+def new_cache(model):
+    cfg = model.cfg
+    return ContiguousKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.context_window,
+                             torch.device("cpu"), torch.float32)
+
+
+def tokens(n, seed=1):
+    return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def fused_logits(model, fused, ids, prompt, threads):
+    """Prefill ids[:prompt] eagerly, then every later token through the fused step: logits per position."""
+    cache = new_cache(model)
+    first = model(torch.tensor(ids[:prompt]), cache, all_logits=True)
+    steps = []
+    for token in ids[prompt:]:
+        cache.reserve(1)
+        steps.append(fused.step(token, cache, threads).clone())
+        cache.commit(1)
+    return torch.cat([first, *steps]), cache
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+@pytest.mark.parametrize("threads", [1, 2])
+def test_fused_step_logits_equal_the_eager_model_at_every_position(kernels, tmp_path, arch, threads):
+    model = load_model(make_tiny_model(tmp_path, arch, seed=7), torch.device("cpu"), torch.float32)
+    fused = FusedCPUDecode(model, kernels)
+    ids = tokens(230, seed=threads)  # past 128 positions: attention splits the context into chunks
+    expected = model(torch.tensor(ids), new_cache(model), all_logits=True)
+    actual, cache = fused_logits(model, fused, ids, 5, threads)
+    torch.testing.assert_close(actual, expected, atol=ATOL, rtol=0)
+    # The K/V it wrote are the eager model's (the next request reads them from the cache).
+    eager = new_cache(model)
+    model(torch.tensor(ids), eager)
+    for mine, theirs in zip(cache.positions(0, len(ids)), eager.positions(0, len(ids))):
+        torch.testing.assert_close(mine, theirs, atol=ATOL, rtol=0)
+
+
+def test_fused_step_matches_transformers_too(kernels, tmp_path):
+    path = make_tiny_model(tmp_path, "qwen3", seed=3)
+    model, reference = load_model(path, torch.device("cpu"), torch.float32), load_reference(path)
+    ids = tokens(60, seed=5)
+    expected = reference(torch.tensor(ids)[None]).logits[0]
+    actual, _ = fused_logits(model, FusedCPUDecode(model, kernels), ids, 1, 2)
+    torch.testing.assert_close(actual, expected, atol=ATOL, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def q4_model_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fused-q4")
+    hf_model = load_reference(make_tiny_model(root / "hf", "llama", tie_word_embeddings=True, seed=4))
+    return convert_gguf(write_gguf(hf_model, root / "tiny-q4.gguf", quant="Q4_1"), root / "converted")
+
+
+@pytest.mark.parametrize("prefix_caching", [True, False])
+def test_engines_with_and_without_the_fused_step_give_the_same_greedy_replies(q4_model_dir, prefix_caching):
+    fused = Engine.load(EngineOptions(model=str(q4_model_dir), prefix_caching=prefix_caching))
+    eager = Engine.load(EngineOptions(model=str(q4_model_dir), prefix_caching=prefix_caching, fused_decode=False))
+    assert fused.info.decode == "fused C step" and eager.info.decode == "eager"
+    assert fused.info.weights.startswith("q4_1")
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    for prompt in (tokens(20, seed=8), tokens(150, seed=9)):
+        for _ in range(2):  # the second time the prompt comes from the prefix cache (or the spare buffer)
+            assert list(fused.generate(prompt, params))[-1].token_ids == list(eager.generate(prompt, params))[-1].token_ids
+
+
+def test_the_real_model_decodes_the_same_through_both_steps(default_engine, kernels):
+    """SmolLM2-135M's own Q4_1/Q8_0 blocks: logits per decoded position, against the eager forward."""
+    model = default_engine.model
+    ids = default_engine.tokenizer.encode("The capital of France is Paris. The capital of Italy is")
+    ids += tokens(20, seed=11)
+    expected = model(torch.tensor(ids), new_cache(model), all_logits=True)
+    actual, _ = fused_logits(model, FusedCPUDecode(model, kernels), ids, 3, 2)
+    torch.testing.assert_close(actual, expected, atol=2e-3, rtol=1e-4)
+    assert torch.equal(actual.argmax(-1), expected.argmax(-1))
+
+
+def test_asking_for_the_fused_step_where_it_cannot_run_is_one_sentence(tiny_model_dir):
+    with pytest.raises(EngineError, match="fused CPU decode step cannot run: the model is not fp32"):
+        Engine.load(EngineOptions(model=str(tiny_model_dir), dtype="bfloat16", fused_decode=True))
+    with pytest.raises(EngineError, match="eager path only"):
+        Engine.load(EngineOptions(model=str(tiny_model_dir), paged_kv=True, fused_decode=True))
+    assert Engine.load(EngineOptions(model=str(tiny_model_dir), dtype="bfloat16")).info.decode == "eager"
