@@ -1,1 +1,1 @@
-"""CPU kernels for GGUF quantized weights (Q4_1/Q8_0 quant blocks of 32 weights; never KV blocks)."""
+"""CPU kernels for weights kept in their stored formats: GGUF quant blocks, bf16, f16 (never KV blocks)."""

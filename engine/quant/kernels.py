@@ -23,16 +23,17 @@ from pathlib import Path
 from engine.weights.paths import cache_dir
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = [CSRC / "block_quant.c", CSRC / "decode_step.c"]
-HEADERS = [CSRC / "block_quant.h"]
-FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
+SOURCES = [CSRC / name for name in ("block_quant.c", "q32_blocks.c", "kquant.c", "half_float.c", "decode_step.c")]
+HEADERS = [CSRC / name for name in ("block_quant.h", "columns.h", "simd.h")]
+FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 
 _lock = threading.Lock()
 _loaded: "QuantKernels | str | None" = None  # the kernels, or why there are none
 
 
 # enum kv_format in csrc/block_quant.h
-FORMAT_CODES = {"f32": 0, "q4_1": 1, "q8_0": 2}
+FORMAT_CODES = {"f32": 0, "q4_1": 1, "q8_0": 2, "q4_0": 3, "q5_0": 4, "q5_1": 5, "q2_k": 6, "q3_k": 7,
+                "q4_k": 8, "q5_k": 9, "q6_k": 10, "bf16": 11, "f16": 12}
 
 
 class LinearDesc(ctypes.Structure):
@@ -62,17 +63,18 @@ def _compiler() -> str | None:
     return shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
 
 
-def _build(compiler: str) -> Path:
+def _build(compiler: str, march: str = "native") -> Path:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     texts = [path.read_text() for path in SOURCES + HEADERS]
-    key = hashlib.sha256("\0".join([*texts, version, " ".join(FLAGS), _cpu_identity()]).encode())
+    flags = [*FLAGS, f"-march={march}"]
+    key = hashlib.sha256("\0".join([*texts, version, " ".join(flags), _cpu_identity()]).encode())
     target = cache_dir() / "kernels" / f"block_quant-{key.hexdigest()[:20]}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         built = Path(tmp) / target.name
-        result = subprocess.run([compiler, *FLAGS, "-o", str(built), *map(str, SOURCES), "-lm"],
+        result = subprocess.run([compiler, *flags, "-o", str(built), *map(str, SOURCES), "-lm"],
                                 capture_output=True, text=True, timeout=300)
         if result.returncode != 0:
             raise RuntimeError(result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "build failed")
@@ -83,10 +85,11 @@ def _build(compiler: str) -> Path:
 def _bind(lib: ctypes.CDLL) -> QuantKernels:
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.kv_matmul.argtypes = [p, p, i, p, i]
+    lib.kv_matmul_parts.argtypes = [p, i, p, i, p, i]
     lib.kv_dequantize.argtypes = [p, i, i, p, i]
     lib.kv_decode_step.argtypes = [p, i, p, p, p, p, p, i, p, i]  # decode/cpu_step.py
     lib.kv_decode_scratch_floats.argtypes = [p]
-    for fn in (lib.kv_matmul, lib.kv_dequantize, lib.kv_decode_step):
+    for fn in (lib.kv_matmul, lib.kv_matmul_parts, lib.kv_dequantize, lib.kv_decode_step):
         fn.restype = None
     lib.kv_isa.restype = ctypes.c_char_p
     lib.kv_decode_scratch_floats.restype = ctypes.c_int64
@@ -109,3 +112,12 @@ def load_quant_kernels() -> QuantKernels | str:
                 except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
                     _loaded = f"the C kernels did not build ({exc})"
         return _loaded
+
+
+def kernels_for(march: str) -> QuantKernels:
+    """The kernels compiled for another CPU model (e.g. "haswell": AVX2; "x86-64": the portable C), so
+    tests check every vector path against the same definition on one machine that can run them."""
+    compiler = _compiler()
+    if compiler is None:
+        raise RuntimeError("no C compiler was found (set CC)")
+    return _bind(ctypes.CDLL(str(_build(compiler, march))))

@@ -1,9 +1,10 @@
-"""QuantLinear: a linear layer whose weight stays in GGUF blocks (Q4_1 or Q8_0).
+"""QuantLinear: a linear layer whose weight stays in its stored format (GGUF blocks, bf16, f16).
 
 The weight values are the dense fp32 checkpoint's, bit for bit (the kernels
 rebuild each weight exactly as the conversion did), so outputs differ from a
-dense fp32 matmul only in summation order. A decode step reads 0.75 (Q4_1) or
-1.125 (Q8_0) bytes per weight instead of 4.
+dense fp32 matmul only in summation order. A decode step reads what the format
+costs per weight (Q4_K 0.5625 bytes, Q8_0 1.125, bf16 2) instead of 4.
+engine/quant/formats.py lists the formats and how each is stored.
 
 Up to KERNEL_MAX_ROWS rows (decode, follow-up messages, short prompts) go
 through the block kernel, which decodes each weight once per 8 rows; more rows
@@ -20,10 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.quant.formats import BLOCK, FORMATS, in_features
 from engine.quant.kernels import FORMAT_CODES, LinearDesc, QuantKernels
 
-FORMATS = ("q4_1", "q8_0")
-BLOCK = 32
 # Measured on a 2-core AVX-512 CPU, whole SmolLM2-135M forward, interleaved medians of 5
 # (kernel / dequantize+GEMM / transformers' dense fp32): 24 tokens 74 / 116 / 110 ms,
 # 64 tokens 160 / 156 / 149 ms, 128 tokens 330 / 266 / 249 ms.
@@ -42,16 +42,19 @@ def _scratch_buffer(numel: int) -> torch.Tensor:
 
 
 class QuantLinear(nn.Module):
-    def __init__(self, kernels: QuantKernels, fmt: str, qs: torch.Tensor, d: torch.Tensor,
-                 m: torch.Tensor | None, bias: torch.Tensor | None):
+    def __init__(self, kernels: QuantKernels, fmt: str, qs: torch.Tensor, d: torch.Tensor | None = None,
+                 m: torch.Tensor | None = None, bias: torch.Tensor | None = None):
+        """`qs`, `d`, `m`: the weight as formats.py stores `fmt`; `bias` [out] or None."""
         super().__init__()
         if fmt not in FORMATS:
             raise ValueError(f"unknown block format {fmt!r}")
         self.kernels, self.fmt = kernels, fmt
-        self.out_features = d.shape[0]
-        self.in_features = d.shape[1] * BLOCK
+        self.out_features = qs.shape[0]
+        self.in_features = in_features(fmt, qs, d)
+        if self.in_features % BLOCK:
+            raise ValueError(f"{fmt} rows of {self.in_features} weights are not whole {BLOCK}-weight blocks")
         self.register_buffer("qs", qs.contiguous())
-        self.register_buffer("d", d.to(torch.float32).contiguous())
+        self.register_buffer("d", None if d is None else d.to(torch.float32).contiguous())
         self.register_buffer("m", None if m is None else m.to(torch.float32).contiguous())
         self.register_buffer("bias", None if bias is None else bias.to(torch.float32))
         self._bind_kernels()
@@ -75,8 +78,12 @@ class QuantLinear(nn.Module):
     def kernel_desc(self, with_bias: bool = True) -> LinearDesc:
         """The weight as csrc/block_quant.h's kv_linear (addresses of this module's buffers: keep it)."""
         return LinearDesc(FORMAT_CODES[self.fmt], self.out_features, self.in_features, 0, self.qs.data_ptr(),
-                          self.d.data_ptr(), 0 if self.m is None else self.m.data_ptr(),
+                          0 if self.d is None else self.d.data_ptr(), 0 if self.m is None else self.m.data_ptr(),
                           self.bias.data_ptr() if with_bias and self.bias is not None else 0)
+
+    def kernel_descs(self) -> list[tuple[LinearDesc, int]]:
+        """(kv_linear, first output column) of each part of this layer: one, at column 0."""
+        return [(self.kernel_desc(), 0)]
 
     def dequantized(self, first: int = 0, count: int | None = None) -> torch.Tensor:
         """Weight rows first..first+count as fp32 [count, in], in a scratch buffer the next call reuses."""
@@ -85,7 +92,8 @@ class QuantLinear(nn.Module):
         self._dequantize(w.data_ptr(), first, count, torch.get_num_threads())
         return w.view(count, self.in_features)
 
-    def _dequantized_matmul(self, rows: torch.Tensor) -> torch.Tensor:
+    def dequantized_matmul(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows [count, in] fp32 times the weight (no bias), through dequantized copies and torch's GEMM."""
         # Row slices keep each dequantized operand small enough to stay in cache for its GEMM.
         if self.out_features <= GEMM_ROWS:
             return F.linear(rows, self.dequantized())
@@ -96,15 +104,21 @@ class QuantLinear(nn.Module):
         return y
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features)
-        if rows.dtype != torch.float32 or not rows.is_contiguous():
-            rows = rows.to(torch.float32).contiguous()
+        rows = input_rows(x, self.in_features)
         count = rows.shape[0]
         if count > KERNEL_MAX_ROWS:
-            y = self._dequantized_matmul(rows)
+            y = self.dequantized_matmul(rows)
         else:
             y = torch.empty(count, self.out_features, dtype=torch.float32)
             self._matmul(rows.data_ptr(), count, y.data_ptr(), torch.get_num_threads())
         if self._bias is not None:
             y = y + self._bias
         return y.view(*x.shape[:-1], self.out_features)
+
+
+def input_rows(x: torch.Tensor, in_features: int) -> torch.Tensor:
+    """x [..., in] as the contiguous fp32 [rows, in] the kernels read."""
+    rows = x.reshape(-1, in_features)
+    if rows.dtype != torch.float32 or not rows.is_contiguous():
+        rows = rows.to(torch.float32).contiguous()
+    return rows

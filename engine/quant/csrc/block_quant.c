@@ -1,9 +1,11 @@
 /*
- * Matrix-vector products and dequantization over GGUF block-quantized weights
- * (Q4_1 and Q8_0, 32 weights per block), fp32 activations and accumulation.
+ * Matrix-vector products and dequantization over block-quantized weights, fp32
+ * activations and accumulation: the F32, Q4_1 and Q8_0 formats, the dispatch to
+ * every format (the others live in q32_blocks.c, kquant.c and half_float.c) and
+ * the OpenMP entry points.
  *
  * A weight is rebuilt exactly as the dense fp32 checkpoint holds it
- * (Q4_1: d*q + m, Q8_0: d*q, each operation rounded on its own; the file is
+ * (Q4_1: d*q + m, Q8_0: d*q, each operation rounded on its own; the library is
  * compiled with -ffp-contract=off so the compiler cannot fuse them), so a
  * product differs from the dense one only in summation order.
  *
@@ -22,16 +24,12 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "block_quant.h"
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-#include <immintrin.h>
-#endif
+#include "columns.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
-#define BLOCK 32
-#define HALF 16
+const char *kv_isa(void) { return KV_ISA; }
 
 /* ---- the definition of a weight's value (portable) ---- */
 
@@ -50,17 +48,7 @@ static inline void q8_0_block(const int8_t *qs, float d, float *w) {
 
 /* ---- the same values in vector registers: VEC_PER_BLOCK vectors of VEC floats ---- */
 
-#if defined(__AVX512F__)
-const char *kv_isa(void) { return "avx512"; }
-#define VEC 16
-typedef __m512 vec;
-#define vzero _mm512_setzero_ps
-#define vload _mm512_loadu_ps
-#define vstore _mm512_storeu_ps
-#define vfma _mm512_fmadd_ps
-#define vadd _mm512_add_ps
-#define vsum _mm512_reduce_add_ps
-
+#if VEC == 16
 static inline __attribute__((always_inline)) void q4_1_decode(const uint8_t *qs, float d, float m, vec *w) {
     const __m128i low = _mm_set1_epi8(0x0F);
     const __m128i raw = _mm_loadu_si128((const __m128i *)qs);
@@ -77,23 +65,7 @@ static inline __attribute__((always_inline)) void q8_0_decode(const int8_t *qs, 
     w[1] = _mm512_mul_ps(vd, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(qs + HALF)))));
 }
 
-#elif defined(__AVX2__) && defined(__FMA__)
-const char *kv_isa(void) { return "avx2"; }
-#define VEC 8
-typedef __m256 vec;
-#define vzero _mm256_setzero_ps
-#define vload _mm256_loadu_ps
-#define vstore _mm256_storeu_ps
-#define vfma _mm256_fmadd_ps
-#define vadd _mm256_add_ps
-
-static inline float vsum(vec v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
+#elif VEC == 8
 static inline __attribute__((always_inline)) vec widen8(__m128i bytes, int is_signed) {
     __m256i ints = is_signed ? _mm256_cvtepi8_epi32(bytes) : _mm256_cvtepu8_epi32(bytes);
     return _mm256_cvtepi32_ps(ints);
@@ -114,30 +86,8 @@ static inline __attribute__((always_inline)) void q8_0_decode(const int8_t *qs, 
 }
 
 #else
-const char *kv_isa(void) { return "portable"; }
-#define VEC 1
-typedef float vec;
-#define vzero() 0.0f
-#define vload(p) (*(p))
-#define vstore(p, v) (*(p) = (v))
-#define vfma(a, b, c) ((a) * (b) + (c)) /* no FMA unit assumed: a libm fmaf call would be slow */
-#define vadd(a, b) ((a) + (b))
-#define vsum(v) (v)
-
 static inline void q4_1_decode(const uint8_t *qs, float d, float m, vec *w) { q4_1_block(qs, d, m, w); }
 static inline void q8_0_decode(const int8_t *qs, float d, vec *w) { q8_0_block(qs, d, w); }
-#endif
-
-#define VEC_PER_BLOCK (BLOCK / VEC)
-
-/* Columns decoded side by side when there is one input row: independent accumulators hide the FMA
- * latency and each input vector is loaded once for all of them (as many as the registers hold). */
-#if VEC == 16
-#define SIDE_BY_SIDE 4
-#elif VEC == 8
-#define SIDE_BY_SIDE 2
-#else
-#define SIDE_BY_SIDE 1
 #endif
 
 /* Weight block b of row n as VEC_PER_BLOCK vectors. */
@@ -150,89 +100,28 @@ static inline void q8_0_decode(const int8_t *qs, float d, vec *w) { q8_0_block(q
 #define DECODE_Q8_0(n, b, w)                                                       \
     q8_0_decode((const int8_t *)L->q + ((int64_t)(n) * nb + (b)) * BLOCK, L->d[(int64_t)(n) * nb + (b)], w)
 
-static inline float finish(const vec *acc, const float *bias, int n) {
-    vec s = acc[0];
-    for (int i = 1; i < VEC_PER_BLOCK; i++) s = vadd(s, acc[i]);
-    return bias ? vsum(s) + bias[n] : vsum(s);
-}
+DEFINE_FORMAT(f32, DECODE_F32)
+DEFINE_FORMAT(q4_1, DECODE_Q4_1)
+DEFINE_FORMAT(q8_0, DECODE_Q8_0)
 
-/* Output column n for ROWS input rows starting at r0. ROWS is a compile-time constant in every
- * expansion, so the accumulators live in registers. */
-#define COLUMN(ROWS, DECODE)                                                       \
-    do {                                                                           \
-        vec acc[ROWS][VEC_PER_BLOCK], w[VEC_PER_BLOCK];                            \
-        _Pragma("GCC unroll 8")                                                    \
-        for (int r = 0; r < ROWS; r++)                                             \
-            for (int i = 0; i < VEC_PER_BLOCK; i++) acc[r][i] = vzero();           \
-        for (int b = 0; b < nb; b++) {                                             \
-            DECODE(n, b, w);                                                       \
-            _Pragma("GCC unroll 8")                                                \
-            for (int r = 0; r < ROWS; r++) {                                       \
-                const float *xb = x + (int64_t)(r0 + r) * K + b * BLOCK;           \
-                _Pragma("GCC unroll 4")                                            \
-                for (int i = 0; i < VEC_PER_BLOCK; i++)                            \
-                    acc[r][i] = vfma(vload(xb + i * VEC), w[i], acc[r][i]);        \
-            }                                                                      \
-        }                                                                          \
-        for (int r = 0; r < ROWS; r++) y[(int64_t)(r0 + r) * ldy + n] = finish(acc[r], L->bias, n); \
-    } while (0)
+/* ---- every format ---- */
 
-/* SIDE_BY_SIDE output columns from n for the single input row: the same sums, in the same order, as
- * COLUMN(1) would give each. */
-#define COLUMNS_OF_ONE_ROW(DECODE)                                                 \
-    do {                                                                           \
-        vec acc[SIDE_BY_SIDE][VEC_PER_BLOCK], w[VEC_PER_BLOCK], xv[VEC_PER_BLOCK]; \
-        _Pragma("GCC unroll 4")                                                    \
-        for (int c = 0; c < SIDE_BY_SIDE; c++)                                     \
-            for (int i = 0; i < VEC_PER_BLOCK; i++) acc[c][i] = vzero();           \
-        for (int b = 0; b < nb; b++) {                                             \
-            for (int i = 0; i < VEC_PER_BLOCK; i++) xv[i] = vload(x + b * BLOCK + i * VEC); \
-            _Pragma("GCC unroll 4")                                                \
-            for (int c = 0; c < SIDE_BY_SIDE; c++) {                               \
-                DECODE(n + c, b, w);                                               \
-                for (int i = 0; i < VEC_PER_BLOCK; i++) acc[c][i] = vfma(xv[i], w[i], acc[c][i]); \
-            }                                                                      \
-        }                                                                          \
-        for (int c = 0; c < SIDE_BY_SIDE; c++) y[n + c] = finish(acc[c], L->bias, n + c); \
-    } while (0)
+static const struct {
+    kv_columns_fn *columns;
+    kv_blocks_fn *blocks;
+} FORMATS[KV_FORMATS] = {
+#define FORMAT(CODE, NAME) [CODE] = {kv_columns_##NAME, kv_blocks_##NAME}
+    FORMAT(KV_F32, f32),   FORMAT(KV_Q4_1, q4_1), FORMAT(KV_Q8_0, q8_0), FORMAT(KV_Q4_0, q4_0),
+    FORMAT(KV_Q5_0, q5_0), FORMAT(KV_Q5_1, q5_1), FORMAT(KV_Q2_K, q2_k), FORMAT(KV_Q3_K, q3_k),
+    FORMAT(KV_Q4_K, q4_k), FORMAT(KV_Q5_K, q5_k), FORMAT(KV_Q6_K, q6_k), FORMAT(KV_BF16, bf16),
+    FORMAT(KV_F16, f16),
+#undef FORMAT
+};
 
-/* Each column's weights are decoded once per group of ROW_GROUP rows (they stay in L1), instead of the
- * matrix being re-read from memory for every row. */
-#define ROW_GROUP 8
-#define COLUMNS(DECODE)                                                            \
-    do {                                                                           \
-        int n = n0;                                                                \
-        if (rows == 1) {                                                           \
-            const int r0 = 0;                                                      \
-            (void)r0;                                                              \
-            for (; n + SIDE_BY_SIDE <= n1; n += SIDE_BY_SIDE) COLUMNS_OF_ONE_ROW(DECODE); \
-            for (; n < n1; n++) COLUMN(1, DECODE);                                 \
-            break;                                                                 \
-        }                                                                          \
-        for (; n < n1; n++) {                                                      \
-            int r0 = 0;                                                            \
-            for (; r0 + ROW_GROUP <= rows; r0 += ROW_GROUP) COLUMN(ROW_GROUP, DECODE); \
-            switch (rows - r0) {                                                   \
-            case 1: COLUMN(1, DECODE); break;                                      \
-            case 2: COLUMN(2, DECODE); break;                                      \
-            case 3: COLUMN(3, DECODE); break;                                      \
-            case 4: COLUMN(4, DECODE); break;                                      \
-            case 5: COLUMN(5, DECODE); break;                                      \
-            case 6: COLUMN(6, DECODE); break;                                      \
-            case 7: COLUMN(7, DECODE); break;                                      \
-            default: break;                                                        \
-            }                                                                      \
-        }                                                                          \
-    } while (0)
+static inline int known(const kv_linear *L) { return L->format >= 0 && L->format < KV_FORMATS; }
 
 void kv_linear_columns(const kv_linear *L, const float *x, int rows, float *y, int ldy, int n0, int n1) {
-    const int K = L->K, nb = K / BLOCK;
-    switch (L->format) {
-    case KV_F32: COLUMNS(DECODE_F32); break;
-    case KV_Q4_1: COLUMNS(DECODE_Q4_1); break;
-    case KV_Q8_0: COLUMNS(DECODE_Q8_0); break;
-    default: break;
-    }
+    if (known(L)) FORMATS[L->format].columns(L, x, rows, y, ldy, n0, n1);
 }
 
 /* The columns [n0, n1) thread `t` of `threads` computes: contiguous, in multiples of SIDE_BY_SIDE. */
@@ -245,34 +134,46 @@ void kv_thread_columns(int N, int t, int threads, int *n0, int *n1) {
 
 /* ---- entry points (called through ctypes) ---- */
 
-/* y [rows, N] = x [rows, K] W^T (+ bias), the columns split between `threads` threads (the caller's
- * budget, torch's, passed explicitly because OpenMP's default is per calling thread). */
-void kv_matmul(const kv_linear *L, const float *x, int rows, float *y, int threads) {
+/* y [rows, N0 + N1 + ...] = x [rows, K] [W0; W1; ...]^T (+ bias): `count` weights of one K side by side
+ * (a fused linear whose parts are stored in different formats), part i's columns after those of the
+ * parts before it. The columns of all parts are split between `threads` threads (the caller's budget,
+ * torch's, passed explicitly because OpenMP's default is per calling thread). */
+void kv_matmul_parts(const kv_linear *parts, int count, const float *x, int rows, float *y, int threads) {
+    int N = 0;
+    for (int i = 0; i < count; i++) N += parts[i].N;
 #pragma omp parallel num_threads(threads)
     {
         int n0, n1;
 #ifdef _OPENMP
-        kv_thread_columns(L->N, omp_get_thread_num(), omp_get_num_threads(), &n0, &n1);
+        kv_thread_columns(N, omp_get_thread_num(), omp_get_num_threads(), &n0, &n1);
 #else
-        kv_thread_columns(L->N, 0, 1, &n0, &n1);
+        kv_thread_columns(N, 0, 1, &n0, &n1);
 #endif
-        kv_linear_columns(L, x, rows, y, L->N, n0, n1);
+        for (int i = 0, first = 0; i < count; first += parts[i].N, i++) {
+            const int lo = n0 > first ? n0 - first : 0;
+            const int hi = n1 - first < parts[i].N ? n1 - first : parts[i].N;
+            if (lo < hi) kv_linear_columns(&parts[i], x, rows, y + first, N, lo, hi);
+        }
     }
+}
+
+/* y [rows, N] = x [rows, K] W^T (+ bias). */
+void kv_matmul(const kv_linear *L, const float *x, int rows, float *y, int threads) {
+    kv_matmul_parts(L, 1, x, rows, y, threads);
 }
 
 /* Rows first..first+count of W as fp32 [count, K], bit-identical to the dense checkpoint. */
 void kv_dequantize(const kv_linear *L, int first, int count, float *out, int threads) {
-    const int K = L->K, nb = K / BLOCK;
-    const int64_t blocks = (int64_t)count * nb, skip = (int64_t)first * nb;
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t i = 0; i < blocks; i++) {
-        vec w[VEC_PER_BLOCK];
-        const int64_t n = (skip + i) / nb, b = (skip + i) % nb;
-        switch (L->format) {
-        case KV_Q4_1: DECODE_Q4_1(n, b, w); break;
-        case KV_Q8_0: DECODE_Q8_0(n, b, w); break;
-        default: DECODE_F32(n, b, w); break;
-        }
-        for (int v = 0; v < VEC_PER_BLOCK; v++) vstore(out + i * BLOCK + v * VEC, w[v]);
+    if (!known(L)) return;
+    const int64_t nb = L->K / BLOCK, blocks = (int64_t)count * nb, skip = (int64_t)first * nb;
+#pragma omp parallel num_threads(threads)
+    {
+#ifdef _OPENMP
+        const int t = omp_get_thread_num(), T = omp_get_num_threads();
+#else
+        const int t = 0, T = 1;
+#endif
+        const int64_t lo = blocks * t / T, hi = blocks * (t + 1) / T;
+        if (lo < hi) FORMATS[L->format].blocks(L, skip + lo, hi - lo, out + lo * BLOCK);
     }
 }

@@ -6,13 +6,20 @@
 #define KVCHAT_BLOCK_QUANT_H
 #include <stdint.h>
 
-enum kv_format { KV_F32 = 0, KV_Q4_1 = 1, KV_Q8_0 = 2 };
+/* Mirrored by engine/quant/kernels.py (FORMAT_CODES). */
+enum kv_format {
+    KV_F32 = 0, KV_Q4_1 = 1, KV_Q8_0 = 2,          /* q, d (and m): see block_quant.c */
+    KV_Q4_0 = 3, KV_Q5_0 = 4, KV_Q5_1 = 5,         /* q: GGUF's own 32-weight blocks (q32_blocks.c) */
+    KV_Q2_K = 6, KV_Q3_K = 7, KV_Q4_K = 8, KV_Q5_K = 9, KV_Q6_K = 10, /* q: GGUF's 256-weight super-blocks (kquant.c) */
+    KV_BF16 = 11, KV_F16 = 12,                     /* q: uint16 [N, K] (half_float.c) */
+    KV_FORMATS
+};
 
 /* Mirrored by engine/quant/kernels.py (LinearDesc): keep the two in step. */
 typedef struct {
-    int32_t format, N, K, reserved; /* weight [N rows, K columns] */
-    const void *q;                  /* F32: the weights [N, K]; blocks: the quants (see block_quant.c) */
-    const float *d, *m;             /* per 32-weight block: scale, minimum (Q4_1), row-major [N, K/32] */
+    int32_t format, N, K, reserved; /* weight [N rows, K columns], K a multiple of 32 (of 256 for K-quants) */
+    const void *q;                  /* F32: the weights [N, K]; otherwise the format's bytes, row after row */
+    const float *d, *m;             /* Q4_1/Q8_0 only, per 32-weight block: scale, minimum (Q4_1) [N, K/32] */
     const float *bias;              /* [N] or NULL */
 } kv_linear;
 

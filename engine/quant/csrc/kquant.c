@@ -1,0 +1,200 @@
+/*
+ * Q2_K, Q3_K, Q4_K, Q5_K and Q6_K: GGUF's 256-weight super-blocks, kept byte for byte as the file
+ * stores them (q: K/256 super-blocks a row), so a weight costs what the format costs (Q4_K 4.5 bits,
+ * Q6_K 6.5625). The loops decode sub-block j (weights 32j..32j+31) of a super-block at a time:
+ *   Q2_K (84 bytes):  scales[16] (low nibble: scale, high: min, per 16 weights), qs[64], fp16 d, dmin
+ *                     w = (d*sc) * q - (dmin*mn),  q 2 bits
+ *   Q3_K (110 bytes): hmask[32], qs[64], scales[12] (16 6-bit scales, offset 32), fp16 d
+ *                     w = (d*sc) * q,  q = 2 low bits - 4 unless the hmask bit is set
+ *   Q4_K (144 bytes): fp16 d, dmin, scales[12] (8 6-bit scales and mins), qs[128]
+ *                     w = (d*sc) * q - (dmin*mn),  q 4 bits
+ *   Q5_K (176 bytes): as Q4_K with qh[32] (bit j of byte l: weight 32j+l's fifth bit) before qs
+ *   Q6_K (210 bytes): ql[128], qh[64], int8 scales[16] (per 16 weights), fp16 d
+ *                     w = (d*sc) * (q - 32),  q 6 bits
+ * Each weight is computed as gguf.quants.dequantize computes it: d and dmin widened to fp32, the
+ * scale products rounded to fp32 first, then one rounding per multiply and per subtract.
+ */
+#include "columns.h"
+
+#define SUPER 256
+#define SUBS (SUPER / BLOCK)
+
+/* ---- scales ---- */
+
+/* Q4_K/Q5_K: sub-block j's 6-bit scale and minimum, packed in 12 bytes. */
+static inline void k4_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *mn = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0x0F) | (s[j - 4] >> 6) << 4;
+        *mn = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
+    }
+}
+
+/* Q3_K: scale i (of 16), packed in 12 bytes: low nibbles in bytes 0..7, 2 high bits in bytes 8..11. */
+static inline int k3_scale(const uint8_t *s, int i) {
+    const int low = i < 8 ? s[i] & 0x0F : s[i - 8] >> 4;
+    const int high = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+    return (low | high << 4) - 32;
+}
+
+/* ---- the definition of a weight's value (portable) ---- */
+
+static inline void q2_k_sub(const uint8_t *blk, int j, float *w) {
+    const float d = kv_half_at(blk + 80), dmin = kv_half_at(blk + 82);
+    const uint8_t *qs = blk + 16 + 32 * (j / 4);
+    const int shift = 2 * (j % 4);
+    for (int h = 0; h < 2; h++) {
+        const int sc = blk[2 * j + h];
+        const float dl = d * (float)(sc & 0x0F), ml = dmin * (float)(sc >> 4);
+        for (int l = HALF * h; l < HALF * (h + 1); l++) {
+            const float p = dl * (float)((qs[l] >> shift) & 3);
+            w[l] = p - ml;
+        }
+    }
+}
+
+static inline void q3_k_sub(const uint8_t *blk, int j, float *w) {
+    const float d = kv_half_at(blk + 108);
+    const uint8_t *hmask = blk, *qs = blk + 32 + 32 * (j / 4);
+    const int shift = 2 * (j % 4);
+    for (int h = 0; h < 2; h++) {
+        const float dl = d * (float)k3_scale(blk + 96, 2 * j + h);
+        for (int l = HALF * h; l < HALF * (h + 1); l++) {
+            const int q = ((qs[l] >> shift) & 3) - (((hmask[l] >> j) & 1) ? 0 : 4);
+            w[l] = dl * (float)q;
+        }
+    }
+}
+
+static inline void q45_k_sub(const uint8_t *blk, int j, const uint8_t *qh, const uint8_t *qs, float *w) {
+    int sc, mn;
+    k4_scale_min(blk + 4, j, &sc, &mn);
+    const float ds = kv_half_at(blk) * (float)sc, dm = kv_half_at(blk + 2) * (float)mn;
+    const int shift = 4 * (j % 2);
+    for (int l = 0; l < BLOCK; l++) {
+        const int q = ((qs[l] >> shift) & 0x0F) | (qh ? ((qh[l] >> j) & 1) << 4 : 0);
+        const float p = ds * (float)q;
+        w[l] = p - dm;
+    }
+}
+
+static inline void q4_k_sub(const uint8_t *blk, int j, float *w) { q45_k_sub(blk, j, NULL, blk + 16 + 32 * (j / 2), w); }
+static inline void q5_k_sub(const uint8_t *blk, int j, float *w) { q45_k_sub(blk, j, blk + 16, blk + 48 + 32 * (j / 2), w); }
+
+static inline void q6_k_sub(const uint8_t *blk, int j, float *w) {
+    const float d = kv_half_at(blk + 208);
+    const int c = j / 4, s = j % 4;
+    const uint8_t *ql = blk + 64 * c + 32 * (s & 1), *qh = blk + 128 + 32 * c;
+    for (int h = 0; h < 2; h++) {
+        const float ds = d * (float)(int8_t)blk[192 + 2 * j + h];
+        for (int l = HALF * h; l < HALF * (h + 1); l++) {
+            const int q = (((ql[l] >> (4 * (s >> 1))) & 0x0F) | ((qh[l] >> (2 * s)) & 3) << 4) - 32;
+            w[l] = ds * (float)q;
+        }
+    }
+}
+
+/* ---- the same values in vector registers ---- */
+
+#if VEC > 1
+/* w = a * w (first half) and b * w (second half). */
+static inline __attribute__((always_inline)) void scale_halves(vec *w, float a, float b) {
+    const vec va = vset1(a), vb = vset1(b);
+    for (int i = 0; i < VEC_PER_HALF; i++) w[i] = vmul(va, w[i]);
+    for (int i = VEC_PER_HALF; i < VEC_PER_BLOCK; i++) w[i] = vmul(vb, w[i]);
+}
+
+/* w = a * w - b (first half) and c * w - e (second half). */
+static inline __attribute__((always_inline)) void scale_shift_halves(vec *w, float a, float b, float c, float e) {
+    const vec va = vset1(a), vb = vset1(b), vc = vset1(c), ve = vset1(e);
+    for (int i = 0; i < VEC_PER_HALF; i++) w[i] = vsub(vmul(va, w[i]), vb);
+    for (int i = VEC_PER_HALF; i < VEC_PER_BLOCK; i++) w[i] = vsub(vmul(vc, w[i]), ve);
+}
+
+static inline __attribute__((always_inline)) void widen32(__m128i lo, __m128i hi, vec *w) {
+    widen16(lo, w);
+    widen16(hi, w + VEC_PER_HALF);
+}
+
+static inline __attribute__((always_inline)) void q2_k_decode(const uint8_t *blk, int j, vec *w) {
+    const float d = kv_half_at(blk + 80), dmin = kv_half_at(blk + 82);
+    const uint8_t *qs = blk + 16 + 32 * (j / 4);
+    const int shift = 2 * (j % 4), s0 = blk[2 * j], s1 = blk[2 * j + 1];
+    widen32(bytes_shift_mask(load16(qs), shift, 3), bytes_shift_mask(load16(qs + HALF), shift, 3), w);
+    scale_shift_halves(w, d * (float)(s0 & 0x0F), dmin * (float)(s0 >> 4), d * (float)(s1 & 0x0F),
+                       dmin * (float)(s1 >> 4));
+}
+
+static inline __attribute__((always_inline)) void q3_k_decode(const uint8_t *blk, int j, vec *w) {
+    const float d = kv_half_at(blk + 108);
+    const uint8_t *qs = blk + 32 + 32 * (j / 4);
+    const int shift = 2 * (j % 4);
+    const __m128i four = _mm_set1_epi8(4);
+    /* 4 where the hmask bit is clear, else 0 */
+    const __m128i off0 = _mm_andnot_si128(_mm_slli_epi16(bytes_shift_mask(load16(blk), j, 1), 2), four);
+    const __m128i off1 = _mm_andnot_si128(_mm_slli_epi16(bytes_shift_mask(load16(blk + HALF), j, 1), 2), four);
+    widen32(_mm_sub_epi8(bytes_shift_mask(load16(qs), shift, 3), off0),
+            _mm_sub_epi8(bytes_shift_mask(load16(qs + HALF), shift, 3), off1), w);
+    scale_halves(w, d * (float)k3_scale(blk + 96, 2 * j), d * (float)k3_scale(blk + 96, 2 * j + 1));
+}
+
+static inline __attribute__((always_inline)) void q45_k_decode(const uint8_t *blk, int j, const uint8_t *qh,
+                                                                const uint8_t *qs, vec *w) {
+    int sc, mn;
+    k4_scale_min(blk + 4, j, &sc, &mn);
+    const float ds = kv_half_at(blk) * (float)sc, dm = kv_half_at(blk + 2) * (float)mn;
+    const int shift = 4 * (j % 2);
+    __m128i lo = bytes_shift_mask(load16(qs), shift, 0x0F), hi = bytes_shift_mask(load16(qs + HALF), shift, 0x0F);
+    if (qh) {
+        lo = _mm_or_si128(lo, _mm_slli_epi16(bytes_shift_mask(load16(qh), j, 1), 4));
+        hi = _mm_or_si128(hi, _mm_slli_epi16(bytes_shift_mask(load16(qh + HALF), j, 1), 4));
+    }
+    widen32(lo, hi, w);
+    scale_shift_halves(w, ds, dm, ds, dm);
+}
+
+static inline __attribute__((always_inline)) void q4_k_decode(const uint8_t *blk, int j, vec *w) {
+    q45_k_decode(blk, j, NULL, blk + 16 + 32 * (j / 2), w);
+}
+
+static inline __attribute__((always_inline)) void q5_k_decode(const uint8_t *blk, int j, vec *w) {
+    q45_k_decode(blk, j, blk + 16, blk + 48 + 32 * (j / 2), w);
+}
+
+static inline __attribute__((always_inline)) void q6_k_decode(const uint8_t *blk, int j, vec *w) {
+    const float d = kv_half_at(blk + 208);
+    const int c = j / 4, s = j % 4;
+    const uint8_t *ql = blk + 64 * c + 32 * (s & 1), *qh = blk + 128 + 32 * c;
+    const __m128i bias = _mm_set1_epi8(32);
+    __m128i q[2];
+    for (int h = 0; h < 2; h++) {
+        const __m128i low = bytes_shift_mask(load16(ql + HALF * h), 4 * (s >> 1), 0x0F);
+        const __m128i high = _mm_slli_epi16(bytes_shift_mask(load16(qh + HALF * h), 2 * s, 3), 4);
+        q[h] = _mm_sub_epi8(_mm_or_si128(low, high), bias);
+    }
+    widen32(q[0], q[1], w);
+    scale_halves(w, d * (float)(int8_t)blk[192 + 2 * j], d * (float)(int8_t)blk[193 + 2 * j]);
+}
+#else
+#define q2_k_decode q2_k_sub
+#define q3_k_decode q3_k_sub
+#define q4_k_decode q4_k_sub
+#define q5_k_decode q5_k_sub
+#define q6_k_decode q6_k_sub
+#endif
+
+/* Block b (of 32 weights) of row n: sub-block b % 8 of super-block b / 8. */
+#define SUPER_OF(n, b, size) ((const uint8_t *)L->q + ((int64_t)(n) * (nb / SUBS) + (b) / SUBS) * (size))
+#define DECODE_Q2_K(n, b, w) q2_k_decode(SUPER_OF(n, b, 84), (b) % SUBS, w)
+#define DECODE_Q3_K(n, b, w) q3_k_decode(SUPER_OF(n, b, 110), (b) % SUBS, w)
+#define DECODE_Q4_K(n, b, w) q4_k_decode(SUPER_OF(n, b, 144), (b) % SUBS, w)
+#define DECODE_Q5_K(n, b, w) q5_k_decode(SUPER_OF(n, b, 176), (b) % SUBS, w)
+#define DECODE_Q6_K(n, b, w) q6_k_decode(SUPER_OF(n, b, 210), (b) % SUBS, w)
+
+DEFINE_FORMAT(q2_k, DECODE_Q2_K)
+DEFINE_FORMAT(q3_k, DECODE_Q3_K)
+DEFINE_FORMAT(q4_k, DECODE_Q4_K)
+DEFINE_FORMAT(q5_k, DECODE_Q5_K)
+DEFINE_FORMAT(q6_k, DECODE_Q6_K)

@@ -1,0 +1,85 @@
+"""GGUF blocks for tests: random valid ones of any block type, and K-quant ones made from fp32 weights.
+
+The `gguf` package dequantizes every type but quantizes only some (not the K-quants), so the K-quants
+a tiny test model needs are made here: a plain (not llama.cpp's optimising) quantizer per format
+that packs the fields exactly where gguf.quants.dequantize reads them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# Byte offsets of the fp16 scale fields in one block of each type: every other byte pattern is valid.
+HALF_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q2_K": (80, 82),
+               "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+
+
+def finite_halves(rng: np.random.Generator, shape, scale: float | None = None) -> np.ndarray:
+    """fp16 values: any finite bit pattern (subnormals, huge, negative) or, with `scale`, |v| <= scale."""
+    if scale is not None:
+        return rng.uniform(-scale, scale, shape).astype(np.float16)
+    bits = rng.integers(0, 1 << 16, shape, dtype=np.uint16)
+    bits[(bits & 0x7C00) == 0x7C00] &= 0xBFFF  # exponent all ones (inf, nan) -> a finite exponent
+    return bits.view(np.float16)
+
+
+def random_blocks(type_name: str, rows: int, cols: int, rng: np.random.Generator,
+                  scale: float | None = None) -> np.ndarray:
+    """A [rows, cols]-weight matrix of `type_name` blocks as uint8 [rows, bytes per row], random but valid."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[type_name]]
+    raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
+    for offset in HALF_FIELDS[type_name]:
+        raw[:, :, offset : offset + 2] = finite_halves(rng, (rows, cols // block), scale).view(np.uint8).reshape(
+            rows, cols // block, 2)
+    return raw.reshape(rows, -1)
+
+
+def _halves_bytes(values: np.ndarray) -> np.ndarray:
+    return values.astype(np.float16).view(np.uint8).reshape(len(values), 2)
+
+
+def _levels(values: np.ndarray, step: np.ndarray, low: int, high: int) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(step != 0, np.round(values / step), 0).clip(low, high)
+
+
+def _q45_k(w: np.ndarray, bits: int) -> np.ndarray:
+    x = w.reshape(-1, 8, 32)
+    n, top = x.shape[0], (1 << bits) - 1
+    low, high = np.minimum(x.min(-1), 0), np.maximum(x.max(-1), 0)
+    scale, mins = (high - low) / top, -low
+    d, dmin = (scale.max(-1) / 63).astype(np.float16), (mins.max(-1) / 63).astype(np.float16)
+    sc = _levels(scale, d.astype(np.float32)[:, None], 0, 63).astype(np.uint8)
+    mn = _levels(mins, dmin.astype(np.float32)[:, None], 0, 63).astype(np.uint8)
+    step = (d.astype(np.float32)[:, None] * sc)[..., None]
+    q = _levels(x + (dmin.astype(np.float32)[:, None] * mn)[..., None], step, 0, top).astype(np.uint8)
+    scales = np.concatenate([sc[:, :4] | (sc[:, 4:] >> 4) << 6, mn[:, :4] | (mn[:, 4:] >> 4) << 6,
+                             (sc[:, 4:] & 0x0F) | (mn[:, 4:] & 0x0F) << 4], axis=1)
+    fields = [_halves_bytes(d), _halves_bytes(dmin), scales]
+    if bits == 5:  # bit j of qh[l]: sub-block j's weight l, fifth bit
+        fields.append(np.bitwise_or.reduce([((q[:, j] >> 4) & 1) << j for j in range(8)]).astype(np.uint8))
+    fields.append(((q[:, 0::2] & 0x0F) | (q[:, 1::2] & 0x0F) << 4).reshape(n, 128))
+    return np.concatenate(fields, axis=1)
+
+
+def _q6_k(w: np.ndarray) -> np.ndarray:
+    x = w.reshape(-1, 16, 16)
+    n = x.shape[0]
+    scale = np.abs(x).max(-1) / 31
+    d = (scale.max(-1) / 127).astype(np.float16)
+    sc = _levels(scale, d.astype(np.float32)[:, None], -128, 127).astype(np.int8)
+    step = (d.astype(np.float32)[:, None] * sc.astype(np.float32))[..., None]
+    q = (_levels(x, step, -32, 31) + 32).astype(np.uint8).reshape(n, 2, 128)
+    ql = (q[:, :, :64] & 0x0F) | (q[:, :, 64:] & 0x0F) << 4
+    qh = np.bitwise_or.reduce([(q[:, :, 32 * s : 32 * s + 32] >> 4) << (2 * s) for s in range(4)]).astype(np.uint8)
+    return np.concatenate([ql.reshape(n, 128), qh.reshape(n, 64), sc.view(np.uint8), _halves_bytes(d)], axis=1)
+
+
+def quantize_k(w: np.ndarray, type_name: str) -> np.ndarray:
+    """fp32 [rows, cols] (cols a multiple of 256) as Q4_K, Q5_K or Q6_K blocks, uint8 [rows, bytes per row]."""
+    rows = w.shape[0]
+    flat = w.astype(np.float32).reshape(-1, 256)
+    blocks = {"Q4_K": lambda: _q45_k(flat, 4), "Q5_K": lambda: _q45_k(flat, 5), "Q6_K": lambda: _q6_k(flat)}
+    return blocks[type_name]().reshape(rows, -1)
