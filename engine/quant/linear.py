@@ -104,21 +104,21 @@ class QuantLinear(nn.Module):
         return y
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = input_rows(x, self.in_features)
-        count = rows.shape[0]
-        if count > KERNEL_MAX_ROWS:
-            y = self.dequantized_matmul(rows)
-        else:
-            y = torch.empty(count, self.out_features, dtype=torch.float32)
-            self._matmul(rows.data_ptr(), count, y.data_ptr(), torch.get_num_threads())
-        if self._bias is not None:
-            y = y + self._bias
-        return y.view(*x.shape[:-1], self.out_features)
+        return kernel_forward(self, x)
 
 
-def input_rows(x: torch.Tensor, in_features: int) -> torch.Tensor:
-    """x [..., in] as the contiguous fp32 [rows, in] the kernels read."""
-    rows = x.reshape(-1, in_features)
+def kernel_forward(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """x [..., in] -> [..., out] through `layer`'s kernel (_matmul) up to KERNEL_MAX_ROWS rows, else its
+    dequantized_matmul, plus its _bias: the forward of QuantLinear and MixedQuantLinear."""
+    rows = x.reshape(-1, layer.in_features)
     if rows.dtype != torch.float32 or not rows.is_contiguous():
         rows = rows.to(torch.float32).contiguous()
-    return rows
+    count = rows.shape[0]
+    if count > KERNEL_MAX_ROWS:
+        y = layer.dequantized_matmul(rows)
+    else:
+        y = torch.empty(count, layer.out_features, dtype=torch.float32)
+        layer._matmul(rows.data_ptr(), count, y.data_ptr(), torch.get_num_threads())
+    if layer._bias is not None:
+        y = y + layer._bias
+    return y.view(*x.shape[:-1], layer.out_features)

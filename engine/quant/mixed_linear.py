@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from engine.quant.kernels import LinearDesc
-from engine.quant.linear import KERNEL_MAX_ROWS, QuantLinear, input_rows
+from engine.quant.linear import QuantLinear, kernel_forward
 
 
 class MixedQuantLinear(nn.Module):
@@ -56,14 +56,9 @@ class MixedQuantLinear(nn.Module):
             first += part.out_features
         return descs
 
+    def dequantized_matmul(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows [count, in] fp32 times the weight (no bias), each part through its own dequantize+GEMM."""
+        return torch.cat([part.dequantized_matmul(rows) for part in self.parts], dim=1)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = input_rows(x, self.in_features)
-        count = rows.shape[0]
-        if count > KERNEL_MAX_ROWS:
-            y = torch.cat([part.dequantized_matmul(rows) for part in self.parts], dim=1)
-        else:
-            y = torch.empty(count, self.out_features, dtype=torch.float32)
-            self._matmul(rows.data_ptr(), count, y.data_ptr(), torch.get_num_threads())
-        if self._bias is not None:
-            y = y + self._bias
-        return y.view(*x.shape[:-1], self.out_features)
+        return kernel_forward(self, x)
