@@ -4,22 +4,30 @@ Tensors are read through a small name -> tensor interface (WeightSource): the
 safetensors files are one source, a synthetic model's seeded generator
 (synthetic_weights.py) another, and all fusing and validation below is shared.
 q/k/v and gate/up are fused into one matmul each. With block kernels, every
-linear layer whose parts are all stored as Q4_1 or Q8_0 blocks in
-blocks.safetensors becomes a QuantLinear, and its dense copy is never read.
+linear layer whose parts are all stored in a kernel format (quant/formats.py)
+becomes a QuantLinear, and its dense copy is never read: a converted GGUF's
+blocks from blocks.safetensors, a bf16/f16 checkpoint's own 2-byte weights
+(the kernels widen them exactly, so the model is the fp32 one). Fused parts in
+different formats (a Q4_K_M file's q/k in Q4_K, v in Q6_K) become a
+MixedQuantLinear of one QuantLinear per run of parts that share a format.
 """
 
 from __future__ import annotations
 
 import json
 from contextlib import ExitStack
+from itertools import groupby
 from pathlib import Path
 from typing import Protocol
 
 import torch
 from safetensors import safe_open
+from torch import nn
 
+from engine.quant.formats import BLOCK, FORMATS, stored_parts
 from engine.quant.kernels import QuantKernels
-from engine.quant.linear import FORMATS, QuantLinear
+from engine.quant.linear import QuantLinear
+from engine.quant.mixed_linear import MixedQuantLinear
 from engine.model.config import ModelConfig
 from engine.errors import ModelError
 from engine.weights.gguf import QUANT_WEIGHTS_FILE
@@ -52,7 +60,8 @@ class WeightSource(Protocol):
         """The tensor (any device and dtype: the loader moves it); ModelError if there is none."""
 
     def block_format(self, name: str) -> str | None:
-        """"q4_1" or "q8_0" if `name` is stored as quantized blocks, else None."""
+        """The kernel format (quant/formats.py) `name` is stored in, as "<name>.<format>.<part>" tensors,
+        else None."""
 
 
 class _Checkpoint:
@@ -83,6 +92,44 @@ class _Checkpoint:
     def block_format(self, name: str) -> str | None:
         return next((fmt for fmt in FORMATS if f"{name}.{fmt}.qs" in self._where), None)
 
+    def dtype_and_shape(self, name: str) -> tuple[str, list[int]] | None:
+        """The stored dtype ("BF16", "F32"...) and shape of `name`, without reading it; None if absent."""
+        handle = self._where.get(name)
+        if handle is None:
+            return None
+        tensor = handle.get_slice(name)
+        return tensor.get_dtype(), tensor.get_shape()
+
+
+class _HalfPrecisionLinears:
+    """A dense checkpoint's bf16/f16 weight matrices as blocks of the "bf16"/"f16" kernel formats: the
+    tensor itself is the format's "qs" (2 bytes a weight, widened exactly in the kernel)."""
+
+    _FORMATS = {"BF16": "bf16", "F16": "f16"}
+
+    def __init__(self, ckpt: _Checkpoint):
+        self._ckpt = ckpt
+
+    def __contains__(self, name: str) -> bool:
+        return self._stored_as(name) is not None
+
+    def get(self, name: str) -> torch.Tensor:
+        base = self._stored_as(name)
+        if base is None:
+            raise ModelError(f"The model's weights have no tensor named {name!r}.")
+        return self._ckpt.get(base)
+
+    def _stored_as(self, name: str) -> str | None:
+        """The dense tensor "<base>.<format>.qs" stands for, if `base` is stored in that format."""
+        base, fmt, part = name.rsplit(".", 2) if name.count(".") >= 2 else (name, "", "")
+        return base if part == "qs" and self.block_format(base) == fmt else None
+
+    def block_format(self, name: str) -> str | None:
+        stored = self._ckpt.dtype_and_shape(name)
+        if stored is None or len(stored[1]) != 2 or stored[1][1] % BLOCK:
+            return None
+        return self._FORMATS.get(stored[0])
+
 
 def _linears(cfg: ModelConfig) -> list[tuple[str, list[str], list[str] | None]]:
     """(module path, checkpoint weight names, bias names or None) of every linear layer."""
@@ -103,14 +150,20 @@ def _linears(cfg: ModelConfig) -> list[tuple[str, list[str], list[str] | None]]:
 
 
 def _quant_linear(kernels: QuantKernels, blocks: WeightSource, names: list[str],
-                  bias: torch.Tensor | None) -> QuantLinear | None:
-    formats = {blocks.block_format(f"{n}.weight") for n in names}
-    if len(formats) != 1 or None in formats:
-        return None  # not stored as blocks, or parts in different formats: stays dense
-    fmt = formats.pop()
-    parts = {part: torch.cat([blocks.get(f"{n}.weight.{fmt}.{part}") for n in names])
-             for part in (("qs", "d", "m") if fmt == "q4_1" else ("qs", "d"))}
-    return QuantLinear(kernels, fmt, parts["qs"], parts["d"], parts.get("m"), bias)
+                  bias: torch.Tensor | None) -> nn.Module | None:
+    """The linear of `names` (fused in that order) in its stored formats, or None if a part has none."""
+    formats = [blocks.block_format(f"{n}.weight") for n in names]
+    if None in formats:
+        return None  # a part is dense only: the whole layer stays dense
+    parts, first = [], 0
+    for fmt, run in groupby(zip(names, formats), key=lambda named: named[1]):
+        weights = [f"{n}.weight" for n, _ in run]
+        stored = {part: _joined(blocks, weights, f".{fmt}.{part}") for part in stored_parts(fmt)}
+        rows = stored["qs"].shape[0]
+        part_bias = None if bias is None else bias[first : first + rows]
+        parts.append(QuantLinear(kernels, fmt, stored["qs"], stored.get("d"), stored.get("m"), part_bias))
+        first += rows
+    return parts[0] if len(parts) == 1 else MixedQuantLinear(parts)
 
 
 def _joined(ckpt: WeightSource, names: list[str], suffix: str) -> torch.Tensor:
@@ -131,6 +184,8 @@ def load_model(model_dir: Path, device: torch.device, dtype: torch.dtype,
         blocks = None
         if kernels is not None and (model_dir / QUANT_WEIGHTS_FILE).exists():
             blocks = _Checkpoint([model_dir / QUANT_WEIGHTS_FILE], stack)
+        elif kernels is not None:
+            blocks = _HalfPrecisionLinears(ckpt)
         return load_from(cfg, ckpt, device, dtype, kernels, blocks)
 
 
