@@ -9,6 +9,20 @@ import torch
 
 from tests.tiny_models import CHATML, IM_END, IM_START
 
+# A Q4_K_M file's mix in layer 0 and the head (q, k, gate, up in Q4_K; v, down and output in Q6_K), and in
+# layer 1 the other types such files fall back to or carry, so that one model crosses every kept format,
+# with q/k/v in three formats and gate/up in one. Needs rows of whole 256-weight super-blocks
+# (hidden and intermediate sizes multiples of 256).
+MIXED_QUANTS = {
+    "token_embd.weight": "Q4_K", "output.weight": "Q6_K",
+    "blk.0.attn_q.weight": "Q4_K", "blk.0.attn_k.weight": "Q4_K", "blk.0.attn_v.weight": "Q6_K",
+    "blk.0.attn_output.weight": "Q4_K", "blk.0.ffn_gate.weight": "Q4_K", "blk.0.ffn_up.weight": "Q4_K",
+    "blk.0.ffn_down.weight": "Q6_K",
+    "blk.1.attn_q.weight": "Q5_0", "blk.1.attn_k.weight": "Q8_0", "blk.1.attn_v.weight": "Q5_K",
+    "blk.1.attn_output.weight": "F16", "blk.1.ffn_gate.weight": "BF16", "blk.1.ffn_up.weight": "BF16",
+    "blk.1.ffn_down.weight": "Q5_1",
+}
+
 LAYER_NAMES = {
     "input_layernorm.weight": "attn_norm.weight",
     "post_attention_layernorm.weight": "ffn_norm.weight",
@@ -41,14 +55,38 @@ def gguf_name(hf_name: str) -> str:
     return f"blk.{layer}.{LAYER_NAMES[rest]}"
 
 
-def write_gguf(hf_model, path: Path, arch: str = "llama", quant: str | None = None) -> Path:
+def quantize(w: np.ndarray, type_name: str) -> np.ndarray:
+    """w in the GGUF type `type_name`, as the writer takes it (gguf's quantizer, or tests/kquant_blocks.py's
+    for the K-quants gguf cannot make)."""
+    import gguf
+    from gguf import quants
+
+    from tests.kquant_blocks import quantize_k
+
+    if type_name in ("Q4_K", "Q5_K", "Q6_K"):
+        return quantize_k(w, type_name)
+    return quants.quantize(w, gguf.GGMLQuantizationType[type_name])
+
+
+def tensor_type(gguf_tensor: str, w: np.ndarray, quant: str | dict[str, str] | None) -> str | None:
+    """The type `quant` gives a tensor (None: F32): a name gives it to every 2-D weight whose rows are whole
+    blocks of it (norms and biases stay F32, as in llama.cpp); a dict names each tensor's type."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    if isinstance(quant, dict):
+        return quant.get(gguf_tensor)
+    if quant and w.ndim == 2 and w.shape[1] % GGML_QUANT_SIZES[GGMLQuantizationType[quant]][0] == 0:
+        return quant
+    return None
+
+
+def write_gguf(hf_model, path: Path, arch: str = "llama", quant: str | dict[str, str] | None = None) -> Path:
     """Save `hf_model` (a transformers Llama/Qwen2 model) as GGUF.
 
-    quant: None keeps every tensor F32; "Q8_0" or "Q4_1" quantizes the 2-D weights
-    whose rows are a multiple of 32 long (norms and biases stay F32, as in llama.cpp).
+    quant: None keeps every tensor F32; a type name ("Q8_0", "Q4_K"...) quantizes every 2-D weight whose
+    rows are whole blocks of it; a dict such as MIXED_QUANTS gives each GGUF tensor its own type.
     """
     import gguf
-    from gguf.quants import quantize
     from tokenizers import pre_tokenizers
 
     cfg = hf_model.config
@@ -82,9 +120,11 @@ def write_gguf(hf_model, path: Path, arch: str = "llama", quant: str | None = No
             w = permute(w, cfg.num_attention_heads)
         elif arch == "llama" and name.endswith("k_proj.weight"):
             w = permute(w, cfg.num_key_value_heads)
-        if quant and w.ndim == 2 and w.shape[1] % 32 == 0:
-            qtype = getattr(gguf.GGMLQuantizationType, quant)
-            writer.add_tensor(gguf_name(name), quantize(w, qtype), raw_dtype=qtype)
+        qtype = tensor_type(gguf_name(name), w, quant)
+        if qtype == "F16":
+            writer.add_tensor(gguf_name(name), w.astype(np.float16))
+        elif qtype:
+            writer.add_tensor(gguf_name(name), quantize(w, qtype), raw_dtype=gguf.GGMLQuantizationType[qtype])
         else:
             writer.add_tensor(gguf_name(name), np.ascontiguousarray(w))
     writer.write_header_to_file()
@@ -94,16 +134,18 @@ def write_gguf(hf_model, path: Path, arch: str = "llama", quant: str | None = No
     return path
 
 
-def dequantized_state(hf_model, quant: str | None) -> dict[str, torch.Tensor]:
+def dequantized_state(hf_model, quant: str | dict[str, str] | None) -> dict[str, torch.Tensor]:
     """The weights a GGUF written with `quant` holds, in Hugging Face layout."""
     import gguf
-    from gguf.quants import dequantize, quantize
+    from gguf.quants import dequantize
 
+    tied = hf_model.config.tie_word_embeddings
     state = {}
     for name, tensor in hf_model.state_dict().items():
         w = tensor.detach().float().numpy()
-        if quant and w.ndim == 2 and w.shape[1] % 32 == 0:
-            qtype = getattr(gguf.GGMLQuantizationType, quant)
-            w = dequantize(quantize(w, qtype), qtype)
+        stored = "model.embed_tokens.weight" if tied and name == "lm_head.weight" else name
+        qtype = tensor_type(gguf_name(stored), w, quant)
+        if qtype:
+            w = dequantize(quantize(w, qtype), gguf.GGMLQuantizationType[qtype])
         state[name] = torch.from_numpy(np.array(w))
     return state

@@ -4,8 +4,10 @@ Tensors are dequantized to fp32, which holds every GGUF weight exactly, so one
 conversion serves every engine dtype. llama.cpp stores Llama's q/k projections
 with the rows of each head interleaved for its RoPE kernel; they are put back
 in Hugging Face's rotate-half order here. The tokenizer and chat template are
-rebuilt by transformers' GGUF tokenizer support. Q4_1 and Q8_0 matrices are
-also kept unexpanded in blocks.safetensors, for the CPU's block kernels.
+rebuilt by transformers' GGUF tokenizer support. Every weight matrix in a type
+the CPU kernels run (quant/formats.py: Q4_0..Q8_0, Q2_K..Q6_K, F16, BF16) is
+also kept unexpanded in blocks.safetensors; a matrix in any other type (IQ*,
+TQ*...) runs dense, which one log line at conversion says.
 
 Each file's sha256 is recorded at conversion (RECORD_FILE, hidden, so not
 part of the model fingerprint), and `converted_damage` checks a directory
@@ -19,6 +21,7 @@ older kvchat, without a record, gets one on first use and is trusted.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -32,11 +35,14 @@ from safetensors.torch import save_file
 
 from engine.errors import ModelError
 from engine.kv.fingerprint import file_sha256, model_files_digest
+from engine.quant.formats import BLOCK, FORMATS
+
+log = logging.getLogger("kvchat")
 
 COMPLETE_MARKER = "kvchat-conversion-complete"
 RECORD_FILE = ".kvchat-sha256.json"  # {"sha256": {file name: hex}} of every file the conversion wrote
-CONVERSION_VERSION = 3  # part of the cache key: bump when the directory's contents change
-QUANT_WEIGHTS_FILE = "blocks.safetensors"  # the GGUF's Q4_1/Q8_0 weights, unexpanded (see quant/linear.py)
+CONVERSION_VERSION = 4  # part of the cache key: bump when the directory's contents change
+QUANT_WEIGHTS_FILE = "blocks.safetensors"  # the GGUF's weights the kernels run, unexpanded (quant/formats.py)
 # GGUF architectures whose q/k rows llama.cpp permuted at conversion time.
 _PERMUTED_QK = {"llama"}
 _MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
@@ -67,10 +73,41 @@ def open_gguf(path: Path):
     """A GGUFReader over `path`, or ModelError naming what is wrong with the file."""
     from gguf import GGUFReader
 
+    class CheckedReader(GGUFReader):
+        def _build_tensors(self, start_offs: int, fields: list) -> None:
+            damage = _tensor_data_damage(fields, start_offs, len(self.data))
+            if damage:
+                raise ModelError(f"The GGUF file {path.name} is damaged: {damage}.")
+            super()._build_tensors(start_offs, fields)
+
     try:
-        return GGUFReader(str(path))
+        return CheckedReader(str(path))
+    except ModelError:
+        raise
     except Exception as exc:  # the reader raises ValueError, struct errors, IndexError...
         raise ModelError(f"The GGUF file {path.name} is corrupt or not a GGUF model ({exc}).") from None
+
+
+def _tensor_data_damage(fields: list, start: int, size: int) -> str | None:
+    """What is wrong with the tensor table (truncated data, rows that are not whole blocks), or None.
+    Read from the reader's own tensor fields; a layout this code does not know is left to the reader."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    for field in fields:
+        try:
+            _, name_data, _, dims, raw_type, offset = field.parts
+            name, qtype = bytes(name_data).decode("utf-8", "replace"), GGMLQuantizationType(int(raw_type[0]))
+            block, type_size = GGML_QUANT_SIZES[qtype]
+            dims = [int(d) for d in dims]
+            end = start + int(offset[0]) + int(np.prod(dims)) // block * type_size
+        except (ValueError, TypeError, KeyError, IndexError):
+            return None
+        if dims and dims[0] % block:
+            return (f"its tensor {name} has rows of {dims[0]} weights, which {qtype.name}'s {block}-weight blocks "
+                    "do not divide")
+        if end > size:
+            return f"its tensor {name} ends at byte {end:,}, but the file has {size:,} bytes (truncated?)"
+    return None
 
 
 def _field(reader, key: str, default: Any = None) -> Any:
@@ -153,34 +190,49 @@ def gguf_tensors(reader, config: dict[str, Any]) -> Iterator[tuple[str, torch.Te
 
 
 def _block_arrays(tensor) -> tuple[str, dict[str, np.ndarray]] | None:
-    """(format, {qs, d[, m]}) of a Q4_1 or Q8_0 matrix in the kernels' layout, else None."""
-    from gguf import GGMLQuantizationType as Q
-
+    """(format, {qs[, d, m]}) of a matrix in a type the kernels run, in their layout (quant/formats.py),
+    else None. Q4_1/Q8_0 are split into quants and fp32 scales; every other type is kept as stored."""
+    fmt = tensor.tensor_type.name.lower()
     raw = np.asarray(tensor.data)
-    if raw.ndim != 2 or tensor.tensor_type not in (Q.Q4_1, Q.Q8_0):
+    if fmt not in FORMATS or raw.ndim != 2 or int(tensor.shape[0]) % BLOCK:
         return None
     rows = raw.shape[0]
-    if tensor.tensor_type == Q.Q4_1:  # per block: fp16 d, fp16 m, 16 bytes of nibbles
+    if fmt == "q4_1":  # per block: fp16 d, fp16 m, 16 bytes of nibbles
         blocks = raw.reshape(rows, -1, 20)
         return "q4_1", {
             "qs": blocks[:, :, 4:].reshape(rows, -1).copy(),
             "d": blocks[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32),
             "m": blocks[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32),
         }
-    blocks = raw.reshape(rows, -1, 34)  # per block: fp16 d, 32 int8
-    return "q8_0", {
-        "qs": blocks[:, :, 2:].copy().view(np.int8).reshape(rows, -1),
-        "d": blocks[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32),
-    }
+    if fmt == "q8_0":
+        blocks = raw.reshape(rows, -1, 34)  # per block: fp16 d, 32 int8
+        return "q8_0", {
+            "qs": blocks[:, :, 2:].copy().view(np.int8).reshape(rows, -1),
+            "d": blocks[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32),
+        }
+    if fmt == "bf16":  # stored as bytes; numpy has no bfloat16 (gguf_blocks views the int16 as one)
+        return "bf16", {"qs": raw.copy().view(np.int16)}
+    return fmt, {"qs": raw.copy()}
+
+
+def _lookup_only(name: str, config: dict[str, Any]) -> bool:
+    # An untied model's embedding is only looked up (dense); its lm_head is output.weight.
+    return name == "model.embed_tokens.weight" and not config["tie_word_embeddings"]
 
 
 def gguf_blocks(reader, config: dict[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
-    """("<hf name>.<format>.<qs|d|m>", tensor) for every block-quantized matrix the kernels can run."""
+    """("<hf name>.<format>.<qs|d|m>", tensor) for every matrix the kernels can run; logs, once, the
+    types of the matrices they cannot (those run dense)."""
     arch = _field(reader, "general.architecture")
+    dense: dict[str, int] = {}
     for tensor in reader.tensors:
         name = _hf_name(tensor.name)
+        if _lookup_only(name, config):
+            continue
         found = _block_arrays(tensor)
         if found is None:
+            if len(tensor.shape) == 2 and tensor.tensor_type.name != "F32":
+                dense[tensor.tensor_type.name] = dense.get(tensor.tensor_type.name, 0) + 1
             continue
         fmt, arrays = found
         for part, values in arrays.items():
@@ -188,7 +240,12 @@ def gguf_blocks(reader, config: dict[str, Any]) -> Iterator[tuple[str, torch.Ten
                 values = _unpermute(values, config["num_attention_heads"])
             elif arch in _PERMUTED_QK and name.endswith("k_proj.weight"):
                 values = _unpermute(values, config["num_key_value_heads"])
-            yield f"{name}.{fmt}.{part}", torch.from_numpy(np.ascontiguousarray(values))
+            values = torch.from_numpy(np.ascontiguousarray(values))
+            yield f"{name}.{fmt}.{part}", values.view(torch.bfloat16) if fmt == "bf16" else values
+    if dense:
+        types = ", ".join(f"{count} in {qtype}" for qtype, count in sorted(dense.items()))
+        log.warning("kvchat: the CPU kernels do not run these GGUF weight matrices (%s); they run as dense fp32",
+                    types)
 
 
 def _hf_name(gguf_name: str) -> str:

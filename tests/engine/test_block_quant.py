@@ -36,7 +36,7 @@ def quantized(fmt, rows, cols, seed=0):
     qtype = getattr(gguf.GGMLQuantizationType, fmt.upper())
     w = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
     raw = quantize(w, qtype)
-    fake = type("T", (), {"data": raw, "tensor_type": qtype})
+    fake = type("T", (), {"data": raw, "tensor_type": qtype, "shape": (cols, rows)})  # GGUF's order
     _, parts = _block_arrays(fake)
     return {k: torch.from_numpy(v) for k, v in parts.items()}, torch.from_numpy(dequantize(raw, qtype))
 
