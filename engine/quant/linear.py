@@ -53,6 +53,8 @@ class QuantLinear(nn.Module):
         self.in_features = in_features(fmt, qs, d)
         if self.in_features % BLOCK:
             raise ValueError(f"{fmt} rows of {self.in_features} weights are not whole {BLOCK}-weight blocks")
+        if qs.is_floating_point():  # bf16/f16: kept as their bits, so a model-wide .to(dtype) leaves them alone
+            qs = qs.contiguous().view(torch.int16)
         self.register_buffer("qs", qs.contiguous())
         self.register_buffer("d", None if d is None else d.to(torch.float32).contiguous())
         self.register_buffer("m", None if m is None else m.to(torch.float32).contiguous())

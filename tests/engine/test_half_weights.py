@@ -34,7 +34,8 @@ def test_half_precision_linears_stay_half_and_give_the_fp32_models_logits(tmp_pa
     model = packed.model
     linears = [m for m in model.modules() if isinstance(m, QuantLinear)]
     assert len(linears) == 4 * model.cfg.num_layers + 1 and {m.fmt for m in linears} == {fmt}
-    assert model.lm_head.qs.dtype == dtype and model.embed_tokens.weight.dtype == torch.float32
+    assert model.lm_head.qs.element_size() == 2 and model.embed_tokens.weight.dtype == torch.float32
+    assert torch.equal(model.lm_head.qs.view(dtype).float(), dense.model.lm_head.weight)
     assert packed.info.weights.startswith(f"{fmt} blocks") and dense.info.weights == "dense"
     for rows in (list(range(120)), PROMPT[:7]):  # the dequantize+GEMM path and the kernel
         torch.testing.assert_close(packed.runner.logits(rows, all_logits=True),

@@ -141,6 +141,12 @@ def test_weights_stay_as_compact_as_their_format(kernels, fmt):
     assert held == 16 * 512 * size // weights  # Q4_K: 4.5 bits a weight, Q6_K: 6.5625, bf16: 16
 
 
+def test_half_precision_weights_survive_a_model_wide_dtype_change(kernels):
+    qs, dense = stored("bf16", 8, 64, np.random.default_rng(7), scale=1.0)
+    linear = QuantLinear(kernels, "bf16", qs).to(torch.float32)
+    assert torch.equal(linear.dequantized(), dense)
+
+
 def test_a_fused_linear_of_parts_in_different_formats_gives_each_parts_columns(kernels):
     rng = np.random.default_rng(5)
     parts, dense = [], []
