@@ -119,6 +119,11 @@ def bench_decode(engine: Engine, baselines: dict[str, HFBaseline], contexts: lis
         prompt = random_prompt(engine, context, seed=1)
         # Our decode time comes from the engine's own stats (first token -> last token, steps decode steps).
         measures = {"": lambda: steps / greedy(engine, prompt, steps + 1).stats.decode_tokens_per_s}
+        if engine.runner.fused is not None:  # the eager PyTorch step the fused one replaces, side by side
+            def eager() -> float:
+                with engine.runner.eager_decode():
+                    return steps / greedy(engine, prompt, steps + 1).stats.decode_tokens_per_s
+            measures["eager_"] = eager
         for key, hf in baselines.items():
             measures[key] = lambda hf=hf: hf.decode_seconds(prompt, steps)
         rows.append(_throughput_row("context_tokens", context, steps, measures, runs))
@@ -225,6 +230,11 @@ def print_table(result: dict) -> None:
             hf16 = row.get("hf_bf16_tokens_per_s")
             line += f"{(f'{hf16:.1f}' if hf16 else '-'):>19}{_ratio(ours, hf16):>8}"
         print(line)
+    for row in result["decode"]:
+        if row.get("eager_tokens_per_s"):
+            print(f"{'  the eager step instead':24}{row['eager_tokens_per_s']:>10.1f}"
+                  f"{'fused/eager':>14}{_ratio(row['tokens_per_s'], row['eager_tokens_per_s']):>8}"
+                  f"   (@ {row['context_tokens']} context)")
     if result["followup"]:
         print(f"\n{'follow-up TTFT, ms':24}{'cached':>10}{'uncached':>10}{'speed-up':>10}"
               f"{'hf naive':>10}{'hf cache':>10}{'cached/prefilled':>18}")
@@ -278,6 +288,21 @@ def profile_section(engine: Engine, args: argparse.Namespace) -> int:
     return 0
 
 
+def contention_section(engine: Engine, args: argparse.Namespace) -> int:
+    """`kvchat bench --contention`: decode quiet and next to a competing process."""
+    from app.bench.contention import contention_rows, print_contention
+
+    rows = contention_rows(engine, 16 if args.quick else 128, 1 if args.quick else args.repeat, args.threads)
+    result = {"model": engine.info.model_name, "decode": engine.info.decode, "threads": torch.get_num_threads(),
+              "contention": rows}
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"{result['model']} ({result['decode']} decode, up to {result['threads']} threads)")
+        print_contention(rows)
+    return 0
+
+
 def run_bench(args: argparse.Namespace) -> int:
     if args.ui:
         from app.bench.ui import print_ui, run_ui_bench
@@ -288,6 +313,8 @@ def run_bench(args: argparse.Namespace) -> int:
     engine = Engine.load(engine_options(args))
     if args.profile:
         return profile_section(engine, args)
+    if args.contention:
+        return contention_section(engine, args)
     baselines: dict[str, HFBaseline] = {}
     if not args.no_hf:
         baselines["hf_"] = HFBaseline(engine)

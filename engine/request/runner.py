@@ -8,13 +8,16 @@ place (PagedKV, the GPU default). Nothing asks again per request. Called under t
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 
 import torch
 
 from engine.decode.cpu_step import FusedCPUDecode
 from engine.decode.graph_runner import DecodeRunner
+from engine.decode.thread_choice import DecodeThreads
 from engine.decode.path import decode_path
 from engine.errors import EngineError
 from engine.kv.cache import ContiguousKVCache
@@ -42,6 +45,7 @@ class ModelRunner:
         self.graphs = (DecodeRunner(model, prefix_cache, self.decode_path.cuda_graphs, self.decode_path.compile)
                        if self.decode_path.paged else None)
         self.fused = self._fused_step(fused_decode)
+        self.decode_threads = DecodeThreads(torch.get_num_threads())
         spare = SpareBuffer(self._new_buffer, model.cfg.context_window)
         self.open_kv: OpenKV
         if prefix_cache is None:
@@ -69,6 +73,15 @@ class ModelRunner:
             raise EngineError(f"The fused CPU decode step cannot run: {why}.")
         return None
 
+    @contextlib.contextmanager
+    def eager_decode(self) -> Iterator[None]:
+        """Decode through the eager PyTorch step meanwhile (the bench's side-by-side baseline)."""
+        fused, self.fused = self.fused, None
+        try:
+            yield
+        finally:
+            self.fused = fused
+
     @property
     def decode_description(self) -> str:
         return "fused C step" if self.fused is not None else self.decode_path.describe()
@@ -89,18 +102,20 @@ class ModelRunner:
         return self.model(torch.tensor(token_ids, dtype=torch.long, device=self.device), kv)
 
     def decode(self, kv: SequenceKV, token: int) -> torch.Tensor:
-        """One decode step: logits [1, vocab] of `token` after `kv`'s tokens, through the captured paged
-        step when the path is paged. Read them before the next step (a graph's output buffer is reused)."""
-        if self.graphs is None:
-            buffer = kv.contiguous if self.fused is not None else None
-            if buffer is None:
-                return self.prefill(kv, [token])
+        """One decode step: logits [1, vocab] of `token` after `kv`'s tokens, through the fused C step or
+        the captured paged step where the path has one. Read them before the next step (both reuse
+        their output buffer)."""
+        if self.graphs is not None:
             kv.reserve(1)
-            logits = self.fused.step(token, buffer, torch.get_num_threads())
-            kv.commit(1)
-            return logits
-        kv.reserve(1)
-        logits = self.graphs.step(token, kv.num_tokens, kv.blocks)
+            logits = self.graphs.step(token, kv.num_tokens, kv.blocks)
+        elif self.fused is not None and kv.contiguous is not None:
+            kv.reserve(1)
+            threads = self.decode_threads.pick()
+            start = time.perf_counter()
+            logits = self.fused.step(token, kv.contiguous, threads)
+            self.decode_threads.record(threads, time.perf_counter() - start)
+        else:
+            return self.prefill(kv, [token])
         kv.commit(1)
         return logits
 

@@ -1,0 +1,72 @@
+"""DecodeThreads: how many threads the next decode step uses, chosen from how fast the last steps ran.
+
+A decode step's threads meet at a barrier between phases (~180 times a token in the fused step). On a
+quiet machine every core helps. When another process keeps a core busy, the thread that lands on it is
+descheduled for whole time slices while the others wait at the barrier: measured on 2 cores, 50 tok/s
+quiet fell to 4.5 with one busy core, where one thread alone kept 30. No wait policy fixes that
+without costing the quiet case (OMP_WAIT_POLICY=PASSIVE: 50 -> 34 tok/s), so the count adapts instead:
+the engine decodes with the count that is measured faster, and now and then tries the others, less
+often each time a try loses, so a quiet machine pays almost nothing for the checks.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+
+FIRST_PROBE_AFTER = 32  # steps on one count before trying another
+LONGEST_PROBE_GAP = 256  # steps between tries once they keep losing (a losing try costs ~1 step)
+PROBE_STEPS = 2  # a try runs this many steps; the first may pay for cold caches, the last is compared
+WIN = 0.85  # a try must be at least this much faster (time ratio) to switch
+RECENT = 8  # steps of the current count kept
+BASELINE = 3  # the median of this many latest steps is what a try is compared with
+SLOWDOWN = 2.0  # two steps this much slower than the ones before: something took a core, try now
+
+
+class DecodeThreads:
+    def __init__(self, most: int):
+        """`most`: the thread budget (torch's); candidates are most, half of it, and one."""
+        self.candidates = sorted({most, max(1, most // 2), 1}, reverse=True)
+        self.current = self.candidates[0]
+        self._recent: deque[float] = deque(maxlen=RECENT)
+        self._gap = FIRST_PROBE_AFTER
+        self._since_probe = 0
+        self._trying: int | None = None
+        self._tried: list[float] = []
+        self._next_candidate = 0
+
+    def pick(self) -> int:
+        """The thread count for the next step."""
+        if (self._trying is None and len(self.candidates) > 1 and len(self._recent) >= BASELINE
+                and self._since_probe >= self._gap):
+            others = [c for c in self.candidates if c != self.current]
+            self._trying = others[self._next_candidate % len(others)]
+            self._next_candidate += 1
+            self._tried = []
+        return self._trying if self._trying is not None else self.current
+
+    def record(self, threads: int, seconds: float) -> None:
+        """The wall time of a step that ran on `threads` threads (as `pick` said)."""
+        if self._trying is not None and threads == self._trying:
+            self._tried.append(seconds)
+            if len(self._tried) < PROBE_STEPS and seconds < 2 * self._baseline():
+                return  # a try that is already twice as slow ends at once
+            self._finish_try(self._tried[-1])
+        elif threads == self.current:
+            self._recent.append(seconds)
+            self._since_probe += 1
+            steps = list(self._recent)
+            if len(steps) == RECENT and min(steps[-2:]) > SLOWDOWN * statistics.median(steps[:-2]):
+                self._since_probe = self._gap
+
+    def _baseline(self) -> float:
+        return statistics.median(list(self._recent)[-BASELINE:])
+
+    def _finish_try(self, seconds: float) -> None:
+        tried, self._trying, self._since_probe = self._trying, None, 0
+        if seconds < WIN * self._baseline():
+            self.current = tried
+            self._recent.clear()
+            self._gap = FIRST_PROBE_AFTER
+        else:
+            self._gap = min(2 * self._gap, LONGEST_PROBE_GAP)
