@@ -1,6 +1,10 @@
-"""Where one decode step's time goes: the quantized-weight matmuls, the other torch ops, and the rest.
+"""Where one decode step's time goes.
 
-Three measurements of the same decode steps after a prompt of `context` tokens, through the model
+The fused C step (decode/cpu_step.py, the CPU default) times its own phases when asked: each thread's
+seconds in the q/k/v, o, MLP and lm_head products, attention, and waiting at barriers; "outside the C
+step" is the rest of a token's wall time (the step loop, sampling, Python).
+
+The eager step gets three measurements of the same decode steps after a prompt of `context` tokens, through the model
 runner (the engine's own decode path, greedy):
 - plain: wall time per token, nothing attached;
 - the QuantLinear calls (the C kernels, which torch's profiler cannot see) timed one by one;
@@ -19,6 +23,7 @@ import time
 
 import torch
 
+from engine.decode.cpu_step import PHASES
 from engine.engine import Engine
 from engine.quant.linear import QuantLinear
 
@@ -97,15 +102,32 @@ def _torch_ops(engine: Engine, prompt: list[int], steps: int) -> tuple[list[tupl
             top_level / steps, total / steps)
 
 
+def _fused_phases(engine: Engine, prompt: list[int], steps: int, plain: float) -> list[dict]:
+    """ms per token in each phase of the fused step (the mean of the threads that ran), then outside it."""
+    with engine.runner.fused.profiled() as clock:
+        _decode(engine, prompt, steps)
+    ran = clock[clock.sum(dim=1) > 0]
+    per_phase = (ran.mean(dim=0) / steps).tolist() if len(ran) else [0.0] * len(PHASES)
+    rows = [{"phase": name, "ms": round(seconds * 1e3, 3)} for name, seconds in zip(PHASES, per_phase)]
+    rows.append({"phase": "outside the C step", "ms": round(max(0.0, plain - sum(per_phase)) * 1e3, 3)})
+    for row in rows:
+        row["share"] = round(row["ms"] / (plain * 1e3), 3)
+    return rows
+
+
 def decode_profile(engine: Engine, context: int, steps: int, prompt: list[int]) -> dict:
-    """The three measurements at `context` tokens (`prompt` has that many), in ms per token."""
+    """Where the time of a decode step at `context` tokens (`prompt` has that many) goes, in ms per token."""
     _decode(engine, prompt, 2)  # warm-up: first-touch allocations, kernel selection
     plain = statistics.median(_decode(engine, prompt, steps))
+    if engine.runner.fused is not None:
+        return {"context_tokens": context, "steps": steps, "path": "fused", "ms_per_token": round(plain * 1e3, 3),
+                "phases": _fused_phases(engine, prompt, steps, plain)}
     quant, calls = _timed_quant_linears(engine, prompt, steps)
     ops, op_self, op_count, op_total = _torch_ops(engine, prompt, steps)
     return {
         "context_tokens": context,
         "steps": steps,
+        "path": "eager",
         "ms_per_token": round(plain * 1e3, 3),
         "quant_linear_ms": round(quant * 1e3, 3),
         "quant_linear_share": round(min(1.0, quant / plain), 3),
@@ -119,6 +141,12 @@ def decode_profile(engine: Engine, context: int, steps: int, prompt: list[int]) 
 
 def print_profile(rows: list[dict]) -> None:
     for row in rows:
+        if row["path"] == "fused":
+            print(f"\ndecode step at {row['context_tokens']} tokens: {row['ms_per_token']:.2f} ms a token "
+                  f"(median of {row['steps']}; the fused C step's phases, mean of its threads)")
+            for phase in row["phases"]:
+                print(f"  {phase['phase']:40}{phase['share']:>6.0%}   {phase['ms']:.3f} ms")
+            continue
         rest = max(0.0, 1 - row["quant_linear_share"] - row["torch_op_share"])
         print(f"\ndecode step at {row['context_tokens']} tokens: {row['ms_per_token']:.2f} ms a token "
               f"(median of {row['steps']})")

@@ -8,8 +8,10 @@ the two (logits, greedy tokens). The C structs are mirrored here field for field
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -20,6 +22,9 @@ from engine.model.layers import DecoderLayer
 from engine.quant.kernels import FORMAT_CODES, LinearDesc, QuantKernels
 
 MAX_PARTS = 3
+# The phases decode_step.c times when profiled, in its enum's order.
+PHASES = ("q/k/v projection", "q/k norm, RoPE, K/V append", "attention", "o projection", "gate and up, SiLU",
+          "down projection", "lm_head", "waiting at barriers")
 MAX_HEAD_DIM = 512  # decode_step.c rotates a head in a stack buffer of this size
 _i32 = ctypes.c_int32
 
@@ -39,7 +44,7 @@ class _Model(ctypes.Structure):
                 ("intermediate", _i32), ("vocab", _i32), ("max_tokens", _i32), ("eps", ctypes.c_float),
                 ("scale", ctypes.c_float), ("max_threads", _i32), ("reserved", _i32),
                 ("layer", ctypes.POINTER(_Layer)), ("final_norm", ctypes.c_void_p), ("lm_head", _Parts),
-                ("scratch", ctypes.c_void_p)]
+                ("scratch", ctypes.c_void_p), ("profile", ctypes.c_void_p)]
 
 
 class Unfusable(Exception):
@@ -112,6 +117,16 @@ class FusedCPUDecode:
         self._rope_row = cfg.head_dim * 4
         self._step = lib.kv_decode_step
         self._desc_ref = ctypes.byref(self._desc)
+
+    @contextlib.contextmanager
+    def profiled(self) -> Iterator[torch.Tensor]:
+        """Steps run meanwhile add each thread's seconds per phase to the yielded [threads, PHASES] tensor."""
+        clock = torch.zeros(self._threads, len(PHASES), dtype=torch.float64)
+        self._desc.profile = clock.data_ptr()
+        try:
+            yield clock
+        finally:
+            self._desc.profile = None
 
     @classmethod
     def build(cls, model: CausalLM, kernels: QuantKernels) -> "FusedCPUDecode | str":

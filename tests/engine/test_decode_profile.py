@@ -1,28 +1,38 @@
-"""`kvchat bench --profile`'s measurements: every QuantLinear call of a decode step is counted, the
-shares are shares, and the profile leaves the engine as it found it."""
+"""`kvchat bench --profile`'s measurements: the fused step's phases add up to its time, the eager step's
+QuantLinear calls are all counted, and a profile leaves the engine as it found it."""
 
 import pytest
 
 from engine import Engine, EngineOptions, SamplingParams
 from engine.bench.decode_profile import decode_profile
 from engine.bench.perf import random_prompt
+from engine.decode.cpu_step import PHASES
 from engine.quant.linear import QuantLinear
 from tests.engine.test_block_quant import q4_gguf_model  # noqa: F401  (a fixture)
 
 
-@pytest.fixture(scope="module")
-def quantized(q4_gguf_model):  # noqa: F811
-    engine = Engine.load(EngineOptions(model=str(q4_gguf_model), dtype="float32", weights="blocks"))
+@pytest.fixture(scope="module", params=[None, False], ids=["fused", "eager"])
+def quantized(request, q4_gguf_model):  # noqa: F811
+    engine = Engine.load(EngineOptions(model=str(q4_gguf_model), dtype="float32", weights="blocks",
+                                       fused_decode=request.param))
     assert "blocks" in engine.info.weights
     return engine
 
 
-def test_each_decode_step_calls_every_quantized_linear_once(quantized):
-    layers = sum(isinstance(m, QuantLinear) for m in quantized.model.modules())
+def test_the_profile_accounts_for_a_decode_step(quantized):
     row = decode_profile(quantized, 32, 4, random_prompt(quantized, 32))
+    assert row["ms_per_token"] > 0
+    if row["path"] == "fused":
+        names = [phase["phase"] for phase in row["phases"]]
+        assert names == [*PHASES, "outside the C step"]
+        assert all(phase["ms"] >= 0 for phase in row["phases"])
+        assert sum(phase["ms"] for phase in row["phases"]) == pytest.approx(row["ms_per_token"], rel=0.35)
+        assert sum(phase["ms"] for phase in row["phases"][:-1]) > 0
+        return
+    layers = sum(isinstance(m, QuantLinear) for m in quantized.model.modules())
     assert row["quant_linear_calls"] == layers  # the prompt's prefill is not counted
     assert 0 < row["quant_linear_share"] <= 1 and 0 < row["torch_op_share"] <= 1
-    assert row["ms_per_token"] > 0 and row["torch_ops_per_token"] > 0
+    assert row["torch_ops_per_token"] > 0
     assert [op["ms"] for op in row["top_ops"]] == sorted((op["ms"] for op in row["top_ops"]), reverse=True)
 
 
@@ -32,6 +42,8 @@ def test_a_profile_leaves_the_engine_as_it_was(quantized):
     before = list(quantized.generate(prompt, params))[-1].token_ids
     decode_profile(quantized, 24, 3, prompt)
     assert QuantLinear.forward.__name__ == "forward"  # the timing wrapper is gone
+    if quantized.runner.fused is not None:
+        assert not quantized.runner.fused._desc.profile  # the phase clock is off again
     assert list(quantized.generate(prompt, params))[-1].token_ids == before
     if quantized.prefix_cache is not None:
         quantized.prefix_cache.check_invariants()

@@ -7,7 +7,10 @@
  * A weight is rebuilt exactly as the dense fp32 checkpoint holds it
  * (Q4_1: d*q + m, Q8_0: d*q, each operation rounded on its own; the library is
  * compiled with -ffp-contract=off so the compiler cannot fuse them), so a
- * product differs from the dense one only in summation order.
+ * product differs from the dense one only in summation order. The vector Q4_1
+ * paths compute d*q + m as one fused multiply-add, which gives the same bits:
+ * d is an fp16 value (11 significant bits) and q < 16, so d*q needs at most 15
+ * bits and is exact in fp32; only the addition rounds, once, in both forms.
  *
  * Layout, per weight matrix [N rows, K columns], K a multiple of 32:
  *   Q4_1: qs uint8 [N, K/2]  (block b of row n: 16 bytes; byte j holds column
@@ -55,8 +58,8 @@ static inline __attribute__((always_inline)) void q4_1_decode(const uint8_t *qs,
     const vec vd = _mm512_set1_ps(d), vm = _mm512_set1_ps(m);
     const vec q0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(raw, low)));
     const vec q1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(raw, 4), low)));
-    w[0] = _mm512_add_ps(_mm512_mul_ps(vd, q0), vm);
-    w[1] = _mm512_add_ps(_mm512_mul_ps(vd, q1), vm);
+    w[0] = _mm512_fmadd_ps(vd, q0, vm); /* == d * q + m rounded twice: d * q is exact (see above) */
+    w[1] = _mm512_fmadd_ps(vd, q1, vm);
 }
 
 static inline __attribute__((always_inline)) void q8_0_decode(const int8_t *qs, float d, vec *w) {
@@ -77,7 +80,7 @@ static inline __attribute__((always_inline)) void q4_1_decode(const uint8_t *qs,
     const __m128i lo = _mm_and_si128(raw, low), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low);
     const vec vd = _mm256_set1_ps(d), vm = _mm256_set1_ps(m);
     const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
-    for (int i = 0; i < 4; i++) w[i] = _mm256_add_ps(_mm256_mul_ps(vd, widen8(parts[i], 0)), vm);
+    for (int i = 0; i < 4; i++) w[i] = _mm256_fmadd_ps(vd, widen8(parts[i], 0), vm); /* exact, see above */
 }
 
 static inline __attribute__((always_inline)) void q8_0_decode(const int8_t *qs, float d, vec *w) {

@@ -21,6 +21,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #include "block_quant.h"
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
@@ -31,6 +32,30 @@
 #endif
 
 #define MAX_PARTS 3
+
+static inline double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+/* Phases of a step, for `kvchat bench --profile` (engine/bench/decode_profile.py names them). */
+enum { PHASE_QKV, PHASE_ROPE, PHASE_ATTENTION, PHASE_O, PHASE_GATE_UP, PHASE_DOWN, PHASE_LM_HEAD, PHASE_WAIT,
+       PHASES };
+/* Adds the time since the last mark to `phase` when the step is profiled (a branch otherwise). */
+#define MARK(phase)                                                                \
+    do {                                                                           \
+        if (clock) {                                                               \
+            const double now_ = now_seconds();                                     \
+            clock[phase] += now_ - last_;                                          \
+            last_ = now_;                                                          \
+        }                                                                          \
+    } while (0)
+#define BARRIER()                                                                  \
+    do {                                                                           \
+        _Pragma("omp barrier");                                                    \
+        MARK(PHASE_WAIT);                                                          \
+    } while (0)
 
 /* A linear layer stored as up to MAX_PARTS matrices whose outputs lie side by side (q, k, v kept in
  * different formats in one GGUF, for instance). Mirrored by engine/decode/cpu_step.py. */
@@ -55,6 +80,7 @@ typedef struct {
     const float *final_norm;
     kv_parts lm_head;
     float *scratch; /* kv_decode_scratch_floats(model) floats */
+    double *profile; /* NULL, or [max_threads][PHASES] seconds each thread spent per phase, added to */
 } kv_model;
 
 /* ---- vector helpers ---- */
@@ -316,6 +342,7 @@ void kv_decode_step(const kv_model *M, int position, const float *embedding, con
         const int chunks = chunks_for(context, kv_heads, T);
         const int items = kv_heads * chunks, stride = dim + 2;
         int n0, n1;
+        double *clock = M->profile ? M->profile + (int64_t)t * PHASES : 0, last_ = clock ? now_seconds() : 0;
 
         for (int l = 0; l < M->layers; l++) {
             const kv_layer *L = &M->layer[l];
@@ -325,9 +352,10 @@ void kv_decode_step(const kv_model *M, int position, const float *embedding, con
             rms_norm(S.x, L->attn_norm, hidden, M->eps, normed);
             kv_thread_columns(L->qkv.N, t, T, &n0, &n1);
             parts_columns(&L->qkv, normed, S.qkv, n0, n1);
-#pragma omp barrier
+            MARK(PHASE_QKV);
+            BARRIER();
             /* q/k norm and RoPE per head, the new K/V into the cache: a few hundred floats, one thread. */
-#pragma omp single
+#pragma omp single nowait
             {
                 for (int h = 0; h < heads + kv_heads; h++) {
                     float *x = S.qkv + h * dim;
@@ -340,15 +368,19 @@ void kv_decode_step(const kv_model *M, int position, const float *embedding, con
                     memcpy(vc + ((int64_t)g * capacity + position) * dim, S.qkv + q_size + kv_size + g * dim,
                            sizeof(float) * dim);
                 }
-            } /* implicit barrier */
-#pragma omp for schedule(static)
+                MARK(PHASE_ROPE);
+            }
+            BARRIER();
+#pragma omp for schedule(static) nowait
             for (int item = 0; item < items; item++) {
                 const int g = item / chunks, c = item % chunks;
                 const int t0 = (int)((int64_t)context * c / chunks), t1 = (int)((int64_t)context * (c + 1) / chunks);
                 attend_chunk(S.qkv + g * group * dim, kc + (int64_t)g * capacity * dim, vc + (int64_t)g * capacity * dim,
                              group, dim, t0, t1, M->scale, scores,
                              S.parts + ((int64_t)g * chunks + c) * group * stride);
-            } /* implicit barrier */
+            }
+            MARK(PHASE_ATTENTION);
+            BARRIER();
             for (int h = 0; h < heads; h++) {  /* every thread: the whole attention output, for its o columns */
                 const int g = h / group, j = h % group;
                 combine_chunks(S.parts + ((int64_t)g * chunks * group + j) * stride, chunks, group * stride, dim,
@@ -356,19 +388,23 @@ void kv_decode_step(const kv_model *M, int position, const float *embedding, con
             }
             kv_thread_columns(hidden, t, T, &n0, &n1);
             add_columns(&L->o, attn, S.y, S.x, n0, n1);
-#pragma omp barrier
+            MARK(PHASE_O);
+            BARRIER();
             rms_norm(S.x, L->mlp_norm, hidden, M->eps, normed);
             kv_thread_columns(inter, t, T, &n0, &n1);
             parts_columns(&L->gate_up, normed, S.h, n0, n1);
             parts_columns(&L->gate_up, normed, S.h, inter + n0, inter + n1);
             silu_mul(S.h + n0, S.h + inter + n0, n1 - n0, S.act + n0);
-#pragma omp barrier
+            MARK(PHASE_GATE_UP);
+            BARRIER();
             kv_thread_columns(hidden, t, T, &n0, &n1);
             add_columns(&L->down, S.act, S.y, S.x, n0, n1);
-#pragma omp barrier
+            MARK(PHASE_DOWN);
+            BARRIER();
         }
         rms_norm(S.x, M->final_norm, hidden, M->eps, normed);
         kv_thread_columns(M->vocab, t, T, &n0, &n1);
         parts_columns(&M->lm_head, normed, logits, n0, n1);
+        MARK(PHASE_LM_HEAD);
     }
 }
