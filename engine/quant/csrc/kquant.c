@@ -106,11 +106,14 @@ static inline __attribute__((always_inline)) void scale_halves(vec *w, float a, 
     for (int i = VEC_PER_HALF; i < VEC_PER_BLOCK; i++) w[i] = vmul(vb, w[i]);
 }
 
-/* w = a * w - b (first half) and c * w - e (second half). */
+/* w = a * w - b (first half) and c * w - e (second half), as one fused multiply-add each: the same
+ * bits as multiplying and then subtracting, because a * w is exact in fp32 (a is an fp16 scale times a
+ * scale of at most 6 bits, w an integer of at most 5 bits: at most 22 significant bits), so only the
+ * subtraction rounds in either form. */
 static inline __attribute__((always_inline)) void scale_shift_halves(vec *w, float a, float b, float c, float e) {
-    const vec va = vset1(a), vb = vset1(b), vc = vset1(c), ve = vset1(e);
-    for (int i = 0; i < VEC_PER_HALF; i++) w[i] = vsub(vmul(va, w[i]), vb);
-    for (int i = VEC_PER_HALF; i < VEC_PER_BLOCK; i++) w[i] = vsub(vmul(vc, w[i]), ve);
+    const vec va = vset1(a), vb = vset1(-b), vc = vset1(c), ve = vset1(-e);
+    for (int i = 0; i < VEC_PER_HALF; i++) w[i] = vfma(va, w[i], vb);
+    for (int i = VEC_PER_HALF; i < VEC_PER_BLOCK; i++) w[i] = vfma(vc, w[i], ve);
 }
 
 static inline __attribute__((always_inline)) void widen32(__m128i lo, __m128i hi, vec *w) {

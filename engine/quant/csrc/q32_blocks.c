@@ -80,9 +80,18 @@ static inline __attribute__((always_inline)) void q5_0_decode(const uint8_t *blk
     const __m128i sixteen = _mm_set1_epi8(16);
     __m128i lo, hi;
     nibbles(blk + 6, &lo, &hi);
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    /* q - 16 = nibble - 16 where the fifth bit is clear, the nibble where it is set: one masked op. */
+    const uint32_t qh = high_bits(blk + 2);
+    lo = _mm_mask_sub_epi8(lo, (__mmask16)~qh, lo, sixteen);
+    hi = _mm_mask_sub_epi8(hi, (__mmask16)~(qh >> 16), hi, sixteen);
+#else
     fifth_bits(high_bits(blk + 2), &lo, &hi);
-    widen16(_mm_sub_epi8(lo, sixteen), w);
-    widen16(_mm_sub_epi8(hi, sixteen), w + VEC_PER_HALF);
+    lo = _mm_sub_epi8(lo, sixteen);
+    hi = _mm_sub_epi8(hi, sixteen);
+#endif
+    widen16(lo, w);
+    widen16(hi, w + VEC_PER_HALF);
     for (int i = 0; i < VEC_PER_BLOCK; i++) w[i] = vmul(d, w[i]);
 }
 
@@ -90,10 +99,18 @@ static inline __attribute__((always_inline)) void q5_1_decode(const uint8_t *blk
     const vec d = vset1(kv_half_at(blk)), m = vset1(kv_half_at(blk + 2));
     __m128i lo, hi;
     nibbles(blk + 8, &lo, &hi);
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    const __m128i sixteen = _mm_set1_epi8(16);
+    const uint32_t qh = high_bits(blk + 4);
+    lo = _mm_mask_add_epi8(lo, (__mmask16)qh, lo, sixteen);
+    hi = _mm_mask_add_epi8(hi, (__mmask16)(qh >> 16), hi, sixteen);
+#else
     fifth_bits(high_bits(blk + 4), &lo, &hi);
+#endif
     widen16(lo, w);
     widen16(hi, w + VEC_PER_HALF);
-    for (int i = 0; i < VEC_PER_BLOCK; i++) w[i] = vadd(vmul(d, w[i]), m);
+    /* d * q + m in one rounding, as the unfused form rounds it: d * q (fp16 times q < 32) is exact. */
+    for (int i = 0; i < VEC_PER_BLOCK; i++) w[i] = vfma(d, w[i], m);
 }
 #else
 #define q4_0_decode q4_0_block
