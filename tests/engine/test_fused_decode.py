@@ -9,7 +9,7 @@ import torch
 from engine import Engine, EngineError, EngineOptions, SamplingParams
 from engine.decode.cpu_step import FusedCPUDecode
 from engine.kv.cache import ContiguousKVCache
-from engine.quant.kernels import load_quant_kernels
+from engine.quant.kernels import kernels_for, load_quant_kernels
 from engine.weights.checkpoint import load_model
 from engine.weights.gguf import convert_gguf
 from tests.tiny_gguf import write_gguf
@@ -25,6 +25,12 @@ def kernels():
     loaded = load_quant_kernels()
     assert not isinstance(loaded, str), loaded
     return loaded
+
+
+@pytest.fixture(scope="module", params=["native", "haswell", "x86-64"], ids=["this-cpu", "avx2", "portable"])
+def every_isa(request, kernels):
+    """The fused step built for this CPU, for AVX2 and as portable C: each path against the eager model."""
+    return kernels if request.param == "native" else kernels_for(request.param)
 
 
 def new_cache(model):
@@ -51,9 +57,9 @@ def fused_logits(model, fused, ids, prompt, threads):
 
 @pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
 @pytest.mark.parametrize("threads", [1, 2])
-def test_fused_step_logits_equal_the_eager_model_at_every_position(kernels, tmp_path, arch, threads):
+def test_fused_step_logits_equal_the_eager_model_at_every_position(every_isa, tmp_path, arch, threads):
     model = load_model(make_tiny_model(tmp_path, arch, seed=7), torch.device("cpu"), torch.float32)
-    fused = FusedCPUDecode(model, kernels)
+    fused = FusedCPUDecode(model, every_isa)
     ids = tokens(230, seed=threads)  # past 128 positions: attention splits the context into chunks
     expected = model(torch.tensor(ids), new_cache(model), all_logits=True)
     actual, cache = fused_logits(model, fused, ids, 5, threads)

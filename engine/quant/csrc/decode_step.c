@@ -24,9 +24,7 @@
 #include <time.h>
 
 #include "block_quant.h"
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-#include <immintrin.h>
-#endif
+#include "simd.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -83,76 +81,40 @@ typedef struct {
     double *profile; /* NULL, or [max_threads][PHASES] seconds each thread spent per phase, added to */
 } kv_model;
 
-/* ---- vector helpers ---- */
+/* ---- vector helpers (simd.h has the common ones) ---- */
 
-#if defined(__AVX512F__)
-#define VF 16
-typedef __m512 vf;
-#define vf_zero _mm512_setzero_ps
-#define vf_load _mm512_loadu_ps
-#define vf_store _mm512_storeu_ps
-#define vf_set1 _mm512_set1_ps
-#define vf_fma _mm512_fmadd_ps
-#define vf_add _mm512_add_ps
-#define vf_mul _mm512_mul_ps
-#define vf_sub _mm512_sub_ps
-#define vf_div _mm512_div_ps
-#define vf_sum _mm512_reduce_add_ps
-#define vf_max _mm512_max_ps
-#define vf_hmax _mm512_reduce_max_ps
-#elif defined(__AVX2__) && defined(__FMA__)
-#define VF 8
-typedef __m256 vf;
-#define vf_zero _mm256_setzero_ps
-#define vf_load _mm256_loadu_ps
-#define vf_store _mm256_storeu_ps
-#define vf_set1 _mm256_set1_ps
-#define vf_fma _mm256_fmadd_ps
-#define vf_add _mm256_add_ps
-#define vf_mul _mm256_mul_ps
-#define vf_sub _mm256_sub_ps
-#define vf_div _mm256_div_ps
-#define vf_max _mm256_max_ps
-static inline float vf_sum(vf v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-static inline float vf_hmax(vf v) {
-    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_max_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+#if VEC == 16
+#define vdiv _mm512_div_ps
+#elif VEC == 8
+#define vdiv _mm256_div_ps
 #endif
 
-#ifdef VF
+#if VEC > 1
 /* exp(x) for x <= 88 (softmax arguments are <= 0): Cody-Waite reduction to r in [-ln2/2, ln2/2], a
  * degree-6 polynomial (Cephes' expf coefficients), times 2^n; relative error about 1e-7. */
-static inline vf vf_exp(vf x) {
-    const vf lo = vf_set1(-87.0f), hi = vf_set1(88.0f);
-#if VF == 16
+static inline vec vexp(vec x) {
+    const vec lo = vset1(-87.0f), hi = vset1(88.0f);
+#if VEC == 16
     x = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
-    const vf n = _mm512_roundscale_ps(vf_mul(x, vf_set1(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
+    const vec n = _mm512_roundscale_ps(vmul(x, vset1(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
 #else
     x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
-    const vf n = _mm256_round_ps(vf_mul(x, vf_set1(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
+    const vec n = _mm256_round_ps(vmul(x, vset1(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
 #endif
-    vf r = vf_fma(n, vf_set1(-0.693359375f), x);
-    r = vf_fma(n, vf_set1(2.12194440e-4f), r);
-    vf p = vf_set1(1.9875691500e-4f);
-    p = vf_fma(p, r, vf_set1(1.3981999507e-3f));
-    p = vf_fma(p, r, vf_set1(8.3334519073e-3f));
-    p = vf_fma(p, r, vf_set1(4.1665795894e-2f));
-    p = vf_fma(p, r, vf_set1(1.6666665459e-1f));
-    p = vf_fma(p, r, vf_set1(5.0000001201e-1f));
-    p = vf_fma(p, vf_mul(r, r), vf_add(r, vf_set1(1.0f)));
-#if VF == 16
+    vec r = vfma(n, vset1(-0.693359375f), x);
+    r = vfma(n, vset1(2.12194440e-4f), r);
+    vec p = vset1(1.9875691500e-4f);
+    p = vfma(p, r, vset1(1.3981999507e-3f));
+    p = vfma(p, r, vset1(8.3334519073e-3f));
+    p = vfma(p, r, vset1(4.1665795894e-2f));
+    p = vfma(p, r, vset1(1.6666665459e-1f));
+    p = vfma(p, r, vset1(5.0000001201e-1f));
+    p = vfma(p, vmul(r, r), vadd(r, vset1(1.0f)));
+#if VEC == 16
     return _mm512_scalef_ps(p, n);
 #else
     const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return vf_mul(p, _mm256_castsi256_ps(bits));
+    return vmul(p, _mm256_castsi256_ps(bits));
 #endif
 }
 #endif
@@ -161,15 +123,15 @@ static inline vf vf_exp(vf x) {
 static float exp_shifted(float *x, int n, float shift) {
     int i = 0;
     float sum = 0.0f;
-#ifdef VF
-    vf acc = vf_zero();
-    const vf s = vf_set1(shift);
-    for (; i + VF <= n; i += VF) {
-        const vf e = vf_exp(vf_sub(vf_load(x + i), s));
-        vf_store(x + i, e);
-        acc = vf_add(acc, e);
+#if VEC > 1
+    vec acc = vzero();
+    const vec s = vset1(shift);
+    for (; i + VEC <= n; i += VEC) {
+        const vec e = vexp(vsub(vload(x + i), s));
+        vstore(x + i, e);
+        acc = vadd(acc, e);
     }
-    sum = vf_sum(acc);
+    sum = vsum(acc);
 #endif
     for (; i < n; i++) {
         x[i] = expf(x[i] - shift);
@@ -181,10 +143,10 @@ static float exp_shifted(float *x, int n, float shift) {
 static float dot(const float *a, const float *b, int n) {
     int i = 0;
     float s = 0.0f;
-#ifdef VF
-    vf acc = vf_zero();
-    for (; i + VF <= n; i += VF) acc = vf_fma(vf_load(a + i), vf_load(b + i), acc);
-    s = vf_sum(acc);
+#if VEC > 1
+    vec acc = vzero();
+    for (; i + VEC <= n; i += VEC) acc = vfma(vload(a + i), vload(b + i), acc);
+    s = vsum(acc);
 #endif
     for (; i < n; i++) s += a[i] * b[i];
     return s;
@@ -199,12 +161,12 @@ static void rms_norm(const float *x, const float *w, int n, float eps, float *ou
 /* x / (1 + exp(-x)), the SiLU of the gated MLP, times the up projection. */
 static void silu_mul(const float *gate, const float *up, int n, float *out) {
     int i = 0;
-#ifdef VF
-    const vf one = vf_set1(1.0f);
-    for (; i + VF <= n; i += VF) {
-        const vf g = vf_load(gate + i);
-        const vf e = vf_exp(vf_sub(vf_zero(), g));
-        vf_store(out + i, vf_mul(vf_div(g, vf_add(one, e)), vf_load(up + i)));
+#if VEC > 1
+    const vec one = vset1(1.0f);
+    for (; i + VEC <= n; i += VEC) {
+        const vec g = vload(gate + i);
+        const vec e = vexp(vsub(vzero(), g));
+        vstore(out + i, vmul(vdiv(g, vadd(one, e)), vload(up + i)));
     }
 #endif
     for (; i < n; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
@@ -255,9 +217,9 @@ static void attend_chunk(const float *q, const float *k, const float *v, int gro
         for (int t = 0; t < len; t++) {
             const float p = s[t], *vt = v + (int64_t)(t0 + t) * dim;
             int i = 0;
-#ifdef VF
-            const vf pv = vf_set1(p);
-            for (; i + VF <= dim; i += VF) vf_store(acc + i, vf_fma(pv, vf_load(vt + i), vf_load(acc + i)));
+#if VEC > 1
+            const vec pv = vset1(p);
+            for (; i + VEC <= dim; i += VEC) vstore(acc + i, vfma(pv, vload(vt + i), vload(acc + i)));
 #endif
             for (; i < dim; i++) acc[i] += p * vt[i];
         }
