@@ -20,8 +20,10 @@ from engine.kv.cache import ContiguousKVCache
 from engine.model.causal_lm import CausalLM
 from engine.model.layers import DecoderLayer
 from engine.quant.kernels import FORMAT_CODES, LinearDesc, QuantKernels
+from engine.quant.linear import KERNEL_MAX_ROWS
 
 MAX_PARTS = 3
+MAX_ROWS = KERNEL_MAX_ROWS  # new tokens per call: past this, a GEMM over dequantized weights is faster
 # The phases decode_step.c times when profiled, in its enum's order.
 PHASES = ("q/k/v projection", "q/k norm, RoPE, K/V append", "attention", "o projection", "gate and up, SiLU",
           "down projection", "lm_head", "waiting at barriers")
@@ -42,7 +44,7 @@ class _Layer(ctypes.Structure):
 class _Model(ctypes.Structure):
     _fields_ = [("layers", _i32), ("hidden", _i32), ("heads", _i32), ("kv_heads", _i32), ("head_dim", _i32),
                 ("intermediate", _i32), ("vocab", _i32), ("max_tokens", _i32), ("eps", ctypes.c_float),
-                ("scale", ctypes.c_float), ("max_threads", _i32), ("reserved", _i32),
+                ("scale", ctypes.c_float), ("max_threads", _i32), ("max_rows", _i32),
                 ("layer", ctypes.POINTER(_Layer)), ("final_norm", ctypes.c_void_p), ("lm_head", _Parts),
                 ("scratch", ctypes.c_void_p), ("profile", ctypes.c_void_p)]
 
@@ -105,7 +107,7 @@ class FusedCPUDecode:
             layers=cfg.num_layers, hidden=cfg.hidden_size, heads=cfg.num_heads, kv_heads=cfg.num_kv_heads,
             head_dim=cfg.head_dim, intermediate=cfg.intermediate_size, vocab=cfg.vocab_size,
             max_tokens=cfg.context_window, eps=cfg.rms_norm_eps, scale=cfg.head_dim ** -0.5,
-            max_threads=self._threads, layer=self._layers, final_norm=_fp32(model.norm.weight, "the final norm"),
+            max_threads=self._threads, max_rows=MAX_ROWS, layer=self._layers, final_norm=_fp32(model.norm.weight, "the final norm"),
             lm_head=_parts(model.lm_head, "lm_head"))
         lib = kernels.lib
         self._scratch = torch.empty(lib.kv_decode_scratch_floats(ctypes.byref(self._desc)), dtype=torch.float32)
@@ -115,7 +117,7 @@ class FusedCPUDecode:
         self._cos, self._sin = _fp32(model.rotary.cos, "RoPE"), _fp32(model.rotary.sin_signed, "RoPE")
         self._row = cfg.hidden_size * 4  # bytes per embedding row
         self._rope_row = cfg.head_dim * 4
-        self._step = lib.kv_decode_step
+        self._forward = lib.kv_forward_tokens
         self._desc_ref = ctypes.byref(self._desc)
 
     @contextlib.contextmanager
@@ -138,12 +140,31 @@ class FusedCPUDecode:
 
     def step(self, token: int, buffer: ContiguousKVCache, threads: int) -> torch.Tensor:
         """Logits [1, vocab] of `token` at position buffer.num_tokens, its K/V written there (room must be
-        reserved; the caller commits). The tensor is reused by the next step: read it first."""
+        reserved; the caller commits). The tensor is reused by the next call: read it first."""
+        if not 0 <= token < self.model.cfg.vocab_size:
+            raise ValueError(f"token {token} is not in the vocabulary")
+        self._run(1, self._embed + token * self._row, buffer, self._logits, False, threads)
+        return self._logits
+
+    def forward(self, token_ids: list[int], buffer: ContiguousKVCache, threads: int,
+                all_logits: bool = False) -> torch.Tensor:
+        """Logits of up to MAX_ROWS new tokens after the buffer's (a follow-up message, a prompt chunk):
+        [1, vocab] of the last, or [T, vocab] of each if `all_logits`; their K/V written (reserved; the
+        caller commits). A new tensor."""
+        ids = torch.tensor(token_ids, dtype=torch.long)
+        if not 1 <= len(ids) <= MAX_ROWS or not 0 <= int(ids.min()) <= int(ids.max()) < self.model.cfg.vocab_size:
+            raise ValueError(f"{len(ids)} tokens: 1 to {MAX_ROWS}, each in the vocabulary")
+        embeddings = self.model.embed_tokens.weight.index_select(0, ids)
+        logits = torch.empty(len(ids) if all_logits else 1, self.model.cfg.vocab_size, dtype=torch.float32)
+        self._run(len(ids), embeddings.data_ptr(), buffer, logits, all_logits, threads)
+        return logits
+
+    def _run(self, rows: int, embeddings: int, buffer: ContiguousKVCache, logits: torch.Tensor, all_logits: bool,
+             threads: int) -> None:
         position = buffer.num_tokens
         k, v = buffer.storage()
-        if not (0 <= token < self.model.cfg.vocab_size and position < k.shape[2]):
-            raise ValueError(f"token {token} at position {position}: out of range")
-        self._step(self._desc_ref, position, self._embed + token * self._row, self._cos + position * self._rope_row,
-                   self._sin + position * self._rope_row, k.data_ptr(), v.data_ptr(), k.shape[2],
-                   self._logits.data_ptr(), min(threads, self._threads))
-        return self._logits
+        if position + rows > k.shape[2]:
+            raise ValueError(f"{rows} tokens at position {position}: room was not reserved")
+        self._forward(self._desc_ref, rows, position, embeddings, self._cos + position * self._rope_row,
+                      self._sin + position * self._rope_row, k.data_ptr(), v.data_ptr(), k.shape[2],
+                      logits.data_ptr(), int(all_logits), min(threads, self._threads))

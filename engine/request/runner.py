@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from engine.decode.cpu_step import FusedCPUDecode
+from engine.decode.cpu_step import MAX_ROWS, FusedCPUDecode
 from engine.decode.graph_runner import DecodeRunner
 from engine.decode.thread_choice import DecodeThreads
 from engine.decode.path import decode_path
@@ -98,7 +98,13 @@ class ModelRunner:
                 for w in step]
 
     def prefill(self, kv: SequenceKV, token_ids: list[int]) -> torch.Tensor:
-        """One forward over `token_ids` after `kv`'s tokens: logits [1, vocab] of the last."""
+        """One forward over `token_ids` after `kv`'s tokens: logits [1, vocab] of the last. A few tokens (a
+        follow-up message, the end of a prompt) go through the fused C step where there is one."""
+        if self.fused is not None and kv.contiguous is not None and len(token_ids) <= MAX_ROWS:
+            kv.reserve(len(token_ids))
+            logits = self.fused.forward(token_ids, kv.contiguous, torch.get_num_threads())
+            kv.commit(len(token_ids))
+            return logits
         return self.model(torch.tensor(token_ids, dtype=torch.long, device=self.device), kv)
 
     def decode(self, kv: SequenceKV, token: int) -> torch.Tensor:

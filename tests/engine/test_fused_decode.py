@@ -105,9 +105,16 @@ def test_the_real_model_decodes_the_same_through_both_steps(default_engine, kern
     ids = default_engine.tokenizer.encode("The capital of France is Paris. The capital of Italy is")
     ids += tokens(20, seed=11)
     expected = model(torch.tensor(ids), new_cache(model), all_logits=True)
-    actual, _ = fused_logits(model, FusedCPUDecode(model, kernels), ids, 3, 2)
+    fused = FusedCPUDecode(model, kernels)
+    actual, _ = fused_logits(model, fused, ids, 3, 2)
     torch.testing.assert_close(actual, expected, atol=2e-3, rtol=1e-4)
     assert torch.equal(actual.argmax(-1), expected.argmax(-1))
+    cache = new_cache(model)  # the rest as one message after the first 10 tokens, in one call
+    model(torch.tensor(ids[:10]), cache)
+    cache.reserve(len(ids) - 10)
+    message = fused.forward(ids[10:], cache, 2, all_logits=True)
+    torch.testing.assert_close(message, expected[10:], atol=2e-3, rtol=1e-4)
+    assert torch.equal(message.argmax(-1), expected[10:].argmax(-1))
 
 
 def test_asking_for_the_fused_step_where_it_cannot_run_is_one_sentence(tiny_model_dir):
@@ -116,3 +123,48 @@ def test_asking_for_the_fused_step_where_it_cannot_run_is_one_sentence(tiny_mode
     with pytest.raises(EngineError, match="eager path only"):
         Engine.load(EngineOptions(model=str(tiny_model_dir), paged_kv=True, fused_decode=True))
     assert Engine.load(EngineOptions(model=str(tiny_model_dir), dtype="bfloat16")).info.decode == "eager"
+
+
+# head_dim 64 (as SmolLM2's) takes the register-blocked attention paths of every vector width
+WIDE_HEADS = dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "llama-mqa", "llama-linear-rope-bias", "llama-wide-heads"])
+@pytest.mark.parametrize("cached", [0, 7, 150])
+def test_several_new_tokens_in_one_call_equal_the_eager_model(every_isa, tmp_path, arch, cached):
+    """A follow-up message through the fused step: logits of every new token (causal within the call,
+    after `cached` positions) and the K/V it leaves, against the eager forward of the whole sequence."""
+    from engine.decode.cpu_step import MAX_ROWS
+
+    path = (make_tiny_model(tmp_path, "llama", seed=9, **WIDE_HEADS) if arch == "llama-wide-heads"
+            else make_tiny_model(tmp_path, arch, seed=9))
+    model = load_model(path, torch.device("cpu"), torch.float32)
+    fused = FusedCPUDecode(model, every_isa)
+    for new in (2, 24, MAX_ROWS):
+        ids = tokens(cached + new, seed=new)
+        expected = model(torch.tensor(ids), new_cache(model), all_logits=True)
+        cache = new_cache(model)
+        if cached:
+            model(torch.tensor(ids[:cached]), cache)
+        cache.reserve(new)
+        every = fused.forward(ids[cached:], cache, 2, all_logits=True)
+        last = fused.forward(ids[cached:], cache, 1)  # the same positions again, last logits only
+        cache.commit(new)
+        torch.testing.assert_close(every, expected[cached:], atol=ATOL, rtol=0)
+        torch.testing.assert_close(last, expected[-1:], atol=ATOL, rtol=0)
+        eager = new_cache(model)
+        model(torch.tensor(ids), eager)
+        for mine, theirs in zip(cache.positions(0, len(ids)), eager.positions(0, len(ids))):
+            torch.testing.assert_close(mine, theirs, atol=ATOL, rtol=0)
+
+
+def test_more_tokens_than_one_call_takes_are_refused(kernels, tmp_path):
+    from engine.decode.cpu_step import MAX_ROWS
+
+    model = load_model(make_tiny_model(tmp_path, "llama"), torch.device("cpu"), torch.float32)
+    cache = new_cache(model)
+    cache.reserve(MAX_ROWS + 1)
+    with pytest.raises(ValueError, match="1 to"):
+        FusedCPUDecode(model, kernels).forward(tokens(MAX_ROWS + 1), cache, 2)
+    with pytest.raises(ValueError, match="vocabulary"):
+        FusedCPUDecode(model, kernels).forward([VOCAB], cache, 2)

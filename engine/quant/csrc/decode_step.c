@@ -73,7 +73,7 @@ typedef struct {
 typedef struct {
     int32_t layers, hidden, heads, kv_heads, head_dim, intermediate, vocab, max_tokens;
     float eps, scale;
-    int32_t max_threads, reserved;
+    int32_t max_threads, max_rows; /* the most threads and new tokens a call may use */
     const kv_layer *layer;
     const float *final_norm;
     kv_parts lm_head;
@@ -172,21 +172,22 @@ static void silu_mul(const float *gate, const float *up, int n, float *out) {
     for (; i < n; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
-/* Columns [n0, n1) of a multi-part linear. */
-static void parts_columns(const kv_parts *P, const float *x, float *y, int n0, int n1) {
+/* Columns [n0, n1) of a multi-part linear for `rows` inputs x [rows, K]: y [rows, P->N]. */
+static void parts_columns(const kv_parts *P, const float *x, int rows, float *y, int n0, int n1) {
     for (int p = 0; p < P->count; p++) {
         const int first = P->first[p], last = first + P->part[p].N;
         const int lo = n0 > first ? n0 : first, hi = n1 < last ? n1 : last;
-        if (lo < hi) kv_linear_columns(&P->part[p], x, 1, y + first, P->part[p].N, lo - first, hi - first);
+        if (lo < hi) kv_linear_columns(&P->part[p], x, rows, y + first, P->N, lo - first, hi - first);
     }
 }
 
 void kv_thread_columns(int N, int t, int threads, int *n0, int *n1);
 
-/* x [n] += y for columns n0..n1 of a linear computed into y. */
-static void add_columns(const kv_parts *P, const float *in, float *y, float *x, int n0, int n1) {
-    parts_columns(P, in, y, n0, n1);
-    for (int n = n0; n < n1; n++) x[n] += y[n];
+/* x [rows, N] += y for columns n0..n1 of a linear of `in` computed into y [rows, N]. */
+static void add_columns(const kv_parts *P, const float *in, int rows, float *y, float *x, int n0, int n1) {
+    parts_columns(P, in, rows, y, n0, n1);
+    for (int r = 0; r < rows; r++)
+        for (int n = n0; n < n1; n++) x[(int64_t)r * P->N + n] += y[(int64_t)r * P->N + n];
 }
 
 static void rotate(float *x, const float *cos, const float *sin, int dim) {
@@ -226,6 +227,134 @@ static void attend_chunk(const float *q, const float *k, const float *v, int gro
     }
 }
 
+/* Keys a multi-token attention item takes at a time (transposed into a tile of its own). */
+#define TILE 64
+
+#if VEC > 1
+/* A register block: QB query vectors x KB key vectors (scores) or x SB output slices of VEC floats
+ * (values), sized to the vector registers (32 with AVX-512, 16 with AVX2). */
+#define QB 4
+#if VEC == 16
+#define KB 4
+#define SB 4
+#else
+#define KB 2
+#define SB 2
+#endif
+
+/* Scores of query vectors qi..qi+QB against the transposed tile: QB x KB accumulators, each K vector
+ * loaded once for QB queries and each query element broadcast once for KB key vectors. */
+static inline void tile_scores(const float *q, int64_t q_stride, int G, int qi, int dim, float scale,
+                               const float *kt, float *s) {
+    const float *qv[QB];
+    for (int b = 0; b < QB; b++) qv[b] = q + (int64_t)((qi + b) / G) * q_stride + ((qi + b) % G) * dim;
+    const vec sc = vset1(scale);
+    for (int c0 = 0; c0 < TILE / VEC; c0 += KB) {
+        vec acc[QB][KB];
+        for (int b = 0; b < QB; b++)
+            for (int c = 0; c < KB; c++) acc[b][c] = vzero();
+        for (int d = 0; d < dim; d++) {
+            vec kv[KB];
+            for (int c = 0; c < KB; c++) kv[c] = vload(kt + d * TILE + (c0 + c) * VEC);
+            for (int b = 0; b < QB; b++) {
+                const vec x = vset1(qv[b][d]);
+                for (int c = 0; c < KB; c++) acc[b][c] = vfma(x, kv[c], acc[b][c]);
+            }
+        }
+        for (int b = 0; b < QB; b++)
+            for (int c = 0; c < KB; c++) vstore(s + (qi + b) * TILE + (c0 + c) * VEC, vmul(acc[b][c], sc));
+    }
+}
+
+/* out_qi += sum over the tile's n keys of p[qi][j] * v_j for query vectors qi..qi+QB, SB slices of the
+ * output at a time in registers. */
+static inline void tile_values(const float *v, int n, int qi, int dim, const float *s, float *part) {
+    const int stride = dim + 2;
+    for (int i0 = 0; i0 < dim; i0 += SB * VEC) {
+        vec acc[QB][SB];
+        for (int b = 0; b < QB; b++)
+            for (int c = 0; c < SB; c++) acc[b][c] = vload(part + (qi + b) * stride + 2 + i0 + c * VEC);
+        for (int j = 0; j < n; j++) {
+            vec vv[SB];
+            for (int c = 0; c < SB; c++) vv[c] = vload(v + (int64_t)j * dim + i0 + c * VEC);
+            for (int b = 0; b < QB; b++) {
+                const vec p = vset1(s[(qi + b) * TILE + j]);
+                for (int c = 0; c < SB; c++) acc[b][c] = vfma(p, vv[c], acc[b][c]);
+            }
+        }
+        for (int b = 0; b < QB; b++)
+            for (int c = 0; c < SB; c++) vstore(part + (qi + b) * stride + 2 + i0 + c * VEC, acc[b][c]);
+    }
+}
+#endif
+
+/*
+ * The attention item of several new tokens: Q = R * G query vectors (token r's G heads at
+ * q + r * q_stride, dim apart) against positions t0..t1 of one KV head, token r seeing positions up to
+ * first + r. Flash-style over tiles of TILE keys: each tile of K is transposed so a query's scores for
+ * VEC keys are one vector of FMAs (no horizontal sums), and each query keeps a running max, sum of exps
+ * and output, rescaled when the max grows. Leaves them in part[qi * (dim + 2)] as attend_chunk does.
+ * Scratch: kt [dim * TILE], s [Q * TILE].
+ */
+static void attend_rows(const float *q, int64_t q_stride, int R, int G, int first, const float *k, const float *v,
+                        int dim, int t0, int t1, float scale, float *kt, float *s, float *part) {
+    const int Q = R * G, stride = dim + 2;
+    for (int qi = 0; qi < Q; qi++) {
+        part[qi * stride] = -INFINITY;
+        part[qi * stride + 1] = 0.0f;
+        memset(part + qi * stride + 2, 0, sizeof(float) * dim);
+    }
+    for (int a = t0; a < t1; a += TILE) {
+        const int n = t1 - a < TILE ? t1 - a : TILE;
+        /* K rows read in order (a stream the prefetcher follows), scattered into the tile (in L1) */
+        for (int j = 0; j < n; j++) {
+            const float *row = k + (int64_t)(a + j) * dim;
+            for (int d = 0; d < dim; d++) kt[d * TILE + j] = row[d];
+        }
+        for (int d = 0; d < dim; d++)
+            for (int j = n; j < TILE; j++) kt[d * TILE + j] = 0.0f;
+        int qi = 0;
+#if VEC > 1
+        for (; qi + QB <= Q; qi += QB) tile_scores(q, q_stride, G, qi, dim, scale, kt, s);
+#endif
+        for (; qi < Q; qi++) {
+            const float *qv = q + (int64_t)(qi / G) * q_stride + (qi % G) * dim;
+            for (int j = 0; j < TILE; j++) {
+                float acc = 0.0f;
+                for (int d = 0; d < dim; d++) acc += qv[d] * kt[d * TILE + j];
+                s[qi * TILE + j] = acc * scale;
+            }
+        }
+        for (int qi = 0; qi < Q; qi++) {
+            const int visible = first + qi / G - a + 1; /* keys a.. a+visible-1 of this tile are seen */
+            const int m = visible < n ? visible : n;
+            float *sq = s + qi * TILE, *out = part + qi * stride;
+            if (m <= 0) {
+                memset(sq, 0, sizeof(float) * TILE);
+                continue;
+            }
+            float top = out[0];
+            for (int j = 0; j < m; j++) top = sq[j] > top ? sq[j] : top;
+            const float rescale = expf(out[0] - top); /* 0 while nothing was seen (out[0] = -inf) */
+            out[0] = top;
+            out[1] = out[1] * rescale + exp_shifted(sq, m, top);
+            for (int j = m; j < TILE; j++) sq[j] = 0.0f; /* unseen keys weigh nothing below */
+            for (int i = 0; i < dim; i++) out[2 + i] *= rescale;
+        }
+        qi = 0;
+#if VEC > 1
+        if (dim % (SB * VEC) == 0)
+            for (; qi + QB <= Q; qi += QB) tile_values(v + (int64_t)a * dim, n, qi, dim, s, part);
+#endif
+        for (; qi < Q; qi++) {
+            const float *sq = s + qi * TILE;
+            float *acc = part + qi * stride + 2;
+            for (int j = 0; j < n; j++)
+                for (int i = 0; i < dim; i++) acc[i] += sq[j] * v[(int64_t)(a + j) * dim + i];
+        }
+    }
+}
+
 /* Softmax-weighted sum of the chunks of one query head: out [dim]. */
 static void combine_chunks(const float *parts, int chunks, int stride, int dim, float *out) {
     float top = -INFINITY, total = 0.0f;
@@ -248,9 +377,7 @@ static int chunks_for(int context, int kv_heads, int threads) {
     return chunks < 1 ? 1 : chunks;
 }
 
-#define MAX_CHUNKS 64
-
-/* Scratch layout, in floats (shared buffers first, then per-thread ones). */
+/* Scratch layout, in floats (shared buffers first, then per-thread ones), for up to max_rows tokens. */
 typedef struct {
     float *x, *qkv, *y, *h, *act, *parts;
     int64_t per_thread;
@@ -259,17 +386,20 @@ typedef struct {
 
 static scratch_layout layout(const kv_model *M, float *base) {
     scratch_layout s;
-    const int q = M->heads * M->head_dim, kv = M->kv_heads * M->head_dim;
-    const int group = M->heads / M->kv_heads;
+    const int64_t R = M->max_rows, q = M->heads * M->head_dim, kv = M->kv_heads * M->head_dim;
+    const int group = M->heads / M->kv_heads, max_chunks = chunks_for(1 << 30, M->kv_heads, M->max_threads);
     s.x = base;
-    s.qkv = s.x + M->hidden;
-    s.y = s.qkv + q + 2 * kv;
-    s.h = s.y + M->hidden;
-    s.act = s.h + 2 * M->intermediate;
-    s.parts = s.act + M->intermediate;
-    s.thread0 = s.parts + (int64_t)M->kv_heads * MAX_CHUNKS * group * (M->head_dim + 2);
-    /* per thread: normed input [max(hidden, q)], attention output [q], scores [group * max_tokens] */
-    s.per_thread = (M->hidden > q ? M->hidden : q) + q + (int64_t)group * M->max_tokens;
+    s.qkv = s.x + R * M->hidden;
+    s.y = s.qkv + R * (q + 2 * kv);
+    s.h = s.y + R * M->hidden;
+    s.act = s.h + R * 2 * M->intermediate;
+    s.parts = s.act + R * M->intermediate;
+    s.thread0 = s.parts + (int64_t)M->kv_heads * max_chunks * R * group * (M->head_dim + 2);
+    /* per thread: normed inputs [R, hidden], attention output [R, q], scores (a decode step's [8,
+     * max_tokens], or a multi-token item's transposed K tile and score tile) */
+    const int64_t decode_scores = (int64_t)(group < 8 ? group : 8) * M->max_tokens;
+    const int64_t tile_scores = (int64_t)M->head_dim * TILE + R * group * TILE;
+    s.per_thread = R * M->hidden + R * q + (decode_scores > tile_scores ? decode_scores : tile_scores);
     return s;
 }
 
@@ -279,18 +409,23 @@ int64_t kv_decode_scratch_floats(const kv_model *M) {
 }
 
 /*
- * Logits [vocab] of the token whose embedding row is `embedding`, at `position` (its RoPE rows `cos`,
- * `sin`); its K/V are written at `position` of the cache, whose positions before it hold the context.
+ * `rows` new tokens (1 for a decode step, at most M->max_rows) at positions position..position+rows-1,
+ * their embeddings [rows, hidden] in `embeddings` and their RoPE rows from `cos`, `sin` on: their K/V
+ * are written at those positions of the cache, whose positions before them hold the context, and
+ * `logits` gets [vocab] for the last token, or [rows, vocab] for every one if `all_logits`.
  */
-void kv_decode_step(const kv_model *M, int position, const float *embedding, const float *cos, const float *sin,
-                    float *k_cache, float *v_cache, int capacity, float *logits, int threads) {
+void kv_forward_tokens(const kv_model *M, int rows, int position, const float *embeddings, const float *cos,
+                       const float *sin, float *k_cache, float *v_cache, int capacity, float *logits,
+                       int all_logits, int threads) {
     const scratch_layout S = layout(M, M->scratch);
     const int hidden = M->hidden, dim = M->head_dim, heads = M->heads, kv_heads = M->kv_heads;
     const int group = heads / kv_heads, q_size = heads * dim, kv_size = kv_heads * dim;
-    const int context = position + 1, inter = M->intermediate;
+    const int qkv_size = q_size + 2 * kv_size, context = position + rows, inter = M->intermediate;
+    const int out_rows = all_logits ? rows : 1, first_out = rows - out_rows;
+    if (rows < 1 || rows > M->max_rows) return;
     if (threads > M->max_threads) threads = M->max_threads;
     if (threads < 1) threads = 1;
-    memcpy(S.x, embedding, sizeof(float) * hidden);
+    memcpy(S.x, embeddings, sizeof(float) * hidden * rows);
 
 #pragma omp parallel num_threads(threads)
     {
@@ -300,9 +435,9 @@ void kv_decode_step(const kv_model *M, int position, const float *embedding, con
         const int t = 0, T = 1;
 #endif
         float *mine = S.thread0 + S.per_thread * t;
-        float *normed = mine, *attn = mine + (hidden > q_size ? hidden : q_size), *scores = attn + q_size;
+        float *normed = mine, *attn = normed + (int64_t)rows * hidden, *scores = attn + (int64_t)rows * q_size;
         const int chunks = chunks_for(context, kv_heads, T);
-        const int items = kv_heads * chunks, stride = dim + 2;
+        const int items = kv_heads * chunks, stride = dim + 2, item_floats = rows * group * stride;
         int n0, n1;
         double *clock = M->profile ? M->profile + (int64_t)t * PHASES : 0, last_ = clock ? now_seconds() : 0;
 
@@ -311,62 +446,88 @@ void kv_decode_step(const kv_model *M, int position, const float *embedding, con
             float *kc = k_cache + (int64_t)l * kv_heads * capacity * dim;
             float *vc = v_cache + (int64_t)l * kv_heads * capacity * dim;
 
-            rms_norm(S.x, L->attn_norm, hidden, M->eps, normed);
+            for (int r = 0; r < rows; r++) rms_norm(S.x + r * hidden, L->attn_norm, hidden, M->eps, normed + r * hidden);
             kv_thread_columns(L->qkv.N, t, T, &n0, &n1);
-            parts_columns(&L->qkv, normed, S.qkv, n0, n1);
+            parts_columns(&L->qkv, normed, rows, S.qkv, n0, n1);
             MARK(PHASE_QKV);
             BARRIER();
-            /* q/k norm and RoPE per head, the new K/V into the cache: a few hundred floats, one thread. */
-#pragma omp single nowait
-            {
+            /* q/k norm and RoPE per head, the new K/V into the cache: a few hundred floats a token. */
+#pragma omp for schedule(static) nowait
+            for (int r = 0; r < rows; r++) {
+                float *row = S.qkv + (int64_t)r * qkv_size;
                 for (int h = 0; h < heads + kv_heads; h++) {
-                    float *x = S.qkv + h * dim;
+                    float *x = row + h * dim;
                     const float *w = h < heads ? L->q_norm : L->k_norm;
                     if (w) rms_norm(x, w, dim, M->eps, x);
-                    rotate(x, cos, sin, dim);
+                    rotate(x, cos + (int64_t)r * dim, sin + (int64_t)r * dim, dim);
                 }
                 for (int g = 0; g < kv_heads; g++) {
-                    memcpy(kc + ((int64_t)g * capacity + position) * dim, S.qkv + q_size + g * dim, sizeof(float) * dim);
-                    memcpy(vc + ((int64_t)g * capacity + position) * dim, S.qkv + q_size + kv_size + g * dim,
-                           sizeof(float) * dim);
+                    const int64_t at = ((int64_t)g * capacity + position + r) * dim;
+                    memcpy(kc + at, row + q_size + g * dim, sizeof(float) * dim);
+                    memcpy(vc + at, row + q_size + kv_size + g * dim, sizeof(float) * dim);
                 }
-                MARK(PHASE_ROPE);
             }
+            MARK(PHASE_ROPE);
             BARRIER();
 #pragma omp for schedule(static) nowait
             for (int item = 0; item < items; item++) {
                 const int g = item / chunks, c = item % chunks;
                 const int t0 = (int)((int64_t)context * c / chunks), t1 = (int)((int64_t)context * (c + 1) / chunks);
-                attend_chunk(S.qkv + g * group * dim, kc + (int64_t)g * capacity * dim, vc + (int64_t)g * capacity * dim,
-                             group, dim, t0, t1, M->scale, scores,
-                             S.parts + ((int64_t)g * chunks + c) * group * stride);
+                if (rows > 1) {
+                    attend_rows(S.qkv + g * group * dim, qkv_size, rows, group, position,
+                                kc + (int64_t)g * capacity * dim, vc + (int64_t)g * capacity * dim, dim, t0, t1,
+                                M->scale, scores, scores + dim * TILE, S.parts + (int64_t)item * item_floats);
+                    continue;
+                }
+                for (int r = 0; r < rows; r++) {
+                    /* Token r sees positions up to its own: a causal mask, applied by where the chunk ends. */
+                    const int end = t1 < position + r + 1 ? t1 : position + r + 1;
+                    float *part = S.parts + (int64_t)item * item_floats + (int64_t)r * group * stride;
+                    if (end <= t0) {
+                        for (int j = 0; j < group; j++) {
+                            part[j * stride] = -INFINITY;
+                            part[j * stride + 1] = 0.0f;
+                            memset(part + j * stride + 2, 0, sizeof(float) * dim);
+                        }
+                        continue;
+                    }
+                    attend_chunk(S.qkv + (int64_t)r * qkv_size + g * group * dim, kc + (int64_t)g * capacity * dim,
+                                 vc + (int64_t)g * capacity * dim, group, dim, t0, end, M->scale, scores, part);
+                }
             }
             MARK(PHASE_ATTENTION);
             BARRIER();
-            for (int h = 0; h < heads; h++) {  /* every thread: the whole attention output, for its o columns */
-                const int g = h / group, j = h % group;
-                combine_chunks(S.parts + ((int64_t)g * chunks * group + j) * stride, chunks, group * stride, dim,
-                               attn + h * dim);
+            /* every thread: the whole attention output, for its o columns */
+            for (int r = 0; r < rows; r++) {
+                for (int h = 0; h < heads; h++) {
+                    const int g = h / group, j = h % group;
+                    combine_chunks(S.parts + (int64_t)g * chunks * item_floats + ((int64_t)r * group + j) * stride,
+                                   chunks, item_floats, dim, attn + (int64_t)r * q_size + h * dim);
+                }
             }
             kv_thread_columns(hidden, t, T, &n0, &n1);
-            add_columns(&L->o, attn, S.y, S.x, n0, n1);
+            add_columns(&L->o, attn, rows, S.y, S.x, n0, n1);
             MARK(PHASE_O);
             BARRIER();
-            rms_norm(S.x, L->mlp_norm, hidden, M->eps, normed);
+            for (int r = 0; r < rows; r++) rms_norm(S.x + r * hidden, L->mlp_norm, hidden, M->eps, normed + r * hidden);
             kv_thread_columns(inter, t, T, &n0, &n1);
-            parts_columns(&L->gate_up, normed, S.h, n0, n1);
-            parts_columns(&L->gate_up, normed, S.h, inter + n0, inter + n1);
-            silu_mul(S.h + n0, S.h + inter + n0, n1 - n0, S.act + n0);
+            parts_columns(&L->gate_up, normed, rows, S.h, n0, n1);
+            parts_columns(&L->gate_up, normed, rows, S.h, inter + n0, inter + n1);
+            for (int r = 0; r < rows; r++) {
+                float *h = S.h + (int64_t)r * 2 * inter;
+                silu_mul(h + n0, h + inter + n0, n1 - n0, S.act + (int64_t)r * inter + n0);
+            }
             MARK(PHASE_GATE_UP);
             BARRIER();
             kv_thread_columns(hidden, t, T, &n0, &n1);
-            add_columns(&L->down, S.act, S.y, S.x, n0, n1);
+            add_columns(&L->down, S.act, rows, S.y, S.x, n0, n1);
             MARK(PHASE_DOWN);
             BARRIER();
         }
-        rms_norm(S.x, M->final_norm, hidden, M->eps, normed);
+        for (int r = first_out; r < rows; r++)
+            rms_norm(S.x + r * hidden, M->final_norm, hidden, M->eps, normed + (r - first_out) * hidden);
         kv_thread_columns(M->vocab, t, T, &n0, &n1);
-        parts_columns(&M->lm_head, normed, logits, n0, n1);
+        parts_columns(&M->lm_head, normed, out_rows, logits, n0, n1);
         MARK(PHASE_LM_HEAD);
     }
 }
