@@ -1,9 +1,11 @@
-"""FusedCPUDecode: one decode token through the whole model in one C call (quant/csrc/decode_step.c).
+"""FusedCPUDecode: new tokens through the whole model in one C call (quant/csrc/decode_step.c).
 
-The CPU default for fp32 models whose linears the C kernels can read (block-quantized or dense fp32):
-the eager step spends more of a token in ~1,400 small torch ops and ~120 OpenMP fork/joins than in
-arithmetic. The eager model stays the reference: `ModelRunner.logits` runs it, and the tests compare
-the two (logits, greedy tokens). The C structs are mirrored here field for field.
+The CPU default for fp32 models whose linears the C kernels can read (block-quantized, 2-byte or dense
+fp32): the eager step spends more of a token in ~1,400 small torch ops and ~120 OpenMP fork/joins than
+in arithmetic. `step` is a decode token; `forward` takes up to MAX_ROWS tokens (a follow-up message,
+the end of a prompt; longer chunks go to the eager model, whose GEMMs win there). The eager model stays
+the reference: `ModelRunner.logits` runs it, and the tests compare the two (logits, K/V, greedy tokens).
+The C structs are mirrored here field for field.
 """
 
 from __future__ import annotations
