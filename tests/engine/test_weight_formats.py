@@ -115,6 +115,17 @@ def test_products_match_a_dense_matmul_of_the_same_weights(kernels, fmt, rows):
     torch.testing.assert_close(linear(x), F.linear(x, dense, bias), atol=1e-4, rtol=1e-5)
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_one_input_row_gives_the_bits_that_row_gets_among_several(kernels, fmt):
+    """Decode's one-row loops (some formats walk their blocks their own way there) sum each column in the
+    order, and from the same weights, as the loops over several rows."""
+    qs, _ = stored(fmt, 70, 512, np.random.default_rng(4), scale=PRODUCT_SCALE.get(fmt, 1.0))
+    linear = QuantLinear(kernels, fmt, qs, bias=torch.randn(70))
+    x = torch.randn(2, 512)
+    assert torch.equal(bits(linear(x[:1])), bits(linear(x)[:1]))
+    assert torch.equal(bits(linear(x[1:])), bits(linear(x)[1:]))
+
+
 @pytest.mark.parametrize("fmt", ["q4_k", "q6_k", "q5_0", "bf16"])
 def test_a_column_range_computed_on_one_thread_is_that_slice_of_the_product(kernels, fmt):
     """kv_linear_columns, the call the fused decode step makes per linear, writes y[r * ldy + n]."""

@@ -71,13 +71,13 @@ static inline float finish(const vec *acc, const float *bias, int n) {
 /* Each column's weights are decoded once per group of ROW_GROUP rows (they stay in L1), instead of the
  * matrix being re-read from memory for every row. */
 #define ROW_GROUP 8
-#define COLUMNS(DECODE)                                                            \
+#define COLUMNS(DECODE, ONE_ROW)                                                   \
     do {                                                                           \
         int n = n0;                                                                \
         if (rows == 1) {                                                           \
             const int r0 = 0;                                                      \
             (void)r0;                                                              \
-            for (; n + SIDE_BY_SIDE <= n1; n += SIDE_BY_SIDE) COLUMNS_OF_ONE_ROW(DECODE); \
+            for (; n + SIDE_BY_SIDE <= n1; n += SIDE_BY_SIDE) ONE_ROW(DECODE);     \
             for (; n < n1; n++) COLUMN(1, DECODE);                                 \
             break;                                                                 \
         }                                                                          \
@@ -101,10 +101,13 @@ typedef void kv_columns_fn(const kv_linear *L, const float *x, int rows, float *
 /* Blocks first..first+count of W's [N, K/32] block grid, row-major, as fp32 into out [count * 32]. */
 typedef void kv_blocks_fn(const kv_linear *L, int64_t first, int64_t count, float *out);
 
-#define DEFINE_FORMAT(NAME, DECODE)                                                \
+/* ONE_ROW(DECODE) computes the SIDE_BY_SIDE columns from n for the single input row, with the sums
+ * (and so the bits) COLUMNS_OF_ONE_ROW(DECODE) gives them; a format with a faster way of walking its
+ * blocks for one row names its own (DEFINE_FORMAT_ONE_ROW). */
+#define DEFINE_FORMAT_ONE_ROW(NAME, DECODE, ONE_ROW)                               \
     void kv_columns_##NAME(const kv_linear *L, const float *x, int rows, float *y, int ldy, int n0, int n1) { \
         const int K = L->K, nb = K / BLOCK;                                        \
-        COLUMNS(DECODE);                                                           \
+        COLUMNS(DECODE, ONE_ROW);                                                  \
     }                                                                              \
     void kv_blocks_##NAME(const kv_linear *L, int64_t first, int64_t count, float *out) { \
         const int K = L->K, nb = K / BLOCK;                                        \
@@ -118,6 +121,8 @@ typedef void kv_blocks_fn(const kv_linear *L, int64_t first, int64_t count, floa
             if (++b == nb) b = 0, n++;                                             \
         }                                                                          \
     }
+
+#define DEFINE_FORMAT(NAME, DECODE) DEFINE_FORMAT_ONE_ROW(NAME, DECODE, COLUMNS_OF_ONE_ROW)
 
 #define KV_DECLARE_FORMAT(NAME) kv_columns_fn kv_columns_##NAME; kv_blocks_fn kv_blocks_##NAME;
 KV_DECLARE_FORMAT(f32)

@@ -75,6 +75,58 @@ static inline __attribute__((always_inline)) void q4_0_decode(const uint8_t *blk
     for (int i = 0; i < VEC_PER_BLOCK; i++) w[i] = vmul(d, w[i]);
 }
 
+#if VEC == 16 && defined(__AVX512VBMI__) && defined(__AVX512BW__)
+/* Q5_0 through a 32-entry table of the block's possible weights: t0[i] = d * (i - 16) (fifth bit
+ * clear), t1[i] = d * i (set), each entry the multiply the definition does for that q, so the same bits.
+ * One byte permute spreads the 16 bytes to 16 dwords (a two-table float permute reads only an index's
+ * low five bits: the low nibbles need no mask, the high ones one shift), and a rotate brings each
+ * weight's fifth bit from qh to bit 4 of its index, merged in by one bitwise select. */
+static inline __attribute__((always_inline)) void q5_0_decode_with(const uint8_t *blk, vec d, vec *w) {
+    const vec t0 = vmul(d, _mm512_setr_ps(-16, -15, -14, -13, -12, -11, -10, -9, -8, -7, -6, -5, -4, -3, -2, -1));
+    const vec t1 = vmul(d, _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    const __m512i spread = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512i lo = _mm512_permutexvar_epi8(spread, _mm512_castsi128_si512(load16(blk + 6)));
+    const __m512i hi = _mm512_srli_epi32(lo, 4);
+    uint32_t qh;
+    memcpy(&qh, blk + 2, 4);
+    const __m512i bits = _mm512_set1_epi32((int)qh);
+    /* bit j (16 + j) of qh to bit 4 of lane j */
+    const __m512i b0 = _mm512_rolv_epi32(bits, _mm512_set_epi32(21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 0, 1, 2, 3, 4));
+    const __m512i b1 = _mm512_rolv_epi32(bits, _mm512_set_epi32(5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20));
+    const __m512i i0 = _mm512_ternarylogic_epi32(_mm512_set1_epi32(16), b0, lo, 0xCA);
+    const __m512i i1 = _mm512_ternarylogic_epi32(_mm512_set1_epi32(16), b1, hi, 0xCA);
+    w[0] = _mm512_permutex2var_ps(t0, i0, t1);
+    w[1] = _mm512_permutex2var_ps(t0, i1, t1);
+}
+
+static inline __attribute__((always_inline)) void q5_0_decode(const uint8_t *blk, vec *w) {
+    q5_0_decode_with(blk, vset1(kv_half_at(blk)), w);
+}
+
+/* One row, SIDE_BY_SIDE columns from n: COLUMNS_OF_ONE_ROW(DECODE_Q5_0)'s sums, with every block's d
+ * widened first into a buffer the table multiplies then broadcast from (a load, not a shuffle). */
+static void q5_0_one_row(const kv_linear *L, const float *x, float *y, int n, int nb) {
+    float scale[SIDE_BY_SIDE][nb];
+    const uint8_t *row[SIDE_BY_SIDE];
+    for (int c = 0; c < SIDE_BY_SIDE; c++) {
+        row[c] = (const uint8_t *)L->q + (int64_t)(n + c) * nb * 22;
+        for (int b = 0; b < nb; b++) scale[c][b] = kv_half_at(row[c] + 22 * b);
+    }
+    vec acc[SIDE_BY_SIDE][VEC_PER_BLOCK], w[VEC_PER_BLOCK], xv[VEC_PER_BLOCK];
+    for (int c = 0; c < SIDE_BY_SIDE; c++)
+        for (int i = 0; i < VEC_PER_BLOCK; i++) acc[c][i] = vzero();
+    for (int b = 0; b < nb; b++) {
+        for (int i = 0; i < VEC_PER_BLOCK; i++) xv[i] = vload(x + b * BLOCK + i * VEC);
+        _Pragma("GCC unroll 4")
+        for (int c = 0; c < SIDE_BY_SIDE; c++) {
+            q5_0_decode_with(row[c] + 22 * b, vset1(scale[c][b]), w);
+            for (int i = 0; i < VEC_PER_BLOCK; i++) acc[c][i] = vfma(xv[i], w[i], acc[c][i]);
+        }
+    }
+    for (int c = 0; c < SIDE_BY_SIDE; c++) y[n + c] = finish(acc[c], L->bias, n + c);
+}
+#define Q5_0_ONE_ROW(DECODE) q5_0_one_row(L, x, y, n, nb)
+#else
 static inline __attribute__((always_inline)) void q5_0_decode(const uint8_t *blk, vec *w) {
     const vec d = vset1(kv_half_at(blk));
     const __m128i sixteen = _mm_set1_epi8(16);
@@ -94,6 +146,8 @@ static inline __attribute__((always_inline)) void q5_0_decode(const uint8_t *blk
     widen16(hi, w + VEC_PER_HALF);
     for (int i = 0; i < VEC_PER_BLOCK; i++) w[i] = vmul(d, w[i]);
 }
+
+#endif
 
 static inline __attribute__((always_inline)) void q5_1_decode(const uint8_t *blk, vec *w) {
     const vec d = vset1(kv_half_at(blk)), m = vset1(kv_half_at(blk + 2));
@@ -124,5 +178,9 @@ static inline __attribute__((always_inline)) void q5_1_decode(const uint8_t *blk
 #define DECODE_Q5_1(n, b, w) q5_1_decode(BLOCK_OF(n, b, 24), w)
 
 DEFINE_FORMAT(q4_0, DECODE_Q4_0)
+#ifdef Q5_0_ONE_ROW
+DEFINE_FORMAT_ONE_ROW(q5_0, DECODE_Q5_0, Q5_0_ONE_ROW)
+#else
 DEFINE_FORMAT(q5_0, DECODE_Q5_0)
+#endif
 DEFINE_FORMAT(q5_1, DECODE_Q5_1)
