@@ -198,6 +198,121 @@ static inline __attribute__((always_inline)) void q6_k_decode(const uint8_t *blk
 
 DEFINE_FORMAT(q2_k, DECODE_Q2_K)
 DEFINE_FORMAT(q3_k, DECODE_Q3_K)
+#if VEC == 16
+/* d and dmin, the 4 bytes at p. */
+static inline uint32_t high_halves(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* One row, SIDE_BY_SIDE columns from n, walking whole Q4_K super-blocks: COLUMNS_OF_ONE_ROW(DECODE_Q4_K)'s
+ * sums in its order (so its bits). Per super-block and column the 8 scales and minimums are unpacked
+ * at once and their products with d and dmin rounded as the definition rounds them (ds = d * sc,
+ * dm = dmin * mn); a sub-block's 16 possible weights are then one fused multiply-add, t[i] = ds * i - dm,
+ * the same operation q4_k_decode does per weight (exact, see scale_shift_halves), and its weights a
+ * float permute of that table by their nibbles (which reads only an index's low four bits). */
+static void q4_k_one_row(const kv_linear *L, const float *x, float *y, int n, int nb) {
+    const int supers = nb / SUBS;
+    const uint8_t *row[SIDE_BY_SIDE];
+    for (int c = 0; c < SIDE_BY_SIDE; c++) row[c] = (const uint8_t *)L->q + (int64_t)(n + c) * supers * 144;
+    const vec iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i halves = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m512 negate_mins = _mm512_castsi512_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, (int)0x80000000u,
+        (int)0x80000000u, (int)0x80000000u, (int)0x80000000u, (int)0x80000000u, (int)0x80000000u,
+        (int)0x80000000u, (int)0x80000000u));
+    vec acc[SIDE_BY_SIDE][VEC_PER_BLOCK];
+    for (int c = 0; c < SIDE_BY_SIDE; c++) acc[c][0] = acc[c][1] = vzero();
+    for (int s = 0; s < supers; s++) {
+        float sm[SIDE_BY_SIDE][16] __attribute__((aligned(64))); /* ds[8], then -dm[8] */
+        for (int c = 0; c < SIDE_BY_SIDE; c++) {
+            const uint8_t *blk = row[c] + (int64_t)s * 144;
+            uint32_t u[4];
+            memcpy(u, blk + 4, 12);
+            /* bytes 0..7: the 8 scales, 8..15: the 8 minimums (k4_scale_min for j = 0..7) */
+            u[3] = ((u[2] >> 4) & 0x0F0F0F0F) | (((u[1] >> 6) & 0x03030303) << 4);
+            const uint32_t mins_low = u[1] & 0x3F3F3F3F;
+            u[1] = (u[2] & 0x0F0F0F0F) | (((u[0] >> 6) & 0x03030303) << 4);
+            u[2] = mins_low;
+            u[0] &= 0x3F3F3F3F;
+            const vec ints = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)u)));
+            const vec dd = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128((int)high_halves(blk)))));
+            /* d * sc and dmin * mn, each one rounding; negating the minimums' products is exact */
+            _mm512_store_ps(sm[c], _mm512_xor_ps(vmul(dd, ints), negate_mins));
+        }
+        const float *xs = x + s * SUPER;
+        for (int i = 0; i < 4; i++) {
+            const vec x0 = vload(xs + 64 * i), x1 = vload(xs + 64 * i + 16), x2 = vload(xs + 64 * i + 32),
+                      x3 = vload(xs + 64 * i + 48);
+            _Pragma("GCC unroll 4")
+            for (int c = 0; c < SIDE_BY_SIDE; c++) {
+                const uint8_t *qs = row[c] + (int64_t)s * 144 + 16 + 32 * i;
+                const __m512i q0 = _mm512_cvtepu8_epi32(load16(qs)), q1 = _mm512_cvtepu8_epi32(load16(qs + HALF));
+                const vec ta = vfma(vset1(sm[c][2 * i]), iota, vset1(sm[c][8 + 2 * i]));
+                const vec tb = vfma(vset1(sm[c][2 * i + 1]), iota, vset1(sm[c][9 + 2 * i]));
+                acc[c][0] = vfma(x0, _mm512_permutexvar_ps(q0, ta), acc[c][0]);
+                acc[c][1] = vfma(x1, _mm512_permutexvar_ps(q1, ta), acc[c][1]);
+                acc[c][0] = vfma(x2, _mm512_permutexvar_ps(_mm512_srli_epi32(q0, 4), tb), acc[c][0]);
+                acc[c][1] = vfma(x3, _mm512_permutexvar_ps(_mm512_srli_epi32(q1, 4), tb), acc[c][1]);
+            }
+        }
+    }
+    for (int c = 0; c < SIDE_BY_SIDE; c++) y[n + c] = finish(acc[c], L->bias, n + c);
+}
+#define Q4_K_ONE_ROW(DECODE) q4_k_one_row(L, x, y, n, nb)
+DEFINE_FORMAT_ONE_ROW(q4_k, DECODE_Q4_K, Q4_K_ONE_ROW)
+#else
 DEFINE_FORMAT(q4_k, DECODE_Q4_K)
+#endif
 DEFINE_FORMAT(q5_k, DECODE_Q5_K)
+#if VEC == 16
+/* One row, SIDE_BY_SIDE columns from n, walking whole Q6_K super-blocks: COLUMNS_OF_ONE_ROW(DECODE_Q6_K)'s
+ * sums in its order. Per super-block and column the 16 scale products d * sc are one vector multiply,
+ * and the 6-bit quants of each 128-weight half, minus 32, are built 64 bytes at a time (a 64-bit lane
+ * shift brings each byte's 2 high bits to bits 4..5 of that byte) into a buffer the widening reads. */
+static void q6_k_one_row(const kv_linear *L, const float *x, float *y, int n, int nb) {
+    const int supers = nb / SUBS;
+    const uint8_t *row[SIDE_BY_SIDE];
+    for (int c = 0; c < SIDE_BY_SIDE; c++) row[c] = (const uint8_t *)L->q + (int64_t)(n + c) * supers * 210;
+    const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30), bias = _mm512_set1_epi8(32);
+    const __m512i up_lo = _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2), down_hi = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2);
+    vec acc[SIDE_BY_SIDE][VEC_PER_BLOCK];
+    for (int c = 0; c < SIDE_BY_SIDE; c++) acc[c][0] = acc[c][1] = vzero();
+    for (int s = 0; s < supers; s++) {
+        float ds[SIDE_BY_SIDE][16] __attribute__((aligned(64)));
+        int8_t q[SIDE_BY_SIDE][SUPER] __attribute__((aligned(64))); /* q - 32, weight order */
+        for (int c = 0; c < SIDE_BY_SIDE; c++) {
+            const uint8_t *blk = row[c] + (int64_t)s * 210;
+            const vec d = vset1(kv_half_at(blk + 208));
+            _mm512_store_ps(ds[c], vmul(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load16(blk + 192)))));
+            for (int h = 0; h < 2; h++) {
+                /* weights 128h + 32t + l: t = 0, 1 from ql[64h + 32t + l]'s low nibble, 2, 3 from its high
+                 * one; their 2 high bits are bits 2t..2t+1 of qh[32h + l] */
+                const __m512i ql = _mm512_loadu_si512(blk + 64 * h);
+                const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h)));
+                const __m512i lo = _mm512_ternarylogic_epi32(_mm512_and_si512(ql, low4), _mm512_sllv_epi64(qh, up_lo), bits45, 0xF8);
+                const __m512i hi = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low4),
+                                                             _mm512_srlv_epi64(qh, down_hi), bits45, 0xF8);
+                _mm512_store_si512(q[c] + 128 * h, _mm512_sub_epi8(lo, bias));
+                _mm512_store_si512(q[c] + 128 * h + 64, _mm512_sub_epi8(hi, bias));
+            }
+        }
+        const float *xs = x + s * SUPER;
+        for (int j = 0; j < SUBS; j++) {
+            const vec x0 = vload(xs + 32 * j), x1 = vload(xs + 32 * j + 16);
+            _Pragma("GCC unroll 4")
+            for (int c = 0; c < SIDE_BY_SIDE; c++) {
+                const vec w0 = vmul(vset1(ds[c][2 * j]), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load16((const uint8_t *)q[c] + 32 * j))));
+                const vec w1 = vmul(vset1(ds[c][2 * j + 1]), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load16((const uint8_t *)q[c] + 32 * j + 16))));
+                acc[c][0] = vfma(x0, w0, acc[c][0]);
+                acc[c][1] = vfma(x1, w1, acc[c][1]);
+            }
+        }
+    }
+    for (int c = 0; c < SIDE_BY_SIDE; c++) y[n + c] = finish(acc[c], L->bias, n + c);
+}
+#define Q6_K_ONE_ROW(DECODE) q6_k_one_row(L, x, y, n, nb)
+DEFINE_FORMAT_ONE_ROW(q6_k, DECODE_Q6_K, Q6_K_ONE_ROW)
+#else
 DEFINE_FORMAT(q6_k, DECODE_Q6_K)
+#endif
