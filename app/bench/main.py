@@ -150,6 +150,11 @@ def bench_followup(engine: Engine, hf: HFBaseline | None, histories: list[int], 
             return list(engine.generate(history + next(fresh), params, use_prefix_cache=False))[-1].stats.ttft_ms / 1e3
 
         measures = {"cached": cached, "uncached": uncached}
+        if engine.runner.fused is not None:  # the same message through the eager step, side by side
+            def eager() -> float:
+                with engine.runner.eager_decode():
+                    return cached()
+            measures["cached_eager"] = eager
         if hf is not None:
             _, history_cache = hf.prefill(history)
             measures["hf_naive"] = _timed(lambda: hf.prefill(history + next(fresh)))
@@ -157,7 +162,7 @@ def bench_followup(engine: Engine, hf: HFBaseline | None, histories: list[int], 
         seconds = interleaved_medians(runs, measures)
         row = {"history_tokens": history_len, "new_tokens": new_tokens,
                "cached_tokens": last["stats"].cached_tokens, "prefilled_tokens": last["stats"].prefilled_tokens,
-               "ttft_ms_hf_naive": None, "ttft_ms_hf_cache": None}
+               "ttft_ms_hf_naive": None, "ttft_ms_hf_cache": None, "ttft_ms_cached_eager": None}
         for name, value in seconds.items():
             row[f"ttft_ms_{name}"] = round(value * 1e3, 1)
         rows.append(row)
@@ -245,6 +250,12 @@ def print_table(result: dict) -> None:
               f"{row['ttft_ms_cached']:>10.1f}{row['ttft_ms_uncached']:>10.1f}{speedup:>9.1f}x"
               f"{(f'{hf_naive:.1f}' if hf_naive else '-'):>10}{(f'{hf_cache:.1f}' if hf_cache else '-'):>10}"
               f"{str(row['cached_tokens']) + '/' + str(row['prefilled_tokens']):>18}")
+    eager_rows = [row for row in result["followup"] if row.get("ttft_ms_cached_eager")]
+    if eager_rows:
+        print("  the eager step instead: " + ", ".join(
+            f"{row['history_tokens']} + {row['new_tokens']}: {row['ttft_ms_cached_eager']:.1f} ms "
+            f"(the fused step takes {row['ttft_ms_cached'] / row['ttft_ms_cached_eager']:.2f}x that)"
+            for row in eager_rows))
 
 
 def _print_resume(rows: list[dict]) -> None:
