@@ -87,8 +87,14 @@ def test_bench_profile_takes_a_decode_step_apart(tiny_model_dir):
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     assert [row["context_tokens"] for row in out["profile"]] == [16, 64]
+    assert out["decode"] == "fused C step"  # dense fp32 weights run the fused step too
     for row in out["profile"]:
-        assert row["ms_per_token"] > 0 and row["top_ops"] and 0 < row["torch_op_share"] <= 1
+        assert row["path"] == "fused" and row["ms_per_token"] > 0
+        assert {phase["phase"] for phase in row["phases"]} >= {"attention", "lm_head", "outside the C step"}
+    eager = kvchat("bench", "--profile", "--quick", "--json", "--no-fused-decode", "--model", str(tiny_model_dir))
+    assert eager.returncode == 0, eager.stderr
+    for row in json.loads(eager.stdout)["profile"]:
+        assert row["path"] == "eager" and row["top_ops"] and 0 < row["torch_op_share"] <= 1
         assert row["quant_linear_calls"] == 0  # the tiny model's weights are dense
 
 
