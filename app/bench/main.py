@@ -291,11 +291,17 @@ def profile_section(engine: Engine, args: argparse.Namespace) -> int:
     rows = [decode_profile(engine, context, steps, random_prompt(engine, context, seed=1)) for context in contexts]
     result = {"model": engine.info.model_name, "weights": engine.info.weights, "decode": engine.info.decode,
               "threads": torch.get_num_threads(), "profile": rows}
+    heading = f"{result['model']} ({result['weights']}, {result['decode']} decode, {result['threads']} threads)"
+    return _section_out(args, result, heading, lambda: print_profile(rows))
+
+
+def _section_out(args: argparse.Namespace, result: dict, heading: str, show: Callable[[], None]) -> int:
+    """A section's result as one JSON object (--json), else its heading and table."""
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"{result['model']} ({result['weights']}, {result['decode']} decode, {result['threads']} threads)")
-        print_profile(rows)
+        print(heading)
+        show()
     return 0
 
 
@@ -306,12 +312,8 @@ def contention_section(engine: Engine, args: argparse.Namespace) -> int:
     rows = contention_rows(engine, 16 if args.quick else 128, 1 if args.quick else args.repeat, args.threads)
     result = {"model": engine.info.model_name, "decode": engine.info.decode, "threads": torch.get_num_threads(),
               "contention": rows}
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print(f"{result['model']} ({result['decode']} decode, up to {result['threads']} threads)")
-        print_contention(rows)
-    return 0
+    heading = f"{result['model']} ({result['decode']} decode, up to {result['threads']} threads)"
+    return _section_out(args, result, heading, lambda: print_contention(rows))
 
 
 def run_bench(args: argparse.Namespace) -> int:
