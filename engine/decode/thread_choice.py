@@ -14,7 +14,8 @@ from __future__ import annotations
 import statistics
 from collections import deque
 
-FIRST_PROBE_AFTER = 32  # steps on one count before trying another
+FIRST_PROBE_AFTER = 32  # steps on one count before trying another (the very first try: once BASELINE steps ran,
+                        # so an engine that starts next to a busy core does not crawl for 32 steps)
 LONGEST_PROBE_GAP = 256  # steps between tries once they keep losing (a losing try costs ~1 step)
 PROBE_STEPS = 2  # a try runs this many steps; the first may pay for cold caches, the last is compared
 WIN = 0.85  # a try must be at least this much faster (time ratio) to switch
@@ -29,7 +30,7 @@ class DecodeThreads:
         self.candidates = sorted({most, max(1, most // 2), 1}, reverse=True)
         self.current = self.candidates[0]
         self._recent: deque[float] = deque(maxlen=RECENT)
-        self._gap = FIRST_PROBE_AFTER
+        self._gap = BASELINE
         self._since_probe = 0
         self._trying: int | None = None
         self._tried: list[float] = []
@@ -69,4 +70,4 @@ class DecodeThreads:
             self._recent.clear()
             self._gap = FIRST_PROBE_AFTER
         else:
-            self._gap = min(2 * self._gap, LONGEST_PROBE_GAP)
+            self._gap = min(max(2 * self._gap, FIRST_PROBE_AFTER), LONGEST_PROBE_GAP)

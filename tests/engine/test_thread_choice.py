@@ -1,7 +1,7 @@
 """DecodeThreads: the decode step's thread count follows what is measured faster, and checking costs a
 quiet machine little."""
 
-from engine.decode.thread_choice import FIRST_PROBE_AFTER, LONGEST_PROBE_GAP, DecodeThreads
+from engine.decode.thread_choice import BASELINE, FIRST_PROBE_AFTER, LONGEST_PROBE_GAP, DecodeThreads
 
 
 def run(choice, steps, seconds_for):
@@ -25,7 +25,8 @@ def test_a_quiet_machine_keeps_every_thread_and_checks_less_and_less():
     used = run(choice, 4000, lambda threads, _: 0.010 if threads == 2 else 0.018)
     assert choice.current == 2
     tries = [i for i, t in enumerate(used) if t == 1]
-    assert tries[0] >= FIRST_PROBE_AFTER
+    assert tries[:2] == [BASELINE, BASELINE + 1]  # the first try comes as soon as there is a baseline
+    assert tries[2] >= BASELINE + 2 + FIRST_PROBE_AFTER
     assert len(tries) < 4000 * 0.01  # under 1% of the steps are spent trying
     gaps = [b - a for a, b in zip(tries, tries[1:]) if b - a > 1]
     assert gaps == sorted(gaps) and max(gaps) <= LONGEST_PROBE_GAP + 2
@@ -48,9 +49,16 @@ def test_a_busy_core_moves_decode_to_one_thread_within_a_few_steps_and_back_when
     assert first_back < 900 + LONGEST_PROBE_GAP + 4
 
 
+def test_an_engine_started_next_to_a_busy_core_moves_to_one_thread_at_once():
+    choice = DecodeThreads(2)
+    used = run(choice, 40, lambda threads, _: 0.500 if threads == 2 else 0.030)
+    assert used[:BASELINE] == [2] * BASELINE and used[BASELINE : BASELINE + 2] == [1, 1]
+    assert choice.current == 1 and used[BASELINE:].count(2) <= 1  # at most one (short) try of both threads
+
+
 def test_a_try_that_is_twice_as_slow_ends_after_one_step():
     choice = DecodeThreads(2)
-    used = run(choice, FIRST_PROBE_AFTER + 10, lambda threads, _: 0.010 if threads == 2 else 0.050)
+    used = run(choice, FIRST_PROBE_AFTER, lambda threads, _: 0.010 if threads == 2 else 0.050)
     assert used.count(1) == 1
 
 
