@@ -218,9 +218,8 @@ static void q4_k_one_row(const kv_linear *L, const float *x, float *y, int n, in
     for (int c = 0; c < SIDE_BY_SIDE; c++) row[c] = (const uint8_t *)L->q + (int64_t)(n + c) * supers * 144;
     const vec iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512i halves = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    const __m512 negate_mins = _mm512_castsi512_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, (int)0x80000000u,
-        (int)0x80000000u, (int)0x80000000u, (int)0x80000000u, (int)0x80000000u, (int)0x80000000u,
-        (int)0x80000000u, (int)0x80000000u));
+    const __m512i negate_mins = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, (int)0x80000000u, (int)0x80000000u,
+        (int)0x80000000u, (int)0x80000000u, (int)0x80000000u, (int)0x80000000u, (int)0x80000000u, (int)0x80000000u);
     vec acc[SIDE_BY_SIDE][VEC_PER_BLOCK];
     for (int c = 0; c < SIDE_BY_SIDE; c++) acc[c][0] = acc[c][1] = vzero();
     for (int s = 0; s < supers; s++) {
@@ -238,7 +237,7 @@ static void q4_k_one_row(const kv_linear *L, const float *x, float *y, int n, in
             const vec ints = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)u)));
             const vec dd = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128((int)high_halves(blk)))));
             /* d * sc and dmin * mn, each one rounding; negating the minimums' products is exact */
-            _mm512_store_ps(sm[c], _mm512_xor_ps(vmul(dd, ints), negate_mins));
+            _mm512_store_ps(sm[c], _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(vmul(dd, ints)), negate_mins)));
         }
         const float *xs = x + s * SUPER;
         for (int i = 0; i < 4; i++) {
@@ -265,7 +264,7 @@ DEFINE_FORMAT_ONE_ROW(q4_k, DECODE_Q4_K, Q4_K_ONE_ROW)
 DEFINE_FORMAT(q4_k, DECODE_Q4_K)
 #endif
 DEFINE_FORMAT(q5_k, DECODE_Q5_K)
-#if VEC == 16
+#if VEC == 16 && defined(__AVX512BW__)
 /* One row, SIDE_BY_SIDE columns from n, walking whole Q6_K super-blocks: COLUMNS_OF_ONE_ROW(DECODE_Q6_K)'s
  * sums in its order. Per super-block and column the 16 scale products d * sc are one vector multiply,
  * and the 6-bit quants of each 128-weight half, minus 32, are built 64 bytes at a time (a 64-bit lane
