@@ -34,6 +34,20 @@ from engine.request.scheduler import Work
 OpenKV = Callable[[list[int], bool], tuple[SequenceKV, str]]  # (prompt ids, use the prefix cache) -> KV, source
 
 
+@contextlib.contextmanager
+def torch_threads(count: int | None) -> Iterator[None]:
+    """torch's CPU threads set to `count` meanwhile (None, or the count already set: nothing changes)."""
+    before = torch.get_num_threads()
+    if count is None or count == before:
+        yield
+        return
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 class ModelRunner:
     def __init__(self, model: CausalLM, prefix_cache: PrefixCache | None, paged_kv: bool | None = None,
                  cuda_graphs: bool | None = None, compile: bool | None = None, fused_decode: bool | None = None):
@@ -100,12 +114,14 @@ class ModelRunner:
     def prefill(self, kv: SequenceKV, token_ids: list[int]) -> torch.Tensor:
         """One forward over `token_ids` after `kv`'s tokens: logits [1, vocab] of the last. A few tokens (a
         follow-up message, the end of a prompt) go through the fused C step where there is one."""
+        threads = self.decode_threads.current  # what decode measured free: a busy core stalls prefill too
         if self.fused is not None and kv.contiguous is not None and len(token_ids) <= MAX_ROWS:
             kv.reserve(len(token_ids))
-            logits = self.fused.forward(token_ids, kv.contiguous, torch.get_num_threads())
+            logits = self.fused.forward(token_ids, kv.contiguous, threads)
             kv.commit(len(token_ids))
             return logits
-        return self.model(torch.tensor(token_ids, dtype=torch.long, device=self.device), kv)
+        with torch_threads(threads if self.device.type == "cpu" else None):
+            return self.model(torch.tensor(token_ids, dtype=torch.long, device=self.device), kv)
 
     def decode(self, kv: SequenceKV, token: int) -> torch.Tensor:
         """One decode step: logits [1, vocab] of `token` after `kv`'s tokens, through the fused C step or

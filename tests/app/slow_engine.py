@@ -14,11 +14,11 @@ def slow_endless_engine(model_dir, monkeypatch) -> Engine:
     """The endless model (its replies never end by themselves), in prefill chunks of CHUNK tokens, each
     forward pass slowed by `monkeypatch` (undone when the test ends)."""
     engine = Engine.load(EngineOptions(model=str(model_dir), device="cpu", dtype="float32", prefill_chunk=CHUNK))
-    forward = engine.runner.prefill  # every forward pass: a prefill chunk, or a decode token on this path
+    forward = engine.runner.run  # every step: a prefill chunk, or a decode token
 
-    def slow_forward(kv, token_ids):
-        time.sleep(CHUNK_S if len(token_ids) > 1 else TOKEN_S)
-        return forward(kv, token_ids)
+    def slow_forward(step):
+        time.sleep(CHUNK_S if any(len(work.token_ids) > 1 for work in step) else TOKEN_S)
+        return forward(step)
 
-    monkeypatch.setattr(engine.runner, "prefill", slow_forward)
+    monkeypatch.setattr(engine.runner, "run", slow_forward)
     return engine

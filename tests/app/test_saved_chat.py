@@ -177,7 +177,7 @@ def test_a_reply_cut_by_an_engine_error_is_kept_as_interrupted(tiny_engine, stor
     from engine import EngineError
 
     session = new_session(tiny_engine, storage, SamplingParams(temperature=0, ignore_eos=True))
-    forward, calls = tiny_engine.runner.prefill, []  # every forward pass on this (eager) path
+    forward, calls = tiny_engine.runner.run, []  # every step (a prefill chunk or a decode token)
 
     def failing_forward(*args, **kwargs):
         calls.append(1)
@@ -185,7 +185,7 @@ def test_a_reply_cut_by_an_engine_error_is_kept_as_interrupted(tiny_engine, stor
             raise EngineError("Out of cpu memory while generating.")
         return forward(*args, **kwargs)
 
-    monkeypatch.setattr(tiny_engine.runner, "prefill", failing_forward)
+    monkeypatch.setattr(tiny_engine.runner, "run", failing_forward)
     texts = []
     with pytest.raises(EngineError, match="Out of cpu memory"):
         for event in session.send("go"):
@@ -197,7 +197,7 @@ def test_a_reply_cut_by_an_engine_error_is_kept_as_interrupted(tiny_engine, stor
     # In memory as on disk: the partial reply is part of the conversation, and the next message follows it.
     kept = session.messages[-1]
     assert (kept.role, kept.content, kept.status, kept.id) == ("assistant", "".join(texts), "interrupted", reply_row.id)
-    monkeypatch.setattr(tiny_engine.runner, "prefill", forward)
+    monkeypatch.setattr(tiny_engine.runner, "run", forward)
     list(session.send("go on"))
     assert [m.text for m in storage.conversations.branch(session.saved.id)][:3] == ["go", "".join(texts), "go on"]
 

@@ -76,15 +76,15 @@ async def test_a_model_that_fails_to_load_is_reported_and_the_app_stays_up():
 
 
 async def test_an_unexpected_engine_failure_is_a_notification_and_the_chat_goes_on(tiny_engine, monkeypatch):
-    forward = tiny_engine.runner.prefill
-    monkeypatch.setattr(tiny_engine.runner, "prefill", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    forward = tiny_engine.runner.run
+    monkeypatch.setattr(tiny_engine.runner, "run", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
     app = app_with(tiny_engine, overrides={"max_tokens": 3})
     async with app.run_test() as pilot:
         await wait_until(pilot, lambda: app.session is not None)
         await send(pilot, "hello")
         await wait_until(pilot, lambda: any("boom" in n for n in app.notices))
         assert not app.generating
-        monkeypatch.setattr(tiny_engine.runner, "prefill", forward)
+        monkeypatch.setattr(tiny_engine.runner, "run", forward)
         await send(pilot, "again")
         await wait_until(pilot, lambda: app.session.messages[-1].role == "assistant" and not app.generating)
 

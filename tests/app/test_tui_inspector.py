@@ -14,7 +14,7 @@ def text_of(app, selector: str) -> str:
 
 
 async def test_a_reply_that_failed_midway_says_it_kept_no_numbers(tiny_engine, monkeypatch):
-    forward, calls = tiny_engine.runner.prefill, []  # every forward pass on this (eager) path
+    forward, calls = tiny_engine.runner.run, []  # every step (a prefill chunk or a decode token)
 
     def failing_forward(*args, **kwargs):
         calls.append(1)
@@ -22,7 +22,7 @@ async def test_a_reply_that_failed_midway_says_it_kept_no_numbers(tiny_engine, m
             raise RuntimeError("boom")
         return forward(*args, **kwargs)
 
-    monkeypatch.setattr(tiny_engine.runner, "prefill", failing_forward)
+    monkeypatch.setattr(tiny_engine.runner, "run", failing_forward)
     monkeypatch.setattr(tiny_engine.tokenizer, "eos_token_ids", frozenset())
     app = app_with(tiny_engine)
     async with app.run_test(size=(160, 45)) as pilot:

@@ -75,11 +75,11 @@ def model_loader(default, other, loads: list):
 def slow_and_endless(engine, monkeypatch) -> None:
     """Make `engine`'s replies slow enough to catch mid-way (20 ms a step; a tiny model is too fast) and
     endless (no end-of-sequence token), so a test can stop one."""
-    forward = engine.runner.prefill  # every forward pass: a prefill chunk, or a decode token on this path
+    forward = engine.runner.run  # every step: a prefill chunk, or a decode token
 
     def slow_forward(*args, **kwargs):
         time.sleep(0.02)
         return forward(*args, **kwargs)
 
-    monkeypatch.setattr(engine.runner, "prefill", slow_forward)
+    monkeypatch.setattr(engine.runner, "run", slow_forward)
     monkeypatch.setattr(engine.tokenizer, "eos_token_ids", frozenset())

@@ -168,3 +168,18 @@ def test_more_tokens_than_one_call_takes_are_refused(kernels, tmp_path):
         FusedCPUDecode(model, kernels).forward(tokens(MAX_ROWS + 1), cache, 2)
     with pytest.raises(ValueError, match="vocabulary"):
         FusedCPUDecode(model, kernels).forward([VOCAB], cache, 2)
+
+
+@pytest.mark.parametrize("poisoned", ["k", "v"])
+def test_a_nan_in_the_cached_kv_makes_the_logits_nan_as_in_the_eager_model(every_isa, tmp_path, poisoned):
+    """Non-finite K/V must not be averaged away: the engine's non-finite check relies on them showing."""
+    model = load_model(make_tiny_model(tmp_path, "llama", seed=2, **WIDE_HEADS), torch.device("cpu"), torch.float32)
+    fused = FusedCPUDecode(model, every_isa)
+    for new in (1, 5):
+        cache = new_cache(model)
+        model(torch.tensor(tokens(100)), cache)
+        k, v = cache.storage()
+        (k if poisoned == "k" else v)[0, 1, 37, 3] = float("nan")
+        cache.reserve(new)
+        logits = fused.step(5, cache, 2) if new == 1 else fused.forward(tokens(new), cache, 2)
+        assert torch.isnan(logits).all()

@@ -140,7 +140,7 @@ def test_concurrent_generations_from_two_threads_match_sequential_ones(tiny_engi
 def test_out_of_memory_fails_the_request_with_a_sentence_and_the_engine_stays_usable(tiny_engine, monkeypatch):
     import torch
 
-    forward = tiny_engine.runner.prefill  # every forward pass on this (eager) path
+    forward = tiny_engine.runner.run  # every step's forward passes, prefill and decode
     calls = {"n": 0}
 
     def failing_forward(*args, **kwargs):
@@ -149,8 +149,8 @@ def test_out_of_memory_fails_the_request_with_a_sentence_and_the_engine_stays_us
             raise torch.OutOfMemoryError("simulated")
         return forward(*args, **kwargs)
 
-    monkeypatch.setattr(tiny_engine.runner, "prefill", failing_forward)
+    monkeypatch.setattr(tiny_engine.runner, "run", failing_forward)
     with pytest.raises(EngineError, match="Out of cpu memory while generating"):
         list(tiny_engine.generate(prompt_ids(tiny_engine), SamplingParams(temperature=0, max_tokens=10)))
-    monkeypatch.setattr(tiny_engine.runner, "prefill", forward)
+    monkeypatch.setattr(tiny_engine.runner, "run", forward)
     assert run(tiny_engine, prompt_ids(tiny_engine), SamplingParams(temperature=0, max_tokens=3))[1].finish_reason

@@ -95,10 +95,10 @@ typedef struct {
 static inline vec vexp(vec x) {
     const vec lo = vset1(-87.0f), hi = vset1(88.0f);
 #if VEC == 16
-    x = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
+    x = _mm512_min_ps(hi, _mm512_max_ps(lo, x)); /* this operand order keeps a NaN a NaN */
     const vec n = _mm512_roundscale_ps(vmul(x, vset1(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
 #else
-    x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+    x = _mm256_min_ps(hi, _mm256_max_ps(lo, x)); /* this operand order keeps a NaN a NaN */
     const vec n = _mm256_round_ps(vmul(x, vset1(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
 #endif
     vec r = vfma(n, vset1(-0.693359375f), x);
