@@ -81,7 +81,8 @@ static inline __attribute__((always_inline)) void q4_0_decode(const uint8_t *blk
  * One byte permute spreads the 16 bytes to 16 dwords (a two-table float permute reads only an index's
  * low five bits: the low nibbles need no mask, the high ones one shift), and a rotate brings each
  * weight's fifth bit from qh to bit 4 of its index, merged in by one bitwise select. */
-static inline __attribute__((always_inline)) void q5_0_decode_with(const uint8_t *blk, vec d, vec *w) {
+static inline __attribute__((always_inline)) void q5_0_decode(const uint8_t *blk, vec *w) {
+    const vec d = vset1(kv_half_at(blk));
     const vec t0 = vmul(d, _mm512_setr_ps(-16, -15, -14, -13, -12, -11, -10, -9, -8, -7, -6, -5, -4, -3, -2, -1));
     const vec t1 = vmul(d, _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
     const __m512i spread = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
@@ -99,33 +100,6 @@ static inline __attribute__((always_inline)) void q5_0_decode_with(const uint8_t
     w[1] = _mm512_permutex2var_ps(t0, i1, t1);
 }
 
-static inline __attribute__((always_inline)) void q5_0_decode(const uint8_t *blk, vec *w) {
-    q5_0_decode_with(blk, vset1(kv_half_at(blk)), w);
-}
-
-/* One row, SIDE_BY_SIDE columns from n: COLUMNS_OF_ONE_ROW(DECODE_Q5_0)'s sums, with every block's d
- * widened first into a buffer the table multiplies then broadcast from (a load, not a shuffle). */
-static void q5_0_one_row(const kv_linear *L, const float *x, float *y, int n, int nb) {
-    float scale[SIDE_BY_SIDE][nb];
-    const uint8_t *row[SIDE_BY_SIDE];
-    for (int c = 0; c < SIDE_BY_SIDE; c++) {
-        row[c] = (const uint8_t *)L->q + (int64_t)(n + c) * nb * 22;
-        for (int b = 0; b < nb; b++) scale[c][b] = kv_half_at(row[c] + 22 * b);
-    }
-    vec acc[SIDE_BY_SIDE][VEC_PER_BLOCK], w[VEC_PER_BLOCK], xv[VEC_PER_BLOCK];
-    for (int c = 0; c < SIDE_BY_SIDE; c++)
-        for (int i = 0; i < VEC_PER_BLOCK; i++) acc[c][i] = vzero();
-    for (int b = 0; b < nb; b++) {
-        for (int i = 0; i < VEC_PER_BLOCK; i++) xv[i] = vload(x + b * BLOCK + i * VEC);
-        _Pragma("GCC unroll 4")
-        for (int c = 0; c < SIDE_BY_SIDE; c++) {
-            q5_0_decode_with(row[c] + 22 * b, vset1(scale[c][b]), w);
-            for (int i = 0; i < VEC_PER_BLOCK; i++) acc[c][i] = vfma(xv[i], w[i], acc[c][i]);
-        }
-    }
-    for (int c = 0; c < SIDE_BY_SIDE; c++) y[n + c] = finish(acc[c], L->bias, n + c);
-}
-#define Q5_0_ONE_ROW(DECODE) q5_0_one_row(L, x, y, n, nb)
 #else
 static inline __attribute__((always_inline)) void q5_0_decode(const uint8_t *blk, vec *w) {
     const vec d = vset1(kv_half_at(blk));
@@ -178,9 +152,5 @@ static inline __attribute__((always_inline)) void q5_1_decode(const uint8_t *blk
 #define DECODE_Q5_1(n, b, w) q5_1_decode(BLOCK_OF(n, b, 24), w)
 
 DEFINE_FORMAT(q4_0, DECODE_Q4_0)
-#ifdef Q5_0_ONE_ROW
-DEFINE_FORMAT_ONE_ROW(q5_0, DECODE_Q5_0, Q5_0_ONE_ROW)
-#else
 DEFINE_FORMAT(q5_0, DECODE_Q5_0)
-#endif
 DEFINE_FORMAT(q5_1, DECODE_Q5_1)
