@@ -15,6 +15,7 @@ from tests.disk_full import compiler, nearly_full_disk
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GREEDY = ("--temperature", "0")
+STREAMING = {"TEST_STEP_S": "0.005"}  # a 3,000-token reply takes 15 s: still streaming when a test ends it
 
 
 def child(*args, env=None, **popen):
@@ -94,7 +95,7 @@ def test_a_disk_that_fills_mid_reply_keeps_what_fit_says_so_once_and_exits_1(end
 
 def streaming_ask(model_dir, *extra, stdout=subprocess.PIPE):
     run = child("ask", "write on", "--model", str(model_dir), *GREEDY, "--max-tokens", "3000", *extra,
-                stdout=stdout, stderr=subprocess.PIPE)
+                stdout=stdout, stderr=subprocess.PIPE, env=STREAMING)
     return run
 
 

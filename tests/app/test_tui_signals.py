@@ -52,7 +52,8 @@ def test_the_chat_ended_mid_reply_keeps_the_reply_as_stopped_with_its_snapshot(e
                                                                               tmp_path, end):
     terminal = Terminal(kvchat_home, tmp_path)
     try:
-        terminal.start("--model", str(endless_model_dir), "--temperature", "0", "--max-tokens", "3000")
+        terminal.start("--model", str(endless_model_dir), "--temperature", "0", "--max-tokens", "3000",
+                       env={"TEST_STEP_S": "0.005"})  # 15 s of reply: still streaming when it is ended
         terminal.wait_for("the model loaded", lambda screen: LOADED in screen, 120)
         pid = terminal.kvchat_pid()
         terminal.send("tell me everything")

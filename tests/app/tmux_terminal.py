@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-KVCHAT = [sys.executable, "-m", "app.cli"]
+KVCHAT = [sys.executable, "-m", "tests.app.cli_child"]  # kvchat, with the test knobs of tests/app/cli_child.py
 EXIT_S = 30.0  # a deadline for a slow CI machine
 POLL_S = 0.2
 
@@ -33,11 +33,12 @@ class Terminal:
         assert result.returncode == 0, f"tmux {' '.join(args)}: {result.stderr}\n{self.report()}"
         return result.stdout
 
-    def start(self, *kvchat_args: str) -> None:
+    def start(self, *kvchat_args: str, env: dict[str, str] | None = None) -> None:
         # A shell waits for kvchat and writes its exit status to a file: tmux's own #{pane_dead_status} is
         # not reliable here (tmux 3.3a sometimes leaves the exited process a zombie for many seconds).
         # remain-on-exit keeps the pane, so whatever kvchat printed on its way out can still be read.
-        kvchat = shlex.join(["env", f"KVCHAT_HOME={self.home}", "TERM=xterm-256color", *KVCHAT, *kvchat_args])
+        extra = [f"{name}={value}" for name, value in (env or {}).items()]
+        kvchat = shlex.join(["env", f"KVCHAT_HOME={self.home}", "TERM=xterm-256color", *extra, *KVCHAT, *kvchat_args])
         command = f"{kvchat}; echo $? > {shlex.quote(str(self.exit_file))}"
         self.tmux("new-session", "-d", "-s", "kvchat", "-x", "160", "-y", "45", "-c", str(REPO), command,
                   ";", "set-option", "-g", "remain-on-exit", "on")

@@ -9,7 +9,7 @@ import pytest
 
 import engine.kv.fingerprint as fingerprint
 from engine import Engine, EngineOptions, ModelError, SamplingParams
-from engine.weights.gguf import QUANT_WEIGHTS_FILE, COMPLETE_MARKER, RECORD_FILE, converted_damage
+from engine.weights.gguf import CONVERSION_VERSION, QUANT_WEIGHTS_FILE, COMPLETE_MARKER, RECORD_FILE, converted_damage
 from tests.tiny_gguf import write_gguf
 from tests.tiny_models import load_reference, make_tiny_model
 
@@ -129,7 +129,7 @@ def test_an_extra_file_in_the_cache_is_damage(q4_gguf):
 def test_a_damaged_cache_of_a_gguf_that_cannot_be_converted_ends_in_one_model_error(tmp_path, cache_dir, caplog):
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"GGUF" + bytes(200))
-    planted = cache_dir / "models" / f"gguf-{fingerprint.file_sha256(broken)[:24]}-v3"
+    planted = cache_dir / "models" / f"gguf-{fingerprint.file_sha256(broken)[:24]}-v{CONVERSION_VERSION}"
     planted.mkdir(parents=True)
     (planted / COMPLETE_MARKER).write_text("broken.gguf")
     (planted / "config.json").write_text("{ not json")
