@@ -146,12 +146,9 @@ void kv_matmul_parts(const kv_linear *parts, int count, const float *x, int rows
     for (int i = 0; i < count; i++) N += parts[i].N;
 #pragma omp parallel num_threads(threads)
     {
-        int n0, n1;
-#ifdef _OPENMP
-        kv_thread_columns(N, omp_get_thread_num(), omp_get_num_threads(), &n0, &n1);
-#else
-        kv_thread_columns(N, 0, 1, &n0, &n1);
-#endif
+        int n0, n1, t, T;
+        kv_team(&t, &T);
+        kv_thread_columns(N, t, T, &n0, &n1);
         for (int i = 0, first = 0; i < count; first += parts[i].N, i++) {
             const int lo = n0 > first ? n0 - first : 0;
             const int hi = n1 - first < parts[i].N ? n1 - first : parts[i].N;
@@ -171,11 +168,8 @@ void kv_dequantize(const kv_linear *L, int first, int count, float *out, int thr
     const int64_t nb = L->K / BLOCK, blocks = (int64_t)count * nb, skip = (int64_t)first * nb;
 #pragma omp parallel num_threads(threads)
     {
-#ifdef _OPENMP
-        const int t = omp_get_thread_num(), T = omp_get_num_threads();
-#else
-        const int t = 0, T = 1;
-#endif
+        int t, T;
+        kv_team(&t, &T);
         const int64_t lo = blocks * t / T, hi = blocks * (t + 1) / T;
         if (lo < hi) FORMATS[L->format].blocks(L, skip + lo, hi - lo, out + lo * BLOCK);
     }

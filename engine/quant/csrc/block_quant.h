@@ -23,6 +23,21 @@ typedef struct {
     const float *bias;              /* [N] or NULL */
 } kv_linear;
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* Inside a parallel region: this thread's index and the team's size (0 and 1 without OpenMP). */
+static inline void kv_team(int *t, int *T) {
+#ifdef _OPENMP
+    *t = omp_get_thread_num();
+    *T = omp_get_num_threads();
+#else
+    *t = 0;
+    *T = 1;
+#endif
+}
+
 /* y[r * ldy + n] = x[r] . W[n] (+ bias[n]) for rows r < rows and columns n0 <= n < n1, on the calling
  * thread only: callers split columns between threads. */
 void kv_linear_columns(const kv_linear *L, const float *x, int rows, float *y, int ldy, int n0, int n1);

@@ -429,11 +429,8 @@ void kv_forward_tokens(const kv_model *M, int rows, int position, const float *e
 
 #pragma omp parallel num_threads(threads)
     {
-#ifdef _OPENMP
-        const int t = omp_get_thread_num(), T = omp_get_num_threads();
-#else
-        const int t = 0, T = 1;
-#endif
+        int t, T;
+        kv_team(&t, &T);
         float *mine = S.thread0 + S.per_thread * t;
         float *normed = mine, *attn = normed + (int64_t)rows * hidden, *scores = attn + (int64_t)rows * q_size;
         const int chunks = chunks_for(context, kv_heads, T);
