@@ -51,8 +51,8 @@ def contention_rows(engine: Engine, steps: int, runs: int, threads: int | None) 
         greedy(engine, prompt, 8, use_prefix_cache=True)  # settle the thread choice on the new conditions
         values = [greedy(engine, prompt, steps + 1, use_prefix_cache=True).stats.decode_tokens_per_s
                   for _ in range(runs)]
-        choice = getattr(engine.runner, "decode_threads", None)
-        return statistics.median(values), choice.current if engine.runner.fused is not None else None
+        runner = engine.runner
+        return statistics.median(values), runner.decode_threads.current if runner.fused is not None else None
 
     quiet, quiet_threads = speeds()
     rows = [{"competitor": "none", "tokens_per_s": round(quiet, 1), "ratio": 1.0, "threads": quiet_threads}]

@@ -93,7 +93,7 @@ class FusedCPUDecode:
             raise Unfusable("the model is not fp32 on the CPU")
         if cfg.head_dim > MAX_HEAD_DIM or cfg.head_dim % 2 or cfg.num_heads % cfg.num_kv_heads:
             raise Unfusable(f"its attention shape ({cfg.num_heads} heads / {cfg.num_kv_heads}, {cfg.head_dim}) is unusual")
-        self.model, self.kernels = model, kernels
+        self.model = model
         self._layers = (_Layer * cfg.num_layers)()
         for i, layer in enumerate(model.layers):
             attn = layer.self_attn
