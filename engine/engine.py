@@ -40,6 +40,7 @@ from engine.request.generation import Generation
 from engine.request.loop import StepLoop
 from engine.request.request import Request
 from engine.request.runner import ModelRunner
+from engine.request.speculation import MAX_DRAFT_TOKENS
 from engine.sampling_params import SamplingParams
 from engine.weights.checkpoint import load_model
 from engine.weights.device import pick_device, pick_dtype
@@ -66,6 +67,9 @@ class EngineOptions:
     cuda_graphs: bool | None = None  # the paged decode step replayed from CUDA graphs (default on CUDA)
     compile: bool | None = None  # torch.compile the paged decode step (default off)
     fused_decode: bool | None = None  # the CPU's decode step as one C call (decode/cpu_step.py; default on where it runs)
+    # Speculative decoding (request/speculation.py): "ngram" drafts from the request's own tokens, "off".
+    speculative: str = "ngram"
+    draft_tokens: int = 8  # the most draft tokens one step verifies (1..MAX_DRAFT_TOKENS)
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,7 @@ class LoadInfo:
     converted: bool  # this start converted a GGUF file
     load_ms: float  # resolve (+ convert) + weights + tokenizer
     decode: str = "eager"  # the decode path: "eager", or "paged" + what makes it fast (decode/path.py)
+    speculative: str = "off"  # e.g. "ngram, up to 8 draft tokens", or "off"
 
 
 def _quant_kernels(mode: str, device: torch.device, dtype: torch.dtype,
@@ -123,6 +128,19 @@ def _describe_weights(model: CausalLM) -> str:
     return f"{'/'.join(formats)} blocks ({isa})"
 
 
+def _draft_tokens(options: EngineOptions) -> int:
+    """The most draft tokens a decode step verifies (0: speculative decoding off); EngineError if unknown."""
+    if options.speculative not in ("ngram", "off"):
+        raise EngineError(f"Unknown speculative decoding {options.speculative!r}: use ngram or off.")
+    if not (isinstance(options.draft_tokens, int) and 1 <= options.draft_tokens <= MAX_DRAFT_TOKENS):
+        raise EngineError(f"Draft tokens must be from 1 to {MAX_DRAFT_TOKENS}.")
+    return options.draft_tokens if options.speculative == "ngram" else 0
+
+
+def _describe_speculation(draft_tokens: int) -> str:
+    return f"ngram, up to {draft_tokens} draft tokens" if draft_tokens else "off"
+
+
 class Engine:
     """A loaded model and its KV cache behind `generate`; the step loop (request/loop.py) does the work."""
 
@@ -135,7 +153,7 @@ class Engine:
         self.options = options
         self.runner = ModelRunner(model, prefix_cache, options.paged_kv, options.cuda_graphs, options.compile,
                                   options.fused_decode)
-        self._loop = StepLoop(self.runner, tokenizer, options.prefill_chunk)
+        self._loop = StepLoop(self.runner, tokenizer, options.prefill_chunk, _draft_tokens(options))
         self._fingerprint = fingerprint
         self._fingerprint_lock = threading.Lock()
 
@@ -174,7 +192,8 @@ class Engine:
             decode=path.describe(),
         )
         engine = cls(model, tokenizer, info, options, prefix_cache)
-        engine.info = replace(info, decode=engine.runner.decode_description)
+        engine.info = replace(info, decode=engine.runner.decode_description,
+                              speculative=_describe_speculation(engine._loop.draft_tokens))
         return engine
 
     @property
@@ -277,6 +296,10 @@ class Engine:
             return {"enabled": False}
         with self._loop.lock:
             return {"enabled": True, **self.prefix_cache.stats()}
+
+    def speculating(self, draft_tokens: int):
+        """A context manager: requests started meanwhile draft up to `draft_tokens` per step (0: off)."""
+        return self._loop.speculating(draft_tokens)
 
     def generate(self, prompt_ids: list[int], params: SamplingParams = SamplingParams(),
                  use_prefix_cache: bool = True) -> Generation:

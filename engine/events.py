@@ -29,6 +29,11 @@ class RequestStats:
     prefill_ms: float = 0.0  # submit -> first token; while the phase is "prefill": submit -> now
     decode_ms: float = 0.0  # first token -> last token
     phase: str = "prefill"  # prefill | decode | done
+    # Speculative decoding (request/speculation.py): draft tokens proposed and how many the model agreed with,
+    # and the forward passes decode made (each yields 1 token + its accepted drafts).
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    decode_steps: int = 0
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -43,6 +48,11 @@ class RequestStats:
         steps = self.generated_tokens - 1
         return steps / (self.decode_ms / 1e3) if steps > 0 and self.decode_ms > 0 else 0.0
 
+    @property
+    def tokens_per_step(self) -> float:
+        """Decode tokens per forward pass: 1.0 without speculation, more when drafts are accepted."""
+        return (self.generated_tokens - 1) / self.decode_steps if self.decode_steps > 0 else 0.0
+
     def as_dict(self) -> dict:
         return {
             "prompt_tokens": self.prompt_tokens,
@@ -55,6 +65,9 @@ class RequestStats:
             "decode_ms": round(self.decode_ms, 2),
             "prefill_tokens_per_s": round(self.prefill_tokens_per_s, 1),
             "decode_tokens_per_s": round(self.decode_tokens_per_s, 1),
+            "decode_steps": self.decode_steps,
+            "draft_tokens": self.draft_tokens,
+            "accepted_tokens": self.accepted_tokens,
         }
 
 
@@ -62,6 +75,9 @@ class RequestStats:
 class TokenDelta:
     token_id: int | None  # None for text flushed at the end (a held-back partial character)
     text: str
+    # The decode step (forward pass) that made the token: 0 for the first token (prefill's), then 1, 2, ...;
+    # with speculative decoding several tokens share a step. None: not known (a remote server's tokens).
+    step: int | None = None
 
 
 @dataclass(frozen=True)

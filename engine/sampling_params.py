@@ -36,6 +36,10 @@ class SamplingParams:
     # End a reply stuck repeating one block of tokens (finish reason "repetition"; see request/repetition.py).
     # Off by default in the engine, so its output is what the model says; the chat turns it on.
     stop_repetition: bool = False
+    # Stop strings: the reply ends (finish reason "stop") at the token whose text completes one; that text is
+    # still in the reply (OpenAI's API leaves it out: app/server trims it). Checked in the engine so a
+    # speculative step that accepted tokens past a stop ends at the same token as one-at-a-time decoding.
+    stop: tuple[str, ...] = ()
 
     def __post_init__(self):
         """ValueError (one phrase, for "kvchat: ..." or an HTTP 400) for a value outside its documented range.
@@ -52,6 +56,8 @@ class SamplingParams:
              "max tokens must be at least 1"),
             (self.seed is None or (_is_int(self.seed) and 0 <= self.seed <= MAX_SEED),
              f"seed must be a whole number from 0 to {MAX_SEED}"),
+            (isinstance(self.stop, tuple) and all(isinstance(x, str) and x for x in self.stop),
+             "stop strings must be non-empty text"),
         ]
         for ok, message in checks:
             if not ok:

@@ -9,13 +9,22 @@ Events per request, as they were when each request ran its own loop: Stats after
 but the last; Stats then TokenDelta for the first token; then per token a TokenDelta, preceded by Stats
 at most every STATS_INTERVAL_S; a final TokenDelta(None, text) if the detokenizer held text back; Done.
 A request whose cached K/V turn out to be poisoned (non-finite logits) fails before its first event.
+
+Speculative decoding (speculation.py): a decode step may also verify draft tokens. Its tokens are taken
+one by one, exactly as one-at-a-time steps would take them: each input position whose logits are used
+becomes final, the sampled token is emitted (and may end the reply: EOS, a stop string, max tokens, the
+context window, a cancel), and the step goes on only while the sampled token equals the next draft. The
+positions after that are truncated from the request's KV: they never become final, so they never reach
+the prefix cache or a snapshot.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
+from collections.abc import Iterator
 
 import torch
 
@@ -27,16 +36,31 @@ from engine.request.request import Request, Status
 from engine.request.runner import ModelRunner
 from engine.request.sampling import Sampler
 from engine.request.scheduler import Scheduler, Work
+from engine.request.speculation import MAX_DRAFT_TOKENS, Speculator, StepCosts
 from engine.weights.tokenizer import Tokenizer
 
 
 class StepLoop:
-    def __init__(self, runner: ModelRunner, tokenizer: Tokenizer, prefill_chunk: int):
+    def __init__(self, runner: ModelRunner, tokenizer: Tokenizer, prefill_chunk: int, draft_tokens: int = 0):
+        """`draft_tokens`: the most draft tokens a decode step verifies (0: speculative decoding off)."""
         self.runner = runner
         self.tokenizer = tokenizer
-        self.scheduler = Scheduler(prefill_chunk)
         self.context_window = runner.model.cfg.context_window
+        self.scheduler = Scheduler(prefill_chunk, self.context_window)
+        self.draft_tokens = draft_tokens
+        self.step_costs = StepCosts()  # what verifying D drafts costs here, measured as decode runs
         self.lock = threading.RLock()  # one step, or one cache operation, at a time
+
+    @contextlib.contextmanager
+    def speculating(self, draft_tokens: int) -> Iterator[None]:
+        """Requests started meanwhile draft up to `draft_tokens` per step (0: off); the bench's A/B."""
+        if not 0 <= draft_tokens <= MAX_DRAFT_TOKENS:
+            raise ValueError(f"draft tokens must be from 0 to {MAX_DRAFT_TOKENS}")
+        before, self.draft_tokens = self.draft_tokens, draft_tokens
+        try:
+            yield
+        finally:
+            self.draft_tokens = before
 
     def submit(self, request: Request) -> None:
         with self.lock:
@@ -55,7 +79,10 @@ class StepLoop:
             if not step:
                 return
             try:
+                start = time.perf_counter()
                 logits = self.runner.run(step)
+                if len(step) == 1 and not step[0].prefill:
+                    self.step_costs.record(len(step[0].token_ids), time.perf_counter() - start)
             except Exception as exc:  # the whole step failed: so did every request in it
                 for work in step:
                     self._fail(work.request, exc)
@@ -90,11 +117,13 @@ class StepLoop:
         request.sampler = Sampler(request.params, self.runner.model.cfg.vocab_size, request.prompt_ids,
                                   self.runner.device)
         request.detokenizer = IncrementalDetokenizer(self.tokenizer.decode)
+        if self.draft_tokens > 0:
+            request.speculator = Speculator(request.prompt_ids, self.draft_tokens, self.step_costs)
         request.status = Status.PREFILL
 
     def _prefilled(self, work: Work, logits: torch.Tensor) -> None:
         request, kv, stats = work.request, work.request.kv, work.request.stats
-        kv.finalize(work.token_ids)  # every computed token is final: there are no draft tokens yet
+        kv.finalize(work.token_ids)  # a prompt chunk has no drafts: every computed token is final
         if not torch.isfinite(logits[-1]).all():  # the sampler would turn NaN into an arbitrary token
             raise NonFiniteLogitsError()
         now = time.perf_counter()
@@ -103,8 +132,7 @@ class StepLoop:
             stats.prefill_ms = (now - request.submitted_at) * 1e3
             request.outbox.append(Stats(dataclasses.replace(stats)))
             return
-        token = request.sampler(logits[-1])
-        request.generated.append(token)
+        token = self._sampled(request, logits[-1])
         request.first_token_at = request.last_stats_at = now
         stats.ttft_ms = stats.prefill_ms = (now - request.submitted_at) * 1e3
         stats.generated_tokens, stats.phase = 1, "decode"
@@ -113,21 +141,41 @@ class StepLoop:
         self._emit(request, token)
 
     def _decoded(self, work: Work, logits: torch.Tensor) -> None:
-        request, stats = work.request, work.request.stats
-        request.kv.finalize(work.token_ids)
-        token = request.sampler(logits[-1])
+        """Input i of the step is the last token (i = 0) or draft i; logits[i] pick the token after it."""
+        request, stats, kv, inputs = work.request, work.request.stats, work.request.kv, work.token_ids
+        drafts, accepted = len(inputs) - 1, 0
+        stats.decode_steps += 1
+        stats.draft_tokens += drafts
+        for i, given in enumerate(inputs):
+            kv.finalize([given])  # its logits are used: its K/V are those of the reply's token
+            token = self._sampled(request, logits[i])
+            agrees = i < drafts and token == inputs[i + 1]
+            accepted += agrees
+            stats.accepted_tokens += agrees
+            now = time.perf_counter()
+            stats.generated_tokens, stats.decode_ms = len(request.generated), (now - request.first_token_at) * 1e3
+            if now - request.last_stats_at >= STATS_INTERVAL_S:
+                request.last_stats_at = now
+                request.outbox.append(Stats(dataclasses.replace(stats)))
+            self._emit(request, token)
+            if request.finished or not agrees:
+                break
+        if drafts:
+            request.speculator.verified(drafts, accepted)
+        if not request.finished:
+            kv.truncate(kv.num_final)  # the drafts after the first disagreement
+
+    def _sampled(self, request: Request, logits: torch.Tensor) -> int:
+        token = request.sampler(logits)
         request.generated.append(token)
-        now = time.perf_counter()
-        stats.generated_tokens, stats.decode_ms = len(request.generated), (now - request.first_token_at) * 1e3
-        if now - request.last_stats_at >= STATS_INTERVAL_S:
-            request.last_stats_at = now
-            request.outbox.append(Stats(dataclasses.replace(stats)))
-        self._emit(request, token)
+        if request.speculator is not None:
+            request.speculator.append(token)
+        return token
 
     def _emit(self, request: Request, token: int) -> None:
         text = request.detokenizer.push(token)
         request.pieces.append(text)
-        request.outbox.append(TokenDelta(token, text))
+        request.outbox.append(TokenDelta(token, text, request.stats.decode_steps))
         finish = self._finish_reason(request, token)
         if finish is None and request.cancelled.is_set():
             finish = "stopped"
@@ -142,10 +190,23 @@ class StepLoop:
             return "length"
         if params.stop_repetition and repeating_period(generated) is not None:
             return "repetition"
+        if params.stop and self._stop_string(request):
+            return "stop"
         # The sequence may not outgrow the context window; the next turn must still fit its history.
         if len(request.prompt_ids) + len(generated) >= self.context_window:
             return "length"
         return None
+
+    @staticmethod
+    def _stop_string(request: Request) -> bool:
+        """Does the reply's text now contain a stop string? Only its end is searched: a stop found earlier
+        would have ended it."""
+        stop = request.params.stop
+        window, tail, i = max(map(len, stop)) + len(request.pieces[-1]), "", len(request.pieces)
+        while i > 0 and len(tail) < window:  # pieces may be empty (a character still incomplete)
+            i -= 1
+            tail = request.pieces[i] + tail
+        return any(s in tail for s in stop)
 
     def _finish(self, request: Request, reason: str) -> None:
         tail = request.detokenizer.flush() if request.generated else ""

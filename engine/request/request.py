@@ -15,13 +15,14 @@ from engine.events import Event, RequestStats
 from engine.kv.sequence import SequenceKV
 from engine.request.detokenizer import IncrementalDetokenizer
 from engine.request.sampling import Sampler
+from engine.request.speculation import Speculator
 from engine.sampling_params import SamplingParams
 
 
 class Status(Enum):
     WAITING = "waiting"  # submitted; no KV yet
     PREFILL = "prefill"  # computing the uncached rest of the prompt, a chunk per step
-    DECODE = "decode"  # one token per step
+    DECODE = "decode"  # one token per step, plus the draft tokens it verifies (speculation.py)
     FINISHED = "finished"  # Done is in the outbox, or `error` is set; its KV is closed
 
 
@@ -38,6 +39,7 @@ class Request:
     stats: RequestStats = field(default_factory=RequestStats)
     sampler: Sampler | None = None
     detokenizer: IncrementalDetokenizer | None = None
+    speculator: Speculator | None = None  # None: speculative decoding is off
     pieces: list[str] = field(default_factory=list)  # the reply's text so far, piece by piece
     submitted_at: float = 0.0  # perf_counter seconds; TTFT counts from here
     first_token_at: float = 0.0
@@ -49,9 +51,15 @@ class Request:
     def finished(self) -> bool:
         return self.status is Status.FINISHED
 
-    def next_tokens(self, prefill_chunk: int) -> list[int]:
-        """The ids the next step computes: the next prompt chunk, or the last sampled token."""
+    def next_tokens(self, prefill_chunk: int, context_window: int) -> list[int]:
+        """The ids the next step computes: the next prompt chunk, or the last sampled token and the draft
+        tokens to verify after it (no more than the reply has room for: a step yields up to 1 + drafts)."""
         if self.status is Status.PREFILL:
             begin = self.kv.num_tokens
             return self.prompt_ids[begin : begin + prefill_chunk]
-        return [self.generated[-1]]
+        if self.speculator is None:
+            return [self.generated[-1]]
+        room = context_window - len(self.prompt_ids) - len(self.generated)
+        if self.params.max_tokens is not None:
+            room = min(room, self.params.max_tokens - len(self.generated))
+        return [self.generated[-1], *self.speculator.draft(room - 1)]

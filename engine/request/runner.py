@@ -106,22 +106,26 @@ class ModelRunner:
                                  self.device, self.dtype)
 
     def run(self, step: list[Work]) -> list[torch.Tensor]:
-        """Logits [1, vocab] of the last token of each work item, its K/V computed into its request's KV
-        (not yet final: the step loop finalises). One request per step today, so one forward per item."""
-        return [self.prefill(w.request.kv, w.token_ids) if w.prefill else self.decode(w.request.kv, w.token_ids[0])
+        """Per work item, its K/V computed into its request's KV (not yet final: the step loop finalises) and
+        logits: [1, vocab] of a prompt chunk's last token or a decode token, [T, vocab] after each token of
+        a decode token and its drafts. One request per step today, so one forward per item."""
+        return [self.prefill(w.request.kv, w.token_ids) if w.prefill
+                else self.decode(w.request.kv, w.token_ids[0]) if len(w.token_ids) == 1
+                else self.prefill(w.request.kv, w.token_ids, all_logits=True)
                 for w in step]
 
-    def prefill(self, kv: SequenceKV, token_ids: list[int]) -> torch.Tensor:
-        """One forward over `token_ids` after `kv`'s tokens: logits [1, vocab] of the last. A few tokens (a
-        follow-up message, the end of a prompt) go through the fused C step where there is one."""
+    def prefill(self, kv: SequenceKV, token_ids: list[int], all_logits: bool = False) -> torch.Tensor:
+        """One forward over `token_ids` after `kv`'s tokens: logits [1, vocab] of the last, or [T, vocab] of
+        each if `all_logits` (a speculative step's verification). A few tokens (a follow-up message, the
+        end of a prompt, drafts) go through the fused C step where there is one."""
         threads = self.decode_threads.current  # what decode measured free: a busy core stalls prefill too
         if self.fused is not None and kv.contiguous is not None and len(token_ids) <= MAX_ROWS:
             kv.reserve(len(token_ids))
-            logits = self.fused.forward(token_ids, kv.contiguous, threads)
+            logits = self.fused.forward(token_ids, kv.contiguous, threads, all_logits)
             kv.commit(len(token_ids))
             return logits
         with torch_threads(threads if self.device.type == "cpu" else None):
-            return self.model(torch.tensor(token_ids, dtype=torch.long, device=self.device), kv)
+            return self.model(torch.tensor(token_ids, dtype=torch.long, device=self.device), kv, all_logits)
 
     def decode(self, kv: SequenceKV, token: int) -> torch.Tensor:
         """One decode step: logits [1, vocab] of `token` after `kv`'s tokens, through the fused C step or

@@ -19,12 +19,13 @@ MAX_RUNNING = 1
 class Work:
     request: Request
     token_ids: list[int]
-    prefill: bool  # a prompt chunk (False: one decode token)
+    prefill: bool  # a prompt chunk (False: a decode token, then the draft tokens to verify after it)
 
 
 class Scheduler:
-    def __init__(self, prefill_chunk: int):
+    def __init__(self, prefill_chunk: int, context_window: int):
         self.prefill_chunk = prefill_chunk
+        self.context_window = context_window
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 
@@ -42,7 +43,7 @@ class Scheduler:
 
     def plan(self) -> list[Work]:
         """The next step: each running request's next tokens."""
-        return [Work(r, r.next_tokens(self.prefill_chunk), r.status is Status.PREFILL)
+        return [Work(r, r.next_tokens(self.prefill_chunk, self.context_window), r.status is Status.PREFILL)
                 for r in self.running if not r.finished]
 
     def remove(self, request: Request) -> None:

@@ -1,0 +1,89 @@
+"""Speculative decoding: how many draft tokens a request's next step verifies, and what verifying costs.
+
+A step after the last sampled token t can also run D draft tokens d1..dD (ngram_draft.py): one forward
+over [t, d1, ..., dD] gives the logits after each. The step loop (loop.py) samples at each position with
+the request's own sampler and keeps going while the sampled token equals the next draft, so a step
+yields the accepted drafts plus the model's own next token, >= 1 token, and the tokens are those of
+one-at-a-time decoding (greedy: the same argmax; sampling: the same sampler, RNG and logits, so the same
+distribution; the draft is deterministic).
+
+Verifying is not free: on this CPU a step over D + 1 tokens costs more than one over 1 (StepCosts
+measures it, per row count). Draft length follows the recent acceptance: with per-token acceptance a,
+a draft of D yields on average 1 + a + ... + a^D tokens, and the policy picks the D (0 = plain step)
+with the most tokens per unit of step time. When drafts keep failing, D = 0 and drafting pauses; the
+failures are forgotten slowly while paused, so a later repetitive stretch is tried again.
+"""
+
+from __future__ import annotations
+
+from engine.request.ngram_draft import NGramDrafter
+
+MAX_DRAFT_TOKENS = 32  # per step; the fused CPU step takes 48 rows
+DECAY = 0.9  # weight of the past in the acceptance counts, per draft verified
+FORGET_WHILE_PAUSED = 0.97  # per plain step taken because drafting did not pay: failures fade
+PRIOR_ROW_COST = 0.15  # a step's extra cost per extra row, relative to one row, before any is measured
+
+
+class StepCosts:
+    """Seconds per decode forward by row count (recent average), as ratios to one row."""
+
+    def __init__(self):
+        self.seconds: dict[int, float] = {}
+
+    def record(self, rows: int, seconds: float) -> None:
+        before = self.seconds.get(rows)
+        self.seconds[rows] = seconds if before is None else 0.8 * before + 0.2 * seconds
+
+    def ratio(self, rows: int) -> float:
+        """Cost of a step over `rows` tokens relative to one token (a prior until both are measured)."""
+        one = self.seconds.get(1)
+        known = self.seconds.get(rows)
+        if rows == 1:
+            return 1.0
+        if one and known:
+            return max(1.0, known / one)
+        return 1.0 + PRIOR_ROW_COST * (rows - 1)
+
+
+class Speculator:
+    """One request's drafting: the n-gram index over its tokens and its recent acceptance."""
+
+    def __init__(self, tokens: list[int], max_draft: int, costs: StepCosts):
+        self.drafter = NGramDrafter(tokens)
+        self.max_draft = max_draft
+        self.costs = costs
+        self.accepted = 0.0  # decayed counts: draft tokens accepted, drafts cut by a mismatch
+        self.rejected = 0.0
+
+    @property
+    def acceptance(self) -> float:
+        """Estimated chance the model agrees with the next draft token (Beta(1, 1) prior)."""
+        return (self.accepted + 1.0) / (self.accepted + self.rejected + 2.0)
+
+    def draft(self, limit: int) -> list[int]:
+        """Draft tokens for the next step (at most `limit`, what the reply has room for); [] = a plain step."""
+        proposal = self.drafter.propose(min(limit, self.max_draft))
+        if not proposal:
+            return []
+        length = self.best_length(len(proposal))
+        if length == 0:
+            self.rejected *= FORGET_WHILE_PAUSED
+        return proposal[:length]
+
+    def best_length(self, available: int) -> int:
+        a, best, best_rate, expected, power = self.acceptance, 0, 1.0, 1.0, 1.0
+        for d in range(1, available + 1):
+            power *= a
+            expected += power  # 1 + a + ... + a^d tokens from a step over d + 1 rows
+            rate = expected / self.costs.ratio(d + 1)
+            if rate > best_rate * 1.02:  # a draft must pay by a margin: measured costs are noisy
+                best, best_rate = d, rate
+        return best
+
+    def verified(self, proposed: int, accepted: int) -> None:
+        """A step verified `proposed` draft tokens and the model agreed with the first `accepted`."""
+        self.accepted = DECAY * self.accepted + accepted
+        self.rejected = DECAY * self.rejected + (1 if accepted < proposed else 0)
+
+    def append(self, token: int) -> None:
+        self.drafter.append(token)
