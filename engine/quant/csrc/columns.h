@@ -68,9 +68,39 @@ static inline float finish(const vec *acc, const float *bias, int n) {
         for (int c = 0; c < SIDE_BY_SIDE; c++) y[n + c] = finish(acc[c], L->bias, n + c); \
     } while (0)
 
+/* Output columns n and n + 1 for ROWS input rows from r0, side by side: a few rows give too few
+ * independent sums per column to hide the FMA latency. Each column's sums (and bits) are COLUMN(ROWS)'s. */
+#define COLUMN_PAIR(ROWS, DECODE)                                                  \
+    do {                                                                           \
+        vec acc[2][ROWS][VEC_PER_BLOCK], w[2][VEC_PER_BLOCK];                      \
+        _Pragma("GCC unroll 8")                                                    \
+        for (int c = 0; c < 2; c++)                                                \
+            for (int r = 0; r < ROWS; r++)                                         \
+                for (int i = 0; i < VEC_PER_BLOCK; i++) acc[c][r][i] = vzero();    \
+        for (int b = 0; b < nb; b++) {                                             \
+            DECODE(n, b, w[0]);                                                    \
+            DECODE(n + 1, b, w[1]);                                                \
+            _Pragma("GCC unroll 8")                                                \
+            for (int r = 0; r < ROWS; r++) {                                       \
+                const float *xb = x + (int64_t)(r0 + r) * K + b * BLOCK;           \
+                _Pragma("GCC unroll 4")                                            \
+                for (int i = 0; i < VEC_PER_BLOCK; i++) {                          \
+                    const vec xv = vload(xb + i * VEC);                            \
+                    acc[0][r][i] = vfma(xv, w[0][i], acc[0][r][i]);                \
+                    acc[1][r][i] = vfma(xv, w[1][i], acc[1][r][i]);                \
+                }                                                                  \
+            }                                                                      \
+        }                                                                          \
+        for (int c = 0; c < 2; c++)                                                \
+            for (int r = 0; r < ROWS; r++)                                         \
+                y[(int64_t)(r0 + r) * ldy + n + c] = finish(acc[c][r], L->bias, n + c); \
+    } while (0)
+
 /* Each column's weights are decoded once per group of ROW_GROUP rows (they stay in L1), instead of the
  * matrix being re-read from memory for every row. */
 #define ROW_GROUP 8
+/* Two to four rows take two columns at a time where the registers hold their sums (AVX-512's 32). */
+#define PAIRED (VEC == 16)
 #define COLUMNS(DECODE, ONE_ROW)                                                   \
     do {                                                                           \
         int n = n0;                                                                \
@@ -80,6 +110,17 @@ static inline float finish(const vec *acc, const float *bias, int n) {
             for (; n + SIDE_BY_SIDE <= n1; n += SIDE_BY_SIDE) ONE_ROW(DECODE);     \
             for (; n < n1; n++) COLUMN(1, DECODE);                                 \
             break;                                                                 \
+        }                                                                          \
+        if (PAIRED && rows <= 4) {                                                 \
+            const int r0 = 0;                                                      \
+            (void)r0;                                                              \
+            for (; n + 2 <= n1; n += 2) {                                          \
+                switch (rows) {                                                    \
+                case 2: COLUMN_PAIR(2, DECODE); break;                             \
+                case 3: COLUMN_PAIR(3, DECODE); break;                             \
+                default: COLUMN_PAIR(4, DECODE); break;                            \
+                }                                                                  \
+            }                                                                      \
         }                                                                          \
         for (; n < n1; n++) {                                                      \
             int r0 = 0;                                                            \

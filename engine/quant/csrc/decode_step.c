@@ -227,6 +227,10 @@ static void attend_chunk(const float *q, const float *k, const float *v, int gro
     }
 }
 
+/* Up to this many new tokens attend one by one, each reading the chunk's K/V (from cache after the first):
+ * cheaper than transposing K tiles for a handful of queries (measured: see attend_rows). */
+#define PER_ROW_ATTENTION 16
+
 /* Keys a multi-token attention item takes at a time (transposed into a tile of its own). */
 #define TILE 64
 
@@ -434,6 +438,9 @@ void kv_forward_tokens(const kv_model *M, int rows, int position, const float *e
         float *mine = S.thread0 + S.per_thread * t;
         float *normed = mine, *attn = normed + (int64_t)rows * hidden, *scores = attn + (int64_t)rows * q_size;
         const int chunks = chunks_for(context, kv_heads, T);
+        /* A few tokens (a decode step, a speculative step's drafts): each its own decode-step attention.
+         * More (a follow-up message): one flash-style pass over tiles of transposed K for all of them. */
+        const int per_row = rows <= PER_ROW_ATTENTION;
         const int items = kv_heads * chunks, stride = dim + 2, item_floats = rows * group * stride;
         int n0, n1;
         double *clock = M->profile ? M->profile + (int64_t)t * PHASES : 0, last_ = clock ? now_seconds() : 0;
@@ -469,37 +476,33 @@ void kv_forward_tokens(const kv_model *M, int rows, int position, const float *e
 #pragma omp for schedule(static) nowait
             for (int item = 0; item < items; item++) {
                 const int g = item / chunks, c = item % chunks;
-                const int t0 = (int)((int64_t)context * c / chunks), t1 = (int)((int64_t)context * (c + 1) / chunks);
-                if (rows > 1) {
+                if (!per_row) {
+                    const int t0 = (int)((int64_t)context * c / chunks), t1 = (int)((int64_t)context * (c + 1) / chunks);
                     attend_rows(S.qkv + g * group * dim, qkv_size, rows, group, position,
                                 kc + (int64_t)g * capacity * dim, vc + (int64_t)g * capacity * dim, dim, t0, t1,
                                 M->scale, scores, scores + dim * TILE, S.parts + (int64_t)item * item_floats);
                     continue;
                 }
                 for (int r = 0; r < rows; r++) {
-                    /* Token r sees positions up to its own: a causal mask, applied by where the chunk ends. */
-                    const int end = t1 < position + r + 1 ? t1 : position + r + 1;
-                    float *part = S.parts + (int64_t)item * item_floats + (int64_t)r * group * stride;
-                    if (end <= t0) {
-                        for (int j = 0; j < group; j++) {
-                            part[j * stride] = -INFINITY;
-                            part[j * stride + 1] = 0.0f;
-                            memset(part + j * stride + 2, 0, sizeof(float) * dim);
-                        }
-                        continue;
-                    }
+                    /* Token r over its own context, cut into the chunks a decode step at its position would
+                     * use: the same sums, so a verified draft gets the logits a plain step would. */
+                    const int seen = position + r + 1, mine = chunks_for(seen, kv_heads, T);
+                    if (c >= mine) continue;
+                    const int t0 = (int)((int64_t)seen * c / mine), t1 = (int)((int64_t)seen * (c + 1) / mine);
                     attend_chunk(S.qkv + (int64_t)r * qkv_size + g * group * dim, kc + (int64_t)g * capacity * dim,
-                                 vc + (int64_t)g * capacity * dim, group, dim, t0, end, M->scale, scores, part);
+                                 vc + (int64_t)g * capacity * dim, group, dim, t0, t1, M->scale, scores,
+                                 S.parts + (int64_t)item * item_floats + (int64_t)r * group * stride);
                 }
             }
             MARK(PHASE_ATTENTION);
             BARRIER();
             /* every thread: the whole attention output, for its o columns */
             for (int r = 0; r < rows; r++) {
+                const int used = per_row ? chunks_for(position + r + 1, kv_heads, T) : chunks;
                 for (int h = 0; h < heads; h++) {
                     const int g = h / group, j = h % group;
                     combine_chunks(S.parts + (int64_t)g * chunks * item_floats + ((int64_t)r * group + j) * stride,
-                                   chunks, item_floats, dim, attn + (int64_t)r * q_size + h * dim);
+                                   used, item_floats, dim, attn + (int64_t)r * q_size + h * dim);
                 }
             }
             kv_thread_columns(hidden, t, T, &n0, &n1);
