@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import math
 
+from engine.request.speculation import MAX_DRAFT_TOKENS  # no torch: the flags are checked before it loads
+
 
 def _number(text: str, kind: type) -> float | int:
     try:
@@ -30,6 +32,8 @@ def _at_least(kind: type, ok, rule: str):
 positive_int = _at_least(int, lambda value: value >= 1, "1 or more")
 positive_float = _at_least(float, lambda value: value > 0, "above 0")
 non_negative_float = _at_least(float, lambda value: value >= 0, "0 or more")
+# The engine's own bound (EngineOptions.draft_tokens), refused here so no model loads for nothing.
+draft_tokens = _at_least(int, lambda value: 1 <= value <= MAX_DRAFT_TOKENS, f"from 1 to {MAX_DRAFT_TOKENS}")
 
 
 def port(text: str) -> int:

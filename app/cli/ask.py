@@ -50,6 +50,7 @@ def result_json(done: Done, engine: Backend, conversation_id: str) -> dict:
         "model": engine.info.model_name,
         "device": engine.info.device,
         "dtype": engine.info.dtype,
+        "speculative": engine.info.speculative,  # the setting; the counts above say what it did
         "load_ms": round(engine.info.load_ms, 1),
         "kv_cache": engine.cache_stats(),
     }

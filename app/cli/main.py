@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 
-from app.cli.arg_types import non_negative_float, port, positive_float, positive_int
+from app.cli.arg_types import MAX_DRAFT_TOKENS, draft_tokens, non_negative_float, port, positive_float, positive_int
 
 # Quiet, offline Hugging Face libraries before anything imports them.
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -46,6 +46,13 @@ def _engine_options(parser: argparse.ArgumentParser, top_level: bool) -> None:
     group.add_argument("--fused-decode", action=argparse.BooleanOptionalAction, default=default(None),
                        help="run a CPU decode step as one C call (default: on for fp32 on a CPU; "
                             "--no-fused-decode: the eager PyTorch step)")
+    # Speculative decoding (engine/request/speculation.py); unset: the engine's defaults (ngram, 8).
+    group.add_argument("--speculative", choices=["ngram", "off"], default=default(None),
+                       help="ngram: draft tokens looked up in the conversation itself and verified in one "
+                            "forward; greedy output is token for token the same (default). off: one token per step")
+    group.add_argument("--draft-tokens", metavar="K", type=draft_tokens, default=default(None),
+                       help=f"the most draft tokens one step verifies, 1 to {MAX_DRAFT_TOKENS} (default: 8); "
+                            "the engine drafts fewer, or none, while drafts keep failing")
 
 
 def _remote_options(parser: argparse.ArgumentParser, top_level: bool) -> None:
@@ -182,7 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Flags of the embedded engine, with their defaults: given with --remote they would be silently ignored.
 ENGINE_ONLY = {"device": "auto", "dtype": "auto", "threads": None, "kv_cache_gb": None, "no_prefix_cache": False,
-               "paged_kv": None, "cuda_graphs": None, "compile": None}
+               "paged_kv": None, "cuda_graphs": None, "compile": None, "fused_decode": None, "speculative": None,
+               "draft_tokens": None}
 
 
 def check_backend_args(args: argparse.Namespace) -> None:

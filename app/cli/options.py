@@ -16,10 +16,13 @@ if TYPE_CHECKING:
 def engine_options(args: argparse.Namespace) -> EngineOptions:
     from engine import EngineOptions  # torch: imported once the flags are known to be good
 
+    # Speculation unset: the engine's own default, kept in one place (EngineOptions).
+    speculation = {name: getattr(args, name) for name in ("speculative", "draft_tokens")
+                   if getattr(args, name, None) is not None}
     return EngineOptions(model=args.model, device=args.device, dtype=args.dtype, threads=args.threads,
                          kv_cache_gb=args.kv_cache_gb, prefix_caching=not args.no_prefix_cache,
                          paged_kv=args.paged_kv, cuda_graphs=args.cuda_graphs, compile=args.compile,
-                         fused_decode=args.fused_decode)
+                         fused_decode=args.fused_decode, **speculation)
 
 
 def backend_loader(args: argparse.Namespace) -> LoadBackend:

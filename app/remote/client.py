@@ -38,6 +38,7 @@ class RemoteInfo:
     load_ms: float  # connecting and listing the models
     dtype: str = ""
     decode: str = "remote"
+    speculative: str = "remote"  # the server's setting; its usage reports the drafts it accepted
 
 
 def api_base(url: str) -> str:

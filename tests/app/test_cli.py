@@ -9,7 +9,8 @@ import sys
 import pytest
 
 JSON_FIELDS = {"conversation_id", "reply", "finish_reason", "prompt_tokens", "cached_tokens", "prefilled_tokens",
-               "generated_tokens", "ttft_ms", "decode_tokens_per_s", "cache_source"}
+               "generated_tokens", "ttft_ms", "decode_tokens_per_s", "cache_source", "decode_steps", "draft_tokens",
+               "accepted_tokens", "speculative"}
 
 
 def kvchat(*args, stdin=None, env=None):
@@ -72,9 +73,41 @@ def test_model_from_environment_and_before_the_subcommand(tiny_model_dir):
     (("ask", "hi", "--kv-cache-gb", "nan"), 2, "is not a finite number"),
     (("list", "--limit", "-3"), 2, "--limit: must be 1 or more"),
     (("ask",), 2, "the following arguments are required: message"),
+    (("ask", "hi", "--draft-tokens", "0"), 2, "--draft-tokens: must be from 1 to 32, not '0'"),
+    (("serve", "--draft-tokens", "33"), 2, "--draft-tokens: must be from 1 to 32, not '33'"),
+    (("--draft-tokens", "many", "ask", "hi"), 2, "--draft-tokens: 'many' is not a whole number"),
+    (("bench", "--speculative", "yes"), 2, "--speculative: invalid choice: 'yes'"),
 ])
 def test_user_mistakes_get_one_sentence_and_a_nonzero_exit(args, code, words):
     assert_one_clear_error(kvchat(*args), code, words)
+
+
+def test_the_speculation_flags_reach_the_engine_options_before_or_after_the_command():
+    from app.cli.main import build_parser
+    from app.cli.options import engine_options
+    from engine import EngineOptions
+
+    def options(*argv):
+        return engine_options(build_parser().parse_args(argv))
+
+    given = options("serve", "--speculative", "off", "--draft-tokens", "4")
+    assert (given.speculative, given.draft_tokens) == ("off", 4)
+    assert options("--draft-tokens", "3", "ask", "hi").draft_tokens == 3
+    unset = options("bench")  # the engine's own defaults, not a copy of them here
+    assert (unset.speculative, unset.draft_tokens) == (EngineOptions().speculative, EngineOptions().draft_tokens)
+
+
+def test_ask_json_counts_the_drafts_and_speculative_off_makes_one_token_a_step(tiny_model_dir):
+    args = ("ask", "hello", "--model", str(tiny_model_dir), "--json", "--temperature", "0", "--max-tokens", "40")
+    on, off = (json.loads(kvchat(*args, *extra).stdout) for extra in ((), ("--speculative", "off")))
+    assert on["reply"] == off["reply"]  # greedy: token for token the same either way
+    assert (on["speculative"], off["speculative"]) == ("ngram, up to 8 draft tokens", "off")
+    assert off["draft_tokens"] == off["accepted_tokens"] == 0
+    assert off["decode_steps"] == off["generated_tokens"] - 1
+    assert 0 <= on["accepted_tokens"] <= on["draft_tokens"]
+    # A step makes its accepted drafts and one token of its own (none when the reply ends on a draft).
+    made_by_steps = on["generated_tokens"] - 1
+    assert made_by_steps - on["decode_steps"] <= on["accepted_tokens"] <= made_by_steps - on["decode_steps"] + 1
 
 
 def test_a_prompt_over_the_context_window_names_both_numbers(tiny_model_dir):
