@@ -35,6 +35,11 @@ def format_rate(tokens_per_s: float) -> str:
     return f"{tokens_per_s:,.1f} tok/s"
 
 
+def format_tokens_per_step(tokens_per_step: float) -> str:
+    """"3.1 tok/step": decode tokens per forward pass (above 1 when speculative drafts are accepted)."""
+    return f"{tokens_per_step:.1f} tok/step"
+
+
 def format_duration(ms: float) -> str:
     """"4.2 ms", "123 ms", "4.5 s", "2 min 05 s"."""
     if ms < 10:

@@ -88,6 +88,29 @@ async def test_before_any_reply_the_bar_shows_the_phase_kv_and_model():
     assert lines == ["idle: loaded in 3.2 s", "KV 80/2048 MiB · SmolLM2-135M-Instruct · cpu float32"]
 
 
+SPECULATED = dataclasses.replace(REPLY, decode_steps=70, draft_tokens=150, accepted_tokens=109)  # 179 in 70 steps
+
+
+@pytest.mark.parametrize("phase, stats", [("decode", dataclasses.replace(SPECULATED, phase="decode")),
+                                          ("idle", SPECULATED)])
+async def test_a_reply_with_drafts_shows_its_tokens_per_step_while_it_streams_and_after(phase, stats):
+    [line] = await bar_lines(160, phase, stats=stats)
+    assert "52.6 tok/s · spec 2.6 tok/step · " in line
+
+
+async def test_a_reply_without_drafts_shows_no_tokens_per_step():
+    plain = dataclasses.replace(REPLY, decode_steps=179)  # speculative decoding off: one token a step
+    [line] = await bar_lines(160, "idle", stats=plain)
+    assert "tok/step" not in line and "52.6 tok/s" in line
+
+
+async def test_a_narrow_bar_drops_the_tokens_per_step_before_the_product_numbers():
+    wide = await bar_lines(119, "decode", stats=SPECULATED)
+    narrow = await bar_lines(60, "decode", stats=SPECULATED)
+    assert "spec 2.6 tok/step" in wide[0] and "tok/step" not in narrow[0]
+    assert all(part in narrow[0] for part in NUMBERS)
+
+
 def prefill_stats(done: int, ms: float, total: int = 8192) -> RequestStats:
     return RequestStats(prompt_tokens=total, cached_tokens=0, prefilled_tokens=total, prefill_done_tokens=done,
                         prefill_ms=ms, phase="prefill")

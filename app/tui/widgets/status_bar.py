@@ -1,10 +1,11 @@
 """The live status bar: what the engine is doing and what the last reply cost.
 
-Its parts, most important first: the phase · TTFT · tokens/s · prompt tokens cached (and from where)
-and computed · context used/window · KV cache memory used/budget · model · device and dtype. Each
-redraw fits them to the bar's width: the least important part is shortened or dropped first (the
-phase's detail, the prompt's wording, the device, the model, KV, context, then where the cache came
-from), never TTFT, tokens/s or the cached/computed counts. Below TWO_LINES_BELOW columns the bar has two
+Its parts, most important first: the phase · TTFT · tokens/s · decode tokens per step (only when the
+reply had speculative drafts to verify) · prompt tokens cached (and from where) and computed · context
+used/window · KV cache memory used/budget · model · device and dtype. Each redraw fits them to the
+bar's width: the least important part is shortened or dropped first (the phase's detail, the prompt's
+wording, the device, the tokens per step, the model, KV, context, then where the cache came from),
+never TTFT, tokens/s or the cached/computed counts. Below TWO_LINES_BELOW columns the bar has two
 lines: the phase and the reply's numbers, then context, KV and model.
 
 While a reply is prefilled the phase counts the seconds (redrawn by the app's timer); a prompt of more
@@ -23,7 +24,7 @@ from textual import events
 from textual.widget import Widget
 
 from app.chat.reply_stats import ReplyNumbers
-from app.chat.stats_text import format_duration, prefill_rate_shown
+from app.chat.stats_text import format_duration, format_tokens_per_step, prefill_rate_shown
 from engine import RequestStats
 
 SEPARATOR = " · "
@@ -33,10 +34,10 @@ MODEL_CELLS = 16  # and a long model name to this before it is dropped
 
 # The order the parts are shortened in, one step at a time, until the line fits ("phase" twice: its
 # detail is cut, later dropped). A prefill's "progress" stands where the phase does, shortened last.
-ONE_LINE_STEPS = ("phase", "prompt", "device", "phase", "model", "model", "kv", "context", "prompt",
+ONE_LINE_STEPS = ("phase", "prompt", "device", "spec", "phase", "model", "model", "kv", "context", "prompt",
                   "progress", "progress", "phase")
-FIRST_LINE = ("phase", "progress", "ttft", "rate", "prompt")
-FIRST_LINE_STEPS = ("phase", "prompt", "phase", "prompt", "progress", "progress", "phase")
+FIRST_LINE = ("phase", "progress", "ttft", "rate", "spec", "prompt")
+FIRST_LINE_STEPS = ("phase", "prompt", "spec", "phase", "prompt", "progress", "progress", "phase")
 SECOND_LINE = ("context", "kv", "model", "device")
 SECOND_LINE_STEPS = ("device", "model", "model", "kv", "context")
 
@@ -190,6 +191,8 @@ class StatusBar(Widget):
             if s.phase != "prefill":
                 parts["ttft"] = [f"TTFT {s.ttft_ms:.0f} ms" if s.generated_tokens else "TTFT …"]
                 parts["rate"] = [f"{s.decode_tokens_per_s:.1f} tok/s"]
+                if s.draft_tokens > 0:  # what the drafts bought: 1.0 tok/step is plain decoding
+                    parts["spec"] = [f"spec {format_tokens_per_step(s.tokens_per_step)}", ""]
             parts["prompt"] = ReplyNumbers.from_request(s).prompt_forms()
             if self.context_window and s.prompt_tokens:  # a server's count comes at the end of the reply
                 parts["context"] = [f"context {s.prompt_tokens + s.generated_tokens}/{self.context_window}", ""]
