@@ -11,13 +11,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from app.chat.stats_text import cached_text, format_count, format_duration, format_rate, prefill_rate_shown
+from app.chat.stats_text import (cached_text, format_count, format_duration, format_rate, format_tokens_per_step,
+                                 prefill_rate_shown)
 from engine import RequestStats
 
 FINISH_REASONS = {"stop": "end of reply", "length": "length limit", "stopped": "stopped by you",
                   "repetition": "kept repeating itself"}
 _NUMBERS = ("prompt_tokens", "cached_tokens", "prefilled_tokens", "prefill_done_tokens", "generated_tokens",
-            "ttft_ms", "prefill_ms", "decode_ms", "prefill_tokens_per_s", "decode_tokens_per_s")
+            "ttft_ms", "prefill_ms", "decode_ms", "prefill_tokens_per_s", "decode_tokens_per_s", "decode_steps",
+            "draft_tokens", "accepted_tokens")
+# The histogram's rows: steps of more tokens share one ("10+"), else up to 33 (a step verifies <= 32 drafts).
+MAX_STEP_ROW = 9
 # What a reply being prefilled has not measured yet: zeros then, not measurements.
 _NOT_YET_WHILE_PREFILLED = ("ttft_ms", "decode_ms", "decode_tokens_per_s", "generated_tokens")
 
@@ -48,9 +52,16 @@ class ReplyNumbers:
     decode_ms: float | None = None
     prefill_tokens_per_s: float | None = None
     decode_tokens_per_s: float | None = None
+    # Speculative decoding: decode forward passes, draft tokens verified and those the model agreed with.
+    decode_steps: float | None = None
+    draft_tokens: float | None = None
+    accepted_tokens: float | None = None
     cache_source: str | None = None  # device | host | disk | server | none
     finish_reason: str | None = None
     decode_rate_series: tuple[float, ...] = ()  # decode tokens/s over the reply (ReplyTimeline.rates)
+    # (tokens a step made, steps that made that many), fewest tokens first (ReplyTimeline.step_sizes);
+    # () when not known: a remote server's reply, a reply still being written, an older row.
+    step_sizes: tuple[tuple[int, int], ...] = ()
     phase: str = "done"  # prefill | decode | done; a stored reply is done
     cached_kept: bool = True
 
@@ -63,7 +74,7 @@ class ReplyNumbers:
                    cache_source=source if isinstance(source, str) else None,
                    finish_reason=reason if isinstance(reason, str) else None,
                    decode_rate_series=tuple(v for v in series if _finite(v)) if isinstance(series, list) else (),
-                   cached_kept="cached_tokens" in stats)
+                   step_sizes=_step_sizes(stats.get("step_sizes")), cached_kept="cached_tokens" in stats)
 
     @classmethod
     def from_request(cls, stats: RequestStats) -> ReplyNumbers:
@@ -146,6 +157,26 @@ class ReplyNumbers:
         cached, computed = split
         return f"{cached_text(cached, self.cache_source)} · {format_count(computed)} computed"
 
+    def step_rows(self) -> list[tuple[str, int]]:
+        """The tokens-per-step histogram's rows: ("1", 40), ("2", 10), ..., ("10+", 3) (tokens a step
+        made, how many steps made them); [] when the steps are not known."""
+        rows: dict[str, int] = {}
+        for tokens, steps in self.step_sizes:
+            label = str(tokens) if tokens <= MAX_STEP_ROW else f"{MAX_STEP_ROW + 1}+"
+            rows[label] = rows.get(label, 0) + steps
+        return list(rows.items())
+
+    def step_legend(self) -> str:
+        """"80 steps · 2.1 tok/step · 68 of 120 drafts accepted", with the parts it knows ("" if none):
+        the steps only where the engine counted them (not a remote server), the drafts where there were."""
+        parts = []
+        if self.decode_steps and self.generated_tokens:
+            tokens_per_step = (self.generated_tokens - 1) / self.decode_steps  # the first token is prefill's
+            parts += [f"{format_count(self.decode_steps)} steps", format_tokens_per_step(tokens_per_step)]
+        if self.draft_tokens and self.accepted_tokens is not None:
+            parts.append(f"{format_count(self.accepted_tokens)} of {format_count(self.draft_tokens)} drafts accepted")
+        return " · ".join(parts)
+
     def number_lines(self) -> list[str]:
         """The single numbers it has, one per line; a prefill rate only over enough computed tokens to
         mean something (stats_text.MIN_PREFILL_TOKENS_FOR_RATE)."""
@@ -164,6 +195,15 @@ class ReplyNumbers:
 def stats_line(stats: dict) -> str:
     """A stored reply's numbers on one line, as `kvchat ask` and `kvchat show` print them."""
     return ReplyNumbers.from_saved(stats).line()
+
+
+def _step_sizes(value: object) -> tuple[tuple[int, int], ...]:
+    """A stored [[tokens, steps], ...], keeping only pairs of positive whole numbers, fewest tokens first."""
+    if not isinstance(value, list):
+        return ()
+    pairs = [(pair[0], pair[1]) for pair in value if isinstance(pair, list) and len(pair) == 2
+             and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in pair)]
+    return tuple(sorted(pairs))
 
 
 def _finite(value: object) -> bool:

@@ -1,29 +1,46 @@
-"""ReplyTimeline: when each token of one reply arrived, for its tokens/s over time.
+"""ReplyTimeline: when each token of one reply arrived, for its tokens/s over time, and which decode
+step made it, for how many tokens each step made (speculative decoding makes several in one).
 
 The generating loop calls `token()` once per token, so that only appends a
-float; the rates are worked out when someone asks for them.
+float and counts the step; the rates are worked out when someone asks for them.
 """
 
 from __future__ import annotations
 
 import time
 from bisect import bisect_right
+from collections import Counter
 from collections.abc import Callable
 
 
 class ReplyTimeline:
-    """The arrival times of one reply's tokens (the clock's seconds, never decreasing)."""
+    """The arrival times of one reply's tokens (the clock's seconds, never decreasing), and the number
+    of tokens each decode step made."""
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter):
         self._clock = clock
         self.times: list[float] = []
+        self._step_tokens: Counter[int] = Counter()  # decode step (1, 2, ...) -> tokens it made
+        self._steps_known = True  # False once a token came without its step (a remote server's)
 
     def __len__(self) -> int:
         return len(self.times)
 
-    def token(self, at: float | None = None) -> None:
-        """One token arrived now (or `at`, a time of the same clock)."""
+    def token(self, at: float | None = None, step: int | None = None) -> None:
+        """One token arrived now (or `at`, a time of the same clock), made by decode step `step`
+        (TokenDelta.step: 0 is prefill's first token; None: not known)."""
         self.times.append(self._clock() if at is None else at)
+        if step is None:
+            self._steps_known = False
+        elif step > 0:
+            self._step_tokens[step] += 1
+
+    def step_sizes(self) -> dict[int, int]:
+        """Tokens a decode step made -> how many steps made that many, smallest first: {1: 40, 2: 10}
+        (without speculation every step makes 1). {} when a token's step was not known, or none decoded."""
+        if not self._steps_known:
+            return {}
+        return dict(sorted(Counter(self._step_tokens.values()).items()))
 
     def rates(self, points: int = 48) -> list[float]:
         """Tokens/s from the first token to the last, in at most `points` equal time buckets.

@@ -78,12 +78,17 @@ class Storage:
         self.conversations.close()
 
 
-def reply_stats(done: Done, rate_series: list[float] | None = None) -> dict:
+def reply_stats(done: Done, rate_series: list[float] | None = None,
+                step_sizes: dict[int, int] | None = None) -> dict:
     """What is kept of a reply's numbers (`kvchat ask` / `show` print them, the inspector draws them).
-    `rate_series`: decode tokens/s over the reply (ReplyTimeline.rates), for the inspector's sparkline."""
+    `rate_series`: decode tokens/s over the reply (ReplyTimeline.rates), for the inspector's sparkline.
+    `step_sizes`: how many decode steps made each number of tokens (ReplyTimeline.step_sizes), kept as
+    [[tokens, steps], ...] (JSON has no integer keys), for the inspector's tokens-per-step histogram."""
     stats = {**done.stats.as_dict(), "finish_reason": done.finish_reason}
     if rate_series:
         stats["decode_rate_series"] = rate_series
+    if step_sizes:
+        stats["step_sizes"] = [[tokens, steps] for tokens, steps in step_sizes.items()]
     return stats
 
 

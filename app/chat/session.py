@@ -205,18 +205,18 @@ class ChatSession:
         try:
             for event in stream:
                 match event:
-                    case TokenDelta(token_id=token_id, text=text):
+                    case TokenDelta(token_id=token_id, text=text, step=step):
                         pieces.append(text)
                         if token_id is not None:
                             ids.append(token_id)
                         if token_id is not None or (not self.token_ids and text):
-                            timeline.token()  # without ids, each text chunk counts as a token
+                            timeline.token(step=step)  # without ids, each text chunk counts as a token
                         if saved is not None:
                             saved.reply_progress(pieces, ids, len(prompt))
                     case Done():
                         done = event
                         self.seen_ids = prompt + list(event.token_ids)
-                        stats = reply_stats(event, timeline.rates())
+                        stats = reply_stats(event, timeline.rates(), timeline.step_sizes())
                         status = "stopped" if event.finish_reason == "stopped" else "complete"
                         self.messages.append(
                             ChatMessage("assistant", event.text, len(self.seen_ids), None, status, stats))

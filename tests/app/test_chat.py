@@ -66,3 +66,13 @@ def test_a_huge_paste_is_refused_before_tokenizing(tiny_engine, monkeypatch):
     with pytest.raises(ChatError, match="1,000,000 characters, far more than the model's context window of 256"):
         session.send("x" * 1_000_000)
     assert session.messages == []
+
+
+def test_a_kept_reply_counts_the_tokens_each_decode_step_made(tiny_engine):
+    session = ChatSession(tiny_engine, params=SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
+    done = finish(session.send("repeat after me: abc abc abc abc"))
+    kept = session.messages[-1].stats
+    sizes = {tokens: steps for tokens, steps in kept["step_sizes"]}
+    assert sum(sizes.values()) == done.stats.decode_steps == kept["decode_steps"] > 0
+    assert sum(tokens * steps for tokens, steps in sizes.items()) == done.stats.generated_tokens - 1 == 39
+    assert (kept["draft_tokens"], kept["accepted_tokens"]) == (done.stats.draft_tokens, done.stats.accepted_tokens)

@@ -5,11 +5,11 @@ from textual.app import App, ComposeResult
 from textual.color import Color
 from textual.widgets import Sparkline
 
-from app.chat.reply_stats import stat_number
+from app.chat.reply_stats import ReplyNumbers, stat_number
 from app.chat.stats_text import MIN_PREFILL_TOKENS_FOR_RATE, format_count, format_duration
 from app.tui.widgets.inspector import (
-    HINT, NO_NUMBERS, NONE_KEPT, Inspector, SplitBar, number_lines, prompt_legend, prompt_split, rate_legend,
-    rate_series, split_bar, timeline_legend,
+    HINT, NO_NUMBERS, NONE_KEPT, Inspector, SplitBar, histogram, number_lines, prompt_legend, prompt_split,
+    rate_legend, rate_series, split_bar, timeline_legend,
 )
 from tests.app.pilot import wait_until
 
@@ -17,6 +17,9 @@ FULL = {"prompt_tokens": 1036, "cached_tokens": 1024, "prefilled_tokens": 12, "g
         "cache_source": "disk", "ttft_ms": 131.4, "prefill_ms": 1000.0, "decode_ms": 3000.0,
         "prefill_tokens_per_s": 12.0, "decode_tokens_per_s": 85.0, "finish_reason": "length",
         "decode_rate_series": [80.0, 90.0, 70.0, 100.0, 85.0]}
+# 250 decode tokens (the first of 251 is prefill's) in 100 steps: 71 x 1 + 9 x 2 + 10 x 5 + 5 x 9 + 3 x 12 + 2 x 15.
+SPECULATED = {**FULL, "generated_tokens": 251, "decode_steps": 100, "draft_tokens": 180, "accepted_tokens": 136,
+              "step_sizes": [[1, 71], [2, 9], [5, 10], [9, 5], [12, 3], [15, 2]]}
 
 
 # ---- helpers ----------------------------------------------------------------------------
@@ -91,6 +94,29 @@ def test_a_prefill_rate_is_shown_only_over_enough_computed_tokens():
     assert "prefill   445.0 tok/s" in number_lines(enough)
     live = {**enough, "prefill_done_tokens": 64}  # the reply being prefilled: 64 of them done so far
     assert not any(line.startswith("prefill") for line in number_lines(live))
+
+
+def test_step_rows_give_each_step_size_its_row_and_share_one_above_nine_tokens():
+    assert ReplyNumbers.from_saved(SPECULATED).step_rows() == [("1", 71), ("2", 9), ("5", 10), ("9", 5), ("10+", 5)]
+    damaged = {"step_sizes": [[2, 3], [1, "x"], [0, 4], [True, 1], "1:2", [1, 5, 6], [1, 2]]}
+    assert ReplyNumbers.from_saved(damaged).step_rows() == [("1", 2), ("2", 3)]
+    assert ReplyNumbers.from_saved({"step_sizes": "1:40"}).step_rows() == []
+    assert ReplyNumbers.from_saved(FULL).step_rows() == []  # an older reply, or a remote server's
+
+
+def test_the_step_legend_counts_steps_where_known_and_drafts_where_there_were():
+    assert ReplyNumbers.from_saved(SPECULATED).step_legend() == "100 steps · 2.5 tok/step · 136 of 180 drafts accepted"
+    plain = {**FULL, "decode_steps": 255, "draft_tokens": 0, "accepted_tokens": 0}  # speculative decoding off
+    assert ReplyNumbers.from_saved(plain).step_legend() == "255 steps · 1.0 tok/step"
+    remote = {**FULL, "decode_steps": 0, "draft_tokens": 180, "accepted_tokens": 136}  # a server's usage report
+    assert ReplyNumbers.from_saved(remote).step_legend() == "136 of 180 drafts accepted"
+    assert ReplyNumbers.from_saved(FULL).step_legend() == ""
+
+
+def test_the_histogram_draws_each_row_in_proportion_to_the_largest():
+    assert histogram([("1", 40), ("2", 10), ("10+", 1)], cells=8).splitlines() == [
+        "  1 ████████ 40", "  2 ██ 10", "10+ █ 1"]  # a count that is not zero gets a cell
+    assert histogram([]) == ""
 
 
 def test_rate_series_keeps_only_numbers():
@@ -175,6 +201,31 @@ async def test_the_bars_follow_the_panel_width():
         assert abs(text_of(app, "#timeline").count("▓") - (narrow + 20) / 4) <= 0.5
 
 
+async def test_a_reply_with_drafts_shows_its_tokens_per_step_histogram_and_counts():
+    app = InspectorApp()
+    async with app.run_test(size=(60, 40)) as pilot:
+        app.query_one(Inspector).show(SPECULATED, "Reply 1")
+        await wait_until(pilot, lambda: text_of(app, "#step-legend") != "")
+        assert shown(app, "#steps-section") and shown(app, "#step-histogram")
+        rows = text_of(app, "#step-histogram").splitlines()
+        assert [row.split()[0] for row in rows] == ["1", "2", "5", "9", "10+"]
+        assert rows[0].endswith(" 71") and rows[0].count("█") == 20 and rows[1].count("█") == 3  # 20 x 9 / 71
+        assert text_of(app, "#step-legend") == "100 steps · 2.5 tok/step · 136 of 180 drafts accepted"
+
+
+async def test_a_remote_or_older_reply_shows_no_histogram():
+    app = InspectorApp()
+    async with app.run_test(size=(60, 40)) as pilot:
+        inspector = app.query_one(Inspector)
+        inspector.show({**FULL, "draft_tokens": 180, "accepted_tokens": 136}, "Reply 1")  # a kvchat server's usage
+        await wait_until(pilot, lambda: text_of(app, "#step-legend") != "")
+        assert shown(app, "#steps-section") and not shown(app, "#step-histogram")
+        assert text_of(app, "#step-legend") == "136 of 180 drafts accepted"
+        inspector.show(FULL, "Reply 2")  # no step counts, no drafts: nothing new
+        await pilot.pause()
+        assert not shown(app, "#steps-section") and shown(app, "#rate-section")
+
+
 async def test_an_older_reply_shows_only_what_it_has():
     app = InspectorApp()
     async with app.run_test(size=(60, 30)) as pilot:
@@ -196,7 +247,7 @@ async def test_damaged_values_are_left_out_without_crashing():
         app.query_one(Inspector).show({"prefill_ms": "slow", "decode_ms": None, "finish_reason": 3,
                                        "decode_rate_series": "80,90", "cached_tokens": [1]})
         await pilot.pause()
-        for section in ("#time-section", "#prompt-section", "#numbers-section", "#rate-section"):
+        for section in ("#time-section", "#prompt-section", "#numbers-section", "#rate-section", "#steps-section"):
             assert not shown(app, section)
         assert shown(app, "#hint") and text_of(app, "#hint") == NO_NUMBERS
 
@@ -211,7 +262,7 @@ async def test_no_reply_shows_the_hint_and_nothing_else():
         inspector.show(None)
         await pilot.pause()
         assert shown(app, "#hint") and text_of(app, "#hint") == HINT
-        for section in ("#time-section", "#prompt-section", "#numbers-section", "#rate-section"):
+        for section in ("#time-section", "#prompt-section", "#numbers-section", "#rate-section", "#steps-section"):
             assert not shown(app, section)
 
 

@@ -121,3 +121,18 @@ def test_current_rate_is_zero_before_two_tokens():
     timeline.token()
     clock.now = 3.5
     assert timeline.current_rate() == 0.0
+
+
+def test_step_sizes_count_the_decode_steps_that_made_each_number_of_tokens():
+    timeline = ReplyTimeline(clock=FakeClock())
+    for step in (0, 1, 2, 2, 3, 3, 3, 4, 5, 5):  # 0: prefill's first token, not a decode step
+        timeline.token(step=step)
+    assert timeline.step_sizes() == {1: 2, 2: 2, 3: 1}
+
+
+def test_a_token_without_its_step_leaves_the_step_sizes_unknown():
+    timeline = ReplyTimeline(clock=FakeClock())
+    for step in (0, 1, 1, None, 2):  # None: a remote server's text chunk
+        timeline.token(step=step)
+    assert timeline.step_sizes() == {}
+    assert ReplyTimeline(clock=FakeClock()).step_sizes() == {}  # nothing decoded yet

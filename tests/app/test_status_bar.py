@@ -98,10 +98,12 @@ async def test_a_reply_with_drafts_shows_its_tokens_per_step_while_it_streams_an
     assert "52.6 tok/s · spec 2.6 tok/step · " in line
 
 
-async def test_a_reply_without_drafts_shows_no_tokens_per_step():
+async def test_a_reply_without_drafts_or_step_counts_shows_no_tokens_per_step():
     plain = dataclasses.replace(REPLY, decode_steps=179)  # speculative decoding off: one token a step
-    [line] = await bar_lines(160, "idle", stats=plain)
-    assert "tok/step" not in line and "52.6 tok/s" in line
+    remote = dataclasses.replace(SPECULATED, decode_steps=0)  # a server reports its drafts, not its steps
+    for stats in (plain, remote):
+        [line] = await bar_lines(160, "idle", stats=stats)
+        assert "tok/step" not in line and "52.6 tok/s" in line
 
 
 async def test_a_narrow_bar_drops_the_tokens_per_step_before_the_product_numbers():

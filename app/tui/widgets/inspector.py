@@ -24,6 +24,7 @@ NONE_KEPT = "No numbers were kept for this reply: an interrupted reply has none.
 PREFILL_CHAR = "▓"  # prefill's work, in both bars: the timeline's prefill and the prompt's computed tokens
 DECODE_CHAR = "█"
 CACHED_CHAR = "░"  # reused, not computed: the lightest shade
+HISTOGRAM_CELLS = 20  # the tokens-per-step histogram's longest bar: its label and a 5-digit count fit beside it
 # Distinct glyphs as well as colours, so the bars still read on a terminal without colour.
 
 
@@ -69,6 +70,16 @@ def number_lines(stats: dict) -> list[str]:
 def rate_series(stats: dict) -> list[float]:
     """decode_rate_series, keeping only its numbers ([] if missing or not a list)."""
     return list(ReplyNumbers.from_saved(stats).decode_rate_series)
+
+
+def histogram(rows: Sequence[tuple[str, int]], cells: int = HISTOGRAM_CELLS) -> str:
+    """Rows of (label, count) as "  1 ████████████████ 40", bars in proportion to the largest count
+    (`cells` long), one cell at least for a count that is not zero."""
+    if not rows:
+        return ""
+    most, label_cells = max(count for _, count in rows), max(len(label) for label, _ in rows)
+    return "\n".join(f"{label:>{label_cells}} {DECODE_CHAR * max(1, round(cells * count / most))} {count:,}"
+                     for label, count in rows)
 
 
 def rate_legend(series: Sequence[float]) -> str:
@@ -120,7 +131,8 @@ class SplitBar(Static):
 
 
 class Inspector(Widget):
-    """Where one reply's time went: prefill vs decode, cached vs computed prompt, tokens/s over time."""
+    """Where one reply's time went: prefill vs decode, cached vs computed prompt, tokens/s over time,
+    and how many tokens each decode step made (speculative decoding makes several)."""
 
     DEFAULT_CSS = """
     Inspector {
@@ -188,6 +200,10 @@ class Inspector(Widget):
             yield Static("Decode tokens/s", classes="title")
             yield Sparkline([], id="sparkline")
             yield Static("", id="sparkline-legend", classes="legend", markup=False)
+        with Vertical(id="steps-section", classes="section"):
+            yield Static("Tokens per decode step", classes="title")
+            yield Static("", id="step-histogram", markup=False)
+            yield Static("", id="step-legend", classes="legend", markup=False)
 
     def on_mount(self) -> None:
         self._refresh_content()
@@ -206,7 +222,7 @@ class Inspector(Widget):
         self.query_one("#heading", Static).update(self.label or ("Inspector" if stats is None else "Reply"))
         numbers = stats if stats is not None else ReplyNumbers()  # no reply: every part hidden
         shown = [self._show_time(numbers), self._show_prompt(numbers), self._show_numbers(numbers),
-                 self._show_rates(numbers)]
+                 self._show_rates(numbers), self._show_steps(numbers)]
         hint = self.query_one("#hint", Static)
         hint.update(NO_NUMBERS if stats is not None else NONE_KEPT if self.label else HINT)
         hint.display = not any(shown)
@@ -239,6 +255,16 @@ class Inspector(Widget):
         self.query_one("#sparkline", Sparkline).data = series
         self.query_one("#sparkline-legend", Static).update(rate_legend(series) if series else "")
         return self._show_section("#rate-section", bool(series))
+
+    def _show_steps(self, stats: ReplyNumbers) -> bool:
+        # The histogram once the reply is kept (the live view has the counts only); nothing for a remote
+        # server's reply beyond the drafts its usage reported.
+        rows, legend = stats.step_rows(), stats.step_legend()
+        histogram_widget = self.query_one("#step-histogram", Static)
+        histogram_widget.update(histogram(rows))
+        histogram_widget.display = bool(rows)
+        self.query_one("#step-legend", Static).update(legend)
+        return self._show_section("#steps-section", bool(rows or legend))
 
     def _show_section(self, selector: str, visible: bool) -> bool:
         self.query_one(selector).display = visible

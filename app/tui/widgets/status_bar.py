@@ -191,7 +191,8 @@ class StatusBar(Widget):
             if s.phase != "prefill":
                 parts["ttft"] = [f"TTFT {s.ttft_ms:.0f} ms" if s.generated_tokens else "TTFT …"]
                 parts["rate"] = [f"{s.decode_tokens_per_s:.1f} tok/s"]
-                if s.draft_tokens > 0:  # what the drafts bought: 1.0 tok/step is plain decoding
+                # What the drafts bought (1.0 tok/step is plain decoding); a remote server counts no steps.
+                if s.draft_tokens > 0 and s.decode_steps > 0:
                     parts["spec"] = [f"spec {format_tokens_per_step(s.tokens_per_step)}", ""]
             parts["prompt"] = ReplyNumbers.from_request(s).prompt_forms()
             if self.context_window and s.prompt_tokens:  # a server's count comes at the end of the reply
