@@ -3,7 +3,7 @@
 A chat reply repeats its context all the time: code the user pasted and asks to change, a passage to
 quote, names, the model's own earlier answer. The drafter looks up the most recent earlier occurrence
 of the sequence's last n tokens (n from MAX_N down to MIN_N: a longer match predicts better) and
-proposes the tokens that followed it. One dict per n maps an n-gram to the position after its latest
+proposes the tokens that followed it (continued periodically past the sequence's end). One dict per n maps an n-gram to the position after its latest
 occurrence, so a lookup is MAX_N - MIN_N + 1 dict probes and an appended token MAX_N inserts, whatever
 the conversation's length.
 
@@ -48,5 +48,11 @@ class NGramDrafter:
                 continue
             after = self.latest[n].get(tuple(t[-n:]))
             if after is not None:
-                return t[after : after + limit]
+                # What followed, and past the end of the sequence the same again: a sequence that repeats
+                # with period p = len(t) - after goes on repeating (a loop, a list, a table's rows).
+                proposal = t[after : after + limit]
+                period = len(t) - after
+                while len(proposal) < limit:
+                    proposal.append(proposal[len(proposal) - period])
+                return proposal
         return []

@@ -20,7 +20,9 @@ from engine.request.ngram_draft import NGramDrafter
 
 MAX_DRAFT_TOKENS = 32  # per step; the fused CPU step takes 48 rows
 DECAY = 0.9  # weight of the past in the acceptance counts, per draft verified
-FORGET_WHILE_PAUSED = 0.97  # per plain step taken because drafting did not pay: failures fade
+FORGET_WHILE_PAUSED = 0.98  # per plain step taken because drafting did not pay: failures fade
+MIN_GAIN = 1.02  # a draft must promise this many times a plain step's tokens per second: costs are noisy
+PROBE_EVERY = 64  # paused steps with a proposal between two single-token drafts that re-measure the cost
 PRIOR_ROW_COST = 0.15  # a step's extra cost per extra row, relative to one row, before any is measured
 
 
@@ -54,6 +56,7 @@ class Speculator:
         self.costs = costs
         self.accepted = 0.0  # decayed counts: draft tokens accepted, drafts cut by a mismatch
         self.rejected = 0.0
+        self.paused = 0  # plain steps taken since the last draft, though a proposal was there
 
     @property
     def acceptance(self) -> float:
@@ -68,6 +71,9 @@ class Speculator:
         length = self.best_length(len(proposal))
         if length == 0:
             self.rejected *= FORGET_WHILE_PAUSED
+            self.paused += 1
+            if self.paused >= PROBE_EVERY:  # verifying may have got cheaper (a shorter context, a quiet
+                self.paused, length = 0, 1  # machine): measure it again now and then
         return proposal[:length]
 
     def best_length(self, available: int) -> int:
@@ -76,14 +82,15 @@ class Speculator:
             power *= a
             expected += power  # 1 + a + ... + a^d tokens from a step over d + 1 rows
             rate = expected / self.costs.ratio(d + 1)
-            if rate > best_rate * 1.02:  # a draft must pay by a margin: measured costs are noisy
+            if rate > best_rate:
                 best, best_rate = d, rate
-        return best
+        return best if best_rate > MIN_GAIN else 0
 
     def verified(self, proposed: int, accepted: int) -> None:
         """A step verified `proposed` draft tokens and the model agreed with the first `accepted`."""
         self.accepted = DECAY * self.accepted + accepted
         self.rejected = DECAY * self.rejected + (1 if accepted < proposed else 0)
+        self.paused = 0
 
     def append(self, token: int) -> None:
         self.drafter.append(token)
