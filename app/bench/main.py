@@ -316,6 +316,13 @@ def contention_section(engine: Engine, args: argparse.Namespace) -> int:
     return _section_out(args, result, heading, lambda: print_contention(rows))
 
 
+def speculative_section(engine: Engine, args: argparse.Namespace) -> list[dict]:
+    from app.bench.speculative import speculative_rows
+
+    return speculative_rows(engine, 1 if args.quick else args.repeat, 24 if args.quick else 256,
+                            engine.options.draft_tokens)
+
+
 def run_bench(args: argparse.Namespace) -> int:
     if args.ui:
         from app.bench.ui import print_ui, run_ui_bench
@@ -328,6 +335,13 @@ def run_bench(args: argparse.Namespace) -> int:
         return profile_section(engine, args)
     if args.contention:
         return contention_section(engine, args)
+    if args.speculation:
+        from app.bench.speculative import print_speculative
+
+        rows = speculative_section(engine, args)
+        result = {"model": engine.info.model_name, "decode": engine.info.decode, "speculative": rows}
+        return _section_out(args, result, f"{result['model']} ({result['decode']} decode)",
+                            lambda: print_speculative(rows, engine.options.draft_tokens))
     baselines: dict[str, HFBaseline] = {}
     if not args.no_hf:
         baselines["hf_"] = HFBaseline(engine)
@@ -335,11 +349,32 @@ def run_bench(args: argparse.Namespace) -> int:
             # transformers' fastest CPU setting, for reference next to the same-dtype comparison
             baselines["hf_bf16_"] = HFBaseline(engine, torch.bfloat16)
     runs = 2 if args.quick else max(1, args.repeat)
+    with engine.speculating(0):  # decode is measured a token per step; the speculative section compares
+        result = _standard_sections(engine, baselines, args, runs)
+    result["speculative"] = speculative_section(engine, args)
+    result["kv_cache"] = engine.cache_stats()
+    result.update({"ui": [], "open": []} if args.no_ui else ui_section(args))
+    if args.json:
+        print(json.dumps(result))
+    else:
+        from app.bench.speculative import print_speculative
+        from app.bench.ui import print_ui
+
+        print_table(result)
+        _print_resume(result["resume"])
+        print_speculative(result["speculative"], engine.options.draft_tokens)
+        print_ui(result)
+    sys.stdout.flush()
+    return 0
+
+
+def _standard_sections(engine: Engine, baselines: dict[str, HFBaseline], args: argparse.Namespace,
+                       runs: int) -> dict:
     prefill_lengths = [16, 64] if args.quick else [128, 1024, 2048]
     histories = [32, 64] if args.quick else [256, 1024, 2048]
     decode_contexts = [16, 64] if args.quick else [128, 2048]
     decode_steps = 8 if args.quick else 64
-    result = {
+    return {
         "model": engine.info.model_name,
         "device": engine.info.device,
         "dtype": engine.info.dtype,
@@ -349,21 +384,9 @@ def run_bench(args: argparse.Namespace) -> int:
         "load_ms": round(engine.info.load_ms, 1),
         "kv_cache_bytes": engine.info.kv_cache_bytes,
         "prefill": bench_prefill(engine, baselines, prefill_lengths, runs),
-        "decode": bench_decode(engine, baselines, decode_contexts, decode_steps, runs),
+        "decode": bench_decode(engine, baselines, decode_contexts, decode_steps, runs),  # one token per step
         "followup": bench_followup(engine, baselines.get("hf_"), histories, 8 if args.quick else 24, runs)
         if engine.prefix_cache is not None else [],
         "resume": bench_resume(engine, [64] if args.quick else [2048], 8 if args.quick else 24, runs)
         if engine.prefix_cache is not None else [],
     }
-    result["kv_cache"] = engine.cache_stats()
-    result.update({"ui": [], "open": []} if args.no_ui else ui_section(args))
-    if args.json:
-        print(json.dumps(result))
-    else:
-        from app.bench.ui import print_ui
-
-        print_table(result)
-        _print_resume(result["resume"])
-        print_ui(result)
-    sys.stdout.flush()
-    return 0

@@ -176,6 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-ui", action="store_true", help="skip the chat app's costs")
     bench.add_argument("--profile", action="store_true",
                        help="only where a decode step's time goes: quantized matmuls, torch ops, the rest")
+    bench.add_argument("--speculation", action="store_true",
+                       help="only the speculative section: greedy replies with n-gram drafting off and on")
     bench.add_argument("--contention", action="store_true",
                        help="only decode next to a competing process (a busy loop, a second kvchat decoding)")
     from app.bench.serve import add_arguments as serve_arguments
