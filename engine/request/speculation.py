@@ -51,7 +51,8 @@ class Speculator:
     """One request's drafting: the n-gram index over its tokens and its recent acceptance."""
 
     def __init__(self, tokens: list[int], max_draft: int, costs: StepCosts):
-        self.drafter = NGramDrafter(tokens)
+        self.tokens = list(tokens)  # filed into the drafter at the first draft: not on the TTFT path
+        self.drafter: NGramDrafter | None = None
         self.max_draft = max_draft
         self.costs = costs
         self.accepted = 0.0  # decayed counts: draft tokens accepted, drafts cut by a mismatch
@@ -65,6 +66,8 @@ class Speculator:
 
     def draft(self, limit: int) -> list[int]:
         """Draft tokens for the next step (at most `limit`, what the reply has room for); [] = a plain step."""
+        if self.drafter is None:
+            self.drafter = NGramDrafter(self.tokens)  # ~0.7 ms per 1,000 tokens
         proposal = self.drafter.propose(min(limit, self.max_draft))
         if not proposal:
             return []
@@ -93,4 +96,7 @@ class Speculator:
         self.paused = 0
 
     def append(self, token: int) -> None:
-        self.drafter.append(token)
+        if self.drafter is None:
+            self.tokens.append(token)
+        else:
+            self.drafter.append(token)
