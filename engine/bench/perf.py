@@ -85,10 +85,12 @@ def greedy(engine: Engine, prompt: list[int], max_tokens: int, use_prefix_cache:
 
 def decode_speed(engine: Engine, context: int, steps: int, runs: int, bandwidth: float | None) -> dict:
     """Batch-1 greedy decode after a `context`-token prompt: tokens/s of `steps` decode steps, and the
-    roofline fraction at `bandwidth` (bytes/s). Through the prefix cache, as a chat runs."""
+    roofline fraction at `bandwidth` (bytes/s). Through the prefix cache, as a chat runs; one token per
+    step (speculation off: a random prompt's reply may loop, and drafts would make the roofline meaningless)."""
     prompt = random_prompt(engine, context, seed=1)
-    tokens_per_s = median_of(runs, lambda: greedy(engine, prompt, steps + 1, use_prefix_cache=True)
-                             .stats.decode_tokens_per_s)
+    with engine.speculating(0):
+        tokens_per_s = median_of(runs, lambda: greedy(engine, prompt, steps + 1, use_prefix_cache=True)
+                                 .stats.decode_tokens_per_s)
     # The K/V read grows during the run; its mean context is what an average step reads.
     bytes_per_token = weight_bytes_per_token(engine) + kv_bytes_per_position(engine) * (context + steps / 2)
     return {
@@ -96,6 +98,18 @@ def decode_speed(engine: Engine, context: int, steps: int, runs: int, bandwidth:
         "ms_per_token": round(1e3 / tokens_per_s, 3), "bytes_per_token": int(bytes_per_token),
         "roofline_fraction": round(bytes_per_token * tokens_per_s / bandwidth, 3) if bandwidth else None,
     }
+
+
+def speculative_agreement(engine: Engine, span: int, tokens: int, draft_tokens: int = 8) -> dict:
+    """Greedy tokens after a prompt that repeats a random span three times, with speculation off and on:
+    equal (they must be), and what speculation did."""
+    prompt = random_prompt(engine, span, seed=5) * 3
+    with engine.speculating(0):
+        off = greedy(engine, prompt, tokens, use_prefix_cache=True)
+    with engine.speculating(draft_tokens):
+        on = greedy(engine, prompt, tokens, use_prefix_cache=True)
+    return {"equal": on.token_ids == off.token_ids, "tokens_per_step": round(on.stats.tokens_per_step, 2),
+            "draft_tokens": on.stats.draft_tokens, "accepted_tokens": on.stats.accepted_tokens}
 
 
 def prefill_speed(engine: Engine, length: int, runs: int) -> dict:

@@ -78,6 +78,10 @@ def _rows(result: dict) -> list[tuple[str, str]]:
                      f"roofline, tokens {equal})")
         path = f" ({config['decode_path']})" if config.get("decode_path") else ""
         rows.append((f"config {config['name']}{path}: decode tok/s", value))
+        if spec := config.get("speculative"):
+            rows.append((f"config {config['name']}: speculative greedy",
+                         f"{'= plain' if spec['equal'] else '!= plain'}  ({spec['tokens_per_step']:.2f} tok/step, "
+                         f"{spec['accepted_tokens']}/{spec['draft_tokens']} drafts accepted)"))
     for step, error in (result.get("errors") or {}).items():
         rows.append((f"{'NOT RUN' if error.startswith('skipped') else 'FAILED'} {step}", error[:100]))
     return rows

@@ -26,7 +26,7 @@ from engine.engine import Engine, EngineOptions
 from engine.bench.hf_reference import (compare_tokens, hf_generate_speed, hf_greedy_tokens, logits_rel_error,
                                        reference_model)
 from engine.bench.perf import (copy_bandwidth, decode_speed, followup_ttft, greedy, kv_bytes_per_position,
-                         prefill_speed, random_prompt, weight_bytes_per_token)
+                               prefill_speed, random_prompt, speculative_agreement, weight_bytes_per_token)
 from engine.weights.synthetic import MODELS, PREFIX, synthetic_config, synthetic_model_dir
 
 
@@ -212,3 +212,5 @@ def _measure_config(options: EngineOptions, name: str, plan: Plan, row: dict, st
         row.update(decode_tokens_per_s=speed["tokens_per_s"], roofline_fraction=speed["roofline_fraction"])
     prompt = random_prompt(engine, plan.parity_tokens, seed=4)
     row["tokens"] = step(f"{name}.greedy", lambda: greedy_tokens(engine, prompt, plan.greedy_tokens))
+    row["speculative"] = step(f"{name}.speculative",
+                              lambda: speculative_agreement(engine, plan.parity_tokens, plan.greedy_tokens))
