@@ -23,7 +23,7 @@ SECOND_ENGINE = """
 import sys
 from engine import Engine, EngineOptions
 from engine.bench.perf import greedy, random_prompt
-engine = Engine.load(EngineOptions(model=sys.argv[1] or None, threads=int(sys.argv[2]) or None))
+engine = Engine.load(EngineOptions(model=sys.argv[1] or None, threads=int(sys.argv[2]) or None, speculative="off"))
 prompt = random_prompt(engine, 128, seed=5)
 greedy(engine, prompt, 2)
 print("decoding", flush=True)
@@ -48,9 +48,10 @@ def contention_rows(engine: Engine, steps: int, runs: int, threads: int | None) 
     prompt = random_prompt(engine, 128, seed=1)
 
     def speeds() -> tuple[float, int | None]:
-        greedy(engine, prompt, 8, use_prefix_cache=True)  # settle the thread choice on the new conditions
-        values = [greedy(engine, prompt, steps + 1, use_prefix_cache=True).stats.decode_tokens_per_s
-                  for _ in range(runs)]
+        with engine.speculating(0):  # a token per step, what the threads share
+            greedy(engine, prompt, 8, use_prefix_cache=True)  # settle the thread choice on the new conditions
+            values = [greedy(engine, prompt, steps + 1, use_prefix_cache=True).stats.decode_tokens_per_s
+                      for _ in range(runs)]
         runner = engine.runner
         return statistics.median(values), runner.decode_threads.current if runner.fused is not None else None
 
