@@ -6,6 +6,8 @@ the request to the first text, tokens/s over the chunks after it. The usage
 report at the end (asked for with stream_options.include_usage) gives the exact
 token counts, and `prompt_tokens_details.cached_tokens` the server's prefix-cache
 hit when it reports one; when it does not, cached_tokens stays None ("n/a").
+`completion_tokens_details` gives the draft tokens a speculating server accepted and
+rejected, when it reports them; the server's decode steps are never known.
 
 A reader thread does the HTTP I/O, so that cancel() ends the stream at once even
 while the server is still computing the prompt and sends nothing: the consumer
@@ -126,12 +128,14 @@ class _Reply:
         details = usage.get("prompt_tokens_details")
         cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
         ttft = (self.first - self.start) * 1e3 if self.first is not None else 0.0
+        accepted, rejected = _predictions(usage.get("completion_tokens_details"))
         return RequestStats(
             prompt_tokens=prompt, cached_tokens=cached,
             prefilled_tokens=prompt - cached if cached is not None and prompt else None,
             generated_tokens=_count(usage.get("completion_tokens")) or self.chunks,
             cache_source="server" if cached else "none", ttft_ms=ttft, prefill_ms=ttft,
-            decode_ms=(self.last - self.first) * 1e3 if self.first is not None else 0.0, phase=phase)
+            decode_ms=(self.last - self.first) * 1e3 if self.first is not None else 0.0, phase=phase,
+            draft_tokens=accepted + rejected, accepted_tokens=accepted)
 
     def done(self, finish_reason: str) -> Done:
         return Done(finish_reason, self.stats("done"), (), "".join(self.pieces))
@@ -139,6 +143,15 @@ class _Reply:
 
 def _count(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _predictions(details: object) -> tuple[int, int]:
+    """(accepted, rejected) draft tokens from usage.completion_tokens_details, as kvchat serve reports its
+    speculative decoding (OpenAI's Predicted Outputs fields); 0 for what a server does not report."""
+    if not isinstance(details, dict):
+        return 0, 0
+    return (_count(details.get("accepted_prediction_tokens")) or 0,
+            _count(details.get("rejected_prediction_tokens")) or 0)
 
 
 class RemoteGeneration:

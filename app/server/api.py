@@ -4,7 +4,9 @@
 
 Chat messages become prompt ids through the model's chat template (app/chat/template.py's
 render_chat); the engine's prefix cache reuses whatever a request shares with the
-ones before it, and `usage.prompt_tokens_details.cached_tokens` says how much.
+ones before it, and `usage.prompt_tokens_details.cached_tokens` says how much;
+`usage.completion_tokens_details` counts the speculative drafts the model accepted and rejected.
+A request's stop strings end the reply in the engine, at the token that completes one.
 Streaming answers are server-sent events ending with `data: [DONE]`; with
 `stream_options.include_usage` a last chunk carries the usage, as OpenAI and vLLM do.
 Every refusal is OpenAI's error shape; the server stays up.

@@ -100,7 +100,10 @@ class SamplingRequest(BaseModel):
                               top_k=min(max(self.top_k or 0, 0), MAX_INT64), min_p=self.min_p or 0.0,
                               repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
                               max_tokens=None if max_tokens is None else min(max_tokens, context_window),
-                              seed=self.seed, ignore_eos=self.ignore_eos)
+                              seed=self.seed, ignore_eos=self.ignore_eos,
+                              # The engine ends the reply at the stop (a speculative step may have accepted
+                              # tokens past it); runner.StopText still trims the text, as OpenAI's API does.
+                              stop=tuple(self.stop_strings()))
 
     def stop_strings(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -153,12 +156,16 @@ class CompletionRequest(SamplingRequest):
 
 
 def usage(stats: RequestStats) -> dict:
-    """Token counts as vLLM reports them; cached_tokens is the prefix-cache hit."""
+    """Token counts as vLLM reports them; cached_tokens is the prefix-cache hit. Speculative decoding's
+    drafts in OpenAI's own fields (its Predicted Outputs'): the draft tokens the model agreed with are
+    accepted_prediction_tokens, the others rejected_prediction_tokens."""
     return {
         "prompt_tokens": stats.prompt_tokens,
         "completion_tokens": stats.generated_tokens,
         "total_tokens": stats.prompt_tokens + stats.generated_tokens,
         "prompt_tokens_details": {"cached_tokens": stats.cached_tokens},
+        "completion_tokens_details": {"accepted_prediction_tokens": stats.accepted_tokens,
+                                      "rejected_prediction_tokens": stats.draft_tokens - stats.accepted_tokens},
     }
 
 

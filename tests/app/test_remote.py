@@ -149,6 +149,22 @@ def test_without_a_cache_report_cached_tokens_are_not_known_and_read_n_a(fake, r
     assert json.loads(json.dumps(reply_stats(done)))["cached_tokens"] is None
 
 
+def test_a_servers_speculative_drafts_are_read_from_its_usage_and_steps_stay_unknown(fake, remote, storage):
+    fake.script.usage = {**fake.script.usage, "completion_tokens": 30,
+                         "completion_tokens_details": {"accepted_prediction_tokens": 14,
+                                                       "rejected_prediction_tokens": 6}}
+    session = saved_session(remote, storage)
+    _, done, events = run(session.send("Hi"))
+    assert (done.stats.draft_tokens, done.stats.accepted_tokens, done.stats.decode_steps) == (20, 14, 0)
+    assert all(e.step is None for e in events if isinstance(e, TokenDelta))
+    kept = session.messages[-1].stats
+    assert (kept["draft_tokens"], kept["accepted_tokens"]) == (20, 14) and "step_sizes" not in kept
+
+    fake.script.usage = {**fake.script.usage, "completion_tokens_details": {"reasoning_tokens": 0}}  # OpenAI's
+    _, done, _ = run(chat_session(remote, None, GREEDY, None).send("Hi"))
+    assert (done.stats.draft_tokens, done.stats.accepted_tokens) == (0, 0)
+
+
 @pytest.mark.parametrize("failure, sentence", [("error_event", "The server failed mid-reply: scripted: the engine died"),
                                               ("drop", "The connection to the server at .* broke")])
 def test_a_reply_broken_off_mid_stream_is_kept_as_interrupted(fake, remote, storage, failure, sentence):
@@ -283,6 +299,10 @@ def test_ask_remote_streams_the_reply_and_prints_one_sentence_on_failure(fake, c
 def test_remote_flags_that_make_no_sense_exit_2(capsys):
     assert main(["--remote", "http://127.0.0.1:9/v1", "--device", "cpu", "ask", "hi"]) == 2
     assert "--device is a setting of the embedded engine" in capsys.readouterr().err
+    assert main(["--remote", "http://127.0.0.1:9/v1", "ask", "hi", "--speculative", "off"]) == 2
+    assert "--speculative is a setting of the embedded engine" in capsys.readouterr().err
+    assert main(["--remote", "http://127.0.0.1:9/v1", "--draft-tokens", "4", "ask", "hi"]) == 2
+    assert "--draft-tokens is a setting of the embedded engine" in capsys.readouterr().err
     assert main(["--remote", "http://127.0.0.1:9/v1", "list"]) == 2
     assert main(["--api-key", "k", "ask", "hi"]) == 2
     assert "--api-key goes with --remote" in capsys.readouterr().err

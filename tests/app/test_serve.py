@@ -12,7 +12,8 @@ import pytest
 from app.chat.session import ChatSession
 from app.server.api import create_app
 from app.server.runner import StopText
-from engine import Done, SamplingParams
+from app.server.schema import ChatCompletionRequest, usage
+from engine import Done, RequestStats, SamplingParams
 from tests.app.serve_harness import Server, wait_until
 from engine.bench.fresh import with_fresh_cache
 
@@ -44,6 +45,19 @@ def model(client) -> str:
 
 def ask(client, model, messages, **kwargs):
     return client.chat.completions.create(model=model, messages=messages, **kwargs)
+
+
+@pytest.fixture
+def generations(engine, monkeypatch) -> list:
+    """Every Generation the server starts, to read the engine's own params and counts of a request."""
+    made, generate = [], engine.generate
+
+    def recorded(*args, **kwargs):
+        made.append(generate(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(engine, "generate", recorded)
+    return made
 
 
 def no_request_holds_blocks(engine) -> bool:
@@ -199,3 +213,42 @@ def test_a_stop_string_ends_the_reply_there(client, model):
     cut = ask(client, model, messages, temperature=0, max_tokens=20, stop=[full[2:4]], extra_body=always).choices[0]
     assert cut.message.content == full[: full.index(full[2:4])]
     assert cut.finish_reason == "stop"
+
+
+def test_the_request_stop_strings_reach_the_engine_which_ends_the_reply_there(client, model, generations):
+    messages = [{"role": "user", "content": "Hello there"}]
+    always = {"ignore_eos": True}
+    full = ask(client, model, messages, temperature=0, max_tokens=20, extra_body=always).choices[0].message.content
+    cut = ask(client, model, messages, temperature=0, max_tokens=20, stop=[full[2:4], "never said"],
+              extra_body=always)
+    assert generations[-1].params.stop == (full[2:4], "never said")
+    done = generations[-1].request.stats
+    assert cut.usage.completion_tokens == done.generated_tokens < 20  # the engine stopped, not the length limit
+    assert cut.choices[0].message.content == full[: full.index(full[2:4])]  # and the server still trims the text
+
+
+def test_sampling_params_carry_the_stop_strings_without_empty_ones():
+    request = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], stop=["END", ""])
+    assert request.sampling_params(256).stop == ("END",)
+    assert ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}]).sampling_params(256).stop == ()
+
+
+def test_usage_reports_the_drafts_in_openais_prediction_fields():
+    stats = RequestStats(prompt_tokens=10, cached_tokens=4, generated_tokens=30, draft_tokens=20, accepted_tokens=14)
+    assert usage(stats) == {"prompt_tokens": 10, "completion_tokens": 30, "total_tokens": 40,
+                            "prompt_tokens_details": {"cached_tokens": 4},
+                            "completion_tokens_details": {"accepted_prediction_tokens": 14,
+                                                          "rejected_prediction_tokens": 6}}
+
+
+def test_a_reply_s_usage_counts_the_engines_drafts_streaming_and_not(client, model, generations):
+    messages = [{"role": "user", "content": "abc abc abc abc abc abc"}]
+    kwargs = dict(temperature=0, max_tokens=40, extra_body={"ignore_eos": True})
+    whole = ask(client, model, messages, **kwargs).usage.completion_tokens_details
+    chunks = list(ask(client, model, messages, stream=True, stream_options={"include_usage": True}, **kwargs))
+    streamed = chunks[-1].usage.completion_tokens_details
+    for details, generation in zip((whole, streamed), generations, strict=True):
+        stats = generation.request.stats
+        assert details.accepted_prediction_tokens == stats.accepted_tokens
+        assert details.rejected_prediction_tokens == stats.draft_tokens - stats.accepted_tokens
+    assert whole.accepted_prediction_tokens > 0  # the tiny model repeats itself: drafts were accepted
