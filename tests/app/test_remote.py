@@ -288,6 +288,7 @@ def test_ask_remote_streams_the_reply_and_prints_one_sentence_on_failure(fake, c
     assert main(["--remote", fake.url, "--api-key", "sk-fake", "ask", "--json", "Hi"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert (result["reply"], result["model"], result["cached_tokens"]) == ("Hello from the server.", MODEL, 32)
+    assert (result["speculative"], result["draft_tokens"]) == ("remote", 0)  # the server decides; it reported none
 
     fake.script.fail_after = 1
     assert main(["ask", "--remote", fake.url, "--api-key", "sk-fake", "Hi"]) == 1
