@@ -99,7 +99,8 @@ static inline float finish(const vec *acc, const float *bias, int n) {
 /* Each column's weights are decoded once per group of ROW_GROUP rows (they stay in L1), instead of the
  * matrix being re-read from memory for every row. */
 #define ROW_GROUP 8
-/* Two to four rows take two columns at a time where the registers hold their sums (AVX-512's 32). */
+/* Two to six rows take two columns at a time where the registers hold their sums (AVX-512's 32: 24 sums,
+ * 4 decoded weight vectors, the input vector). */
 #define PAIRED (VEC == 16)
 #define COLUMNS(DECODE, ONE_ROW)                                                   \
     do {                                                                           \
@@ -111,14 +112,16 @@ static inline float finish(const vec *acc, const float *bias, int n) {
             for (; n < n1; n++) COLUMN(1, DECODE);                                 \
             break;                                                                 \
         }                                                                          \
-        if (PAIRED && rows <= 4) {                                                 \
+        if (PAIRED && rows <= 6) {                                                 \
             const int r0 = 0;                                                      \
             (void)r0;                                                              \
             for (; n + 2 <= n1; n += 2) {                                          \
                 switch (rows) {                                                    \
                 case 2: COLUMN_PAIR(2, DECODE); break;                             \
                 case 3: COLUMN_PAIR(3, DECODE); break;                             \
-                default: COLUMN_PAIR(4, DECODE); break;                            \
+                case 4: COLUMN_PAIR(4, DECODE); break;                             \
+                case 5: COLUMN_PAIR(5, DECODE); break;                             \
+                default: COLUMN_PAIR(6, DECODE); break;                            \
                 }                                                                  \
             }                                                                      \
         }                                                                          \
