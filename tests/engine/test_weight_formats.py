@@ -105,7 +105,7 @@ def test_weights_quantized_by_gguf_come_back_as_ggufs_dequantizer_gives_them(ker
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("rows", [1, 2, 3, 8, 9, 48, 60])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 6, 8, 9, 48, 60])
 def test_products_match_a_dense_matmul_of_the_same_weights(kernels, fmt, rows):
     rng = np.random.default_rng(rows)
     qs, dense = stored(fmt, 70, 512, rng, scale=PRODUCT_SCALE.get(fmt, 1.0))
@@ -118,12 +118,15 @@ def test_products_match_a_dense_matmul_of_the_same_weights(kernels, fmt, rows):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_one_input_row_gives_the_bits_that_row_gets_among_several(kernels, fmt):
     """Decode's one-row loops (some formats walk their blocks their own way there) sum each column in the
-    order, and from the same weights, as the loops over several rows."""
-    qs, _ = stored(fmt, 70, 512, np.random.default_rng(4), scale=PRODUCT_SCALE.get(fmt, 1.0))
-    linear = QuantLinear(kernels, fmt, qs, bias=torch.randn(70))
-    x = torch.randn(2, 512)
-    assert torch.equal(bits(linear(x[:1])), bits(linear(x)[:1]))
-    assert torch.equal(bits(linear(x[1:])), bits(linear(x)[1:]))
+    order, and from the same weights, as the loops over several rows (two to six rows take columns in
+    pairs; 71 columns leave one over): a speculative step's verified tokens get a plain step's logits."""
+    qs, _ = stored(fmt, 71, 512, np.random.default_rng(4), scale=PRODUCT_SCALE.get(fmt, 1.0))
+    linear = QuantLinear(kernels, fmt, qs, bias=torch.randn(71))
+    for rows in (2, 3, 4, 5, 6, 7, 9):
+        x = torch.randn(rows, 512)
+        together = bits(linear(x))
+        for r in range(rows):
+            assert torch.equal(bits(linear(x[r:r + 1])), together[r:r + 1]), f"row {r} of {rows}"
 
 
 @pytest.mark.parametrize("fmt", ["q4_k", "q6_k", "q5_0", "bf16"])
