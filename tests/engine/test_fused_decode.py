@@ -158,6 +158,31 @@ def test_several_new_tokens_in_one_call_equal_the_eager_model(every_isa, tmp_pat
             torch.testing.assert_close(mine, theirs, atol=ATOL, rtol=0)
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "llama-mqa"])
+@pytest.mark.parametrize("cached", [0, 7, 150])
+def test_a_few_tokens_in_one_call_get_the_bits_one_step_each_would_on_any_thread_count(every_isa, tmp_path,
+                                                                                       arch, cached):
+    """A speculative step verifies its drafts in one call: each token's logits must be exactly those of a
+    plain decode step at its position, whichever thread count the thread choice gives either."""
+    model = load_model(make_tiny_model(tmp_path, arch, seed=5), torch.device("cpu"), torch.float32)
+    fused = FusedCPUDecode(model, every_isa)
+    for new in (2, 5, 9, 16):
+        ids = tokens(cached + new, seed=new)
+        one_by_one, together = new_cache(model), new_cache(model)
+        for cache in (one_by_one, together):
+            if cached:
+                model(torch.tensor(ids[:cached]), cache)
+        steps = []
+        for token in ids[cached:]:
+            one_by_one.reserve(1)
+            steps.append(fused.step(token, one_by_one, 1).clone())
+            one_by_one.commit(1)
+        together.reserve(new)
+        verified = fused.forward(ids[cached:], together, 2, all_logits=True)
+        assert torch.equal(verified, torch.cat(steps)), f"{new} tokens after {cached}"
+        assert torch.equal(fused.forward(ids[cached:], together, 1, all_logits=True), verified)
+
+
 def test_more_tokens_than_one_call_takes_are_refused(kernels, tmp_path):
     from engine.decode.cpu_step import MAX_ROWS
 

@@ -437,7 +437,9 @@ void kv_forward_tokens(const kv_model *M, int rows, int position, const float *e
         kv_team(&t, &T);
         float *mine = S.thread0 + S.per_thread * t;
         float *normed = mine, *attn = normed + (int64_t)rows * hidden, *scores = attn + (int64_t)rows * q_size;
-        const int chunks = chunks_for(context, kv_heads, T);
+        /* Chunks for the most threads a call may use, not this call's: the sums (and so the logits) do
+         * not depend on how many threads the thread choice gives a step. */
+        const int chunks = chunks_for(context, kv_heads, M->max_threads);
         /* A few tokens (a decode step, a speculative step's drafts): each its own decode-step attention.
          * More (a follow-up message): one flash-style pass over tiles of transposed K for all of them. */
         const int per_row = rows <= PER_ROW_ATTENTION;
@@ -486,7 +488,7 @@ void kv_forward_tokens(const kv_model *M, int rows, int position, const float *e
                 for (int r = 0; r < rows; r++) {
                     /* Token r over its own context, cut into the chunks a decode step at its position would
                      * use: the same sums, so a verified draft gets the logits a plain step would. */
-                    const int seen = position + r + 1, mine = chunks_for(seen, kv_heads, T);
+                    const int seen = position + r + 1, mine = chunks_for(seen, kv_heads, M->max_threads);
                     if (c >= mine) continue;
                     const int t0 = (int)((int64_t)seen * c / mine), t1 = (int)((int64_t)seen * (c + 1) / mine);
                     attend_chunk(S.qkv + (int64_t)r * qkv_size + g * group * dim, kc + (int64_t)g * capacity * dim,
@@ -498,7 +500,7 @@ void kv_forward_tokens(const kv_model *M, int rows, int position, const float *e
             BARRIER();
             /* every thread: the whole attention output, for its o columns */
             for (int r = 0; r < rows; r++) {
-                const int used = per_row ? chunks_for(position + r + 1, kv_heads, T) : chunks;
+                const int used = per_row ? chunks_for(position + r + 1, kv_heads, M->max_threads) : chunks;
                 for (int h = 0; h < heads; h++) {
                     const int g = h / group, j = h % group;
                     combine_chunks(S.parts + (int64_t)g * chunks * item_floats + ((int64_t)r * group + j) * stride,
