@@ -13,7 +13,7 @@ the next token arrives, so a lookup of the last n tokens finds an *earlier* occu
 
 from __future__ import annotations
 
-MIN_N = 2  # a single-token match predicts little (measured: see the speculative bench)
+MIN_N = 1  # a one-token match predicts little, but the speculator learns per n how much (speculation.py)
 MAX_N = 4
 
 
@@ -38,11 +38,12 @@ class NGramDrafter:
     def append(self, token: int) -> None:
         self.extend([token])
 
-    def propose(self, limit: int) -> list[int]:
-        """Up to `limit` tokens that followed the latest earlier occurrence of the longest matching tail."""
+    def propose(self, limit: int) -> tuple[list[int], int]:
+        """Up to `limit` tokens that followed the latest earlier occurrence of the longest matching tail, and
+        that tail's length n (0: no match)."""
         t = self.tokens
         if limit <= 0:
-            return []
+            return [], 0
         for n in range(MAX_N, MIN_N - 1, -1):
             if len(t) <= n:
                 continue
@@ -54,5 +55,5 @@ class NGramDrafter:
                 period = len(t) - after
                 while len(proposal) < limit:
                     proposal.append(proposal[len(proposal) - period])
-                return proposal
-        return []
+                return proposal, n
+        return [], 0

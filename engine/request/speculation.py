@@ -47,40 +47,57 @@ class StepCosts:
         return 1.0 + PRIOR_ROW_COST * (rows - 1)
 
 
+class Acceptance:
+    """How often the model agrees with a draft token: decayed counts of accepted tokens and of drafts cut by
+    a mismatch, for the geometric estimate a = accepted / (accepted + cuts) (Beta(1, 1) prior)."""
+
+    def __init__(self):
+        self.accepted = 0.0
+        self.rejected = 0.0
+
+    @property
+    def rate(self) -> float:
+        return (self.accepted + 1.0) / (self.accepted + self.rejected + 2.0)
+
+    def verified(self, proposed: int, accepted: int) -> None:
+        self.accepted = DECAY * self.accepted + accepted
+        self.rejected = DECAY * self.rejected + (1 if accepted < proposed else 0)
+
+
 class Speculator:
-    """One request's drafting: the n-gram index over its tokens and its recent acceptance."""
+    """One request's drafting: the n-gram index over its tokens and its recent acceptance, kept per match
+    length (a draft found by a 4-token match is accepted far more often than one found by 1)."""
 
     def __init__(self, tokens: list[int], max_draft: int, costs: StepCosts):
         self.tokens = list(tokens)  # filed into the drafter at the first draft: not on the TTFT path
         self.drafter: NGramDrafter | None = None
         self.max_draft = max_draft
         self.costs = costs
-        self.accepted = 0.0  # decayed counts: draft tokens accepted, drafts cut by a mismatch
-        self.rejected = 0.0
+        self.acceptance: dict[int, Acceptance] = {}  # by the match length that found the draft
+        self.pending = 0  # the match length of the draft being verified
         self.paused = 0  # plain steps taken since the last draft, though a proposal was there
-
-    @property
-    def acceptance(self) -> float:
-        """Estimated chance the model agrees with the next draft token (Beta(1, 1) prior)."""
-        return (self.accepted + 1.0) / (self.accepted + self.rejected + 2.0)
 
     def draft(self, limit: int) -> list[int]:
         """Draft tokens for the next step (at most `limit`, what the reply has room for); [] = a plain step."""
         if self.drafter is None:
             self.drafter = NGramDrafter(self.tokens)  # ~0.7 ms per 1,000 tokens
-        proposal = self.drafter.propose(min(limit, self.max_draft))
+        proposal, n = self.drafter.propose(min(limit, self.max_draft))
         if not proposal:
             return []
-        length = self.best_length(len(proposal))
+        acceptance = self.acceptance.setdefault(n, Acceptance())
+        length = self.best_length(len(proposal), acceptance.rate)
         if length == 0:
-            self.rejected *= FORGET_WHILE_PAUSED
+            acceptance.rejected *= FORGET_WHILE_PAUSED
             self.paused += 1
             if self.paused >= PROBE_EVERY:  # verifying may have got cheaper (a shorter context, a quiet
                 self.paused, length = 0, 1  # machine): measure it again now and then
+        self.pending = n
         return proposal[:length]
 
-    def best_length(self, available: int) -> int:
-        a, best, best_rate, expected, power = self.acceptance, 0, 1.0, 1.0, 1.0
+    def best_length(self, available: int, a: float) -> int:
+        """The draft length (0..available) with the most expected tokens per unit of step time, at per-token
+        acceptance `a`; 0 unless drafting promises MIN_GAIN times a plain step's rate."""
+        best, best_rate, expected, power = 0, 1.0, 1.0, 1.0
         for d in range(1, available + 1):
             power *= a
             expected += power  # 1 + a + ... + a^d tokens from a step over d + 1 rows
@@ -91,8 +108,7 @@ class Speculator:
 
     def verified(self, proposed: int, accepted: int) -> None:
         """A step verified `proposed` draft tokens and the model agreed with the first `accepted`."""
-        self.accepted = DECAY * self.accepted + accepted
-        self.rejected = DECAY * self.rejected + (1 if accepted < proposed else 0)
+        self.acceptance[self.pending].verified(proposed, accepted)
         self.paused = 0
 
     def append(self, token: int) -> None:

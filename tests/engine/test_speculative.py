@@ -18,14 +18,15 @@ from hypothesis import strategies as st
 from engine import Engine, EngineOptions, SamplingParams
 from engine.events import Done, TokenDelta
 from engine.request.ngram_draft import MAX_N, MIN_N, NGramDrafter
-from engine.request.speculation import Speculator, StepCosts
+from engine.request.speculation import Acceptance, Speculator, StepCosts
 from tests.tiny_models import IM_END, make_tiny_model
 
 # ---- the drafter
 
 
-def scanned_proposal(tokens: list[int], limit: int) -> list[int]:
-    """What the index must answer, by scanning: the latest earlier occurrence of the longest tail."""
+def scanned_proposal(tokens: list[int], limit: int) -> tuple[list[int], int]:
+    """What the index must answer, by scanning: the latest earlier occurrence of the longest tail (what
+    followed it, continued periodically), and that tail's length."""
     for n in range(MAX_N, MIN_N - 1, -1):
         if len(tokens) <= n:
             continue
@@ -33,11 +34,11 @@ def scanned_proposal(tokens: list[int], limit: int) -> list[int]:
         for start in range(len(tokens) - n - 1, -1, -1):
             if tokens[start:start + n] == tail:
                 after = start + n
-                return [tokens[after + i % (len(tokens) - after)] for i in range(limit)]
-    return []
+                return [tokens[after + i % (len(tokens) - after)] for i in range(limit)], n
+    return [], 0
 
 
-@given(st.lists(st.integers(0, 3), max_size=60), st.lists(st.integers(0, 3), max_size=40), st.integers(1, 9))
+@given(st.lists(st.integers(0, 5), max_size=60), st.lists(st.integers(0, 5), max_size=40), st.integers(1, 9))
 def test_the_drafter_proposes_what_a_scan_of_the_tokens_finds(prompt, appended, limit):
     drafter = NGramDrafter(prompt)
     assert drafter.propose(limit) == scanned_proposal(prompt, limit)
@@ -51,9 +52,10 @@ def test_the_drafter_proposes_what_a_scan_of_the_tokens_finds(prompt, appended, 
 
 def test_the_drafter_prefers_the_longest_match_and_proposes_nothing_without_one():
     drafter = NGramDrafter([1, 2, 3, 9, 8, 2, 3, 5, 1, 2, 3])
-    assert drafter.propose(3) == [9, 8, 2]  # "1 2 3" at the start beats the later, shorter "2 3" (then 5)
-    assert NGramDrafter([1, 2, 3, 4]).propose(4) == []
-    assert NGramDrafter([5, 5]).propose(0) == []
+    assert drafter.propose(3) == ([9, 8, 2], 3)  # "1 2 3" at the start beats the later, shorter "2 3" (then 5)
+    assert NGramDrafter([1, 2, 3, 4]).propose(4) == ([], 0)
+    assert NGramDrafter([5, 5]).propose(0) == ([], 0)
+    assert NGramDrafter([7, 8, 9, 7, 8]).propose(5) == ([9, 7, 8, 9, 7], 2)  # a loop goes on looping
 
 
 # ---- the draft length
@@ -73,11 +75,29 @@ def test_the_draft_length_grows_with_acceptance_and_drafting_pauses_when_it_fail
     for _ in range(30):
         speculator.verified(4, 0)  # every draft rejected at once
     assert speculator.draft(16) == []  # paused: a plain step pays more
+    assert speculator.pending == MAX_N  # the acceptance learned is that of 4-token matches
     paused = 0
     while not speculator.draft(16):
         paused += 1
         assert paused < 500, "drafting never resumed"
     assert paused > 10  # failures fade slowly, then a draft is tried again
+
+
+def test_acceptance_is_learned_per_match_length():
+    """Drafts found by long matches keep going while those found by one token, which keep failing, pause."""
+    costs = StepCosts()
+    for rows in range(1, 18):
+        costs.record(rows, 0.010 + 0.0015 * (rows - 1))
+    speculator = Speculator([1, 2, 3, 4, 5, 6, 7, 8] * 2, 8, costs)
+    speculator.draft(8)
+    speculator.acceptance[1] = Acceptance()
+    for _ in range(20):
+        speculator.acceptance[1].verified(4, 0)
+        speculator.acceptance[MAX_N].verified(4, 4)
+    assert len(speculator.draft(8)) == 8 and speculator.pending == MAX_N  # "5 6 7 8" matched
+    speculator.append(99)
+    speculator.append(1)  # now only "1" matches
+    assert speculator.draft(8) == [] and speculator.pending == 1
 
 
 def test_expensive_verification_means_shorter_drafts():
@@ -88,6 +108,7 @@ def test_expensive_verification_means_shorter_drafts():
     tokens = [1, 2, 3, 4, 5, 6, 7, 8] * 4
     a, b = Speculator(tokens, 16, cheap), Speculator(tokens, 16, dear)
     for s in (a, b):
+        s.draft(16)  # the match length whose acceptance is learned
         for _ in range(5):
             s.verified(4, 3)
     assert len(a.draft(16)) > len(b.draft(16))
