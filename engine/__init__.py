@@ -14,7 +14,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 _EXPORTS = {
     "Engine": "engine.engine", "EngineOptions": "engine.engine", "LoadInfo": "engine.engine",
-    "Generation": "engine.request.generation",
+    "Generation": "engine.request.generation", "interleave": "engine.request.generation",
     "ContextWindowError": "engine.errors", "EngineError": "engine.errors", "ModelError": "engine.errors",
     "Done": "engine.events", "Event": "engine.events", "RequestStats": "engine.events", "Stats": "engine.events",
     "TokenDelta": "engine.events",

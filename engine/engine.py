@@ -40,6 +40,7 @@ from engine.request.generation import Generation
 from engine.request.loop import StepLoop
 from engine.request.request import Request
 from engine.request.runner import ModelRunner
+from engine.request.scheduler import MAX_BATCH
 from engine.request.speculation import MAX_DRAFT_TOKENS
 from engine.sampling_params import SamplingParams
 from engine.weights.checkpoint import load_model
@@ -70,6 +71,7 @@ class EngineOptions:
     # Speculative decoding (request/speculation.py): "ngram" drafts from the request's own tokens, "off".
     speculative: str = "ngram"
     draft_tokens: int = 8  # the most draft tokens one step verifies (1..MAX_DRAFT_TOKENS)
+    max_batch: int = 8  # requests decoded together (continuous batching; request/scheduler.py), 1..MAX_BATCH
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,12 @@ def _draft_tokens(options: EngineOptions) -> int:
     return options.draft_tokens if options.speculative == "ngram" else 0
 
 
+def _max_batch(options: EngineOptions) -> int:
+    if not (isinstance(options.max_batch, int) and 1 <= options.max_batch <= MAX_BATCH):
+        raise EngineError(f"The batch size must be from 1 to {MAX_BATCH} requests.")
+    return options.max_batch
+
+
 def _describe_speculation(draft_tokens: int) -> str:
     return f"ngram, up to {draft_tokens} draft tokens" if draft_tokens else "off"
 
@@ -153,7 +161,8 @@ class Engine:
         self.options = options
         self.runner = ModelRunner(model, prefix_cache, options.paged_kv, options.cuda_graphs, options.compile,
                                   options.fused_decode)
-        self._loop = StepLoop(self.runner, tokenizer, options.prefill_chunk, _draft_tokens(options))
+        self._loop = StepLoop(self.runner, tokenizer, options.prefill_chunk, _draft_tokens(options),
+                              _max_batch(options))
         self._fingerprint = fingerprint
         self._fingerprint_lock = threading.Lock()
 
@@ -296,6 +305,11 @@ class Engine:
             return {"enabled": False}
         with self._loop.lock:
             return {"enabled": True, **self.prefix_cache.stats()}
+
+    def step(self) -> None:
+        """Run one step of every running request (their events go to their outboxes; Generation.take
+        hands them out). For consumers that drive several generations themselves."""
+        self._loop.step()
 
     def speculating(self, draft_tokens: int):
         """A context manager: requests started meanwhile draft up to `draft_tokens` per step (0: off)."""

@@ -51,6 +51,15 @@ class _Model(ctypes.Structure):
                 ("scratch", ctypes.c_void_p), ("profile", ctypes.c_void_p)]
 
 
+class _Sequence(ctypes.Structure):
+    _fields_ = [("rows", _i32), ("position", _i32), ("capacity", _i32), ("all_logits", _i32),
+                ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p), ("cos", ctypes.c_void_p),
+                ("sin", ctypes.c_void_p)]
+
+
+MAX_SEQUENCES = 64  # decode_step.c's bound on sequences per call (>= MAX_ROWS: each has a row)
+
+
 class Unfusable(Exception):
     """Why a model cannot run the fused step (one phrase)."""
 
@@ -120,6 +129,7 @@ class FusedCPUDecode:
         self._row = cfg.hidden_size * 4  # bytes per embedding row
         self._rope_row = cfg.head_dim * 4
         self._forward = lib.kv_forward_tokens
+        self._batch = lib.kv_forward_batch
         self._desc_ref = ctypes.byref(self._desc)
 
     @contextlib.contextmanager
@@ -150,16 +160,36 @@ class FusedCPUDecode:
 
     def forward(self, token_ids: list[int], buffer: ContiguousKVCache, threads: int,
                 all_logits: bool = False) -> torch.Tensor:
-        """Logits of up to MAX_ROWS new tokens after the buffer's (a follow-up message, a prompt chunk):
-        [1, vocab] of the last, or [T, vocab] of each if `all_logits`; their K/V written (reserved; the
-        caller commits). A new tensor."""
-        ids = torch.tensor(token_ids, dtype=torch.long)
-        if not 1 <= len(ids) <= MAX_ROWS or not 0 <= int(ids.min()) <= int(ids.max()) < self.model.cfg.vocab_size:
-            raise ValueError(f"{len(ids)} tokens: 1 to {MAX_ROWS}, each in the vocabulary")
-        embeddings = self.model.embed_tokens.weight.index_select(0, ids)
-        logits = torch.empty(len(ids) if all_logits else 1, self.model.cfg.vocab_size, dtype=torch.float32)
-        self._run(len(ids), embeddings.data_ptr(), buffer, logits, all_logits, threads)
-        return logits
+        """Logits of up to MAX_ROWS new tokens after the buffer's (a follow-up message, a prompt chunk,
+        drafts to verify): [1, vocab] of the last, or [T, vocab] of each if `all_logits`; their K/V written
+        (reserved; the caller commits). A new tensor."""
+        return self.forward_batch([(token_ids, buffer, all_logits)], threads)[0]
+
+    def forward_batch(self, batch: list[tuple[list[int], ContiguousKVCache, bool]], threads: int) -> list[torch.Tensor]:
+        """Several sequences' new tokens in one pass over the weights (continuous batching): for each
+        (token ids, its own buffer, all_logits) the logits forward() would give it, bit for bit, and its
+        K/V written after the buffer's tokens (reserved; the caller commits). MAX_ROWS tokens in all."""
+        ids = [t for token_ids, _, _ in batch for t in token_ids]
+        if not batch or any(not token_ids for token_ids, _, _ in batch) or len(ids) > MAX_ROWS:
+            raise ValueError(f"{len(ids)} tokens in {len(batch)} sequences: 1 to {MAX_ROWS} tokens in all, "
+                             "at least one each")
+        if not 0 <= min(ids) <= max(ids) < self.model.cfg.vocab_size:
+            raise ValueError("a token is not in the vocabulary")
+        embeddings = self.model.embed_tokens.weight.index_select(0, torch.tensor(ids, dtype=torch.long))
+        sequences = (_Sequence * len(batch))()
+        outputs = []
+        for i, (token_ids, buffer, all_logits) in enumerate(batch):
+            position, rows = buffer.num_tokens, len(token_ids)
+            k, v = buffer.storage()
+            if position + rows > k.shape[2]:
+                raise ValueError(f"{rows} tokens at position {position}: room was not reserved")
+            sequences[i] = _Sequence(rows, position, k.shape[2], int(all_logits), k.data_ptr(), v.data_ptr(),
+                                     self._cos + position * self._rope_row, self._sin + position * self._rope_row)
+            outputs.append(rows if all_logits else 1)
+        logits = torch.empty(sum(outputs), self.model.cfg.vocab_size, dtype=torch.float32)
+        self._batch(self._desc_ref, sequences, len(batch), embeddings.data_ptr(), logits.data_ptr(),
+                    min(threads, self._threads))
+        return list(logits.split(outputs))
 
     def _run(self, rows: int, embeddings: int, buffer: ContiguousKVCache, logits: torch.Tensor, all_logits: bool,
              threads: int) -> None:

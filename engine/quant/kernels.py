@@ -88,8 +88,9 @@ def _bind(lib: ctypes.CDLL) -> QuantKernels:
     lib.kv_matmul_parts.argtypes = [p, i, p, i, p, i]
     lib.kv_dequantize.argtypes = [p, i, i, p, i]
     lib.kv_forward_tokens.argtypes = [p, i, i, p, p, p, p, p, i, p, i, i]  # decode/cpu_step.py
+    lib.kv_forward_batch.argtypes = [p, p, i, p, p, i]
     lib.kv_decode_scratch_floats.argtypes = [p]
-    for fn in (lib.kv_matmul, lib.kv_matmul_parts, lib.kv_dequantize, lib.kv_forward_tokens):
+    for fn in (lib.kv_matmul, lib.kv_matmul_parts, lib.kv_dequantize, lib.kv_forward_tokens, lib.kv_forward_batch):
         fn.restype = None
     lib.kv_isa.restype = ctypes.c_char_p
     lib.kv_decode_scratch_floats.restype = ctypes.c_int64

@@ -29,6 +29,7 @@ from collections.abc import Iterator
 import torch
 
 from engine.errors import EngineError, NonFiniteLogitsError
+from engine.kv.prefix_cache import KVCacheFullError
 from engine.events import STATS_INTERVAL_S, Done, RequestStats, Stats, TokenDelta
 from engine.request.detokenizer import IncrementalDetokenizer
 from engine.request.repetition import repeating_period
@@ -41,12 +42,14 @@ from engine.weights.tokenizer import Tokenizer
 
 
 class StepLoop:
-    def __init__(self, runner: ModelRunner, tokenizer: Tokenizer, prefill_chunk: int, draft_tokens: int = 0):
-        """`draft_tokens`: the most draft tokens a decode step verifies (0: speculative decoding off)."""
+    def __init__(self, runner: ModelRunner, tokenizer: Tokenizer, prefill_chunk: int, draft_tokens: int = 0,
+                 max_batch: int = 1):
+        """`draft_tokens`: the most draft tokens a decode step verifies (0: speculative decoding off);
+        `max_batch`: the most requests running at once (continuous batching)."""
         self.runner = runner
         self.tokenizer = tokenizer
         self.context_window = runner.model.cfg.context_window
-        self.scheduler = Scheduler(prefill_chunk, self.context_window)
+        self.scheduler = Scheduler(prefill_chunk, self.context_window, max_batch, runner.decode_rows)
         self.draft_tokens = draft_tokens
         self.step_costs = StepCosts()  # what verifying D drafts costs here, measured as decode runs
         self.lock = threading.RLock()  # one step, or one cache operation, at a time
@@ -70,12 +73,12 @@ class StepLoop:
     def step(self) -> None:
         """Admit what fits, end cancelled requests, then compute one step and turn it into events."""
         with self.lock, torch.inference_mode():
-            for request in self.scheduler.admit():
-                self._start(request)
+            while (request := self.scheduler.admit()) is not None and self._start(request):
+                pass
             for request in list(self.scheduler.running):
                 if request.cancelled.is_set() and not request.finished:
                     self._finish(request, "stopped")
-            step = self.scheduler.plan()
+            step = self._reserved(self.scheduler.plan())
             if not step:
                 return
             try:
@@ -96,6 +99,35 @@ class StepLoop:
                 except Exception as exc:
                     self._fail(work.request, exc)
 
+    def _reserved(self, step: list[Work]) -> list[Work]:
+        """The step's work with room reserved in each request's KV. When the pool is full, the request
+        admitted last gives its KV back (preempted: its final tokens stay in the prefix cache, and it
+        resumes from them when there is room again); a request alone that still does not fit fails."""
+        kept = list(step)
+        for work in step:
+            request = work.request
+            while work in kept:
+                try:
+                    request.kv.reserve(len(work.token_ids))
+                    break
+                except KVCacheFullError as exc:
+                    others = [r for r in self.scheduler.running if r is not request and not r.finished]
+                    if not others:
+                        kept.remove(work)
+                        self._fail(request, exc)
+                        break
+                    victim = others[-1]
+                    kept = [w for w in kept if w.request is not victim]
+                    self._preempt(victim)
+        return kept
+
+    def _preempt(self, request: Request) -> None:
+        request.kv.close()  # its final blocks join the tree (if it publishes): resuming finds them there
+        request.kv = None
+        request.preemptions += 1
+        request.status = Status.WAITING
+        self.scheduler.preempt(request)
+
     def abandon(self, request: Request) -> None:
         """The consumer went away before Done: end the request and free its KV now."""
         with self.lock:
@@ -104,13 +136,23 @@ class StepLoop:
 
     # ---- what a step does to a request
 
-    def _start(self, request: Request) -> None:
+    def _start(self, request: Request) -> bool:
+        """Open the request's KV; False if the pool has no room while others run (it waits, first in line)."""
         try:
-            kv, source = self.runner.open_kv(request.prompt_ids, request.use_prefix_cache)
+            kv, source = self.runner.open_kv(request.context_ids, request.use_prefix_cache)
+        except KVCacheFullError as exc:
+            if any(r is not request and not r.finished for r in self.scheduler.running):
+                self.scheduler.preempt(request)
+                return False
+            self._fail(request, exc)
+            return True
         except Exception as exc:
             self._fail(request, exc)
-            return
+            return True
         request.kv = kv
+        if request.generated:  # preempted: its sampler, text and stats go on where they were
+            request.status = Status.PREFILL
+            return True
         prompt = len(request.prompt_ids)
         request.stats = RequestStats(prompt_tokens=prompt, cached_tokens=kv.num_tokens,
                                      prefilled_tokens=prompt - kv.num_tokens, cache_source=source)
@@ -120,12 +162,17 @@ class StepLoop:
         if self.draft_tokens > 0:
             request.speculator = Speculator(request.prompt_ids, self.draft_tokens, self.step_costs)
         request.status = Status.PREFILL
+        return True
 
     def _prefilled(self, work: Work, logits: torch.Tensor) -> None:
         request, kv, stats = work.request, work.request.kv, work.request.stats
         kv.finalize(work.token_ids)  # a prompt chunk has no drafts: every computed token is final
         if not torch.isfinite(logits[-1]).all():  # the sampler would turn NaN into an arbitrary token
             raise NonFiniteLogitsError()
+        if request.generated:  # a preempted request recomputing its K/V: its next token is already sampled
+            if kv.num_tokens == len(request.context_ids):
+                request.status = Status.DECODE
+            return
         now = time.perf_counter()
         stats.prefill_done_tokens = kv.num_tokens - stats.cached_tokens
         if kv.num_tokens < len(request.prompt_ids):

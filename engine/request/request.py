@@ -20,7 +20,7 @@ from engine.sampling_params import SamplingParams
 
 
 class Status(Enum):
-    WAITING = "waiting"  # submitted; no KV yet
+    WAITING = "waiting"  # submitted, or preempted (its KV given back; it resumes from its tokens); no KV
     PREFILL = "prefill"  # computing the uncached rest of the prompt, a chunk per step
     DECODE = "decode"  # one token per step, plus the draft tokens it verifies (speculation.py)
     FINISHED = "finished"  # Done is in the outbox, or `error` is set; its KV is closed
@@ -46,20 +46,28 @@ class Request:
     last_stats_at: float = 0.0
     outbox: deque[Event] = field(default_factory=deque)  # made, not yet taken by the consumer
     error: BaseException | None = None  # the request failed: its consumer raises this after the outbox
+    preemptions: int = 0  # times its KV was given back for others' (the pool was full); it recomputes them
+
+    @property
+    def context_ids(self) -> list[int]:
+        """The tokens whose K/V the request needs before its next step: the prompt, and after a preemption
+        the reply but its last token (which the next decode step computes)."""
+        return self.prompt_ids + self.generated[:-1] if self.generated else self.prompt_ids
 
     @property
     def finished(self) -> bool:
         return self.status is Status.FINISHED
 
-    def next_tokens(self, prefill_chunk: int, context_window: int) -> list[int]:
-        """The ids the next step computes: the next prompt chunk, or the last sampled token and the draft
-        tokens to verify after it (no more than the reply has room for: a step yields up to 1 + drafts)."""
+    def next_tokens(self, prefill_chunk: int, context_window: int, max_drafts: int) -> list[int]:
+        """The ids the next step computes: the next prompt chunk, or the last sampled token and at most
+        `max_drafts` draft tokens to verify after it (no more than the reply has room for: a step yields
+        up to 1 + drafts)."""
         if self.status is Status.PREFILL:
             begin = self.kv.num_tokens
-            return self.prompt_ids[begin : begin + prefill_chunk]
+            return self.context_ids[begin : begin + prefill_chunk]
         if self.speculator is None:
             return [self.generated[-1]]
         room = context_window - len(self.prompt_ids) - len(self.generated)
         if self.params.max_tokens is not None:
             room = min(room, self.params.max_tokens - len(self.generated))
-        return [self.generated[-1], *self.speculator.draft(room - 1)]
+        return [self.generated[-1], *self.speculator.draft(min(room - 1, max_drafts))]

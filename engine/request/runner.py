@@ -105,14 +105,36 @@ class ModelRunner:
         return ContiguousKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.context_window,
                                  self.device, self.dtype)
 
+    @property
+    def decode_rows(self) -> int:
+        """The most decode tokens (drafts included) one step of all running requests takes."""
+        return MAX_ROWS
+
     def run(self, step: list[Work]) -> list[torch.Tensor]:
         """Per work item, its K/V computed into its request's KV (not yet final: the step loop finalises) and
         logits: [1, vocab] of a prompt chunk's last token or a decode token, [T, vocab] after each token of
-        a decode token and its drafts. One request per step today, so one forward per item."""
-        return [self.prefill(w.request.kv, w.token_ids) if w.prefill
+        a decode token and its drafts. Several requests' decode tokens go through the fused C step in one
+        pass over the weights (continuous batching); the rest, and every other path, one forward each."""
+        batched = [w for w in step if not w.prefill and self.fused is not None and w.request.kv.contiguous is not None]
+        if len(batched) < 2 or sum(len(w.token_ids) for w in batched) > MAX_ROWS:
+            batched = []
+        together = dict(zip(map(id, batched), self._decode_batch(batched))) if batched else {}
+        return [together[id(w)] if id(w) in together
+                else self.prefill(w.request.kv, w.token_ids) if w.prefill
                 else self.decode(w.request.kv, w.token_ids[0]) if len(w.token_ids) == 1
                 else self.prefill(w.request.kv, w.token_ids, all_logits=True)
                 for w in step]
+
+    def _decode_batch(self, work: list[Work]) -> list[torch.Tensor]:
+        """Each request's decode token (and drafts) in one fused call; a request's logits are the bits it
+        would get alone (decode_step.c)."""
+        for w in work:
+            w.request.kv.reserve(len(w.token_ids))
+        logits = self.fused.forward_batch([(w.token_ids, w.request.kv.contiguous, len(w.token_ids) > 1) for w in work],
+                                          self.decode_threads.current)
+        for w in work:
+            w.request.kv.commit(len(w.token_ids))
+        return logits
 
     def prefill(self, kv: SequenceKV, token_ids: list[int], all_logits: bool = False) -> torch.Tensor:
         """One forward over `token_ids` after `kv`'s tokens: logits [1, vocab] of the last, or [T, vocab] of

@@ -1,8 +1,13 @@
-"""Scheduler: owns the waiting and running requests and plans each step's work.
+"""Scheduler: owns the waiting and running requests and plans each step's work (continuous batching).
 
-A step is a list of Work: which tokens of which requests go into the next forward. Today one request
-runs at a time (MAX_RUNNING), the oldest first, and a step holds its next prompt chunk or decode token;
-batching raises MAX_RUNNING and puts several requests' tokens into one step.
+A step is a list of Work: which tokens of which requests go into the next forward pass. Up to
+`max_batch` requests run at once, admitted oldest first as others finish. Each step takes the decode
+token (and the drafts to verify) of every decoding request, and one prompt chunk of the oldest request
+still prefilling: the whole chunk when nobody decodes, at most MIXED_PREFILL_CHUNK tokens while others
+do, so a long new prompt slows the streams already running instead of freezing them.
+
+Decode tokens of one step share `decode_rows` (the most tokens one batched decode forward takes): each
+decoding request has one, and drafts share what is left.
 """
 
 from __future__ import annotations
@@ -12,7 +17,10 @@ from dataclasses import dataclass
 
 from engine.request.request import Request, Status
 
-MAX_RUNNING = 1
+MAX_BATCH = 32  # the most requests --max-batch allows running at once
+# Prompt tokens a step prefills while other requests decode. Prefill runs ~700 tokens/s on this 2-core
+# CPU: 128 tokens hold the decode streams up ~0.2 s per step, instead of ~3 s for a 2,048-token chunk.
+MIXED_PREFILL_CHUNK = 128
 
 
 @dataclass(frozen=True)
@@ -23,28 +31,42 @@ class Work:
 
 
 class Scheduler:
-    def __init__(self, prefill_chunk: int, context_window: int):
+    def __init__(self, prefill_chunk: int, context_window: int, max_batch: int = 1, decode_rows: int = 48):
         self.prefill_chunk = prefill_chunk
         self.context_window = context_window
+        self.max_batch = max_batch
+        self.decode_rows = decode_rows
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
 
-    def admit(self) -> list[Request]:
-        """Move waiting requests to running while there is room; the caller opens their KV."""
-        admitted = []
-        while self.waiting and len(self.running) < MAX_RUNNING:
-            request = self.waiting.popleft()
-            self.running.append(request)
-            admitted.append(request)
-        return admitted
+    def admit(self) -> Request | None:
+        """The next waiting request, moved to running, if there is room (the caller opens its KV)."""
+        if not self.waiting or len(self.running) >= self.max_batch:
+            return None
+        request = self.waiting.popleft()
+        self.running.append(request)
+        return request
 
     def plan(self) -> list[Work]:
-        """The next step: each running request's next tokens."""
-        return [Work(r, r.next_tokens(self.prefill_chunk, self.context_window), r.status is Status.PREFILL)
-                for r in self.running if not r.finished]
+        """The next step: every decoding request's next tokens, and one prompt chunk."""
+        live = [r for r in self.running if not r.finished]
+        decoding = [r for r in live if r.status is Status.DECODE]
+        spare = max(0, self.decode_rows - len(decoding))
+        drafts = spare // len(decoding) if decoding else 0
+        step = [Work(r, r.next_tokens(self.prefill_chunk, self.context_window, drafts), False) for r in decoding]
+        prefilling = next((r for r in live if r.status is Status.PREFILL), None)
+        if prefilling is not None:
+            chunk = min(self.prefill_chunk, MIXED_PREFILL_CHUNK) if decoding else self.prefill_chunk
+            step.append(Work(prefilling, prefilling.next_tokens(chunk, self.context_window, 0), True))
+        return step
+
+    def preempt(self, request: Request) -> None:
+        """`request` gives its place back (its KV was closed): it waits first in line to resume."""
+        self.running.remove(request)
+        self.waiting.appendleft(request)
 
     def remove(self, request: Request) -> None:
         if request in self.running:

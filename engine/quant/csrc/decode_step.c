@@ -412,21 +412,68 @@ int64_t kv_decode_scratch_floats(const kv_model *M) {
     return (int64_t)(s.thread0 - (float *)0) + s.per_thread * M->max_threads;
 }
 
+/* One sequence's new tokens in a batched call (continuous batching: each running request's decode token
+ * and drafts, or a prompt chunk). Mirrored by engine/decode/cpu_step.py. */
+typedef struct {
+    int32_t rows, position, capacity, all_logits; /* logits for every row (1), or for the last (0) */
+    float *k_cache, *v_cache;                     /* its contiguous cache (engine/kv/cache.py) */
+    const float *cos, *sin;                       /* RoPE rows from `position` on */
+} kv_sequence;
+
+#define MAX_SEQUENCES 64 /* >= max_rows: a sequence has at least one row */
+
+/* Where each sequence's rows, logits and attention items lie in a batched call. */
+typedef struct {
+    int rows, out_rows, items;
+    int first[MAX_SEQUENCES + 1], out_first[MAX_SEQUENCES], chunks[MAX_SEQUENCES], item_first[MAX_SEQUENCES + 1];
+    int64_t parts_first[MAX_SEQUENCES];
+    unsigned char row_seq[MAX_SEQUENCES];
+} batch_layout;
+
+static int plan_batch(const kv_model *M, const kv_sequence *seqs, int count, batch_layout *B) {
+    const int group = M->heads / M->kv_heads, stride = M->head_dim + 2;
+    int64_t parts = 0;
+    B->rows = B->out_rows = B->items = 0;
+    if (count < 1 || count > MAX_SEQUENCES) return 0;
+    for (int s = 0; s < count; s++) {
+        const kv_sequence *q = &seqs[s];
+        if (q->rows < 1 || B->rows + q->rows > M->max_rows || q->position + q->rows > q->capacity) return 0;
+        B->first[s] = B->rows;
+        for (int r = 0; r < q->rows; r++) B->row_seq[B->rows + r] = (unsigned char)s;
+        B->rows += q->rows;
+        B->out_first[s] = B->out_rows;
+        B->out_rows += q->all_logits ? q->rows : 1;
+        /* Chunks for the most threads a call may use, not this call's: the sums (and so the logits) do
+         * not depend on how many threads the thread choice gives a step, nor on the batch. */
+        B->chunks[s] = chunks_for(q->position + q->rows, M->kv_heads, M->max_threads);
+        B->item_first[s] = B->items;
+        B->items += M->kv_heads * B->chunks[s];
+        B->parts_first[s] = parts;
+        parts += (int64_t)M->kv_heads * B->chunks[s] * q->rows * group * stride;
+    }
+    B->first[count] = B->rows;
+    B->item_first[count] = B->items;
+    return 1;
+}
+
 /*
- * `rows` new tokens (1 for a decode step, at most M->max_rows) at positions position..position+rows-1,
- * their embeddings [rows, hidden] in `embeddings` and their RoPE rows from `cos`, `sin` on: their K/V
- * are written at those positions of the cache, whose positions before them hold the context, and
- * `logits` gets [vocab] for the last token, or [rows, vocab] for every one if `all_logits`.
+ * The new tokens of `count` sequences in one pass over the weights: sequence s's rows (1 for a decode
+ * step; at most M->max_rows in all) at positions position..position+rows-1 of its own cache, their
+ * embeddings stacked in `embeddings` [rows in all, hidden]. Each sequence's K/V are written at its
+ * positions; its attention reads only its own cache; `logits` gets, sequence after sequence, [vocab] for
+ * its last token, or [rows, vocab] for every one if its all_logits. A row's logits are the same bits
+ * whatever else is in the batch: every matmul column sums each row on its own, in one order, and
+ * attention is the sequence's alone.
  */
-void kv_forward_tokens(const kv_model *M, int rows, int position, const float *embeddings, const float *cos,
-                       const float *sin, float *k_cache, float *v_cache, int capacity, float *logits,
-                       int all_logits, int threads) {
+void kv_forward_batch(const kv_model *M, const kv_sequence *seqs, int count, const float *embeddings,
+                      float *logits, int threads) {
     const scratch_layout S = layout(M, M->scratch);
     const int hidden = M->hidden, dim = M->head_dim, heads = M->heads, kv_heads = M->kv_heads;
     const int group = heads / kv_heads, q_size = heads * dim, kv_size = kv_heads * dim;
-    const int qkv_size = q_size + 2 * kv_size, context = position + rows, inter = M->intermediate;
-    const int out_rows = all_logits ? rows : 1, first_out = rows - out_rows;
-    if (rows < 1 || rows > M->max_rows) return;
+    const int qkv_size = q_size + 2 * kv_size, inter = M->intermediate, stride = dim + 2;
+    batch_layout B;
+    if (!plan_batch(M, seqs, count, &B)) return;
+    const int rows = B.rows;
     if (threads > M->max_threads) threads = M->max_threads;
     if (threads < 1) threads = 1;
     memcpy(S.x, embeddings, sizeof(float) * hidden * rows);
@@ -437,73 +484,78 @@ void kv_forward_tokens(const kv_model *M, int rows, int position, const float *e
         kv_team(&t, &T);
         float *mine = S.thread0 + S.per_thread * t;
         float *normed = mine, *attn = normed + (int64_t)rows * hidden, *scores = attn + (int64_t)rows * q_size;
-        /* Chunks for the most threads a call may use, not this call's: the sums (and so the logits) do
-         * not depend on how many threads the thread choice gives a step. */
-        const int chunks = chunks_for(context, kv_heads, M->max_threads);
-        /* A few tokens (a decode step, a speculative step's drafts): each its own decode-step attention.
-         * More (a follow-up message): one flash-style pass over tiles of transposed K for all of them. */
-        const int per_row = rows <= PER_ROW_ATTENTION;
-        const int items = kv_heads * chunks, stride = dim + 2, item_floats = rows * group * stride;
         int n0, n1;
         double *clock = M->profile ? M->profile + (int64_t)t * PHASES : 0, last_ = clock ? now_seconds() : 0;
 
         for (int l = 0; l < M->layers; l++) {
             const kv_layer *L = &M->layer[l];
-            float *kc = k_cache + (int64_t)l * kv_heads * capacity * dim;
-            float *vc = v_cache + (int64_t)l * kv_heads * capacity * dim;
+            const int64_t layer_offset = (int64_t)l * kv_heads * dim;
 
             for (int r = 0; r < rows; r++) rms_norm(S.x + r * hidden, L->attn_norm, hidden, M->eps, normed + r * hidden);
             kv_thread_columns(L->qkv.N, t, T, &n0, &n1);
             parts_columns(&L->qkv, normed, rows, S.qkv, n0, n1);
             MARK(PHASE_QKV);
             BARRIER();
-            /* q/k norm and RoPE per head, the new K/V into the cache: a few hundred floats a token. */
+            /* q/k norm and RoPE per head, the new K/V into each sequence's cache: a few hundred floats a token. */
 #pragma omp for schedule(static) nowait
             for (int r = 0; r < rows; r++) {
+                const kv_sequence *q = &seqs[B.row_seq[r]];
+                const int j = r - B.first[B.row_seq[r]];
                 float *row = S.qkv + (int64_t)r * qkv_size;
                 for (int h = 0; h < heads + kv_heads; h++) {
                     float *x = row + h * dim;
                     const float *w = h < heads ? L->q_norm : L->k_norm;
                     if (w) rms_norm(x, w, dim, M->eps, x);
-                    rotate(x, cos + (int64_t)r * dim, sin + (int64_t)r * dim, dim);
+                    rotate(x, q->cos + (int64_t)j * dim, q->sin + (int64_t)j * dim, dim);
                 }
                 for (int g = 0; g < kv_heads; g++) {
-                    const int64_t at = ((int64_t)g * capacity + position + r) * dim;
-                    memcpy(kc + at, row + q_size + g * dim, sizeof(float) * dim);
-                    memcpy(vc + at, row + q_size + kv_size + g * dim, sizeof(float) * dim);
+                    const int64_t at = layer_offset * q->capacity + ((int64_t)g * q->capacity + q->position + j) * dim;
+                    memcpy(q->k_cache + at, row + q_size + g * dim, sizeof(float) * dim);
+                    memcpy(q->v_cache + at, row + q_size + kv_size + g * dim, sizeof(float) * dim);
                 }
             }
             MARK(PHASE_ROPE);
             BARRIER();
 #pragma omp for schedule(static) nowait
-            for (int item = 0; item < items; item++) {
-                const int g = item / chunks, c = item % chunks;
-                if (!per_row) {
+            for (int item = 0; item < B.items; item++) {
+                int s = 0;
+                while (B.item_first[s + 1] <= item) s++;
+                const kv_sequence *q = &seqs[s];
+                const int local = item - B.item_first[s], chunks = B.chunks[s], g = local / chunks, c = local % chunks;
+                const int R = q->rows, item_floats = R * group * stride;
+                const float *kc = q->k_cache + layer_offset * q->capacity + (int64_t)g * q->capacity * dim;
+                const float *vc = q->v_cache + layer_offset * q->capacity + (int64_t)g * q->capacity * dim;
+                const float *qs = S.qkv + (int64_t)B.first[s] * qkv_size + g * group * dim;
+                float *part = S.parts + B.parts_first[s] + (int64_t)local * item_floats;
+                if (R > PER_ROW_ATTENTION) {
+                    /* Many tokens (a follow-up message): one flash-style pass over tiles of transposed K. */
+                    const int context = q->position + R;
                     const int t0 = (int)((int64_t)context * c / chunks), t1 = (int)((int64_t)context * (c + 1) / chunks);
-                    attend_rows(S.qkv + g * group * dim, qkv_size, rows, group, position,
-                                kc + (int64_t)g * capacity * dim, vc + (int64_t)g * capacity * dim, dim, t0, t1,
-                                M->scale, scores, scores + dim * TILE, S.parts + (int64_t)item * item_floats);
+                    attend_rows(qs, qkv_size, R, group, q->position, kc, vc, dim, t0, t1, M->scale, scores,
+                                scores + dim * TILE, part);
                     continue;
                 }
-                for (int r = 0; r < rows; r++) {
-                    /* Token r over its own context, cut into the chunks a decode step at its position would
-                     * use: the same sums, so a verified draft gets the logits a plain step would. */
-                    const int seen = position + r + 1, mine = chunks_for(seen, kv_heads, M->max_threads);
-                    if (c >= mine) continue;
-                    const int t0 = (int)((int64_t)seen * c / mine), t1 = (int)((int64_t)seen * (c + 1) / mine);
-                    attend_chunk(S.qkv + (int64_t)r * qkv_size + g * group * dim, kc + (int64_t)g * capacity * dim,
-                                 vc + (int64_t)g * capacity * dim, group, dim, t0, t1, M->scale, scores,
-                                 S.parts + (int64_t)item * item_floats + (int64_t)r * group * stride);
+                for (int r = 0; r < R; r++) {
+                    /* A few tokens (a decode step, a speculative step's drafts): token r over its own context,
+                     * cut into the chunks a decode step at its position would use, so the same sums. */
+                    const int seen = q->position + r + 1, used = chunks_for(seen, kv_heads, M->max_threads);
+                    if (c >= used) continue;
+                    const int t0 = (int)((int64_t)seen * c / used), t1 = (int)((int64_t)seen * (c + 1) / used);
+                    attend_chunk(qs + (int64_t)r * qkv_size, kc, vc, group, dim, t0, t1, M->scale, scores,
+                                 part + (int64_t)r * group * stride);
                 }
             }
             MARK(PHASE_ATTENTION);
             BARRIER();
             /* every thread: the whole attention output, for its o columns */
             for (int r = 0; r < rows; r++) {
-                const int used = per_row ? chunks_for(position + r + 1, kv_heads, M->max_threads) : chunks;
+                const int s = B.row_seq[r], j = r - B.first[s], R = seqs[s].rows, item_floats = R * group * stride;
+                const int used = R > PER_ROW_ATTENTION ? B.chunks[s]
+                                                       : chunks_for(seqs[s].position + j + 1, kv_heads, M->max_threads);
                 for (int h = 0; h < heads; h++) {
-                    const int g = h / group, j = h % group;
-                    combine_chunks(S.parts + (int64_t)g * chunks * item_floats + ((int64_t)r * group + j) * stride,
+                    const int g = h / group, jj = h % group;
+                    combine_chunks(S.parts + B.parts_first[s] + (int64_t)g * B.chunks[s] * item_floats +
+                                       ((int64_t)j * group + jj) * stride,
                                    used, item_floats, dim, attn + (int64_t)r * q_size + h * dim);
                 }
             }
@@ -526,10 +578,22 @@ void kv_forward_tokens(const kv_model *M, int rows, int position, const float *e
             MARK(PHASE_DOWN);
             BARRIER();
         }
-        for (int r = first_out; r < rows; r++)
-            rms_norm(S.x + r * hidden, M->final_norm, hidden, M->eps, normed + (r - first_out) * hidden);
+        for (int s = 0; s < count; s++) {
+            const int outs = seqs[s].all_logits ? seqs[s].rows : 1, from = B.first[s + 1] - outs;
+            for (int r = 0; r < outs; r++)
+                rms_norm(S.x + (int64_t)(from + r) * hidden, M->final_norm, hidden, M->eps,
+                         normed + (int64_t)(B.out_first[s] + r) * hidden);
+        }
         kv_thread_columns(M->vocab, t, T, &n0, &n1);
-        parts_columns(&M->lm_head, normed, out_rows, logits, n0, n1);
+        parts_columns(&M->lm_head, normed, B.out_rows, logits, n0, n1);
         MARK(PHASE_LM_HEAD);
     }
+}
+
+/* `rows` new tokens of one sequence (1 for a decode step): kv_forward_batch with a batch of one. */
+void kv_forward_tokens(const kv_model *M, int rows, int position, const float *embeddings, const float *cos,
+                       const float *sin, float *k_cache, float *v_cache, int capacity, float *logits,
+                       int all_logits, int threads) {
+    const kv_sequence one = {rows, position, capacity, all_logits, k_cache, v_cache, cos, sin};
+    kv_forward_batch(M, &one, 1, embeddings, logits, threads);
 }
