@@ -73,6 +73,9 @@ def speculative_rows(engine: Engine, runs: int, max_tokens: int, draft_tokens: i
     rows = []
     for task, message in TASKS.items():
         prompt = engine.tokenizer.encode(render_chat(engine.tokenizer, [{"role": "user", "content": message}]))
+        if len(prompt) + max_tokens > engine.context_window:
+            rows.append({"task": task, "prompt_tokens": len(prompt), "skipped": "longer than the context window"})
+            continue
         _reply(engine, prompt, max_tokens, draft_tokens)  # warm-up: the prompt cached, verify costs measured
         off, on = [], []
         for _ in range(max(1, runs)):
@@ -99,6 +102,9 @@ def print_speculative(rows: list[dict], draft_tokens: int) -> None:
     print(f"\n{'speculative (ngram, up to ' + str(draft_tokens) + ')':34}{'off tok/s':>10}{'on tok/s':>10}"
           f"{'speed-up':>10}{'tok/step':>10}{'accepted':>14}{'identical':>11}")
     for row in rows:
+        if "skipped" in row:
+            print(f"{row['task']:34}skipped: {row['prompt_tokens']} prompt tokens, {row['skipped']}")
+            continue
         speedup = row["tokens_per_s_on"] / row["tokens_per_s_off"] if row["tokens_per_s_off"] else 0.0
         print(f"{row['task'] + ' (' + str(row['generated_tokens']) + ' tokens)':34}{row['tokens_per_s_off']:>10.1f}"
               f"{row['tokens_per_s_on']:>10.1f}{speedup:>9.2f}x{row['tokens_per_step']:>10.2f}"

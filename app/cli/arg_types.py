@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import math
 
-from engine.request.speculation import MAX_DRAFT_TOKENS  # no torch: the flags are checked before it loads
+from engine.request.limits import MAX_BATCH  # no torch: the flags are checked before it loads
+from engine.request.speculation import MAX_DRAFT_TOKENS
 
 
 def _number(text: str, kind: type) -> float | int:
@@ -34,6 +35,7 @@ positive_float = _at_least(float, lambda value: value > 0, "above 0")
 non_negative_float = _at_least(float, lambda value: value >= 0, "0 or more")
 # The engine's own bound (EngineOptions.draft_tokens), refused here so no model loads for nothing.
 draft_tokens = _at_least(int, lambda value: 1 <= value <= MAX_DRAFT_TOKENS, f"from 1 to {MAX_DRAFT_TOKENS}")
+batch_size = _at_least(int, lambda value: 1 <= value <= MAX_BATCH, f"from 1 to {MAX_BATCH}")
 
 
 def port(text: str) -> int:

@@ -11,7 +11,8 @@ import argparse
 import os
 import sys
 
-from app.cli.arg_types import MAX_DRAFT_TOKENS, draft_tokens, non_negative_float, port, positive_float, positive_int
+from app.cli.arg_types import (MAX_BATCH, MAX_DRAFT_TOKENS, batch_size, draft_tokens, non_negative_float, port,
+                               positive_float, positive_int)
 
 # Quiet, offline Hugging Face libraries before anything imports them.
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -53,6 +54,9 @@ def _engine_options(parser: argparse.ArgumentParser, top_level: bool) -> None:
     group.add_argument("--draft-tokens", metavar="K", type=draft_tokens, default=default(None),
                        help=f"the most draft tokens one step verifies, 1 to {MAX_DRAFT_TOKENS} (default: 8); "
                             "the engine drafts fewer, or none, while drafts keep failing")
+    group.add_argument("--max-batch", metavar="N", type=batch_size, default=default(None),
+                       help=f"the most requests decoded together, 1 to {MAX_BATCH} (default: 8): "
+                            "kvchat serve's clients, the chat's candidate replies")
 
 
 def _remote_options(parser: argparse.ArgumentParser, top_level: bool) -> None:
@@ -192,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
 # Flags of the embedded engine, with their defaults: given with --remote they would be silently ignored.
 ENGINE_ONLY = {"device": "auto", "dtype": "auto", "threads": None, "kv_cache_gb": None, "no_prefix_cache": False,
                "paged_kv": None, "cuda_graphs": None, "compile": None, "fused_decode": None, "speculative": None,
-               "draft_tokens": None}
+               "draft_tokens": None, "max_batch": None}
 
 
 def check_backend_args(args: argparse.Namespace) -> None:

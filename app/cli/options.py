@@ -16,8 +16,8 @@ if TYPE_CHECKING:
 def engine_options(args: argparse.Namespace) -> EngineOptions:
     from engine import EngineOptions  # torch: imported once the flags are known to be good
 
-    # Speculation unset: the engine's own default, kept in one place (EngineOptions).
-    speculation = {name: getattr(args, name) for name in ("speculative", "draft_tokens")
+    # Speculation and batching unset: the engine's own defaults, kept in one place (EngineOptions).
+    speculation = {name: getattr(args, name) for name in ("speculative", "draft_tokens", "max_batch")
                    if getattr(args, name, None) is not None}
     return EngineOptions(model=args.model, device=args.device, dtype=args.dtype, threads=args.threads,
                          kv_cache_gb=args.kv_cache_gb, prefix_caching=not args.no_prefix_cache,

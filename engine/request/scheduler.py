@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from engine.request.limits import MAX_BATCH  # noqa: F401  (the bound of max_batch, re-exported)
 from engine.request.request import Request, Status
 
-MAX_BATCH = 32  # the most requests --max-batch allows running at once
 # Prompt tokens a step prefills while other requests decode. Prefill runs ~700 tokens/s on this 2-core
 # CPU: 128 tokens hold the decode streams up ~0.2 s per step, instead of ~3 s for a 2,048-token chunk.
 MIXED_PREFILL_CHUNK = 128

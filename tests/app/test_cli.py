@@ -135,8 +135,13 @@ def test_bench_quick_json_has_every_section(tiny_model_dir):
     result = kvchat("bench", "--quick", "--json", "--model", str(tiny_model_dir))
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
-    assert {"prefill", "decode", "followup", "resume"} <= out.keys()
+    assert {"prefill", "decode", "followup", "resume", "speculative"} <= out.keys()
     assert [r["prompt_tokens"] for r in out["prefill"]] == [16, 64]
+    rows = {row["task"]: row for row in out["speculative"]}
+    assert rows.keys() == {"code edit", "quote", "free chat"}
+    assert rows["code edit"]["skipped"] == "longer than the context window"  # 256 byte tokens hold no code
+    chat = rows["free chat"]
+    assert chat["identical"] is True and chat["tokens_per_s_on"] > 0 and chat["tokens_per_s_off"] > 0
     for row in out["prefill"] + out["decode"]:
         assert row["tokens_per_s"] > 0 and row["hf_tokens_per_s"] > 0
     (resume,) = out["resume"]
