@@ -311,6 +311,10 @@ class Engine:
         hands them out). For consumers that drive several generations themselves."""
         self._loop.step()
 
+    def batching(self, max_batch: int):
+        """A context manager: at most `max_batch` requests run at once meanwhile (1: one after another)."""
+        return self._loop.batching(max_batch)
+
     def speculating(self, draft_tokens: int):
         """A context manager: requests started meanwhile draft up to `draft_tokens` per step (0: off)."""
         return self._loop.speculating(draft_tokens)

@@ -36,6 +36,7 @@ from engine.request.repetition import repeating_period
 from engine.request.request import Request, Status
 from engine.request.runner import ModelRunner
 from engine.request.sampling import Sampler
+from engine.request.limits import MAX_BATCH
 from engine.request.scheduler import Scheduler, Work
 from engine.request.speculation import MAX_DRAFT_TOKENS, Speculator, StepCosts
 from engine.weights.tokenizer import Tokenizer
@@ -69,6 +70,19 @@ class StepLoop:
         with self.lock:
             request.submitted_at = time.perf_counter()
             self.scheduler.add(request)
+
+    @contextlib.contextmanager
+    def batching(self, max_batch: int) -> Iterator[None]:
+        """At most `max_batch` requests run at once meanwhile (1: one after another); the benches' A/B."""
+        if not 1 <= max_batch <= MAX_BATCH:
+            raise ValueError(f"the batch size must be from 1 to {MAX_BATCH}")
+        with self.lock:
+            before, self.scheduler.max_batch = self.scheduler.max_batch, max_batch
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.scheduler.max_batch = before
 
     def step(self) -> None:
         """Admit what fits, end cancelled requests, then compute one step and turn it into events."""
