@@ -316,6 +316,21 @@ def contention_section(engine: Engine, args: argparse.Namespace) -> int:
     return _section_out(args, result, heading, lambda: print_contention(rows))
 
 
+def batch_section(engine: Engine, args: argparse.Namespace) -> int:
+    """`kvchat bench --batch`: requests decoded together next to the same requests one at a time."""
+    from app.bench.batch import arrival_ttft, batch_rows, print_batch
+
+    if args.quick:
+        rows, arrival = batch_rows(engine, [16], [1, 2, 4], 8, 1), arrival_ttft(engine, 32, 4, 1)
+    else:
+        rows = batch_rows(engine, [128, 1024], [1, 2, 4, 8], 64, args.repeat)
+        arrival = arrival_ttft(engine, 256, 16, args.repeat)
+    result = {"model": engine.info.model_name, "decode": engine.info.decode, "threads": torch.get_num_threads(),
+              "max_batch": engine.options.max_batch, "batch": rows, "arrival": arrival}
+    heading = f"{result['model']} ({result['decode']} decode, {result['threads']} threads)"
+    return _section_out(args, result, heading, lambda: print_batch(rows, arrival))
+
+
 def speculative_section(engine: Engine, args: argparse.Namespace) -> list[dict]:
     from app.bench.speculative import speculative_rows
 
@@ -335,6 +350,8 @@ def run_bench(args: argparse.Namespace) -> int:
         return profile_section(engine, args)
     if args.contention:
         return contention_section(engine, args)
+    if args.batch:
+        return batch_section(engine, args)
     if args.speculation:
         from app.bench.speculative import print_speculative
 

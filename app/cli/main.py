@@ -180,6 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-ui", action="store_true", help="skip the chat app's costs")
     bench.add_argument("--profile", action="store_true",
                        help="only where a decode step's time goes: quantized matmuls, torch ops, the rest")
+    bench.add_argument("--batch", action="store_true",
+                       help="only continuous batching: 1-8 requests decoded together next to one at a time")
     bench.add_argument("--speculation", action="store_true",
                        help="only the speculative section: greedy replies with n-gram drafting off and on")
     bench.add_argument("--contention", action="store_true",
