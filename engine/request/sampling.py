@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import torch
 
 from engine.sampling_params import SamplingParams  # noqa: F401  (engine.request.sampling's public name too)
@@ -39,6 +40,8 @@ class Sampler:
             penalised = torch.where(logits > 0, logits / p.repetition_penalty, logits * p.repetition_penalty)
             logits = torch.where(self.seen, penalised, logits)
         if p.greedy:
+            if logits.device.type == "cpu":  # numpy's argmax: 4 µs on 49,152 logits, torch's 63 (its thread team);
+                return int(np.argmax(logits.numpy()))  # both take the first of equal maxima, and a NaN first
             return int(torch.argmax(logits))
         logits = logits / p.temperature
         if p.top_k and p.top_k < logits.shape[-1]:
