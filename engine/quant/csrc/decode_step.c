@@ -198,11 +198,82 @@ static void rotate(float *x, const float *cos, const float *sin, int dim) {
     memcpy(x, tmp, sizeof(float) * dim);
 }
 
+#if VEC == 16
+/* The sums of four vectors' lanes, in lanes 0, 4, 8 and 12 (the rest hold copies): three shuffle-and-add
+ * rounds for four dot products instead of a 16-lane reduction each. */
+static inline __attribute__((always_inline)) vec sums_of_four(vec a, vec b, vec c, vec d) {
+    const vec ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+    const vec cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
+    vec t = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
+    t = _mm512_add_ps(t, _mm512_permute_ps(t, 0xB1));
+    return _mm512_add_ps(t, _mm512_permute_ps(t, 0x4E));
+}
+
+#define GROUP64_MAX 6 /* query heads per KV head the 64-wide item keeps in registers (4 vectors each) */
+
+/* attend_chunk for head_dim 64: each K and V row loaded once for the whole group of query heads, scores
+ * four keys at a time, the outputs kept in registers across the chunk. */
+static void attend_chunk64(const float *q, const float *k, const float *v, int group, int t0, int t1,
+                           float scale, float *scores, float *part) {
+    const int len = t1 - t0, dim = 64;
+    vec qv[GROUP64_MAX][4];
+    for (int h = 0; h < group; h++)
+        for (int i = 0; i < 4; i++) qv[h][i] = vload(q + h * dim + i * VEC);
+    const __m512i lanes = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0);
+    int t = 0;
+    for (; t + 4 <= len; t += 4) {
+        const float *kt = k + (int64_t)(t0 + t) * dim;
+        vec kv[4][4];
+        for (int j = 0; j < 4; j++)
+            for (int i = 0; i < 4; i++) kv[j][i] = vload(kt + j * dim + i * VEC);
+        for (int h = 0; h < group; h++) {
+            vec d[4];
+            for (int j = 0; j < 4; j++) {
+                d[j] = vmul(qv[h][0], kv[j][0]);
+                for (int i = 1; i < 4; i++) d[j] = vfma(qv[h][i], kv[j][i], d[j]);
+            }
+            const vec sums = _mm512_permutexvar_ps(lanes, sums_of_four(d[0], d[1], d[2], d[3]));
+            _mm_storeu_ps(scores + h * len + t, _mm_mul_ps(_mm512_castps512_ps128(sums), _mm_set1_ps(scale)));
+        }
+    }
+    for (; t < len; t++)
+        for (int h = 0; h < group; h++) scores[h * len + t] = dot(q + h * dim, k + (int64_t)(t0 + t) * dim, dim) * scale;
+    for (int h = 0; h < group; h++) {
+        float *s = scores + h * len, top = -INFINITY;
+        for (int j = 0; j < len; j++) top = s[j] > top ? s[j] : top;
+        part[h * (dim + 2)] = top;
+        part[h * (dim + 2) + 1] = exp_shifted(s, len, top);
+    }
+    vec acc[GROUP64_MAX][4];
+    for (int h = 0; h < group; h++)
+        for (int i = 0; i < 4; i++) acc[h][i] = vzero();
+    for (int j = 0; j < len; j++) {
+        const float *vt = v + (int64_t)(t0 + j) * dim;
+        const vec v0 = vload(vt), v1 = vload(vt + VEC), v2 = vload(vt + 2 * VEC), v3 = vload(vt + 3 * VEC);
+        for (int h = 0; h < group; h++) {
+            const vec p = vset1(scores[h * len + j]);
+            acc[h][0] = vfma(p, v0, acc[h][0]);
+            acc[h][1] = vfma(p, v1, acc[h][1]);
+            acc[h][2] = vfma(p, v2, acc[h][2]);
+            acc[h][3] = vfma(p, v3, acc[h][3]);
+        }
+    }
+    for (int h = 0; h < group; h++)
+        for (int i = 0; i < 4; i++) vstore(part + h * (dim + 2) + 2 + i * VEC, acc[h][i]);
+}
+#endif
+
 /* One attention work item: query heads h0..h0+group of KV head g over positions t0..t1. Leaves the
  * item's running max, sum of exps and unnormalised output in part[(h - h0) * (dim + 2)]. */
 static void attend_chunk(const float *q, const float *k, const float *v, int group, int dim, int t0, int t1,
                          float scale, float *scores, float *part) {
     const int len = t1 - t0;
+#if VEC == 16
+    if (dim == 64 && group <= GROUP64_MAX) {
+        attend_chunk64(q, k, v, group, t0, t1, scale, scores, part);
+        return;
+    }
+#endif
     for (int h = 0; h < group; h++) {
         const float *qh = q + h * dim;
         float *s = scores + h * len, top = -INFINITY;
