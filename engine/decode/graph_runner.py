@@ -29,15 +29,16 @@ WARMUP_STEPS = 2  # before a capture: lazy initialisation (cuBLAS handles, Trito
 
 
 class PagedDecodeKV:
-    """A decode step's view of one sequence's blocks: tensors only, so the step can be captured.
+    """A decode step's view of B sequences' blocks (B = 1 for a captured step): tensors only, so the step
+    can be captured.
 
-    `table` [1, width] int32 lists the sequence's blocks; `position` [1] long is the new token's
-    position. Its K/V go to (table[position // block_size], position % block_size)."""
+    `table` [B, width] int32 lists each sequence's blocks; `position` [B] long is each new token's
+    position. Sequence b's K/V go to (table[b, position[b] // block_size], position[b] % block_size)."""
 
     def __init__(self, pool: KVPool, table: torch.Tensor, position: torch.Tensor):
         self.pool, self.table = pool, table
         size = pool.block_size
-        self.blocks = table[0].index_select(0, position // size).long()
+        self.blocks = table.gather(1, (position // size).unsqueeze(1)).squeeze(1).long()
         self.offsets = position % size
         self.seq_len = (position + 1).to(torch.int32)
 
@@ -92,6 +93,18 @@ class DecodeRunner:
             bucket.graph.replay()
             return bucket.logits
         return self._step(bucket.table)
+
+    def step_batch(self, tokens: list[int], positions: list[int], blocks: list[list[int]]) -> torch.Tensor:
+        """Logits [B, vocab] of B sequences' decode tokens in one eager step (continuous batching), each
+        token's K/V written into its own blocks. Not captured: CUDA graphs replay one sequence each."""
+        width = self.table_width(max(map(len, blocks)))
+        table = torch.full((len(blocks), width), self.scratch_block, dtype=torch.int32)
+        for row, sequence in zip(table, blocks):
+            row[: len(sequence)] = torch.tensor(sequence, dtype=torch.int32)
+        table = table.to(self.device, non_blocking=True)
+        token = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        position = torch.tensor(positions, dtype=torch.long, device=self.device)
+        return self.model.decode_step(token, position, PagedDecodeKV(self.pool, table, position))
 
     def _bucket(self, width: int) -> _Bucket:
         bucket = self._buckets.get(width)

@@ -19,12 +19,12 @@ from engine.model.attention import attend
 def attend_in_place(pool: KVPool, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     slot_blocks: torch.Tensor, slot_offsets: torch.Tensor, table: torch.Tensor,
                     seq_len: torch.Tensor, scale: float) -> torch.Tensor:
-    """One decode token: write its k/v [kv_heads, 1, head_dim] at (slot_blocks, slot_offsets), then
-    attend q [1, heads, head_dim] over the sequence's blocks `table` [1, width] up to `seq_len` [1].
-    Tensors only, no host sync: the captured decode step runs this too."""
+    """One decode token of each of B sequences: write their k/v [kv_heads, B, head_dim] at (slot_blocks,
+    slot_offsets) [B], then attend q [B, heads, head_dim], row b over its blocks `table[b]` ([B, width])
+    up to `seq_len[b]`. Tensors only, no host sync: the captured decode step runs this too."""
     pool.write_slots(layer, slot_blocks, slot_offsets, k.transpose(0, 1), v.transpose(0, 1))
     k_cache, v_cache = pool.layer_view(layer)
-    return paged_decode_attention(q, k_cache, v_cache, table, seq_len, scale).reshape(1, -1)
+    return paged_decode_attention(q, k_cache, v_cache, table, seq_len, scale).reshape(q.shape[0], -1)
 
 
 class PagedKV(PooledKV):

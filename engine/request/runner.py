@@ -115,15 +115,30 @@ class ModelRunner:
         logits: [1, vocab] of a prompt chunk's last token or a decode token, [T, vocab] after each token of
         a decode token and its drafts. Several requests' decode tokens go through the fused C step in one
         pass over the weights (continuous batching); the rest, and every other path, one forward each."""
-        batched = [w for w in step if not w.prefill and self.fused is not None and w.request.kv.contiguous is not None]
-        if len(batched) < 2 or sum(len(w.token_ids) for w in batched) > MAX_ROWS:
+        if self.fused is not None:
+            batched = [w for w in step if not w.prefill and w.request.kv.contiguous is not None]
+            decode_batch = self._decode_batch
+        else:  # the eager paged step takes one token per sequence (its drafts are verified on their own)
+            batched = [w for w in step if not w.prefill and len(w.token_ids) == 1]
+            decode_batch = self._paged_batch if self.graphs is not None and not self.graphs.cuda_graphs else None
+        if decode_batch is None or len(batched) < 2 or sum(len(w.token_ids) for w in batched) > MAX_ROWS:
             batched = []
-        together = dict(zip(map(id, batched), self._decode_batch(batched))) if batched else {}
+        together = dict(zip(map(id, batched), decode_batch(batched))) if batched else {}
         return [together[id(w)] if id(w) in together
                 else self.prefill(w.request.kv, w.token_ids) if w.prefill
                 else self.decode(w.request.kv, w.token_ids[0]) if len(w.token_ids) == 1
                 else self.prefill(w.request.kv, w.token_ids, all_logits=True)
                 for w in step]
+
+    def _paged_batch(self, work: list[Work]) -> list[torch.Tensor]:
+        """Each request's decode token in one eager paged step, attention reading each one's blocks."""
+        for w in work:
+            w.request.kv.reserve(1)
+        logits = self.graphs.step_batch([w.token_ids[0] for w in work], [w.request.kv.num_tokens for w in work],
+                                        [w.request.kv.blocks for w in work])
+        for w in work:
+            w.request.kv.commit(1)
+        return list(logits.split(1))
 
     def _decode_batch(self, work: list[Work]) -> list[torch.Tensor]:
         """Each request's decode token (and drafts) in one fused call; a request's logits are the bits it

@@ -69,6 +69,7 @@ STRATEGIES = {
     "fused working copy": {},
     "eager working copy": {"fused_decode": False},
     "no prefix cache": {"prefix_caching": False},
+    "paged": {"paged_kv": True},  # one eager step for every sequence's token, attention over its blocks
 }
 
 
@@ -176,6 +177,24 @@ def test_one_step_computes_every_running_requests_token(tiny_model_dir, monkeypa
     assert calls.count(4) >= 15  # the four decoded together, a step for all four tokens
     for prompt, d in zip(prompts, done):
         assert list(d.token_ids) == solo(engine, prompt, 20)
+
+
+def test_the_paged_path_decodes_every_running_requests_token_in_one_step(tiny_model_dir, monkeypatch):
+    from engine.decode.graph_runner import DecodeRunner
+
+    engine = Engine.load(EngineOptions(model=str(tiny_model_dir), dtype="float32", max_batch=4, paged_kv=True,
+                                       speculative="off", kv_block_size=BLOCK))
+    calls = []
+    batch = DecodeRunner.step_batch
+    monkeypatch.setattr(DecodeRunner, "step_batch",
+                        lambda self, *args: calls.append(len(args[0])) or batch(self, *args))
+    prompts = [tokens(9 + 3 * i, seed=20 + i) for i in range(4)]  # blocks of 4: tables of different widths
+    generations = [engine.generate(p, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)) for p in prompts]
+    done = [event for _, event in interleave(generations) if isinstance(event, Done)]
+    assert calls.count(4) >= 15
+    for prompt, d in zip(prompts, done):
+        assert_same_greedy(engine, prompt, list(d.token_ids), solo(engine, prompt, 20), exact=False)
+    engine.prefix_cache.check_invariants()
 
 
 def test_a_long_new_prompt_is_prefilled_in_small_chunks_while_others_decode(endless_model_dir):
