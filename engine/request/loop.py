@@ -1,9 +1,15 @@
-"""StepLoop: the engine's step function. Each step the scheduler plans the work, the runner computes it,
-and each request's new K/V are finalised and its new token, stats and end become its events.
+"""StepLoop: the engine's step function. Each step the scheduler plans the work of every running request
+(continuous batching: scheduler.py), the runner computes it, and each request's new K/V are finalised
+and its new tokens, stats and end become its events.
 
 Whoever needs events drives the loop: a Generation whose outbox is empty runs one step (under the
-lock), which may be another request's step; that request's events wait in its own outbox. So several
-threads may generate at once, and one forward runs at a time.
+lock), which is every running request's step; their events wait in their own outboxes. So several
+threads may generate at once (or one thread several requests: generation.interleave), and one step
+runs at a time.
+
+When the KV pool cannot hold a step's tokens, the request admitted last is preempted: its KV closed
+(its final blocks stay in the prefix cache), back to the head of the queue, and resumed later by
+prefilling its prompt and reply again, mostly from the cache; its sampler and text go on unchanged.
 
 Events per request, as they were when each request ran its own loop: Stats after each prefill chunk
 but the last; Stats then TokenDelta for the first token; then per token a TokenDelta, preceded by Stats
