@@ -7,6 +7,9 @@ render_chat); the engine's prefix cache reuses whatever a request shares with th
 ones before it, and `usage.prompt_tokens_details.cached_tokens` says how much;
 `usage.completion_tokens_details` counts the speculative drafts the model accepted and rejected.
 A request's stop strings end the reply in the engine, at the token that completes one.
+Concurrent requests are decoded together on the engine thread (app/server/runner.py); `n` candidate
+replies (1 to the engine's max batch) are too, sharing the prompt's KV blocks, candidate i sampling
+with `seed + i` when a seed is given; usage counts the prompt once and every candidate's tokens.
 Streaming answers are server-sent events ending with `data: [DONE]`; with
 `stream_options.include_usage` a last chunk carries the usage, as OpenAI and vLLM do.
 Every refusal is OpenAI's error shape; the server stays up.
@@ -26,6 +29,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -36,10 +40,12 @@ from app.chat.errors import ChatError
 from app.chat.session import MAX_CHARS_PER_TOKEN
 from app.chat.template import render_chat
 from app.server.guards import BearerAuth, BodyLimit, unless_disconnected
-from app.server.runner import EngineRunner, Finish, ShuttingDown, reply
+from app.server.reply import Finish, replies
+from app.server.runner import EngineRunner, ShuttingDown
 from app.server.schema import (APIError, ChatCompletionRequest, CompletionRequest, SamplingRequest, body_limit,
                                error_body, usage, validation_message)
 from engine import ContextWindowError, Engine, EngineError, Generation, SamplingParams
+from engine.sampling_params import MAX_SEED
 
 
 def create_app(engine: Engine, api_key: str | None = None, model_name: str | None = None,
@@ -48,6 +54,7 @@ def create_app(engine: Engine, api_key: str | None = None, model_name: str | Non
     model_name = model_name or engine.info.model_name
     created = int(time.time())
     runner = runner or EngineRunner()
+    runner.attach(engine)
     window = engine.context_window
 
     @asynccontextmanager
@@ -114,84 +121,102 @@ def create_app(engine: Engine, api_key: str | None = None, model_name: str | Non
     async def chat_completions(request: ChatCompletionRequest, http: Request):
         check_model(request)
         params = sampling(request, request.max_completion_tokens)
+        n = request.candidates(engine.options.max_batch)
         turns = [message.turn() for message in request.messages]
         check_length(sum(len(turn["content"]) for turn in turns), "messages")
-        generation = await runner.prepare(
-            lambda: engine.generate(engine.tokenizer.encode(render_chat(engine.tokenizer, turns)), params))
-        return await respond(request, generation, http, chat=True)
+        generations = await runner.prepare(
+            lambda: candidates(engine, engine.tokenizer.encode(render_chat(engine.tokenizer, turns)), params, n))
+        return await respond(request, generations, http, chat=True)
 
     @app.post("/v1/completions")
     async def completions(request: CompletionRequest, http: Request):
         check_model(request)
         params = sampling(request)
+        n = request.candidates(engine.options.max_batch)
         prompt = request.text_or_ids()
         if isinstance(prompt, str):
             check_length(len(prompt), "prompt")
-        generation = await runner.prepare(
-            lambda: engine.generate(engine.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt, params))
-        return await respond(request, generation, http, chat=False)
+        generations = await runner.prepare(
+            lambda: candidates(engine, engine.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt,
+                               params, n))
+        return await respond(request, generations, http, chat=False)
 
-    async def respond(request: SamplingRequest, generation: Generation, http: Request, chat: bool):
+    async def respond(request: SamplingRequest, generations: list[Generation], http: Request, chat: bool):
         base = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
                 "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
                 "model": model_name}
-        pieces = reply(runner, generation, request.stop_strings())
+        pieces = replies(runner, generations, request.stop_strings())
         if request.stream:
-            return StreamingResponse(stream(base, pieces, chat, request.include_usage), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-        whole = await unless_disconnected(collect(pieces), http.receive)
+            return StreamingResponse(stream(base, pieces, chat, request.include_usage, len(generations)),
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        whole = await unless_disconnected(collect(pieces, len(generations)), http.receive)
         if whole is None:
             return Response(status_code=499)  # the client is gone (nginx's code for it; nobody reads it)
-        body, finish = whole
-        choice = ({"index": 0, "message": {"role": "assistant", "content": body}} if chat
-                  else {"index": 0, "text": body})
-        choice.update(logprobs=None, finish_reason=finish.finish_reason)
-        return {**base, "choices": [choice], "usage": usage(finish.stats)}
+        choices = []
+        for i, (body, finish) in enumerate(whole):
+            choice = ({"index": i, "message": {"role": "assistant", "content": body}} if chat
+                      else {"index": i, "text": body})
+            choice.update(logprobs=None, finish_reason=finish.finish_reason)
+            choices.append(choice)
+        return {**base, "choices": choices, "usage": usage(*(finish.stats for _, finish in whole))}
 
     return app
 
 
-async def collect(pieces: AsyncIterator[str | Finish]) -> tuple[str, Finish]:
-    """A non-streaming reply: its whole text and its Finish."""
-    text, finish = [], None
+def candidates(engine: Engine, prompt_ids: list[int], params: SamplingParams, n: int) -> list[Generation]:
+    """n generations of one prompt; candidate i samples with seed + i when a seed is given (a seeded
+    request's n replies are then reproducible, and not all the same)."""
+    if params.seed is None:
+        return [engine.generate(prompt_ids, params) for _ in range(n)]
+    return [engine.generate(prompt_ids, replace(params, seed=(params.seed + i) % (MAX_SEED + 1))) for i in range(n)]
+
+
+async def collect(pieces: AsyncIterator[tuple[int, str | Finish]], n: int) -> list[tuple[str, Finish]]:
+    """A non-streaming request's n replies: each one's whole text and Finish, by index."""
+    texts: list[list[str]] = [[] for _ in range(n)]
+    finishes: list[Finish | None] = [None] * n
     try:
-        async for item in pieces:
+        async for i, item in pieces:
             if isinstance(item, Finish):
-                finish = item
+                finishes[i] = item
             else:
-                text.append(item)
+                texts[i].append(item)
     finally:
         await pieces.aclose()
-    return "".join(text), finish
+    return [("".join(text), finish) for text, finish in zip(texts, finishes)]
 
 
 def _sse(payload: dict | str) -> str:
     return f"data: {payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
-async def stream(base: dict, pieces: AsyncIterator, chat: bool, include_usage: bool) -> AsyncIterator[str]:
-    """Server-sent events of one reply: a chunk per text piece, the finish reason, the usage if asked, [DONE]."""
+async def stream(base: dict, pieces: AsyncIterator, chat: bool, include_usage: bool, n: int = 1) -> AsyncIterator[str]:
+    """Server-sent events of a request's n replies: a chunk per text piece (its `index` says whose), each
+    one's finish reason, the usage of all if asked once all have finished, [DONE]."""
     base = {**base, "object": "chat.completion.chunk" if chat else "text_completion"}
 
-    def chunk(text: str | None, finish: str | None = None) -> str:
+    def chunk(i: int, text: str | None, finish: str | None = None) -> str:
         if chat:
             delta = {"role": "assistant", "content": ""} if text is None else {"content": text} if text else {}
-            choice = {"index": 0, "delta": delta}
+            choice = {"index": i, "delta": delta}
         else:
-            choice = {"index": 0, "text": text or ""}
+            choice = {"index": i, "text": text or ""}
         choice.update(logprobs=None, finish_reason=finish)
         return _sse({**base, "choices": [choice], **({"usage": None} if include_usage else {})})
 
+    finished: dict[int, Finish] = {}
     try:
         if chat:
-            yield chunk(None)
-        async for item in pieces:
+            for i in range(n):
+                yield chunk(i, None)
+        async for i, item in pieces:
             if isinstance(item, Finish):
-                yield chunk("", item.finish_reason)
-                if include_usage:
-                    yield _sse({**base, "choices": [], "usage": usage(item.stats)})
+                finished[i] = item
+                yield chunk(i, "", item.finish_reason)
+                if include_usage and len(finished) == n:
+                    yield _sse({**base, "choices": [], "usage": usage(*(finished[k].stats for k in range(n)))})
             else:
-                yield chunk(item)
+                yield chunk(i, item)
     except EngineError as exc:  # e.g. out of memory mid-reply: the stream says so and ends
         yield _sse(error_body(str(exc)))
     except ShuttingDown as exc:

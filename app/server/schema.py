@@ -92,8 +92,6 @@ class SamplingRequest(BaseModel):
         """`max_tokens` (else the request's) is capped at `context_window`: no reply outgrows it anyway.
         A top_k of -1, 0, or at least the vocabulary's size is off, however large (the sampler's rule).
         ValueError (one phrase) for a value SamplingParams refuses."""
-        if self.n not in (None, 1):
-            raise APIError(400, f"n must be 1: this server returns one choice per request, not {self.n}.", param="n")
         max_tokens = max_tokens if max_tokens is not None else self.max_tokens
         return SamplingParams(temperature=1.0 if self.temperature is None else self.temperature,
                               top_p=1.0 if self.top_p is None else self.top_p,
@@ -104,6 +102,15 @@ class SamplingRequest(BaseModel):
                               # The engine ends the reply at the stop (a speculative step may have accepted
                               # tokens past it); runner.StopText still trims the text, as OpenAI's API does.
                               stop=tuple(self.stop_strings()))
+
+    def candidates(self, most: int) -> int:
+        """How many replies the request asks for (n): APIError unless from 1 to `most` (the engine's batch,
+        since the candidates are decoded together)."""
+        n = 1 if self.n is None else self.n
+        if not 1 <= n <= most:
+            raise APIError(400, f"n must be from 1 to {most} (the replies this server decodes at once), not {n}.",
+                           param="n")
+        return n
 
     def stop_strings(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -155,17 +162,23 @@ class CompletionRequest(SamplingRequest):
         return prompt
 
 
-def usage(stats: RequestStats) -> dict:
+def usage(stats: RequestStats, *others: RequestStats) -> dict:
     """Token counts as vLLM reports them; cached_tokens is the prefix-cache hit. Speculative decoding's
     drafts in OpenAI's own fields (its Predicted Outputs'): the draft tokens the model agreed with are
-    accepted_prediction_tokens, the others rejected_prediction_tokens."""
+    accepted_prediction_tokens, the others rejected_prediction_tokens.
+
+    With n candidates (`others`: the rest), as OpenAI counts them: the prompt once (and its cache hit
+    when the request came, the first candidate's), the completion tokens and drafts of all of them."""
+    every = (stats, *others)
+    generated = sum(s.generated_tokens for s in every)
+    accepted = sum(s.accepted_tokens for s in every)
     return {
         "prompt_tokens": stats.prompt_tokens,
-        "completion_tokens": stats.generated_tokens,
-        "total_tokens": stats.prompt_tokens + stats.generated_tokens,
+        "completion_tokens": generated,
+        "total_tokens": stats.prompt_tokens + generated,
         "prompt_tokens_details": {"cached_tokens": stats.cached_tokens},
-        "completion_tokens_details": {"accepted_prediction_tokens": stats.accepted_tokens,
-                                      "rejected_prediction_tokens": stats.draft_tokens - stats.accepted_tokens},
+        "completion_tokens_details": {"accepted_prediction_tokens": accepted,
+                                      "rejected_prediction_tokens": sum(s.draft_tokens for s in every) - accepted},
     }
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from app.chat.session import ChatSession
 from app.server.api import create_app
-from app.server.runner import StopText
+from app.server.reply import StopText
 from app.server.schema import ChatCompletionRequest, usage
 from engine import Done, RequestStats, SamplingParams
 from tests.app.serve_harness import Server, wait_until
@@ -173,8 +173,9 @@ def test_bad_requests_get_4xx_with_a_clear_message_and_the_server_stays_up(clien
     assert info.value.body["param"] == "temperature"
 
     with pytest.raises(openai.BadRequestError) as info:
-        ask(client, model, [{"role": "user", "content": "hi"}], n=2)
-    assert "n must be 1" in info.value.body["message"]
+        ask(client, model, [{"role": "user", "content": "hi"}], n=engine.options.max_batch + 1)
+    assert info.value.body["param"] == "n"
+    assert f"n must be from 1 to {engine.options.max_batch}" in info.value.body["message"]
 
     headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
     response = httpx.post(f"{server.url}/v1/chat/completions", content=b'{"model": "x", "messages": [',
