@@ -20,6 +20,7 @@ from engine.kv.cache import ContiguousKVCache
 from engine.quant.kernels import load_quant_kernels
 from engine.request.scheduler import MIXED_PREFILL_CHUNK
 from engine.weights.checkpoint import load_model
+from tests.greedy_ties import assert_same_greedy
 from tests.tiny_models import VOCAB, make_tiny_model
 
 BLOCK = 4
@@ -120,16 +121,6 @@ def together(engine, requests):
     return got, generations
 
 
-def assert_same_greedy(engine, prompt, ours, theirs, exact):
-    if ours == theirs:
-        return
-    assert not exact, "a request decoded in a batch got other logits than alone"
-    i = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
-    logits = engine.runner.logits(prompt + list(theirs[:i]))[-1]
-    top = torch.topk(logits.float(), 2).values
-    assert float(top[0] - top[1]) < 1e-4, f"batching changed greedy token {i} without a numerical tie"
-
-
 shared = st.lists(st.integers(0, 255), min_size=0, max_size=20)
 request = st.tuples(st.lists(st.integers(0, 255), min_size=1, max_size=40), st.integers(1, 30),
                     st.integers(0, 12), st.one_of(st.none(), st.integers(1, 10)))
@@ -145,7 +136,8 @@ def test_requests_decoded_together_give_their_solo_greedy_tokens(engine, strateg
         if cancel is not None and cancel < n:
             assert mine == reference[:len(mine)] and len(mine) <= n  # stopped within its step
         else:
-            assert_same_greedy(engine, prompt, mine, reference, exact=strategy == "fused working copy")
+            assert_same_greedy(engine, prompt, mine, reference, exact=strategy == "fused working copy",
+                               what="batching")
     if engine.prefix_cache is not None:
         engine.prefix_cache.check_invariants()  # every block free or the tree's: no request kept one
 
@@ -159,7 +151,7 @@ def test_a_full_pool_preempts_a_request_which_resumes_and_finishes_the_same(engi
     got, generations = together(engine, requests)
     assert sum(g.request.preemptions for g in generations) > 0
     for (prompt, *_), mine, reference in zip(requests, got, references):
-        assert_same_greedy(engine, prompt, mine, reference, exact=False)
+        assert_same_greedy(engine, prompt, mine, reference, what="batching")
     engine.prefix_cache.check_invariants()
 
 
@@ -193,7 +185,7 @@ def test_the_paged_path_decodes_every_running_requests_token_in_one_step(tiny_mo
     done = [event for _, event in interleave(generations) if isinstance(event, Done)]
     assert calls.count(4) >= 15
     for prompt, d in zip(prompts, done):
-        assert_same_greedy(engine, prompt, list(d.token_ids), solo(engine, prompt, 20), exact=False)
+        assert_same_greedy(engine, prompt, d.token_ids, solo(engine, prompt, 20), what="batching")
     engine.prefix_cache.check_invariants()
 
 

@@ -9,13 +9,13 @@ divergence is accepted only where the reference's top two logits tie to 1e-4.
 """
 
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine import Engine, EngineError, EngineOptions, SamplingParams
 from engine.weights.gguf import convert_gguf
 from tests.tiny_gguf import write_gguf
+from tests.greedy_ties import assert_same_greedy
 from tests.tiny_models import load_reference, make_tiny_model
 
 BLOCK = 4
@@ -49,15 +49,6 @@ def engines(request, tmp_path_factory):
 def greedy(engine, prompt, n, use_cache=True):
     params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
     return list(engine.generate(prompt, params, use_prefix_cache=use_cache))[-1]
-
-
-def assert_same_greedy(reference, prompt, ours, theirs):
-    if ours == theirs:
-        return
-    i = next(i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b)
-    logits = reference.runner.logits(prompt + list(theirs[:i]))[-1]
-    top = torch.topk(logits.float(), 2).values
-    assert float(top[0] - top[1]) < 1e-4, f"cached and uncached diverged at token {i} without a numerical tie"
 
 
 message = st.lists(st.integers(0, 255), min_size=1, max_size=12)
@@ -113,7 +104,7 @@ def test_prefix_cache_never_changes_greedy_tokens(engines, operations, shared_sy
         ours = greedy(cached, prompt, 4)
         theirs = greedy(reference, prompt, 4)
         assert ours.stats.cached_tokens + ours.stats.prefilled_tokens == len(prompt)
-        assert_same_greedy(reference, prompt, ours.token_ids, theirs.token_ids)
+        assert_same_greedy(reference, prompt, ours.token_ids, theirs.token_ids, what="the prefix cache")
         cached.prefix_cache.check_invariants()
         scenario.record(chat, base, user, list(ours.token_ids))
 
@@ -126,7 +117,8 @@ def test_a_regenerated_reply_reuses_its_whole_prompt_but_the_last_token(engines)
     assert again.stats.cached_tokens == len(prompt) - 1 and again.stats.prefilled_tokens == 1
     assert again.stats.cache_source == "device"
     assert again.token_ids == first.token_ids
-    assert_same_greedy(reference, prompt, again.token_ids, greedy(reference, prompt, 5).token_ids)
+    assert_same_greedy(reference, prompt, again.token_ids, greedy(reference, prompt, 5).token_ids,
+                       what="the prefix cache")
 
 
 def test_generated_tokens_join_the_cache_so_the_next_turn_hits_them(engines):
@@ -172,5 +164,5 @@ def test_with_a_host_tier_evicted_history_comes_back_from_host_memory(tmp_path, 
     assert engine.prefix_cache.stats()["host_blocks"] > 0
     again = greedy(engine, first, 3)
     assert again.stats.cache_source == "host" and again.stats.cached_tokens == len(first) - 1
-    assert_same_greedy(probe, first, again.token_ids, greedy(probe, first, 3).token_ids)
+    assert_same_greedy(probe, first, again.token_ids, greedy(probe, first, 3).token_ids, what="the prefix cache")
     engine.prefix_cache.check_invariants()

@@ -19,6 +19,7 @@ from engine import Engine, EngineOptions, SamplingParams
 from engine.events import Done, TokenDelta
 from engine.request.ngram_draft import MAX_N, MIN_N, NGramDrafter
 from engine.request.speculation import Acceptance, Speculator, StepCosts
+from tests.greedy_ties import assert_same_greedy
 from tests.tiny_models import IM_END, make_tiny_model
 
 # ---- the drafter
@@ -159,16 +160,6 @@ def reply(engine, prompt, draft_tokens, **params) -> tuple[Done, list[TokenDelta
     return events[-1], [e for e in events if isinstance(e, TokenDelta) and e.token_id is not None]
 
 
-def assert_same_greedy(reference, prompt, ours, theirs, exact):
-    if ours == theirs:
-        return
-    assert not exact, "the fused step verified drafts with logits that differ from a plain step's"
-    i = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
-    logits = reference.runner.logits(prompt + list(theirs[:i]))[-1]
-    top = torch.topk(logits.float(), 2).values
-    assert float(top[0] - top[1]) < 1e-4, f"speculation changed greedy token {i} without a numerical tie"
-
-
 def repeated_span_prompt(draw_span, copies, noise):
     """A prompt that repeats a span (as a pasted text quoted back does), with noise between copies."""
     prompt = []
@@ -186,7 +177,8 @@ prompts = st.builds(repeated_span_prompt, st.lists(st.integers(0, 255), min_size
 def test_speculation_never_changes_greedy_tokens(engine, strategy, reference, prompt, max_tokens, draft_tokens):
     off, _ = reply(engine, prompt, 0, max_tokens=max_tokens)
     on, deltas = reply(engine, prompt, draft_tokens, max_tokens=max_tokens)
-    assert_same_greedy(reference, prompt, on.token_ids, off.token_ids, exact=strategy == "fused working copy")
+    assert_same_greedy(reference, prompt, on.token_ids, off.token_ids, exact=strategy == "fused working copy",
+                       what="speculation")
     assert on.finish_reason == off.finish_reason or on.token_ids != off.token_ids
     assert [d.token_id for d in deltas] == list(on.token_ids)
     assert on.stats.accepted_tokens <= on.stats.draft_tokens
