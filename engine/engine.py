@@ -40,7 +40,7 @@ from engine.request.generation import Generation
 from engine.request.loop import StepLoop
 from engine.request.request import Request
 from engine.request.runner import ModelRunner
-from engine.request.scheduler import MAX_BATCH
+from engine.request.limits import MAX_BATCH
 from engine.request.speculation import MAX_DRAFT_TOKENS
 from engine.sampling_params import SamplingParams
 from engine.weights.checkpoint import load_model

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from app.bench.speculative import print_speculative
 from app.cli.options import engine_options
 from engine import Engine, SamplingParams
 from engine.bench.perf import greedy, random_prompt
@@ -353,8 +354,6 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.batch:
         return batch_section(engine, args)
     if args.speculation:
-        from app.bench.speculative import print_speculative
-
         rows = speculative_section(engine, args)
         result = {"model": engine.info.model_name, "decode": engine.info.decode, "speculative": rows}
         return _section_out(args, result, f"{result['model']} ({result['decode']} decode)",
@@ -374,7 +373,6 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result))
     else:
-        from app.bench.speculative import print_speculative
         from app.bench.ui import print_ui
 
         print_table(result)

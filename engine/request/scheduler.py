@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from engine.request.limits import MAX_BATCH  # noqa: F401  (the bound of max_batch, re-exported)
 from engine.request.request import Request, Status
 
 # Prompt tokens a step prefills while other requests decode. Prefill runs ~700 tokens/s on this 2-core
