@@ -5,6 +5,9 @@ RemoteEngine (the chat app's own client), until M have been sent. The report
 says how many completed (a finish reason and the end of the stream), requests/s
 over the whole run, and TTFT percentiles as the clients saw them: with a server
 that answers one request at a time, TTFT includes the wait in its queue.
+
+`compare_batching` runs the same load per client count twice, one request at a
+time and batched, so continuous batching's gain is measured in one process.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import itertools
 import math
 import threading
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 from app.remote.client import RemoteEngine
@@ -111,3 +116,33 @@ def _last(events) -> Done:
     if done is None:
         raise EngineError("The stream ended without a result.")
     return done
+
+
+@dataclass(frozen=True)
+class BatchingComparison:
+    clients: int
+    one_at_a_time: LoadReport
+    batched: LoadReport
+
+    def as_dict(self) -> dict:
+        slow, fast = self.one_at_a_time.tokens_per_s, self.batched.tokens_per_s
+        return {"clients": self.clients, "one_at_a_time": self.one_at_a_time.as_dict(),
+                "batched": self.batched.as_dict(), "speedup": round(fast / slow, 2) if slow else 0.0}
+
+
+def compare_batching(remote: RemoteEngine, batching: Callable[[int], AbstractContextManager], max_batch: int,
+                     client_counts: list[int], requests: int, params: SamplingParams,
+                     prompt: str) -> list[BatchingComparison]:
+    """Per client count, `requests` requests one at a time (the server's engine inside `batching(1)`) and
+    batched (`batching(max_batch)`), in alternating order so a drift of the machine's speed favours neither.
+    Every request has a prompt of its own (a tag of the same length before `prompt`): no run reuses
+    another's from the prefix cache."""
+    rows = []
+    for n, clients in enumerate(client_counts):
+        reports = {}
+        for mode, batch in (("one", 1), ("all", max_batch))[:: 1 if n % 2 == 0 else -1]:
+            prompts = [f"[{clients:02d}{mode} {i:03d}] {prompt}" for i in range(requests)]
+            with batching(batch):
+                reports[mode] = run_load(remote, prompts, clients, requests, params)
+        rows.append(BatchingComparison(clients, reports["one"], reports["all"]))
+    return rows

@@ -10,6 +10,11 @@ so that no run reuses another's prompt from the prefix cache (the model's
 default system prompt, before the tag, is cached for both alike). The
 in-process calls run on the server's engine thread: one torch thread team, as
 in `kvchat serve` itself (see app/tui/engine_thread.py).
+
+The load test then sends, at each client count (1, 4 and 8 by default), the same
+load twice: one request at a time (the engine's batch set to 1) and batched (its
+--max-batch), greedy, LOAD_TOKENS tokens each (EOS ignored, so both runs generate
+alike): requests/s, aggregate tokens/s and TTFT p50/p95 side by side.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ if TYPE_CHECKING:
 # The engine (torch) is imported inside the functions: add_arguments runs on every `kvchat` start.
 
 SHORT = "Explain in detail how a KV cache speeds up text generation in a transformer."
+LOAD_TOKENS = 32
+QUICK_LOAD_REQUESTS = 8  # per client count with --quick
 # About 700 tokens of plain prose: a long paste, computed in full by both paths.
 LONG = ("Here is a long note from my research log; summarise it. " + " ".join(
     f"Day {day}: the cache kept {day * 16} tokens, the follow-up prefilled only the new message, and the "
@@ -38,8 +45,16 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
     group = bench.add_argument_group("the API server (--serve)")
     group.add_argument("--serve", action="store_true",
                        help="kvchat serve against the engine in-process (TTFT, tokens/s), then a load test")
-    group.add_argument("--clients", type=int, default=4, help="concurrent streaming clients of the load test (4)")
-    group.add_argument("--requests", type=int, default=16, help="requests of the load test in all (16)")
+    group.add_argument("--clients", type=_counts, default=[1, 4, 8], metavar="N[,N...]",
+                       help="concurrent streaming clients of the load test, one run per count (1,4,8)")
+    group.add_argument("--requests", type=int, default=16,
+                       help=f"requests of the load test per client count and mode (16; {QUICK_LOAD_REQUESTS} "
+                            "with --quick)")
+
+
+def _counts(text: str) -> list[int]:
+    """'1,4,8' -> [1, 4, 8] (argparse says so if one is not a whole number)."""
+    return [int(part) for part in text.split(",")]
 
 
 @dataclass(frozen=True)
@@ -74,22 +89,34 @@ def run_serve_bench(args: argparse.Namespace) -> int:
 
         print(f"kvchat: {INSTALL_HINT}.", file=sys.stderr)
         return 1
-    from app.bench.load_test import run_load
-    from app.server.api import create_app
     from app.cli.options import engine_options
-    from engine import Engine, SamplingParams
     from app.server.runner import EngineRunner
-    from app.remote.client import RemoteEngine
-    from app.server.serve_thread import ServerThread
+    from engine import Engine
 
-    if args.clients < 1 or args.requests < 1:
+    if min(args.clients) < 1 or args.requests < 1:
         raise ValueError("--clients and --requests must be at least 1")
+    runner = EngineRunner()
+    try:
+        engine = runner.run(lambda: Engine.load(engine_options(args)))
+        result = _measure(args, runner, engine)
+    finally:
+        runner.close()  # also when the model failed to load: its thread must not outlive the bench
+    print(json.dumps(result) if args.json else _table(result))
+    return 0
+
+
+def _measure(args: argparse.Namespace, runner, engine: Engine) -> dict:
+    """Both paths' TTFT and tokens/s per prompt, then the load test, against a server on a loopback port."""
+    from app.bench.load_test import compare_batching
+    from app.remote.client import RemoteEngine
+    from app.server.api import create_app
+    from app.server.serve_thread import ServerThread
+    from engine import SamplingParams
+
     quick = args.quick
     repeat = args.repeat or (2 if quick else 5)
     tokens = 32 if quick else 128
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
-    runner = EngineRunner()
-    engine = runner.run(lambda: Engine.load(engine_options(args)))
     prompts = {name: text for name, text in (("short", SHORT), ("long", LONG))
                if _prompt_tokens(engine, text) + tokens + 8 < engine.context_window}  # 8: the round's tag
     if not prompts:
@@ -110,17 +137,17 @@ def run_serve_bench(args: argparse.Namespace) -> int:
                         sample = runs[path]()
                         if round_ >= 0:
                             samples[(name, path)].append(sample)
-            load_params = SamplingParams(temperature=0, max_tokens=32)
-            load = run_load(remote, [f"[load {i}] {SHORT}" for i in range(args.clients)], args.clients,
-                            min(args.requests, 4) if quick else args.requests, load_params)
+            load_params = SamplingParams(temperature=0, max_tokens=LOAD_TOKENS, ignore_eos=True)
+            requests = min(args.requests, QUICK_LOAD_REQUESTS) if quick else args.requests
+            load = compare_batching(remote, engine.batching, engine.options.max_batch, args.clients, requests,
+                                    load_params, SHORT)
         finally:
             remote.close()
     rows = [_row(name, engine, text, samples[(name, "local")], samples[(name, "served")])
             for name, text in prompts.items()]
-    result = {"model": engine.info.model_name, "device": engine.info.device, "dtype": engine.info.dtype,
-              "generated_tokens": tokens, "runs": repeat, "rows": rows, "load": load.as_dict()}
-    print(json.dumps(result) if args.json else _table(result))
-    return 0
+    return {"model": engine.info.model_name, "device": engine.info.device, "dtype": engine.info.dtype,
+            "generated_tokens": tokens, "runs": repeat, "rows": rows, "max_batch": engine.options.max_batch,
+            "load_tokens": LOAD_TOKENS, "load_requests": requests, "load": [row.as_dict() for row in load]}
 
 
 def _prompt_tokens(engine: Engine, text: str) -> int:
@@ -149,9 +176,25 @@ def _table(result: dict) -> str:
         lines.append(f"{r['prompt']:<8}{r['prompt_tokens']:>7}{r['ttft_ms_in_process']:>14.1f} ms"
                      f"{r['ttft_ms_served']:>10.1f} ms{r['tokens_per_s_in_process']:>18.1f}"
                      f"{r['tokens_per_s_served']:>14.1f}{r['tokens_per_s_ratio']:>18.2f}x")
-    load = result["load"]
-    lines.append(f"load test: {load['clients']} streaming clients, {load['requests']} requests: "
-                 f"{load['completed']} completed, {load['requests_per_s']:.2f} requests/s, TTFT p50 "
-                 f"{load['ttft_p50_ms']:.0f} ms / p95 {load['ttft_p95_ms']:.0f} ms, {load['tokens_per_s']:.1f} tok/s "
-                 "in all" + (f", failures: {load['failures']}" if load["failures"] else ""))
+    lines += _load_table(result)
     return "\n".join(lines)
+
+
+def _load_table(result: dict) -> list[str]:
+    """The load test: per client count, one request at a time / batched (--max-batch), side by side."""
+    lines = [f"load test: {result['load_requests']} streaming requests of {result['load_tokens']} tokens per client "
+             f"count; each cell: one at a time / batched (--max-batch {result['max_batch']})",
+             f"{'clients':>7}{'requests/s':>16}{'tok/s in all':>18}{'speed-up':>10}"
+             f"{'TTFT p50 ms':>18}{'TTFT p95 ms':>18}  completed"]
+    for row in result["load"]:
+        one, batched = row["one_at_a_time"], row["batched"]
+        failures = one["failures"] + batched["failures"]
+        lines.append(f"{row['clients']:>7}{_pair(one, batched, 'requests_per_s', 2):>16}"
+                     f"{_pair(one, batched, 'tokens_per_s', 1):>18}{row['speedup']:>9.2f}x"
+                     f"{_pair(one, batched, 'ttft_p50_ms', 0):>18}{_pair(one, batched, 'ttft_p95_ms', 0):>18}"
+                     f"  {one['completed']} / {batched['completed']}" + (f", failures: {failures}" if failures else ""))
+    return lines
+
+
+def _pair(one: dict, batched: dict, key: str, digits: int) -> str:
+    return f"{one[key]:.{digits}f} / {batched[key]:.{digits}f}"

@@ -1,0 +1,49 @@
+"""compare_batching: the same load per client count one request at a time and batched, on one server."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+from app.bench.load_test import compare_batching
+from app.remote.client import RemoteEngine
+from app.server.api import create_app
+from engine import SamplingParams
+from engine.bench.fresh import with_fresh_cache
+from tests.app.serve_harness import Server
+
+
+def test_each_client_count_runs_one_at_a_time_then_batched_with_prompts_of_their_own(tiny_engine, monkeypatch):
+    engine = with_fresh_cache(tiny_engine)
+    mode, widest, prompts = [None], {}, []  # the batch in force; the most requests one step computed, per batch
+    forward, generate = engine.runner.run, engine.generate
+
+    def counted(step):
+        widest[mode[0]] = max(widest.get(mode[0], 0), len({id(work.request) for work in step}))
+        time.sleep(0.005)  # the tiny model's step is so quick that requests might never overlap
+        return forward(step)
+
+    @contextlib.contextmanager
+    def batching(n):
+        mode[0] = n
+        with engine.batching(n):
+            yield
+
+    monkeypatch.setattr(engine.runner, "run", counted)
+    monkeypatch.setattr(engine, "generate", lambda ids, *a, **k: prompts.append(tuple(ids)) or generate(ids, *a, **k))
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    with Server(create_app(engine)) as server:
+        remote = RemoteEngine.connect(server.url)
+        try:
+            rows = compare_batching(remote, batching, 4, [1, 3], 6, params, "Tell me about caches")
+        finally:
+            remote.close()
+    assert [row.clients for row in rows] == [1, 3]
+    for row in rows:
+        for report in (row.one_at_a_time, row.batched):
+            assert report.completed == 6 and report.failures == []
+            assert all(r.generated_tokens == 24 for r in report.results)  # EOS ignored: equal work both ways
+    assert widest[1] == 1  # one at a time: no step computed two requests
+    assert widest[4] >= 2  # batched: three clients' requests shared steps
+    assert len(set(prompts)) == len(prompts) == 4 * 6  # no run reused another's prompt from the cache
+    assert rows[1].as_dict()["speedup"] == round(rows[1].batched.tokens_per_s / rows[1].one_at_a_time.tokens_per_s, 2)
