@@ -8,6 +8,8 @@
     max_reply_tokens = 2048                   # a reply's ceiling when neither the conversation nor
                                               # --max-tokens sets one; 0: none (the context window)
     stop_repetition = true                    # end a reply stuck repeating itself
+    alternatives = 3                          # replies "regenerate N" writes at once, 2 to 8
+                                              # (the settings screen's choice wins over it)
 
     [sampling]                                # what a conversation has not set itself
     temperature = 0.7
@@ -32,6 +34,7 @@ from pathlib import Path
 
 import platformdirs
 
+from app.chat.alternatives_count import alternatives_problem
 from engine.sampling_params import SamplingParams
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed")
@@ -50,6 +53,7 @@ class Config:
     theme: str | None = None
     max_reply_tokens: int = DEFAULT_MAX_REPLY_TOKENS
     stop_repetition: bool = True
+    alternatives: int | None = None  # None: not set (the settings screen's last choice, else the default)
     sampling: dict = field(default_factory=dict)  # SamplingParams field -> value
 
 
@@ -76,7 +80,7 @@ def _parse(raw: dict, path: Path) -> Config:
     def fail(key: str, rule: str):
         raise ConfigError(f"in the config file {path}, {key} {rule}")
 
-    known = {"model", "system", "theme", "max_reply_tokens", "stop_repetition", "sampling"}
+    known = {"model", "system", "theme", "max_reply_tokens", "stop_repetition", "alternatives", "sampling"}
     for key in raw:
         if key not in known:
             fail(repr(key), f"is not a setting (known: {', '.join(sorted(known))})")
@@ -88,6 +92,8 @@ def _parse(raw: dict, path: Path) -> Config:
         fail("max_reply_tokens", "must be a whole number, 0 (no ceiling) or more")
     if not isinstance(raw.get("stop_repetition", True), bool):
         fail("stop_repetition", "must be true or false")
+    if "alternatives" in raw and alternatives_problem(raw["alternatives"]):
+        fail("alternatives", alternatives_problem(raw["alternatives"]))
     sampling = raw.get("sampling", {})
     if not isinstance(sampling, dict):
         fail("[sampling]", "must be a table")
@@ -99,4 +105,4 @@ def _parse(raw: dict, path: Path) -> Config:
         except (ValueError, TypeError) as exc:
             fail(f"sampling.{key} = {value!r}", f"is refused: {exc}")
     return Config(path, raw.get("model"), raw.get("system"), raw.get("theme"), max_reply,
-                  raw.get("stop_repetition", True), dict(sampling))
+                  raw.get("stop_repetition", True), raw.get("alternatives"), dict(sampling))

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from app.chat.alternatives import Drive, Stream, one_after_another
 from app.chat.session import ChatMessage, ChatSession
-from engine import Event
+from engine import Event, SamplingParams
 
 
 class RemoteChatSession(ChatSession):
@@ -30,3 +31,9 @@ class RemoteChatSession(ChatSession):
         with self._taking_turn():
             self._restart(before, self.engine.chat(self._turns(before), self.reply_params))
         return self._stream(self.generation, [])
+
+    def _alternative_streams(self, before: list[ChatMessage], params: list[SamplingParams]
+                             ) -> tuple[list[int], list[Stream], Drive]:
+        # A server writes one reply per request; they are asked for one after another (see alternatives.py).
+        turns = self._turns(before)
+        return [], [self.engine.chat(turns, p) for p in params], one_after_another

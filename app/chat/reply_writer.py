@@ -11,12 +11,15 @@
   shows as interrupted; if even that fails, the earlier saves are kept.
 - If the conversation is deleted meanwhile (another kvchat), nothing more is
   written: ConversationDeleted.
+- Making the row makes it the conversation's active leaf (ConversationStore.add_message);
+  `on_row` hears of it, so the conversation can tell its own writes from another kvchat's.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from storage.conversations import ConversationStore
 from storage.errors import StorageError
@@ -44,8 +47,10 @@ class ReplyNotSaved(StorageError):
 
 
 class ReplyWriter:
-    def __init__(self, store: ConversationStore, conversation_id: str, parent_id: str, token_start: int):
+    def __init__(self, store: ConversationStore, conversation_id: str, parent_id: str, token_start: int,
+                 on_row: Callable[[str], None] = lambda message_id: None):
         self.store, self.conversation_id, self.parent_id, self.token_start = store, conversation_id, parent_id, token_start
+        self._on_row = on_row  # called with the row's id once it is made
         self.message_id: str | None = None  # its row, once the first save made it
         self._saved_pieces = self._saved_chars = self._saved_ids = 0  # what is in the database already
         self._saved_at = float("-inf")
@@ -73,6 +78,7 @@ class ReplyWriter:
             if self.message_id is None:
                 self.message_id = self.store.add_message(self.conversation_id, self.parent_id, "assistant", text,
                                                          self.token_start, token_ids, status=status, stats=stats).id
+                self._on_row(self.message_id)
             else:
                 self.store.finish_reply(self.message_id, text=text, token_ids=token_ids, status=status, stats=stats)
             return self.message_id
@@ -85,6 +91,7 @@ class ReplyWriter:
         if self.message_id is None:
             self.message_id = self.store.add_message(self.conversation_id, self.parent_id, "assistant", text,
                                                      self.token_start, token_ids, status="streaming").id
+            self._on_row(self.message_id)
         else:
             self.store.append_to_reply(self.message_id, text, token_ids[self._saved_ids :])
         self._saved_pieces, self._saved_chars, self._saved_ids = (len(pieces), self._saved_chars + len(text),

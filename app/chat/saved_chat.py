@@ -4,7 +4,8 @@
 - The user's message is committed before its reply starts.
 - The reply is a `streaming` row from its first token, what it adds saved at
   least every PARTIAL_SAVE_S (app/chat/reply_writer.py; a crash leaves it
-  `interrupted`, text kept), and final when it ends (`complete`, or `stopped`).
+  `interrupted`, text kept), and final when it ends (`complete`, or `stopped`);
+  app/chat/reply_recorder.py feeds it the reply's events.
 - After each turn the conversation's K/V is snapshotted in the background;
   when the conversation is resumed in a new process, that snapshot goes into
   the prefix cache, so the next message prefills only its own tokens.
@@ -120,7 +121,6 @@ class SavedConversation:
         self.new_settings = new_settings or {}
         self.leaf = conversation.active_leaf if conversation else None  # what the reply being made answers
         self._known_leaf = self.leaf  # the active leaf as this process last read or wrote it
-        self._reply: ReplyWriter | None = None  # the row of the reply being streamed
         self._turn: TurnLock | None = None
 
     @property
@@ -273,39 +273,14 @@ class SavedConversation:
 
     def start_reply(self, parent_id: str) -> None:
         """The next reply answers `parent_id` (for a regenerated reply: a sibling of the old one)."""
-        self.leaf, self._reply = parent_id, None
+        self.leaf = parent_id
 
-    def _writer(self, token_start: int) -> ReplyWriter:
-        if self._reply is None:
-            self._reply = ReplyWriter(self.store, self.id, self.leaf, token_start)
-        return self._reply
+    def reply_writer(self, token_start: int) -> ReplyWriter:
+        """The row of a reply to the message start_reply named, written as the reply streams (see
+        ReplyWriter); several may be written side by side (alternatives of one reply). Each row made
+        becomes the active leaf, noted here so this conversation's next turn is not taken for another
+        kvchat's."""
+        return ReplyWriter(self.store, self.id, self.leaf, token_start, on_row=self._wrote)
 
-    def reply_progress(self, pieces: list[str], token_ids: list[int], token_start: int) -> None:
-        """The reply so far (see ReplyWriter.progress). ConversationDeleted if the conversation is gone."""
-        self._writer(token_start).progress(pieces, token_ids)
-        self._known_leaf = self._reply.message_id or self._known_leaf
-
-    def reply_done(self, done: Done, token_start: int, stats: dict) -> str:
-        """Store the finished reply with its `stats` (reply_stats); returns its id. ReplyNotSaved (with
-        the id of what was kept) or ConversationDeleted if that could not be done."""
-        status = "stopped" if done.finish_reason == "stopped" else "complete"
-        writer, self._reply = self._writer(token_start), None
-        try:
-            self.leaf = writer.done(done.text, list(done.token_ids), status, stats)
-        finally:
-            self._known_leaf = writer.message_id or self._known_leaf
-        return self.leaf
-
-    def reply_failed(self, pieces: list[str], token_ids: list[int], token_start: int) -> str | None:
-        """The reply ended without a result (an engine error): keep what it said, as interrupted; returns
-        its id (None if nothing was said, or it could not be stored). Runs while that error propagates,
-        so a storage failure here is only logged."""
-        writer, self._reply = self._writer(token_start), None
-        if writer.message_id is not None or pieces:
-            try:
-                writer.done("".join(pieces), token_ids, "interrupted", None)
-            except StorageError as exc:
-                log.warning("kvchat: the interrupted reply could not be saved (%s)", exc)
-        if writer.message_id is not None:
-            self.leaf = self._known_leaf = writer.message_id
-        return writer.message_id
+    def _wrote(self, message_id: str) -> None:
+        self._known_leaf = message_id

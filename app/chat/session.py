@@ -9,15 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
+from app.chat.alternatives import AlternativeReplies, Drive, Stream, alternative_params, side_by_side
 from app.chat.backend import Backend, takes_token_ids
+from app.chat.chat_message import ChatMessage
 from app.chat.errors import ChatError
 from app.chat.prompt_ids import NextPrompt, next_prompt
 from app.chat.reply_limits import NO_LIMITS, ReplyLimits
-from app.chat.reply_timeline import ReplyTimeline
-from app.chat.reply_writer import ConversationDeleted, ReplyNotSaved
-from app.chat.saved_chat import SavedConversation, reply_stats
+from app.chat.reply_recorder import ReplyRecorder
+from app.chat.reply_writer import ConversationDeleted
+from app.chat.saved_chat import SavedConversation
 from app.chat.template import render_chat, require_chat_template
 from engine import Done, Event, Generation, SamplingParams, TokenDelta
 from engine.errors import NonFiniteLogitsError
@@ -26,16 +27,6 @@ from engine.errors import NonFiniteLogitsError
 # No tokenizer packs more than this many characters into one token on average, so a
 # longer message cannot fit the context window and is refused before tokenizing it.
 MAX_CHARS_PER_TOKEN = 64
-
-
-@dataclass
-class ChatMessage:
-    role: str  # system | user | assistant
-    content: str
-    token_end: int = 0  # the length of seen_ids after this message (0: unknown, re-tokenize to branch here)
-    id: str | None = None  # its row in storage, for a saved conversation
-    status: str = "complete"  # complete | stopped | interrupted
-    stats: dict | None = None  # a reply's numbers (saved_chat.reply_stats), for the status bar and inspector
 
 
 class ChatSession:
@@ -61,6 +52,7 @@ class ChatSession:
         self.saved = saved
         self.messages: list[ChatMessage] = []
         self.generation: Generation | None = None
+        self.alternatives: AlternativeReplies | None = None  # several replies being written at once
         self.seen_ids: list[int] = []  # the last turn's prompt + reply ids, as the model saw them
         self.rewritten_at: int | None = None  # set when the template changed earlier turns' tokens
         self.notice: str | None = None  # something the user should know about the resumed conversation
@@ -123,6 +115,23 @@ class ChatSession:
             prompt = self._ids_through(before) or self.engine.tokenizer.encode(self._rendered(before))
             self._restart(before, self.engine.generate(prompt, self.reply_params))
         return self._stream(self.generation, prompt)
+
+    def regenerate_alternatives(self, count: int) -> AlternativeReplies:
+        """`count` new replies to the last user message, written at once (alternatives.py): each a
+        sibling branch, as a regenerated reply is. Iterate the result's events() on the engine's thread."""
+        before, previous = self._regenerating(), self.messages
+        params = alternative_params(self.reply_params, count)
+        with self._taking_turn():
+            prompt, streams, drive = self._alternative_streams(before, params)
+            self._restart(before, None)
+        self.alternatives = AlternativeReplies(self, previous, prompt, streams, drive)
+        return self.alternatives
+
+    def _alternative_streams(self, before: list[ChatMessage], params: list[SamplingParams]
+                             ) -> tuple[list[int], list[Stream], Drive]:
+        """(the prompt's ids, a request per alternative, how they are read): the engine's, side by side."""
+        prompt = self._ids_through(before) or self.engine.tokenizer.encode(self._rendered(before))
+        return prompt, [self.engine.generate(prompt, p) for p in params], side_by_side
 
     def _regenerating(self) -> list[ChatMessage]:
         """The messages a regenerated reply answers (ChatError if the last message is not a reply)."""
@@ -199,33 +208,19 @@ class ChatSession:
         self.messages = [*before, ChatMessage("user", text, token_end, user_id)]
 
     def _stream(self, generation: Generation, prompt: list[int]) -> Iterator[Event]:
-        saved, pieces, ids, done, deleted = self.saved, [], [], None, False
-        timeline = ReplyTimeline()
+        saved, done, deleted = self.saved, None, False
+        recorder = ReplyRecorder(saved.reply_writer(len(prompt)) if saved else None, counts_text=not self.token_ids)
         stream = self._events(generation, prompt)
         try:
             for event in stream:
                 match event:
-                    case TokenDelta(token_id=token_id, text=text, step=step):
-                        pieces.append(text)
-                        if token_id is not None:
-                            ids.append(token_id)
-                        if token_id is not None or (not self.token_ids and text):
-                            timeline.token(step=step)  # without ids, each text chunk counts as a token
-                        if saved is not None:
-                            saved.reply_progress(pieces, ids, len(prompt))
+                    case TokenDelta():
+                        recorder.token(event)
                     case Done():
                         done = event
                         self.seen_ids = prompt + list(event.token_ids)
-                        stats = reply_stats(event, timeline.rates(), timeline.step_sizes())
-                        status = "stopped" if event.finish_reason == "stopped" else "complete"
-                        self.messages.append(
-                            ChatMessage("assistant", event.text, len(self.seen_ids), None, status, stats))
-                        if saved is not None:  # may raise (disk full) after the chat in memory is whole
-                            try:
-                                self.messages[-1].id = saved.reply_done(event, len(prompt), stats)
-                            except ReplyNotSaved as exc:
-                                self.messages[-1].id = exc.message_id  # what was kept; the next message follows it
-                                raise
+                        self.messages.append(recorder.finished(event, len(self.seen_ids)))
+                        recorder.store(self.messages[-1], event)  # may raise (disk full) after the chat in memory is whole
                 yield event
         except ConversationDeleted:
             deleted = True  # another kvchat deleted it: nothing more of it is written
@@ -236,7 +231,29 @@ class ChatSession:
             if saved is not None and done is not None and not deleted:
                 saved.save_kv(self.engine, self.seen_ids)
             elif done is None and not deleted:  # an engine or server error, or the consumer walked away
-                self._keep_interrupted("".join(pieces), saved.reply_failed(pieces, ids, len(prompt)) if saved else None)
+                self._keep_interrupted(recorder)
+            if saved is not None:
+                saved.end_turn()
+
+    def end_alternatives(self, previous: list[ChatMessage], before: list[ChatMessage], prompt: list[int],
+                         kept: ChatMessage | None, token_ids: list[int] | None) -> None:
+        """Called by AlternativeReplies when its replies have ended (on the engine's thread): the conversation
+        shows `kept` after `before` (`token_ids`: its ids, when it ended with them), or, with none kept, the
+        messages `previous`, shown before. Its K/V are snapshotted and the turn ends. StorageError if the branch
+        could not be chosen (the turn ends all the same)."""
+        saved, self.alternatives = self.saved, None
+        try:
+            if kept is None:
+                self.messages = previous
+                return
+            self.messages = [*before, kept]
+            if token_ids is not None:
+                self.seen_ids = prompt + token_ids
+            if saved is not None and kept.id is not None:
+                saved.switch_to(kept.id)  # the rows were made side by side: the last one made is active
+                if token_ids is not None:
+                    saved.save_kv(self.engine, self.seen_ids)
+        finally:
             if saved is not None:
                 saved.end_turn()
 
@@ -262,14 +279,15 @@ class ChatSession:
         finally:
             stream.close()
 
-    def _keep_interrupted(self, text: str, message_id: str | None) -> None:
+    def _keep_interrupted(self, recorder: ReplyRecorder) -> None:
         """What a failed reply said stays in the conversation, marked interrupted, as it is when the
         conversation is opened again: the next message follows it, and the model sees it (re-tokenized)."""
-        if text:
-            self.messages.append(ChatMessage("assistant", text, 0, message_id, "interrupted"))
+        message = recorder.interrupted()
+        if message is not None:
+            self.messages.append(message)
 
     def cancel(self) -> None:
-        """Stop the reply in progress, if any (safe from any thread)."""
-        generation = self.generation
-        if generation is not None:
-            generation.cancel()
+        """Stop the reply (or the alternatives) in progress, if any (safe from any thread)."""
+        for running in (self.generation, self.alternatives):
+            if running is not None:
+                running.cancel()

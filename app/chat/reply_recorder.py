@@ -1,0 +1,78 @@
+"""ReplyRecorder: one reply as its events arrive (text, token ids, timeline), written to its row as it
+streams, and the ChatMessage it ends as. A single reply (ChatSession) and each of several alternatives
+decoded side by side (alternatives.py) are recorded the same way."""
+
+from __future__ import annotations
+
+import logging
+
+from app.chat.chat_message import ChatMessage
+from app.chat.reply_timeline import ReplyTimeline
+from app.chat.reply_writer import ReplyNotSaved, ReplyWriter
+from app.chat.saved_chat import reply_stats
+from engine import Done, TokenDelta
+from storage.errors import StorageError
+
+log = logging.getLogger("kvchat")
+
+
+class ReplyRecorder:
+    def __init__(self, writer: ReplyWriter | None, counts_text: bool):
+        """`writer`: the reply's row (None: a conversation kept in memory only). `counts_text`: each
+        text chunk counts as a token (a remote server's events carry no token ids)."""
+        self.writer = writer
+        self.pieces: list[str] = []
+        self.ids: list[int] = []
+        self.timeline = ReplyTimeline()
+        self._counts_text = counts_text
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+    @property
+    def has_row(self) -> bool:
+        return self.writer is not None and self.writer.message_id is not None
+
+    def token(self, event: TokenDelta) -> None:
+        """A piece of the reply; saved now and then (ReplyWriter.progress). ConversationDeleted if the
+        conversation is gone."""
+        self.pieces.append(event.text)
+        if event.token_id is not None:
+            self.ids.append(event.token_id)
+        if event.token_id is not None or (self._counts_text and event.text):
+            self.timeline.token(step=event.step)
+        if self.writer is not None:
+            self.writer.progress(self.pieces, self.ids)
+
+    def finished(self, done: Done, token_end: int) -> ChatMessage:
+        """The message the reply ended as (`token_end`: the conversation's token count after it)."""
+        stats = reply_stats(done, self.timeline.rates(), self.timeline.step_sizes())
+        status = "stopped" if done.finish_reason == "stopped" else "complete"
+        return ChatMessage("assistant", done.text, token_end, None, status, stats)
+
+    def store(self, message: ChatMessage, done: Done) -> None:
+        """Write the finished reply (`message`, from finished()) and give it its row's id. ReplyNotSaved,
+        after giving it the id of what was kept (or None), if the end could not be written."""
+        if self.writer is None:
+            return
+        try:
+            message.id = self.writer.done(done.text, list(done.token_ids), message.status, message.stats)
+        except ReplyNotSaved as exc:
+            message.id = exc.message_id  # what was kept; the next message follows it
+            raise
+
+    def interrupted(self) -> ChatMessage | None:
+        """The reply ended without its Done (an engine or server error, or nobody read on): what it said,
+        kept as interrupted, as a conversation opened again shows it; None if it said nothing. Runs while
+        that error propagates, so a storage failure here is only logged."""
+        message_id = None
+        if self.writer is not None:
+            if self.writer.message_id is not None or self.pieces:
+                try:
+                    self.writer.done(self.text, self.ids, "interrupted", None)
+                except StorageError as exc:
+                    log.warning("kvchat: the interrupted reply could not be saved (%s)", exc)
+            message_id = self.writer.message_id
+        text = self.text
+        return ChatMessage("assistant", text, 0, message_id, "interrupted") if text else None
