@@ -28,6 +28,7 @@ from app.tui.styles import stylesheet
 from app.tui.terminal_signals import resume_only_after_suspend
 from app.tui.engine_events import EngineFailed, EngineReady, LoadProgress, SessionFailed, SessionReady
 from app.tui.engine_thread import EngineThread
+from app.tui.actions.alternatives import AlternativesActions, alternatives_count
 from app.tui.actions.library import LibraryActions
 from app.tui.actions.panels import PanelActions
 from app.remote.stream import RemoteError
@@ -54,7 +55,7 @@ NARROW_BELOW = 100  # columns: narrower, the chat keeps the whole width (see on_
 QUIT_SIGNALS = [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)]
 
 
-class KvchatApp(ReplyActions, PanelActions, LibraryActions, App):
+class KvchatApp(AlternativesActions, ReplyActions, PanelActions, LibraryActions, App):
     CSS_PATH = str(stylesheet())
     TITLE = "kvchat"
     # In the footer's order: what a newcomer needs first (stop, help, settings) comes first, so that it
@@ -68,6 +69,9 @@ class KvchatApp(ReplyActions, PanelActions, LibraryActions, App):
         Binding("ctrl+t,f2", "toggle_inspector", "Inspector"),
         Binding("ctrl+f", "search", "Search chats", show=False),
         Binding("ctrl+r", "regenerate", "Regenerate", show=False),
+        Binding("alt+r,f3", "regenerate_alternatives", "Regenerate N alternatives", show=False,
+                tooltip="N alternatives of the last reply at once, each a branch (N: Ctrl+O); a greedy "
+                        "conversation's sample at temperature 0.7"),
         Binding("ctrl+g", "edit_last", "Edit last message", show=False),
         Binding("ctrl+s", "export('md')", "Export as Markdown", show=False),
         Binding("ctrl+up", "focus_messages", "Go to the messages", show=False),
@@ -90,6 +94,7 @@ class KvchatApp(ReplyActions, PanelActions, LibraryActions, App):
         self.engine_thread = engine_thread or EngineThread()
         self._owns_engine_thread = engine_thread is None  # a shared one (benchmarks) outlives the app
         self.preferences = Preferences()
+        self.alternatives = alternatives_count(self.preferences, config)  # replies "regenerate N" writes
         self.conversation_id = conversation_id  # the conversation shown (None: a new one)
         self.engine: Backend | None = None  # the UI's view of the engine: set when EngineReady arrives
         self._loaded: Backend | None = None  # the engine thread's: set as soon as a load ends

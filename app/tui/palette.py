@@ -19,6 +19,8 @@ def palette_commands(app, textual_commands: Iterable[SystemCommand] = ()) -> Ite
         ("New chat", "Start a new conversation (Ctrl+N)", app.action_new_chat),
         ("Stop the reply", "Stop generating and keep what was written (Esc)", app.action_stop),
         ("Regenerate the last reply", "A new reply; the old one stays as a branch (Ctrl+R)", app.action_regenerate),
+        ("Regenerate N alternatives", "N new replies at once, each a branch, N in the settings (Alt+R / F3); "
+         "a greedy conversation's sample at temperature 0.7", app.action_regenerate_alternatives),
         ("Edit my last message", "Resend it changed, as a new branch (Ctrl+G)", app.action_edit_last),
         ("Conversation settings", "System prompt, sampling, model (Ctrl+O)", app.action_settings),
         ("Toggle the inspector", "Where the selected reply's time went (Ctrl+T / F2)", app.action_toggle_inspector),

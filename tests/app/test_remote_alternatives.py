@@ -1,20 +1,14 @@
 """Regenerate N with a remote server: the alternatives are asked for one after another."""
 
-import pytest
-
 from app.chat.backend_loader import chat_session
-from app.chat.saved_chat import SavedConversation, Storage
+from app.chat.saved_chat import SavedConversation
 from engine import Done, SamplingParams, TokenDelta
-from tests.app.test_remote import fake, remote  # noqa: F401 (fixtures)
+from tests.app.pilot import wait_until
+from tests.app.test_remote import fake, remote, storage  # noqa: F401 (fixtures)
+from tests.app.test_remote_tui import remote_app
+from tests.app.tui_harness import exchange, ready
 
 GREEDY_SEEDED = SamplingParams(temperature=0, max_tokens=20, seed=7)
-
-
-@pytest.fixture
-def storage():
-    storage = Storage.open()
-    yield storage
-    storage.close()
 
 
 def answered(remote, storage):
@@ -46,3 +40,20 @@ def test_stopping_asks_for_no_more_alternatives(fake, remote, storage):
     assert len(fake.requests) == asked + 1
     first, *rest = replies.replies
     assert first.status == "stopped" and first.content and rest == [None, None]
+
+
+async def test_the_chat_app_says_a_server_writes_them_one_after_another(fake, storage):
+    remotes = []
+    app = remote_app(fake.url, "sk-fake", remotes, storage)
+    try:
+        async with app.run_test() as pilot:
+            await ready(pilot)
+            await exchange(pilot, "Hi")
+            old = app.session.messages[-1]
+            await pilot.press("f3")
+            await wait_until(pilot, lambda: not app.generating and app.session.messages[-1].id != old.id)
+            assert any("one after another" in notice for notice in app.notices)
+            assert len(storage.conversations.sibling_ids(old.id)) == 1 + app.alternatives
+    finally:
+        for engine in remotes:
+            engine.close()

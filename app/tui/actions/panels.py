@@ -48,6 +48,7 @@ class PanelHost(Protocol):
     storage: Storage
     config: Config
     overrides: dict  # sampling settings from the command line
+    alternatives: int  # how many replies "regenerate N" writes at once
     system: str | None  # the system prompt of new conversations
     model_spec: str | None
     engine: Backend | None
@@ -62,6 +63,8 @@ class PanelHost(Protocol):
     def generating(self) -> bool: ...
 
     def _reload(self) -> None: ...
+
+    def set_alternatives(self, count: int) -> None: ...
 
 
 if TYPE_CHECKING:
@@ -90,9 +93,9 @@ class PanelActions(_Host):
         """The shown conversation's settings: its session's, or, while there is none (no model loaded),
         those it will open with."""
         if self.session is not None:
-            return ChatSettings(self.session.system, self.session.params, self.model_spec)
+            return ChatSettings(self.session.system, self.session.params, self.model_spec, self.alternatives)
         if self._pending_settings is not None and self._pending_settings[0] == self.conversation_id:
-            return dataclasses.replace(self._pending_settings[1], model=self.model_spec)
+            return dataclasses.replace(self._pending_settings[1], model=self.model_spec, alternatives=self.alternatives)
         system, saved = self.system, None
         if self.conversation_id is not None:
             try:
@@ -102,7 +105,7 @@ class PanelActions(_Host):
                 pass  # opening it says why; the defaults stand in meanwhile
         config = getattr(self, "config", None)  # the config file's [sampling], as _open_session layers it
         params = sampling_params(argparse.Namespace(**self.overrides), saved, config)
-        return ChatSettings(system, params, self.model_spec)
+        return ChatSettings(system, params, self.model_spec, self.alternatives)
 
     def model_choices(self) -> list[LocalModel]:
         """The models the settings screen and /model offer: the server's, or those on this machine."""
@@ -134,6 +137,9 @@ class PanelActions(_Host):
         """Make `new` the shown conversation's settings (`old`: what they were when the change began).
         `load_again`: if the model failed to load, try the same one again (the settings screen's Save).
         False if they could not be (said why)."""
+        if new is not None and new.alternatives != old.alternatives:  # the chat's: taken at once, even mid-reply
+            self.set_alternatives(new.alternatives)
+            old = dataclasses.replace(old, alternatives=new.alternatives)
         if new is None or new == old and self.session is not None:
             return new is not None
         if self.session is None:

@@ -1,4 +1,5 @@
-"""The per-conversation settings dialog: system prompt, sampling and model."""
+"""The per-conversation settings dialog: system prompt, sampling and model; and the chat's number of
+alternatives for "regenerate N" (the same in every conversation)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from textual.containers import Grid, Horizontal, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static, TextArea
 
+from app.chat.alternatives_count import DEFAULT_ALTERNATIVES, MAX_ALTERNATIVES, MIN_ALTERNATIVES
 from app.chat.local_models import LocalModel, model_from_spec
 from engine import SamplingParams
 from engine.sampling_params import MAX_INT64, MAX_REPETITION_PENALTY, MAX_SEED, MAX_TEMPERATURE
@@ -24,6 +26,7 @@ class ChatSettings:
     system: str | None  # None = the model's own default system prompt
     params: SamplingParams
     model: str | None  # a model spec as --model takes it; None = the default
+    alternatives: int = DEFAULT_ALTERNATIVES  # replies "regenerate N" writes at once (the chat's, not the conversation's)
 
 
 class InvalidField(ValueError):
@@ -50,6 +53,7 @@ class _Field:
     placeholder: str = ""
     allowed: str = ""  # what it may be, after "must be" ("a number from 0 (greedy) to 5")
     allowed_below: str = ""  # the same with a tighter top than `high`, given as {high}
+    about: str = ""  # a sentence the hint adds: what the setting does, where that is not plain
 
     def parse(self, text: str, high: float | None = None) -> float | int | None:
         """The value of `text`; InvalidField if it is not one this field takes (`high`: a tighter top)."""
@@ -70,7 +74,7 @@ class _Field:
         return self.allowed if high is None else self.allowed_below.format(high=f"{int(high):,}")
 
     def hint(self, high: float | None = None) -> str:
-        return f"{self.name}: {self.allowed_text(high)}."
+        return f"{self.name}: {self.allowed_text(high)}." + (f" {self.about}" if self.about else "")
 
 
 _FIELDS = (
@@ -91,6 +95,11 @@ _FIELDS = (
     _Field("seed", "Seed", "Seed", "seed", True, 0, MAX_SEED, empty="a random one", placeholder="random",
            allowed="a whole number from 0 to 2^64 - 1, or empty for a random one"),
 )
+# Not a sampling setting: ChatSettings.alternatives, kept for the chat, not with the conversation.
+_ALTERNATIVES = _Field("alternatives", "Alternatives", "Alternatives", "alternatives", True, MIN_ALTERNATIVES,
+                       MAX_ALTERNATIVES, placeholder=f"{DEFAULT_ALTERNATIVES}",
+                       allowed=f"a whole number from {MIN_ALTERNATIVES} to {MAX_ALTERNATIVES}",
+                       about="The replies Alt+R (F3) writes at once, in every conversation.")
 _HINTS = {
     "system": "Empty: the model's default · Enter: new line · Ctrl+S saves",
     "model": "A new model or system prompt recomputes the KV cache.",
@@ -210,8 +219,9 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
                     value = _shown(getattr(params, field.param))
                     yield Input(value, placeholder=field.placeholder, id=field.id, compact=True,
                                 tooltip=field.hint(self._high(field)))
-                yield Label()  # the row of the seed has no second field
-                yield Label()
+                yield Label(_ALTERNATIVES.label)  # beside the seed
+                yield Input(str(self.settings.alternatives), placeholder=_ALTERNATIVES.placeholder,
+                            id=_ALTERNATIVES.id, compact=True, tooltip=_ALTERNATIVES.hint())
                 yield Label("Model")
                 # Text, not markup: a path may hold square brackets.
                 options = [(Text(f"{model.name} · {model.detail}"), model.spec) for model in self.models]
@@ -251,9 +261,12 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
                 params = dataclasses.replace(params, **{field.param: value})
             except ValueError as error:  # SamplingParams' own check, should it be stricter than the field's
                 raise InvalidField(field.id, _sentence(str(error))) from None
+        text = self.query_one(f"#{_ALTERNATIVES.id}", Input).value.strip()
+        alternatives = _ALTERNATIVES.parse(text) if text else DEFAULT_ALTERNATIVES
         system = self.query_one("#system", TextArea).text
         model = self.query_one("#model", Select).value
-        return ChatSettings(system=system if system.strip() else None, params=params, model=model)
+        return ChatSettings(system=system if system.strip() else None, params=params, model=model,
+                            alternatives=int(alternatives))
 
     def show_error(self, error: InvalidField | None) -> None:
         for widget in self.query(".-invalid"):
@@ -280,7 +293,7 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
     def on_descendant_focus(self, event) -> None:
         """The hint line says what the focused field may be."""
         widget_id = event.widget.id
-        fields = {field.id: field for field in _FIELDS}
+        fields = {field.id: field for field in (*_FIELDS, _ALTERNATIVES)}
         if widget_id in fields:
             self.query_one("#hint", Static).update(fields[widget_id].hint(self._high(fields[widget_id])))
         elif widget_id in _HINTS:

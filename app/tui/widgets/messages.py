@@ -2,8 +2,8 @@
 
 A message can be focused (click, Tab, Ctrl+Up, or up/down from another message);
 the keys on it copy it, switch between its alternatives (edits of a user message,
-regenerations of a reply), edit it or regenerate it. Its single-letter keys act
-only when the app says so (see letter_keys.py). The view only asks: the app
+regenerations of a reply), edit it or regenerate it (once, or N alternatives at once).
+Its single-letter keys act only when the app says so (see letter_keys.py). The view only asks: the app
 decides what those requests do.
 """
 
@@ -51,7 +51,7 @@ class MessageView(Vertical, can_focus=True):
 
     # Actions bound to a plain letter (or ‹ ›); ← and → of "branch" are navigation keys, which
     # the app counts as navigating before the binding runs, so they always act.
-    LETTER_ACTIONS = frozenset({"copy", "copy_code", "branch", "edit", "regenerate"})
+    LETTER_ACTIONS = frozenset({"copy", "copy_code", "branch", "edit", "regenerate", "regenerate_alternatives"})
 
     class BranchRequested(Message):
         """Show the message's previous (-1) or next (+1) alternative."""
@@ -82,11 +82,17 @@ class MessageView(Vertical, can_focus=True):
 
     def header_text(self) -> str:
         parts = [self.who()]
-        if len(self.alternatives) > 1 and self.message.id in self.alternatives:
-            parts.append(f"‹ {self.alternatives.index(self.message.id) + 1}/{len(self.alternatives)} ›")
+        if self.branch_text():
+            parts.append(self.branch_text())
         if self.message.status in STATUS_NOTES:
             parts.append(STATUS_NOTES[self.message.status])
         return " · ".join(parts)
+
+    def branch_text(self) -> str:
+        """"‹ 2/3 ›": which of its alternatives it is ("" if it has none)."""
+        if len(self.alternatives) > 1 and self.message.id in self.alternatives:
+            return f"‹ {self.alternatives.index(self.message.id) + 1}/{len(self.alternatives)} ›"
+        return ""
 
     def refresh_header(self) -> None:
         for header in self.query(".header"):  # none once the view is gone (the app quit mid-update)
@@ -146,12 +152,23 @@ class UserMessageView(MessageView):
 class AssistantMessageView(MessageView):
     """A reply: streamed as Markdown while it is generated, rendered whole at the end."""
 
-    BINDINGS = [Binding("r", "regenerate", "Regenerate")]
+    BINDINGS = [Binding("r", "regenerate", "Regenerate"),
+                Binding("R", "regenerate_alternatives", "Regenerate N alternatives", show=False)]
 
     class RegenerateRequested(Message):
         def __init__(self, view: AssistantMessageView):
             super().__init__()
             self.view = view
+
+    class AlternativesRequested(Message):
+        """Write N alternatives of this reply at once (N: the settings)."""
+
+        def __init__(self, view: AssistantMessageView):
+            super().__init__()
+            self.view = view
+
+    # While N alternatives are written in this view: (the one shown, N); its ‹ › browse them.
+    choice: tuple[int, int] | None = None
 
     def who(self) -> str:
         stats = self.message.stats
@@ -169,8 +186,23 @@ class AssistantMessageView(MessageView):
     def text(self) -> str:
         return self.body.source if self.is_mounted else self.message.content
 
+    def branch_text(self) -> str:
+        if self.choice is None:
+            return super().branch_text()
+        shown, count = self.choice
+        return f"alternative ‹ {shown + 1}/{count} ›"
+
+    def action_branch(self, step: int) -> None:
+        if self.choice is None:
+            super().action_branch(step)
+        else:  # the alternatives being written: the app shows the one asked for
+            self.post_message(self.BranchRequested(self, step))
+
     def action_regenerate(self) -> None:
         self.post_message(self.RegenerateRequested(self))
+
+    def action_regenerate_alternatives(self) -> None:
+        self.post_message(self.AlternativesRequested(self))
 
     async def finish(self, message: ChatMessage, alternatives: list[str]) -> None:
         """The reply ended: one full render (streamed code fences can be left half-drawn), then the header."""

@@ -118,6 +118,10 @@ class PromptInput(TextArea):
             event.stop()
             event.prevent_default()
             self.replace("\n", *self.selection, maintain_selection_offset=False)
+        elif event.key.startswith("alt+") and event.is_printable:
+            # A terminal sends Alt+R as ESC r, which Textual reads as "alt+r" with the character "r":
+            # not typed, so it reaches the app's bindings (Alt+R: regenerate N alternatives).
+            event.prevent_default()
 
     def clear(self):
         """Empty the input (and stop walking the history). One edit: Ctrl+Z brings the text back."""

@@ -1,6 +1,7 @@
 """The live status bar: what the engine is doing and what the last reply cost.
 
-Its parts, most important first: the phase · TTFT · tokens/s · decode tokens per step (only when the
+Its parts, most important first: the phase · TTFT · tokens/s (of N alternatives written at once: their
+total, then each one's) · decode tokens per step (only when the
 reply had speculative drafts to verify) · prompt tokens cached (and from where) and computed · context
 used/window · KV cache memory used/budget · model · device and dtype. Each redraw fits them to the
 bar's width: the least important part is shortened or dropped first (the phase's detail, the prompt's
@@ -25,6 +26,7 @@ from textual.widget import Widget
 
 from app.chat.reply_stats import ReplyNumbers
 from app.chat.stats_text import format_duration, format_tokens_per_step, prefill_rate_shown
+from app.chat.stream_rates import StreamRates
 from engine import RequestStats
 
 SEPARATOR = " · "
@@ -34,10 +36,11 @@ MODEL_CELLS = 16  # and a long model name to this before it is dropped
 
 # The order the parts are shortened in, one step at a time, until the line fits ("phase" twice: its
 # detail is cut, later dropped). A prefill's "progress" stands where the phase does, shortened last.
-ONE_LINE_STEPS = ("phase", "prompt", "device", "spec", "phase", "model", "model", "kv", "context", "prompt",
-                  "progress", "progress", "phase")
+# "rate" has a shorter form only for several replies at once: their total without each one's.
+ONE_LINE_STEPS = ("phase", "prompt", "device", "spec", "rate", "phase", "model", "model", "kv", "context",
+                  "prompt", "progress", "progress", "phase")
 FIRST_LINE = ("phase", "progress", "ttft", "rate", "spec", "prompt")
-FIRST_LINE_STEPS = ("phase", "prompt", "spec", "phase", "prompt", "progress", "progress", "phase")
+FIRST_LINE_STEPS = ("phase", "prompt", "spec", "rate", "phase", "prompt", "progress", "progress", "phase")
 SECOND_LINE = ("context", "kv", "model", "device")
 SECOND_LINE_STEPS = ("device", "model", "model", "kv", "context")
 
@@ -136,6 +139,7 @@ class StatusBar(Widget):
         self.kv_cache: dict = {}  # engine.cache_stats(), refreshed while a reply runs and after it
         self.reply_started: float | None = None  # monotonic time the reply being written was sent
         self.progress: PrefillProgress | None = None  # the reply being prefilled, once a chunk is done
+        self.streams: StreamRates | None = None  # the rates of N alternatives written at once (else None)
 
     def show(self, phase: str, detail: str = "", stats: RequestStats | None = None) -> None:
         self.phase, self.detail = phase, detail
@@ -149,14 +153,16 @@ class StatusBar(Widget):
             self.reply_started = None
         self.refresh_text()
 
-    def begin_reply(self) -> None:
+    def begin_reply(self, streams: StreamRates | None = None) -> None:
+        """A reply is sent, or (`streams`, their rates so far) several alternatives at once."""
         self.reply_started = time.monotonic()
         self.stats = self.progress = None
+        self.streams = streams
         self.show("prefill")
 
     def clear_reply(self) -> None:
         """Forget the last reply's numbers: another conversation, or another model, is shown now."""
-        self.stats = self.progress = None
+        self.stats = self.progress = self.streams = None
         self.refresh_text()
 
     def refresh_text(self) -> None:
@@ -197,6 +203,8 @@ class StatusBar(Widget):
             parts["prompt"] = ReplyNumbers.from_request(s).prompt_forms()
             if self.context_window and s.prompt_tokens:  # a server's count comes at the end of the reply
                 parts["context"] = [f"context {s.prompt_tokens + s.generated_tokens}/{self.context_window}", ""]
+        if self.streams is not None and any(rate is not None for rate in self.streams.each):
+            parts["rate"] = self.streams.forms()  # whichever alternative is shown, and however far it got
         if self.kv_cache.get("enabled"):
             used, total = self.kv_cache["bytes_used"] / 2**20, self.kv_cache["bytes_total"] / 2**20
             shown = f"{used:.1f}" if 0 < used < 10 else f"{used:.0f}"  # a first short reply is not "0"
