@@ -199,14 +199,24 @@ class EngineRunner:
 
     def _drive(self) -> None:
         streams: dict[_Stream, None] = {}  # an ordered set: the order they came in
+        try:
+            self._serve(streams)
+        except BaseException:  # a bug in the loop itself: fail what is left rather than hang every consumer
+            log.exception("kvchat serve: the engine thread failed")
+            with self._start_lock:
+                self._closed = True
+            self._end(streams)
+            raise
+
+    def _serve(self, streams: dict[_Stream, None]) -> None:
         while True:
-            items = [] if streams else [self._inbox.get()]  # nothing to serve: sleep until there is
+            wait = not streams  # nothing to serve: sleep until there is; else take what came, then step
             while True:
                 try:
-                    items.append(self._inbox.get_nowait())
+                    item = self._inbox.get(block=wait)
                 except queue.Empty:
                     break
-            for item in items:
+                wait = False
                 if item is _STOP:
                     self._end(streams)
                     return

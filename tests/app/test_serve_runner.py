@@ -190,3 +190,20 @@ def test_run_puts_a_job_on_the_engine_thread_and_returns_its_result_or_raises_it
     with pytest.raises(ZeroDivisionError):
         runner.run(lambda: 1 / 0)
     assert runner.run(lambda: runner.run(lambda: 7)) == 7  # from the engine thread itself: no deadlock
+
+
+def test_a_step_that_raises_fails_its_requests_and_the_next_request_is_served(runner, engine, monkeypatch):
+    step, calls = engine.step, []
+
+    def broken_once():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a bug in the step")
+        step()
+
+    monkeypatch.setattr(engine, "step", broken_once)
+    ids = prompt(engine, "again")
+    with pytest.raises(RuntimeError, match="a bug in the step"):
+        asyncio.run(timed(runner, [engine.generate(ids, GREEDY)]))
+    assert text_of(asyncio.run(timed(runner, [engine.generate(ids, GREEDY)]))) == solo(engine, ids)
+    assert no_request_holds_blocks(engine)
