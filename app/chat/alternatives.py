@@ -65,7 +65,8 @@ def side_by_side(streams: list, cancelled: threading.Event) -> Generator[tuple[i
     return interleave(streams)
 
 
-def one_after_another(streams: list[Stream], cancelled: threading.Event) -> Generator[tuple[int, Event | BaseException]]:
+def one_after_another(streams: list[Stream],
+                      cancelled: threading.Event) -> Generator[tuple[int, Event | BaseException]]:
     """(index, event) of each stream in turn, for a backend that writes one reply at a time: a server
     is asked for the next when the one before has ended, and for none once they are `cancelled`."""
     for i, stream in enumerate(streams):

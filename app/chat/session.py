@@ -220,7 +220,8 @@ class ChatSession:
                         done = event
                         self.seen_ids = prompt + list(event.token_ids)
                         self.messages.append(recorder.finished(event, len(self.seen_ids)))
-                        recorder.store(self.messages[-1], event)  # may raise (disk full) after the chat in memory is whole
+                        # May raise (disk full), after the chat in memory is whole.
+                        recorder.store(self.messages[-1], event)
                 yield event
         except ConversationDeleted:
             deleted = True  # another kvchat deleted it: nothing more of it is written

@@ -253,7 +253,8 @@ class AlternativesActions(_Host):
         bar.kv_cache = message.kv_cache or bar.kv_cache
         bar.streams = message.rates or bar.streams
         if message.errors:
-            failed = f"{len(message.errors)} of the {count} alternatives" if len(message.errors) > 1 else "An alternative"
+            many = len(message.errors) > 1
+            failed = f"{len(message.errors)} of the {count} alternatives" if many else "An alternative"
             self.notify(f"{failed} could not be written whole: {message.errors[0]}", severity="error", timeout=10)
         adopted = message.adopted
         if adopted is None:  # none kept: the conversation is as it was

@@ -26,7 +26,7 @@ class ChatSettings:
     system: str | None  # None = the model's own default system prompt
     params: SamplingParams
     model: str | None  # a model spec as --model takes it; None = the default
-    alternatives: int = DEFAULT_ALTERNATIVES  # replies "regenerate N" writes at once (the chat's, not the conversation's)
+    alternatives: int = DEFAULT_ALTERNATIVES  # replies "regenerate N" writes at once; the chat's, not its own
 
 
 class InvalidField(ValueError):
