@@ -29,7 +29,18 @@ from engine.sampling_params import MAX_SEED
 from storage.errors import StorageError
 
 if TYPE_CHECKING:
-    from app.chat.session import ChatSession
+    from app.chat.saved_chat import SavedConversation
+
+
+class AlternativesHost(Protocol):
+    """What the alternatives need of their conversation (app/chat/session.py's ChatSession)."""
+
+    saved: SavedConversation | None
+    messages: list[ChatMessage]
+    token_ids: bool  # the backend takes token ids (an engine), not text (a server)
+
+    def end_alternatives(self, previous: list[ChatMessage], before: list[ChatMessage], prompt: list[int],
+                         kept: ChatMessage | None, token_ids: list[int] | None) -> None: ...
 
 GREEDY_STANDIN_TEMPERATURE = 0.7  # the engine's default temperature
 
@@ -93,7 +104,7 @@ class AlternativeReplies:
     them, as the user browses), or if that one kept nothing the first that did, or if none did the
     branch shown before; `adopted` says which (None: none)."""
 
-    def __init__(self, session: ChatSession, previous: list[ChatMessage], prompt: list[int],
+    def __init__(self, session: AlternativesHost, previous: list[ChatMessage], prompt: list[int],
                  streams: list[Stream], drive: Drive):
         """`previous`: the messages shown before (the reply these replace last); `prompt`: the ids they
         answer ([] for a server, which takes text)."""

@@ -94,7 +94,7 @@ SPECULATED = dataclasses.replace(REPLY, decode_steps=70, draft_tokens=150, accep
 @pytest.mark.parametrize("phase, stats", [("decode", dataclasses.replace(SPECULATED, phase="decode")),
                                           ("idle", SPECULATED)])
 async def test_a_reply_with_drafts_shows_its_tokens_per_step_while_it_streams_and_after(phase, stats):
-    [line] = await bar_lines(160, phase, stats=stats)
+    [line] = await bar_lines(200, phase, stats=stats)
     assert "52.6 tok/s · spec 2.6 tok/step · " in line
 
 
@@ -111,6 +111,11 @@ async def test_a_narrow_bar_drops_the_tokens_per_step_before_the_product_numbers
     narrow = await bar_lines(60, "decode", stats=SPECULATED)
     assert "spec 2.6 tok/step" in wide[0] and "tok/step" not in narrow[0]
     assert all(part in narrow[0] for part in NUMBERS)
+    # Just too narrow for everything: the tokens per step go, the phase word stays (the tmux tests, and
+    # people, read "idle" to know the reply ended).
+    full = (await bar_lines(400, "idle", stats=SPECULATED))[0].strip()
+    [tight] = await bar_lines(len(full) - 2, "idle", stats=SPECULATED)
+    assert tight.strip().startswith("idle") and "tok/step" not in tight
 
 
 def prefill_stats(done: int, ms: float, total: int = 8192) -> RequestStats:

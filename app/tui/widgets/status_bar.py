@@ -37,10 +37,11 @@ MODEL_CELLS = 16  # and a long model name to this before it is dropped
 # The order the parts are shortened in, one step at a time, until the line fits ("phase" twice: its
 # detail is cut, later dropped). A prefill's "progress" stands where the phase does, shortened last.
 # "rate" has a shorter form only for several replies at once: their total without each one's.
-ONE_LINE_STEPS = ("phase", "prompt", "device", "spec", "rate", "phase", "model", "model", "kv", "context",
+# The tokens per step go first: the phase word ("idle", "decode") says whether a reply is still running.
+ONE_LINE_STEPS = ("spec", "phase", "prompt", "device", "rate", "phase", "model", "model", "kv", "context",
                   "prompt", "progress", "progress", "phase")
 FIRST_LINE = ("phase", "progress", "ttft", "rate", "spec", "prompt")
-FIRST_LINE_STEPS = ("phase", "prompt", "spec", "rate", "phase", "prompt", "progress", "progress", "phase")
+FIRST_LINE_STEPS = ("spec", "phase", "prompt", "rate", "phase", "prompt", "progress", "progress", "phase")
 SECOND_LINE = ("context", "kv", "model", "device")
 SECOND_LINE_STEPS = ("device", "model", "model", "kv", "context")
 
