@@ -19,6 +19,7 @@ import torch
 
 from engine.engine import Engine
 from engine.events import Done
+from engine.request.generation import interleave
 from engine.sampling_params import SamplingParams
 
 
@@ -110,6 +111,23 @@ def speculative_agreement(engine: Engine, span: int, tokens: int, draft_tokens: 
         on = greedy(engine, prompt, tokens, use_prefix_cache=True)
     return {"equal": on.token_ids == off.token_ids, "tokens_per_step": round(on.stats.tokens_per_step, 2),
             "draft_tokens": on.stats.draft_tokens, "accepted_tokens": on.stats.accepted_tokens}
+
+
+def batched_agreement(engine: Engine, prompt_tokens: int, tokens: int, requests: int = 4) -> dict:
+    """Greedy tokens of `requests` prompts decoded together (continuous batching) and each alone: equal,
+    or where the first pair parts (a near tie can flip where a batched GEMM rounds differently)."""
+    prompts = [random_prompt(engine, prompt_tokens + 3 * i, seed=30 + i) for i in range(requests)]
+    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+    with engine.speculating(0):
+        alone = [list(greedy(engine, p, tokens, use_prefix_cache=True).token_ids) for p in prompts]
+        together: dict[int, list[int]] = {}
+        for i, event in interleave([engine.generate(p, params) for p in prompts]):
+            if isinstance(event, Done):
+                together[i] = list(event.token_ids)
+    parted = [next((t for t, (a, b) in enumerate(zip(together.get(i, []), alone[i])) if a != b), None)
+              for i in range(requests)]
+    return {"requests": requests, "equal": all(together.get(i) == alone[i] for i in range(requests)),
+            "first_difference": min((t for t in parted if t is not None), default=None)}
 
 
 def prefill_speed(engine: Engine, length: int, runs: int) -> dict:

@@ -78,6 +78,10 @@ def _rows(result: dict) -> list[tuple[str, str]]:
                      f"roofline, tokens {equal})")
         path = f" ({config['decode_path']})" if config.get("decode_path") else ""
         rows.append((f"config {config['name']}{path}: decode tok/s", value))
+        if batched := config.get("batched"):
+            parted = "" if batched["equal"] else f" from token {batched['first_difference']}"
+            rows.append((f"config {config['name']}: {batched['requests']} requests batched, greedy",
+                         ("= each alone" if batched["equal"] else "!= alone") + parted))
         if spec := config.get("speculative"):
             rows.append((f"config {config['name']}: speculative greedy",
                          f"{'= plain' if spec['equal'] else '!= plain'}  ({spec['tokens_per_step']:.2f} tok/step, "

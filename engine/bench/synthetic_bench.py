@@ -25,8 +25,9 @@ from engine.weights.device import pick_device, pick_dtype
 from engine.engine import Engine, EngineOptions
 from engine.bench.hf_reference import (compare_tokens, hf_generate_speed, hf_greedy_tokens, logits_rel_error,
                                        reference_model)
-from engine.bench.perf import (copy_bandwidth, decode_speed, followup_ttft, greedy, kv_bytes_per_position,
-                               prefill_speed, random_prompt, speculative_agreement, weight_bytes_per_token)
+from engine.bench.perf import (batched_agreement, copy_bandwidth, decode_speed, followup_ttft, greedy,
+                               kv_bytes_per_position, prefill_speed, random_prompt, speculative_agreement,
+                               weight_bytes_per_token)
 from engine.weights.synthetic import MODELS, PREFIX, synthetic_config, synthetic_model_dir
 
 
@@ -214,3 +215,5 @@ def _measure_config(options: EngineOptions, name: str, plan: Plan, row: dict, st
     row["tokens"] = step(f"{name}.greedy", lambda: greedy_tokens(engine, prompt, plan.greedy_tokens))
     row["speculative"] = step(f"{name}.speculative",
                               lambda: speculative_agreement(engine, plan.parity_tokens, plan.greedy_tokens))
+    row["batched"] = step(f"{name}.batched",
+                          lambda: batched_agreement(engine, plan.parity_tokens, plan.greedy_tokens))

@@ -7,10 +7,12 @@ for a given table width, so it can be captured once in a CUDA graph (one
 launch per token) or compiled by torch.compile, and replayed at every
 position of every sequence.
 
-Block tables come in power-of-two widths (buckets, at least MIN_TABLE_BLOCKS),
-each with its own static table and, with CUDA graphs, its own graph, captured
-the first time a sequence needs that width. Paged decode attention reads only
-the blocks below the sequence's length, so a wide table costs little.
+Block tables come in power-of-two widths (at least MIN_TABLE_BLOCKS), and a batch
+of several sequences' tokens (continuous batching) in power-of-two row counts; each
+(rows, width) bucket has its own static inputs and, with CUDA graphs, its own graph,
+captured the first time a step needs that shape. Padding rows write and read the
+scratch block. Paged decode attention reads only the blocks below each sequence's
+length, so a wide table costs little.
 """
 
 from __future__ import annotations
@@ -49,8 +51,12 @@ class PagedDecodeKV:
 
 @dataclass
 class _Bucket:
-    table: torch.Tensor  # [1, width] int32, static
-    blocks: list[int] = field(default_factory=list)  # what table[0, :len(blocks)] holds now
+    """The static inputs (and, with CUDA graphs, the graph) of one (rows, table width) shape."""
+
+    token: torch.Tensor  # [rows] long
+    position: torch.Tensor  # [rows] long
+    table: torch.Tensor  # [rows, width] int32
+    blocks: list[list[int]] = field(default_factory=list)  # what each table row holds now
     graph: "torch.cuda.CUDAGraph | None" = None
     logits: torch.Tensor | None = None  # the graph's output buffer
 
@@ -62,19 +68,19 @@ class DecodeRunner:
             raise ValueError("CUDA graphs need the model on a CUDA device")
         self.model, self.pool, self.cuda_graphs = model, cache.pool, cuda_graphs
         self.device = device
-        # Warm-up and capture write K/V somewhere: a block of its own, never handed to a sequence.
+        # Warm-up and capture write K/V somewhere: a block of its own, never handed to a sequence. Padding
+        # rows of a batch write there too.
         self.scratch_block = cache.reserve_block()
-        self.token = torch.zeros(1, dtype=torch.long, device=device)
-        self.position = torch.zeros(1, dtype=torch.long, device=device)
-        self._buckets: dict[int, _Bucket] = {}
+        self._buckets: dict[tuple[int, int], _Bucket] = {}
         self._graph_pool = torch.cuda.graph_pool_handle() if cuda_graphs else None
-        # dynamic=False: one specialised graph per table width, like the CUDA graphs; fullgraph: a step
-        # that falls back to Python midway would bring the launch overhead back, so it is an error.
+        # dynamic=False: one specialised graph per shape, like the CUDA graphs; fullgraph: a step that
+        # falls back to Python midway would bring the launch overhead back, so it is an error.
         self._step = (torch.compile(self._eager_step, dynamic=False, fullgraph=True)
                       if compile else self._eager_step)
+        self._static = cuda_graphs or compile  # shapes must repeat: batches are padded to bucket sizes
 
-    def _eager_step(self, table: torch.Tensor) -> torch.Tensor:
-        return self.model.decode_step(self.token, self.position, PagedDecodeKV(self.pool, table, self.position))
+    def _eager_step(self, token: torch.Tensor, position: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        return self.model.decode_step(token, position, PagedDecodeKV(self.pool, table, position))
 
     @staticmethod
     def table_width(num_blocks: int) -> int:
@@ -83,49 +89,56 @@ class DecodeRunner:
     def step(self, token: int, position: int, blocks: list[int]) -> torch.Tensor:
         """Logits [1, vocab] of `token` at `position`, its K/V written into `blocks` (which must
         already cover position). The result may be a static buffer: read it before the next step."""
-        bucket = self._bucket(self.table_width(len(blocks)))
-        if bucket.blocks != blocks:  # a new block, a new sequence, or a block swapped by deduplication
-            bucket.table[0, : len(blocks)].copy_(torch.tensor(blocks, dtype=torch.int32), non_blocking=True)
-            bucket.blocks = list(blocks)
-        self.token.fill_(token)
-        self.position.fill_(position)
-        if bucket.graph is not None:
-            bucket.graph.replay()
-            return bucket.logits
-        return self._step(bucket.table)
+        return self.step_batch([token], [position], [blocks])
 
     def step_batch(self, tokens: list[int], positions: list[int], blocks: list[list[int]]) -> torch.Tensor:
-        """Logits [B, vocab] of B sequences' decode tokens in one eager step (continuous batching), each
-        token's K/V written into its own blocks. Not captured: CUDA graphs replay one sequence each."""
-        width = self.table_width(max(map(len, blocks)))
-        table = torch.full((len(blocks), width), self.scratch_block, dtype=torch.int32)
-        for row, sequence in zip(table, blocks):
-            row[: len(sequence)] = torch.tensor(sequence, dtype=torch.int32)
-        table = table.to(self.device, non_blocking=True)
-        token = torch.tensor(tokens, dtype=torch.long, device=self.device)
-        position = torch.tensor(positions, dtype=torch.long, device=self.device)
-        return self.model.decode_step(token, position, PagedDecodeKV(self.pool, table, position))
+        """Logits [B, vocab] of B sequences' decode tokens in one step (continuous batching), each token's
+        K/V written into its own blocks (which must already cover its position). With CUDA graphs (or
+        compile) the batch is padded to a power of two, padding rows writing and reading the scratch
+        block, and each (rows, width) shape has its graph. The result may be a static buffer: read it
+        before the next step."""
+        count = len(tokens)
+        rows = 1 << (count - 1).bit_length() if self._static else count
+        bucket = self._bucket(rows, self.table_width(max(map(len, blocks))))
+        for b in range(rows):
+            wanted = blocks[b] if b < count else []
+            if bucket.blocks[b] != wanted:  # a new block, a new sequence, or a block swapped by deduplication
+                row = torch.full((bucket.table.shape[1],), self.scratch_block, dtype=torch.int32)
+                row[: len(wanted)] = torch.tensor(wanted, dtype=torch.int32)
+                bucket.table[b].copy_(row, non_blocking=True)
+                bucket.blocks[b] = list(wanted)
+        pad = rows - count
+        bucket.token.copy_(torch.tensor(tokens + [0] * pad, dtype=torch.long), non_blocking=True)
+        bucket.position.copy_(torch.tensor(positions + [0] * pad, dtype=torch.long), non_blocking=True)
+        if bucket.graph is not None:
+            bucket.graph.replay()
+            return bucket.logits[:count]
+        return self._step(bucket.token, bucket.position, bucket.table)[:count]
 
-    def _bucket(self, width: int) -> _Bucket:
-        bucket = self._buckets.get(width)
+    def _bucket(self, rows: int, width: int) -> _Bucket:
+        bucket = self._buckets.get((rows, width))
         if bucket is None:
-            table = torch.full((1, width), self.scratch_block, dtype=torch.int32, device=self.device)
-            bucket = self._buckets[width] = _Bucket(table)
+            device = self.device
+            bucket = self._buckets[(rows, width)] = _Bucket(
+                token=torch.zeros(rows, dtype=torch.long, device=device),
+                position=torch.zeros(rows, dtype=torch.long, device=device),
+                table=torch.full((rows, width), self.scratch_block, dtype=torch.int32, device=device),
+                blocks=[[] for _ in range(rows)])
             if self.cuda_graphs:
                 self._capture(bucket)
         return bucket
 
     def _capture(self, bucket: _Bucket) -> None:
-        """Record the step for this table width; it writes only the scratch block while recording."""
-        self.position.zero_()
-        self.token.zero_()
+        """Record the step for this shape; every row writes only the scratch block while recording."""
+        bucket.position.zero_()
+        bucket.token.zero_()
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(WARMUP_STEPS):
-                self._step(bucket.table)
+                self._step(bucket.token, bucket.position, bucket.table)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._graph_pool):
-            bucket.logits = self._step(bucket.table)
+            bucket.logits = self._step(bucket.token, bucket.position, bucket.table)
         bucket.graph = graph

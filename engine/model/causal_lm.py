@@ -50,7 +50,8 @@ class CausalLM(nn.Module):
         return self.lm_head(self.norm(x))
 
     def decode_step(self, token: torch.Tensor, position: torch.Tensor, kv: KVAttention) -> torch.Tensor:
-        """One decode token [1] at `position` [1], both device tensors: logits [1, vocab].
+        """One decode token per sequence, `token` [B] at `position` [B], both device tensors: logits [B, vocab]
+        (B = 1 for a single sequence; several for a batch, each row attending over its own blocks).
 
         The same layers as `forward`, with no Python number derived from the sequence,
         so the step can be captured in a CUDA graph or compiled once and replayed at

@@ -118,9 +118,9 @@ class ModelRunner:
         if self.fused is not None:
             batched = [w for w in step if not w.prefill and w.request.kv.contiguous is not None]
             decode_batch = self._decode_batch
-        else:  # the eager paged step takes one token per sequence (its drafts are verified on their own)
+        else:  # the paged step takes one token per sequence (drafts are verified on their own)
             batched = [w for w in step if not w.prefill and len(w.token_ids) == 1]
-            decode_batch = self._paged_batch if self.graphs is not None and not self.graphs.cuda_graphs else None
+            decode_batch = self._paged_batch if self.graphs is not None else None
         if decode_batch is None or len(batched) < 2 or sum(len(w.token_ids) for w in batched) > MAX_ROWS:
             batched = []
         together = dict(zip(map(id, batched), decode_batch(batched))) if batched else {}
@@ -131,7 +131,8 @@ class ModelRunner:
                 for w in step]
 
     def _paged_batch(self, work: list[Work]) -> list[torch.Tensor]:
-        """Each request's decode token in one eager paged step, attention reading each one's blocks."""
+        """Each request's decode token in one paged step (from a CUDA graph per batch bucket where there are
+        graphs), attention reading each one's blocks."""
         for w in work:
             w.request.kv.reserve(1)
         logits = self.graphs.step_batch([w.token_ids[0] for w in work], [w.request.kv.num_tokens for w in work],

@@ -72,6 +72,7 @@ def test_every_fast_path_configuration_is_reported_against_eager(report):
     assert rows["eager"]["decode_tokens_per_s"] > 0 and rows["eager"]["greedy_equal_eager"] is True
     assert rows["default"]["greedy_equal_eager"] is True
     assert rows["cuda_graphs"]["skipped"] == "needs a CUDA device"
+    assert rows["eager"]["batched"] == {"requests": 4, "equal": True, "first_difference": None}
     speculative = rows["eager"]["speculative"]  # greedy after a repeated span, speculation off and on
     assert speculative["equal"] is True and speculative["draft_tokens"] >= speculative["accepted_tokens"] >= 0
 
