@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from app.bench.sections import one_section, speculative_section
 from app.bench.speculative import print_speculative
 from app.cli.options import engine_options
 from engine import Engine, SamplingParams
@@ -284,61 +285,6 @@ def ui_section(args: argparse.Namespace) -> dict:
     return json.loads(result.stdout)
 
 
-def profile_section(engine: Engine, args: argparse.Namespace) -> int:
-    """`kvchat bench --profile`: one decode step taken apart, at a short and a long context."""
-    from engine.bench.decode_profile import decode_profile, print_profile
-
-    contexts, steps = ([16, 64], 8) if args.quick else ([128, 2048], 64)
-    rows = [decode_profile(engine, context, steps, random_prompt(engine, context, seed=1)) for context in contexts]
-    result = {"model": engine.info.model_name, "weights": engine.info.weights, "decode": engine.info.decode,
-              "threads": torch.get_num_threads(), "profile": rows}
-    heading = f"{result['model']} ({result['weights']}, {result['decode']} decode, {result['threads']} threads)"
-    return _section_out(args, result, heading, lambda: print_profile(rows))
-
-
-def _section_out(args: argparse.Namespace, result: dict, heading: str, show: Callable[[], None]) -> int:
-    """A section's result as one JSON object (--json), else its heading and table."""
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print(heading)
-        show()
-    return 0
-
-
-def contention_section(engine: Engine, args: argparse.Namespace) -> int:
-    """`kvchat bench --contention`: decode quiet and next to a competing process."""
-    from app.bench.contention import contention_rows, print_contention
-
-    rows = contention_rows(engine, 16 if args.quick else 128, 1 if args.quick else args.repeat, args.threads)
-    result = {"model": engine.info.model_name, "decode": engine.info.decode, "threads": torch.get_num_threads(),
-              "contention": rows}
-    heading = f"{result['model']} ({result['decode']} decode, up to {result['threads']} threads)"
-    return _section_out(args, result, heading, lambda: print_contention(rows))
-
-
-def batch_section(engine: Engine, args: argparse.Namespace) -> int:
-    """`kvchat bench --batch`: requests decoded together next to the same requests one at a time."""
-    from app.bench.batch import arrival_ttft, batch_rows, print_batch
-
-    if args.quick:
-        rows, arrival = batch_rows(engine, [16], [1, 2, 4], 8, 1), arrival_ttft(engine, 32, 4, 1)
-    else:
-        rows = batch_rows(engine, [128, 1024], [1, 2, 4, 8], 64, args.repeat)
-        arrival = arrival_ttft(engine, 256, 16, args.repeat)
-    result = {"model": engine.info.model_name, "decode": engine.info.decode, "threads": torch.get_num_threads(),
-              "max_batch": engine.options.max_batch, "batch": rows, "arrival": arrival}
-    heading = f"{result['model']} ({result['decode']} decode, {result['threads']} threads)"
-    return _section_out(args, result, heading, lambda: print_batch(rows, arrival))
-
-
-def speculative_section(engine: Engine, args: argparse.Namespace) -> list[dict]:
-    from app.bench.speculative import speculative_rows
-
-    return speculative_rows(engine, 1 if args.quick else args.repeat, 24 if args.quick else 256,
-                            engine.options.draft_tokens)
-
-
 def run_bench(args: argparse.Namespace) -> int:
     if args.ui:
         from app.bench.ui import print_ui, run_ui_bench
@@ -347,17 +293,9 @@ def run_bench(args: argparse.Namespace) -> int:
         print(json.dumps(result)) if args.json else print_ui(result)
         return 0
     engine = Engine.load(engine_options(args))
-    if args.profile:
-        return profile_section(engine, args)
-    if args.contention:
-        return contention_section(engine, args)
-    if args.batch:
-        return batch_section(engine, args)
-    if args.speculation:
-        rows = speculative_section(engine, args)
-        result = {"model": engine.info.model_name, "decode": engine.info.decode, "speculative": rows}
-        return _section_out(args, result, f"{result['model']} ({result['decode']} decode)",
-                            lambda: print_speculative(rows, engine.options.draft_tokens))
+    alone = one_section(engine, args)
+    if alone is not None:
+        return alone
     baselines: dict[str, HFBaseline] = {}
     if not args.no_hf:
         baselines["hf_"] = HFBaseline(engine)
