@@ -21,6 +21,10 @@ BASE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_l
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
             bos_token_id=IM_START, eos_token_id=IM_END)
 
+GEMMA3 = dict(num_hidden_layers=3, num_key_value_heads=1, head_dim=32, sliding_window=8,
+              layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+              query_pre_attn_scalar=32, pad_token_id=0)
+
 # name -> (transformers config class, model class, config overrides)
 ARCHITECTURES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
@@ -35,7 +39,18 @@ ARCHITECTURES = {
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None)),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32)),
+    # Gemma 3 as the 270M is shaped (one KV head, sliding layers then a global one), with a window of 8
+    # so a few dozen tokens cross it.
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", GEMMA3),
+    # The larger Gemma 3s' switches: linear RoPE scaling on the global layers only, logits soft-capped,
+    # GQA, a query scale that is not head_dim's.
+    "gemma3-scaled-softcap": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        GEMMA3, num_key_value_heads=2, query_pre_attn_scalar=20, final_logit_softcapping=30.0,
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}})),
 }
+# The Llama-family architectures (the fused CPU decode step runs these).
+LLAMA_FAMILY = sorted(name for name, (config, _, _) in ARCHITECTURES.items() if not config.startswith("Gemma"))
 
 
 def save_byte_tokenizer(path: Path) -> None:

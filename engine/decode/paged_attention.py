@@ -37,7 +37,8 @@ def _use_triton(q: torch.Tensor) -> bool:
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+                           block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                           window: int | None = None) -> torch.Tensor:
     """Attention of one new token per sequence over its paged context.
 
     q: [B, heads, head_dim], the new tokens' queries.
@@ -48,18 +49,22 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     seq_lens: [B] int32, tokens of context including the new token (whose K/V
         is already in the pool). 0 marks a padding slot: its output is 0.
     scale: multiplies q.k, usually head_dim ** -0.5.
+    window: a sliding-window layer's width (Gemma 3): only the last `window` positions are read.
     Returns [B, heads, head_dim] in q's dtype, accumulated in fp32. Query head h
     reads KV head h // (heads // kv_heads) (GQA).
     """
-    if _use_triton(q):
+    # The Triton kernels have no window yet: a sliding layer takes the reference, which is exact and
+    # static-shaped too (so still capturable), but reads the whole table.
+    if _use_triton(q) and window is None:
         from .triton_paged_attention import paged_decode_triton
 
         return paged_decode_triton(q, k_cache, v_cache, block_tables, seq_lens, scale)
-    return paged_decode_reference(q, k_cache, v_cache, block_tables, seq_lens, scale)
+    return paged_decode_reference(q, k_cache, v_cache, block_tables, seq_lens, scale, window)
 
 
 def paged_decode_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+                           block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                           window: int | None = None) -> torch.Tensor:
     """Plain-torch paged_decode_attention (same arguments, same result).
 
     Gathers all max_blocks blocks of every row and masks positions >= seq_len,
@@ -80,7 +85,10 @@ def paged_decode_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         return blocks.reshape(batch, kv_heads, context, dim).float()
 
     k, v = gather(k_cache), gather(v_cache)
-    valid = torch.arange(context, device=q.device)[None, :] < seq_lens[:, None].long()  # [B, context]
+    positions = torch.arange(context, device=q.device)[None, :]
+    valid = positions < seq_lens[:, None].long()  # [B, context]
+    if window is not None:
+        valid &= positions >= seq_lens[:, None].long() - window
     # Unwritten positions (the last block's tail, blocks past the end) may hold NaN bits
     # (the pool is torch.empty): zero V there, because 0 * NaN is NaN even with weight 0.
     # In place: the gather made v a fresh tensor.

@@ -36,8 +36,8 @@ class ContiguousKV(SequenceKV):
         self.buffer.reserve(new_tokens)
 
     def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                  mask: torch.Tensor | None, scale: float) -> torch.Tensor:
-        return self.buffer.attention(layer, q, k, v, mask, scale)
+                  mask: torch.Tensor | None, scale: float, window: int | None = None) -> torch.Tensor:
+        return self.buffer.attention(layer, q, k, v, mask, scale, window)
 
     def commit(self, new_tokens: int) -> None:
         self.buffer.commit(new_tokens)

@@ -43,8 +43,8 @@ class WorkingCopyKV(PooledKV):
         super().reserve(new_tokens)
 
     def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                  mask: torch.Tensor | None, scale: float) -> torch.Tensor:
-        return self.working.attention(layer, q, k, v, mask, scale)
+                  mask: torch.Tensor | None, scale: float, window: int | None = None) -> torch.Tensor:
+        return self.working.attention(layer, q, k, v, mask, scale, window)
 
     def commit(self, new_tokens: int) -> None:
         start = self.num_tokens

@@ -7,6 +7,11 @@ Three cases, each the fastest SDPA form measured on CPU:
 - a prompt from scratch (T == S): SDPA's own causal mask, which skips the
   masked half of the work (1.8x faster than an explicit mask at 1k tokens);
 - new tokens after cached ones (1 < T < S): an explicit mask.
+
+A sliding-window layer (Gemma 3) keeps every token's K/V and applies its window here: a decode
+token attends over the last `window` keys (a view, nothing copied), a chunk through a banded mask.
+So the KV cache, the prefix cache and snapshots never need to know a layer slides, and a prefix
+reused from the cache or from disk is exactly the one a fresh prefill computes.
 """
 
 from __future__ import annotations
@@ -26,15 +31,31 @@ def prefix_causal_mask(num_new: int, context: int, device: torch.device) -> torc
     return torch.arange(context, device=device)[None, :] <= query_pos[:, None]
 
 
+def window_causal_mask(num_new: int, context: int, window: int | None,
+                       device: torch.device) -> torch.Tensor | None:
+    """`prefix_causal_mask` for a layer whose query sees at most `window` keys (itself included), the
+    rule of transformers' sliding_window_overlay: key j is seen by the query at i iff i - window < j <= i.
+    None where the window cuts nothing SDPA's own causal form would not (and for one new token, whose
+    window `attend` takes as a view)."""
+    if window is None or context <= window or num_new == 1:
+        return prefix_causal_mask(num_new, context, device)
+    query_pos = torch.arange(context - num_new, context, device=device)[:, None]
+    keys = torch.arange(context, device=device)[None, :]
+    return (keys <= query_pos) & (keys > query_pos - window)
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-           scale: float) -> torch.Tensor:
+           scale: float, window: int | None = None) -> torch.Tensor:
     """q [T, heads, D], k/v [kv_heads, S, D] -> output [T, heads * D].
 
-    `mask` must be `prefix_causal_mask(T, S)`.
+    `mask` must be `window_causal_mask(T, S, window)`: the layer's window is in it, except for one
+    new token, which attends over the last `window` keys here.
     """
     num_new, heads, dim = q.shape
     kv_heads, context = k.shape[0], k.shape[1]
     if num_new == 1:
+        if window is not None and context > window:
+            k, v = k[:, context - window :], v[:, context - window :]
         # Query head h reads KV head h // group: a group of heads becomes a group of "queries".
         folded = q.view(kv_heads, 1, heads // kv_heads, dim)
         out = F.scaled_dot_product_attention(folded, k.unsqueeze(1), v.unsqueeze(1), scale=scale)

@@ -1,32 +1,63 @@
-"""CausalLM: the Llama-family decoder (Llama, SmolLM2, Mistral, Qwen2, Qwen3)."""
+"""CausalLM: the decoder of every family kvchat runs (Llama, SmolLM2, Mistral, Qwen2, Qwen3, Gemma 3).
+
+The families share the skeleton here (embedding, layers, final norm, lm_head) and differ in their
+layer (model/layers.py, model/gemma3.py) and in a few switches of the config: Gemma 3 scales its
+embeddings by sqrt(hidden), may soft-cap its logits, and gives its sliding-window layers a window
+mask and a RoPE of their own (one table and one mask per kind of layer, made once per forward).
+"""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from engine.model.attention import prefix_causal_mask
-from engine.model.config import ModelConfig
+from engine.model.attention import window_causal_mask
+from engine.model.config import ModelConfig, RopeConfig
 from engine.kv.cache import KVAttention, KVCache
+from engine.model.gemma3 import Gemma3DecoderLayer, OffsetRMSNorm
 from engine.model.layers import DecoderLayer, RMSNorm
 from engine.model.rope import RotaryEmbedding
+
+LAYERS = {"llama": (DecoderLayer, RMSNorm), "gemma3": (Gemma3DecoderLayer, OffsetRMSNorm)}
 
 
 class CausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
+        layer, norm = LAYERS[cfg.family]
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(layer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = norm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.rotary: RotaryEmbedding | None = None
+        self.rotary: RotaryEmbedding | None = None  # the full-attention layers' (every layer's but Gemma's)
+        self._ropes: dict[RopeConfig, RotaryEmbedding] = {}
+        # Per layer: its RoPE and its window (None: full attention).
+        self._kinds = [(cfg.rope_for(i), cfg.window(i)) for i in range(cfg.num_layers)]
+        self._embed_scale: torch.Tensor | None = None
 
     def prepare(self) -> None:
         """Build the RoPE tables on the weights' device and dtype; call after loading weights."""
         weight = self.embed_tokens.weight
-        self.rotary = RotaryEmbedding(self.cfg.rope, self.cfg.head_dim, self.cfg.context_window,
-                                      weight.device, weight.dtype)
+        for rope in {rope for rope, _ in self._kinds} | {self.cfg.rope}:
+            self._ropes[rope] = RotaryEmbedding(rope, self.cfg.head_dim, self.cfg.context_window,
+                                                weight.device, weight.dtype)
+        self.rotary = self._ropes[self.cfg.rope]
+        for module in self.modules():
+            if isinstance(module, OffsetRMSNorm):
+                module.prepare()
+        if self.cfg.embed_scale:  # a tensor in the weights' dtype, as the reference rounds it
+            self._embed_scale = torch.tensor(self.cfg.hidden_size ** 0.5, dtype=torch.float32).to(weight)
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens(token_ids)
+        return x * self._embed_scale if self._embed_scale is not None else x
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(self.norm(x))
+        if (cap := self.cfg.final_logit_softcapping) is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
 
     @torch.inference_mode()
     def forward(self, token_ids: torch.Tensor, cache: KVCache, all_logits: bool = False) -> torch.Tensor:
@@ -38,16 +69,18 @@ class CausalLM(nn.Module):
         num_new = token_ids.shape[0]
         start = cache.num_tokens
         cache.reserve(num_new)
-        cos = self.rotary.cos[start : start + num_new].unsqueeze(1)
-        sin = self.rotary.sin_signed[start : start + num_new].unsqueeze(1)
-        mask = prefix_causal_mask(num_new, start + num_new, token_ids.device)
-        x = self.embed_tokens(token_ids)
-        for layer in self.layers:
-            x = layer(x, cos, sin, cache, mask)
+        tables = {rope: (table.cos[start : start + num_new].unsqueeze(1),
+                         table.sin_signed[start : start + num_new].unsqueeze(1))
+                  for rope, table in self._ropes.items()}
+        masks = {window: window_causal_mask(num_new, start + num_new, window, token_ids.device)
+                 for window in {window for _, window in self._kinds}}
+        x = self.embed(token_ids)
+        for layer, (rope, window) in zip(self.layers, self._kinds):
+            x = layer(x, *tables[rope], cache, masks[window])
         cache.commit(num_new)
         if not all_logits:
             x = x[-1:]
-        return self.lm_head(self.norm(x))
+        return self.head(x)
 
     def decode_step(self, token: torch.Tensor, position: torch.Tensor, kv: KVAttention) -> torch.Tensor:
         """One decode token per sequence, `token` [B] at `position` [B], both device tensors: logits [B, vocab]
@@ -55,10 +88,11 @@ class CausalLM(nn.Module):
 
         The same layers as `forward`, with no Python number derived from the sequence,
         so the step can be captured in a CUDA graph or compiled once and replayed at
-        every position. `kv` stores the token's K/V and attends (see decode/graph_runner.py)."""
-        cos = self.rotary.cos[position].unsqueeze(1)
-        sin = self.rotary.sin_signed[position].unsqueeze(1)
-        x = self.embed_tokens(token)
-        for layer in self.layers:
-            x = layer(x, cos, sin, kv, None)
-        return self.lm_head(self.norm(x))
+        every position. `kv` stores the token's K/V and attends (see decode/graph_runner.py);
+        a sliding layer's window is applied there, from the position."""
+        tables = {rope: (table.cos[position].unsqueeze(1), table.sin_signed[position].unsqueeze(1))
+                  for rope, table in self._ropes.items()}
+        x = self.embed(token)
+        for layer, (rope, _) in zip(self.layers, self._kinds):
+            x = layer(x, *tables[rope], kv, None)
+        return self.head(x)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ModelError
+from engine.model import gemma3_config as gemma3
 
 # model_type -> the per-architecture switches that are not spelled out in config.json.
 SUPPORTED_ARCHITECTURES = {
@@ -19,7 +20,10 @@ SUPPORTED_ARCHITECTURES = {
     "mistral": {"qkv_bias": False, "qk_norm": False},
     "qwen2": {"qkv_bias": True, "qk_norm": False},
     "qwen3": {"qkv_bias": None, "qk_norm": True},
+    "gemma3_text": {"qkv_bias": None, "qk_norm": True},
 }
+# A multimodal config whose text model kvchat runs (its text_config).
+MULTIMODAL_WRAPPERS = {"gemma3": "gemma3_text"}
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -55,13 +59,38 @@ class ModelConfig:
     sliding_window: int | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default=())
+    # Gemma 3: per-layer sliding windows (None: full attention; empty: every layer full), the RoPE of
+    # the windowed layers, q.k scale, MLP activation, sqrt(hidden)-scaled embeddings, logit soft-cap.
+    layer_windows: tuple[int | None, ...] = ()
+    local_rope: RopeConfig | None = None
+    attention_scale: float | None = None  # None: head_dim ** -0.5
+    hidden_act: str = "silu"
+    embed_scale: bool = False
+    final_logit_softcapping: float | None = None
+
+    @property
+    def family(self) -> str:
+        """The decoder's layer structure: "gemma3" (four norms a layer, (1 + w) norm weights) or "llama"."""
+        return "gemma3" if self.model_type == "gemma3_text" else "llama"
+
+    def window(self, layer: int) -> int | None:
+        """Keys a query of `layer` sees at most (itself included), or None: all earlier ones."""
+        return self.layer_windows[layer] if self.layer_windows else None
+
+    def rope_for(self, layer: int) -> RopeConfig:
+        return self.local_rope if self.local_rope is not None and self.window(layer) else self.rope
+
+    @property
+    def q_scale(self) -> float:
+        return self.attention_scale if self.attention_scale is not None else self.head_dim ** -0.5
 
     @property
     def context_window(self) -> int:
         """Longest sequence (prompt + reply, tokens) this engine will run.
 
-        A sliding-window model is capped at its window: inside it, sliding and
-        full attention are the same computation, so the engine stays exact.
+        A model whose every layer slides (Mistral) is capped at its window: inside it, sliding and
+        full attention are the same computation, so the engine stays exact. Gemma 3's mixed layers
+        apply their window as a mask (layer_windows) and run the whole context.
         """
         if self.sliding_window:
             return min(self.max_position_embeddings, self.sliding_window)
@@ -69,17 +98,21 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "ModelConfig":
+        if raw.get("model_type") in MULTIMODAL_WRAPPERS:
+            raw = gemma3.text_config(raw)
         model_type = raw.get("model_type")
         if model_type not in SUPPORTED_ARCHITECTURES:
             names = ", ".join(sorted(SUPPORTED_ARCHITECTURES))
             raise ModelError(f"Unsupported model architecture {model_type!r}: kvchat runs {names}.")
         arch = SUPPORTED_ARCHITECTURES[model_type]
+        if model_type == "gemma3_text" and (why := gemma3.unsupported(raw)):
+            raise ModelError(f"This Gemma 3 model uses {why}, which kvchat does not run.")
         try:
             hidden = int(raw["hidden_size"])
             heads = int(raw["num_attention_heads"])
             attention_bias = bool(raw.get("attention_bias", False))
             qkv_bias = arch["qkv_bias"] if arch["qkv_bias"] is not None else attention_bias
-            return cls(
+            fields = dict(
                 model_type=model_type,
                 vocab_size=int(raw["vocab_size"]),
                 hidden_size=hidden,
@@ -101,6 +134,9 @@ class ModelConfig:
                 bos_token_id=raw.get("bos_token_id"),
                 eos_token_ids=_as_ids(raw.get("eos_token_id")),
             )
+            if model_type == "gemma3_text":
+                fields.update(_gemma3_fields(raw))
+            return cls(**fields)
         except (KeyError, TypeError, ValueError) as exc:
             raise ModelError(f"The model's config.json is incomplete or malformed ({exc!r}).") from None
 
@@ -125,6 +161,30 @@ def _as_ids(value: Any) -> tuple[int, ...]:
     return tuple(int(v) for v in value)
 
 
+def _gemma3_fields(raw: dict[str, Any]) -> dict[str, Any]:
+    layers = int(raw["num_hidden_layers"])
+    window = int(raw.get("sliding_window") or 4096)
+    ropes = gemma3.rope_parameters(raw)
+    activation = raw.get("hidden_activation") or raw.get("hidden_act") or "gelu_pytorch_tanh"
+    if activation not in ("gelu_pytorch_tanh", "gelu"):
+        raise ModelError(f"Unsupported Gemma 3 activation {activation!r}.")
+    cap = raw.get("final_logit_softcapping")
+    return {
+        # The window is a mask per layer, not a cap on the context (see context_window).
+        "sliding_window": None,
+        "layer_windows": tuple(window if kind == gemma3.SLIDING else None
+                               for kind in gemma3.layer_types(raw, layers)),
+        "rope": _rope_from(ropes[gemma3.FULL], raw),
+        "local_rope": _rope_from(ropes[gemma3.SLIDING], raw),
+        "attention_scale": float(raw.get("query_pre_attn_scalar", 256)) ** -0.5,
+        "hidden_act": "gelu_pytorch_tanh" if activation == "gelu_pytorch_tanh" else "gelu",
+        "embed_scale": True,
+        "final_logit_softcapping": float(cap) if cap is not None else None,
+        "tie_word_embeddings": bool(raw.get("tie_word_embeddings", True)),
+        "max_position_embeddings": int(raw.get("max_position_embeddings", 131072)),
+    }
+
+
 def _sliding_window(raw: dict[str, Any]) -> int | None:
     window = raw.get("sliding_window")
     # Qwen2/Qwen3 configs carry a window that is off unless use_sliding_window is set.
@@ -137,7 +197,10 @@ def _rope_config(raw: dict[str, Any]) -> RopeConfig:
     # transformers 5 writes "rope_parameters"; older configs write rope_theta + rope_scaling.
     params = dict(raw.get("rope_parameters") or {})
     scaling = raw.get("rope_scaling") or {}
-    params = {**scaling, **params}
+    return _rope_from({**scaling, **params}, raw)
+
+
+def _rope_from(params: dict[str, Any], raw: dict[str, Any]) -> RopeConfig:
     theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
     rope_type = params.get("rope_type", params.get("type", "default")) or "default"
     if rope_type not in SUPPORTED_ROPE_TYPES:

@@ -27,19 +27,21 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    """Fused q/k/v projection, optional per-head q/k RMSNorm (Qwen3), RoPE, GQA."""
+    """Fused q/k/v projection, optional per-head q/k RMSNorm (Qwen3, Gemma 3), RoPE, GQA, and the
+    layer's sliding window if it has one (Gemma 3)."""
 
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: ModelConfig, layer: int, norm: type[nn.Module] = RMSNorm):
         super().__init__()
         self.layer = layer
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
-        self.scale = cfg.head_dim ** -0.5
+        self.scale = cfg.q_scale
+        self.window = cfg.window(layer)
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
-        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.q_norm = norm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = norm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVAttention,
                 mask: torch.Tensor | None) -> torch.Tensor:
@@ -50,24 +52,36 @@ class Attention(nn.Module):
             qk = torch.cat((self.q_norm(qk[:, :heads]), self.k_norm(qk[:, heads:])), dim=1)
         qk = apply_rotary(qk, cos, sin)  # q and k heads rotated together: one set of ops
         q, k = qk[:, :heads], qk[:, heads:]
-        return self.o_proj(cache.attention(self.layer, q, k.transpose(0, 1), v.transpose(0, 1), mask, self.scale))
+        out = cache.attention(self.layer, q, k.transpose(0, 1), v.transpose(0, 1), mask, self.scale, self.window)
+        return self.o_proj(out)
+
+
+ACTIVATIONS = {
+    "silu": F.silu,
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu": F.gelu,
+}
 
 
 class GatedMLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x)), gate and up fused into one matmul."""
+    """down(act(gate(x)) * up(x)), gate and up fused into one matmul: SwiGLU (silu), GeGLU (Gemma's
+    GELU-tanh)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        self.act = ACTIVATIONS[cfg.hidden_act]
         self.intermediate = cfg.intermediate_size
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.act(gate) * up)
 
 
 class DecoderLayer(nn.Module):
+    NORMS = ("input_layernorm", "post_attention_layernorm")  # checkpoint names of its norms
+
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)

@@ -206,7 +206,7 @@ def load_from(cfg: ModelConfig, ckpt: WeightSource, device: torch.device, dtype:
     put("embed_tokens.weight", ckpt.get("model.embed_tokens.weight"))
     put("norm.weight", ckpt.get("model.norm.weight"))
     for i in range(cfg.num_layers):
-        for norm in ("input_layernorm", "post_attention_layernorm"):
+        for norm in type(model.layers[i]).NORMS:
             put(f"layers.{i}.{norm}.weight", ckpt.get(f"model.layers.{i}.{norm}.weight"))
         if cfg.qk_norm:
             for norm in ("q_norm", "k_norm"):

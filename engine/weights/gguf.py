@@ -1,4 +1,4 @@
-"""Convert a GGUF file (llama, qwen2, qwen3 architectures) into a Hugging Face model directory.
+"""Convert a GGUF file (llama, qwen2, qwen3, gemma3 architectures) into a Hugging Face model directory.
 
 Tensors are dequantized to fp32, which holds every GGUF weight exactly, so one
 conversion serves every engine dtype. llama.cpp stores Llama's q/k projections
@@ -36,6 +36,7 @@ from safetensors.torch import save_file
 from engine.errors import ModelError
 from engine.kv.fingerprint import file_sha256, model_files_digest
 from engine.quant.formats import BLOCK, FORMATS
+from engine.weights import gguf_gemma3
 
 log = logging.getLogger("kvchat")
 
@@ -45,7 +46,7 @@ CONVERSION_VERSION = 4  # part of the cache key: bump when the directory's conte
 QUANT_WEIGHTS_FILE = "blocks.safetensors"  # the GGUF's weights the kernels run, unexpanded (quant/formats.py)
 # GGUF architectures whose q/k rows llama.cpp permuted at conversion time.
 _PERMUTED_QK = {"llama"}
-_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
 _LAYER_TENSORS = {
     "attn_norm.weight": "input_layernorm.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
@@ -121,7 +122,7 @@ def gguf_config(reader) -> dict[str, Any]:
     """The Hugging Face config.json a GGUF file's metadata describes."""
     arch = _field(reader, "general.architecture")
     if arch not in _MODEL_TYPE:
-        raise ModelError(f"Unsupported GGUF architecture {arch!r}: kvchat converts llama, qwen2 and qwen3.")
+        raise ModelError(f"Unsupported GGUF architecture {arch!r}: kvchat converts llama, qwen2, qwen3 and gemma3.")
     if any(t.name == "rope_freqs.weight" for t in reader.tensors):
         raise ModelError("This GGUF stores Llama 3.1 RoPE frequency factors; use the Hugging Face model directory instead.")
 
@@ -136,7 +137,8 @@ def gguf_config(reader) -> dict[str, Any]:
     names = {t.name for t in reader.tensors}
     tokens = _field(reader, "tokenizer.ggml.tokens") or []
     config: dict[str, Any] = {
-        "architectures": [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[arch]],
+        "architectures": [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                           "gemma3": "Gemma3ForCausalLM"}[arch]],
         "model_type": _MODEL_TYPE[arch],
         "vocab_size": int(_field(reader, f"{arch}.vocab_size", len(tokens))),
         "hidden_size": hidden,
@@ -154,6 +156,10 @@ def gguf_config(reader) -> dict[str, Any]:
         "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
         "torch_dtype": "float32",
     }
+    if arch == "gemma3":
+        config.update(gguf_gemma3.config_fields(lambda key, default: _field(reader, f"{arch}.{key}", default),
+                                                need, config["num_hidden_layers"]))
+        return config
     scaling = _field(reader, f"{arch}.rope.scaling.type")
     if scaling == "linear":
         config["rope_scaling"] = {"rope_type": "linear", "factor": float(need("rope.scaling.factor"))}
@@ -174,7 +180,7 @@ def gguf_tensors(reader, config: dict[str, Any]) -> Iterator[tuple[str, torch.Te
 
     arch = _field(reader, "general.architecture")
     for tensor in reader.tensors:
-        name = _hf_name(tensor.name)
+        name = _hf_name(tensor.name, arch)
         try:
             values = dequantize(tensor.data, tensor.tensor_type)
         except Exception as exc:
@@ -184,6 +190,8 @@ def gguf_tensors(reader, config: dict[str, Any]) -> Iterator[tuple[str, torch.Te
             values = _unpermute(values, config["num_attention_heads"])
         elif arch in _PERMUTED_QK and name.endswith("k_proj.weight"):
             values = _unpermute(values, config["num_key_value_heads"])
+        if arch == "gemma3" and gguf_gemma3.is_shifted_norm(name):
+            values = values - np.float32(1.0)  # a new array: llama.cpp stored 1 + w
         if not values.flags.writeable:  # unquantized tensors come back as views of the mmap
             values = values.copy()
         yield name, torch.from_numpy(np.ascontiguousarray(values))
@@ -226,7 +234,7 @@ def gguf_blocks(reader, config: dict[str, Any]) -> Iterator[tuple[str, torch.Ten
     arch = _field(reader, "general.architecture")
     dense: dict[str, int] = {}
     for tensor in reader.tensors:
-        name = _hf_name(tensor.name)
+        name = _hf_name(tensor.name, arch)
         if _lookup_only(name, config):
             continue
         found = _block_arrays(tensor)
@@ -248,12 +256,13 @@ def gguf_blocks(reader, config: dict[str, Any]) -> Iterator[tuple[str, torch.Ten
                     types)
 
 
-def _hf_name(gguf_name: str) -> str:
+def _hf_name(gguf_name: str, arch: str) -> str:
     if gguf_name in _GLOBAL_TENSORS:
         return _GLOBAL_TENSORS[gguf_name]
+    layer_tensors = {**_LAYER_TENSORS, **gguf_gemma3.LAYER_TENSORS} if arch == "gemma3" else _LAYER_TENSORS
     parts = gguf_name.split(".", 2)
-    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _LAYER_TENSORS:
-        return f"model.layers.{parts[1]}.{_LAYER_TENSORS[parts[2]]}"
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in layer_tensors:
+        return f"model.layers.{parts[1]}.{layer_tensors[parts[2]]}"
     raise ModelError(f"The GGUF file has a tensor kvchat does not know: {gguf_name}.")
 
 
