@@ -36,6 +36,15 @@ LAYER_NAMES = {
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+}
+# Gemma 3's norms, as llama.cpp names them (its ffn_norm is the pre-MLP norm).
+GEMMA3_LAYER_NAMES = {
+    **LAYER_NAMES,
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
 }
 
 
@@ -44,7 +53,7 @@ def permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def gguf_name(hf_name: str) -> str:
+def gguf_name(hf_name: str, arch: str = "llama") -> str:
     if hf_name == "model.embed_tokens.weight":
         return "token_embd.weight"
     if hf_name == "model.norm.weight":
@@ -52,7 +61,7 @@ def gguf_name(hf_name: str) -> str:
     if hf_name == "lm_head.weight":
         return "output.weight"
     _, _, layer, rest = hf_name.split(".", 3)
-    return f"blk.{layer}.{LAYER_NAMES[rest]}"
+    return f"blk.{layer}.{(GEMMA3_LAYER_NAMES if arch == 'gemma3' else LAYER_NAMES)[rest]}"
 
 
 def quantize(w: np.ndarray, type_name: str) -> np.ndarray:
@@ -81,7 +90,7 @@ def tensor_type(gguf_tensor: str, w: np.ndarray, quant: str | dict[str, str] | N
 
 
 def write_gguf(hf_model, path: Path, arch: str = "llama", quant: str | dict[str, str] | None = None) -> Path:
-    """Save `hf_model` (a transformers Llama/Qwen2 model) as GGUF.
+    """Save `hf_model` (a transformers Llama/Qwen2/Gemma 3 model) as GGUF.
 
     quant: None keeps every tensor F32; a type name ("Q8_0", "Q4_K"...) quantizes every 2-D weight whose
     rows are whole blocks of it; a dict such as MIXED_QUANTS gives each GGUF tensor its own type.
@@ -97,7 +106,14 @@ def write_gguf(hf_model, path: Path, arch: str = "llama", quant: str | dict[str,
     writer.add_feed_forward_length(cfg.intermediate_size)
     writer.add_head_count(cfg.num_attention_heads)
     writer.add_head_count_kv(cfg.num_key_value_heads)
-    writer.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    rope = cfg.rope_parameters["full_attention"] if arch == "gemma3" else cfg.rope_parameters
+    writer.add_rope_freq_base(float(rope["rope_theta"]))
+    if arch == "gemma3":  # what llama.cpp's converter writes for Gemma 3 (a per-layer pattern: newer files)
+        writer.add_key_length(cfg.head_dim)
+        writer.add_value_length(cfg.head_dim)
+        writer.add_sliding_window(cfg.sliding_window)
+        writer.add_array("gemma3.attention.sliding_window_pattern",
+                         [kind == "sliding_attention" for kind in cfg.layer_types])
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_vocab_size(cfg.vocab_size)
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
@@ -116,17 +132,19 @@ def write_gguf(hf_model, path: Path, arch: str = "llama", quant: str | dict[str,
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
         w = tensor.detach().float().numpy()
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            w = w + np.float32(1.0)  # llama.cpp stores Gemma's norms as 1 + w
         if arch == "llama" and name.endswith("q_proj.weight"):
             w = permute(w, cfg.num_attention_heads)
         elif arch == "llama" and name.endswith("k_proj.weight"):
             w = permute(w, cfg.num_key_value_heads)
-        qtype = tensor_type(gguf_name(name), w, quant)
+        qtype = tensor_type(gguf_name(name, arch), w, quant)
         if qtype == "F16":
-            writer.add_tensor(gguf_name(name), w.astype(np.float16))
+            writer.add_tensor(gguf_name(name, arch), w.astype(np.float16))
         elif qtype:
-            writer.add_tensor(gguf_name(name), quantize(w, qtype), raw_dtype=gguf.GGMLQuantizationType[qtype])
+            writer.add_tensor(gguf_name(name, arch), quantize(w, qtype), raw_dtype=gguf.GGMLQuantizationType[qtype])
         else:
-            writer.add_tensor(gguf_name(name), np.ascontiguousarray(w))
+            writer.add_tensor(gguf_name(name, arch), np.ascontiguousarray(w))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -144,7 +162,7 @@ def dequantized_state(hf_model, quant: str | dict[str, str] | None) -> dict[str,
     for name, tensor in hf_model.state_dict().items():
         w = tensor.detach().float().numpy()
         stored = "model.embed_tokens.weight" if tied and name == "lm_head.weight" else name
-        qtype = tensor_type(gguf_name(stored), w, quant)
+        qtype = tensor_type(gguf_name(stored, "gemma3" if hf_model.config.model_type.startswith("gemma3") else "llama"), w, quant)
         if qtype:
             w = dequantize(quantize(w, qtype), gguf.GGMLQuantizationType[qtype])
         state[name] = torch.from_numpy(np.array(w))

@@ -27,14 +27,28 @@ def our_logits(model_dir, ids):
     ("llama", "llama", {}),
     ("llama", "llama-mqa", {"tie_word_embeddings": True}),
     ("qwen2", "qwen2", {}),
+    ("gemma3", "gemma3", {}),  # norms stored as 1 + w, its own norm names, a per-layer window pattern
 ])
 def test_f32_gguf_converts_to_the_exact_model(tmp_path, arch, hf_arch, overrides):
     hf_dir = make_tiny_model(tmp_path / "hf", hf_arch, **overrides)
     hf_model = load_reference(hf_dir)
     gguf_path = write_gguf(hf_model, tmp_path / "tiny.gguf", arch=arch)
     out = convert_gguf(gguf_path, tmp_path / "converted")
-    ids = torch.randint(0, VOCAB, (24,), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, VOCAB, (24,), generator=torch.Generator().manual_seed(0))  # past Gemma's window of 8
     torch.testing.assert_close(our_logits(out, ids), reference_logits(hf_model, ids), atol=1e-5, rtol=0)
+
+
+def test_a_quantized_gemma3_gguf_runs_its_blocks_and_matches_its_dequantized_weights(tmp_path):
+    # Q8_0 everywhere a row is whole blocks: the tied embedding becomes the kernels' lm_head.
+    hf_model = load_reference(make_tiny_model(tmp_path / "hf", "gemma3", seed=4))
+    out = convert_gguf(write_gguf(hf_model, tmp_path / "q.gguf", arch="gemma3", quant="Q8_0"), tmp_path / "converted")
+    assert (out / "blocks.safetensors").exists()
+    hf_model.load_state_dict(dequantized_state(hf_model, "Q8_0"))
+    ids = torch.randint(0, VOCAB, (30,), generator=torch.Generator().manual_seed(1))
+    engine = Engine.load(EngineOptions(model=str(out), dtype="float32", prefix_caching=False))
+    assert "q8_0" in engine.info.weights
+    torch.testing.assert_close(engine.runner.logits(ids.tolist(), all_logits=True), reference_logits(hf_model, ids),
+                               atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("quant", ["Q8_0", "Q4_1"])
