@@ -53,12 +53,10 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     Returns [B, heads, head_dim] in q's dtype, accumulated in fp32. Query head h
     reads KV head h // (heads // kv_heads) (GQA).
     """
-    # The Triton kernels have no window yet: a sliding layer takes the reference, which is exact and
-    # static-shaped too (so still capturable), but reads the whole table.
-    if _use_triton(q) and window is None:
+    if _use_triton(q):
         from .triton_paged_attention import paged_decode_triton
 
-        return paged_decode_triton(q, k_cache, v_cache, block_tables, seq_lens, scale)
+        return paged_decode_triton(q, k_cache, v_cache, block_tables, seq_lens, scale, window=window)
     return paged_decode_reference(q, k_cache, v_cache, block_tables, seq_lens, scale, window)
 
 

@@ -53,7 +53,7 @@ def num_splits_for(max_blocks: int) -> int:
 
 @triton.jit
 def _split_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, part_out_ptr, part_lse_ptr,
-                  scale, blocks_per_split, max_blocks,
+                  scale, blocks_per_split, max_blocks, window,
                   stride_qb, stride_qh, stride_qd,
                   stride_kb, stride_kh, stride_kt, stride_kd,
                   stride_vb, stride_vh, stride_vt, stride_vd,
@@ -66,6 +66,8 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, part_out_ptr, part_
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(lens_ptr + seq)
+    # A sliding-window layer (window > 0) reads positions lo..seq_len-1 only; 0: every position.
+    lo = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
 
     g = tl.arange(0, GROUP_P)  # GROUP padded to a power of two; rows >= GROUP are masked
     d = tl.arange(0, HEAD_DIM)
@@ -85,6 +87,8 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, part_out_ptr, part_
     # Clamped to the table's width: a seq_len too large for it must not read past the table.
     used_blocks = tl.minimum((seq_len + BLOCK_SIZE - 1) // BLOCK_SIZE, max_blocks)
     last = tl.minimum(first + blocks_per_split, used_blocks)
+    # Blocks wholly before the window are skipped, so every iteration still holds a valid position.
+    first = tl.maximum(first, lo // BLOCK_SIZE)
     k_base = k_ptr + kv_head * stride_kh + t[:, None] * stride_kt + d[None, :] * stride_kd
     v_base = v_ptr + kv_head * stride_vh + t[:, None] * stride_vt + d[None, :] * stride_vd
     for i in range(first, last):
@@ -92,7 +96,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, part_out_ptr, part_
         block = tl.load(tables_ptr + seq * stride_tb + i * stride_tn).to(tl.int64)
         # The tail of the last block was never written: masked out of the load, so any
         # bits there (NaN included) are never read.
-        valid = (i * BLOCK_SIZE + t) < seq_len
+        valid = ((i * BLOCK_SIZE + t) < seq_len) & ((i * BLOCK_SIZE + t) >= lo)
         k = tl.load(k_base + block * stride_kb, mask=valid[:, None], other=0.0).to(tl.float32)
         v = tl.load(v_base + block * stride_vb, mask=valid[:, None], other=0.0).to(tl.float32)
         s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [GROUP_P, BLOCK_SIZE]
@@ -142,12 +146,13 @@ def _combine_kernel(part_out_ptr, part_lse_ptr, out_ptr, num_splits,
 
 def paged_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                         block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                        num_splits: int | None = None) -> torch.Tensor:
+                        num_splits: int | None = None, window: int | None = None) -> torch.Tensor:
     """Paged decode attention with the Triton kernels; see paged_attention.paged_decode_attention.
 
     q [B, heads, D]; k_cache/v_cache [num_blocks, kv_heads, block_size, D] (any strides);
     block_tables [B, max_blocks] int32; seq_lens [B] int32 -> [B, heads, D] in q's dtype.
     `num_splits` defaults to num_splits_for(max_blocks); tests pass it to force many splits.
+    `window`: a sliding-window layer's width (only the last `window` positions are read).
     """
     batch, heads, dim = q.shape
     kv_heads, block_size = k_cache.shape[1], k_cache.shape[2]
@@ -167,7 +172,7 @@ def paged_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     group_p = triton.next_power_of_2(group)
     _split_kernel[(batch, kv_heads, splits)](
         q, k_cache, v_cache, block_tables, seq_lens, part_out, part_lse,
-        scale, blocks_per_split, max_blocks,
+        scale, blocks_per_split, max_blocks, window or 0,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables.stride(),
         *part_out.stride()[:3], *part_lse.stride()[:2],
         GROUP=group, GROUP_P=group_p, BLOCK_SIZE=block_size, HEAD_DIM=dim,

@@ -118,6 +118,24 @@ def check_ignores_unused(attention, lens=LENS, **kwargs) -> None:
     assert torch.equal(clean, spoiled)
 
 
+def check_window(attention, lens=LENS, window=BLOCK + 3, **kwargs) -> None:
+    """A sliding-window layer's decode token: dense SDPA over the last `window` positions only (a window
+    inside one block, crossing blocks, and wider than the shorter sequences)."""
+    case = make_case(group=3, head_dim=64, dtype=torch.float32, lens=lens, seed=3)
+    out = attention(*case.args(), window=window, **kwargs)
+    _, heads, dim = case.q.shape
+    kv_heads = case.pool.data.shape[3]
+    for row, n in enumerate(case.lens.tolist()):
+        k = torch.empty(LAYERS, kv_heads, n, dim)
+        v = torch.empty_like(k)
+        case.pool.load(case.blocks[row], 0, n, k, v)
+        start = max(0, n - window)
+        k = k[LAYER, :, start:].double().repeat_interleave(heads // kv_heads, dim=0)
+        v = v[LAYER, :, start:].double().repeat_interleave(heads // kv_heads, dim=0)
+        expected = F.scaled_dot_product_attention(case.q[row].double()[:, None], k, v, scale=case.scale)[:, 0]
+        torch.testing.assert_close(out[row].double(), expected, **TOLERANCE[torch.float32])
+
+
 def check_padding_slot(attention) -> None:
     """seq_len 0 (a padded batch slot) gives 0, not NaN, and leaves the other rows alone."""
     case = make_case(group=4, head_dim=64, dtype=torch.float32, lens=[BLOCK + 1, 2 * BLOCK])
@@ -146,6 +164,10 @@ if not INTERPRETING:
         case = make_case(group=3, head_dim=64, dtype=torch.float32)
         compiled = torch.compile(paged_decode_reference, fullgraph=True, backend="eager")
         torch.testing.assert_close(compiled(*case.args()), paged_decode_reference(*case.args()))
+
+    @pytest.mark.parametrize("window", [3, BLOCK + 3, 4 * BLOCK])
+    def test_reference_with_a_window_reads_only_its_last_positions(window):
+        check_window(paged_decode_reference, window=window)
 
     def test_cpu_dispatch_uses_reference(monkeypatch):
         monkeypatch.delenv("TRITON_INTERPRET", raising=False)
@@ -180,6 +202,10 @@ else:
 
     def test_interpreted_kernel_ignores_unused_blocks_and_positions():
         check_ignores_unused(paged_decode_triton, SHORT_LENS, num_splits=4)
+
+    @pytest.mark.parametrize(("window", "splits"), [(3, 4), (BLOCK + 3, 1), (2 * BLOCK, 8)])
+    def test_interpreted_kernel_with_a_window(window, splits):
+        check_window(paged_decode_triton, SHORT_LENS, window=window, num_splits=splits)
 
     def test_interpreted_kernel_padding_slot():
         check_padding_slot(paged_decode_triton)
