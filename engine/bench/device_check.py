@@ -1,8 +1,8 @@
 """The GPU fast path's check on a lent machine: `python3 -m engine.bench.device_check --out PATH.json`.
 
 Needs only torch and transformers (not kvchat installed, nor its app's
-libraries). For each synthetic model (default: the llama-3.2-1b and
-llama-3.1-8b shapes, bf16 on a GPU) it runs synthetic_bench.measure_synthetic:
+libraries). For each synthetic model (default: the llama-3.2-1b, gemma3-1b
+(sliding-window layers) and llama-3.1-8b shapes, bf16 on a GPU) it runs synthetic_bench.measure_synthetic:
 copy bandwidth, decode tok/s at 512 and 8192 context with the roofline
 fraction, cold prefill of 8k tokens, follow-up TTFT after 8k cached tokens,
 logits and greedy tokens next to transformers on the same random weights,
@@ -37,7 +37,7 @@ from engine.errors import EngineError  # noqa: E402
 from engine.bench.report import format_report, target_checks  # noqa: E402
 from engine.bench.synthetic_bench import FAST_PATHS, default_plan, free_memory, measure_synthetic  # noqa: E402
 
-DEFAULT_MODELS = "llama-3.2-1b,llama-3.1-8b"
+DEFAULT_MODELS = "llama-3.2-1b,gemma3-1b,llama-3.1-8b"
 
 
 def _versions() -> dict:

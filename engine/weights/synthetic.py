@@ -39,6 +39,13 @@ _QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_
           "use_sliding_window": False, "sliding_window": None, "bos_token_id": 151643, "eos_token_id": 151645}
 
 
+_GEMMA3 = {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+           "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6, "vocab_size": 262144, "head_dim": 256,
+           "max_position_embeddings": 32768, "sliding_window": 512, "query_pre_attn_scalar": 256,
+           "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0, "tie_word_embeddings": True,
+           "bos_token_id": 2, "eos_token_id": [1, 106]}
+
+
 def _llama3_rope(factor: float) -> dict:
     return {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
             "original_max_position_embeddings": 8192}
@@ -59,6 +66,12 @@ MODELS: dict[str, tuple[str, dict]] = {
     "qwen3-0.6b": ("Qwen/Qwen3-0.6B", {
         **_QWEN3, "hidden_size": 1024, "num_hidden_layers": 28, "num_attention_heads": 16,
         "intermediate_size": 3072, "tie_word_embeddings": True}),
+    "gemma3-270m": ("google/gemma-3-270m-it", {
+        **_GEMMA3, "hidden_size": 640, "num_hidden_layers": 18, "num_attention_heads": 4, "num_key_value_heads": 1,
+        "intermediate_size": 2048}),
+    "gemma3-1b": ("google/gemma-3-1b-it", {
+        **_GEMMA3, "hidden_size": 1152, "num_hidden_layers": 26, "num_attention_heads": 4, "num_key_value_heads": 1,
+        "intermediate_size": 6912}),
     "qwen3-8b": ("Qwen/Qwen3-8B", {
         **_QWEN3, "hidden_size": 4096, "num_hidden_layers": 36, "num_attention_heads": 32,
         "intermediate_size": 12288, "tie_word_embeddings": False}),

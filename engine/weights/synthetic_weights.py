@@ -9,7 +9,7 @@ reference can be filled with exactly the engine's weights. CPU and CUDA
 generators differ, so the same seed gives other weights on another device type.
 
 Scale: N(0, 0.02) for embeddings, linear weights and biases (the usual init),
-ones for RMSNorm weights. With unit-RMS inputs every projection then has an
+ones for RMSNorm weights (zeros for Gemma's, which scale by 1 + w). With unit-RMS inputs every projection then has an
 output RMS of about 0.02·sqrt(fan_in) ≈ 1.3 at hidden size 4096, so the residual
 stream grows slowly and stays finite through 36 layers in bf16.
 """
@@ -36,8 +36,8 @@ def tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes["lm_head.weight"] = (cfg.vocab_size, hidden)
     for i in range(cfg.num_layers):
         prefix = f"model.layers.{i}."
-        shapes[prefix + "input_layernorm.weight"] = (hidden,)
-        shapes[prefix + "post_attention_layernorm.weight"] = (hidden,)
+        for norm in norm_names(cfg):
+            shapes[f"{prefix}{norm}.weight"] = (hidden,)
         linears = [("self_attn.q_proj", q_size, hidden, cfg.qkv_bias),
                    ("self_attn.k_proj", kv_size, hidden, cfg.qkv_bias),
                    ("self_attn.v_proj", kv_size, hidden, cfg.qkv_bias),
@@ -55,6 +55,12 @@ def tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def norm_names(cfg: ModelConfig) -> tuple[str, ...]:
+    from engine.model.causal_lm import LAYERS  # the layer class of cfg's family names its norms
+
+    return LAYERS[cfg.family][0].NORMS
+
+
 def tensor_seed(seed: int, name: str) -> int:
     """A 63-bit generator seed for one tensor: independent of every other tensor's and of load order."""
     digest = hashlib.blake2b(f"{seed}/{name}".encode(), digest_size=8).digest()
@@ -69,6 +75,7 @@ class SyntheticWeights:
         self.seed = seed
         self.device = torch.device(device)
         self.dtype = dtype
+        self.unit_norm = 0.0 if cfg.family == "gemma3" else 1.0  # the norm weight that scales by 1
 
     def __contains__(self, name: str) -> bool:
         return name in self.shapes
@@ -78,7 +85,7 @@ class SyntheticWeights:
         if shape is None:
             raise ModelError(f"The synthetic model has no tensor named {name!r}.")
         if name.endswith("norm.weight"):
-            return torch.ones(shape, device=self.device, dtype=self.dtype)
+            return torch.full(shape, self.unit_norm, device=self.device, dtype=self.dtype)
         generator = torch.Generator(device=self.device).manual_seed(tensor_seed(self.seed, name))
         return torch.randn(shape, generator=generator, device=self.device, dtype=self.dtype).mul_(STD)
 
