@@ -64,18 +64,36 @@ class WeightSource(Protocol):
         else None."""
 
 
+# A multimodal checkpoint (Gemma 3 4B+) keeps its text model under a prefix; the vision tower's tensors
+# are never asked for. Stored prefix -> the text model's name for it.
+_TEXT_MODEL_PREFIXES = {"language_model.model.": "model.", "model.language_model.": "model.",
+                        "language_model.lm_head.": "lm_head."}
+
+
+def _text_model_name(stored: str) -> str:
+    for prefix, ours in _TEXT_MODEL_PREFIXES.items():
+        if stored.startswith(prefix):
+            return ours + stored[len(prefix):]
+    return stored
+
+
 class _Checkpoint:
-    """Name -> tensor over one or more open safetensors files."""
+    """Name -> tensor over one or more open safetensors files (a multimodal checkpoint's text model
+    under the text model's own names)."""
 
     def __init__(self, files: list[Path], stack: ExitStack):
         self._where: dict[str, object] = {}
+        self._stored: dict[str, str] = {}  # our name -> the file's, where they differ
         for path in files:
             try:
                 handle = stack.enter_context(safe_open(str(path), framework="pt", device="cpu"))
             except Exception as exc:  # safetensors raises its own error types
                 raise ModelError(f"The weights file {path.name} is corrupt or unreadable ({exc}).") from None
-            for name in handle.keys():
+            for stored in handle.keys():
+                name = _text_model_name(stored)
                 self._where[name] = handle
+                if name != stored:
+                    self._stored[name] = stored
 
     def __contains__(self, name: str) -> bool:
         return name in self._where
@@ -85,7 +103,7 @@ class _Checkpoint:
         if handle is None:
             raise ModelError(f"The model's weights have no tensor named {name!r}.")
         try:
-            return handle.get_tensor(name)
+            return handle.get_tensor(self._stored.get(name, name))
         except Exception as exc:
             raise ModelError(f"The weights tensor {name!r} cannot be read ({exc}).") from None
 
@@ -97,7 +115,7 @@ class _Checkpoint:
         handle = self._where.get(name)
         if handle is None:
             return None
-        tensor = handle.get_slice(name)
+        tensor = handle.get_slice(self._stored.get(name, name))
         return tensor.get_dtype(), tensor.get_shape()
 
 
