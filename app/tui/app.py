@@ -43,6 +43,7 @@ from app.tui.widgets.inspector import Inspector
 from app.tui.widgets.messages import AssistantMessageView
 from app.tui.widgets.prompt_input import PromptInput
 from app.tui.widgets.sidebar import Sidebar
+from app.tui.context_meter import conversation_tokens
 from app.tui.widgets.status_bar import StatusBar
 from engine import EngineError
 from storage.errors import StorageError
@@ -323,6 +324,8 @@ class KvchatApp(AlternativesActions, ReplyActions, PanelActions, LibraryActions,
         if conversation and self.engine and conversation.model != self.engine.info.model_name:
             self.notify(f"This conversation was made with {conversation.model}; replies now come from "
                         f"{self.engine.info.model_name}.", timeout=10)
+        replies = [m for m in session.messages if m.role == "assistant"]
+        bar.context_used = conversation_tokens(session.seen_ids, replies[-1].stats if replies else None)
         bar.show("idle", "")
         self._send_queued()
 
