@@ -141,9 +141,10 @@ def _generate(session: ChatSession, messages: list[ChatMessage], budget: int) ->
     return done
 
 
-def compact(session: ChatSession, user_text: str) -> Summary:
-    """The summary of everything before `user_text` on the shown branch, bounded to fit with it."""
-    return summarize(session, session.messages, summary_budget(session, user_text))
+def compact(session: ChatSession, user_text: str, before: list[ChatMessage] | None = None) -> Summary:
+    """The summary of `before` (default: the branch shown), bounded to fit with `user_text` after it."""
+    messages = session.messages if before is None else before
+    return summarize(session, messages, summary_budget(session, user_text))
 
 
 def send_compacted(session: ChatSession, summary: Summary, user_text: str) -> Iterator[Event]:

@@ -54,9 +54,11 @@ class ConversationTooLong(ContextWindowError):
     """The conversation with the message leaves too little room for a reply, but the message would fit
     after fewer earlier turns: drop the oldest turns or compact them, on a new branch."""
 
-    def __init__(self, prompt_tokens: int, context_window: int, room: int, user_text: str):
+    def __init__(self, prompt_tokens: int, context_window: int, room: int, user_text: str,
+                 before: list[ChatMessage] | None = None):
         self.prompt_tokens, self.context_window, self.room = prompt_tokens, context_window, room
         self.user_text = user_text  # the message refused, to send again on the new branch
+        self.before = before or []  # the messages it was to follow (fewer than the branch's for an edit)
         Exception.__init__(self, f"This conversation is {prompt_tokens:,} tokens with your message and the reply "
                                  f"needs {room:,} more, but the model's context window is {context_window} tokens; "
                                  "drop the oldest turns or compact them into a summary, on a new branch (this one "
@@ -85,7 +87,7 @@ def require_room(session: ChatSession, before: list[ChatMessage], user_text: str
     alone = tokens if len(before) == len(pinned) else prompt_tokens(session, [], user_text)
     if not fits(session, alone):
         raise MessageTooLong(alone, window, room, bool(before))
-    raise ConversationTooLong(tokens, window, room, user_text)
+    raise ConversationTooLong(tokens, window, room, user_text, before)
 
 
 def summaries(messages: list[ChatMessage]) -> list[ChatMessage]:
@@ -160,9 +162,11 @@ def send_on_new_branch(session: ChatSession, kept: list[ChatMessage], user_text:
     return session.send_after(copies, user_text)
 
 
-def send_dropping_oldest(session: ChatSession, user_text: str) -> tuple[DropPlan, Iterator[Event]]:
-    """The message after the latest turns that fit, on a new branch (DropPlan: what was left out)."""
-    plan = plan_drop_oldest(session, session.messages, user_text)
+def send_dropping_oldest(session: ChatSession, user_text: str, before: list[ChatMessage] | None = None
+                         ) -> tuple[DropPlan, Iterator[Event]]:
+    """The message after the latest turns that fit of `before` (default: the branch shown; an edited
+    message's: those before it), on a new branch (DropPlan: what was left out)."""
+    plan = plan_drop_oldest(session, session.messages if before is None else before, user_text)
     return plan, send_on_new_branch(session, plan.kept, user_text)
 
 
