@@ -10,7 +10,7 @@ from engine import SamplingParams
 
 WINDOW = 512
 GREEDY = SamplingParams(temperature=0, max_tokens=8)  # a reply's room is then 8 tokens
-SYSTEM = "You are a careful assistant; answer in one short line only."  # 58 characters, 4 blocks with its turn
+SYSTEM = "You are a careful assistant; answer in one short line only."  # its turn and the next header: 4 blocks
 # Each turn is 8 + 60 tokens of user message and at most 13 + 8 of reply: after four (about 430 tokens
 # with the system prompt), the next 60-character message leaves less than the reply's 8 tokens of room.
 TURNS = [f"{letter} " + f"question number {i} about the long history ".ljust(58, ".")

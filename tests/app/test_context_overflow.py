@@ -107,3 +107,14 @@ def test_a_chat_kept_in_memory_drops_its_oldest_turns_too(small_engine):
     done_of(events)
     assert [m.content for m in session.messages if m.role == "user"] == [*TURNS[1:4], NEXT]
     assert len(plan.dropped) == 2
+
+
+def test_a_prompt_that_leaves_the_reply_exactly_its_room_is_sent_and_one_token_more_is_refused(small_engine):
+    # Byte tokens: the system turn (10 + its text), the user turn (8 + its text) and the reply's header (11).
+    fitting = "y" * (WINDOW - 8 - (10 + len(SYSTEM)) - 8 - 11)
+    session = ChatSession(small_engine, SYSTEM, GREEDY)
+    assert len(session.prompt_ids(fitting)) + 8 == WINDOW
+    done = done_of(session.send(fitting))
+    assert done.stats.prompt_tokens + done.stats.generated_tokens <= WINDOW  # the whole prompt, nothing cut
+    with pytest.raises(MessageTooLong):
+        ChatSession(small_engine, SYSTEM, GREEDY).send(fitting + "y")
