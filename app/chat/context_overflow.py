@@ -83,8 +83,7 @@ def require_room(session: ChatSession, before: list[ChatMessage], user_text: str
         return
     window = session.engine.context_window
     room = reply_room(window, session.reply_params.max_tokens)
-    pinned = summaries(before)
-    alone = tokens if len(before) == len(pinned) else prompt_tokens(session, [], user_text)
+    alone = prompt_tokens(session, [], user_text) if before else tokens
     if not fits(session, alone):
         raise MessageTooLong(alone, window, room, bool(before))
     raise ConversationTooLong(tokens, window, room, user_text, before)

@@ -103,3 +103,24 @@ def test_a_message_that_leaves_no_room_for_a_summary_is_told_to_drop_the_oldest_
     session = long_conversation(small_engine, storage)
     with pytest.raises(Exception, match="too few to compact the conversation; drop the oldest turns instead"):
         summary_budget(session, "y" * 400)  # fits alone, not with a summary
+
+
+def test_dropping_the_oldest_turns_of_a_compacted_branch_keeps_its_summary(small_engine, storage):
+    from app.chat.context_overflow import ConversationTooLong, send_dropping_oldest
+
+    session = long_conversation(small_engine, storage)
+    summary = compact(session, NEXT)
+    list(send_compacted(session, summary, NEXT))
+    for text in TURNS[4:]:  # fill the compacted branch until the next message no longer fits
+        try:
+            list(session.send(text))
+        except ConversationTooLong:
+            break
+    else:
+        pytest.fail("the compacted branch never filled the window")
+    plan, events = send_dropping_oldest(session, text)
+    list(events)
+    assert plan.kept[0].role == "system" and plan.kept[0].content == summary.text
+    assert plan.dropped[0].content == NEXT  # the oldest turn after the summary went first
+    branch = storage.conversations.branch(session.saved.id)
+    assert branch[0].role == "system" and branch[0].text == summary.text and branch[-2].text == text

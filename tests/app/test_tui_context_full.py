@@ -121,3 +121,20 @@ async def test_the_slash_commands_take_the_same_ways(full_app):
         assert [m.role for m in app.session.messages] == ["system", "user", "assistant"]
         assert app.session.messages[1].content == "and what now?" and app.query_one("#prompt").text == ""
         assert untouched(app, conversation, before)
+
+
+async def test_an_edit_that_no_longer_fits_drops_the_oldest_of_the_turns_before_it(full_app):
+    app, conversation, before = full_app
+    edited = "E " + "an edited last question that is much longer than it was ".ljust(198, "-")
+    async with app.run_test(size=(160, 40)) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+g")  # edit the last message of yours
+        await wait_until(pilot, lambda: app.editing == 6)
+        await send(pilot, edited)
+        await wait_until(pilot, lambda: isinstance(app.screen, ContextFullScreen))
+        await pilot.press("d")
+        await wait_until(pilot, lambda: not app.generating and app.session.messages[-1].role == "assistant"
+                         and app.session.messages[-2].content == edited)
+        # The turns before the edited message, the oldest of them left out; the last turn was what was edited.
+        assert [m.content for m in app.session.messages if m.role == "user"] == [*TURNS[1:3], edited]
+        assert app.editing is None and untouched(app, conversation, before)
