@@ -16,11 +16,11 @@ import sys
 
 from typing import TYPE_CHECKING
 
-from app.cli.ask_overflow import OverflowWay
 from app.chat.reply_limits import reply_limits
 from app.chat.sampling_settings import given_settings, sampling_params
 from app.chat.reply_stats import stats_line
 from app.chat.terminal_text import BROKEN_PIPE_EXIT, SafeOutput, clean_input, printable, say, silence
+from app.cli.ask_overflow import OverflowWay
 from storage.conversations import ConversationStore
 from storage.errors import StorageError
 
@@ -133,8 +133,9 @@ def run_ask(args: argparse.Namespace) -> int:
             silence(sys.stdout)
             code = code or BROKEN_PIPE_EXIT
         say(stats_line(reply_stats(done)), prefix=False)
-        if overflow.report(done.stats):
-            say(overflow.report(done.stats))
+        taken = overflow.report(done.stats)  # what was dropped or compacted, and what it cost
+        if taken:
+            say(taken)
         say(f"conversation {session.saved.id} (continue it with --conversation {session.saved.id})")
         return code
     finally:

@@ -138,3 +138,15 @@ async def test_an_edit_that_no_longer_fits_drops_the_oldest_of_the_turns_before_
         # The turns before the edited message, the oldest of them left out; the last turn was what was edited.
         assert [m.content for m in app.session.messages if m.role == "user"] == [*TURNS[1:3], edited]
         assert app.editing is None and untouched(app, conversation, before)
+
+
+async def test_a_command_that_cannot_help_says_why_and_keeps_the_box(full_app):
+    app, conversation, before = full_app
+    async with app.run_test(size=(160, 40)) as pilot:
+        await ready(pilot)
+        await send(pilot, "/drop-oldest short")
+        await wait_until(pilot, lambda: any("fits with that message" in n for n in app.notices))
+        await send(pilot, "/drop-oldest " + "x" * 480)
+        await wait_until(pilot, lambda: any("shorten the message" in n for n in app.notices))
+        assert app.query_one("#prompt").text == "/drop-oldest " + "x" * 480
+        assert rows(app.storage, conversation) == before

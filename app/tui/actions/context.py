@@ -84,7 +84,11 @@ class ContextActions:
         if not self._can_send():
             return False
         before = self.session.messages if self.editing is None else self.session.messages[:self.editing]
-        if way == DROP_OLDEST and not plan_drop_oldest(self.session, before, text).dropped:
+        try:
+            nothing_to_drop = way == DROP_OLDEST and not plan_drop_oldest(self.session, before, text).dropped
+        except USER_FACING_ERRORS as exc:  # a message too long even alone
+            raise CommandError(str(exc)) from None
+        if nothing_to_drop:
             raise CommandError("The conversation fits with that message; press Enter to send it as usual.")
         return await self._go_on(way, text, before, self.editing, typed=f"/{way} {text}")
 

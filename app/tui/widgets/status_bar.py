@@ -2,9 +2,9 @@
 
 Its parts, most important first: the phase · TTFT · tokens/s (of N alternatives written at once: their
 total, then each one's) · decode tokens per step (only when the
-reply had speculative drafts to verify) · prompt tokens cached (and from where) and computed · the context
-meter (used/window and percent, in the warning colour from 80%: context_meter.py) · KV cache memory used/budget · model · device and dtype. Each redraw fits them to the
-bar's width: the least important part is shortened or dropped first (the phase's detail, the prompt's
+reply had speculative drafts to verify) · prompt tokens cached (and from where) and computed · the
+context meter (used/window and percent, in the warning colour from 80%: context_meter.py) · KV cache
+memory used/budget · model · device and dtype. Each redraw fits them to the bar's width: the least important part is shortened or dropped first (the phase's detail, the prompt's
 wording, the device, the tokens per step, the model, KV, context, then where the cache came from),
 never TTFT, tokens/s or the cached/computed counts. Below TWO_LINES_BELOW columns the bar has two
 lines: the phase and the reply's numbers, then context, KV and model.
