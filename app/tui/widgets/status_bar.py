@@ -4,10 +4,11 @@ Its parts, most important first: the phase · TTFT · tokens/s (of N alternative
 total, then each one's) · decode tokens per step (only when the
 reply had speculative drafts to verify) · prompt tokens cached (and from where) and computed · the
 context meter (used/window and percent, in the warning colour from 80%: context_meter.py) · KV cache
-memory used/budget · model · device and dtype. Each redraw fits them to the bar's width: the least important part is shortened or dropped first (the phase's detail, the prompt's
-wording, the device, the tokens per step, the model, KV, context, then where the cache came from),
-never TTFT, tokens/s or the cached/computed counts. Below TWO_LINES_BELOW columns the bar has two
-lines: the phase and the reply's numbers, then context, KV and model.
+memory used/budget · model · device and dtype. Each redraw fits them to the bar's width: the least
+important part is shortened or dropped first (the phase's detail, the prompt's wording, the device, the
+tokens per step, the model, KV, context, then where the cache came from), never TTFT, tokens/s or the
+cached/computed counts. Below TWO_LINES_BELOW columns the bar has two lines: the phase and the reply's
+numbers, then context, KV and model.
 
 While a reply is prefilled the phase counts the seconds (redrawn by the app's timer); a prompt of more
 than one prefill chunk also shows the tokens done of those to compute, the rate and the time left, from
