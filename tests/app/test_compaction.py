@@ -124,3 +124,13 @@ def test_dropping_the_oldest_turns_of_a_compacted_branch_keeps_its_summary(small
     assert plan.dropped[0].content == NEXT  # the oldest turn after the summary went first
     branch = storage.conversations.branch(session.saved.id)
     assert branch[0].role == "system" and branch[0].text == summary.text and branch[-2].text == text
+
+
+def test_an_export_names_the_summary_as_what_it_is(small_engine, storage):
+    from app.chat.library import render_markdown
+
+    session = long_conversation(small_engine, storage)
+    list(send_compacted(session, compact(session, NEXT), NEXT))
+    conversation = storage.conversations.get(session.saved.id)
+    markdown = render_markdown(conversation, storage.conversations.branch(conversation.id))
+    assert markdown.index("**Summary of the earlier turns:**") < markdown.index("**You:**")
