@@ -26,7 +26,8 @@ def render_markdown(conversation: Conversation, branch: list[StoredMessage]) -> 
     if conversation.system is not None:
         lines += ["**System:**", "", conversation.system, ""]
     for message in branch:
-        lines += [f"**{'You' if message.role == 'user' else 'Assistant'}:**{STATUS_NOTES.get(message.status, '')}",
+        who = {"user": "You", "system": "Summary of the earlier turns"}.get(message.role, "Assistant")
+        lines += [f"**{who}:**{STATUS_NOTES.get(message.status, '')}",
                   "", message.text, ""]
     return "\n".join(lines)
 

@@ -271,6 +271,15 @@ class SavedConversation:
         self.start_reply(message.id)
         return message.id
 
+    def copy_message(self, parent_id: str | None, message) -> str:
+        """A copy of `message` (a ChatMessage) under `parent_id` (None: a new root), without token ids: the
+        start of a new branch made of earlier turns (app/chat/context_overflow.py). Returns its id."""
+        status = "interrupted" if message.status == "streaming" else message.status
+        stored = self.store.add_message(self.id, parent_id, message.role, message.content, 0, [], status,
+                                        message.stats)
+        self._known_leaf = stored.id
+        return stored.id
+
     def start_reply(self, parent_id: str) -> None:
         """The next reply answers `parent_id` (for a regenerated reply: a sibling of the old one)."""
         self.leaf = parent_id

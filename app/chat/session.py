@@ -13,6 +13,8 @@ from contextlib import contextmanager
 from app.chat.alternatives import AlternativeReplies, Drive, Stream, alternative_params, side_by_side
 from app.chat.backend import Backend, takes_token_ids
 from app.chat.chat_message import ChatMessage
+from app.chat.compaction import with_summaries
+from app.chat.context_overflow import require_room
 from app.chat.errors import ChatError
 from app.chat.prompt_ids import NextPrompt, next_prompt
 from app.chat.reply_limits import NO_LIMITS, ReplyLimits
@@ -74,7 +76,7 @@ class ChatSession:
     def _turns(self, messages: list[ChatMessage]) -> list[dict]:
         """The system prompt (if any) and `messages` as the chat API's {"role", "content"} dicts."""
         turns = [{"role": "system", "content": self.system}] if self.system is not None else []
-        return turns + [{"role": m.role, "content": m.content} for m in messages]
+        return with_summaries(turns + [{"role": m.role, "content": m.content} for m in messages])
 
     def _rendered(self, messages: list[ChatMessage]) -> str:
         return render_chat(self.engine.tokenizer, self._turns(messages))
@@ -99,6 +101,11 @@ class ChatSession:
         also when it was stopped (its partial text is kept).
         """
         return self._turn(self.messages, self.seen_ids, user_text)
+
+    def send_after(self, before: list[ChatMessage], user_text: str) -> Iterator[Event]:
+        """Send `user_text` after `before` (messages of a branch already stored, such as the copies a
+        drop-oldest or compacted branch starts with: app/chat/context_overflow.py)."""
+        return self._turn(before, self._ids_through(before), user_text)
 
     def edit(self, index: int, user_text: str) -> Iterator[Event]:
         """Send `user_text` instead of the user message at `index`: a new branch from the message before it.
@@ -171,6 +178,7 @@ class ChatSession:
         self._check_length(user_text)
         with self._taking_turn():
             prompt = self._next_prompt(before, seen, user_text)
+            require_room(self, before, user_text, len(prompt.ids))  # never a reply without room
             generation = self.engine.generate(prompt.ids, self.reply_params)
             self.rewritten_at = prompt.rewritten_at
             start = len(seen) if prompt.rewritten_at is None else prompt.rewritten_at

@@ -20,6 +20,7 @@ from app.chat.reply_limits import reply_limits
 from app.chat.sampling_settings import given_settings, sampling_params
 from app.chat.reply_stats import stats_line
 from app.chat.terminal_text import BROKEN_PIPE_EXIT, SafeOutput, clean_input, printable, say, silence
+from app.cli.ask_overflow import OverflowWay
 from storage.conversations import ConversationStore
 from storage.errors import StorageError
 
@@ -122,23 +123,29 @@ def run_ask(args: argparse.Namespace) -> int:
             saved.begin_turn(TURN_WAIT_S, on_wait=lambda: say("waiting for the reply another kvchat is writing "
                                                               "in this conversation…"), reload=True)
         session = open_session(args, engine, storage, saved)  # a discarded snapshot was logged to stderr
-        done, code = _answer(session, message, stream=not args.json)
+        overflow = OverflowWay(args)  # --drop-oldest / --compact, for a conversation that outgrew the window
+        done, code = _answer(session, message, stream=not args.json, send=overflow.send)
         try:
             if args.json:
-                print(json.dumps(result_json(done, engine, session.saved.id), ensure_ascii=False), flush=True)
+                result = {**result_json(done, engine, session.saved.id), "context_overflow": overflow.taken}
+                print(json.dumps(result, ensure_ascii=False), flush=True)
         except BrokenPipeError:
             silence(sys.stdout)
             code = code or BROKEN_PIPE_EXIT
         say(stats_line(reply_stats(done)), prefix=False)
+        taken = overflow.report(done.stats)  # what was dropped or compacted, and what it cost
+        if taken:
+            say(taken)
         say(f"conversation {session.saved.id} (continue it with --conversation {session.saved.id})")
         return code
     finally:
         storage.close()  # waits for the KV snapshot, so the next `ask --conversation` resumes from it
 
 
-def _answer(session: ChatSession, message: str, stream: bool) -> tuple[Done, int]:
-    """Send the message and stream the reply; returns its Done and the exit code. A stop signal or a
-    reader that went away stops the reply (kept, as stopped); a second signal quits."""
+def _answer(session: ChatSession, message: str, stream: bool, send=None) -> tuple[Done, int]:
+    """Send the message (through `send(session, message)`, default session.send) and stream the reply;
+    returns its Done and the exit code. A stop signal or a reader that went away stops the reply (kept, as
+    stopped); a second signal quits."""
     from engine import Done, EngineError, TokenDelta
 
     signals: list[int] = []
@@ -156,7 +163,7 @@ def _answer(session: ChatSession, message: str, stream: bool) -> tuple[Done, int
     previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
     done = None
     try:
-        for event in session.send(message):
+        for event in session.send(message) if send is None else send(session, message):
             match event:
                 case TokenDelta(text=text) if stream and not out.broken:
                     if not out.write(printable(text) if to_terminal else text):

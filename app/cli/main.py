@@ -117,6 +117,13 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("-c", "--continue", dest="continue_last", action="store_true", default=argparse.SUPPRESS,
                      help="continue the most recent conversation")
     ask.add_argument("--json", action="store_true", help="print one JSON object instead of the streamed reply")
+    overflow = ask.add_mutually_exclusive_group()  # what to do when the conversation outgrew the context window
+    overflow.add_argument("--drop-oldest", action="store_true",
+                          help="if the conversation with the message does not fit the context window, answer on a "
+                               "new branch without its oldest turns (the old branch stays as it is)")
+    overflow.add_argument("--compact", action="store_true",
+                          help="if it does not fit, the model summarizes the earlier turns and the answer goes on a "
+                               "new branch from that summary (the old branch stays as it is)")
     ask.add_argument("--save-settings", action="store_true",
                      help="keep the sampling flags (and --system) as the conversation's settings; without it they "
                           "apply to this reply only")

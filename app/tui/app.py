@@ -29,6 +29,7 @@ from app.tui.terminal_signals import resume_only_after_suspend
 from app.tui.engine_events import EngineFailed, EngineReady, LoadProgress, SessionFailed, SessionReady
 from app.tui.engine_thread import EngineThread
 from app.tui.actions.alternatives import AlternativesActions, alternatives_count
+from app.tui.actions.context import ContextActions
 from app.tui.actions.library import LibraryActions
 from app.tui.actions.panels import PanelActions
 from app.remote.stream import RemoteError
@@ -43,6 +44,7 @@ from app.tui.widgets.inspector import Inspector
 from app.tui.widgets.messages import AssistantMessageView
 from app.tui.widgets.prompt_input import PromptInput
 from app.tui.widgets.sidebar import Sidebar
+from app.tui.context_meter import conversation_tokens
 from app.tui.widgets.status_bar import StatusBar
 from engine import EngineError
 from storage.errors import StorageError
@@ -55,7 +57,7 @@ NARROW_BELOW = 100  # columns: narrower, the chat keeps the whole width (see on_
 QUIT_SIGNALS = [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)]
 
 
-class KvchatApp(AlternativesActions, ReplyActions, PanelActions, LibraryActions, App):
+class KvchatApp(AlternativesActions, ReplyActions, ContextActions, PanelActions, LibraryActions, App):
     CSS_PATH = str(stylesheet())
     TITLE = "kvchat"
     # In the footer's order: what a newcomer needs first (stop, help, settings) comes first, so that it
@@ -323,6 +325,8 @@ class KvchatApp(AlternativesActions, ReplyActions, PanelActions, LibraryActions,
         if conversation and self.engine and conversation.model != self.engine.info.model_name:
             self.notify(f"This conversation was made with {conversation.model}; replies now come from "
                         f"{self.engine.info.model_name}.", timeout=10)
+        replies = [m for m in session.messages if m.role == "assistant"]
+        bar.context_used = conversation_tokens(session.seen_ids, replies[-1].stats if replies else None)
         bar.show("idle", "")
         self._send_queued()
 

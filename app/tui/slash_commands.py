@@ -1,5 +1,5 @@
 """Slash commands typed in the message box: `/system TEXT`, `/temperature X`, `/model NAME`, `/clear`,
-`/file PATH`, `/help`.
+`/file PATH`, `/drop-oldest MESSAGE`, `/compact MESSAGE`, `/help`.
 
 A command is a slash and a word at the start of the box, then a space, a new line or the end:
 `/temperature 0.3`. Anything else is a message, sent as typed: `/etc/hosts is empty`, `/ 2`,
@@ -24,6 +24,8 @@ COMMANDS = {
     "model": ("NAME", "Switch to another model (alone: list them)"),
     "clear": ("", "Start a new chat"),
     "file": ("PATH", "Put a text file's content in the message being written"),
+    "drop-oldest": ("MESSAGE", "Send MESSAGE on a new branch without the oldest turns (when the context is full)"),
+    "compact": ("MESSAGE", "Send MESSAGE on a new branch that starts from the model's summary of this one"),
     "help": ("", "Show every key and command"),
 }
 ESCAPE = "//"  # a message starting with "/" that would read as a command

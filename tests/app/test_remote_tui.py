@@ -132,7 +132,7 @@ async def test_a_server_that_does_not_report_cache_hits_shows_n_a(fake, remotes,
     async with app.run_test() as pilot:
         await ready(pilot)
         await exchange(pilot, "Hi there")
-        assert "prompt 42 (cached n/a)" in status(app) and "context 45/4096" in status(app)
+        assert "prompt 42 (cached n/a)" in status(app) and "ctx 45/4k 1%" in status(app)
         assert "cached n/a" in app.query(AssistantMessageView).last().header_text()
 
 

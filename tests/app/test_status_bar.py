@@ -57,7 +57,7 @@ def test_clip_ends_a_cut_text_with_an_ellipsis():
 async def test_a_wide_bar_is_one_line_with_everything(width):
     lines = await bar_lines(width, "idle")
     assert len(lines) == 1
-    for part in (*NUMBERS, "from disk", "context 1216/8192", "KV 80/2048 MiB", "SmolLM2-135M-Instruct"):
+    for part in (*NUMBERS, "from disk", "ctx 1.2k/8k 14%", "KV 80/2048 MiB", "SmolLM2-135M-Instruct"):
         assert part in lines[0]
 
 
@@ -73,13 +73,13 @@ async def test_at_80_columns_the_numbers_and_the_rest_each_get_a_line():
     lines = await bar_lines(80, "idle", "stopped at the length limit")
     assert len(lines) == 2
     assert lines[0].startswith("idle") and all(part in lines[0] for part in (*NUMBERS, "from disk"))
-    assert all(part in lines[1] for part in ("context 1216/8192", "KV 80/2048 MiB", "SmolLM2-135M-Instruct"))
+    assert all(part in lines[1] for part in ("ctx 1.2k/8k 14%", "KV 80/2048 MiB", "SmolLM2-135M-Instruct"))
 
 
 async def test_at_60_columns_the_product_numbers_are_all_still_there():
     lines = await bar_lines(60, "decode")
     assert all(part in lines[0] for part in NUMBERS)
-    assert "context 1216/8192" in lines[1] and "KV 80/2048 MiB" in lines[1]
+    assert "ctx 1.2k/8k 14%" in lines[1] and "KV 80/2048 MiB" in lines[1]
     assert all(len(line) <= 60 and not line.endswith("…") for line in lines)
 
 

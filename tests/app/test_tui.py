@@ -20,7 +20,7 @@ async def test_a_sent_message_streams_a_reply_and_shows_its_numbers(tiny_engine)
         assert app.query_one(AssistantMessageView).text == (reply or "*(no reply)*")
         status = app.query_one(StatusBar).status_text()
         assert status.startswith("idle: stopped at the length limit")
-        assert "TTFT" in status and "tok/s" in status and "prompt" in status and "context" in status
+        assert "TTFT" in status and "tok/s" in status and "prompt" in status and "ctx " in status
         assert "KV " in status and " MiB" in status
         assert app.query_one("#prompt").text == ""
 

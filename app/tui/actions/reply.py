@@ -12,6 +12,7 @@ from textual.widgets import Markdown, Static
 
 from app.tui import slash_commands
 from app.chat.backend_loader import is_remote
+from app.chat.context_overflow import ConversationTooLong
 from app.chat.errors import USER_FACING_ERRORS
 from app.chat.reply_stats import ReplyNumbers
 from app.chat.session import MAX_CHARS_PER_TOKEN, ChatMessage
@@ -80,6 +81,8 @@ class ReplyHost(Protocol):
 
     def _inspect(self, view: AssistantMessageView | None) -> None: ...
 
+    def offer_ways_on(self, refused: ConversationTooLong) -> None: ...
+
 
 if TYPE_CHECKING:
     class _Host(ReplyHost, App):
@@ -107,6 +110,9 @@ class ReplyActions(_Host):
             events = session.send(text) if editing is None else session.edit(editing, text)
         except ConversationChanged:
             await self._reload_changed()
+            return
+        except ConversationTooLong as exc:  # it would fit after fewer turns: the ways on (actions/context.py)
+            self.offer_ways_on(exc)
             return
         except ContextWindowError as exc:
             self.notify(f"{exc} Ctrl+L clears the box; /clear starts a new chat.", severity="error", timeout=10)
@@ -136,7 +142,7 @@ class ReplyActions(_Host):
             if command.name == "file":
                 self._attach_file(command.argument, typed)
                 return  # the box gets the file's content once it is read and counted
-            done = await getattr(self, f"_command_{command.name}")(command.argument)
+            done = await getattr(self, f"_command_{command.name.replace('-', '_')}")(command.argument)
         except CommandError as exc:
             self.notify(str(exc), severity="warning", timeout=10)
             return

@@ -2,12 +2,13 @@
 
 Its parts, most important first: the phase · TTFT · tokens/s (of N alternatives written at once: their
 total, then each one's) · decode tokens per step (only when the
-reply had speculative drafts to verify) · prompt tokens cached (and from where) and computed · context
-used/window · KV cache memory used/budget · model · device and dtype. Each redraw fits them to the
-bar's width: the least important part is shortened or dropped first (the phase's detail, the prompt's
-wording, the device, the tokens per step, the model, KV, context, then where the cache came from),
-never TTFT, tokens/s or the cached/computed counts. Below TWO_LINES_BELOW columns the bar has two
-lines: the phase and the reply's numbers, then context, KV and model.
+reply had speculative drafts to verify) · prompt tokens cached (and from where) and computed · the
+context meter (used/window and percent, in the warning colour from 80%: context_meter.py) · KV cache
+memory used/budget · model · device and dtype. Each redraw fits them to the bar's width: the least
+important part is shortened or dropped first (the phase's detail, the prompt's wording, the device, the
+tokens per step, the model, KV, context, then where the cache came from), never TTFT, tokens/s or the
+cached/computed counts. Below TWO_LINES_BELOW columns the bar has two lines: the phase and the reply's
+numbers, then context, KV and model.
 
 While a reply is prefilled the phase counts the seconds (redrawn by the app's timer); a prompt of more
 than one prefill chunk also shows the tokens done of those to compute, the rate and the time left, from
@@ -27,6 +28,7 @@ from textual.widget import Widget
 from app.chat.reply_stats import ReplyNumbers
 from app.chat.stats_text import format_duration, format_tokens_per_step, prefill_rate_shown
 from app.chat.stream_rates import StreamRates
+from app.tui.context_meter import meter_forms, warns
 from engine import RequestStats
 
 SEPARATOR = " · "
@@ -129,12 +131,15 @@ class StatusBar(Widget):
     (a full layout took ~12 ms here, on the two cores the decode also needs). Fitting the parts to the
     width is string work at each render; only a resize across TWO_LINES_BELOW changes its height."""
 
+    COMPONENT_CLASSES = {"status-bar--warning"}  # the context meter from 80% of the window on
+
     def __init__(self) -> None:
         super().__init__()
         self.phase = "loading"
         self.detail = ""
         self.stats: RequestStats | None = None
         self.context_window = 0
+        self.context_used: int | None = None  # the conversation's tokens before any reply's numbers say
         self.model = ""
         self.device = ""  # "cpu float32"
         self.kv_cache: dict = {}  # engine.cache_stats(), refreshed while a reply runs and after it
@@ -163,7 +168,7 @@ class StatusBar(Widget):
 
     def clear_reply(self) -> None:
         """Forget the last reply's numbers: another conversation, or another model, is shown now."""
-        self.stats = self.progress = self.streams = None
+        self.stats = self.progress = self.streams = self.context_used = None
         self.refresh_text()
 
     def refresh_text(self) -> None:
@@ -179,7 +184,22 @@ class StatusBar(Widget):
                      fit(parts, SECOND_LINE, SECOND_LINE_STEPS, width)]
         else:
             lines = [fit(parts, FIRST_LINE + SECOND_LINE, ONE_LINE_STEPS, width)]
-        return Text("\n".join(lines), no_wrap=True, overflow="ellipsis")
+        text = Text("\n".join(lines), no_wrap=True, overflow="ellipsis")
+        if self.context_warns():
+            text.highlight_words([parts["context"][0]], self.get_component_rich_style("status-bar--warning"))
+        return text
+
+    def context_tokens(self) -> int | None:
+        """The conversation's tokens as the last reply left it (a server's count comes at its end), else as
+        the app counted them when it opened; None: not known."""
+        s = self.stats
+        if s is not None and s.prompt_tokens:
+            return s.prompt_tokens + s.generated_tokens
+        return self.context_used
+
+    def context_warns(self) -> bool:
+        used = self.context_tokens()
+        return used is not None and warns(used, self.context_window)
 
     def status_text(self) -> str:
         """Everything the bar knows, on one line, nothing shortened (what a wide enough bar shows)."""
@@ -202,8 +222,9 @@ class StatusBar(Widget):
                 if s.draft_tokens > 0 and s.decode_steps > 0:
                     parts["spec"] = [f"spec {format_tokens_per_step(s.tokens_per_step)}", ""]
             parts["prompt"] = ReplyNumbers.from_request(s).prompt_forms()
-            if self.context_window and s.prompt_tokens:  # a server's count comes at the end of the reply
-                parts["context"] = [f"context {s.prompt_tokens + s.generated_tokens}/{self.context_window}", ""]
+        used = self.context_tokens()
+        if self.context_window and used is not None:
+            parts["context"] = meter_forms(used, self.context_window)
         if self.streams is not None and any(rate is not None for rate in self.streams.each):
             parts["rate"] = self.streams.forms()  # whichever alternative is shown, and however far it got
         if self.kv_cache.get("enabled"):

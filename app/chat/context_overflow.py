@@ -1,0 +1,181 @@
+"""A conversation that outgrows the model's context window: refusing the next message in words, and the
+two ways on, each a new branch so that the branch as it was stays saved untouched.
+
+- The next prompt fits when it leaves `reply_room` tokens for the reply inside the window. Otherwise
+  the message is refused before anything is stored: ConversationTooLong when the message would fit
+  after fewer earlier turns, MessageTooLong when it does not fit even alone. Nothing is ever cut off
+  the prompt without the user asking for it.
+- Drop the oldest turns (send_dropping_oldest): the new branch holds copies of the latest turns that
+  fit, then the message. The system prompt renders first as before, so its K/V come from the prefix
+  cache at the same positions; the turns kept moved to new positions and are computed again, which the
+  reply's stats (cached vs computed prompt tokens) show.
+- Compact (compaction.py): the model summarizes the older turns; the new branch starts from the summary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from app.chat.chat_message import ChatMessage
+from engine import Event
+from engine.errors import ContextWindowError
+
+if TYPE_CHECKING:
+    from app.chat.session import ChatSession
+
+# The room a reply needs at least: a few sentences. A prompt that leaves less would get a reply cut
+# off after a word or two (finish reason "length"), which reads like a broken model, so the message is
+# refused and the ways on are offered instead. A small window gives a reply at most an eighth of it
+# (a 2,048-token model keeps 256, a 256-token one 32), and a reply asked to be shorter than the room
+# (max tokens) needs no more than that.
+REPLY_ROOM_TOKENS = 256
+REPLY_ROOM_SHARE = 8
+
+
+def reply_room(window: int, max_tokens: int | None = None) -> int:
+    room = min(REPLY_ROOM_TOKENS, max(1, window // REPLY_ROOM_SHARE))
+    return min(room, max_tokens) if max_tokens else room
+
+
+class MessageTooLong(ContextWindowError):
+    """The message does not fit even alone after the system prompt: no way on but a shorter message."""
+
+    def __init__(self, prompt_tokens: int, context_window: int, room: int, has_history: bool):
+        self.prompt_tokens, self.context_window, self.room = prompt_tokens, context_window, room
+        after = " (dropping or compacting earlier turns would not make room)" if has_history else ""
+        Exception.__init__(self, f"The message is {prompt_tokens:,} tokens with the system prompt and the reply "
+                                 f"needs {room:,} more, but the model's context window is {context_window} "
+                                 f"tokens; shorten the message{after}.")
+
+
+class ConversationTooLong(ContextWindowError):
+    """The conversation with the message leaves too little room for a reply, but the message would fit
+    after fewer earlier turns: drop the oldest turns or compact them, on a new branch."""
+
+    def __init__(self, prompt_tokens: int, context_window: int, room: int, user_text: str,
+                 before: list[ChatMessage] | None = None):
+        self.prompt_tokens, self.context_window, self.room = prompt_tokens, context_window, room
+        self.user_text = user_text  # the message refused, to send again on the new branch
+        self.before = before or []  # the messages it was to follow (fewer than the branch's for an edit)
+        Exception.__init__(self, f"This conversation is {prompt_tokens:,} tokens with your message and the reply "
+                                 f"needs {room:,} more, but the model's context window is {context_window} tokens; "
+                                 "drop the oldest turns or compact them into a summary, on a new branch (this one "
+                                 "stays as it is).")
+
+
+def prompt_tokens(session: ChatSession, before: list[ChatMessage], user_text: str | None = None) -> int:
+    """Tokens of the prompt the template makes of the system prompt, `before` and (if given) `user_text`."""
+    messages = before if user_text is None else [*before, ChatMessage("user", user_text)]
+    return len(session.engine.tokenizer.encode(session._rendered(messages)))
+
+
+def fits(session: ChatSession, tokens: int) -> bool:
+    window = session.engine.context_window
+    return not window or tokens + reply_room(window, session.reply_params.max_tokens) <= window
+
+
+def require_room(session: ChatSession, before: list[ChatMessage], user_text: str, tokens: int) -> None:
+    """Raise ConversationTooLong or MessageTooLong unless a prompt of `tokens` (`before` and `user_text`)
+    leaves the reply its room. Called before anything of the turn is stored."""
+    if fits(session, tokens):
+        return
+    window = session.engine.context_window
+    room = reply_room(window, session.reply_params.max_tokens)
+    alone = prompt_tokens(session, [], user_text) if before else tokens
+    if not fits(session, alone):
+        raise MessageTooLong(alone, window, room, bool(before))
+    raise ConversationTooLong(tokens, window, room, user_text, before)
+
+
+def summaries(messages: list[ChatMessage]) -> list[ChatMessage]:
+    """The leading summary messages (role "system", see compaction.py): they stay when turns are dropped."""
+    count = 0
+    while count < len(messages) and messages[count].role == "system":
+        count += 1
+    return messages[:count]
+
+
+@dataclass(frozen=True)
+class DropPlan:
+    """Which messages a drop-oldest branch keeps: the summaries first (if they fit), then the latest turns."""
+
+    kept: list[ChatMessage]
+    dropped: list[ChatMessage]
+    prompt_tokens: int  # the new branch's prompt with the message
+    dropped_tokens: int  # how much shorter it is than the refused one
+
+
+def plan_drop_oldest(session: ChatSession, before: list[ChatMessage], user_text: str) -> DropPlan:
+    """The fewest oldest turns of `before` to leave out so that `user_text` fits after the rest. A kept
+    part starts at a user message (templates that need the user first, Gemma's and Mistral's, accept it).
+    MessageTooLong if it does not fit even alone."""
+    whole = prompt_tokens(session, before, user_text)
+    pinned = summaries(before)
+    for pins in ([pinned, []] if pinned else [[]]):
+        rest = before[len(pinned):]
+        starts = [i for i, m in enumerate(rest) if m.role == "user"] + [len(rest)]
+        # Fewer turns make a shorter prompt: find the earliest start that fits by bisection.
+        low, high, best = 0, len(starts) - 1, None
+        while low <= high:
+            middle = (low + high) // 2
+            tokens = prompt_tokens(session, [*pins, *rest[starts[middle]:]], user_text)
+            if fits(session, tokens):
+                best, high = (middle, tokens), middle - 1
+            else:
+                low = middle + 1
+        if best is not None:
+            kept = [*pins, *rest[starts[best[0]]:]]
+            dropped = [m for m in before if not any(m is k for k in kept)]
+            return DropPlan(kept, dropped, best[1], whole - best[1])
+    window = session.engine.context_window
+    raise MessageTooLong(prompt_tokens(session, [], user_text), window,
+                         reply_room(window, session.reply_params.max_tokens), bool(before))
+
+
+def copy_to_new_branch(session: ChatSession, messages: list[ChatMessage]) -> list[ChatMessage]:
+    """Copies of `messages` as a new branch from the conversation's root (in memory only, for a chat that
+    is not saved). Their token ids are not copied: they stand at other positions now, so the next prompt is
+    tokenized afresh and its message row holds them all. The original rows are not touched."""
+    saved = session.saved
+    copies, parent = [], None
+    for message in messages:
+        message_id = saved.copy_message(parent, message) if saved is not None else None
+        copies.append(ChatMessage(message.role, message.content, 0, message_id, message.status, message.stats))
+        parent = message_id
+    return copies
+
+
+def send_on_new_branch(session: ChatSession, kept: list[ChatMessage], user_text: str) -> Iterator[Event]:
+    """Send `user_text` after copies of `kept`, a new branch; the conversation's turn is taken first, so
+    the copies are made only when nobody else is writing to it (ConversationBusy, ConversationChanged)."""
+    if session.saved is not None:
+        session.saved.begin_turn()  # the turn the reply keeps (taking it again in send is a no-op)
+    try:
+        copies = copy_to_new_branch(session, kept)
+    except BaseException:
+        if session.saved is not None:
+            session.saved.end_turn()
+        raise
+    return session.send_after(copies, user_text)
+
+
+def send_dropping_oldest(session: ChatSession, user_text: str, before: list[ChatMessage] | None = None
+                         ) -> tuple[DropPlan, Iterator[Event]]:
+    """The message after the latest turns that fit of `before` (default: the branch shown; an edited
+    message's: those before it), on a new branch (DropPlan: what was left out)."""
+    plan = plan_drop_oldest(session, session.messages if before is None else before, user_text)
+    return plan, send_on_new_branch(session, plan.kept, user_text)
+
+
+def drop_report(plan: DropPlan, stats) -> str:
+    """One sentence for after the reply: what was left out, and what the moved turns cost to compute
+    (`stats`: the reply's RequestStats; the system prompt's K/V came from the cache)."""
+    count = len(plan.dropped)
+    cost = ""
+    if stats is not None and stats.prefilled_tokens is not None:
+        cost = (f"; the prompt cost {stats.prefilled_tokens:,} tokens to compute, {stats.cached_tokens or 0:,} "
+                "came from the cache")
+    return (f"Left out the oldest {count} message{'' if count == 1 else 's'} ({plan.dropped_tokens:,} tokens) on a "
+            f"new branch{cost}.")
