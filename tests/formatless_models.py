@@ -71,3 +71,17 @@ def make_eager_turn_end(path: Path, prompt_ids: list[int], marker_id: int, at: i
     weights = load_file(str(path / "model.safetensors"))
     weights["lm_head.weight"][marker_id] = 1.5 * weights["lm_head.weight"][chosen]
     save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
+
+
+def make_eager_gemma(path: Path) -> Path:
+    """A Gemma-vocabulary base model whose greedy reply to one user turn "Hi" (in the Gemma format) writes
+    <end_of_turn>, not its EOS, by its third token."""
+    from app.chat.chat_formats import GEMMA
+    from app.chat.template import render_chat
+    from engine.weights.tokenizer import Tokenizer
+
+    make_formatless_model(path, "gemma")
+    tokenizer = Tokenizer(path)
+    prompt = tokenizer.encode(render_chat(tokenizer, [{"role": "user", "content": "Hi"}], GEMMA))
+    make_eager_turn_end(path, prompt, tokenizer.hf.get_vocab()["<end_of_turn>"])
+    return path

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from app.chat.chat_formats import ChatFormat
 from app.chat.errors import ChatError
-from app.chat.format_choice import format_specials
+from app.chat.format_choice import format_specials, model_chat_format
 from engine.weights.tokenizer import Tokenizer
 
 
@@ -31,6 +31,12 @@ def render_chat(tokenizer: Tokenizer, turns: list[dict], chat_format: ChatFormat
                                                 **template_options)
     except Exception as exc:  # jinja2 TemplateError, or a template's raise_exception()
         raise ChatError(f"The model's chat template rejected this conversation ({exc}).") from None
+
+
+def chat_prompt_ids(engine, turns: list[dict]) -> list[int]:
+    """The prompt ids of `turns` on the embedded `engine`: its model's chat template, or the standard
+    format chosen for a model without one (the benchmarks; a conversation keeps its own, session.py)."""
+    return engine.tokenizer.encode(render_chat(engine.tokenizer, turns, model_chat_format(engine)))
 
 
 def raw_prompt_ids(tokenizer: Tokenizer, text: str) -> list[int]:

@@ -10,7 +10,7 @@ from app.chat.session import ChatSession
 from app.chat.template import render_chat
 from engine import Done, Engine, EngineOptions, RequestStats, SamplingParams, TokenDelta
 from engine.weights.tokenizer import Tokenizer
-from tests.formatless_models import FAMILIES, make_eager_turn_end, make_formatless_model
+from tests.formatless_models import FAMILIES, make_eager_gemma, make_formatless_model
 
 TURNS = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
          {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}]
@@ -131,12 +131,7 @@ def test_a_transcript_follow_up_extends_the_ids_the_model_wrote(tokenizers):
 
 @pytest.fixture(scope="module")
 def eager_gemma(tmp_path_factory):
-    """A Gemma-vocabulary base model whose greedy reply to "Hi" writes <end_of_turn> by its third token."""
-    path = make_formatless_model(tmp_path_factory.mktemp("eager-gemma"), "gemma")
-    tokenizer = Tokenizer(path)
-    prompt = tokenizer.encode(render_chat(tokenizer, [{"role": "user", "content": "Hi"}], GEMMA))
-    make_eager_turn_end(path, prompt, tokenizer.hf.get_vocab()["<end_of_turn>"])
-    return load(path)
+    return load(make_eager_gemma(tmp_path_factory.mktemp("eager-gemma")))
 
 
 def test_a_reply_ends_at_the_formats_end_of_turn_token_not_the_eos(eager_gemma):
