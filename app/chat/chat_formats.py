@@ -116,3 +116,11 @@ TRANSCRIPT = ChatFormat("transcript", "plain completion (a User:/Assistant: tran
 # In the order a model's vocabulary is tried when its type names no family.
 FAMILIES = (GEMMA, LLAMA3, CHATML, MISTRAL)
 FORMATS = {f.name: f for f in (*FAMILIES, TRANSCRIPT)}
+
+
+def format_label(name: str | None) -> str:
+    """How a conversation's kept format reads ("the model's chat template" for None)."""
+    if name is None:
+        return "the model's chat template"
+    chosen = FORMATS.get(name)
+    return chosen.label if chosen is not None else f"{name!r} (a chat format this kvchat does not know)"

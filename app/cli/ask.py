@@ -17,6 +17,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from app.chat.reply_limits import reply_limits
+from app.cli.ask_raw import check_raw_flags, run_raw
 from app.chat.sampling_settings import given_settings, sampling_params
 from app.chat.reply_stats import stats_line
 from app.chat.terminal_text import BROKEN_PIPE_EXIT, SafeOutput, clean_input, printable, say, silence
@@ -41,9 +42,12 @@ def read_message(arg: str) -> str:
     return message
 
 
-def result_json(done: Done, engine: Backend, conversation_id: str) -> dict:
+def result_json(done: Done, engine: Backend, conversation_id: str | None, chat_format: str | None = None) -> dict:
+    """`chat_format`: the standard format the prompt was written in (chat_formats.py), for a model without
+    a chat template; None: the model's (or the server's) own template, or `--raw`'s text as is."""
     return {
         "conversation_id": conversation_id,
+        "chat_format": chat_format,
         "reply": done.text,
         "finish_reason": done.finish_reason,
         **done.stats.as_dict(),
@@ -85,6 +89,8 @@ def check_before_loading(args: argparse.Namespace) -> str:
     message = read_message(args.message)
     args.system = clean_input(args.system, "The system prompt")
     sampling_params(args)
+    if args.raw:
+        check_raw_flags(args)
     resolve_conversation(args)
     return message
 
@@ -107,6 +113,8 @@ def resolve_conversation(args: argparse.Namespace) -> None:
 
 def run_ask(args: argparse.Namespace) -> int:
     message = check_before_loading(args)
+    if args.raw:
+        return run_raw(args, message)
     from app.cli.options import backend_loader
     from app.chat.saved_chat import SavedConversation, Storage, reply_stats
 
@@ -122,10 +130,14 @@ def run_ask(args: argparse.Namespace) -> int:
             saved.begin_turn(TURN_WAIT_S, on_wait=lambda: say("waiting for the reply another kvchat is writing "
                                                               "in this conversation…"), reload=True)
         session = open_session(args, engine, storage, saved)  # a discarded snapshot was logged to stderr
+        if session.format_notice:  # a model without a chat template: never a silent guess
+            say(session.format_notice)
         done, code = _answer(session, message, stream=not args.json)
         try:
             if args.json:
-                print(json.dumps(result_json(done, engine, session.saved.id), ensure_ascii=False), flush=True)
+                chat_format = None if session.chat_format is None else session.chat_format.name
+                print(json.dumps(result_json(done, engine, session.saved.id, chat_format), ensure_ascii=False),
+                      flush=True)
         except BrokenPipeError:
             silence(sys.stdout)
             code = code or BROKEN_PIPE_EXIT
