@@ -25,6 +25,7 @@ class Specials:
 class ChatFormat:
     name: str  # kept with a conversation (conversations.chat_format)
     label: str  # what the user reads: "the Gemma format"
+    short: str  # where room is scarce (the inspector, the status bar): "Gemma"
     write: Callable[[list[dict], Specials], str]
     # Special tokens the format writes: each must be one token of the vocabulary before the format is used.
     markers: tuple[str, ...] = ()
@@ -100,17 +101,18 @@ def _transcript(turns: list[dict], specials: Specials) -> str:
     return "".join(parts) + "Assistant:"
 
 
-GEMMA = ChatFormat("gemma", "the Gemma format", _gemma, markers=("<start_of_turn>", "<end_of_turn>"),
+GEMMA = ChatFormat("gemma", "the Gemma format", "Gemma", _gemma, markers=("<start_of_turn>", "<end_of_turn>"),
                    signals=("<start_of_turn>",), model_types=("gemma", "gemma2", "gemma3", "gemma3_text"),
                    end_of_turn="<end_of_turn>")
-LLAMA3 = ChatFormat("llama3", "the Llama 3 format", _llama3,
+LLAMA3 = ChatFormat("llama3", "the Llama 3 format", "Llama 3", _llama3,
                     markers=("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
                     signals=("<|start_header_id|>",), end_of_turn="<|eot_id|>")
-CHATML = ChatFormat("chatml", "the ChatML format", _chatml, markers=("<|im_start|>", "<|im_end|>"),
+CHATML = ChatFormat("chatml", "the ChatML format", "ChatML", _chatml, markers=("<|im_start|>", "<|im_end|>"),
                     signals=("<|im_start|>",), model_types=("qwen2", "qwen3"), end_of_turn="<|im_end|>")
 # [INST] is a token of Mistral's newer tokenizers only; the older ones read it as text, as their template did.
-MISTRAL = ChatFormat("mistral", "the Mistral format", _mistral, signals=("[INST]",), model_types=("mistral",))
-TRANSCRIPT = ChatFormat("transcript", "plain completion (a User:/Assistant: transcript)", _transcript,
+MISTRAL = ChatFormat("mistral", "the Mistral format", "Mistral", _mistral, signals=("[INST]",), model_types=("mistral",))
+TRANSCRIPT = ChatFormat("transcript", "plain completion (a User:/Assistant: transcript)", "plain completion",
+                        _transcript,
                         stops=("\nUser:",), bos_if_default=True, reply_continues_line=True)
 
 # In the order a model's vocabulary is tried when its type names no family.
@@ -118,9 +120,11 @@ FAMILIES = (GEMMA, LLAMA3, CHATML, MISTRAL)
 FORMATS = {f.name: f for f in (*FAMILIES, TRANSCRIPT)}
 
 
-def format_label(name: str | None) -> str:
+def format_label(name: str | None, short: bool = False) -> str:
     """How a conversation's kept format reads ("the model's chat template" for None)."""
     if name is None:
         return "the model's chat template"
     chosen = FORMATS.get(name)
-    return chosen.label if chosen is not None else f"{name!r} (a chat format this kvchat does not know)"
+    if chosen is None:
+        return f"{name!r} (a chat format this kvchat does not know)"
+    return chosen.short if short else chosen.label

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from app.chat.chat_formats import format_label
 from app.chat.stats_text import (cached_text, format_count, format_duration, format_rate, format_tokens_per_step,
                                  prefill_rate_shown)
 from engine import RequestStats
@@ -63,18 +64,21 @@ class ReplyNumbers:
     # () when not known: a remote server's reply, a reply still being written, an older row.
     step_sizes: tuple[tuple[int, int], ...] = ()
     phase: str = "done"  # prefill | decode | done; a stored reply is done
+    # The standard format its prompt was written in, for a model without a chat template (chat_formats.py).
+    chat_format: str | None = None
     cached_kept: bool = True
 
     @classmethod
     def from_saved(cls, stats: dict) -> ReplyNumbers:
         """The record of a reply's stored stats dict, each value checked."""
         series = stats.get("decode_rate_series")
-        source, reason = stats.get("cache_source"), stats.get("finish_reason")
+        source, reason, chat_format = stats.get("cache_source"), stats.get("finish_reason"), stats.get("chat_format")
         return cls(**{key: stat_number(stats, key) for key in _NUMBERS},
                    cache_source=source if isinstance(source, str) else None,
                    finish_reason=reason if isinstance(reason, str) else None,
                    decode_rate_series=tuple(v for v in series if _finite(v)) if isinstance(series, list) else (),
-                   step_sizes=_step_sizes(stats.get("step_sizes")), cached_kept="cached_tokens" in stats)
+                   step_sizes=_step_sizes(stats.get("step_sizes")), cached_kept="cached_tokens" in stats,
+                   chat_format=chat_format if isinstance(chat_format, str) else None)
 
     @classmethod
     def from_request(cls, stats: RequestStats) -> ReplyNumbers:
@@ -189,6 +193,8 @@ class ReplyNumbers:
         lines = [f"{label:<10}{show(value)}" for label, value, show in shown if value is not None]
         if self.finish_reason:
             lines.append(f"{'ended':<10}{FINISH_REASONS.get(self.finish_reason, self.finish_reason)}")
+        if self.chat_format:  # kvchat chose it: the model has no chat template
+            lines.append(f"{'format':<10}{format_label(self.chat_format, short=True)} (no chat template)")
         return lines
 
 

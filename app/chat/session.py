@@ -68,6 +68,11 @@ class ChatSession:
                 self.notice = saved.restore_kv(engine, self.seen_ids)
 
     @property
+    def chat_format_name(self) -> str | None:
+        """The standard format's name, as the conversation keeps it (None: the model's own template)."""
+        return None if self.chat_format is None else self.chat_format.name
+
+    @property
     def reply_params(self) -> SamplingParams:
         """The conversation's settings with the chat's limits: what the next reply is generated with."""
         params = self.limits.apply(self.params)
@@ -212,13 +217,13 @@ class ChatSession:
         user_id = None
         if self.saved is not None:
             parent = before[-1].id if before else None
-            user_id = self.saved.user_message(self.engine, parent, text, token_start, new_ids,
-                                              None if self.chat_format is None else self.chat_format.name)
+            user_id = self.saved.user_message(self.engine, parent, text, token_start, new_ids, self.chat_format_name)
         self.messages = [*before, ChatMessage("user", text, token_end, user_id)]
 
     def _stream(self, generation: Generation, prompt: list[int]) -> Iterator[Event]:
         saved, done, deleted = self.saved, None, False
-        recorder = ReplyRecorder(saved.reply_writer(len(prompt)) if saved else None, counts_text=not self.token_ids)
+        recorder = ReplyRecorder(saved.reply_writer(len(prompt)) if saved else None, counts_text=not self.token_ids,
+                                 chat_format=self.chat_format_name)
         stream = cut_events(self.chat_format, self._events(generation, prompt))
         try:
             for event in stream:

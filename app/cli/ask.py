@@ -135,9 +135,8 @@ def run_ask(args: argparse.Namespace) -> int:
         done, code = _answer(session, message, stream=not args.json)
         try:
             if args.json:
-                chat_format = None if session.chat_format is None else session.chat_format.name
-                print(json.dumps(result_json(done, engine, session.saved.id, chat_format), ensure_ascii=False),
-                      flush=True)
+                print(json.dumps(result_json(done, engine, session.saved.id, session.chat_format_name),
+                                 ensure_ascii=False), flush=True)
         except BrokenPipeError:
             silence(sys.stdout)
             code = code or BROKEN_PIPE_EXIT
