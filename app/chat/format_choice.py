@@ -16,10 +16,17 @@ from engine.sampling_params import SamplingParams
 from engine.weights.tokenizer import Tokenizer
 
 
+def token_id(tokenizer: Tokenizer, token: str) -> int | None:
+    """The id of `token` if it is one token of the vocabulary, which its text encodes to; else None.
+    (Looked up one token at a time: the whole vocabulary of a Gemma is 262,144 entries.)"""
+    found = tokenizer.hf.convert_tokens_to_ids(token)
+    if not isinstance(found, int) or tokenizer.hf.convert_ids_to_tokens(found) != token:
+        return None  # an unknown token reads as the unknown token's id
+    return found if tokenizer.encode(token) == [found] else None
+
+
 def has_tokens(tokenizer: Tokenizer, tokens: tuple[str, ...]) -> bool:
-    """Whether each of `tokens` is one token of the vocabulary, which its text encodes to."""
-    vocab = tokenizer.hf.get_vocab()
-    return all(token in vocab and tokenizer.encode(token) == [vocab[token]] for token in tokens)
+    return all(token_id(tokenizer, token) is not None for token in tokens)
 
 
 def detect_chat_format(tokenizer: Tokenizer, model_type: str | None) -> ChatFormat:
@@ -59,7 +66,7 @@ def format_params(tokenizer: Tokenizer, chat_format: ChatFormat | None, params: 
     """`params` with what ends a reply in `chat_format`: its end-of-turn token and its stop strings."""
     if chat_format is None:
         return params
-    ids = (tokenizer.hf.get_vocab()[chat_format.end_of_turn],) if chat_format.end_of_turn else ()
+    ids = (token_id(tokenizer, chat_format.end_of_turn),) if chat_format.end_of_turn else ()
     return dataclasses.replace(params, stop=tuple(dict.fromkeys(params.stop + chat_format.stops)),
                                stop_token_ids=tuple(dict.fromkeys(params.stop_token_ids + ids)))
 
