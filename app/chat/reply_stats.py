@@ -67,6 +67,7 @@ class ReplyNumbers:
     # The standard format its prompt was written in, for a model without a chat template (chat_formats.py).
     chat_format: str | None = None
     cached_kept: bool = True
+    prompt_kept: bool = True  # as cached_kept, for prompt_tokens: a row with the key, whose None means unknown
 
     @classmethod
     def from_saved(cls, stats: dict) -> ReplyNumbers:
@@ -78,6 +79,7 @@ class ReplyNumbers:
                    finish_reason=reason if isinstance(reason, str) else None,
                    decode_rate_series=tuple(v for v in series if _finite(v)) if isinstance(series, list) else (),
                    step_sizes=_step_sizes(stats.get("step_sizes")), cached_kept="cached_tokens" in stats,
+                   prompt_kept="prompt_tokens" in stats,
                    chat_format=chat_format if isinstance(chat_format, str) else None)
 
     @classmethod
@@ -93,10 +95,12 @@ class ReplyNumbers:
 
     def line(self) -> str:
         """"[48 ms to first token · 1036 prompt tokens (1,024 cached (disk), 12 computed) · 180 tokens at
-        52.6 tok/s · stop]"; a number not kept reads as 0 there (as `kvchat` always printed it)."""
+        52.6 tok/s · stop]"; a number not kept reads as 0 there (as `kvchat` always printed it), but a
+        count nobody reported (a server that streams no usage) as n/a, never as 0."""
         cached = self.cached_tokens if self.cached_kept else 0
         computed = "n/a" if self.prefilled_tokens is None else self.prefilled_tokens
-        return (f"[{_or_zero(self.ttft_ms):.0f} ms to first token · {_or_zero(self.prompt_tokens)} prompt tokens "
+        prompt = "n/a" if self.prompt_tokens is None and self.prompt_kept else _or_zero(self.prompt_tokens)
+        return (f"[{_or_zero(self.ttft_ms):.0f} ms to first token · {prompt} prompt tokens "
                 f"({cached_text(cached, self.cache_source)}, {computed} computed) · "
                 f"{_or_zero(self.generated_tokens)} tokens at {_or_zero(self.decode_tokens_per_s):.1f} tok/s · "
                 f"{'?' if self.finish_reason is None else self.finish_reason}]")
@@ -117,6 +121,8 @@ class ReplyNumbers:
     def prompt_text(self) -> str:
         """"prompt 120 (100 cached from device, 20 computed)"; a remote server's counts come with its
         usage report at the end, and the cached part only if it reports one."""
+        if self.phase == "done" and self.prompt_tokens is None:
+            return "prompt n/a"  # a server that reports no usage: not known, not 0
         if self.cached_tokens is None:
             return f"prompt {self.prompt_tokens} (cached n/a)" if self._counted_by_server() else "prompt …"
         return (f"prompt {self.prompt_tokens} ({self.cached_tokens} cached{self._from()}, "
@@ -126,7 +132,8 @@ class ReplyNumbers:
         """The prompt's counts, longest first: prompt_text, "1024 cached from disk / 12 computed",
         "1024 cached / 12 computed" (plain numbers, as in prompt_text, whatever the width)."""
         if self.cached_tokens is None or self.prefilled_tokens is None:
-            return [self.prompt_text(), "cached n/a" if self._counted_by_server() else "prompt …"]
+            unknown = self.phase == "done" and self.prompt_tokens is None
+            return [self.prompt_text(), "cached n/a" if self._counted_by_server() or unknown else "prompt …"]
         compact = f"{self.cached_tokens} cached{{}} / {self.prefilled_tokens} computed"
         return [self.prompt_text(), compact.format(self._from()), compact.format("")]
 
