@@ -17,7 +17,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from app.chat.reply_limits import reply_limits
-from app.cli.ask_raw import check_raw_flags, run_raw
+from app.cli.ask_raw import RawCompletion, check_raw_flags
 from app.chat.sampling_settings import given_settings, sampling_params
 from app.chat.reply_stats import stats_line
 from app.chat.terminal_text import BROKEN_PIPE_EXIT, SafeOutput, clean_input, printable, say, silence
@@ -147,7 +147,26 @@ def run_ask(args: argparse.Namespace) -> int:
         storage.close()  # waits for the KV snapshot, so the next `ask --conversation` resumes from it
 
 
-def _answer(session: ChatSession, message: str, stream: bool) -> tuple[Done, int]:
+def run_raw(args: argparse.Namespace, message: str) -> int:
+    """`ask --raw`: the text as is, continued by the embedded model (app/cli/ask_raw.py); nothing is saved."""
+    from app.cli.options import backend_loader
+    from app.chat.saved_chat import reply_stats
+
+    progress = (lambda step: print(f"kvchat: {step}…", file=sys.stderr)) if sys.stderr.isatty() else (lambda _: None)
+    engine = backend_loader(args)(args.model, progress)
+    params = reply_limits(args.config).apply(sampling_params(args, None, args.config))
+    done, code = _answer(RawCompletion(engine, params), message, stream=not args.json)
+    try:
+        if args.json:
+            print(json.dumps({**result_json(done, engine, None), "raw": True}, ensure_ascii=False), flush=True)
+    except BrokenPipeError:
+        silence(sys.stdout)
+        code = code or BROKEN_PIPE_EXIT
+    say(stats_line(reply_stats(done)), prefix=False)
+    return code
+
+
+def _answer(session: ChatSession | RawCompletion, message: str, stream: bool) -> tuple[Done, int]:
     """Send the message and stream the reply; returns its Done and the exit code. A stop signal or a
     reader that went away stops the reply (kept, as stopped); a second signal quits."""
     from engine import Done, EngineError, TokenDelta

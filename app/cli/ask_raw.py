@@ -5,13 +5,7 @@ chat turn, so nothing is saved; it streams and stops as `kvchat ask` does (app/c
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from collections.abc import Iterator
-
-from app.chat.reply_limits import reply_limits
-from app.chat.sampling_settings import sampling_params
-from app.chat.terminal_text import BROKEN_PIPE_EXIT, say, silence
 
 # What a raw completion cannot take: it has no conversation to continue or keep settings with, and a remote
 # server is asked in chat messages (its own template), not in the text as is.
@@ -42,23 +36,3 @@ class RawCompletion:
     def cancel(self) -> None:
         if self.generation is not None:
             self.generation.cancel()
-
-
-def run_raw(args: argparse.Namespace, message: str) -> int:
-    from app.chat.saved_chat import reply_stats
-    from app.chat.reply_stats import stats_line
-    from app.cli.ask import _answer, result_json
-    from app.cli.options import backend_loader
-
-    progress = (lambda step: print(f"kvchat: {step}…", file=sys.stderr)) if sys.stderr.isatty() else (lambda _: None)
-    engine = backend_loader(args)(args.model, progress)
-    params = reply_limits(args.config).apply(sampling_params(args, None, args.config))
-    done, code = _answer(RawCompletion(engine, params), message, stream=not args.json)
-    if args.json:
-        try:
-            print(json.dumps({**result_json(done, engine, None), "raw": True}, ensure_ascii=False), flush=True)
-        except BrokenPipeError:
-            silence(sys.stdout)
-            code = code or BROKEN_PIPE_EXIT
-    say(stats_line(reply_stats(done)), prefix=False)
-    return code
