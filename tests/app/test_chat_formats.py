@@ -5,7 +5,7 @@ import pytest
 from app.chat.chat_formats import CHATML, GEMMA, LLAMA3, MISTRAL, TRANSCRIPT
 from app.chat.format_choice import detect_chat_format, format_params, model_chat_format
 from app.chat.prompt_ids import next_prompt
-from app.chat.reply_cut import ReplyCut
+from app.chat.reply_cut import ReplyCut, cut_drive
 from app.chat.session import ChatSession
 from app.chat.template import render_chat
 from engine import Done, Engine, EngineOptions, RequestStats, SamplingParams, TokenDelta
@@ -156,3 +156,13 @@ def test_a_model_with_a_chat_template_keeps_it(tiny_engine):
     expected = tiny_engine.tokenizer.hf.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
     assert render_chat(tiny_engine.tokenizer, turns) == expected
     assert tiny_engine.tokenizer.decode_exact(session.prompt_ids("hi")) == expected
+
+
+def test_alternatives_written_together_are_each_cut_on_their_own():
+    events = [(0, TokenDelta(1, " a\nUs")), (1, TokenDelta(2, " b")), (0, TokenDelta(3, "er: c")),
+              (1, Done("length", RequestStats(), (2,), " b")), (0, Done("stop", RequestStats(), (1, 3), " a\nUser: c"))]
+    drive = cut_drive(TRANSCRIPT, lambda streams, cancelled: iter(events))
+    out = list(drive([None, None], None))
+    texts = {i: "".join(e.text for j, e in out if j == i and isinstance(e, TokenDelta)) for i in (0, 1)}
+    dones = {i: e.text for i, e in out if isinstance(e, Done)}
+    assert texts == dones == {0: "a", 1: "b"}
