@@ -25,7 +25,7 @@ class Specials:
 class ChatFormat:
     name: str  # kept with a conversation (conversations.chat_format)
     label: str  # what the user reads: "the Gemma format"
-    short: str  # where room is scarce (the inspector, the status bar): "Gemma"
+    short: str  # where room is scarce (the inspector, the status bar): "Gemma format"
     write: Callable[[list[dict], Specials], str]
     # Special tokens the format writes: each must be one token of the vocabulary before the format is used.
     markers: tuple[str, ...] = ()
@@ -101,16 +101,16 @@ def _transcript(turns: list[dict], specials: Specials) -> str:
     return "".join(parts) + "Assistant:"
 
 
-GEMMA = ChatFormat("gemma", "the Gemma format", "Gemma", _gemma, markers=("<start_of_turn>", "<end_of_turn>"),
+GEMMA = ChatFormat("gemma", "the Gemma format", "Gemma format", _gemma, markers=("<start_of_turn>", "<end_of_turn>"),
                    signals=("<start_of_turn>",), model_types=("gemma", "gemma2", "gemma3", "gemma3_text"),
                    end_of_turn="<end_of_turn>")
-LLAMA3 = ChatFormat("llama3", "the Llama 3 format", "Llama 3", _llama3,
+LLAMA3 = ChatFormat("llama3", "the Llama 3 format", "Llama 3 format", _llama3,
                     markers=("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
                     signals=("<|start_header_id|>",), end_of_turn="<|eot_id|>")
-CHATML = ChatFormat("chatml", "the ChatML format", "ChatML", _chatml, markers=("<|im_start|>", "<|im_end|>"),
+CHATML = ChatFormat("chatml", "the ChatML format", "ChatML format", _chatml, markers=("<|im_start|>", "<|im_end|>"),
                     signals=("<|im_start|>",), model_types=("qwen2", "qwen3"), end_of_turn="<|im_end|>")
 # [INST] is a token of Mistral's newer tokenizers only; the older ones read it as text, as their template did.
-MISTRAL = ChatFormat("mistral", "the Mistral format", "Mistral", _mistral, signals=("[INST]",), model_types=("mistral",))
+MISTRAL = ChatFormat("mistral", "the Mistral format", "Mistral format", _mistral, signals=("[INST]",), model_types=("mistral",))
 TRANSCRIPT = ChatFormat("transcript", "plain completion (a User:/Assistant: transcript)", "plain completion",
                         _transcript,
                         stops=("\nUser:",), bos_if_default=True, reply_continues_line=True)

@@ -201,7 +201,7 @@ class ReplyNumbers:
         if self.finish_reason:
             lines.append(f"{'ended':<10}{FINISH_REASONS.get(self.finish_reason, self.finish_reason)}")
         if self.chat_format:  # kvchat chose it: the model has no chat template
-            lines.append(f"{'format':<10}{format_label(self.chat_format, short=True)} (no chat template)")
+            lines.append(f"{'template':<10}none: {format_label(self.chat_format, short=True)}")
         return lines
 
 

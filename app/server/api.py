@@ -60,7 +60,7 @@ def create_app(engine: Engine, api_key: str | None = None, model_name: str | Non
     # A model without a chat template: chat messages are written in its family's standard format (or as a
     # transcript), whose end-of-turn token and stop strings end each reply; run_serve says which at start.
     chat_format = model_chat_format(engine)
-    chat_stops = [] if chat_format is None else [*chat_format.stops, *filter(None, [chat_format.end_of_turn])]
+    chat_stops = () if chat_format is None else (*chat_format.stops, *filter(None, [chat_format.end_of_turn]))
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -147,7 +147,7 @@ def create_app(engine: Engine, api_key: str | None = None, model_name: str | Non
         return await respond(request, generations, http, chat=False)
 
     async def respond(request: SamplingRequest, generations: list[Generation], http: Request, chat: bool,
-                      format_stops: list[str] = ()):
+                      format_stops: tuple[str, ...] = ()):
         base = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
                 "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
                 "model": model_name}

@@ -331,7 +331,7 @@ class KvchatApp(AlternativesActions, ReplyActions, PanelActions, LibraryActions,
         if conversation and self.engine and conversation.model != self.engine.info.model_name:
             self.notify(f"This conversation was made with {conversation.model}; replies now come from "
                         f"{self.engine.info.model_name}.", timeout=10)
-        bar.show("idle", f"{session.chat_format.short} format" if session.chat_format else "")
+        bar.show("idle", session.chat_format.short if session.chat_format else "")
         self._send_queued()
 
     def on_session_failed(self, message: SessionFailed) -> None:

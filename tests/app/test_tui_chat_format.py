@@ -35,8 +35,8 @@ async def test_the_format_is_told_once_and_the_inspector_names_it(gemma_engine):
         await exchange(pilot, "Hello")
         assert app.notices.count(NOTICE) == 1
         await pilot.press("ctrl+t")
-        await wait_until(pilot, lambda: app.query_one(Inspector).display and "format" in text_of(app, "#numbers"))
-        assert "format    Gemma (no chat template)" in text_of(app, "#numbers")
+        await wait_until(pilot, lambda: app.query_one(Inspector).display and "template" in text_of(app, "#numbers"))
+        assert "template  none: Gemma format" in text_of(app, "#numbers")
 
 
 async def test_a_resumed_conversation_says_the_format_it_keeps(gemma_engine):
