@@ -17,10 +17,10 @@ import sys
 from typing import TYPE_CHECKING
 
 from app.chat.reply_limits import reply_limits
-from app.cli.ask_raw import RawCompletion, check_raw_flags
 from app.chat.sampling_settings import given_settings, sampling_params
 from app.chat.reply_stats import stats_line
 from app.chat.terminal_text import BROKEN_PIPE_EXIT, SafeOutput, clean_input, printable, say, silence
+from app.cli.ask_raw import RawCompletion, check_raw_flags
 from storage.conversations import ConversationStore
 from storage.errors import StorageError
 
@@ -89,7 +89,7 @@ def check_before_loading(args: argparse.Namespace) -> str:
     message = read_message(args.message)
     args.system = clean_input(args.system, "The system prompt")
     sampling_params(args)
-    if args.raw:
+    if getattr(args, "raw", False):
         check_raw_flags(args)
     resolve_conversation(args)
     return message
@@ -113,7 +113,7 @@ def resolve_conversation(args: argparse.Namespace) -> None:
 
 def run_ask(args: argparse.Namespace) -> int:
     message = check_before_loading(args)
-    if args.raw:
+    if getattr(args, "raw", False):
         return run_raw(args, message)
     from app.cli.options import backend_loader
     from app.chat.saved_chat import SavedConversation, Storage, reply_stats

@@ -59,7 +59,8 @@ def test_ask_raw_on_a_templated_model_skips_the_template(tiny_model_dir):
     assert out["prompt_tokens"] == 3  # three bytes: no <|im_start|>, no role, no BOS
 
 
-@pytest.mark.parametrize("flag", [["--conversation", "0123abcd"], ["--continue"], ["--system", "Be brief."]])
+@pytest.mark.parametrize("flag", [["--conversation", "0123abcd"], ["--continue"], ["--system", "Be brief."],
+                                  ["--remote", "http://127.0.0.1:9"]])
 def test_ask_raw_refuses_what_belongs_to_a_conversation(tiny_model_dir, flag):
     result = kvchat("ask", "hi", "--raw", *flag, "--model", str(tiny_model_dir))
     assert_one_clear_error(result, 2, "--raw sends the text as is")
