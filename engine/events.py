@@ -17,7 +17,8 @@ STATS_INTERVAL_S = 0.2  # live Stats events during decode: 5 per second (a remot
 class RequestStats:
     """What one request cost. Times in ms; throughputs in tokens/s."""
 
-    prompt_tokens: int = 0
+    # None: not known (a remote server that streams no usage); the engine always knows.
+    prompt_tokens: int | None = 0
     # None: not known (a remote server that does not report its cache hits); the engine always knows.
     cached_tokens: int | None = 0  # prompt tokens whose K/V were reused
     prefilled_tokens: int | None = 0  # prompt tokens computed by prefill

@@ -40,6 +40,9 @@ class SamplingParams:
     # still in the reply (OpenAI's API leaves it out: app/server trims it). Checked in the engine so a
     # speculative step that accepted tokens past a stop ends at the same token as one-at-a-time decoding.
     stop: tuple[str, ...] = ()
+    # Token ids that end the reply (finish reason "stop") besides the model's end-of-sequence tokens: the
+    # end-of-turn marker of a standard chat format, which a base model's EOS often is not (app/chat/chat_formats.py).
+    stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self):
         """ValueError (one phrase, for "kvchat: ..." or an HTTP 400) for a value outside its documented range.
@@ -58,6 +61,8 @@ class SamplingParams:
              f"seed must be a whole number from 0 to {MAX_SEED}"),
             (isinstance(self.stop, tuple) and all(isinstance(x, str) and x for x in self.stop),
              "stop strings must be non-empty text"),
+            (isinstance(self.stop_token_ids, tuple) and all(_is_int(x) and x >= 0 for x in self.stop_token_ids),
+             "stop token ids must be whole numbers from 0"),
         ]
         for ok, message in checks:
             if not ok:

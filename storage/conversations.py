@@ -183,9 +183,11 @@ class ConversationStore(StreamingReplies, Trash):
             self._update("conversations", self.resolve_id(conversation_id), {"title": title.strip()})
 
     def update_settings(self, conversation_id: str, *, model: str = _NOT_GIVEN, system: str | None = _NOT_GIVEN,
-                        params: dict = _NOT_GIVEN, token_fingerprint: str | None = _NOT_GIVEN) -> None:
+                        params: dict = _NOT_GIVEN, token_fingerprint: str | None = _NOT_GIVEN,
+                        chat_format: str | None = _NOT_GIVEN) -> None:
         """Change only the settings given."""
-        changes = {"model": model, "system": system, "token_fingerprint": token_fingerprint}
+        changes = {"model": model, "system": system, "token_fingerprint": token_fingerprint,
+                   "chat_format": chat_format}
         changes = {column: value for column, value in changes.items() if value is not _NOT_GIVEN}
         if params is not _NOT_GIVEN:
             changes["params"] = json.dumps(params)

@@ -126,6 +126,13 @@ def _trash(db: Database) -> None:
     db.execute("CREATE INDEX idx_conversations_deleted ON conversations(deleted_at) WHERE deleted_at IS NOT NULL")
 
 
+def _chat_format(db: Database) -> None:
+    # The standard chat format a conversation is written in (app/chat/chat_formats.py: "gemma", "llama3",
+    # "chatml", "mistral", "transcript"), chosen for a model without a chat template of its own, so a
+    # resumed conversation goes on in it. NULL: the model's own chat template.
+    db["conversations"].add_column("chat_format", str)
+
+
 Migration = tuple[str, Callable[[Database], None]]
 
 MIGRATIONS: list[Migration] = [
@@ -137,6 +144,7 @@ MIGRATIONS: list[Migration] = [
     ("0006_prompt_history", _prompt_history),
     ("0007_stream_parts", _stream_parts),
     ("0008_trash", _trash),
+    ("0009_chat_format", _chat_format),
 ]
 
 

@@ -27,6 +27,9 @@ class Conversation:
     created_at: float  # epoch seconds
     updated_at: float  # last message added or changed
     deleted_at: float | None = None  # moved to the trash then (storage/trash.py); None: not deleted
+    # The standard chat format its prompts are written in, for a model without a chat template
+    # (app/chat/chat_formats.py); None: the model's own chat template.
+    chat_format: str | None = None
 
 
 @dataclass(frozen=True)

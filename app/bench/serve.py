@@ -65,11 +65,11 @@ class Sample:
 
 def in_process(engine: Engine, turns: list[dict], params: SamplingParams) -> Sample:
     """What ChatSession does: render, tokenize, generate; timed as the caller sees the tokens."""
-    from app.chat.template import render_chat
+    from app.chat.template import chat_prompt_ids
     from engine import TokenDelta
 
     start = time.perf_counter()
-    ids = engine.tokenizer.encode(render_chat(engine.tokenizer, turns))
+    ids = chat_prompt_ids(engine, turns)
     times = [time.perf_counter() for event in engine.generate(ids, params)
              if isinstance(event, TokenDelta) and event.token_id is not None]
     return Sample((times[0] - start) * 1e3, (len(times) - 1) / (times[-1] - times[0]))
@@ -151,9 +151,9 @@ def _measure(args: argparse.Namespace, runner, engine: Engine) -> dict:
 
 
 def _prompt_tokens(engine: Engine, text: str) -> int:
-    from app.chat.template import render_chat
+    from app.chat.template import chat_prompt_ids
 
-    return len(engine.tokenizer.encode(render_chat(engine.tokenizer, [{"role": "user", "content": text}])))
+    return len(chat_prompt_ids(engine, [{"role": "user", "content": text}]))
 
 
 def _row(name: str, engine: Engine, text: str, local: list[Sample], remote: list[Sample]) -> dict:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import statistics
 
-from app.chat.template import render_chat
+from app.chat.template import chat_prompt_ids
 from engine import Engine, SamplingParams
 from engine.events import Done
 
@@ -72,7 +72,7 @@ def speculative_rows(engine: Engine, runs: int, max_tokens: int, draft_tokens: i
     """One row per task: decode tokens/s off and on (medians of `runs` interleaved pairs after a warm-up)."""
     rows = []
     for task, message in TASKS.items():
-        prompt = engine.tokenizer.encode(render_chat(engine.tokenizer, [{"role": "user", "content": message}]))
+        prompt = chat_prompt_ids(engine, [{"role": "user", "content": message}])
         if len(prompt) + max_tokens > engine.context_window:
             rows.append({"task": task, "prompt_tokens": len(prompt), "skipped": "longer than the context window"})
             continue

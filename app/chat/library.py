@@ -35,7 +35,7 @@ def render_markdown(conversation: Conversation, branch: list[StoredMessage]) -> 
 def conversation_json(c: Conversation) -> dict:
     return {"id": c.id, "title": c.title, "model": c.model, "system": c.system, "params": c.params,
             "created_at": c.created_at, "updated_at": c.updated_at, "active_leaf": c.active_leaf,
-            "deleted_at": c.deleted_at}
+            "deleted_at": c.deleted_at, "chat_format": c.chat_format}
 
 
 def _message_json(m: StoredMessage) -> dict:

@@ -17,10 +17,13 @@ log = logging.getLogger("kvchat")
 
 
 class ReplyRecorder:
-    def __init__(self, writer: ReplyWriter | None, counts_text: bool):
+    def __init__(self, writer: ReplyWriter | None, counts_text: bool, chat_format: str | None = None):
         """`writer`: the reply's row (None: a conversation kept in memory only). `counts_text`: each
-        text chunk counts as a token (a remote server's events carry no token ids)."""
+        text chunk counts as a token (a remote server's events carry no token ids). `chat_format`: the
+        standard format its prompt was written in (a model without a chat template), kept in its stats
+        for the inspector."""
         self.writer = writer
+        self.chat_format = chat_format
         self.pieces: list[str] = []
         self.ids: list[int] = []
         self.timeline = ReplyTimeline()
@@ -48,6 +51,8 @@ class ReplyRecorder:
     def finished(self, done: Done, token_end: int) -> ChatMessage:
         """The message the reply ended as (`token_end`: the conversation's token count after it)."""
         stats = reply_stats(done, self.timeline.rates(), self.timeline.step_sizes())
+        if self.chat_format is not None:
+            stats["chat_format"] = self.chat_format
         status = "stopped" if done.finish_reason == "stopped" else "complete"
         return ChatMessage("assistant", done.text, token_end, None, status, stats)
 

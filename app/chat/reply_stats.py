@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from app.chat.chat_formats import format_label
 from app.chat.stats_text import (cached_text, format_count, format_duration, format_rate, format_tokens_per_step,
                                  prefill_rate_shown)
 from engine import RequestStats
@@ -63,18 +64,23 @@ class ReplyNumbers:
     # () when not known: a remote server's reply, a reply still being written, an older row.
     step_sizes: tuple[tuple[int, int], ...] = ()
     phase: str = "done"  # prefill | decode | done; a stored reply is done
+    # The standard format its prompt was written in, for a model without a chat template (chat_formats.py).
+    chat_format: str | None = None
     cached_kept: bool = True
+    prompt_kept: bool = True  # as cached_kept, for prompt_tokens: a row with the key, whose None means unknown
 
     @classmethod
     def from_saved(cls, stats: dict) -> ReplyNumbers:
         """The record of a reply's stored stats dict, each value checked."""
         series = stats.get("decode_rate_series")
-        source, reason = stats.get("cache_source"), stats.get("finish_reason")
+        source, reason, chat_format = stats.get("cache_source"), stats.get("finish_reason"), stats.get("chat_format")
         return cls(**{key: stat_number(stats, key) for key in _NUMBERS},
                    cache_source=source if isinstance(source, str) else None,
                    finish_reason=reason if isinstance(reason, str) else None,
                    decode_rate_series=tuple(v for v in series if _finite(v)) if isinstance(series, list) else (),
-                   step_sizes=_step_sizes(stats.get("step_sizes")), cached_kept="cached_tokens" in stats)
+                   step_sizes=_step_sizes(stats.get("step_sizes")), cached_kept="cached_tokens" in stats,
+                   prompt_kept="prompt_tokens" in stats,
+                   chat_format=chat_format if isinstance(chat_format, str) else None)
 
     @classmethod
     def from_request(cls, stats: RequestStats) -> ReplyNumbers:
@@ -89,10 +95,12 @@ class ReplyNumbers:
 
     def line(self) -> str:
         """"[48 ms to first token · 1036 prompt tokens (1,024 cached (disk), 12 computed) · 180 tokens at
-        52.6 tok/s · stop]"; a number not kept reads as 0 there (as `kvchat` always printed it)."""
+        52.6 tok/s · stop]"; a number not kept reads as 0 there (as `kvchat` always printed it), but a
+        count nobody reported (a server that streams no usage) as n/a, never as 0."""
         cached = self.cached_tokens if self.cached_kept else 0
         computed = "n/a" if self.prefilled_tokens is None else self.prefilled_tokens
-        return (f"[{_or_zero(self.ttft_ms):.0f} ms to first token · {_or_zero(self.prompt_tokens)} prompt tokens "
+        prompt = "n/a" if self.prompt_tokens is None and self.prompt_kept else _or_zero(self.prompt_tokens)
+        return (f"[{_or_zero(self.ttft_ms):.0f} ms to first token · {prompt} prompt tokens "
                 f"({cached_text(cached, self.cache_source)}, {computed} computed) · "
                 f"{_or_zero(self.generated_tokens)} tokens at {_or_zero(self.decode_tokens_per_s):.1f} tok/s · "
                 f"{'?' if self.finish_reason is None else self.finish_reason}]")
@@ -113,6 +121,8 @@ class ReplyNumbers:
     def prompt_text(self) -> str:
         """"prompt 120 (100 cached from device, 20 computed)"; a remote server's counts come with its
         usage report at the end, and the cached part only if it reports one."""
+        if self.phase == "done" and self.prompt_tokens is None:
+            return "prompt n/a"  # a server that reports no usage: not known, not 0
         if self.cached_tokens is None:
             return f"prompt {self.prompt_tokens} (cached n/a)" if self._counted_by_server() else "prompt …"
         return (f"prompt {self.prompt_tokens} ({self.cached_tokens} cached{self._from()}, "
@@ -122,7 +132,8 @@ class ReplyNumbers:
         """The prompt's counts, longest first: prompt_text, "1024 cached from disk / 12 computed",
         "1024 cached / 12 computed" (plain numbers, as in prompt_text, whatever the width)."""
         if self.cached_tokens is None or self.prefilled_tokens is None:
-            return [self.prompt_text(), "cached n/a" if self._counted_by_server() else "prompt …"]
+            unknown = self.phase == "done" and self.prompt_tokens is None
+            return [self.prompt_text(), "cached n/a" if self._counted_by_server() or unknown else "prompt …"]
         compact = f"{self.cached_tokens} cached{{}} / {self.prefilled_tokens} computed"
         return [self.prompt_text(), compact.format(self._from()), compact.format("")]
 
@@ -189,6 +200,8 @@ class ReplyNumbers:
         lines = [f"{label:<10}{show(value)}" for label, value, show in shown if value is not None]
         if self.finish_reason:
             lines.append(f"{'ended':<10}{FINISH_REASONS.get(self.finish_reason, self.finish_reason)}")
+        if self.chat_format:  # kvchat chose it: the model has no chat template
+            lines.append(f"{'template':<10}none: {format_label(self.chat_format, short=True)}")
         return lines
 
 

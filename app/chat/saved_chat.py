@@ -181,7 +181,8 @@ class SavedConversation:
     def update_settings(self, **changes) -> None:
         if self.conversation is None:
             settings = {**self.new_settings, **changes}
-            changes = {"token_fingerprint": settings.pop("token_fingerprint")} if "token_fingerprint" in settings else {}
+            # What the new row's INSERT leaves out is set right after it.
+            changes = {key: settings.pop(key) for key in ("token_fingerprint", "chat_format") if key in settings}
             self.conversation = self.store.create(**settings)
         if changes:
             self.store.update_settings(self.id, **changes)
@@ -261,11 +262,16 @@ class SavedConversation:
             self._turn.release()
 
     def user_message(self, engine: Engine, parent_id: str | None, text: str, token_start: int,
-                     token_ids: list[int]) -> str:
+                     token_ids: list[int], chat_format: str | None = None) -> str:
         """Commit the user's message under `parent_id` (a sibling of the old one when it is an edit);
-        from now on it survives anything. Its reply will hang under it. Returns its id."""
-        if self.conversation is None or self.conversation.token_fingerprint != engine.token_fingerprint:
-            self.update_settings(model=engine.info.model_name, token_fingerprint=engine.token_fingerprint)
+        from now on it survives anything. Its reply will hang under it. Returns its id. `chat_format`:
+        the standard format the prompt was written in (None: the model's chat template), kept so the
+        conversation goes on in it."""
+        conversation = self.conversation
+        if (conversation is None or conversation.token_fingerprint != engine.token_fingerprint
+                or conversation.chat_format != chat_format):
+            self.update_settings(model=engine.info.model_name, token_fingerprint=engine.token_fingerprint,
+                                 chat_format=chat_format)
         message = self.store.add_message(self.id, parent_id, "user", text, token_start, token_ids)
         self._known_leaf = message.id
         self.start_reply(message.id)

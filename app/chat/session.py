@@ -1,6 +1,7 @@
 """Chat orchestration shared by `kvchat ask` and the TUI: messages -> prompt ids -> engine events.
 
-No UI and no torch math here: this module renders the model's chat template,
+No UI and no torch math here: this module renders the model's chat template
+(or, for a model without one, the standard format chosen for it: format_choice.py),
 hands token ids to the engine and keeps the conversation's messages (and,
 through SavedConversation, stores them and the conversation's K/V snapshot).
 """
@@ -16,12 +17,14 @@ from app.chat.chat_message import ChatMessage
 from app.chat.compaction import with_summaries
 from app.chat.context_overflow import require_room
 from app.chat.errors import ChatError
+from app.chat.format_choice import FormatChoice, conversation_format, format_params
 from app.chat.prompt_ids import NextPrompt, next_prompt
+from app.chat.reply_cut import cut_drive, cut_events
 from app.chat.reply_limits import NO_LIMITS, ReplyLimits
 from app.chat.reply_recorder import ReplyRecorder
 from app.chat.reply_writer import ConversationDeleted
 from app.chat.saved_chat import SavedConversation
-from app.chat.template import render_chat, require_chat_template
+from app.chat.template import render_chat
 from engine import Done, Event, Generation, SamplingParams, TokenDelta
 from engine.errors import NonFiniteLogitsError
 
@@ -45,8 +48,11 @@ class ChatSession:
         the chat's own guards on every reply (app/chat/reply_limits.py), never stored with the conversation."""
         # Events carry token ids, kept to extend the next prompt; a remote server's carry text only.
         self.token_ids = takes_token_ids(engine)
-        if self.token_ids:  # a server has the template; a model without one is refused by it, in words
-            require_chat_template(engine.tokenizer)
+        # A server renders its own template. A model without one gets a standard format (the one the
+        # conversation was written in, when it has one); `format_notice` says which, for the user.
+        kept = saved.conversation.chat_format if saved is not None and saved.conversation is not None else None
+        choice = conversation_format(engine, kept) if self.token_ids else FormatChoice(None, None)
+        self.chat_format, self.format_notice = choice.chat_format, choice.notice
         self.engine = engine
         self.system = system
         self.params = params
@@ -64,9 +70,16 @@ class ChatSession:
                 self.notice = saved.restore_kv(engine, self.seen_ids)
 
     @property
+    def chat_format_name(self) -> str | None:
+        """The standard format's name, as the conversation keeps it (None: the model's own template)."""
+        return None if self.chat_format is None else self.chat_format.name
+
+    @property
     def reply_params(self) -> SamplingParams:
         """The conversation's settings with the chat's limits: what the next reply is generated with."""
-        return self.limits.apply(self.params)
+        params = self.limits.apply(self.params)
+        # A standard format's end-of-turn marker (or a transcript's next "User:") must end the reply.
+        return params if self.chat_format is None else format_params(self.engine.tokenizer, self.chat_format, params)
 
     def _load_history(self) -> None:
         history = self.saved.history(self.engine)
@@ -79,7 +92,7 @@ class ChatSession:
         return with_summaries(turns + [{"role": m.role, "content": m.content} for m in messages])
 
     def _rendered(self, messages: list[ChatMessage]) -> str:
-        return render_chat(self.engine.tokenizer, self._turns(messages))
+        return render_chat(self.engine.tokenizer, self._turns(messages), self.chat_format)
 
     def prompt_ids(self, user_text: str) -> list[int]:
         """Token ids of the whole conversation plus `user_text`, ready for the assistant's reply.
@@ -138,7 +151,7 @@ class ChatSession:
                              ) -> tuple[list[int], list[Stream], Drive]:
         """(the prompt's ids, a request per alternative, how they are read): the engine's, side by side."""
         prompt = self._ids_through(before) or self.engine.tokenizer.encode(self._rendered(before))
-        return prompt, [self.engine.generate(prompt, p) for p in params], side_by_side
+        return prompt, [self.engine.generate(prompt, p) for p in params], cut_drive(self.chat_format, side_by_side)
 
     def _regenerating(self) -> list[ChatMessage]:
         """The messages a regenerated reply answers (ChatError if the last message is not a reply)."""
@@ -212,13 +225,14 @@ class ChatSession:
         user_id = None
         if self.saved is not None:
             parent = before[-1].id if before else None
-            user_id = self.saved.user_message(self.engine, parent, text, token_start, new_ids)
+            user_id = self.saved.user_message(self.engine, parent, text, token_start, new_ids, self.chat_format_name)
         self.messages = [*before, ChatMessage("user", text, token_end, user_id)]
 
     def _stream(self, generation: Generation, prompt: list[int]) -> Iterator[Event]:
         saved, done, deleted = self.saved, None, False
-        recorder = ReplyRecorder(saved.reply_writer(len(prompt)) if saved else None, counts_text=not self.token_ids)
-        stream = self._events(generation, prompt)
+        recorder = ReplyRecorder(saved.reply_writer(len(prompt)) if saved else None, counts_text=not self.token_ids,
+                                 chat_format=self.chat_format_name)
+        stream = cut_events(self.chat_format, self._events(generation, prompt))
         try:
             for event in stream:
                 match event:

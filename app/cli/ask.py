@@ -21,6 +21,7 @@ from app.chat.sampling_settings import given_settings, sampling_params
 from app.chat.reply_stats import stats_line
 from app.chat.terminal_text import BROKEN_PIPE_EXIT, SafeOutput, clean_input, printable, say, silence
 from app.cli.ask_overflow import OverflowWay
+from app.cli.ask_raw import RawCompletion, check_raw_flags
 from storage.conversations import ConversationStore
 from storage.errors import StorageError
 
@@ -42,9 +43,12 @@ def read_message(arg: str) -> str:
     return message
 
 
-def result_json(done: Done, engine: Backend, conversation_id: str) -> dict:
+def result_json(done: Done, engine: Backend, conversation_id: str | None, chat_format: str | None = None) -> dict:
+    """`chat_format`: the standard format the prompt was written in (chat_formats.py), for a model without
+    a chat template; None: the model's (or the server's) own template, or `--raw`'s text as is."""
     return {
         "conversation_id": conversation_id,
+        "chat_format": chat_format,
         "reply": done.text,
         "finish_reason": done.finish_reason,
         **done.stats.as_dict(),
@@ -86,6 +90,8 @@ def check_before_loading(args: argparse.Namespace) -> str:
     message = read_message(args.message)
     args.system = clean_input(args.system, "The system prompt")
     sampling_params(args)
+    if getattr(args, "raw", False):
+        check_raw_flags(args)
     resolve_conversation(args)
     return message
 
@@ -108,6 +114,8 @@ def resolve_conversation(args: argparse.Namespace) -> None:
 
 def run_ask(args: argparse.Namespace) -> int:
     message = check_before_loading(args)
+    if getattr(args, "raw", False):
+        return run_raw(args, message)
     from app.cli.options import backend_loader
     from app.chat.saved_chat import SavedConversation, Storage, reply_stats
 
@@ -124,10 +132,13 @@ def run_ask(args: argparse.Namespace) -> int:
                                                               "in this conversation…"), reload=True)
         session = open_session(args, engine, storage, saved)  # a discarded snapshot was logged to stderr
         overflow = OverflowWay(args)  # --drop-oldest / --compact, for a conversation that outgrew the window
+        if session.format_notice:  # a model without a chat template: never a silent guess
+            say(session.format_notice)
         done, code = _answer(session, message, stream=not args.json, send=overflow.send)
         try:
             if args.json:
-                result = {**result_json(done, engine, session.saved.id), "context_overflow": overflow.taken}
+                result = {**result_json(done, engine, session.saved.id, session.chat_format_name),
+                          "context_overflow": overflow.taken}
                 print(json.dumps(result, ensure_ascii=False), flush=True)
         except BrokenPipeError:
             silence(sys.stdout)
@@ -142,7 +153,26 @@ def run_ask(args: argparse.Namespace) -> int:
         storage.close()  # waits for the KV snapshot, so the next `ask --conversation` resumes from it
 
 
-def _answer(session: ChatSession, message: str, stream: bool, send=None) -> tuple[Done, int]:
+def run_raw(args: argparse.Namespace, message: str) -> int:
+    """`ask --raw`: the text as is, continued by the embedded model (app/cli/ask_raw.py); nothing is saved."""
+    from app.cli.options import backend_loader
+    from app.chat.saved_chat import reply_stats
+
+    progress = (lambda step: print(f"kvchat: {step}…", file=sys.stderr)) if sys.stderr.isatty() else (lambda _: None)
+    engine = backend_loader(args)(args.model, progress)
+    params = reply_limits(args.config).apply(sampling_params(args, None, args.config))
+    done, code = _answer(RawCompletion(engine, params), message, stream=not args.json)
+    try:
+        if args.json:
+            print(json.dumps({**result_json(done, engine, None), "raw": True}, ensure_ascii=False), flush=True)
+    except BrokenPipeError:
+        silence(sys.stdout)
+        code = code or BROKEN_PIPE_EXIT
+    say(stats_line(reply_stats(done)), prefix=False)
+    return code
+
+
+def _answer(session: ChatSession | RawCompletion, message: str, stream: bool, send=None) -> tuple[Done, int]:
     """Send the message (through `send(session, message)`, default session.send) and stream the reply;
     returns its Done and the exit code. A stop signal or a reader that went away stops the reply (kept, as
     stopped); a second signal quits."""

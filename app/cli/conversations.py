@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from app.chat.chat_formats import format_label
 from app.chat.library import (STATUS_NOTES, conversation_json, delete_conversation, export_text, local_time,
                               write_export)
 from app.chat.reply_stats import stats_line
@@ -34,6 +35,8 @@ def run_show(args: argparse.Namespace, store: ConversationStore) -> int:
     conversation = store.get(args.id)
     print(f"# {printable(conversation.title, one_line=True) or '(untitled)'}\n{conversation.id} · "
           f"{printable(conversation.model, one_line=True)} · updated {local_time(conversation.updated_at)}")
+    if conversation.chat_format is not None:  # kvchat chose it: the model had no chat template
+        print(f"format: {format_label(conversation.chat_format)} (the model has no chat template)")
     if conversation.system is not None:
         print(f"system: {printable(conversation.system)}")
     for message in store.branch(conversation.id):

@@ -124,6 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     overflow.add_argument("--compact", action="store_true",
                           help="if it does not fit, the model summarizes the earlier turns and the answer goes on a "
                                "new branch from that summary (the old branch stays as it is)")
+    ask.add_argument("--raw", action="store_true",
+                     help="send the text as is, without a chat template (a base model's completion; not saved)")
     ask.add_argument("--save-settings", action="store_true",
                      help="keep the sampling flags (and --system) as the conversation's settings; without it they "
                           "apply to this reply only")

@@ -124,7 +124,7 @@ class _Reply:
 
     def stats(self, phase: str) -> RequestStats:
         usage = self.usage or {}
-        prompt = _count(usage.get("prompt_tokens")) or 0
+        prompt = _count(usage.get("prompt_tokens"))  # None: a server that reports no usage (llama-cpp-python's)
         details = usage.get("prompt_tokens_details")
         cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
         ttft = (self.first - self.start) * 1e3 if self.first is not None else 0.0

@@ -37,6 +37,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from app.chat.errors import ChatError
+from app.chat.format_choice import format_params, model_chat_format
 from app.chat.session import MAX_CHARS_PER_TOKEN
 from app.chat.template import render_chat
 from app.server.guards import BearerAuth, BodyLimit, unless_disconnected
@@ -56,6 +57,10 @@ def create_app(engine: Engine, api_key: str | None = None, model_name: str | Non
     runner = runner or EngineRunner()
     runner.attach(engine)
     window = engine.context_window
+    # A model without a chat template: chat messages are written in its family's standard format (or as a
+    # transcript), whose end-of-turn token and stop strings end each reply; run_serve says which at start.
+    chat_format = model_chat_format(engine)
+    chat_stops = () if chat_format is None else (*chat_format.stops, *filter(None, [chat_format.end_of_turn]))
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -120,13 +125,13 @@ def create_app(engine: Engine, api_key: str | None = None, model_name: str | Non
     @app.post("/v1/chat/completions")
     async def chat_completions(request: ChatCompletionRequest, http: Request):
         check_model(request)
-        params = sampling(request, request.max_completion_tokens)
+        params = format_params(engine.tokenizer, chat_format, sampling(request, request.max_completion_tokens))
         n = request.candidates(engine.options.max_batch)
         turns = [message.turn() for message in request.messages]
         check_length(sum(len(turn["content"]) for turn in turns), "messages")
-        generations = await runner.prepare(
-            lambda: candidates(engine, engine.tokenizer.encode(render_chat(engine.tokenizer, turns)), params, n))
-        return await respond(request, generations, http, chat=True)
+        prompt = lambda: engine.tokenizer.encode(render_chat(engine.tokenizer, turns, chat_format))  # noqa: E731
+        generations = await runner.prepare(lambda: candidates(engine, prompt(), params, n))
+        return await respond(request, generations, http, chat=True, format_stops=chat_stops)
 
     @app.post("/v1/completions")
     async def completions(request: CompletionRequest, http: Request):
@@ -141,11 +146,12 @@ def create_app(engine: Engine, api_key: str | None = None, model_name: str | Non
                                params, n))
         return await respond(request, generations, http, chat=False)
 
-    async def respond(request: SamplingRequest, generations: list[Generation], http: Request, chat: bool):
+    async def respond(request: SamplingRequest, generations: list[Generation], http: Request, chat: bool,
+                      format_stops: tuple[str, ...] = ()):
         base = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
                 "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
                 "model": model_name}
-        pieces = replies(runner, generations, request.stop_strings())
+        pieces = replies(runner, generations, [*request.stop_strings(), *format_stops])
         if request.stream:
             return StreamingResponse(stream(base, pieces, chat, request.include_usage, len(generations)),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

@@ -84,6 +84,7 @@ def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
     """Load the model, then serve on `sock` until a signal; the exit code."""
     import uvicorn
 
+    from app.chat.format_choice import model_chat_format, no_template_notice
     from app.server.api import create_app
     from app.server.runner import EngineRunner
     from app.server.serve_thread import Server
@@ -103,6 +104,8 @@ def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
         server = Server(config, on_shutdown=runner.stop)
         _say(f"serving {engine.info.model_name} ({engine.info.device}, {engine.info.dtype}) at "
              f"http://{address(args.host, args.port)}/v1{' (API key required)' if api_key else ''}")
+        if (chat_format := model_chat_format(engine)) is not None:  # never a silent guess
+            _say(f"{no_template_notice(chat_format)[:-1]} for chat requests.")
         server.run(sockets=[sock])
     finally:
         runner.close()  # also when a second signal skipped the app's own shutdown

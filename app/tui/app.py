@@ -108,6 +108,7 @@ class KvchatApp(AlternativesActions, ReplyActions, ContextActions, PanelActions,
         self._inspecting_live = True  # the inspector follows the reply being written
         self._queued_text: str | None = None  # typed before the session was ready: sent when it is
         self._retry_load = False  # the last load failed in a way that trying again may fix
+        self._format_told: str | None = None  # the chat format notice shown for the loaded model (once)
         self._closing = False
         self._signals: list[int] = []  # installed quit signals
 
@@ -268,6 +269,7 @@ class KvchatApp(AlternativesActions, ReplyActions, ContextActions, PanelActions,
         bar.model, bar.device = info.model_name, f"{info.device} {info.dtype}".strip()
         bar.kv_cache = engine.cache_stats()
         bar.clear_reply()  # a reply's numbers from the model loaded before are not this one's
+        self._format_told = None  # a new model: its chat format (if it has no template) is told again
         prompt = self.query_one(PromptInput)
         window = info.context_window or None  # a server may not say
         prompt.context_window, prompt.max_chars = window, window and MAX_CHARS_PER_TOKEN * window
@@ -322,12 +324,18 @@ class KvchatApp(AlternativesActions, ReplyActions, ContextActions, PanelActions,
             self.notify(session.notice, severity="warning", timeout=10)
         conversation = session.saved.conversation if session.saved else None
         bar = self.query_one(StatusBar)
+        # A model without a chat template: which format kvchat writes it in, said once (not again for each
+        # conversation opened in the same one); the inspector names it with each reply.
+        told = session.format_notice
+        if told and told != self._format_told:
+            self._format_told = told
+            self.notify(told, title="No chat template", timeout=10)
         if conversation and self.engine and conversation.model != self.engine.info.model_name:
             self.notify(f"This conversation was made with {conversation.model}; replies now come from "
                         f"{self.engine.info.model_name}.", timeout=10)
         replies = [m for m in session.messages if m.role == "assistant"]
         bar.context_used = conversation_tokens(session.seen_ids, replies[-1].stats if replies else None)
-        bar.show("idle", "")
+        bar.show("idle", session.chat_format.short if session.chat_format else "")
         self._send_queued()
 
     def on_session_failed(self, message: SessionFailed) -> None:

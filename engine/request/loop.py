@@ -251,7 +251,7 @@ class StepLoop:
 
     def _finish_reason(self, request: Request, token: int) -> str | None:
         params, generated = request.params, request.generated
-        if token in self.tokenizer.eos_token_ids and not params.ignore_eos:
+        if (token in self.tokenizer.eos_token_ids or token in params.stop_token_ids) and not params.ignore_eos:
             return "stop"
         if params.max_tokens is not None and len(generated) >= params.max_tokens:
             return "length"

@@ -54,10 +54,13 @@ def test_a_message_over_the_context_window_is_refused_and_not_recorded(tiny_engi
     assert session.messages == []
 
 
-def test_a_model_without_a_chat_template_is_refused(tiny_engine, monkeypatch):
+def test_a_model_without_a_chat_template_chats_in_the_format_its_vocabulary_names(tiny_engine, monkeypatch):
+    with_template = ChatSession(tiny_engine, system="Be brief.").prompt_ids("hi")
     monkeypatch.setattr(tiny_engine.tokenizer.hf, "chat_template", None)
-    with pytest.raises(ChatError, match="no chat template"):
-        ChatSession(tiny_engine)
+    session = ChatSession(tiny_engine, system="Be brief.")
+    # The byte tokenizer's <|im_start|> and <|im_end|> are ChatML's; the standard ChatML matches its template.
+    assert session.format_notice == "This model has no chat template: using the ChatML format."
+    assert session.prompt_ids("hi") == with_template
 
 
 def test_a_huge_paste_is_refused_before_tokenizing(tiny_engine, monkeypatch):

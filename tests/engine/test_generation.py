@@ -55,6 +55,16 @@ def test_an_eos_token_ends_with_stop_and_is_kept_in_the_ids(tiny_engine, monkeyp
     assert ignored.finish_reason == "length" and ignored.token_ids == free.token_ids
 
 
+def test_a_stop_token_id_ends_with_stop_like_an_eos_token(tiny_engine):
+    prompt = prompt_ids(tiny_engine)
+    _, free = run(tiny_engine, prompt, SamplingParams(temperature=0, max_tokens=8))
+    marker = free.token_ids[3]  # a chat format's end-of-turn marker, not an EOS of the model
+    _, done = run(tiny_engine, prompt, SamplingParams(temperature=0, max_tokens=8, stop_token_ids=(marker,)))
+    assert done.finish_reason == "stop" and done.token_ids == free.token_ids[: free.token_ids.index(marker) + 1]
+    with pytest.raises(ValueError, match="stop token ids"):
+        SamplingParams(stop_token_ids=(-1,))
+
+
 def test_greedy_generation_is_deterministic(tiny_engine):
     prompt = prompt_ids(tiny_engine)
     assert run(tiny_engine, prompt)[1].token_ids[:30] == run(tiny_engine, prompt)[1].token_ids[:30]

@@ -77,6 +77,7 @@ def test_a_database_from_every_older_version_upgrades_with_its_rows_intact(kvcha
         assert (conversation.title, conversation.model, conversation.system, conversation.params) == (
             "Herons", "old-model", "Be brief.", {"temperature": 0.7})
         assert conversation.token_fingerprint == ("fp-1" if version >= 4 else None)
+        assert conversation.chat_format is None  # written with its model's own chat template
         if version < 2:
             assert store.branch(conversation.id) == []
             return
