@@ -38,6 +38,7 @@ class AlternativesHost(Protocol):
     saved: SavedConversation | None
     messages: list[ChatMessage]
     token_ids: bool  # the backend takes token ids (an engine), not text (a server)
+    opens_thinking: bool  # the prompt ends inside an open <think> (app/chat/thinking.py)
 
     def end_alternatives(self, previous: list[ChatMessage], before: list[ChatMessage], prompt: list[int],
                          kept: ChatMessage | None, token_ids: list[int] | None) -> None: ...
@@ -131,7 +132,8 @@ class AlternativeReplies:
     def events(self) -> Iterator[tuple[int, Event | BaseException]]:
         session, saved = self._session, self._session.saved
         self._recorders = [ReplyRecorder(saved.reply_writer(len(self._prompt)) if saved else None,
-                                         counts_text=not session.token_ids) for _ in self._streams]
+                                         counts_text=not session.token_ids, opens_thinking=session.opens_thinking)
+                           for _ in self._streams]
         dones: list[Done | None] = [None] * self.count
         deleted = False
         stream = self._drive(self._streams, self._cancelled)

@@ -80,11 +80,14 @@ class ThinkingSplitter:
     thinking joined and stripped equals its thinking (or "" for None).
 
     It also counts tokens: a token (push(text, token=True)) is thinking if it was written inside the
-    block, opened it or closed it; else it is the answer's."""
+    block, opened it or closed it; else it is the answer's. Those held back at the start count as
+    whatever their text turns out to be."""
 
     def __init__(self, opens_in_thinking: bool = False):
+        self.opens_in_thinking = opens_in_thinking
         self._state = _THINK_START if opens_in_thinking else _START
         self._held = ""
+        self._undecided = 0  # tokens of the text held back at the start (whitespace, part of "<think>")
         self.thinking_tokens = 0
         self.answer_tokens = 0
         self.had_thinking = opens_in_thinking
@@ -98,15 +101,19 @@ class ThinkingSplitter:
         was_thinking = self.in_thinking
         delta = self._split(self._held + text)
         if token:
-            if was_thinking or self.in_thinking or delta.thinking:
-                self.thinking_tokens += 1
-            else:
-                self.answer_tokens += 1
+            self._undecided += 1
+            if self._state != _START:  # what the tokens held back at the start were is known now
+                if was_thinking or self.in_thinking or delta.thinking:
+                    self.thinking_tokens += self._undecided
+                else:
+                    self.answer_tokens += self._undecided
+                self._undecided = 0
         return delta
 
     def flush(self) -> ThinkingDelta:
         """The reply ended: whatever was held back (a partial tag that never completed is text)."""
         held, self._held = self._held, ""
+        self.answer_tokens, self._undecided = self.answer_tokens + self._undecided, 0
         if self._state == _START:
             return ThinkingDelta(answer=held)
         if self._state == _THINKING:
