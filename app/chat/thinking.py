@@ -63,6 +63,11 @@ def stored_reply_parts(text: str, stats: dict | None) -> ReplyParts:
     return split_reply(text, flag if isinstance(flag, bool) else None)
 
 
+def thinking_counts_text(thinking_tokens: int, answer_tokens: int) -> str:
+    """"think 120 · answer 48 tok": a reasoning reply's tokens, as the status bar and `ask` say them."""
+    return f"think {thinking_tokens} · answer {answer_tokens} tok"
+
+
 @dataclass(frozen=True)
 class ThinkingDelta:
     thinking: str = ""

@@ -56,6 +56,28 @@ def result_json(done: Done, engine: Backend, conversation_id: str) -> dict:
     }
 
 
+def thinking_json(session: ChatSession, done: Done) -> dict:
+    """`--json`'s reply split: `reply` is the answer alone, `thinking` the reasoning (null: none), and
+    their tokens apart (for a reply without thinking, all its tokens are the answer's)."""
+    from app.chat.thinking import split_reply
+
+    parts = split_reply(done.text, session.opens_thinking)
+    stats = session.messages[-1].stats if session.messages and session.messages[-1].stats else {}
+    return {"reply": parts.answer, "thinking": parts.thinking,
+            "thinking_tokens": stats.get("thinking_tokens", 0),
+            "answer_tokens": stats.get("answer_tokens", done.stats.generated_tokens)}
+
+
+def thinking_line(session: ChatSession) -> str:
+    """" · think 120 · answer 48 tok" after the stats line, for a reply that had thinking; else ""."""
+    from app.chat.thinking import thinking_counts_text
+
+    stats = session.messages[-1].stats if session.messages else None
+    if not stats or "thinking_tokens" not in stats:
+        return ""
+    return " · " + thinking_counts_text(stats["thinking_tokens"], stats.get("answer_tokens", 0))
+
+
 def open_session(args: argparse.Namespace, engine: Backend, storage: Storage,
                  saved: SavedConversation | None) -> ChatSession:
     """A new saved conversation, or `saved` (the one named by --conversation, whose turn this process
@@ -122,23 +144,27 @@ def run_ask(args: argparse.Namespace) -> int:
             saved.begin_turn(TURN_WAIT_S, on_wait=lambda: say("waiting for the reply another kvchat is writing "
                                                               "in this conversation…"), reload=True)
         session = open_session(args, engine, storage, saved)  # a discarded snapshot was logged to stderr
-        done, code = _answer(session, message, stream=not args.json)
+        done, code = _answer(session, message, stream=not args.json, show_thinking=args.show_thinking)
         try:
             if args.json:
-                print(json.dumps(result_json(done, engine, session.saved.id), ensure_ascii=False), flush=True)
+                result = {**result_json(done, engine, session.saved.id), **thinking_json(session, done)}
+                print(json.dumps(result, ensure_ascii=False), flush=True)
         except BrokenPipeError:
             silence(sys.stdout)
             code = code or BROKEN_PIPE_EXIT
-        say(stats_line(reply_stats(done)), prefix=False)
+        say(stats_line(reply_stats(done)) + thinking_line(session), prefix=False)
         say(f"conversation {session.saved.id} (continue it with --conversation {session.saved.id})")
         return code
     finally:
         storage.close()  # waits for the KV snapshot, so the next `ask --conversation` resumes from it
 
 
-def _answer(session: ChatSession, message: str, stream: bool) -> tuple[Done, int]:
+def _answer(session: ChatSession, message: str, stream: bool, show_thinking: bool = False) -> tuple[Done, int]:
     """Send the message and stream the reply; returns its Done and the exit code. A stop signal or a
-    reader that went away stops the reply (kept, as stopped); a second signal quits."""
+    reader that went away stops the reply (kept, as stopped); a second signal quits. A reasoning
+    model's thinking is left out of what is streamed unless `show_thinking` (then it is printed as
+    the model wrote it, its opening tag included where the prompt held it)."""
+    from app.chat.thinking import THINK_OPEN, ThinkingSplitter
     from engine import Done, EngineError, TokenDelta
 
     signals: list[int] = []
@@ -153,14 +179,21 @@ def _answer(session: ChatSession, message: str, stream: bool) -> tuple[Done, int
         session.cancel()  # the stream ends with Done("stopped") before the next token
         say("stopping…")
 
+    def write(text: str) -> None:
+        if text and not out.broken and not out.write(printable(text) if to_terminal else text):
+            session.cancel()  # nobody reads the reply any more: stop it, keep what was made
+
     previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
     done = None
     try:
-        for event in session.send(message):
+        events = session.send(message)
+        answer = ThinkingSplitter(session.opens_thinking)
+        if stream and show_thinking and session.opens_thinking:
+            write(THINK_OPEN + "\n")
+        for event in events:
             match event:
-                case TokenDelta(text=text) if stream and not out.broken:
-                    if not out.write(printable(text) if to_terminal else text):
-                        session.cancel()  # nobody reads the reply any more: stop it, keep what was made
+                case TokenDelta(text=text) if stream:
+                    write(text if show_thinking else answer.push(text).answer)
                 case Done():
                     done = event
     finally:
@@ -169,6 +202,10 @@ def _answer(session: ChatSession, message: str, stream: bool) -> tuple[Done, int
     if done is None:
         raise EngineError("The reply ended without a result.")
     if stream:
+        if not show_thinking:
+            write(answer.flush().answer)
+            if answer.in_thinking:  # else the user sees an empty reply and no reason for it
+                say("the reply ended while the model was still thinking; --show-thinking prints its reasoning")
         out.write("\n")
     if signals:
         return done, 128 + signals[0]

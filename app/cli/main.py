@@ -117,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("-c", "--continue", dest="continue_last", action="store_true", default=argparse.SUPPRESS,
                      help="continue the most recent conversation")
     ask.add_argument("--json", action="store_true", help="print one JSON object instead of the streamed reply")
+    ask.add_argument("--show-thinking", action="store_true",
+                     help="a reasoning model's <think> block too (by default only its answer is printed)")
     ask.add_argument("--save-settings", action="store_true",
                      help="keep the sampling flags (and --system) as the conversation's settings; without it they "
                           "apply to this reply only")
