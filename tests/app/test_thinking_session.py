@@ -1,6 +1,8 @@
 """A reasoning model's conversation: its replies stored whole, their reasoning counted apart, the
 template's rule for earlier reasoning followed with the most prefix reuse, and the thinking switch."""
 
+import json
+
 import pytest
 
 from app.chat.errors import ChatError
@@ -128,3 +130,22 @@ def test_a_template_without_the_switch_refuses_it_in_a_sentence(tiny_engine):
     with pytest.raises(ChatError, match="no thinking switch"):
         session.set_thinking(False)
     assert session.template_options() == {}
+
+
+def test_the_export_marks_the_reasoning_as_such(qwen3_engine):
+    from app.chat.library import export_text
+
+    storage = Storage.open()
+    session = ChatSession(ForcedReplies(qwen3_engine, [FIRST, "<think>\nStill at it"]), params=GREEDY,
+                          saved=SavedConversation.new(storage, qwen3_engine, None, GREEDY))
+    done(session.send("hi"))
+    done(session.send("more"))
+    markdown = export_text(storage.conversations, session.saved.id, "md")
+    assert "**Assistant:**\n\n> **Thinking**\n>\n> They say hi.\n\nHello!\n" in markdown
+    assert "> **Thinking** (it stopped while thinking)\n>\n> Still at it\n" in markdown
+    assert "<think>" not in markdown
+    messages = json.loads(export_text(storage.conversations, session.saved.id, "json"))["messages"]
+    assert [(m["text"], m.get("thinking")) for m in messages if m["role"] == "assistant"] == [
+        (FIRST, "They say hi."), ("<think>\nStill at it", "Still at it")]
+    assert all("thinking" not in m for m in messages if m["role"] == "user")
+    storage.close()
