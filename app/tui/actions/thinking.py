@@ -46,5 +46,7 @@ class ThinkingActions(_Host):
         except StorageError as exc:
             self.notify(str(exc), severity="error", timeout=10)
             return False
-        self.notify(f"Thinking {'on' if enabled else 'off'} in this conversation from the next reply on.", timeout=4)
+        # A regenerated reply answers its message as it was sent (its prompt's tokens are reused as they are).
+        self.notify(f"Thinking {'on' if enabled else 'off'} in this conversation from your next message on.",
+                    timeout=4)
         return True
