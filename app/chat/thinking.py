@@ -7,7 +7,7 @@ derived wherever the reply is shown.
 
 The rules, the same for a whole reply (split_reply) and for one streaming in (ThinkingSplitter):
 - thinking opens with `<think>` before any other text (leading whitespace aside), or at the very
-  start when the prompt itself ends inside an open `<think>` (R1-distill templates end with it);
+  start when the prompt itself ends with an open `<think>` (R1-distill templates end with it);
 - it ends at the first `</think>`; everything after is the answer (its leading whitespace dropped),
   even another `<think>`: a reply that talks about tags is not a second block;
 - a reply stopped, or cut at its length limit, inside the block is all thinking and no answer;
@@ -29,9 +29,10 @@ class ReplyParts:
 
 
 def prompt_opens_thinking(prompt_text: str) -> bool:
-    """Whether the prompt's text ends inside an open thinking block (its last `<think>` is after its
-    last `</think>`), so the reply starts as thinking without writing the tag."""
-    return prompt_text.rfind(THINK_OPEN) > prompt_text.rfind(THINK_CLOSE)
+    """Whether the prompt's text ends with an open `<think>` (only whitespace after it), so the reply
+    starts as thinking without writing the tag. Only its very end counts: a user's message that
+    mentions the tag leaves the reply as it is."""
+    return prompt_text.rstrip().endswith(THINK_OPEN)
 
 
 def template_switches_thinking(chat_template) -> bool:

@@ -42,6 +42,7 @@ def test_a_prompt_that_ends_inside_think_makes_the_reply_start_as_thinking():
     assert prompt_opens_thinking("<|im_start|>assistant\n<think>\n")
     assert not prompt_opens_thinking("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     assert not prompt_opens_thinking("<|im_start|>assistant\n")
+    assert not prompt_opens_thinking("<|im_start|>user\nWhat is <think> for?<|im_end|>\n<|im_start|>assistant\n")
 
 
 def test_an_unterminated_block_is_all_thinking_and_no_answer():
