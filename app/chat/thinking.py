@@ -59,9 +59,11 @@ def split_reply(text: str, opens_in_thinking: bool | None = None) -> ReplyParts:
 
 
 def stored_reply_parts(text: str, stats: dict | None) -> ReplyParts:
-    """A saved reply's parts: its stats say whether its prompt opened the thinking (ReplyRecorder)."""
-    flag = stats.get("opens_thinking") if isinstance(stats, dict) else None
-    return split_reply(text, flag if isinstance(flag, bool) else None)
+    """A saved reply's parts. Its stats say whether its prompt opened the thinking (ReplyRecorder keeps
+    `opens_thinking` only when it did); a reply kept without stats (interrupted) is read by its text."""
+    if not isinstance(stats, dict):
+        return split_reply(text, None)
+    return split_reply(text, stats.get("opens_thinking") is True)
 
 
 def thinking_counts_text(thinking_tokens: int, answer_tokens: int) -> str:

@@ -61,10 +61,13 @@ def test_an_empty_block_is_no_thinking():
     assert split_reply("<think>\n\n</think>\n\nNo thoughts.").thinking is None
 
 
-def test_a_saved_reply_without_the_flag_reads_a_lone_closing_tag_as_thinking_begun_in_the_prompt():
-    assert stored_reply_parts("Pondering.</think>Done.", None).thinking == "Pondering."
+def test_a_saved_reply_is_split_as_it_streamed_and_one_without_stats_by_its_text():
     assert stored_reply_parts("Pondering.", {"opens_thinking": True}).thinking == "Pondering."
     assert stored_reply_parts("Pondering.", {}).thinking is None
+    # Its prompt did not open the block: a lone closing tag is the answer's text, as it was shown.
+    assert stored_reply_parts("Use </think> to end it.", {"finish_reason": "stop"}).thinking is None
+    # Interrupted replies keep no stats: a closing tag with no opening one before it means the prompt opened it.
+    assert stored_reply_parts("Pondering.</think>Done.", None).thinking == "Pondering."
 
 
 @pytest.mark.parametrize("text", REPLIES)
