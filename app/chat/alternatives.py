@@ -39,6 +39,7 @@ class AlternativesHost(Protocol):
     messages: list[ChatMessage]
     token_ids: bool  # the backend takes token ids (an engine), not text (a server)
     chat_format_name: str | None  # the standard format of a model without a chat template (None: its own)
+    opens_thinking: bool  # the prompt ends inside an open <think> (app/chat/thinking.py)
 
     def end_alternatives(self, previous: list[ChatMessage], before: list[ChatMessage], prompt: list[int],
                          kept: ChatMessage | None, token_ids: list[int] | None) -> None: ...
@@ -132,7 +133,8 @@ class AlternativeReplies:
     def events(self) -> Iterator[tuple[int, Event | BaseException]]:
         session, saved = self._session, self._session.saved
         self._recorders = [ReplyRecorder(saved.reply_writer(len(self._prompt)) if saved else None,
-                                         counts_text=not session.token_ids, chat_format=session.chat_format_name)
+                                         counts_text=not session.token_ids, chat_format=session.chat_format_name,
+                                         opens_thinking=session.opens_thinking)
                            for _ in self._streams]
         dones: list[Done | None] = [None] * self.count
         deleted = False

@@ -10,6 +10,8 @@
     stop_repetition = true                    # end a reply stuck repeating itself
     alternatives = 3                          # replies "regenerate N" writes at once, 2 to 8
                                               # (the settings screen's choice wins over it)
+    collapse_thinking = false                 # a reasoning model's thinking stays collapsed while it
+                                              # streams too (t on a reply shows it)
 
     [sampling]                                # what a conversation has not set itself
     temperature = 0.7
@@ -55,6 +57,7 @@ class Config:
     stop_repetition: bool = True
     alternatives: int | None = None  # None: not set (the settings screen's last choice, else the default)
     sampling: dict = field(default_factory=dict)  # SamplingParams field -> value
+    collapse_thinking: bool = False  # else a reply's thinking is expanded while it streams in
 
 
 def config_path() -> Path:
@@ -80,7 +83,8 @@ def _parse(raw: dict, path: Path) -> Config:
     def fail(key: str, rule: str):
         raise ConfigError(f"in the config file {path}, {key} {rule}")
 
-    known = {"model", "system", "theme", "max_reply_tokens", "stop_repetition", "alternatives", "sampling"}
+    known = {"model", "system", "theme", "max_reply_tokens", "stop_repetition", "alternatives", "sampling",
+             "collapse_thinking"}
     for key in raw:
         if key not in known:
             fail(repr(key), f"is not a setting (known: {', '.join(sorted(known))})")
@@ -90,8 +94,9 @@ def _parse(raw: dict, path: Path) -> Config:
     max_reply = raw.get("max_reply_tokens", DEFAULT_MAX_REPLY_TOKENS)
     if not isinstance(max_reply, int) or isinstance(max_reply, bool) or max_reply < 0:
         fail("max_reply_tokens", "must be a whole number, 0 (no ceiling) or more")
-    if not isinstance(raw.get("stop_repetition", True), bool):
-        fail("stop_repetition", "must be true or false")
+    for key in ("stop_repetition", "collapse_thinking"):
+        if key in raw and not isinstance(raw[key], bool):
+            fail(key, "must be true or false")
     if "alternatives" in raw and alternatives_problem(raw["alternatives"]):
         fail("alternatives", alternatives_problem(raw["alternatives"]))
     sampling = raw.get("sampling", {})
@@ -105,4 +110,5 @@ def _parse(raw: dict, path: Path) -> Config:
         except (ValueError, TypeError) as exc:
             fail(f"sampling.{key} = {value!r}", f"is refused: {exc}")
     return Config(path, raw.get("model"), raw.get("system"), raw.get("theme"), max_reply,
-                  raw.get("stop_repetition", True), raw.get("alternatives"), dict(sampling))
+                  raw.get("stop_repetition", True), raw.get("alternatives"), dict(sampling),
+                  raw.get("collapse_thinking", False))

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from app.chat.export_file import write_new_file
+from app.chat.thinking import stored_reply_parts
 from storage.conversations import Conversation, ConversationStore, StoredMessage
 from storage.errors import StorageError
 from storage.snapshot_dir import SnapshotDir
@@ -27,9 +28,19 @@ def render_markdown(conversation: Conversation, branch: list[StoredMessage]) -> 
         lines += ["**System:**", "", conversation.system, ""]
     for message in branch:
         who = {"user": "You", "system": "Summary of the earlier turns"}.get(message.role, "Assistant")
-        lines += [f"**{who}:**{STATUS_NOTES.get(message.status, '')}",
-                  "", message.text, ""]
+        lines += [f"**{who}:**{STATUS_NOTES.get(message.status, '')}", ""]
+        lines += _reply_lines(message) if message.role == "assistant" else [message.text, ""]
     return "\n".join(lines)
+
+
+def _reply_lines(message: StoredMessage) -> list[str]:
+    """A reply: its reasoning (if it has any) as a quoted "Thinking" section, then its answer."""
+    parts = stored_reply_parts(message.text, message.stats)
+    if parts.thinking is None:
+        return [parts.answer, ""]
+    heading = "> **Thinking**" + ("" if parts.thinking_ended else " (it stopped while thinking)")
+    quoted = [f"> {line}".rstrip() for line in parts.thinking.splitlines()]
+    return [heading, ">", *quoted, "", parts.answer, ""] if parts.answer else [heading, ">", *quoted, ""]
 
 
 def conversation_json(c: Conversation) -> dict:
@@ -39,7 +50,10 @@ def conversation_json(c: Conversation) -> dict:
 
 
 def _message_json(m: StoredMessage) -> dict:
-    return {"id": m.id, "parent_id": m.parent_id, "role": m.role, "text": m.text, "status": m.status,
+    """A message as the JSON export has it: `text` as it was written (a reply's <think> block included),
+    and a reply's `thinking` apart (null: none)."""
+    thinking = {"thinking": stored_reply_parts(m.text, m.stats).thinking} if m.role == "assistant" else {}
+    return {"id": m.id, "parent_id": m.parent_id, "role": m.role, "text": m.text, **thinking, "status": m.status,
             "token_start": m.token_start, "token_ids": m.token_ids, "stats": m.stats,
             "created_at": m.created_at, "updated_at": m.updated_at}
 

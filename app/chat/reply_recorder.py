@@ -10,6 +10,7 @@ from app.chat.chat_message import ChatMessage
 from app.chat.reply_timeline import ReplyTimeline
 from app.chat.reply_writer import ReplyNotSaved, ReplyWriter
 from app.chat.saved_chat import reply_stats
+from app.chat.thinking import ThinkingSplitter
 from engine import Done, TokenDelta
 from storage.errors import StorageError
 
@@ -17,13 +18,16 @@ log = logging.getLogger("kvchat")
 
 
 class ReplyRecorder:
-    def __init__(self, writer: ReplyWriter | None, counts_text: bool, chat_format: str | None = None):
+    def __init__(self, writer: ReplyWriter | None, counts_text: bool, chat_format: str | None = None,
+                 opens_thinking: bool = False):
         """`writer`: the reply's row (None: a conversation kept in memory only). `counts_text`: each
         text chunk counts as a token (a remote server's events carry no token ids). `chat_format`: the
         standard format its prompt was written in (a model without a chat template), kept in its stats
-        for the inspector."""
+        for the inspector. `opens_thinking`: the prompt ended inside a `<think>` block, so the reply
+        starts as reasoning (thinking.py)."""
         self.writer = writer
         self.chat_format = chat_format
+        self.thinking = ThinkingSplitter(opens_thinking)  # counts the reasoning's tokens apart
         self.pieces: list[str] = []
         self.ids: list[int] = []
         self.timeline = ReplyTimeline()
@@ -43,7 +47,9 @@ class ReplyRecorder:
         self.pieces.append(event.text)
         if event.token_id is not None:
             self.ids.append(event.token_id)
-        if event.token_id is not None or (self._counts_text and event.text):
+        counts = event.token_id is not None or (self._counts_text and bool(event.text))
+        self.thinking.push(event.text, token=counts)
+        if counts:
             self.timeline.token(step=event.step)
         if self.writer is not None:
             self.writer.progress(self.pieces, self.ids)
@@ -53,8 +59,21 @@ class ReplyRecorder:
         stats = reply_stats(done, self.timeline.rates(), self.timeline.step_sizes())
         if self.chat_format is not None:
             stats["chat_format"] = self.chat_format
+        stats.update(self.thinking_stats())
         status = "stopped" if done.finish_reason == "stopped" else "complete"
         return ChatMessage("assistant", done.text, token_end, None, status, stats)
+
+    def thinking_stats(self) -> dict:
+        """What the reply's stats keep of its reasoning: its tokens and the answer's (the status bar shows
+        them), and whether its prompt opened the block, which the stored text alone cannot tell; {} for
+        a reply without thinking, so other replies' stats are as they were."""
+        splitter = self.thinking
+        if not splitter.had_thinking:
+            return {}
+        stats = {"thinking_tokens": splitter.thinking_tokens, "answer_tokens": splitter.answer_tokens}
+        if splitter.opens_in_thinking:
+            stats["opens_thinking"] = True
+        return stats
 
     def store(self, message: ChatMessage, done: Done) -> None:
         """Write the finished reply (`message`, from finished()) and give it its row's id. ReplyNotSaved,

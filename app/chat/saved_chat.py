@@ -35,6 +35,9 @@ from storage.trash import empty_trash
 from storage.turn_lock import TurnLock
 
 log = logging.getLogger("kvchat")
+# Kept beside the sampling settings (the conversation's `params`), which the sampling ignores: false when
+# the user turned the conversation's thinking off (app/chat/thinking.py).
+THINKING_SETTING = "thinking"
 
 
 
@@ -168,7 +171,23 @@ class SavedConversation:
     def change_settings(self, system: str | None, params: SamplingParams) -> None:
         """A new system prompt and sampling settings. A conversation not created yet (nothing sent)
         keeps them for when it is, so opening the settings never leaves an empty conversation behind."""
-        settings = {"system": system, "params": sampling_settings(params)}
+        kept = {THINKING_SETTING: self.thinking} if THINKING_SETTING in self._params() else {}
+        self._change({"system": system, "params": {**sampling_settings(params), **kept}})
+
+    @property
+    def thinking(self) -> bool:
+        """The conversation's thinking switch (ChatSession.set_thinking); on unless turned off."""
+        return self._params().get(THINKING_SETTING) is not False
+
+    def set_thinking(self, enabled: bool) -> None:
+        self._change({"params": {**self._params(), THINKING_SETTING: enabled}})
+
+    def _params(self) -> dict:
+        """The settings kept with the conversation (or to be, once it is created) under `params`."""
+        params = self.conversation.params if self.conversation else self.new_settings.get("params")
+        return params if isinstance(params, dict) else {}
+
+    def _change(self, settings: dict) -> None:
         if self.conversation is None:
             self.new_settings.update(settings)
         else:

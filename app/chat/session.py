@@ -25,6 +25,7 @@ from app.chat.reply_recorder import ReplyRecorder
 from app.chat.reply_writer import ConversationDeleted
 from app.chat.saved_chat import SavedConversation
 from app.chat.template import render_chat
+from app.chat.thinking import prompt_opens_thinking, template_switches_thinking
 from engine import Done, Event, Generation, SamplingParams, TokenDelta
 from engine.errors import NonFiniteLogitsError
 
@@ -32,6 +33,9 @@ from engine.errors import NonFiniteLogitsError
 # No tokenizer packs more than this many characters into one token on average, so a
 # longer message cannot fit the context window and is refused before tokenizing it.
 MAX_CHARS_PER_TOKEN = 64
+# The prompt's last tokens that tell whether it ends inside an open <think> (R1-distill templates):
+# far more than a generation prompt's few, far fewer than a long history's.
+PROMPT_TAIL_TOKENS = 32
 
 
 class ChatSession:
@@ -64,6 +68,10 @@ class ChatSession:
         self.seen_ids: list[int] = []  # the last turn's prompt + reply ids, as the model saw them
         self.rewritten_at: int | None = None  # set when the template changed earlier turns' tokens
         self.notice: str | None = None  # something the user should know about the resumed conversation
+        # The conversation's thinking switch (kept with it, saved_chat.py): off renders the template with
+        # enable_thinking=False, where the template reads it (thinking_switchable).
+        self.thinking = saved.thinking if saved is not None else True
+        self.opens_thinking = False  # the reply being written began inside its prompt's open <think>
         if saved is not None:
             self._load_history()
             if self.seen_ids:
@@ -92,7 +100,35 @@ class ChatSession:
         return with_summaries(turns + [{"role": m.role, "content": m.content} for m in messages])
 
     def _rendered(self, messages: list[ChatMessage]) -> str:
-        return render_chat(self.engine.tokenizer, self._turns(messages), self.chat_format)
+        return render_chat(self.engine.tokenizer, self._turns(messages), self.chat_format,
+                           **self.template_options())
+
+    @property
+    def thinking_switchable(self) -> bool:
+        """Whether the model's chat template can turn thinking off (it reads `enable_thinking`)."""
+        # A standard format (a model without a template, chat_formats.py) has no switch.
+        return (self.token_ids and self.chat_format is None
+                and template_switches_thinking(self.engine.tokenizer.hf.chat_template))
+
+    def template_options(self) -> dict:
+        """The variables the chat template is rendered with: enable_thinking=False when the
+        conversation's thinking is switched off and the template takes it; else none."""
+        return {"enable_thinking": False} if not self.thinking and self.thinking_switchable else {}
+
+    def set_thinking(self, enabled: bool) -> None:
+        """Switch the conversation's thinking on or off from the next reply on (and, when saved, keep
+        it). ChatError if the template has no switch. Earlier replies are as they were written; the
+        template decides what the next prompt keeps of their reasoning."""
+        if not self.thinking_switchable:
+            raise ChatError("This model's chat template has no thinking switch (enable_thinking), so "
+                            "thinking cannot be turned off for it.")
+        if self.saved is not None:
+            self.saved.set_thinking(enabled)
+        self.thinking = enabled
+
+    def _opens_thinking(self, prompt: list[int]) -> bool:
+        tail = prompt[-PROMPT_TAIL_TOKENS:]
+        return bool(tail) and prompt_opens_thinking(self.engine.tokenizer.decode_exact(tail))
 
     def prompt_ids(self, user_text: str) -> list[int]:
         """Token ids of the whole conversation plus `user_text`, ready for the assistant's reply.
@@ -134,6 +170,7 @@ class ChatSession:
         with self._taking_turn():
             prompt = self._ids_through(before) or self.engine.tokenizer.encode(self._rendered(before))
             self._restart(before, self.engine.generate(prompt, self.reply_params))
+        self.opens_thinking = self._opens_thinking(prompt)
         return self._stream(self.generation, prompt)
 
     def regenerate_alternatives(self, count: int) -> AlternativeReplies:
@@ -144,6 +181,7 @@ class ChatSession:
         with self._taking_turn():
             prompt, streams, drive = self._alternative_streams(before, params)
             self._restart(before, None)
+            self.opens_thinking = self._opens_thinking(prompt)
         self.alternatives = AlternativeReplies(self, previous, prompt, streams, drive)
         return self.alternatives
 
@@ -197,6 +235,7 @@ class ChatSession:
             start = len(seen) if prompt.rewritten_at is None else prompt.rewritten_at
             self._record_user(before, user_text, len(prompt.ids), start, prompt.ids[start:])
         self.generation = generation
+        self.opens_thinking = self._opens_thinking(prompt.ids)
         return self._stream(generation, prompt.ids)
 
     @contextmanager
@@ -231,7 +270,7 @@ class ChatSession:
     def _stream(self, generation: Generation, prompt: list[int]) -> Iterator[Event]:
         saved, done, deleted = self.saved, None, False
         recorder = ReplyRecorder(saved.reply_writer(len(prompt)) if saved else None, counts_text=not self.token_ids,
-                                 chat_format=self.chat_format_name)
+                                 chat_format=self.chat_format_name, opens_thinking=self.opens_thinking)
         stream = cut_events(self.chat_format, self._events(generation, prompt))
         try:
             for event in stream:

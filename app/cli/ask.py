@@ -61,6 +61,28 @@ def result_json(done: Done, engine: Backend, conversation_id: str | None, chat_f
     }
 
 
+def thinking_json(session: ChatSession, done: Done) -> dict:
+    """`--json`'s reply split: `reply` is the answer alone, `thinking` the reasoning (null: none), and
+    their tokens apart (for a reply without thinking, all its tokens are the answer's)."""
+    from app.chat.thinking import split_reply
+
+    parts = split_reply(done.text, session.opens_thinking)
+    stats = session.messages[-1].stats if session.messages and session.messages[-1].stats else {}
+    return {"reply": parts.answer, "thinking": parts.thinking,
+            "thinking_tokens": stats.get("thinking_tokens", 0),
+            "answer_tokens": stats.get("answer_tokens", done.stats.generated_tokens)}
+
+
+def thinking_line(session: ChatSession) -> str:
+    """" · think 120 · answer 48 tok" after the stats line, for a reply that had thinking; else ""."""
+    from app.chat.thinking import thinking_counts_text
+
+    stats = session.messages[-1].stats if session.messages else None
+    if not stats or "thinking_tokens" not in stats:
+        return ""
+    return " · " + thinking_counts_text(stats["thinking_tokens"], stats.get("answer_tokens", 0))
+
+
 def open_session(args: argparse.Namespace, engine: Backend, storage: Storage,
                  saved: SavedConversation | None) -> ChatSession:
     """A new saved conversation, or `saved` (the one named by --conversation, whose turn this process
@@ -134,16 +156,17 @@ def run_ask(args: argparse.Namespace) -> int:
         overflow = OverflowWay(args)  # --drop-oldest / --compact, for a conversation that outgrew the window
         if session.format_notice:  # a model without a chat template: never a silent guess
             say(session.format_notice)
-        done, code = _answer(session, message, stream=not args.json, send=overflow.send)
+        done, code = _answer(session, message, stream=not args.json, send=overflow.send,
+                             show_thinking=args.show_thinking)
         try:
             if args.json:
                 result = {**result_json(done, engine, session.saved.id, session.chat_format_name),
-                          "context_overflow": overflow.taken}
+                          "context_overflow": overflow.taken, **thinking_json(session, done)}
                 print(json.dumps(result, ensure_ascii=False), flush=True)
         except BrokenPipeError:
             silence(sys.stdout)
             code = code or BROKEN_PIPE_EXIT
-        say(stats_line(reply_stats(done)), prefix=False)
+        say(stats_line(reply_stats(done)) + thinking_line(session), prefix=False)
         taken = overflow.report(done.stats)  # what was dropped or compacted, and what it cost
         if taken:
             say(taken)
@@ -172,10 +195,14 @@ def run_raw(args: argparse.Namespace, message: str) -> int:
     return code
 
 
-def _answer(session: ChatSession | RawCompletion, message: str, stream: bool, send=None) -> tuple[Done, int]:
+def _answer(session: ChatSession | RawCompletion, message: str, stream: bool, send=None,
+            show_thinking: bool = False) -> tuple[Done, int]:
     """Send the message (through `send(session, message)`, default session.send) and stream the reply;
     returns its Done and the exit code. A stop signal or a reader that went away stops the reply (kept, as
-    stopped); a second signal quits."""
+    stopped); a second signal quits. A reasoning model's thinking is left out of what is streamed unless
+    `show_thinking` (then it is printed as the model wrote it, its opening tag included where the prompt
+    held it)."""
+    from app.chat.thinking import THINK_OPEN, ThinkingSplitter
     from engine import Done, EngineError, TokenDelta
 
     signals: list[int] = []
@@ -190,14 +217,22 @@ def _answer(session: ChatSession | RawCompletion, message: str, stream: bool, se
         session.cancel()  # the stream ends with Done("stopped") before the next token
         say("stopping…")
 
+    def write(text: str) -> None:
+        if text and not out.broken and not out.write(printable(text) if to_terminal else text):
+            session.cancel()  # nobody reads the reply any more: stop it, keep what was made
+
     previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
     done = None
     try:
-        for event in session.send(message) if send is None else send(session, message):
+        events = session.send(message) if send is None else send(session, message)
+        opens_thinking = getattr(session, "opens_thinking", False)  # set by send; --raw has none
+        answer = ThinkingSplitter(opens_thinking)
+        if stream and show_thinking and opens_thinking:
+            write(THINK_OPEN + "\n")
+        for event in events:
             match event:
-                case TokenDelta(text=text) if stream and not out.broken:
-                    if not out.write(printable(text) if to_terminal else text):
-                        session.cancel()  # nobody reads the reply any more: stop it, keep what was made
+                case TokenDelta(text=text) if stream:
+                    write(text if show_thinking else answer.push(text).answer)
                 case Done():
                     done = event
     finally:
@@ -206,6 +241,10 @@ def _answer(session: ChatSession | RawCompletion, message: str, stream: bool, se
     if done is None:
         raise EngineError("The reply ended without a result.")
     if stream:
+        if not show_thinking:
+            write(answer.flush().answer)
+            if answer.in_thinking:  # else the user sees an empty reply and no reason for it
+                say("the reply ended while the model was still thinking; --show-thinking prints its reasoning")
         out.write("\n")
     if signals:
         return done, 128 + signals[0]

@@ -126,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
                                "new branch from that summary (the old branch stays as it is)")
     ask.add_argument("--raw", action="store_true",
                      help="send the text as is, without a chat template (a base model's completion; not saved)")
+    ask.add_argument("--show-thinking", action="store_true",
+                     help="a reasoning model's <think> block too (by default only its answer is printed)")
     ask.add_argument("--save-settings", action="store_true",
                      help="keep the sampling flags (and --system) as the conversation's settings; without it they "
                           "apply to this reply only")

@@ -34,6 +34,7 @@ from app.tui.actions.library import LibraryActions
 from app.tui.actions.panels import PanelActions
 from app.remote.stream import RemoteError
 from app.tui.actions.reply import ReplyActions
+from app.tui.actions.thinking import ThinkingActions
 from app.chat.config import Config
 from app.chat.reply_limits import reply_limits
 from app.chat.sampling_settings import SAMPLING_FIELDS, sampling_params
@@ -57,7 +58,8 @@ NARROW_BELOW = 100  # columns: narrower, the chat keeps the whole width (see on_
 QUIT_SIGNALS = [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)]
 
 
-class KvchatApp(AlternativesActions, ReplyActions, ContextActions, PanelActions, LibraryActions, App):
+class KvchatApp(AlternativesActions, ReplyActions, ContextActions, ThinkingActions, PanelActions, LibraryActions,
+                App):
     CSS_PATH = str(stylesheet())
     TITLE = "kvchat"
     # In the footer's order: what a newcomer needs first (stop, help, settings) comes first, so that it

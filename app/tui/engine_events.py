@@ -13,6 +13,7 @@ from textual.message import Message
 
 from app.chat.errors import USER_FACING_ERRORS
 from app.chat.session import ChatSession
+from app.chat.thinking import ThinkingSplitter
 from engine import Done, Engine, Event, RequestStats, Stats, TokenDelta
 
 # Streamed text reaches the UI at most 10 times a second: still reads as a stream, and every batch costs
@@ -57,9 +58,11 @@ class SessionFailed(Message):
 
 
 class ReplyText(Message):
-    def __init__(self, text: str):
+    def __init__(self, text: str, thinking: str = "", tokens: tuple[int, int] | None = None):
+        """`text`: the answer's new text; `thinking`: the reasoning's (app/chat/thinking.py); `tokens`:
+        (thinking, answer) tokens so far, for a reply that has thought (else None)."""
         super().__init__()
-        self.text = text
+        self.text, self.thinking, self.tokens = text, thinking, tokens
 
 
 class ReplyStats(Message):
@@ -84,21 +87,33 @@ def failure_sentence(exc: BaseException) -> str:
     return f"The reply failed unexpectedly ({exc!r})."
 
 
-def stream_reply(events: Iterator[Event], engine: Engine, post: Callable[[Message], object]) -> None:
-    """On the engine thread: run a reply, posting its text in batches, its stats and its end.
+def stream_reply(events: Iterator[Event], engine: Engine, post: Callable[[Message], object],
+                 opens_thinking: bool = False) -> None:
+    """On the engine thread: run a reply, posting its text in batches (its thinking apart from its answer;
+    `opens_thinking`: the prompt ended inside an open <think>), its stats and its end.
     Never raises: whatever happens, the UI gets a ReplyDone."""
+    split = ThinkingSplitter(opens_thinking)
     pending: list[str] = []
+    thinking: list[str] = []
     done = None
     last_post = time.monotonic()
     last_kv = float("-inf")
+
+    def post_text() -> None:
+        tokens = (split.thinking_tokens, split.answer_tokens) if split.had_thinking else None
+        post(ReplyText("".join(pending), "".join(thinking), tokens))
+        pending.clear()
+        thinking.clear()
+
     try:
         for event in events:
             match event:
                 case TokenDelta(text=text):
-                    pending.append(text)
+                    delta = split.push(text, token=event.token_id is not None or bool(text))
+                    pending.append(delta.answer)
+                    thinking.append(delta.thinking)
                     if time.monotonic() - last_post >= TEXT_BATCH_S:
-                        post(ReplyText("".join(pending)))
-                        pending.clear()
+                        post_text()
                         last_post = time.monotonic()
                 case Stats(stats=stats):
                     kv_cache = None
@@ -106,8 +121,11 @@ def stream_reply(events: Iterator[Event], engine: Engine, post: Callable[[Messag
                         kv_cache, last_kv = engine.cache_stats(), time.monotonic()
                     post(ReplyStats(stats, kv_cache))
                 case Done():
-                    if pending:
-                        post(ReplyText("".join(pending)))
+                    end = split.flush()
+                    pending.append(end.answer)
+                    thinking.append(end.thinking)
+                    if any(pending) or any(thinking):
+                        post_text()
                     done = event
         # After the stream: the request's blocks are back in the cache and the stats include them.
         post(ReplyDone(done, kv_cache=engine.cache_stats()))

@@ -1,5 +1,5 @@
-"""Slash commands typed in the message box: `/system TEXT`, `/temperature X`, `/model NAME`, `/clear`,
-`/file PATH`, `/drop-oldest MESSAGE`, `/compact MESSAGE`, `/help`.
+"""Slash commands typed in the message box: `/system TEXT`, `/temperature X`, `/model NAME`,
+`/thinking on|off`, `/clear`, `/file PATH`, `/drop-oldest MESSAGE`, `/compact MESSAGE`, `/help`.
 
 A command is a slash and a word at the start of the box, then a space, a new line or the end:
 `/temperature 0.3`. Anything else is a message, sent as typed: `/etc/hosts is empty`, `/ 2`,
@@ -22,6 +22,7 @@ COMMANDS = {
     "system": ("TEXT", "Set this conversation's system prompt"),
     "temperature": ("X", "Set the sampling temperature (0 = greedy)"),
     "model": ("NAME", "Switch to another model (alone: list them)"),
+    "thinking": ("on|off", "Let a reasoning model think in this conversation, or not (its template must allow it)"),
     "clear": ("", "Start a new chat"),
     "file": ("PATH", "Put a text file's content in the message being written"),
     "drop-oldest": ("MESSAGE", "Send MESSAGE on a new branch without the oldest turns (when the context is full)"),
@@ -82,6 +83,14 @@ def temperature(argument: str, params: SamplingParams) -> SamplingParams:
     except ValueError as exc:  # out of SamplingParams' bounds, or not finite
         reason = str(exc)
         raise CommandError(reason[:1].upper() + reason[1:] + f"; {argument} is not.") from None
+
+
+def thinking_switch(argument: str) -> bool:
+    """The switch `/thinking ARGUMENT` asks for (on: True); CommandError says why not."""
+    words = {"on": True, "off": False}
+    if argument.lower() not in words:
+        raise CommandError(f"/thinking takes on or off, not “{argument}”.")
+    return words[argument.lower()]
 
 
 def choose_model(name: str, models: list[LocalModel]) -> LocalModel:

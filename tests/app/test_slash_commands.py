@@ -6,7 +6,7 @@ import pytest
 
 from app.chat.local_models import LocalModel
 from app.tui.slash_commands import (COMMANDS, Command, CommandError, UnknownCommand, choose_model, parse,
-                                temperature, usage)
+                                temperature, thinking_switch, usage)
 from engine import SamplingParams
 
 
@@ -38,14 +38,25 @@ def test_a_doubled_slash_sends_a_message_starting_with_one(text, message):
 
 def test_an_unknown_command_says_which_there_are_and_how_to_send_a_slash():
     sentence = UnknownCommand("frobnicate").sentence()
-    assert sentence == ("/frobnicate is not a command. The commands are /system, /temperature, /model, /clear, "
-                        "/file, /drop-oldest, /compact, /help; start a message with // to send it with a single / at the start.")
+    assert sentence == ("/frobnicate is not a command. The commands are /system, /temperature, /model, /thinking, "
+                        "/clear, /file, /drop-oldest, /compact, /help; start a message with // to send it with a single / "
+                        "at the start.")
 
 
 def test_usage_shows_what_each_command_takes():
     assert [usage(name) for name in COMMANDS] == [
-        "/system TEXT", "/temperature X", "/model NAME", "/clear", "/file PATH", "/drop-oldest MESSAGE",
-        "/compact MESSAGE", "/help"]
+        "/system TEXT", "/temperature X", "/model NAME", "/thinking on|off", "/clear", "/file PATH",
+        "/drop-oldest MESSAGE", "/compact MESSAGE", "/help"]
+
+
+@pytest.mark.parametrize(("argument", "enabled"), [("on", True), ("OFF", False), ("Off", False)])
+def test_thinking_takes_on_or_off(argument, enabled):
+    assert thinking_switch(argument) is enabled
+
+
+def test_thinking_refuses_anything_else_in_a_sentence():
+    with pytest.raises(CommandError, match="/thinking takes on or off, not “yes”."):
+        thinking_switch("yes")
 
 
 def test_temperature_replaces_only_the_temperature():

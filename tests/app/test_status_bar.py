@@ -31,9 +31,11 @@ class BarApp(App):
         bar.kv_cache = {"enabled": True, "bytes_used": 80 * 2**20, "bytes_total": 2048 * 2**20}
 
 
-async def bar_lines(width: int, phase: str, detail: str = "", stats: RequestStats | None = REPLY) -> list[str]:
+async def bar_lines(width: int, phase: str, detail: str = "", stats: RequestStats | None = REPLY,
+                    thinking_tokens: tuple[int, int] | None = None) -> list[str]:
     app = BarApp()
     async with app.run_test(size=(width, 4)) as pilot:
+        app.query_one(StatusBar).thinking_tokens = thinking_tokens
         app.query_one(StatusBar).show(phase, detail, stats)
         await pilot.pause()
         bar = app.query_one(StatusBar)
@@ -148,3 +150,12 @@ async def test_a_prefill_of_few_tokens_shows_no_rate():
         bar.begin_reply()
         bar.show("prefill", stats=prefill_stats(MIN_PREFILL_TOKENS_FOR_RATE - 1, 50.0, total=400))
         assert "tok/s" not in bar.status_text() and f"{MIN_PREFILL_TOKENS_FOR_RATE - 1}/400" in bar.status_text()
+
+
+async def test_a_reasoning_reply_counts_its_thinking_and_answer_apart_and_gives_way_first_when_narrow():
+    [line] = await bar_lines(200, "idle", thinking_tokens=(132, 48))
+    assert "52.6 tok/s · think 132 · answer 48 tok · " in line
+    [plain] = await bar_lines(200, "idle")
+    assert "think" not in plain
+    narrow = await bar_lines(60, "decode", thinking_tokens=(132, 48))
+    assert all(part in narrow[0] for part in NUMBERS) and "answer 48 tok" not in narrow[0]

@@ -104,9 +104,10 @@ async def test_slash_temperature_changes_the_conversations_temperature(tiny_engi
     ("/temperature warm", "The temperature must be a number, such as /temperature 0.7 (0 = greedy)."),
     ("/system", "/system needs the text of the system prompt"),
     ("/file", "/file needs the path of a text file"),
-    ("/frobnicate", "/frobnicate is not a command. The commands are /system, /temperature, /model, /clear, "
-                    "/file, /drop-oldest, /compact, /help;"),
+    ("/frobnicate", "/frobnicate is not a command. The commands are /system, /temperature, /model, /thinking, "
+                    "/clear, /file, /drop-oldest, /compact, /help;"),
     ("/compact", "/compact needs the message to send on the new branch"),
+    ("/thinking off", "This model's chat template has no thinking switch"),
 ])
 async def test_a_command_that_cannot_be_done_says_why_and_stays_in_the_box(tiny_engine, typed_text, sentence):
     app = app_with(tiny_engine)

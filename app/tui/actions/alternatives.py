@@ -18,6 +18,7 @@ from textual.widgets import Markdown
 
 from app.chat.alternatives import GREEDY_STANDIN_TEMPERATURE, AlternativeReplies
 from app.chat.alternatives_count import DEFAULT_ALTERNATIVES, alternatives_problem
+from app.chat.thinking import ThinkingDelta, ThinkingSplitter
 from app.chat.backend_loader import is_remote
 from app.chat.chat_message import ChatMessage
 from app.chat.errors import USER_FACING_ERRORS
@@ -73,11 +74,26 @@ class LiveAlternatives:
     stats: list[RequestStats | None] = field(default_factory=list)
     ended: list[bool] = field(default_factory=list)
     kept: list[ChatMessage | None] = field(default_factory=list)  # what each ended as (None: nothing)
-    stream: MarkdownStream | None = None  # the shown one's text, streamed into the view
+    stream: MarkdownStream | None = None  # the shown one's answer, streamed into the view
+    opens_thinking: bool = False  # their prompt ends inside an open <think> (app/chat/thinking.py)
+    # Each one's text split as it comes: its answer (what the Markdown shows) and its reasoning, apart.
+    splitters: list[ThinkingSplitter] = field(default_factory=list)
+    answers: list[str] = field(default_factory=list)
+    reasonings: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         count = self.replies.count
         self.texts, self.stats, self.ended, self.kept = [""] * count, [None] * count, [False] * count, [None] * count
+        self.splitters = [ThinkingSplitter(self.opens_thinking) for _ in range(count)]
+        self.answers, self.reasonings = [""] * count, [""] * count
+
+    def add(self, index: int, text: str) -> ThinkingDelta:
+        """What alternative `index` wrote since the last batch, split."""
+        self.texts[index] += text
+        delta = self.splitters[index].push(text)
+        self.answers[index] += delta.answer
+        self.reasonings[index] += delta.thinking
+        return delta
 
     @property
     def shown(self) -> int:
@@ -95,6 +111,7 @@ class AlternativesHost(Protocol):
     engine: Backend | None
     engine_thread: EngineThread
     preferences: Preferences
+    config: Config
     alternatives: int  # how many to write (alternatives_count)
     reply: AssistantMessageView | None  # the view they are written in, while they are
     _inspecting_live: bool
@@ -148,7 +165,8 @@ class AlternativesActions(_Host):
         view = await chat.add(ChatMessage("assistant", "", status="streaming"))
         view.choice = (0, count)
         view.refresh_header()
-        self.reply, self._live = view, LiveAlternatives(replies)
+        self.reply, self._live = view, LiveAlternatives(replies, opens_thinking=session.opens_thinking)
+        view.thinking.begin(expanded=not self.config.collapse_thinking)
         self._live.stream = Markdown.get_stream(view.body)
         self.query_one(StatusBar).begin_reply(replies.rates())
         self.notify(start_note(count, session.params.greedy, is_remote(self.engine)), timeout=8)
@@ -186,10 +204,15 @@ class AlternativesActions(_Host):
             live.stream = None
         if live.ended[index]:
             view.message = live.kept[index] or ChatMessage("assistant", "", status="stopped")
-            await view.body.update(view.message.content or "*(stopped before it wrote anything)*")
+            parts = view.parts
+            view.thinking.finish(parts.thinking, None, parts.thinking_ended)
+            await view.body.update(parts.answer or ("*(no answer)*" if parts.thinking else
+                                                    "*(stopped before it wrote anything)*"))
         else:
             view.message = ChatMessage("assistant", live.texts[index], status="streaming")
-            await view.body.update(live.texts[index])
+            view.thinking.reasoning = ""
+            view.thinking.add(live.reasonings[index])
+            await view.body.update(live.answers[index])
             live.stream = Markdown.get_stream(view.body)
         view.choice = (index, live.replies.count)
         view.refresh_header()
@@ -198,16 +221,17 @@ class AlternativesActions(_Host):
         live = self._live
         if live is None:
             return
-        for index, text in message.texts.items():
-            live.texts[index] += text
+        deltas = {index: live.add(index, text) for index, text in message.texts.items()}
         for index, stats in message.stats.items():
             live.stats[index] = stats
         bar = self.query_one(StatusBar)
         bar.kv_cache = message.kv_cache or bar.kv_cache
         bar.streams = message.rates
-        text = message.texts.get(live.shown)
-        if text and live.stream is not None:
-            await live.stream.write(text)
+        shown = deltas.get(live.shown)
+        if shown is not None and shown.thinking:
+            self.reply.thinking.add(shown.thinking)
+        if shown is not None and shown.answer and live.stream is not None:
+            await live.stream.write(shown.answer)
         self._show_live_numbers()
 
     async def on_alternative_ended(self, message: AlternativeEnded) -> None:

@@ -26,7 +26,7 @@ from app.tui.widgets.inspector import Inspector
 from app.tui.widgets.messages import AssistantMessageView, MessageView, UserMessageView
 from app.tui.widgets.prompt_input import PromptInput
 from app.tui.widgets.sidebar import Sidebar
-from app.tui.widgets.status_bar import StatusBar
+from app.tui.widgets.status_bar import StatusBar, thinking_counts
 from engine import ContextWindowError
 
 if TYPE_CHECKING:
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from textual.widgets.markdown import MarkdownStream
 
     from app.chat.backend import Backend
+    from app.chat.config import Config
     from app.chat.session import ChatSession
     from app.tui.engine_thread import EngineThread
     from app.chat.local_models import LocalModel
@@ -50,6 +51,7 @@ class ReplyHost(Protocol):
 
     session: ChatSession | None
     engine: Backend | None
+    config: Config
     engine_thread: EngineThread
     conversation_id: str | None
     reply: AssistantMessageView | None  # the reply being written
@@ -236,13 +238,25 @@ class ReplyActions(_Host):
 
     async def _start_reply(self, events) -> None:
         self.reply = await self.query_one(ChatView).add(ChatMessage("assistant", "", status="streaming"))
+        self.reply.thinking.begin(expanded=not self.config.collapse_thinking)
         self._stream = Markdown.get_stream(self.reply.body)
         self.query_one(StatusBar).begin_reply()
-        engine = self.engine
-        self.engine_thread.submit(lambda: stream_reply(events, engine, self.post_message))
+        engine, opens_thinking = self.engine, self.session.opens_thinking
+        self.engine_thread.submit(lambda: stream_reply(events, engine, self.post_message, opens_thinking))
 
     async def on_reply_text(self, message: ReplyText) -> None:
-        if self._stream is not None:
+        reply = self.reply
+        if reply is not None and (message.thinking or message.tokens is not None):
+            block = reply.thinking
+            block.tokens = message.tokens[0] if message.tokens else block.tokens
+            block.add(message.thinking)
+            if message.text and not block.ended:
+                block.answer_began()
+        if message.tokens is not None:
+            bar = self.query_one(StatusBar)
+            bar.thinking_tokens = message.tokens
+            bar.refresh_text()
+        if self._stream is not None and message.text:
             await self._stream.write(message.text)
 
     def on_reply_stats(self, message: ReplyStats) -> None:
@@ -283,6 +297,7 @@ class ReplyActions(_Host):
         stored = session.messages[-1] if session and session.messages[-1].role == "assistant" else None
         if reply is not None and stored is not None:
             await self._show_final(reply, stored)
+        bar.thinking_tokens = thinking_counts(stored.stats if stored else None) or bar.thinking_tokens
         bar.show("idle", FINISH_NOTES.get(message.done.finish_reason, message.done.finish_reason), message.done.stats)
         await self._show_conversation_saved()
         if reply is not None and stored is not None:

@@ -19,7 +19,9 @@ from textual.widgets import Markdown, Static
 
 from app.chat.reply_stats import ReplyNumbers
 from app.chat.session import ChatMessage
+from app.chat.thinking import ReplyParts, stored_reply_parts
 from app.tui.widgets.letter_keys import letters_act
+from app.tui.widgets.thinking_block import ThinkingBlock
 
 STATUS_NOTES = {"stopped": "stopped", "interrupted": "interrupted", "streaming": "still being written"}
 _FENCE = re.compile(r"^(```|~~~)[^\n]*\n(.*?)^\1[ \t]*$", re.MULTILINE | re.DOTALL)
@@ -51,7 +53,8 @@ class MessageView(Vertical, can_focus=True):
 
     # Actions bound to a plain letter (or ‹ ›); ← and → of "branch" are navigation keys, which
     # the app counts as navigating before the binding runs, so they always act.
-    LETTER_ACTIONS = frozenset({"copy", "copy_code", "branch", "edit", "regenerate", "regenerate_alternatives"})
+    LETTER_ACTIONS = frozenset({"copy", "copy_code", "branch", "edit", "regenerate", "regenerate_alternatives",
+                                "toggle_thinking"})
 
     class BranchRequested(Message):
         """Show the message's previous (-1) or next (+1) alternative."""
@@ -150,10 +153,13 @@ class UserMessageView(MessageView):
 
 
 class AssistantMessageView(MessageView):
-    """A reply: streamed as Markdown while it is generated, rendered whole at the end."""
+    """A reply: streamed as Markdown while it is generated, rendered whole at the end. A reasoning
+    model's thinking (app/chat/thinking.py) is kept out of the Markdown: it is the ThinkingBlock above."""
 
     BINDINGS = [Binding("r", "regenerate", "Regenerate"),
-                Binding("R", "regenerate_alternatives", "Regenerate N alternatives", show=False)]
+                Binding("R", "regenerate_alternatives", "Regenerate N alternatives", show=False),
+                Binding("t", "toggle_thinking", "Show / hide its thinking", show=False,
+                        tooltip="Show or hide a reasoning model's thinking above the answer")]
 
     class RegenerateRequested(Message):
         def __init__(self, view: AssistantMessageView):
@@ -175,16 +181,38 @@ class AssistantMessageView(MessageView):
         summary = ReplyNumbers.from_saved(stats).summary() if stats else ""
         return "assistant" + (f" · {summary}" if summary else "")
 
+    @property
+    def parts(self) -> ReplyParts:
+        """The message's thinking and answer."""
+        return stored_reply_parts(self.message.content, self.message.stats)
+
+    def compose(self) -> ComposeResult:
+        parts = self.parts
+        yield Static(self.header_text(), classes="header", markup=False)
+        yield ThinkingBlock(parts.thinking, _thinking_tokens(self.message.stats), parts.thinking_ended)
+        yield self.make_body()
+
     def make_body(self) -> Markdown:
-        return Markdown(self.message.content, classes="body")
+        return Markdown(self.parts.answer, classes="body")
 
     @property
     def body(self) -> Markdown:
         return self.query_one(".body", Markdown)
 
     @property
+    def thinking(self) -> ThinkingBlock:
+        return self.query_one(ThinkingBlock)
+
+    @property
     def text(self) -> str:
-        return self.body.source if self.is_mounted else self.message.content
+        """The answer (what Copy copies; the thinking stays out of it)."""
+        return self.body.source if self.is_mounted else self.parts.answer
+
+    def action_toggle_thinking(self) -> None:
+        if not self.thinking.reasoning.strip():
+            self.notify("This reply has no thinking.", timeout=3)
+            return
+        self.thinking.toggle()
 
     def branch_text(self) -> str:
         if self.choice is None:
@@ -207,8 +235,15 @@ class AssistantMessageView(MessageView):
     async def finish(self, message: ChatMessage, alternatives: list[str]) -> None:
         """The reply ended: one full render (streamed code fences can be left half-drawn), then the header."""
         self.message, self.alternatives = message, alternatives
-        await self.body.update(message.content or "*(no reply)*")
+        parts = self.parts
+        await self.body.update(parts.answer or ("*(no answer)*" if parts.thinking else "*(no reply)*"))
+        self.thinking.finish(parts.thinking, _thinking_tokens(message.stats), parts.thinking_ended)
         self.refresh_header()
+
+
+def _thinking_tokens(stats: dict | None) -> int | None:
+    value = stats.get("thinking_tokens") if stats else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 class NoteView(Static):

@@ -2,7 +2,8 @@
 
 Its parts, most important first: the phase · TTFT · tokens/s (of N alternatives written at once: their
 total, then each one's) · decode tokens per step (only when the
-reply had speculative drafts to verify) · prompt tokens cached (and from where) and computed · the
+reply had speculative drafts to verify) · a reasoning reply's tokens, thinking and answer apart
+("think 120 · answer 48 tok") · prompt tokens cached (and from where) and computed · the
 context meter (used/window and percent, in the warning colour from 80%: context_meter.py) · KV cache
 memory used/budget · model · device and dtype. Each redraw fits them to the bar's width: the least
 important part is shortened or dropped first (the phase's detail, the prompt's wording, the device, the
@@ -29,6 +30,7 @@ from app.chat.reply_stats import ReplyNumbers
 from app.chat.stats_text import format_duration, format_tokens_per_step, prefill_rate_shown
 from app.chat.stream_rates import StreamRates
 from app.tui.context_meter import meter_forms, warns
+from app.chat.thinking import thinking_counts_text
 from engine import RequestStats
 
 SEPARATOR = " · "
@@ -40,12 +42,21 @@ MODEL_CELLS = 16  # and a long model name to this before it is dropped
 # detail is cut, later dropped). A prefill's "progress" stands where the phase does, shortened last.
 # "rate" has a shorter form only for several replies at once: their total without each one's.
 # The tokens per step go first: the phase word ("idle", "decode") says whether a reply is still running.
-ONE_LINE_STEPS = ("spec", "phase", "prompt", "device", "rate", "phase", "model", "model", "kv", "context",
-                  "prompt", "progress", "progress", "phase")
-FIRST_LINE = ("phase", "progress", "ttft", "rate", "spec", "prompt")
-FIRST_LINE_STEPS = ("spec", "phase", "prompt", "rate", "phase", "prompt", "progress", "progress", "phase")
+# A reasoning reply's "think N · answer M tok" is shortened with the tokens per step, dropped after the model.
+ONE_LINE_STEPS = ("spec", "thinking", "phase", "prompt", "device", "rate", "phase", "model", "model", "thinking",
+                  "kv", "context", "prompt", "progress", "progress", "phase")
+FIRST_LINE = ("phase", "progress", "ttft", "rate", "spec", "thinking", "prompt")
+FIRST_LINE_STEPS = ("spec", "thinking", "phase", "prompt", "rate", "phase", "thinking", "prompt", "progress",
+                    "progress", "phase")
 SECOND_LINE = ("context", "kv", "model", "device")
 SECOND_LINE_STEPS = ("device", "model", "model", "kv", "context")
+
+
+def thinking_counts(stats: dict | None) -> tuple[int, int] | None:
+    """(thinking, answer) tokens of a stored reply that had thinking (ReplyRecorder), else None."""
+    counts = tuple(stats.get(key) for key in ("thinking_tokens", "answer_tokens")) if stats else ()
+    whole = len(counts) == 2 and all(isinstance(n, int) and not isinstance(n, bool) for n in counts)
+    return counts if whole else None
 
 
 def prompt_text(s: RequestStats) -> str:
@@ -146,6 +157,7 @@ class StatusBar(Widget):
         self.reply_started: float | None = None  # monotonic time the reply being written was sent
         self.progress: PrefillProgress | None = None  # the reply being prefilled, once a chunk is done
         self.streams: StreamRates | None = None  # the rates of N alternatives written at once (else None)
+        self.thinking_tokens: tuple[int, int] | None = None  # a reasoning reply's (thinking, answer) tokens
 
     def show(self, phase: str, detail: str = "", stats: RequestStats | None = None) -> None:
         self.phase, self.detail = phase, detail
@@ -162,13 +174,13 @@ class StatusBar(Widget):
     def begin_reply(self, streams: StreamRates | None = None) -> None:
         """A reply is sent, or (`streams`, their rates so far) several alternatives at once."""
         self.reply_started = time.monotonic()
-        self.stats = self.progress = None
+        self.stats = self.progress = self.thinking_tokens = None
         self.streams = streams
         self.show("prefill")
 
     def clear_reply(self) -> None:
         """Forget the last reply's numbers: another conversation, or another model, is shown now."""
-        self.stats = self.progress = self.streams = self.context_used = None
+        self.stats = self.progress = self.streams = self.context_used = self.thinking_tokens = None
         self.refresh_text()
 
     def refresh_text(self) -> None:
@@ -225,6 +237,9 @@ class StatusBar(Widget):
         used = self.context_tokens()
         if self.context_window and used is not None:
             parts["context"] = meter_forms(used, self.context_window)
+        if self.thinking_tokens is not None:
+            thinking, answer = self.thinking_tokens
+            parts["thinking"] = [thinking_counts_text(thinking, answer), f"think {thinking}/{answer}", ""]
         if self.streams is not None and any(rate is not None for rate in self.streams.each):
             parts["rate"] = self.streams.forms()  # whichever alternative is shown, and however far it got
         if self.kv_cache.get("enabled"):
