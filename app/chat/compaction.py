@@ -21,6 +21,7 @@ from app.chat.chat_message import ChatMessage
 from app.chat.context_overflow import MessageTooLong, fits, prompt_tokens, reply_room, send_on_new_branch
 from app.chat.errors import ChatError
 from app.chat.prompt_ids import next_prompt
+from app.chat.summary_turns import with_summaries  # noqa: F401 (re-exported)
 from engine import Done, SamplingParams
 
 if TYPE_CHECKING:
@@ -39,17 +40,6 @@ SUMMARY_SHARE = 8
 SUMMARY_MIN_TOKENS = 16  # less room than this cannot say anything useful: drop the oldest turns instead
 # Re-tokenized, a summary's text may take a few more tokens than the model generated.
 RETOKENIZE_SLACK = 8
-
-
-def with_summaries(turns: list[dict]) -> list[dict]:
-    """`turns` with the system turns at the start (the system prompt, then a summary) joined into one."""
-    joined = 0
-    while joined < len(turns) and turns[joined]["role"] == "system":
-        joined += 1
-    if joined < 2:
-        return turns
-    text = "\n\n".join(turn["content"] for turn in turns[:joined])
-    return [{"role": "system", "content": text}, *turns[joined:]]
 
 
 def is_summary(message: ChatMessage) -> bool:

@@ -19,51 +19,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from app.chat.chat_message import ChatMessage
+from app.chat.context_room import ConversationTooLong, MessageTooLong, fits_window, reply_room  # noqa: F401 (re-exported)
 from engine import Event
-from engine.errors import ContextWindowError
 
 if TYPE_CHECKING:
     from app.chat.session import ChatSession
-
-# The room a reply needs at least: a few sentences. A prompt that leaves less would get a reply cut
-# off after a word or two (finish reason "length"), which reads like a broken model, so the message is
-# refused and the ways on are offered instead. A small window gives a reply at most an eighth of it
-# (a 2,048-token model keeps 256, a 256-token one 32), and a reply asked to be shorter than the room
-# (max tokens) needs no more than that.
-REPLY_ROOM_TOKENS = 256
-REPLY_ROOM_SHARE = 8
-
-
-def reply_room(window: int, max_tokens: int | None = None) -> int:
-    room = min(REPLY_ROOM_TOKENS, max(1, window // REPLY_ROOM_SHARE))
-    return min(room, max_tokens) if max_tokens else room
-
-
-class MessageTooLong(ContextWindowError):
-    """The message does not fit even alone after the system prompt: no way on but a shorter message."""
-
-    def __init__(self, prompt_tokens: int, context_window: int, room: int, has_history: bool):
-        self.prompt_tokens, self.context_window, self.room = prompt_tokens, context_window, room
-        after = " (dropping or compacting earlier turns would not make room)" if has_history else ""
-        Exception.__init__(self, f"The message is {prompt_tokens:,} tokens with the system prompt and the reply "
-                                 f"needs {room:,} more, but the model's context window is {context_window} "
-                                 f"tokens; shorten the message{after}.")
-
-
-class ConversationTooLong(ContextWindowError):
-    """The conversation with the message leaves too little room for a reply, but the message would fit
-    after fewer earlier turns: drop the oldest turns or compact them, on a new branch."""
-
-    def __init__(self, prompt_tokens: int, context_window: int, room: int, user_text: str,
-                 before: list[ChatMessage] | None = None):
-        self.prompt_tokens, self.context_window, self.room = prompt_tokens, context_window, room
-        self.user_text = user_text  # the message refused, to send again on the new branch
-        self.before = before or []  # the messages it was to follow (fewer than the branch's for an edit)
-        Exception.__init__(self, f"This conversation is {prompt_tokens:,} tokens with your message and the reply "
-                                 f"needs {room:,} more, but the model's context window is {context_window} tokens; "
-                                 "drop the oldest turns or compact them into a summary, on a new branch (this one "
-                                 "stays as it is).")
-
 
 def prompt_tokens(session: ChatSession, before: list[ChatMessage], user_text: str | None = None) -> int:
     """Tokens of the prompt the template makes of the system prompt, `before` and (if given) `user_text`."""
@@ -72,21 +32,7 @@ def prompt_tokens(session: ChatSession, before: list[ChatMessage], user_text: st
 
 
 def fits(session: ChatSession, tokens: int) -> bool:
-    window = session.engine.context_window
-    return not window or tokens + reply_room(window, session.reply_params.max_tokens) <= window
-
-
-def require_room(session: ChatSession, before: list[ChatMessage], user_text: str, tokens: int) -> None:
-    """Raise ConversationTooLong or MessageTooLong unless a prompt of `tokens` (`before` and `user_text`)
-    leaves the reply its room. Called before anything of the turn is stored."""
-    if fits(session, tokens):
-        return
-    window = session.engine.context_window
-    room = reply_room(window, session.reply_params.max_tokens)
-    alone = prompt_tokens(session, [], user_text) if before else tokens
-    if not fits(session, alone):
-        raise MessageTooLong(alone, window, room, bool(before))
-    raise ConversationTooLong(tokens, window, room, user_text, before)
+    return fits_window(session.engine.context_window, session.reply_params.max_tokens, tokens)
 
 
 def summaries(messages: list[ChatMessage]) -> list[ChatMessage]:

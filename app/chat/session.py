@@ -14,8 +14,8 @@ from contextlib import contextmanager
 from app.chat.alternatives import AlternativeReplies, Drive, Stream, alternative_params, side_by_side
 from app.chat.backend import Backend, takes_token_ids
 from app.chat.chat_message import ChatMessage
-from app.chat.compaction import with_summaries
-from app.chat.context_overflow import require_room
+from app.chat.context_room import require_room
+from app.chat.summary_turns import with_summaries
 from app.chat.errors import ChatError
 from app.chat.format_choice import FormatChoice, conversation_format, format_params
 from app.chat.prompt_ids import NextPrompt, next_prompt
@@ -229,7 +229,10 @@ class ChatSession:
         self._check_length(user_text)
         with self._taking_turn():
             prompt = self._next_prompt(before, seen, user_text)
-            require_room(self, before, user_text, len(prompt.ids))  # never a reply without room
+            # Never a reply without room (nothing of the turn is stored yet).
+            require_room(self.engine.context_window, self.reply_params.max_tokens, len(prompt.ids),
+                         lambda: len(self.engine.tokenizer.encode(self._rendered([ChatMessage("user", user_text)]))),
+                         before, user_text)
             generation = self.engine.generate(prompt.ids, self.reply_params)
             self.rewritten_at = prompt.rewritten_at
             start = len(seen) if prompt.rewritten_at is None else prompt.rewritten_at
