@@ -4,9 +4,12 @@ length is known: ChatML adds 4 tokens plus the role's to each turn, and 11 for t
 
 from __future__ import annotations
 
+import pytest
+
 from app.chat.saved_chat import SavedConversation, Storage
 from app.chat.session import ChatSession
-from engine import SamplingParams
+from engine import Engine, EngineOptions, SamplingParams
+from tests.tiny_models import make_tiny_model
 
 WINDOW = 512
 GREEDY = SamplingParams(temperature=0, max_tokens=8)  # a reply's room is then 8 tokens
@@ -16,6 +19,13 @@ SYSTEM = "You are a careful assistant; answer in one short line only."  # its tu
 TURNS = [f"{letter} " + f"question number {i} about the long history ".ljust(58, ".")
          for i, letter in enumerate("ABCDEFG")]
 NEXT = "Z and now the next message that no longer fits in the window!"
+
+
+@pytest.fixture(scope="module")
+def small_engine(tmp_path_factory):
+    """A tiny Llama whose context window is WINDOW tokens (import it into a test module to use it)."""
+    path = make_tiny_model(tmp_path_factory.mktemp("window-512"), "llama", max_position_embeddings=WINDOW)
+    return Engine.load(EngineOptions(model=str(path), device="cpu", dtype="float32"))
 
 
 def long_conversation(engine, storage: Storage, turns: int = 4) -> ChatSession:

@@ -13,13 +13,6 @@ from engine.sampling_params import MAX_SEED
 SAMPLED = SamplingParams(temperature=1.0, max_tokens=8, seed=11)
 
 
-@pytest.fixture
-def storage():
-    storage = Storage.open()
-    yield storage
-    storage.close()
-
-
 def saved_session(engine, storage, params=SAMPLED) -> ChatSession:
     session = ChatSession(engine, None, params, SavedConversation.new(storage, engine, None, params))
     list(session.send("tell me something"))

@@ -23,13 +23,6 @@ def plain_engine(tmp_path_factory):
     return Engine.load(EngineOptions(model=str(path), device="cpu", dtype="float32"))
 
 
-@pytest.fixture
-def storage():
-    storage = Storage.open()
-    yield storage
-    storage.close()
-
-
 def send(session: ChatSession, text: str) -> Done:
     return [e for e in session.send(text) if isinstance(e, Done)][-1]
 

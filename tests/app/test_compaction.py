@@ -6,23 +6,8 @@ import pytest
 import app.chat.compaction as compaction
 from app.chat.compaction import (SUMMARY_HEADER, CompactionStopped, compact, compact_report, send_compacted,
                                  summary_budget, with_summaries)
-from app.chat.saved_chat import Storage
-from engine import Done, Engine, EngineOptions
-from tests.app.context_fixtures import NEXT, SYSTEM, TURNS, WINDOW, long_conversation, reopened, rows
-from tests.tiny_models import make_tiny_model
-
-
-@pytest.fixture(scope="module")
-def small_engine(tmp_path_factory):
-    path = make_tiny_model(tmp_path_factory.mktemp("window-512"), "llama", max_position_embeddings=WINDOW)
-    return Engine.load(EngineOptions(model=str(path), device="cpu", dtype="float32"))
-
-
-@pytest.fixture
-def storage():
-    storage = Storage.open()
-    yield storage
-    storage.close()
+from engine import Done
+from tests.app.context_fixtures import small_engine, NEXT, SYSTEM, TURNS, WINDOW, long_conversation, reopened, rows
 
 
 def test_a_summary_joins_the_system_prompt_in_one_system_turn():

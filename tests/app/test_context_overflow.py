@@ -5,24 +5,9 @@ import pytest
 
 from app.chat.context_overflow import (ConversationTooLong, MessageTooLong, drop_report, plan_drop_oldest,
                                        reply_room, send_dropping_oldest)
-from app.chat.saved_chat import Storage
 from app.chat.session import ChatSession
-from engine import ContextWindowError, Done, Engine, EngineOptions
-from tests.app.context_fixtures import GREEDY, NEXT, SYSTEM, TURNS, WINDOW, long_conversation, reopened, rows
-from tests.tiny_models import make_tiny_model
-
-
-@pytest.fixture(scope="module")
-def small_engine(tmp_path_factory):
-    path = make_tiny_model(tmp_path_factory.mktemp("window-512"), "llama", max_position_embeddings=WINDOW)
-    return Engine.load(EngineOptions(model=str(path), device="cpu", dtype="float32"))
-
-
-@pytest.fixture
-def storage():
-    storage = Storage.open()
-    yield storage
-    storage.close()
+from engine import ContextWindowError, Done
+from tests.app.context_fixtures import small_engine, GREEDY, NEXT, SYSTEM, TURNS, WINDOW, long_conversation, reopened, rows
 
 
 def done_of(events) -> Done:

@@ -43,13 +43,6 @@ def remote(fake):
     engine.close()
 
 
-@pytest.fixture
-def storage():
-    storage = Storage.open()
-    yield storage
-    storage.close()
-
-
 def run(events) -> tuple[str, Done | None, list]:
     events = list(events)
     done = next((e for e in events if isinstance(e, Done)), None)

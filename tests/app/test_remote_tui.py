@@ -45,13 +45,6 @@ def status(app) -> str:
     return app.query_one(StatusBar).status_text()
 
 
-@pytest.fixture
-def storage():
-    storage = Storage.open()
-    yield storage
-    storage.close()
-
-
 async def test_the_chat_app_on_kvchat_serve_chats_saves_and_resumes(tiny_engine, remotes, storage, kvchat_home):
     engine = with_fresh_cache(tiny_engine)
     with Server(create_app(engine, api_key="k")) as server:

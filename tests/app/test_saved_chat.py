@@ -11,13 +11,6 @@ from engine.bench.fresh import with_fresh_cache
 GREEDY = SamplingParams(temperature=0, max_tokens=10)
 
 
-@pytest.fixture
-def storage():
-    storage = Storage.open()
-    yield storage
-    storage.close()
-
-
 def new_session(engine, storage, params=GREEDY, system=None) -> ChatSession:
     return ChatSession(engine, system, params, SavedConversation.new(storage, engine, system, params))
 

@@ -11,17 +11,9 @@ from app.tui.screens.context_full import ContextFullScreen
 from app.tui.widgets.chat_view import ChatView
 from app.tui.widgets.status_bar import StatusBar
 from app.tui.widgets.summary_view import SummaryMessageView
-from engine import Engine, EngineOptions
-from tests.app.context_fixtures import NEXT, TURNS, WINDOW, long_conversation, rows
+from tests.app.context_fixtures import small_engine, NEXT, TURNS, long_conversation, rows
 from tests.app.pilot import wait_until
 from tests.app.tui_harness import app_with, ready, send
-from tests.tiny_models import make_tiny_model
-
-
-@pytest.fixture(scope="module")
-def small_engine(tmp_path_factory):
-    path = make_tiny_model(tmp_path_factory.mktemp("window-512"), "llama", max_position_embeddings=WINDOW)
-    return Engine.load(EngineOptions(model=str(path), device="cpu", dtype="float32"))
 
 
 @pytest.fixture

@@ -19,13 +19,6 @@ GREEDY = SamplingParams(temperature=0, max_tokens=6)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.fixture
-def storage():
-    storage = Storage.open()
-    yield storage
-    storage.close()
-
-
 def saved_chat(engine, storage, params=GREEDY) -> ChatSession:
     session = ChatSession(engine, None, params, SavedConversation.new(storage, engine, None, params))
     list(session.send("first"))

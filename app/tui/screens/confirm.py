@@ -25,13 +25,6 @@ class ConfirmScreen(DialogScreen[bool]):
             width: 1fr;
             margin: 0 0 1 0;
         }
-        #buttons {
-            height: auto;
-            align-horizontal: right;
-        }
-        Button {
-            margin: 0 0 0 2;
-        }
     }
     """
 

@@ -26,13 +26,6 @@ class ContextFullScreen(DialogScreen["str | None"]):
             width: 1fr;
             margin: 0 0 1 0;
         }
-        #buttons {
-            height: auto;
-            align-horizontal: right;
-        }
-        Button {
-            margin: 0 0 0 2;
-        }
     }
     """
 

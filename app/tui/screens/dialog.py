@@ -10,7 +10,8 @@ Result = TypeVar("Result")
 
 
 class DialogScreen(ModalScreen[Result]):
-    """Put the box's content in a container with id `dialog`; a subclass may recolour its border."""
+    """Put the box's content in a container with id `dialog` (its buttons in one with id `buttons`); a
+    subclass may recolour its border."""
 
     DEFAULT_CSS = """
     DialogScreen {
@@ -23,6 +24,14 @@ class DialogScreen(ModalScreen[Result]):
             padding: 1 2;
             background: $surface;
             border: thick $accent 50%;
+        }
+        /* A question or notice's buttons: a row at the right. */
+        #buttons {
+            height: auto;
+            align-horizontal: right;
+        }
+        #buttons > Button {
+            margin: 0 0 0 2;
         }
     }
     """
