@@ -9,6 +9,11 @@ hit when it reports one; when it does not, cached_tokens stays None ("n/a").
 `completion_tokens_details` gives the draft tokens a speculating server accepted and
 rejected, when it reports them; the server's decode steps are never known.
 
+A reasoning model behind a server with a reasoning parser (vLLM, SGLang, llama.cpp's server, DeepSeek's
+API) sends its thinking apart, as `delta.reasoning_content` (or `delta.reasoning`). It is put back
+between `<think>` tags in the reply's text, as an embedded model writes it, so the chat shows,
+counts, stores and exports it the same way (app/chat/thinking.py).
+
 A reader thread does the HTTP I/O, so that cancel() ends the stream at once even
 while the server is still computing the prompt and sends nothing: the consumer
 stops waiting, and the connection is shut, which tells the server to stop too.
@@ -25,6 +30,7 @@ from collections.abc import Iterable, Iterator
 
 import httpx
 
+from app.chat.thinking import THINK_CLOSE, THINK_OPEN
 from engine import Done, EngineError, Event, RequestStats, Stats, TokenDelta
 from engine.events import STATS_INTERVAL_S  # live Stats as often as the embedded engine sends them
 
@@ -102,6 +108,7 @@ class _Reply:
         self.usage: dict | None = None
         self.finish_reason: str | None = None
         self.stats_sent = float("-inf")
+        self.reasoning = False  # inside the reasoning the server sends apart (an open <think>)
 
     def take(self, payload: dict, now: float) -> Iterator[Event]:
         if (message := payload_error(payload)) is not None:
@@ -110,7 +117,7 @@ class _Reply:
             self.usage = payload["usage"]
         for choice in payload.get("choices") or []:
             delta = choice.get("delta") or {}
-            text = delta.get("content") if "delta" in choice else choice.get("text")
+            text = self._text(delta) if "delta" in choice else choice.get("text")
             if text:
                 self.first = now if self.first is None else self.first
                 self.last, self.chunks = now, self.chunks + 1
@@ -121,6 +128,19 @@ class _Reply:
                     yield Stats(self.stats("decode"))
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
+
+    def _text(self, delta: dict) -> str:
+        """A chat delta's text, its reasoning (sent apart by a reasoning parser) between <think> tags."""
+        text = ""
+        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+        if isinstance(reasoning, str) and reasoning:
+            text = reasoning if self.reasoning else THINK_OPEN + reasoning
+            self.reasoning = True
+        content = delta.get("content")
+        if isinstance(content, str) and content:
+            text += THINK_CLOSE + "\n\n" + content if self.reasoning else content
+            self.reasoning = False
+        return text
 
     def stats(self, phase: str) -> RequestStats:
         usage = self.usage or {}

@@ -22,6 +22,9 @@ class Script:
     """How the next replies go."""
 
     chunks: list[str] = field(default_factory=lambda: ["Hello", " from", " the server."])
+    # A reasoning parser's output, sent before the chunks as delta[reasoning_field] (vLLM's, llama.cpp's).
+    reasoning: list[str] = field(default_factory=list)
+    reasoning_field: str = "reasoning_content"
     usage: dict | None = field(default_factory=lambda: dict(USAGE))
     finish_reason: str = "stop"
     status: int = 200  # an error status answers at once, with vLLM's error body
@@ -84,6 +87,8 @@ class FakeServer:
         try:
             await asyncio.sleep(script.first_chunk_delay_s)
             yield chunk({"role": "assistant", "content": ""})
+            for text in script.reasoning:
+                yield chunk({script.reasoning_field: text})
             for i, text in enumerate(script.chunks):
                 if script.fail_after is not None and i == script.fail_after:
                     finished = True  # the server's own failure, not a client hanging up
