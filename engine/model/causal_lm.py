@@ -49,6 +49,10 @@ class CausalLM(nn.Module):
         if self.cfg.embed_scale:  # a tensor in the weights' dtype, as the reference rounds it
             self._embed_scale = torch.tensor(self.cfg.hidden_size ** 0.5, dtype=torch.float32).to(weight)
 
+    def rope_table(self, rope: RopeConfig) -> RotaryEmbedding:
+        """The cos/sin tables of `rope` (the fused CPU step reads them in place)."""
+        return self._ropes[rope]
+
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(token_ids)
         return x * self._embed_scale if self._embed_scale is not None else x

@@ -13,7 +13,7 @@ from engine.quant.kernels import kernels_for, load_quant_kernels
 from engine.weights.checkpoint import load_model
 from engine.weights.gguf import convert_gguf
 from tests.tiny_gguf import write_gguf
-from tests.tiny_models import LLAMA_FAMILY, VOCAB, load_reference, make_tiny_model
+from tests.tiny_models import FUSED_ARCHITECTURES, VOCAB, load_reference, make_tiny_model
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
                                 reason="the fused step is C code built on this machine")
@@ -55,7 +55,7 @@ def fused_logits(model, fused, ids, prompt, threads):
     return torch.cat([first, *steps]), cache
 
 
-@pytest.mark.parametrize("arch", LLAMA_FAMILY)
+@pytest.mark.parametrize("arch", FUSED_ARCHITECTURES)
 @pytest.mark.parametrize("threads", [1, 2])
 def test_fused_step_logits_equal_the_eager_model_at_every_position(every_isa, tmp_path, arch, threads):
     model = load_model(make_tiny_model(tmp_path, arch, seed=7), torch.device("cpu"), torch.float32)
@@ -117,6 +117,13 @@ def test_the_real_model_decodes_the_same_through_both_steps(default_engine, kern
     assert torch.equal(message.argmax(-1), expected[10:].argmax(-1))
 
 
+def test_a_gemma_that_soft_caps_its_logits_runs_the_eager_step_and_says_why(tmp_path):
+    path = make_tiny_model(tmp_path, "gemma3-scaled-softcap")
+    with pytest.raises(EngineError, match="cannot run: it soft-caps its logits"):
+        Engine.load(EngineOptions(model=str(path), dtype="float32", fused_decode=True))
+    assert Engine.load(EngineOptions(model=str(path), dtype="float32")).info.decode == "eager"
+
+
 def test_asking_for_the_fused_step_where_it_cannot_run_is_one_sentence(tiny_model_dir):
     with pytest.raises(EngineError, match="fused CPU decode step cannot run: the model is not fp32"):
         Engine.load(EngineOptions(model=str(tiny_model_dir), dtype="bfloat16", fused_decode=True))
@@ -129,7 +136,8 @@ def test_asking_for_the_fused_step_where_it_cannot_run_is_one_sentence(tiny_mode
 WIDE_HEADS = dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "llama-mqa", "llama-linear-rope-bias", "llama-wide-heads"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "llama-mqa", "llama-linear-rope-bias", "llama-wide-heads",
+                                  "gemma3"])  # Gemma: 24 and 48 rows reach far past its window of 8
 @pytest.mark.parametrize("cached", [0, 7, 150])
 def test_several_new_tokens_in_one_call_equal_the_eager_model(every_isa, tmp_path, arch, cached):
     """A follow-up message through the fused step: logits of every new token (causal within the call,
@@ -158,7 +166,7 @@ def test_several_new_tokens_in_one_call_equal_the_eager_model(every_isa, tmp_pat
             torch.testing.assert_close(mine, theirs, atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "llama-mqa"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "llama-mqa", "gemma3"])
 @pytest.mark.parametrize("cached", [0, 7, 150])
 def test_a_few_tokens_in_one_call_get_the_bits_one_step_each_would_on_any_thread_count(every_isa, tmp_path,
                                                                                        arch, cached):

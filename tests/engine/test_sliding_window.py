@@ -81,14 +81,12 @@ def greedy(engine, prompt, n=12):
     return list(engine.generate(prompt, params))[-1]
 
 
-def test_gemma_runs_the_eager_step_on_the_cpu_and_says_why_not_fused(gemma_dir):
-    engine = load(gemma_dir)
-    assert engine.info.decode == "eager"
-    with pytest.raises(Exception, match="fused CPU decode step cannot run"):
-        load(gemma_dir, fused_decode=True)
+def test_gemma_runs_the_fused_cpu_step_by_default(gemma_dir):
+    assert load(gemma_dir).info.decode == "fused C step"
 
 
-@pytest.mark.parametrize("options", [{}, {"paged_kv": True}], ids=["working copy", "paged"])
+@pytest.mark.parametrize("options", [{}, {"fused_decode": False}, {"paged_kv": True}],
+                         ids=["fused working copy", "eager working copy", "paged"])
 def test_follow_ups_reuse_the_cache_across_the_window_and_equal_a_fresh_computation(gemma_dir, reference, options):
     engine = load(gemma_dir, speculative="off", **options)
     prompt = tokens(21, seed=1)  # the first turn already spans two and a half windows
@@ -116,7 +114,7 @@ def test_a_conversation_resumed_from_its_snapshot_equals_recomputing_it(gemma_di
                        what="resuming from the snapshot")
 
 
-@pytest.mark.parametrize("options", [{}, {"paged_kv": True}], ids=["eager", "paged"])
+@pytest.mark.parametrize("options", [{}, {"fused_decode": False}, {"paged_kv": True}], ids=["fused", "eager", "paged"])
 def test_requests_decoded_together_equal_each_alone(gemma_dir, reference, options):
     engine = load(gemma_dir, speculative="off", max_batch=4, **options)
     prompts = [tokens(n, seed=20 + n) for n in (5, 14, 23, 31)]

@@ -1,5 +1,5 @@
 /*
- * One decode token through the whole Llama-family decoder in one call, fp32 on the CPU.
+ * One decode token through the whole Llama-family or Gemma 3 decoder in one call, fp32 on the CPU.
  *
  * The eager PyTorch step (engine/model/) runs ~1,400 small ops and ~120 OpenMP fork/joins per token;
  * here one parallel region runs every layer, the threads meeting at barriers between the phases that
@@ -14,6 +14,11 @@
  * the same RoPE formula (x * cos + swapped(x) * sin_signed, each product rounded on its own), softmax
  * with a vector exp accurate to about 1 ulp. engine/decode/cpu_step.py checks its inputs; tests compare
  * it with the eager step (logits per position, greedy tokens).
+ *
+ * Gemma 3 adds, per layer, norms of the attention's and the MLP's outputs before each joins the residual
+ * (post_attn_norm, post_mlp_norm), a sliding window (only the last `window` positions are attended) and
+ * the local RoPE tables for its sliding layers, and GELU-tanh in place of SiLU. Its (1 + w) norm weights
+ * and sqrt(hidden)-scaled embeddings are prepared by the caller, so the norms here are the same code.
  *
  * K/V of layer l, KV head g, position t lie at ((l * kv_heads + g) * capacity + t) * head_dim in the
  * contiguous cache (engine/kv/cache.py ContiguousKVCache).
@@ -68,6 +73,9 @@ typedef struct {
     const float *attn_norm, *mlp_norm; /* [hidden] */
     const float *q_norm, *k_norm;      /* [head_dim], or NULL (Qwen3 has them) */
     kv_parts qkv, o, gate_up, down;    /* gate_up: the gate's rows, then the up's */
+    const float *post_attn_norm, *post_mlp_norm; /* [hidden], or NULL (Gemma 3 has them) */
+    int32_t window;                              /* positions a query sees, itself included; 0: all */
+    int32_t local_rope;                          /* 1: the sequence's cos_local/sin_local tables */
 } kv_layer;
 
 typedef struct {
@@ -79,7 +87,10 @@ typedef struct {
     kv_parts lm_head;
     float *scratch; /* kv_decode_scratch_floats(model) floats */
     double *profile; /* NULL, or [max_threads][PHASES] seconds each thread spent per phase, added to */
+    int32_t activation, pad; /* the gated MLP's: ACT_SILU or ACT_GELU_TANH */
 } kv_model;
+
+enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };
 
 /* ---- vector helpers (simd.h has the common ones) ---- */
 
@@ -172,6 +183,32 @@ static void silu_mul(const float *gate, const float *up, int n, float *out) {
     for (; i < n; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
+#define GELU_C 0.7978845608028654f /* sqrt(2 / pi) */
+
+/* gelu_tanh(gate) * up: 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))), Gemma's MLP. tanh(u) as
+ * 1 - 2 / (exp(2u) + 1), exact at both ends (exp clamps at 88: tanh 1; exp underflows: tanh -1). */
+static void gelu_tanh_mul(const float *gate, const float *up, int n, float *out) {
+    int i = 0;
+#if VEC > 1
+    const vec one = vset1(1.0f), two = vset1(2.0f), half = vset1(0.5f), c = vset1(GELU_C), k = vset1(0.044715f);
+    for (; i + VEC <= n; i += VEC) {
+        const vec g = vload(gate + i);
+        const vec u = vmul(c, vfma(vmul(k, vmul(g, g)), g, g));
+        const vec t = vsub(one, vdiv(two, vadd(vexp(vmul(two, u)), one)));
+        vstore(out + i, vmul(vmul(vmul(half, g), vadd(one, t)), vload(up + i)));
+    }
+#endif
+    for (; i < n; i++) {
+        const float g = gate[i];
+        out[i] = 0.5f * g * (1.0f + tanhf(GELU_C * (g + 0.044715f * g * g * g))) * up[i];
+    }
+}
+
+/* The first position a query at `position` sees: position - window + 1 in a sliding-window layer. */
+static inline int window_start(int position, int window) {
+    return window > 0 && position >= window ? position - window + 1 : 0;
+}
+
 /* Columns [n0, n1) of a multi-part linear for `rows` inputs x [rows, K]: y [rows, P->N]. */
 static void parts_columns(const kv_parts *P, const float *x, int rows, float *y, int n0, int n1) {
     for (int p = 0; p < P->count; p++) {
@@ -188,6 +225,17 @@ static void add_columns(const kv_parts *P, const float *in, int rows, float *y, 
     parts_columns(P, in, rows, y, n0, n1);
     for (int r = 0; r < rows; r++)
         for (int n = n0; n < n1; n++) x[(int64_t)r * P->N + n] += y[(int64_t)r * P->N + n];
+}
+
+/* Inside the parallel region, rows split among the threads: x [rows, n] += RMSNorm(y) with weight w (Gemma's
+ * post-attention and post-MLP norms, which need a whole row of y, so a barrier before). y is normed in place. */
+static void add_normed(float *y, const float *w, int rows, int n, float eps, float *x) {
+#pragma omp for schedule(static) nowait
+    for (int r = 0; r < rows; r++) {
+        float *yr = y + (int64_t)r * n, *xr = x + (int64_t)r * n;
+        rms_norm(yr, w, n, eps, yr);
+        for (int i = 0; i < n; i++) xr[i] += yr[i];
+    }
 }
 
 static void rotate(float *x, const float *cos, const float *sin, int dim) {
@@ -371,8 +419,8 @@ static inline void tile_values(const float *v, int n, int qi, int dim, const flo
  * and output, rescaled when the max grows. Leaves them in part[qi * (dim + 2)] as attend_chunk does.
  * Scratch: kt [dim * TILE], s [Q * TILE].
  */
-static void attend_rows(const float *q, int64_t q_stride, int R, int G, int first, const float *k, const float *v,
-                        int dim, int t0, int t1, float scale, float *kt, float *s, float *part) {
+static void attend_rows(const float *q, int64_t q_stride, int R, int G, int first, int window, const float *k,
+                        const float *v, int dim, int t0, int t1, float scale, float *kt, float *s, float *part) {
     const int Q = R * G, stride = dim + 2;
     for (int qi = 0; qi < Q; qi++) {
         part[qi * stride] = -INFINITY;
@@ -403,16 +451,19 @@ static void attend_rows(const float *q, int64_t q_stride, int R, int G, int firs
         for (int qi = 0; qi < Q; qi++) {
             const int visible = first + qi / G - a + 1; /* keys a.. a+visible-1 of this tile are seen */
             const int m = visible < n ? visible : n;
+            const int lo = window_start(first + qi / G, window) - a; /* and none before a+lo (a window) */
+            const int j0 = lo > 0 ? lo : 0;
             float *sq = s + qi * TILE, *out = part + qi * stride;
-            if (m <= 0) {
+            if (m <= j0) {
                 memset(sq, 0, sizeof(float) * TILE);
                 continue;
             }
             float top = out[0];
-            for (int j = 0; j < m; j++) top = sq[j] > top ? sq[j] : top;
+            for (int j = j0; j < m; j++) top = sq[j] > top ? sq[j] : top;
             const float rescale = expf(out[0] - top); /* 0 while nothing was seen (out[0] = -inf) */
             out[0] = top;
-            out[1] = out[1] * rescale + exp_shifted(sq, m, top);
+            out[1] = out[1] * rescale + exp_shifted(sq + j0, m - j0, top);
+            for (int j = 0; j < j0; j++) sq[j] = 0.0f;
             for (int j = m; j < TILE; j++) sq[j] = 0.0f; /* unseen keys weigh nothing below */
             for (int i = 0; i < dim; i++) out[2 + i] *= rescale;
         }
@@ -489,6 +540,7 @@ typedef struct {
     int32_t rows, position, capacity, all_logits; /* logits for every row (1), or for the last (0) */
     float *k_cache, *v_cache;                     /* its contiguous cache (engine/kv/cache.py) */
     const float *cos, *sin;                       /* RoPE rows from `position` on */
+    const float *cos_local, *sin_local;           /* the same for layers with local_rope (Gemma 3) */
 } kv_sequence;
 
 #define MAX_SEQUENCES 64 /* >= max_rows: a sequence has at least one row */
@@ -577,7 +629,8 @@ void kv_forward_batch(const kv_model *M, const kv_sequence *seqs, int count, con
                     float *x = row + h * dim;
                     const float *w = h < heads ? L->q_norm : L->k_norm;
                     if (w) rms_norm(x, w, dim, M->eps, x);
-                    rotate(x, q->cos + (int64_t)j * dim, q->sin + (int64_t)j * dim, dim);
+                    const float *cos = L->local_rope ? q->cos_local : q->cos, *sin = L->local_rope ? q->sin_local : q->sin;
+                    rotate(x, cos + (int64_t)j * dim, sin + (int64_t)j * dim, dim);
                 }
                 for (int g = 0; g < kv_heads; g++) {
                     const int64_t at = layer_offset * q->capacity + ((int64_t)g * q->capacity + q->position + j) * dim;
@@ -600,18 +653,19 @@ void kv_forward_batch(const kv_model *M, const kv_sequence *seqs, int count, con
                 float *part = S.parts + B.parts_first[s] + (int64_t)local * item_floats;
                 if (R > PER_ROW_ATTENTION) {
                     /* Many tokens (a follow-up message): one flash-style pass over tiles of transposed K. */
-                    const int context = q->position + R;
-                    const int t0 = (int)((int64_t)context * c / chunks), t1 = (int)((int64_t)context * (c + 1) / chunks);
-                    attend_rows(qs, qkv_size, R, group, q->position, kc, vc, dim, t0, t1, M->scale, scores,
+                    const int context = q->position + R, lo = window_start(q->position, L->window), span = context - lo;
+                    const int t0 = lo + (int)((int64_t)span * c / chunks), t1 = lo + (int)((int64_t)span * (c + 1) / chunks);
+                    attend_rows(qs, qkv_size, R, group, q->position, L->window, kc, vc, dim, t0, t1, M->scale, scores,
                                 scores + dim * TILE, part);
                     continue;
                 }
                 for (int r = 0; r < R; r++) {
                     /* A few tokens (a decode step, a speculative step's drafts): token r over its own context,
                      * cut into the chunks a decode step at its position would use, so the same sums. */
-                    const int seen = q->position + r + 1, used = chunks_for(seen, kv_heads, M->max_threads);
+                    const int seen = q->position + r + 1, lo = window_start(seen - 1, L->window), span = seen - lo;
+                    const int used = chunks_for(span, kv_heads, M->max_threads);
                     if (c >= used) continue;
-                    const int t0 = (int)((int64_t)seen * c / used), t1 = (int)((int64_t)seen * (c + 1) / used);
+                    const int t0 = lo + (int)((int64_t)span * c / used), t1 = lo + (int)((int64_t)span * (c + 1) / used);
                     attend_chunk(qs + (int64_t)r * qkv_size, kc, vc, group, dim, t0, t1, M->scale, scores,
                                  part + (int64_t)r * group * stride);
                 }
@@ -621,8 +675,10 @@ void kv_forward_batch(const kv_model *M, const kv_sequence *seqs, int count, con
             /* every thread: the whole attention output, for its o columns */
             for (int r = 0; r < rows; r++) {
                 const int s = B.row_seq[r], j = r - B.first[s], R = seqs[s].rows, item_floats = R * group * stride;
+                const int seen = seqs[s].position + j + 1;
                 const int used = R > PER_ROW_ATTENTION ? B.chunks[s]
-                                                       : chunks_for(seqs[s].position + j + 1, kv_heads, M->max_threads);
+                                                       : chunks_for(seen - window_start(seen - 1, L->window), kv_heads,
+                                                                    M->max_threads);
                 for (int h = 0; h < heads; h++) {
                     const int g = h / group, jj = h % group;
                     combine_chunks(S.parts + B.parts_first[s] + (int64_t)g * B.chunks[s] * item_floats +
@@ -631,7 +687,13 @@ void kv_forward_batch(const kv_model *M, const kv_sequence *seqs, int count, con
                 }
             }
             kv_thread_columns(hidden, t, T, &n0, &n1);
-            add_columns(&L->o, attn, rows, S.y, S.x, n0, n1);
+            if (L->post_attn_norm) {
+                parts_columns(&L->o, attn, rows, S.y, n0, n1);
+                BARRIER();
+                add_normed(S.y, L->post_attn_norm, rows, hidden, M->eps, S.x);
+            } else {
+                add_columns(&L->o, attn, rows, S.y, S.x, n0, n1);
+            }
             MARK(PHASE_O);
             BARRIER();
             for (int r = 0; r < rows; r++) rms_norm(S.x + r * hidden, L->mlp_norm, hidden, M->eps, normed + r * hidden);
@@ -640,12 +702,21 @@ void kv_forward_batch(const kv_model *M, const kv_sequence *seqs, int count, con
             parts_columns(&L->gate_up, normed, rows, S.h, inter + n0, inter + n1);
             for (int r = 0; r < rows; r++) {
                 float *h = S.h + (int64_t)r * 2 * inter;
-                silu_mul(h + n0, h + inter + n0, n1 - n0, S.act + (int64_t)r * inter + n0);
+                if (M->activation == ACT_GELU_TANH)
+                    gelu_tanh_mul(h + n0, h + inter + n0, n1 - n0, S.act + (int64_t)r * inter + n0);
+                else
+                    silu_mul(h + n0, h + inter + n0, n1 - n0, S.act + (int64_t)r * inter + n0);
             }
             MARK(PHASE_GATE_UP);
             BARRIER();
             kv_thread_columns(hidden, t, T, &n0, &n1);
-            add_columns(&L->down, S.act, rows, S.y, S.x, n0, n1);
+            if (L->post_mlp_norm) {
+                parts_columns(&L->down, S.act, rows, S.y, n0, n1);
+                BARRIER();
+                add_normed(S.y, L->post_mlp_norm, rows, hidden, M->eps, S.x);
+            } else {
+                add_columns(&L->down, S.act, rows, S.y, S.x, n0, n1);
+            }
             MARK(PHASE_DOWN);
             BARRIER();
         }
@@ -665,6 +736,6 @@ void kv_forward_batch(const kv_model *M, const kv_sequence *seqs, int count, con
 void kv_forward_tokens(const kv_model *M, int rows, int position, const float *embeddings, const float *cos,
                        const float *sin, float *k_cache, float *v_cache, int capacity, float *logits,
                        int all_logits, int threads) {
-    const kv_sequence one = {rows, position, capacity, all_logits, k_cache, v_cache, cos, sin};
+    const kv_sequence one = {rows, position, capacity, all_logits, k_cache, v_cache, cos, sin, cos, sin};
     kv_forward_batch(M, &one, 1, embeddings, logits, threads);
 }
