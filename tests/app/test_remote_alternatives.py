@@ -4,7 +4,7 @@ from app.chat.backend_loader import chat_session
 from app.chat.saved_chat import SavedConversation
 from engine import Done, SamplingParams, TokenDelta
 from tests.app.pilot import wait_until
-from tests.app.test_remote import fake, remote, storage  # noqa: F401 (fixtures)
+from tests.app.test_remote import fake, remote  # noqa: F401 (fixtures)
 from tests.app.test_remote_tui import remote_app
 from tests.app.tui_harness import exchange, ready
 
