@@ -12,20 +12,14 @@ from app.chat.thinking import split_reply
 from app.cli.main import main
 from app.remote.client import RemoteEngine
 from engine import SamplingParams, TokenDelta
-from tests.app.fake_openai_server import FakeServer
-from tests.app.serve_harness import Server
 
 REASONING = ["The user", " says hi."]
 ANSWER = ["Hello", " there!"]
 
 
-@pytest.fixture
-def fake():
-    fake = FakeServer()
+@pytest.fixture(autouse=True)
+def reasoning_server(fake):
     fake.script.reasoning, fake.script.chunks = list(REASONING), list(ANSWER)
-    with Server(fake.app, log_level="critical") as server:
-        fake.url = server.url
-        yield fake
 
 
 @pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])

@@ -75,14 +75,6 @@ async def test_the_chat_app_on_kvchat_serve_chats_saves_and_resumes(tiny_engine,
     assert not list(kvchat_home.glob("snapshots/*"))
 
 
-@pytest.fixture
-def fake():
-    fake = FakeServer()
-    with Server(fake.app, log_level="critical") as server:
-        fake.url = server.url
-        yield fake
-
-
 async def failed_reply(pilot, text: str) -> str:
     """Send `text` once the chat is ready; the notification its failed reply brought."""
     app = pilot.app

@@ -12,19 +12,9 @@ from app.cli.main import main
 from app.remote.client import RemoteEngine
 from app.tui.widgets.status_bar import prompt_text
 from engine import Done, RequestStats, SamplingParams
-from tests.app.fake_openai_server import FakeServer
-from tests.app.serve_harness import Server
 from tests.app.test_status_bar import bar_lines
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12)
-
-
-@pytest.fixture
-def fake():
-    fake = FakeServer()
-    with Server(fake.app, log_level="critical") as server:
-        fake.url = server.url
-        yield fake
 
 
 @pytest.fixture
