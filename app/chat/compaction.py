@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from app.chat.chat_message import ChatMessage
-from app.chat.context_overflow import MessageTooLong, fits, prompt_tokens, reply_room, send_on_new_branch
+from app.chat.context_overflow import MessageTooLong, fits, reply_room, send_on_new_branch
 from app.chat.errors import ChatError
 from app.chat.prompt_ids import next_prompt
 from app.chat.summary_turns import with_summaries  # noqa: F401 (re-exported)
@@ -66,11 +66,12 @@ def summary_budget(session: ChatSession, user_text: str) -> int:
     window = session.engine.context_window
     if not window:
         return SUMMARY_MAX_TOKENS
-    base = prompt_tokens(session, [ChatMessage("system", SUMMARY_HEADER)], user_text)
+    base = session.prompt_tokens([ChatMessage("system", SUMMARY_HEADER)], user_text)
     room = window - reply_room(window, session.reply_params.max_tokens) - base - RETOKENIZE_SLACK
     if room < SUMMARY_MIN_TOKENS:
-        if not fits(session, prompt_tokens(session, [], user_text)):
-            raise MessageTooLong(prompt_tokens(session, [], user_text), window,
+        alone = session.prompt_tokens([], user_text)
+        if not fits(session, alone):
+            raise MessageTooLong(alone, window,
                                  reply_room(window, session.reply_params.max_tokens), True)
         raise ChatError(f"Your message leaves {max(room, 0)} tokens of the context window for a summary, too few "
                         "to compact the conversation; drop the oldest turns instead, or shorten the message.")
@@ -104,7 +105,7 @@ def _turns_that_fit(session: ChatSession, head: list[ChatMessage], remaining: li
     best, low, high = 0, 0, len(ends) - 1
     while low <= high:  # more turns make a longer prompt: the most that fit, by bisection
         middle = (low + high) // 2
-        tokens = prompt_tokens(session, [*head, *remaining[:ends[middle]]], SUMMARY_INSTRUCTION)
+        tokens = session.prompt_tokens([*head, *remaining[:ends[middle]]], SUMMARY_INSTRUCTION)
         if not window or tokens + budget <= window:
             best, low = ends[middle], middle + 1
         else:

@@ -25,12 +25,6 @@ from engine import Event
 if TYPE_CHECKING:
     from app.chat.session import ChatSession
 
-def prompt_tokens(session: ChatSession, before: list[ChatMessage], user_text: str | None = None) -> int:
-    """Tokens of the prompt the template makes of the system prompt, `before` and (if given) `user_text`."""
-    messages = before if user_text is None else [*before, ChatMessage("user", user_text)]
-    return len(session.engine.tokenizer.encode(session._rendered(messages)))
-
-
 def fits(session: ChatSession, tokens: int) -> bool:
     return fits_window(session.engine.context_window, session.reply_params.max_tokens, tokens)
 
@@ -57,7 +51,7 @@ def plan_drop_oldest(session: ChatSession, before: list[ChatMessage], user_text:
     """The fewest oldest turns of `before` to leave out so that `user_text` fits after the rest. A kept
     part starts at a user message (templates that need the user first, Gemma's and Mistral's, accept it).
     MessageTooLong if it does not fit even alone."""
-    whole = prompt_tokens(session, before, user_text)
+    whole = session.prompt_tokens(before, user_text)
     pinned = summaries(before)
     for pins in ([pinned, []] if pinned else [[]]):
         rest = before[len(pinned):]
@@ -66,7 +60,7 @@ def plan_drop_oldest(session: ChatSession, before: list[ChatMessage], user_text:
         low, high, best = 0, len(starts) - 1, None
         while low <= high:
             middle = (low + high) // 2
-            tokens = prompt_tokens(session, [*pins, *rest[starts[middle]:]], user_text)
+            tokens = session.prompt_tokens([*pins, *rest[starts[middle]:]], user_text)
             if fits(session, tokens):
                 best, high = (middle, tokens), middle - 1
             else:
@@ -76,7 +70,7 @@ def plan_drop_oldest(session: ChatSession, before: list[ChatMessage], user_text:
             dropped = [m for m in before if not any(m is k for k in kept)]
             return DropPlan(kept, dropped, best[1], whole - best[1])
     window = session.engine.context_window
-    raise MessageTooLong(prompt_tokens(session, [], user_text), window,
+    raise MessageTooLong(session.prompt_tokens([], user_text), window,
                          reply_room(window, session.reply_params.max_tokens), bool(before))
 
 

@@ -99,6 +99,11 @@ class ChatSession:
         turns = [{"role": "system", "content": self.system}] if self.system is not None else []
         return with_summaries(turns + [{"role": m.role, "content": m.content} for m in messages])
 
+    def prompt_tokens(self, before: list[ChatMessage], user_text: str | None = None) -> int:
+        """Tokens of the prompt the template makes of the system prompt, `before` and (if given) `user_text`."""
+        messages = before if user_text is None else [*before, ChatMessage("user", user_text)]
+        return len(self.engine.tokenizer.encode(self._rendered(messages)))
+
     def _rendered(self, messages: list[ChatMessage]) -> str:
         return render_chat(self.engine.tokenizer, self._turns(messages), self.chat_format,
                            **self.template_options())
@@ -231,7 +236,7 @@ class ChatSession:
             prompt = self._next_prompt(before, seen, user_text)
             # Never a reply without room (nothing of the turn is stored yet).
             require_room(self.engine.context_window, self.reply_params.max_tokens, len(prompt.ids),
-                         lambda: len(self.engine.tokenizer.encode(self._rendered([ChatMessage("user", user_text)]))),
+                         lambda: self.prompt_tokens([], user_text),
                          before, user_text)
             generation = self.engine.generate(prompt.ids, self.reply_params)
             self.rewritten_at = prompt.rewritten_at

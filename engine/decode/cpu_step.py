@@ -76,7 +76,8 @@ def _fp32(tensor: torch.Tensor, what: str) -> int:
 
 def _norm(norm: nn.Module) -> int:
     """The weight the C norm multiplies by: RMSNorm's own, or 1 + w of Gemma's (OffsetRMSNorm.scale)."""
-    return _fp32(getattr(norm, "scale", None) if getattr(norm, "scale", None) is not None else norm.weight, "a norm")
+    scale = getattr(norm, "scale", None)
+    return _fp32(norm.weight if scale is None else scale, "a norm")
 
 
 def _parts(module: nn.Module, what: str) -> _Parts:

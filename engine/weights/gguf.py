@@ -63,6 +63,7 @@ _LAYER_TENSORS = {
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
+_GEMMA3_LAYER_TENSORS = {**_LAYER_TENSORS, **gguf_gemma3.LAYER_TENSORS}
 _GLOBAL_TENSORS = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -259,7 +260,7 @@ def gguf_blocks(reader, config: dict[str, Any]) -> Iterator[tuple[str, torch.Ten
 def _hf_name(gguf_name: str, arch: str) -> str:
     if gguf_name in _GLOBAL_TENSORS:
         return _GLOBAL_TENSORS[gguf_name]
-    layer_tensors = {**_LAYER_TENSORS, **gguf_gemma3.LAYER_TENSORS} if arch == "gemma3" else _LAYER_TENSORS
+    layer_tensors = _GEMMA3_LAYER_TENSORS if arch == "gemma3" else _LAYER_TENSORS
     parts = gguf_name.split(".", 2)
     if len(parts) == 3 and parts[0] == "blk" and parts[2] in layer_tensors:
         return f"model.layers.{parts[1]}.{layer_tensors[parts[2]]}"
