@@ -259,18 +259,43 @@ class Engine:
         with self._loop.lock:
             return self.prefix_cache.forget(token_ids)
 
-    def export_kv(self, token_ids: list[int]) -> KVSnapshot | None:
-        """A copy of the cached K/V of the longest cached prefix of `token_ids` (None: nothing cached).
-        Only final tokens are ever in the cache (kv/sequence.py), so a snapshot never holds a draft."""
+    def export_kv(self, token_ids: list[int], first_block: int = 0) -> KVSnapshot | None:
+        """A copy of the cached K/V of the longest cached prefix of `token_ids` (None: nothing cached),
+        from block `first_block` on (the blocks before it are already on disk). Only final tokens are
+        ever in the cache (kv/sequence.py), so a snapshot never holds a draft."""
         if self.prefix_cache is None:
             return None
         fingerprint = self.fingerprint
         with self._loop.lock:
-            exported = self.prefix_cache.export(token_ids)
+            exported = self.prefix_cache.export(token_ids, first_block)
         if exported is None:
             return None
         length, blocks = exported
-        return KVSnapshot(tuple(token_ids[:length]), blocks, fingerprint)
+        return KVSnapshot(tuple(token_ids[:length]), blocks, fingerprint, first_block)
+
+    @property
+    def kv_block_size(self) -> int:
+        """Tokens per KV block: the unit the prefix cache shares and the block store keeps on disk."""
+        return self.options.kv_block_size
+
+    def import_blocks(self, token_ids: list[int], fill: Callable[[int, list[torch.Tensor]], int]) -> int:
+        """Put K/V read from disk into the prefix cache: `token_ids` are the tokens of the blocks the reader
+        holds, and `fill(first, dests)` writes blocks first, first + 1, ... into `dests` (CPU tensors laid
+        out as one pool block each) and returns how many it filled (see PrefixCache.load). The reader
+        vouches for the K/V (the block store checks each block's hash, and wrote only finite K/V). Returns
+        how many tokens were added; the next request that starts with them reports `cache_source` "disk".
+
+        Raises EngineError if the prefix cache is off, the token ids are outside the vocabulary, or the
+        blocks do not fit in the KV cache."""
+        if self.prefix_cache is None:
+            raise EngineError("The prefix cache is off, so K/V from disk cannot be used.")
+        if min(token_ids, default=0) < 0 or max(token_ids, default=0) >= self.model.cfg.vocab_size:
+            raise EngineError("The K/V on disk are for token ids outside the model's vocabulary.")
+        with self._loop.lock:
+            try:
+                return self.prefix_cache.load(list(token_ids), fill)
+            except KVCacheFullError as exc:
+                raise EngineError(f"The K/V of {len(token_ids)} tokens from disk do not fit: {exc}") from None
 
     def import_kv(self, snapshot: KVSnapshot) -> int:
         """Put a snapshot's K/V into the prefix cache; the next request that starts with its tokens

@@ -19,6 +19,7 @@ from sqlite_utils import Database
 import storage.data_dir
 from storage.db import open_database
 from storage.errors import StorageError, sqlite_errors
+from storage.kv_index import KVIndex
 from storage.records import (  # Conversation and StoredMessage are this module's public types too
     CONVERSATION_COLUMNS, MESSAGE_COLUMNS, ROLES, STATUSES, Conversation, SearchHit, StoredMessage,
     conversation_from_row, encode_token_ids, fts_query, message_from_row, title_from,
@@ -49,7 +50,7 @@ WITH RECURSIVE below(id) AS (
 )"""
 
 
-class ConversationStore(StreamingReplies, Trash):
+class ConversationStore(StreamingReplies, Trash, KVIndex):
     """Conversations in one SQLite database. Every method taking a conversation id also takes a
     unique prefix of it (at least MIN_PREFIX characters). Safe to share between threads, and
     between processes on one database."""

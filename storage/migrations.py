@@ -133,6 +133,30 @@ def _chat_format(db: Database) -> None:
     db["conversations"].add_column("chat_format", str)
 
 
+def _kv_blocks(db: Database) -> None:
+    # The KV block store's index (storage/kv_store.py): which block files exist, and which block ends each
+    # conversation's saved chain (one row per branch). A conversation's rows go with it (cascade), in the
+    # same transaction as its deletion, so the index never names a conversation that is gone.
+    db.execute(
+        "CREATE TABLE kv_blocks ("
+        " key TEXT PRIMARY KEY,"  # hex SHA-256 of parent key, model fingerprint and token ids: <key>.kvb
+        " parent TEXT NOT NULL,"  # '' for a sequence's first block
+        " token_ids BLOB NOT NULL,"  # little-endian uint32, one block's worth or fewer
+        " bytes INTEGER NOT NULL,"  # the file's size
+        " last_used REAL NOT NULL) WITHOUT ROWID"  # epoch seconds: written or read; eviction takes the oldest
+    )
+    db.execute("CREATE INDEX idx_kv_blocks_parent ON kv_blocks(parent)")
+    db.execute(
+        "CREATE TABLE kv_heads ("
+        " conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,"
+        " key TEXT NOT NULL,"  # the last block of a chain the conversation keeps
+        " tokens INTEGER NOT NULL,"  # the chain's length in tokens
+        " updated_at REAL NOT NULL,"
+        " PRIMARY KEY (conversation_id, key)) WITHOUT ROWID"
+    )
+    db.execute("CREATE INDEX idx_kv_heads_key ON kv_heads(key)")
+
+
 Migration = tuple[str, Callable[[Database], None]]
 
 MIGRATIONS: list[Migration] = [
@@ -145,6 +169,7 @@ MIGRATIONS: list[Migration] = [
     ("0007_stream_parts", _stream_parts),
     ("0008_trash", _trash),
     ("0009_chat_format", _chat_format),
+    ("0010_kv_blocks", _kv_blocks),
 ]
 
 

@@ -1,4 +1,4 @@
-"""SnapshotWriter: writes KV snapshots on one background thread, so the chat never waits for the disk.
+"""SnapshotWriter: writes K/V blocks on one background thread, so the chat never waits for the disk.
 
 `submit` hands over a conversation's snapshot, already copied out of the KV
 cache by the thread that generates (torch work on a second thread would make
@@ -8,8 +8,11 @@ conversation replaces one not started yet: only the latest state is worth
 writing. A submission may carry `wanted` (e.g. "the conversation still
 exists"), which SnapshotStore.save asks right before and right after the
 file is renamed into place, so a conversation deleted meanwhile keeps no
-snapshot (see SnapshotStore.save for the deleter's half). `flush` waits until everything submitted is on disk (before the
-process exits); a failure is logged with one line and the old snapshot stays.
+blocks (the block store's index also refuses, in its transaction, a head for
+a conversation deleted meanwhile). `run_job` queues other slow disk work (the
+migration of an older kvchat's snapshot files), run when no write waits.
+`flush` waits until everything submitted is on disk (before the process
+exits); a failure is logged with one line and the old state stays.
 """
 
 from __future__ import annotations
@@ -19,15 +22,16 @@ import threading
 from collections.abc import Callable
 
 from engine.kv.snapshot import KVSnapshot
-from storage.snapshots import SnapshotStore
+from storage.kv_store import KVBlockStore
 
 log = logging.getLogger("kvchat")
 
 
 class SnapshotWriter:
-    def __init__(self, store: SnapshotStore):
+    def __init__(self, store: KVBlockStore):
         self.store = store
         self._pending: dict[str, tuple[KVSnapshot, Callable[[], bool] | None]] = {}
+        self._jobs: list[Callable[[], object]] = []
         self._busy = False
         self._closed = False
         self._cond = threading.Condition()
@@ -41,10 +45,16 @@ class SnapshotWriter:
             self._pending[conversation_id] = (snapshot, wanted)
             self._cond.notify_all()
 
+    def run_job(self, job: Callable[[], object]) -> None:
+        """Run `job` on the writer thread once no snapshot waits (it must not raise)."""
+        with self._cond:
+            self._jobs.append(job)
+            self._cond.notify_all()
+
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every submitted snapshot is written; False if `timeout` ran out first."""
         with self._cond:
-            return self._cond.wait_for(lambda: not self._pending and not self._busy, timeout)
+            return self._cond.wait_for(lambda: not self._pending and not self._jobs and not self._busy, timeout)
 
     def close(self, timeout: float | None = None) -> None:
         self.flush(timeout)
@@ -55,14 +65,21 @@ class SnapshotWriter:
     def _run(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._pending or self._closed)
-                if self._closed and not self._pending:
+                self._cond.wait_for(lambda: self._pending or self._jobs or self._closed)
+                if self._closed and not self._pending and not self._jobs:
                     return
-                conversation_id = next(iter(self._pending))
-                snapshot, wanted = self._pending.pop(conversation_id)
+                job = None
+                if self._pending:
+                    conversation_id = next(iter(self._pending))
+                    snapshot, wanted = self._pending.pop(conversation_id)
+                else:
+                    job = self._jobs.pop(0)
                 self._busy = True
             try:
-                self._write(conversation_id, snapshot, wanted)
+                if job is not None:
+                    job()
+                else:
+                    self._write(conversation_id, snapshot, wanted)
             finally:
                 with self._cond:
                     self._busy = False
@@ -72,5 +89,5 @@ class SnapshotWriter:
         try:
             self.store.save(conversation_id, snapshot, wanted=wanted)
         except Exception as exc:  # a snapshot is an optimisation: never let it take the chat down
-            log.warning("kvchat: the KV snapshot of conversation %s was not saved (%s); "
-                        "its history will be recomputed when it is resumed", conversation_id, exc)
+            log.warning("kvchat: the K/V of conversation %s were not saved (%s); "
+                        "what is missing will be recomputed when it is resumed", conversation_id, exc)

@@ -126,10 +126,10 @@ class SnapshotStore(SnapshotDir):
 
     # ---- reading --------------------------------------------------------------
 
-    def load(self, conversation_id: str, fingerprint: str, history: Sequence[int]) -> KVSnapshot | None:
-        """The conversation's snapshot, verified, if it was made by an engine with `fingerprint` and its
-        tokens start `history`. None when there is none; SnapshotRejected when it cannot be used
-        (a damaged file is removed as well)."""
+    def load(self, conversation_id: str, fingerprint: str | None, history: Sequence[int] | None) -> KVSnapshot | None:
+        """The conversation's snapshot, verified, if it was made by an engine with `fingerprint` (None: any)
+        and its tokens start `history` (None: any). None when there is none; SnapshotRejected when it
+        cannot be used (a damaged file is removed as well)."""
         path = self.path(conversation_id)
         try:
             # O_NONBLOCK: opening a FIFO would otherwise wait for a writer forever (no effect on a file).
@@ -154,7 +154,7 @@ class SnapshotStore(SnapshotDir):
             raise SnapshotRejected(f"{path.name} is damaged: {exc}") from None
         except OSError as exc:  # an I/O error, a file without read permission
             raise SnapshotRejected(f"{path.name} cannot be read ({exc.strerror or exc})") from None
-        if tuple(history[: len(snapshot.token_ids)]) != snapshot.token_ids:
+        if history is not None and tuple(history[: len(snapshot.token_ids)]) != snapshot.token_ids:
             raise SnapshotRejected(f"{path.name} holds other tokens than the conversation")
         try:
             os.utime(path)  # recently used: the size cap removes it last
@@ -167,7 +167,7 @@ class _Damaged(Exception):
     """The file is not a whole, intact snapshot."""
 
 
-def _read(f, fingerprint: str) -> KVSnapshot:
+def _read(f, fingerprint: str | None) -> KVSnapshot:
     size = os.fstat(f.fileno()).st_size
     prefix = f.read(8)
     if len(prefix) < 8:
@@ -184,7 +184,7 @@ def _read(f, fingerprint: str) -> KVSnapshot:
         raise _Damaged("not a kvchat KV snapshot")
     if metadata.get("version") != str(VERSION):
         raise SnapshotRejected(f"snapshot format version {metadata.get('version')!r} is not {VERSION}")
-    if metadata.get("fingerprint") != fingerprint:
+    if fingerprint is not None and metadata.get("fingerprint") != fingerprint:
         raise SnapshotRejected("it was computed by another model, dtype, device or KV layout")
     data_len = size - 8 - header_len
     tensors = _layout(header, data_len)
@@ -203,7 +203,7 @@ def _read(f, fingerprint: str) -> KVSnapshot:
     token_ids, kv = (_tensor(data, *tensors[name]) for name in ("token_ids", "kv"))
     if _checksum(_digest(token_ids), _digest(kv)) != metadata.get("sha256"):
         raise _Damaged("its bytes do not match the checksum")
-    return KVSnapshot(tuple(token_ids.tolist()), kv, fingerprint)
+    return KVSnapshot(tuple(token_ids.tolist()), kv, str(metadata.get("fingerprint")))
 
 
 def _layout(header: dict, data_len: int) -> dict[str, tuple[torch.dtype, list[int], int, int]]:

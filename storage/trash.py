@@ -1,4 +1,4 @@
-"""The trash: a deleted conversation is kept for TRASH_KEEP_S, with its KV snapshot, and can be restored.
+"""The trash: a deleted conversation is kept for TRASH_KEEP_S, with its K/V on disk, and can be restored.
 
 `delete` in the chat or on the command line moves a conversation here (conversations.deleted_at);
 it leaves the sidebar, `list`, `search` and the input's history, and takes no more messages. `kvchat
@@ -41,28 +41,34 @@ class Trash:
                           " ORDER BY deleted_at DESC, id")
         return [conversation_from_row(row) for row in rows]
 
+    def expired_trash(self, older_than_s: float = TRASH_KEEP_S) -> list[str]:
+        """The ids of the conversations in the trash for over `older_than_s`."""
+        cutoff = time.time() - older_than_s
+        return [row["id"] for row in self._rows(
+            "SELECT id FROM conversations WHERE deleted_at IS NOT NULL AND deleted_at < ?", [cutoff])]
+
     def purge_trash(self, older_than_s: float = TRASH_KEEP_S) -> list[str]:
         """Delete for good the conversations in the trash for over `older_than_s`; returns their ids."""
-        cutoff = time.time() - older_than_s
-        expired = [row["id"] for row in self._rows(
-            "SELECT id FROM conversations WHERE deleted_at IS NOT NULL AND deleted_at < ?", [cutoff])]
+        expired = self.expired_trash(older_than_s)
         for conversation_id in expired:
             self.delete(conversation_id, trashed=True)
         return expired
 
 
-def empty_trash(store, home: Path, older_than_s: float = TRASH_KEEP_S) -> int:
-    """Purge the trash's expired conversations with their KV snapshots and turn locks; how many went. A
-    failure (a busy or full database) leaves them for the next start."""
-    from storage.snapshot_dir import SnapshotDir
+def empty_trash(store, home: Path, kv=None, older_than_s: float = TRASH_KEEP_S) -> int:
+    """Purge the trash's expired conversations with their turn locks, and the K/V blocks (of the block
+    store `kv`, default: the one in `home`) no other conversation shares; how many went. A failure (a
+    busy or full database) leaves them for the next start."""
+    from storage.kv_store import KVBlockStore
     from storage.turn_lock import TurnLock
 
+    kv = kv if kv is not None else KVBlockStore(home, store, cap_bytes=0)
     try:
+        chains = {c: store.kv_chain(c) for c in store.expired_trash(older_than_s)}
         expired = store.purge_trash(older_than_s)
+        kv.remove_unreferenced(set().union(*(chains.get(c, set()) for c in expired)))
     except StorageError:
         return 0
-    snapshots = SnapshotDir(home, cap_bytes=0)
     for conversation_id in expired:
-        snapshots.delete(conversation_id)
         TurnLock(home, conversation_id).remove_file()
     return len(expired)

@@ -6,9 +6,11 @@
   least every PARTIAL_SAVE_S (app/chat/reply_writer.py; a crash leaves it
   `interrupted`, text kept), and final when it ends (`complete`, or `stopped`);
   app/chat/reply_recorder.py feeds it the reply's events.
-- After each turn the conversation's K/V is snapshotted in the background;
-  when the conversation is resumed in a new process, that snapshot goes into
-  the prefix cache, so the next message prefills only its own tokens.
+- After each turn the conversation's new K/V blocks are written to the block
+  store in the background (storage/kv_store.py); when the conversation is
+  resumed in a new process, or any prompt starts with stored blocks (a shared
+  system prompt), they go into the prefix cache, so the next message
+  prefills only its own tokens.
 
 Token ids: each message stores the ids it added to the conversation's token
 sequence and where they start (`token_start`): a template that rewrites
@@ -24,13 +26,15 @@ from pathlib import Path
 
 from app.chat.reply_writer import ReplyWriter
 from app.chat.sampling_settings import sampling_settings
+from app.chat.stored_kv import load_stored_kv
 from engine import Done, Engine, EngineError, SamplingParams
 from storage.conversations import Conversation, ConversationStore
 from storage.data_dir import data_dir
-from storage.errors import SnapshotRejected, StorageError
+from storage.errors import StorageError
+from storage.kv_migration import SnapshotMigration
+from storage.kv_store import KVBlockStore
 from storage.snapshot_dir import DEFAULT_SNAPSHOT_GB
 from storage.snapshot_writer import SnapshotWriter
-from storage.snapshots import SnapshotStore
 from storage.trash import empty_trash
 from storage.turn_lock import TurnLock
 
@@ -55,26 +59,35 @@ class ConversationChanged(StorageError):
 
 @dataclass
 class Storage:
-    """The database, the snapshot directory and the background snapshot writer of one data dir."""
+    """The database, the KV block store and its background writer of one data dir."""
 
     conversations: ConversationStore
-    snapshots: SnapshotStore
+    kv: KVBlockStore
     writer: SnapshotWriter
+    migration: SnapshotMigration
 
     @classmethod
     def open(cls, snapshot_gb: float | None = None) -> "Storage":
         if snapshot_gb is not None and snapshot_gb < 0:
-            raise ValueError("--snapshot-gb must be 0 (no KV snapshots) or more")
+            raise ValueError("--snapshot-gb must be 0 (no KV kept on disk) or more")
         home = data_dir()
-        snapshots = SnapshotStore(home, int((DEFAULT_SNAPSHOT_GB if snapshot_gb is None else snapshot_gb) * 1e9))
         conversations = ConversationStore.open(home)
-        if conversations.read_only_reason is None:
-            empty_trash(conversations, home)  # conversations deleted over 30 days ago go for good
-        return cls(conversations, snapshots, SnapshotWriter(snapshots))
+        try:
+            kv = KVBlockStore(home, conversations, int((DEFAULT_SNAPSHOT_GB if snapshot_gb is None else snapshot_gb) * 1e9))
+            if conversations.read_only_reason is None:
+                empty_trash(conversations, home, kv)  # conversations deleted over 30 days ago go for good
+            migration = SnapshotMigration(home, kv, conversations.exists)
+        except BaseException:
+            conversations.close()
+            raise
+        storage = cls(conversations, kv, SnapshotWriter(kv), migration)
+        if migration.pending():  # an older kvchat's snapshot files: into the block store, in the background
+            storage.writer.run_job(migration.migrate_all)
+        return storage
 
     @property
     def home(self) -> Path:
-        return self.snapshots.home
+        return self.kv.home
 
     def close(self) -> None:
         """Finish writing pending snapshots (so the next start finds them), then close the database."""
@@ -210,40 +223,43 @@ class SavedConversation:
     # ---- the K/V snapshot -------------------------------------------------------------
 
     def restore_kv(self, engine: Engine, token_ids: list[int]) -> str | None:
-        """Put the conversation's snapshot into the prefix cache unless the cache already holds its
-        history. Returns a sentence for the user when a snapshot had to be discarded."""
-        if (self.conversation is None or not engine.keeps_kv_snapshots
-                or engine.cached_length(token_ids) >= len(token_ids) - 1):
+        """Put the stored K/V blocks that `token_ids` start with into the prefix cache, where the cache
+        lacks them: this conversation's own, or any other's with the same beginning (a shared system
+        prompt). Returns a sentence for the user when stored K/V had to be discarded."""
+        if not engine.keeps_kv_snapshots or engine.cached_length(token_ids) >= len(token_ids) - 1:
             return None
-        try:
-            snapshot = self.storage.snapshots.load(self.id, engine.fingerprint, token_ids)
-            if snapshot is not None:
-                engine.import_kv(snapshot)
-            return None
-        except (SnapshotRejected, EngineError) as exc:
-            notice = ("The saved KV cache of this conversation was not used, so its history is recomputed: "
-                      f"{str(exc).rstrip('.')}.")
-            log.warning("kvchat: %s", notice)
-            return notice
+        if self.conversation is not None:
+            self.storage.migration.migrate_one(self.id)  # an older kvchat's snapshot file, if it has one
+        return load_stored_kv(engine, self.storage.kv, token_ids)
 
     def save_kv(self, engine: Engine, token_ids: list[int]) -> None:
-        """Copy the conversation's cached K/V out of the cache (in the calling, generating thread) and
-        write it to disk in the background."""
-        if not engine.keeps_kv_snapshots or self.storage.snapshots.cap_bytes == 0:
+        """Copy the K/V blocks of the conversation the block store lacks out of the cache (in the calling,
+        generating thread) and write them to disk in the background."""
+        if not engine.keeps_kv_snapshots or self.storage.kv.cap_bytes == 0 or not self.storage.kv.writable:
             return
         store, conversation_id = self.store, self.id
         if not store.exists(conversation_id):  # deleted by another kvchat: nothing of it is written any more
             return
-        snapshot = engine.export_kv(token_ids)
-        if snapshot is not None:  # checked again on the writer thread, around the rename: a delete always wins
+        try:
+            cached = token_ids[: engine.cached_length(token_ids)]
+            first = self.storage.kv.first_missing(engine.fingerprint, engine.kv_block_size, cached)
+        except StorageError as exc:
+            log.warning("kvchat: the K/V of conversation %s were not saved (%s)", conversation_id, exc)
+            return
+        snapshot = engine.export_kv(cached, first_block=first)
+        if snapshot is not None:  # the index refuses a deleted conversation's head, in the writer's transaction
             self.storage.writer.submit(conversation_id, snapshot, wanted=lambda: store.exists(conversation_id))
 
-    def drop_snapshot(self, reason: str) -> None:
-        """Delete the conversation's KV snapshot (it produced `reason`), with one log line."""
-        if self.conversation is not None:
-            self.storage.snapshots.delete(self.id)
-            log.warning("kvchat: the saved KV cache of conversation %s was deleted (%s); its history is "
-                        "recomputed", self.id, reason)
+    def drop_snapshot(self, engine: Engine, reason: str, token_ids: list[int]) -> None:
+        """Delete the stored K/V blocks a prompt of `token_ids` reads (they produced `reason`), with one
+        log line."""
+        kv = self.storage.kv
+        try:
+            kv.remove([block.key for block in kv.plan(engine.fingerprint, engine.kv_block_size, token_ids)])
+        except StorageError:
+            return
+        log.warning("kvchat: the saved K/V blocks of conversation %s were deleted (%s); its history is "
+                    "recomputed", self.id, reason)
 
     # ---- turns and messages --------------------------------------------------------------
 

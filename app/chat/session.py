@@ -174,6 +174,7 @@ class ChatSession:
         before = self._regenerating()
         with self._taking_turn():
             prompt = self._ids_through(before) or self.engine.tokenizer.encode(self._rendered(before))
+            self._load_stored_kv(prompt)
             self._restart(before, self.engine.generate(prompt, self.reply_params))
         self.opens_thinking = self._opens_thinking(prompt)
         return self._stream(self.generation, prompt)
@@ -194,6 +195,7 @@ class ChatSession:
                              ) -> tuple[list[int], list[Stream], Drive]:
         """(the prompt's ids, a request per alternative, how they are read): the engine's, side by side."""
         prompt = self._ids_through(before) or self.engine.tokenizer.encode(self._rendered(before))
+        self._load_stored_kv(prompt)
         return prompt, [self.engine.generate(prompt, p) for p in params], cut_drive(self.chat_format, side_by_side)
 
     def _regenerating(self) -> list[ChatMessage]:
@@ -238,6 +240,7 @@ class ChatSession:
             require_room(self.engine.context_window, self.reply_params.max_tokens, len(prompt.ids),
                          lambda: self.prompt_tokens([], user_text),
                          before, user_text)
+            self._load_stored_kv(prompt.ids)
             generation = self.engine.generate(prompt.ids, self.reply_params)
             self.rewritten_at = prompt.rewritten_at
             start = len(seen) if prompt.rewritten_at is None else prompt.rewritten_at
@@ -245,6 +248,12 @@ class ChatSession:
         self.generation = generation
         self.opens_thinking = self._opens_thinking(prompt.ids)
         return self._stream(generation, prompt.ids)
+
+    def _load_stored_kv(self, prompt: list[int]) -> None:
+        """Into the cache, what the block store holds of `prompt` and the cache lacks: another conversation's
+        blocks too, when it began the same way (SavedConversation.restore_kv)."""
+        if self.saved is not None and self.token_ids:
+            self.notice = self.saved.restore_kv(self.engine, prompt) or self.notice
 
     @contextmanager
     def _taking_turn(self) -> Iterator[None]:
@@ -338,7 +347,7 @@ class ChatSession:
             except NonFiniteLogitsError:
                 stream.close()
                 if self.saved is not None:
-                    self.saved.drop_snapshot("the model computed non-finite scores from it")
+                    self.saved.drop_snapshot(self.engine, "the model computed non-finite scores from it", prompt)
                 self.generation = generation = self.engine.generate(prompt, self.reply_params,
                                                                        generation.use_prefix_cache)
                 stream = iter(generation)

@@ -25,9 +25,9 @@ Rules:
   the tree (device-resident nodes always form a prefix of each path);
   a later match copies it back. On a GPU both copies run on a copy stream
   (tier_copy.py), so the host never waits for them.
-- A snapshot read from disk enters the tree with `insert` (nodes marked
-  `from_disk` until a match first uses them, so that match reports `disk`);
-  `export` copies a cached sequence's blocks out for a snapshot.
+- K/V read from disk enter the tree with `load` (blocks filled in place) or
+  `insert` (a snapshot tensor), nodes marked `from_disk` until a match first
+  uses them, so that match reports `disk`; `export` copies blocks out.
 - `forget` drops the blocks a prefix would reuse and everything below them
   (after a request computed NaN from them), except referenced nodes.
 """
@@ -41,24 +41,14 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.errors import EngineError
+from engine.kv.cache_transfer import CacheTransfer
+from engine.kv.node import Node
 from engine.kv.pool import KVPool, PoolExhausted
 from engine.kv.tier_copy import TierCopy
 
 
 class KVCacheFullError(EngineError):
     """Not enough KV blocks for a request, even after evicting everything unreferenced."""
-
-
-@dataclass(eq=False)
-class Node:
-    tokens: tuple[int, ...]
-    parent: "Node | None"
-    block: int | None = None  # device block, or None while spilled to the host tier
-    host_block: int | None = None
-    children: dict[tuple[int, ...], "Node"] = field(default_factory=dict)
-    refs: int = 0
-    last_used: int = 0
-    from_disk: bool = False  # inserted from a snapshot and not used by a request yet
 
 
 @dataclass
@@ -81,7 +71,7 @@ def common_prefix_length(a: "list[int] | tuple[int, ...]", b: "list[int] | tuple
     return n
 
 
-class PrefixCache:
+class PrefixCache(CacheTransfer):
     def __init__(self, pool: KVPool, host: KVPool | None = None):
         self.pool = pool
         self.host = host
@@ -205,56 +195,6 @@ class PrefixCache:
             if (sibling is not new and len(sibling.tokens) < len(new.tokens) and not sibling.children
                     and sibling.refs == 0 and new.tokens[: len(sibling.tokens)] == sibling.tokens):
                 self._remove(sibling)
-
-    # ---- snapshots ------------------------------------------------------------
-
-    def export(self, tokens: list[int]) -> tuple[int, torch.Tensor] | None:
-        """The longest cached prefix of `tokens`: its length and a copy of its blocks on the CPU
-        [blocks, 2, layers, kv_heads, block_size, head_dim], positions past the prefix zeroed."""
-        chain, lender, lent = self._walk(tokens, len(tokens))
-        nodes = chain + ([lender] if lender is not None else [])
-        if not nodes:
-            return None
-        blocks = torch.empty((len(nodes), *self.pool.data.shape[1:]), dtype=self.pool.data.dtype)
-        self.tier_copy.host_readable()
-        for i, node in enumerate(nodes):  # block by block: no temporary of the snapshot's size on the device
-            blocks[i].copy_(self.pool.data[node.block] if node.block is not None else self.host.data[node.host_block])
-        if lender is not None:
-            blocks[-1, :, :, :, lent:] = 0  # the lender's later tokens are not part of this sequence
-        return len(chain) * self.block_size + lent, blocks
-
-    def insert(self, tokens: list[int], blocks: torch.Tensor) -> int:
-        """File a snapshot's blocks (K/V of `tokens`, laid out as `export` returns them) in the tree,
-        marked as read from disk; blocks the tree already holds are kept, not replaced.
-        Returns how many tokens it added; raises KVCacheFullError if they do not fit."""
-        size = self.block_size
-        full = len(tokens) // size
-        chain, _, _ = self._walk(tokens, full * size)
-        tail = tuple(tokens[full * size :])
-        parent = chain[-1] if chain else self.root
-        tail_covered = not tail or (len(chain) == full and any(
-            c.tokens[: len(tail)] == tail for c in parent.children.values()))
-        new = list(range(len(chain), full)) + ([] if tail_covered else [full])
-        if not new:
-            return 0
-        self.clock += 1
-        for n in chain:  # the path stays put while allocating may evict
-            n.refs += 1
-        try:
-            for n in chain:  # new nodes hang below the chain, and device nodes form a prefix of each path
-                self._ensure_on_device(n)
-            fresh = self.allocate(len(new))
-        finally:
-            for n in chain:
-                n.refs -= 1
-        for i, block in zip(new, fresh):
-            self.pool.data[block].copy_(blocks[i])  # block by block: no snapshot-sized temporary on the device
-            piece = tuple(tokens[i * size : (i + 1) * size])
-            node = Node(piece, parent, block=block, last_used=self.clock, from_disk=True)
-            parent.children[piece] = node
-            self._drop_superseded(parent, node)
-            parent = node
-        return (full - len(chain)) * size + (0 if tail_covered else len(tail))
 
     def forget(self, tokens: list[int]) -> int:
         """Drop what a match of `tokens` would use (its full blocks and the block lending its tail), with

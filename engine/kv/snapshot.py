@@ -3,7 +3,9 @@
 Plain data, so storage can write and read it without knowing the engine.
 `kv` is laid out as the KV pool's blocks, [blocks, 2 (K, V), layers, kv_heads,
 block_size, head_dim], on the CPU, positions past the last token zeroed; going
-back into the pool is then one copy per snapshot, not one per token. A loaded
+back into the pool is then one copy per snapshot, not one per token. A
+snapshot for the block store may hold only the blocks from `first_block` on:
+the ones before it are on disk already. A loaded
 snapshot's `kv` may be a read-only mapping of its file: copy from it, never
 write to it.
 """
@@ -20,6 +22,7 @@ class KVSnapshot:
     token_ids: tuple[int, ...]
     kv: torch.Tensor
     fingerprint: str  # Engine.fingerprint of the engine that computed it
+    first_block: int = 0  # kv holds blocks first_block, first_block + 1, ... of token_ids
 
     @property
     def block_size(self) -> int:

@@ -1,0 +1,52 @@
+"""K/V blocks from the block store into the engine's prefix cache, before a prompt is prefilled.
+
+The store finds the longest chain of stored blocks the prompt starts with
+(storage/kv_store.py: this conversation's own, or any other's that began the
+same way), and reads them straight into the pool blocks the engine hands out
+(Engine.import_blocks). One call per turn: when the cache already holds the
+prompt, or the store holds nothing more of it, it costs one index lookup.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from engine import Engine, EngineError
+from storage.errors import StorageError
+from storage.kv_store import KVBlockStore
+
+log = logging.getLogger("kvchat")
+
+
+def load_stored_kv(engine: Engine, kv: KVBlockStore, token_ids: list[int]) -> str | None:
+    """Load what the store holds of `token_ids` and the cache lacks. Returns a sentence for the user when
+    stored K/V had to be discarded (a damaged block, K/V that do not fit); the tokens from there on
+    are recomputed."""
+    if kv.cap_bytes == 0:
+        return None
+    try:
+        plan = kv.plan(engine.fingerprint, engine.kv_block_size, token_ids)
+    except StorageError as exc:
+        log.warning("kvchat: the KV block store could not be read (%s)", exc)
+        return None
+    if len(plan) * engine.kv_block_size <= engine.cached_length(token_ids):
+        return None
+    short: list[int] = []
+
+    def fill(first: int, dests) -> int:
+        read = kv.read(plan[first:], dests)
+        if read < min(len(dests), len(plan) - first):
+            short.append(first + read)
+        return read
+
+    tokens = [token for block in plan for token in block.token_ids]
+    try:
+        engine.import_blocks(tokens, fill)
+    except EngineError as exc:
+        notice = f"The saved KV cache was not used, so the history is recomputed: {str(exc).rstrip('.')}."
+        log.warning("kvchat: %s", notice)
+        return notice
+    if short:
+        return (f"Part of the saved KV cache was damaged, so the history from token "
+                f"{short[0] * engine.kv_block_size:,} on is recomputed.")
+    return None

@@ -1,0 +1,17 @@
+"""Node: one block of one cached sequence in the prefix cache's radix tree (kv/prefix_cache.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(eq=False)
+class Node:
+    tokens: tuple[int, ...]
+    parent: "Node | None"
+    block: int | None = None  # device block, or None while spilled to the host tier
+    host_block: int | None = None
+    children: dict[tuple[int, ...], "Node"] = field(default_factory=dict)
+    refs: int = 0
+    last_used: int = 0
+    from_disk: bool = False  # inserted from a snapshot and not used by a request yet
