@@ -11,13 +11,10 @@ import argparse
 import copy
 import itertools
 import json
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
@@ -26,22 +23,8 @@ from app.bench.speculative import print_speculative
 from app.cli.options import engine_options
 from engine import Engine, SamplingParams
 from engine.bench.perf import greedy, random_prompt
-from storage.snapshots import SnapshotStore
-from engine.bench.fresh import with_fresh_cache
-
-
-def interleaved_medians(runs: int, measures: dict[str, Callable[[], float]]) -> dict[str, float]:
-    """Median of each measure over `runs` rounds; a round runs every measure once, in turn.
-
-    Interleaving spreads the noise of a shared machine over all contenders alike.
-    """
-    for measure in measures.values():
-        measure()  # warm-up: first-touch allocations and kernel selection
-    samples: dict[str, list[float]] = {name: [] for name in measures}
-    for _ in range(runs):
-        for name, measure in measures.items():
-            samples[name].append(measure())
-    return {name: statistics.median(values) for name, values in samples.items()}
+from app.bench.resume import bench_resume, print_resume
+from app.bench.timing import interleaved_medians, timed
 
 
 class HFBaseline:
@@ -86,14 +69,6 @@ class HFBaseline:
         return time.perf_counter() - start
 
 
-def _timed(fn: Callable[[], object]) -> Callable[[], float]:
-    def seconds() -> float:
-        start = time.perf_counter()
-        fn()
-        return time.perf_counter() - start
-    return seconds
-
-
 def _throughput_row(label: str, value: int, tokens: int, measures: dict[str, Callable[[], float]],
                     runs: int) -> dict:
     """{label: value, "tokens_per_s": ours, "<key>tokens_per_s": each baseline's} for `tokens` per measure."""
@@ -109,7 +84,7 @@ def bench_prefill(engine: Engine, baselines: dict[str, HFBaseline], lengths: lis
         prompt = random_prompt(engine, length)
         measures = {"": lambda: greedy(engine, prompt, 1).stats.ttft_ms / 1e3}
         for key, hf in baselines.items():
-            measures[key] = _timed(lambda hf=hf: hf.prefill(prompt))
+            measures[key] = timed(lambda hf=hf: hf.prefill(prompt))
         rows.append(_throughput_row("prompt_tokens", length, length, measures, runs))
     return rows
 
@@ -159,7 +134,7 @@ def bench_followup(engine: Engine, hf: HFBaseline | None, histories: list[int], 
             measures["cached_eager"] = eager
         if hf is not None:
             _, history_cache = hf.prefill(history)
-            measures["hf_naive"] = _timed(lambda: hf.prefill(history + next(fresh)))
+            measures["hf_naive"] = timed(lambda: hf.prefill(history + next(fresh)))
             measures["hf_cache"] = lambda: hf.followup_seconds(history_cache, next(fresh))
         seconds = interleaved_medians(runs, measures)
         row = {"history_tokens": history_len, "new_tokens": new_tokens,
@@ -168,53 +143,6 @@ def bench_followup(engine: Engine, hf: HFBaseline | None, histories: list[int], 
         for name, value in seconds.items():
             row[f"ttft_ms_{name}"] = round(value * 1e3, 1)
         rows.append(row)
-    return rows
-
-
-def bench_resume(engine: Engine, histories: list[int], new_tokens: int, runs: int) -> list[dict]:
-    """TTFT of a new message in a resumed conversation: a fresh engine (model loaded, cache empty) reads
-    the history's KV snapshot from disk, verifies and imports it, then answers; next to the warm follow-up
-    (history still cached) and a full re-prefill. The snapshot file is in the OS page cache."""
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="kvchat-bench-") as home:
-        store = SnapshotStore(Path(home), cap_bytes=1 << 40)
-        for history_len in histories:
-            history = random_prompt(engine, history_len, seed=3)
-            greedy(engine, history, 1, use_prefix_cache=True)
-            snapshot = engine.export_kv(history)
-            fresh = (random_prompt(engine, new_tokens, seed=2000 + i) for i in itertools.count())
-            params = SamplingParams(temperature=0, max_tokens=1)
-            last: dict = {}
-
-            def from_disk() -> float:
-                resumed = with_fresh_cache(engine)
-                prompt = history + next(fresh)
-                start = time.perf_counter()
-                resumed.import_kv(store.load("000000000000", resumed.fingerprint, prompt))
-                loaded = time.perf_counter() - start
-                last["stats"] = list(resumed.generate(prompt, params))[-1].stats
-                return loaded + last["stats"].ttft_ms / 1e3
-
-            def warm() -> float:
-                return list(engine.generate(history + next(fresh), params))[-1].stats.ttft_ms / 1e3
-
-            def uncached() -> float:
-                return list(engine.generate(history + next(fresh), params, use_prefix_cache=False))[-1].stats.ttft_ms / 1e3
-
-            def write() -> None:
-                last["bytes"] = store.save("000000000000", snapshot)
-
-            # "write" runs first in every round, so "disk" always reads a snapshot written just before.
-            seconds = interleaved_medians(runs, {"write": _timed(write), "disk": from_disk, "warm": warm,
-                                                 "uncached": uncached})
-            rows.append({
-                "history_tokens": history_len, "new_tokens": new_tokens,
-                "ttft_ms_disk": round(seconds["disk"] * 1e3, 1), "ttft_ms_warm": round(seconds["warm"] * 1e3, 1),
-                "ttft_ms_uncached": round(seconds["uncached"] * 1e3, 1),
-                "cached_tokens": last["stats"].cached_tokens, "cache_source": last["stats"].cache_source,
-                "snapshot_bytes_per_token": round(last["bytes"] / len(snapshot.token_ids)),
-                "snapshot_write_ms": round(seconds["write"] * 1e3, 1),
-            })
     return rows
 
 
@@ -260,17 +188,6 @@ def print_table(result: dict) -> None:
             for row in eager_rows))
 
 
-def _print_resume(rows: list[dict]) -> None:
-    if rows:
-        print(f"\n{'resume TTFT, ms':24}{'disk':>10}{'warm':>10}{'uncached':>10}{'disk/warm':>11}"
-              f"{'uncached/disk':>15}{'bytes/token':>13}{'write ms':>10}")
-    for row in rows:
-        print(f"{str(row['history_tokens']) + ' + ' + str(row['new_tokens']) + ' tokens':24}"
-              f"{row['ttft_ms_disk']:>10.1f}{row['ttft_ms_warm']:>10.1f}{row['ttft_ms_uncached']:>10.1f}"
-              f"{row['ttft_ms_disk'] / row['ttft_ms_warm']:>10.2f}x{row['ttft_ms_uncached'] / row['ttft_ms_disk']:>14.1f}x"
-              f"{row['snapshot_bytes_per_token']:>13,}{row['snapshot_write_ms']:>10.1f}")
-
-
 def ui_section(args: argparse.Namespace) -> dict:
     """`kvchat bench --ui` in a process of its own (it needs every torch op on one thread)."""
     flags = ["--json"] + (["--quick"] if args.quick else []) + ["--repeat", str(args.repeat)]
@@ -314,7 +231,7 @@ def run_bench(args: argparse.Namespace) -> int:
         from app.bench.ui import print_ui
 
         print_table(result)
-        _print_resume(result["resume"])
+        print_resume(result["resume"])
         print_speculative(result["speculative"], engine.options.draft_tokens)
         print_ui(result)
     sys.stdout.flush()

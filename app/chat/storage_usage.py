@@ -1,7 +1,8 @@
 """`kvchat storage`: what kvchat keeps on disk, how big it is, and how to free space.
 
 Disk use was invisible: 13 small chats held 571 MB of KV snapshots next to a 623 MB converted model.
-Sizes are read from the file system (no database query but the trash count), so this answers at once.
+Sizes are read from the file system; the database is read (read-only) for the trash count and for how
+much of the KV block store conversations share (blocks stored once, referenced by several).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from pathlib import Path
 from engine.weights.paths import cache_dir
 from storage.conversations import ConversationStore
 from storage.data_dir import data_dir
+from storage.errors import StorageError
+from storage.kv_store import KV_DIR
 from storage.snapshot_dir import DEFAULT_SNAPSHOT_GB
 
 
@@ -23,9 +26,12 @@ class Usage:
     database_bytes: int  # kvchat.db with its -wal and -shm
     backup_bytes: int
     backups: int
-    snapshot_bytes: int  # KV snapshots, temp files of writers still running included
-    snapshots: int
-    snapshot_cap_bytes: int
+    kv_bytes: int  # the KV block store (temp files of writers still running included) and old snapshot files
+    kv_blocks: int
+    kv_conversations: int  # conversations with K/V in the store
+    kv_shared_bytes: int  # blocks two or more conversations (or branches' conversations) reference
+    kv_saved_bytes: int  # what storing those once saves over a copy per conversation
+    kv_cap_bytes: int
     model_cache_bytes: int  # converted models (GGUF -> safetensors), their hashes and compiled kernels
     models: int
     trashed: int  # conversations in the trash
@@ -34,7 +40,7 @@ class Usage:
 
     @property
     def total_bytes(self) -> int:
-        return self.database_bytes + self.backup_bytes + self.snapshot_bytes + self.model_cache_bytes
+        return self.database_bytes + self.backup_bytes + self.kv_bytes + self.model_cache_bytes
 
 
 def _size(path: Path) -> tuple[int, int]:
@@ -57,16 +63,25 @@ def usage(snapshot_gb: float | None = None) -> Usage:
     home, cache = data_dir(), cache_dir()
     database = sum(_size(home / f"kvchat.db{suffix}")[0] for suffix in ("", "-wal", "-shm"))
     backup_bytes, backups = _size(home / "backups")
-    snapshot_bytes, snapshots = _size(home / "snapshots")
+    kv_bytes, kv_blocks = _size(home / KV_DIR)
+    kv_bytes += _size(home / "snapshots")[0]  # an older kvchat's snapshot files, until they are migrated
     model_bytes, models = _size(cache / "models")
     model_bytes += sum(_size(cache / name)[0] for name in ("file-hashes", "kernels"))
-    trashed = 0
+    trashed, conversations, shared, saved = 0, 0, 0, 0
     if (home / "kvchat.db").is_file():
         with ConversationStore.open(home, write=False) as store:
             trashed = len(store.trashed())
+            try:
+                sizes = {row.key: row.bytes for row in store.kv_blocks()}
+                references = store.kv_references()
+                conversations = store.kv_conversations()
+            except StorageError:  # a database an older kvchat made, not migrated yet: no block store in it
+                sizes, references = {}, {}
+            shared = sum(sizes.get(key, 0) for key, refs in references.items() if refs >= 2)
+            saved = sum(sizes.get(key, 0) * (refs - 1) for key, refs in references.items() if refs >= 2)
     cap = int((DEFAULT_SNAPSHOT_GB if snapshot_gb is None else snapshot_gb) * 1e9)
-    return Usage(database, backup_bytes, backups, snapshot_bytes, snapshots, cap, model_bytes, models, trashed,
-                 str(home), str(cache))
+    return Usage(database, backup_bytes, backups, kv_bytes, kv_blocks, conversations, shared, saved, cap,
+                 model_bytes, models, trashed, str(home), str(cache))
 
 
 def human(n: int) -> str:
@@ -78,8 +93,8 @@ def human(n: int) -> str:
 
 
 def one_line(u: Usage) -> str:
-    """For the chat: "disk: snapshots 571 MB/4.0 GB · db 1.2 MB · models 623 MB"."""
-    return (f"disk: snapshots {human(u.snapshot_bytes)}/{human(u.snapshot_cap_bytes)} · db "
+    """For the chat: "disk: KV 571 MB/4.0 GB · db 1.2 MB · models 623 MB"."""
+    return (f"disk: KV {human(u.kv_bytes)}/{human(u.kv_cap_bytes)} · db "
             f"{human(u.database_bytes + u.backup_bytes)} · models {human(u.model_cache_bytes)}")
 
 
@@ -88,18 +103,21 @@ def report(u: Usage) -> str:
         ("conversations", f"{human(u.database_bytes)}", f"{u.data_dir}/kvchat.db"
          + (f" ({u.trashed} in the trash)" if u.trashed else "")),
         ("backups", f"{human(u.backup_bytes)}", f"{u.data_dir}/backups ({u.backups}, the last 3 kept)"),
-        ("KV snapshots", f"{human(u.snapshot_bytes)}", f"{u.data_dir}/snapshots ({u.snapshots} file{'' if u.snapshots == 1 else 's'}, cap "
-         f"{human(u.snapshot_cap_bytes)})"),
+        ("KV cache", f"{human(u.kv_bytes)}", f"{u.data_dir}/{KV_DIR} ({u.kv_blocks} block{'' if u.kv_blocks == 1 else 's'} of "
+         f"{u.kv_conversations} conversation{'' if u.kv_conversations == 1 else 's'}, cap {human(u.kv_cap_bytes)})"),
         ("converted models", f"{human(u.model_cache_bytes)}", f"{u.cache_dir} ({u.models} models)"),
     ]
     width = max(len(name) for name, _, _ in rows)
     lines = [f"{name:<{width}}  {size:>9}  {where}" for name, size, where in rows]
     lines.append(f"{'in all':<{width}}  {human(u.total_bytes):>9}")
+    if u.kv_shared_bytes:
+        lines.append(f"\nConversations that begin alike share KV blocks: {human(u.kv_shared_bytes)} of them are stored once, "
+                     f"saving {human(u.kv_saved_bytes)}.")
     lines += ["", "To free space:",
-              "  KV snapshots only save recomputing a history: `--snapshot-gb N` (or 0) caps them, least recently",
-              "  used first; a conversation without one is recomputed when resumed.",
-              "  `kvchat delete ID --permanently` removes a conversation and its snapshot now (plain `delete`",
-              "  keeps them 30 days in the trash).",
+              "  The KV cache only saves recomputing a history: `--snapshot-gb N` (or 0) caps it, least recently",
+              "  used blocks first; what is missing is recomputed when a conversation is resumed.",
+              "  `kvchat delete ID --permanently` removes a conversation and the KV blocks it shares with no other",
+              "  now (plain `delete` keeps them 30 days in the trash).",
               f"  Converted models in {u.cache_dir}/models can be removed; a model is converted again (once)",
               "  when it is next used."]
     return "\n".join(lines)

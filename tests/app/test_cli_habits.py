@@ -162,11 +162,19 @@ def test_a_mistake_is_reported_before_torch_is_imported(args):
 # ---- the trash ---------------------------------------------------------------------------------
 
 
+def kv_files_of(home, conversation_id):
+    """The block files on the conversation's chains in the KV block store."""
+    from storage.conversations import ConversationStore
+
+    with ConversationStore.open(home, write=False) as store:
+        return {home / "kv" / f"{key}.kvb" for key in store.kv_chain(conversation_id)}
+
+
 def test_delete_moves_a_conversation_to_the_trash_and_restore_brings_it_back(tiny_model_dir, kvchat_home):
     kept = ask(tiny_model_dir, "about herons", "--max-tokens", "2")["conversation_id"]
     gone = ask(tiny_model_dir, "about egrets", "--max-tokens", "2")["conversation_id"]
-    snapshot = kvchat_home / "snapshots" / f"{gone}.safetensors"
-    assert snapshot.is_file()
+    blocks = kv_files_of(kvchat_home, gone)
+    assert blocks and all(block.is_file() for block in blocks)
     deleted = kvchat("delete", gone)
     assert deleted.returncode == 0 and "trash" in deleted.stderr and f"kvchat restore {gone}" in deleted.stderr
     assert [line.split()[0] for line in kvchat("list").stdout.splitlines()] == [kept]
@@ -174,7 +182,7 @@ def test_delete_moves_a_conversation_to_the_trash_and_restore_brings_it_back(tin
     assert kvchat("search", "egrets").returncode == 1  # not found: it is in the trash
     assert_one_clear_error(kvchat("show", gone), 1, "is in the trash")
     assert_one_clear_error(kvchat("ask", "more", "--conversation", gone), 1, "is in the trash")
-    assert snapshot.is_file()  # kept with it
+    assert kv_files_of(kvchat_home, gone) == blocks and all(block.is_file() for block in blocks)  # kept with it
     assert kvchat("restore", gone).returncode == 0
     assert gone in kvchat("list").stdout and kvchat("search", "egrets").returncode == 0
     resumed = ask(tiny_model_dir, "more", "--conversation", gone, "--max-tokens", "2")
@@ -200,7 +208,7 @@ def test_delete_permanently_removes_it_and_its_snapshot_at_once(tiny_model_dir, 
     gone = ask(tiny_model_dir, "hello", "--max-tokens", "2")["conversation_id"]
     result = kvchat("delete", gone, "--permanently")
     assert result.returncode == 0 and "for good" in result.stderr
-    assert kvchat("list", "--deleted").stdout == "" and not list((kvchat_home / "snapshots").iterdir())
+    assert kvchat("list", "--deleted").stdout == "" and not list((kvchat_home / "kv").glob("*.kvb"))
 
 
 def test_rename_says_what_it_did(tiny_model_dir):
@@ -216,10 +224,21 @@ def test_storage_shows_each_place_with_its_size_and_how_to_free_space(tiny_model
     ask(tiny_model_dir, "hello", "--max-tokens", "2")
     text = kvchat("storage")
     assert text.returncode == 0
-    for words in ("conversations", "KV snapshots", "converted models", "To free space", "--snapshot-gb",
+    for words in ("conversations", "KV cache", "converted models", "To free space", "--snapshot-gb",
                   "delete ID --permanently"):
         assert words in text.stdout
     numbers = json.loads(kvchat("storage", "--json").stdout)
-    snapshots = sum(p.stat().st_size for p in (kvchat_home / "snapshots").iterdir())
-    assert numbers["snapshot_bytes"] == snapshots and numbers["snapshots"] == 1
-    assert numbers["database_bytes"] > 0 and numbers["snapshot_cap_bytes"] == 4_000_000_000
+    blocks = list((kvchat_home / "kv").iterdir())
+    assert numbers["kv_bytes"] == sum(p.stat().st_size for p in blocks) and numbers["kv_blocks"] == len(blocks) > 0
+    assert numbers["kv_conversations"] == 1 and numbers["kv_shared_bytes"] == 0
+    assert numbers["database_bytes"] > 0 and numbers["kv_cap_bytes"] == 4_000_000_000
+
+
+def test_storage_counts_the_blocks_two_conversations_share_once(tiny_model_dir, kvchat_home):
+    system = " ".join(f"rule {i}: be brief." for i in range(8))  # a few blocks of shared tokens
+    for question in ("hello", "goodbye"):
+        ask(tiny_model_dir, question, "--max-tokens", "2", "--system", system)
+    numbers = json.loads(kvchat("storage", "--json").stdout)
+    assert numbers["kv_conversations"] == 2
+    assert numbers["kv_shared_bytes"] > 0 and numbers["kv_saved_bytes"] == numbers["kv_shared_bytes"]
+    assert "share KV blocks" in kvchat("storage").stdout
