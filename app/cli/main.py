@@ -72,7 +72,7 @@ def _remote_options(parser: argparse.ArgumentParser, top_level: bool) -> None:
 def _storage_options(parser: argparse.ArgumentParser, top_level: bool) -> None:
     group = parser.add_argument_group("storage")
     group.add_argument("--snapshot-gb", type=non_negative_float, default=None if top_level else argparse.SUPPRESS,
-                       help="disk space for saved KV caches; least recently used go first (default: 4)")
+                       help="disk space for the KV block store; least recently used blocks go first (default: 4)")
 
 
 def _sampling_options(parser: argparse.ArgumentParser, top_level: bool) -> None:
@@ -148,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--output", "-o", metavar="FILE", help="default (or -): stdout; an existing file is "
                         "refused unless --force, a symlink always")
     export.add_argument("--force", action="store_true", help="replace FILE if it exists")
-    delete = commands.add_parser("delete", help="move a saved conversation (and its KV snapshot) to the trash")
+    delete = commands.add_parser("delete", help="move a saved conversation (and its K/V on disk) to the trash")
     delete.add_argument("id", help="conversation id or unique prefix")
     delete.add_argument("--permanently", action="store_true", help="delete it for good instead, at once")
     restore = commands.add_parser("restore", help="bring a conversation back from the trash")
