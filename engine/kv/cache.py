@@ -12,6 +12,8 @@ from typing import Protocol
 
 import torch
 
+from engine.kv.huge_pages import advise_huge_pages
+
 from engine.model.attention import attend
 
 
@@ -80,8 +82,8 @@ class ContiguousKVCache(KVCache):
         grown = max(needed, 2 * self.capacity)
         grown = min(self._max_tokens, -(-grown // quantum) * quantum)
         layers, heads, _, dim = self._shape
-        k = torch.empty((layers, heads, grown, dim), device=self._device, dtype=self._dtype)
-        v = torch.empty_like(k)
+        k = advise_huge_pages(torch.empty((layers, heads, grown, dim), device=self._device, dtype=self._dtype))
+        v = advise_huge_pages(torch.empty_like(k))
         k[:, :, : self._length] = self._k[:, :, : self._length]
         v[:, :, : self._length] = self._v[:, :, : self._length]
         self._k, self._v = k, v

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from engine.kv.huge_pages import advise_huge_pages
+
 
 class PoolExhausted(Exception):
     """Fewer free blocks than asked for."""
@@ -24,6 +26,8 @@ class KVPool:
         # empty, not zeros: pages are only touched when a block is first written
         self.data = torch.empty((num_blocks, 2, num_layers, num_kv_heads, block_size, head_dim),
                                 device=device, dtype=dtype, pin_memory=pin_memory)
+        if not pin_memory:  # pinned memory is the CUDA driver's to back
+            advise_huge_pages(self.data)
         self._free = list(range(num_blocks - 1, -1, -1))  # a stack: block 0 is handed out first
 
     @staticmethod
