@@ -506,3 +506,22 @@ def test_a_read_only_index_never_writes(tmp_path, conversations, kv, caplog):
         assert conversations.kv_blocks() == rows
         assert {p.name: p.stat().st_mtime_ns for p in kv.dir.iterdir()} == files
         assert conversations.kv_heads_of(other.id) == {}
+
+
+def test_a_branch_keeps_its_own_chain_beside_the_one_it_left(kv, conversations):
+    conversation = conversations.create("m")
+    trunk = tokens(1, 10)  # 2 full blocks + (9, 10)
+    branch = tokens(1, 9) + [60, 61, 62]  # block 2 starts with 9, then goes elsewhere
+    kv.save(conversation.id, snapshot(trunk))
+    kv.save(conversation.id, snapshot(branch))
+    assert conversations.kv_heads_of(conversation.id) == {keys_of(trunk)[2]: 10, keys_of(branch)[2]: 12}
+    assert len(kvb_files(kv)) == 4
+    assert_loads(kv, trunk, 3)
+    assert_loads(kv, branch, 3)
+    check_heads_loadable(kv, conversation.id)
+    # The trunk grows: its partial block is superseded, the branch's chain stays.
+    kv.save(conversation.id, snapshot(trunk + [11, 12, 13]))
+    assert conversations.kv_heads_of(conversation.id) == {keys_of(trunk + [11, 12, 13])[3]: 13,
+                                                          keys_of(branch)[2]: 12}
+    assert not kv.path(keys_of(trunk)[2]).exists()
+    check_heads_loadable(kv, conversation.id)
