@@ -525,3 +525,23 @@ def test_a_branch_keeps_its_own_chain_beside_the_one_it_left(kv, conversations):
                                                           keys_of(branch)[2]: 12}
     assert not kv.path(keys_of(trunk)[2]).exists()
     check_heads_loadable(kv, conversation.id)
+
+
+def test_a_damaged_shared_block_cuts_every_chain_through_it_to_its_parent(kv, conversations):
+    a, b = conversations.create("m"), conversations.create("m")
+    prefix = tokens(1, 12)
+    a_ids, b_ids = prefix + tokens(100, 5), prefix + tokens(200, 2)
+    kv.save(a.id, snapshot(a_ids))
+    kv.save(b.id, snapshot(b_ids))
+    shared = keys_of(prefix)
+    kv.path(shared[1]).write_bytes(b"torn")
+    assert load(kv, b_ids)[0] == 1
+    assert conversations.kv_heads_of(a.id) == {shared[0]: 4}
+    assert conversations.kv_heads_of(b.id) == {shared[0]: 4}
+    assert set(conversations.kv_references()) == {shared[0]}
+    for conversation in (a, b):
+        check_heads_loadable(kv, conversation.id)
+    kv.save(a.id, snapshot(a_ids))  # a's next turn: its chain whole again, b's still cut
+    assert conversations.kv_heads_of(a.id) == {keys_of(a_ids)[-1]: 17}
+    assert_loads(kv, a_ids, 5)
+    check_index_matches_files(kv)
