@@ -112,4 +112,5 @@ def test_a_file_already_partly_in_the_block_store_writes_only_the_rest(tmp_path,
     after = {p.name: p.stat().st_ino for p in kv.dir.iterdir()}
     assert len(after) == 3 and all(after[name] == ino for name, ino in before.items())
     assert load(kv, token_ids, LEGACY_FINGERPRINT)[0] == 3
-    assert conversations.kv_heads_of(conversation.id) == {kv.plan(LEGACY_FINGERPRINT, BLOCK_SIZE, token_ids)[-1].key: 12}
+    head = kv.plan(LEGACY_FINGERPRINT, BLOCK_SIZE, token_ids)[-1].key
+    assert conversations.kv_heads_of(conversation.id) == {head: 12}  # the 8-token chain is extended, not kept

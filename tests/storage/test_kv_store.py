@@ -13,7 +13,7 @@ import storage.kv_block_file as kv_block_file
 import storage.kv_store as kv_store
 from storage.conversations import ConversationStore
 from storage.errors import StorageError
-from storage.kv_block_file import ROOT, SUFFIX, chain_keys
+from storage.kv_block_file import SUFFIX, chain_keys
 from storage.kv_store import KVBlockStore
 from storage.snapshot_dir import STALE_TEMP_S
 from tests.storage.kv_store_helpers import (BLOCK_SIZE, FINGERPRINT, assert_loads, check_heads_loadable,
