@@ -545,3 +545,26 @@ def test_a_damaged_shared_block_cuts_every_chain_through_it_to_its_parent(kv, co
     assert conversations.kv_heads_of(a.id) == {keys_of(a_ids)[-1]: 17}
     assert_loads(kv, a_ids, 5)
     check_index_matches_files(kv)
+
+
+def test_a_save_whose_earlier_blocks_were_evicted_meanwhile_leaves_no_broken_chain(kv, conversations):
+    """The chat asks first_missing, then hands the writer only the blocks from there on; if the cap (another
+    conversation's save) evicts the block before them in between, they cannot hang under it."""
+    conversation = conversations.create("m")
+    first = tokens(1, 12)
+    kv.save(conversation.id, snapshot(first))
+    longer = first + tokens(400, 6)
+    start = kv.first_missing(FINGERPRINT, BLOCK_SIZE, longer)
+    assert start == 3
+    kv.remove([keys_of(first)[2]])  # what the cap does to the chain's end
+    kv.save(conversation.id, snapshot(longer, first_block=start))
+    check_index_matches_files(kv)
+    check_heads_loadable(kv, conversation.id)
+    assert set(conversations.kv_references()) >= set(keys_of(first)[:2])
+    assert_loads(kv, longer, 2)
+    # The next turn starts from the gap and completes the chain.
+    start = kv.first_missing(FINGERPRINT, BLOCK_SIZE, longer)
+    assert start == 2
+    kv.save(conversation.id, snapshot(longer, first_block=start))
+    assert_loads(kv, longer, 5)
+    check_heads_loadable(kv, conversation.id)
