@@ -187,7 +187,11 @@ class KVBlockStore:
             return 0
         size = snapshot.block_size  # the tensor's shape says it even when it holds no blocks
         keys = chain_keys(snapshot.fingerprint, tokens, size)
-        present = self.index.kv_present(keys[snapshot.first_block :])
+        present = self.index.kv_present(keys)
+        if any(key not in present for key in keys[: snapshot.first_block]):
+            # Evicted since the caller asked first_missing: the blocks it sent would hang under a gap,
+            # unreachable. The next turn's first_missing starts at the gap.
+            return 0
         end, written = snapshot.first_block, []
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path(keys[0])  # refuses a directory that leads out of the data dir
