@@ -152,11 +152,17 @@ def read_block(path: Path, key: str, parent: str, token_ids: tuple[int, ...], de
         raise BlockUnreadable("it is missing") from None
     except OSError as exc:  # ELOOP: a symlink; ENXIO: a socket; EACCES
         raise BlockUnreadable(f"it cannot be opened safely ({exc.strerror})") from None
+    try:
+        # Checked before fdopen: a file object refuses a directory (IsADirectoryError) and leaks the fd.
+        info = os.fstat(fd)
+    except OSError as exc:
+        os.close(fd)
+        raise BlockUnreadable(f"it cannot be read ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(info.st_mode):  # a FIFO, a directory, a device: nothing is read from it
+        os.close(fd)
+        raise BlockUnreadable("it is not a regular file")
     with os.fdopen(fd, "rb", buffering=0) as f:
         try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):  # a FIFO, a directory, a device: nothing is read from it
-                raise BlockUnreadable("it is not a regular file")
             _read_verified(f, info.st_size, key, parent, token_ids, dest)
         except OSError as exc:  # an I/O error
             raise BlockUnreadable(f"it cannot be read ({exc.strerror or exc})") from None

@@ -26,6 +26,17 @@ _REFERENCED = (
     " WHERE b.parent != '')"
     " SELECT key, COUNT(DISTINCT conversation_id) AS refs FROM chain GROUP BY key"
 )
+# The heads whose chain passes through the block ?, with the tokens their chain keeps once it ends at that
+# block's parent: the block and its descendants, each with the tokens from the block to it (the bound on
+# them keeps a cycle in a damaged index from recursing forever).
+_HEADS_THROUGH = (
+    "WITH RECURSIVE down(key, tokens) AS ("
+    " SELECT key, length(token_ids) / 4 FROM kv_blocks WHERE key = ?1"
+    " UNION SELECT b.key, down.tokens + length(b.token_ids) / 4 FROM kv_blocks b JOIN down ON b.parent = down.key"
+    " WHERE down.tokens < (SELECT MAX(tokens) FROM kv_heads))"
+    " SELECT h.conversation_id, h.key, h.tokens - down.tokens, h.updated_at FROM kv_heads h"
+    " JOIN down ON h.key = down.key"
+)
 _IN_CHUNK = 500  # keys per `IN (...)`: under SQLite's variable limit
 
 
@@ -133,17 +144,20 @@ class KVIndex:
             self.db.conn.executemany("UPDATE kv_blocks SET last_used = ? WHERE key = ?", [(now, k) for k in keys])
 
     def kv_remove(self, keys: Sequence[str]) -> None:
-        """Forget blocks (before their files are unlinked). A chain that ended at one of them ends at its
-        parent instead, so what is left of it stays referenced."""
+        """Forget blocks (before their files are unlinked). A chain that passed through one of them (ended
+        at it, or a damaged block in its middle) ends at its parent instead, so what is left of it stays
+        referenced and loadable."""
         with self._write("the KV cache index"):
             for key in keys:
-                row = self.db.execute("SELECT parent, length(token_ids) / 4 FROM kv_blocks WHERE key = ?",
-                                      [key]).fetchone()
+                row = self.db.execute("SELECT parent FROM kv_blocks WHERE key = ?", [key]).fetchone()
                 if row is None:
                     continue
-                parent, tokens = row
-                self.db.execute("DELETE FROM kv_blocks WHERE key = ?", [key])
+                (parent,) = row
+                heads = self.db.execute(_HEADS_THROUGH, [key]).fetchall()
+                self.db.conn.executemany("DELETE FROM kv_heads WHERE conversation_id = ? AND key = ?",
+                                         [(conversation_id, head) for conversation_id, head, _, _ in heads])
                 if parent:  # OR IGNORE: the conversation may already keep a chain ending at the parent
-                    self.db.execute("UPDATE OR IGNORE kv_heads SET key = ?, tokens = tokens - ? WHERE key = ?",
-                                    [parent, tokens, key])
-                self.db.execute("DELETE FROM kv_heads WHERE key = ?", [key])
+                    self.db.conn.executemany(
+                        "INSERT OR IGNORE INTO kv_heads (conversation_id, key, tokens, updated_at) VALUES (?, ?, ?, ?)",
+                        [(conversation_id, parent, tokens, updated) for conversation_id, _, tokens, updated in heads])
+                self.db.execute("DELETE FROM kv_blocks WHERE key = ?", [key])

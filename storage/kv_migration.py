@@ -66,12 +66,14 @@ class SnapshotMigration:
                 return False
             if snapshot is None:
                 return False
+            moved = False
             try:
                 if not self.alive(conversation_id):
                     log.info("kvchat: the old KV snapshot of conversation %s was discarded: the conversation "
                              "is deleted or in the trash", conversation_id)
                 else:
                     self.kv.save(conversation_id, snapshot)
+                    moved = True
             except (OSError, StorageError) as exc:
                 log.warning("kvchat: the old KV snapshot of conversation %s was not moved to the block store yet "
                             "(%s)", conversation_id, exc)
@@ -79,4 +81,4 @@ class SnapshotMigration:
             finally:
                 del snapshot  # the mapping of the file, before the file goes
             self.legacy.delete(conversation_id)
-            return True
+            return moved

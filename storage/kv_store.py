@@ -187,7 +187,11 @@ class KVBlockStore:
             return 0
         size = snapshot.block_size  # the tensor's shape says it even when it holds no blocks
         keys = chain_keys(snapshot.fingerprint, tokens, size)
-        present = self.index.kv_present(keys[snapshot.first_block :])
+        present = self.index.kv_present(keys)
+        if any(key not in present for key in keys[: snapshot.first_block]):
+            # Evicted since the caller asked first_missing: the blocks it sent would hang under a gap,
+            # unreachable. The next turn's first_missing starts at the gap.
+            return 0
         end, written = snapshot.first_block, []
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path(keys[0])  # refuses a directory that leads out of the data dir
@@ -208,8 +212,9 @@ class KVBlockStore:
             if written:
                 fsync_dir(self.dir)
             head = keys[end - 1] if end else None
-            replaced = self.index.kv_commit(written, conversation_id, head, min(len(tokens), end * size),
-                                            keys[:end])
+            ancestors = keys[:end] + self._extended_partials(conversation_id, snapshot.fingerprint, tokens, keys, end,
+                                                                size)
+            replaced = self.index.kv_commit(written, conversation_id, head, min(len(tokens), end * size), ancestors)
         except BaseException:
             for row in written:  # not in the index: nothing refers to them
                 self.path(row.key).unlink(missing_ok=True)
@@ -217,6 +222,21 @@ class KVBlockStore:
         self._drop_superseded(replaced, size)
         self.enforce_cap()
         return sum(row.bytes for row in written)
+
+    def _extended_partials(self, conversation_id: str | None, fingerprint: str, tokens: Sequence[int],
+                           keys: Sequence[str], end: int, size: int) -> list[str]:
+        """The conversation's chains that end in a partial block whose tokens start a longer block of this
+        chain (the previous turn's last block): this chain extends them, though their last key is not
+        among its keys, which hash the longer block's tokens."""
+        if conversation_id is None or not end:
+            return []
+        found = []
+        for head, count in self.index.kv_heads_of(conversation_id).items():
+            i, part = divmod(count, size)
+            if part and i < end and count < min(len(tokens), end * size) \
+                    and block_key(keys[i - 1] if i else ROOT, fingerprint, tokens[i * size : count]) == head:
+                found.append(head)
+        return found
 
     def _drop_superseded(self, replaced: Sequence[str], block_size: int) -> None:
         """Remove a chain's old last block that its longer successor supersedes: a partial block that

@@ -1,0 +1,116 @@
+"""SnapshotMigration: an older kvchat's per-conversation snapshot files move into the block store, once."""
+
+import logging
+
+import pytest
+import torch
+
+import storage.kv_store as kv_store
+from engine.kv.snapshot import KVSnapshot
+from storage.conversations import ConversationStore
+from storage.kv_migration import SnapshotMigration
+from storage.kv_store import KVBlockStore
+from storage.snapshots import SnapshotStore
+from tests.storage.kv_store_helpers import BLOCK_SIZE, kv_of, kvb_files, load
+
+CAP = 1 << 30
+LEGACY_FINGERPRINT = "e" * 64
+
+
+@pytest.fixture
+def conversations(tmp_path):
+    with ConversationStore.open(tmp_path) as store:
+        yield store
+
+
+@pytest.fixture
+def kv(tmp_path, conversations) -> KVBlockStore:
+    return KVBlockStore(tmp_path, conversations, CAP)
+
+
+def legacy_snapshot(ids) -> KVSnapshot:
+    return KVSnapshot(tuple(ids), kv_of(ids), LEGACY_FINGERPRINT)
+
+
+def test_snapshot_files_move_into_the_block_store_and_the_rest_are_discarded(tmp_path, conversations, kv, caplog):
+    alive, deleted, corrupt, trashed = (conversations.create("m") for _ in range(4))
+    legacy = SnapshotStore(tmp_path, cap_bytes=CAP)
+    ids = {alive.id: list(range(1, 15)), deleted.id: list(range(100, 110)), corrupt.id: list(range(200, 209)),
+           trashed.id: list(range(300, 306))}
+    for conversation_id, token_ids in ids.items():
+        legacy.save(conversation_id, legacy_snapshot(token_ids))
+    conversations.delete(deleted.id)
+    conversations.trash(trashed.id)
+    path = legacy.path(corrupt.id)
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0x08  # in the K/V: the checksum no longer matches
+    path.write_bytes(bytes(data))
+
+    migration = SnapshotMigration(tmp_path, kv, conversations.exists)
+    assert migration.pending() == sorted(ids)
+    with caplog.at_level(logging.INFO, logger="kvchat"):
+        assert migration.migrate_all() == 1
+
+    read, plan, dests = load(kv, ids[alive.id], LEGACY_FINGERPRINT)
+    assert read == len(plan) == 4  # 14 tokens: 3 full blocks and a partial one
+    assert torch.equal(dests, kv_of(ids[alive.id]))
+    assert conversations.kv_heads_of(alive.id) == {plan[-1].key: 14}
+    for other in (deleted, corrupt, trashed):
+        assert conversations.kv_heads_of(other.id) == {}
+        assert other.id in caplog.text
+        assert load(kv, ids[other.id], LEGACY_FINGERPRINT)[0] == 0
+    assert "damaged" in caplog.text and "deleted or in the trash" in caplog.text
+    assert len(kvb_files(kv)) == 4
+    assert not legacy.dir.exists()  # every file gone, then the empty directory
+    assert migration.pending() == []
+    assert migration.migrate_all() == 0
+
+
+def test_a_full_disk_leaves_the_file_for_the_next_try(tmp_path, conversations, kv, monkeypatch, caplog):
+    conversation = conversations.create("m")
+    legacy = SnapshotStore(tmp_path, cap_bytes=CAP)
+    token_ids = list(range(1, 10))
+    legacy.save(conversation.id, legacy_snapshot(token_ids))
+    migration = SnapshotMigration(tmp_path, kv, conversations.exists)
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(kv_store, "write_block", disk_full)
+        with caplog.at_level(logging.WARNING, logger="kvchat"):
+            assert migration.migrate_all() == 0
+    assert "not moved to the block store yet" in caplog.text
+    assert legacy.path(conversation.id).exists() and kvb_files(kv) == set()
+    assert migration.migrate_one(conversation.id) is True
+    assert not legacy.path(conversation.id).exists()
+    assert load(kv, token_ids, LEGACY_FINGERPRINT)[0] == 3
+
+
+def test_a_read_only_store_migrates_nothing_and_keeps_the_files(tmp_path, conversations):
+    conversation = conversations.create("m")
+    legacy = SnapshotStore(tmp_path, cap_bytes=CAP)
+    legacy.save(conversation.id, legacy_snapshot(list(range(1, 10))))
+    with ConversationStore.open(tmp_path, write=False) as reader:
+        ro = KVBlockStore(tmp_path, reader, CAP)
+        assert SnapshotMigration(tmp_path, ro, reader.exists).migrate_all() == 0
+    assert legacy.path(conversation.id).exists()
+    assert not (tmp_path / "kv").exists()
+
+
+def test_a_file_already_partly_in_the_block_store_writes_only_the_rest(tmp_path, conversations, kv):
+    """A crash after the blocks were stored but before the file went: the next migration writes nothing twice."""
+    conversation = conversations.create("m")
+    legacy = SnapshotStore(tmp_path, cap_bytes=CAP)
+    token_ids = list(range(1, 13))
+    snapshot = legacy_snapshot(token_ids)
+    legacy.save(conversation.id, snapshot)
+    first_two = KVSnapshot(tuple(token_ids[:8]), kv_of(token_ids[:8]), LEGACY_FINGERPRINT)
+    kv.save(conversation.id, first_two)
+    before = {p.name: p.stat().st_ino for p in kv.dir.iterdir()}
+    assert SnapshotMigration(tmp_path, kv, conversations.exists).migrate_all() == 1
+    after = {p.name: p.stat().st_ino for p in kv.dir.iterdir()}
+    assert len(after) == 3 and all(after[name] == ino for name, ino in before.items())
+    assert load(kv, token_ids, LEGACY_FINGERPRINT)[0] == 3
+    head = kv.plan(LEGACY_FINGERPRINT, BLOCK_SIZE, token_ids)[-1].key
+    assert conversations.kv_heads_of(conversation.id) == {head: 12}  # the 8-token chain is extended, not kept
