@@ -45,3 +45,17 @@ def chain_paths(storage, engine, token_ids: list[int]) -> list[Path]:
     """The block files of the stored chain that `token_ids` start with, first block first."""
     return [storage.kv.path(block.key)
             for block in storage.kv.plan(engine.fingerprint, engine.kv_block_size, token_ids)]
+
+
+def conversation_chain(home: Path, conversation_id: str) -> list[Path]:
+    """The files of the conversation's longest chain, first block first ([]: it keeps none)."""
+    with ConversationStore.open(Path(home), write=False) as store:
+        heads = store.kv_heads_of(conversation_id)
+        if not heads:
+            return []
+        rows = {row.key: row for row in store.kv_blocks_of(sorted(store.kv_chain(conversation_id)))}
+    keys, key = [], max(heads, key=heads.get)
+    while key in rows:
+        keys.append(key)
+        key = rows[key].parent
+    return [Path(home) / KV_DIR / f"{key}{SUFFIX}" for key in reversed(keys)]
