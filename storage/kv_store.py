@@ -208,8 +208,9 @@ class KVBlockStore:
             if written:
                 fsync_dir(self.dir)
             head = keys[end - 1] if end else None
+            extended = self._extended_partials(conversation_id, snapshot.fingerprint, keys[:end], tokens, size)
             replaced = self.index.kv_commit(written, conversation_id, head, min(len(tokens), end * size),
-                                            keys[:end])
+                                            [*keys[:end], *extended])
         except BaseException:
             for row in written:  # not in the index: nothing refers to them
                 self.path(row.key).unlink(missing_ok=True)
@@ -217,6 +218,24 @@ class KVBlockStore:
         self._drop_superseded(replaced, size)
         self.enforce_cap()
         return sum(row.bytes for row in written)
+
+    def _extended_partials(self, conversation_id: str | None, fingerprint: str, keys: Sequence[str],
+                           tokens: Sequence[int], block_size: int) -> list[str]:
+        """The conversation's chains that the chain `keys` extends although their last block is not one of
+        `keys`: a partial block whose tokens begin the chain's block at its place (the previous turn's
+        end, now longer). Its key differs from the longer block's, so it is not among the ancestors."""
+        if conversation_id is None or not keys:
+            return []
+        place = {(keys[i - 1] if i else ROOT): i for i in range(len(keys))}
+        ours = set(keys)
+        found = []
+        for row in self.index.kv_blocks_of([k for k in self.index.kv_heads_of(conversation_id) if k not in ours]):
+            i = place.get(row.parent)
+            if (i is not None and len(row.token_ids) < block_size
+                    and tuple(tokens[i * block_size : (i + 1) * block_size])[: len(row.token_ids)] == row.token_ids
+                    and block_key(row.parent, fingerprint, row.token_ids) == row.key):
+                found.append(row.key)
+        return found
 
     def _drop_superseded(self, replaced: Sequence[str], block_size: int) -> None:
         """Remove a chain's old last block that its longer successor supersedes: a partial block that
