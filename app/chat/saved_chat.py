@@ -31,6 +31,7 @@ from engine import Done, Engine, EngineError, SamplingParams
 from storage.conversations import Conversation, ConversationStore
 from storage.data_dir import data_dir
 from storage.errors import StorageError
+from storage.kv_block_file import chain_keys
 from storage.kv_migration import SnapshotMigration
 from storage.kv_store import KVBlockStore
 from storage.snapshot_dir import DEFAULT_SNAPSHOT_GB
@@ -230,7 +231,29 @@ class SavedConversation:
             return None
         if self.conversation is not None:
             self.storage.migration.migrate_one(self.id)  # an older kvchat's snapshot file, if it has one
-        return load_stored_kv(engine, self.storage.kv, token_ids)
+        notice = load_stored_kv(engine, self.storage.kv, token_ids)
+        if notice is None and engine.cached_length(token_ids) < engine.kv_block_size:
+            notice = self._kept_for_another_engine(engine, token_ids)
+        return notice
+
+    def _kept_for_another_engine(self, engine: Engine, token_ids: list[int]) -> str | None:
+        """A sentence for the user when none of the prompt could be loaded although the conversation keeps
+        K/V in the store: all of them computed by another model, dtype, device or KV layout (their keys
+        hash its fingerprint, so the prompt's keys under this engine's miss them)."""
+        if self.conversation is None or len(token_ids) < engine.kv_block_size or self.storage.kv.cap_bytes == 0:
+            return None
+        try:
+            if not self.store.kv_heads_of(self.id):
+                return None
+            first = chain_keys(engine.fingerprint, token_ids[: engine.kv_block_size], engine.kv_block_size)
+            if first[0] in self.store.kv_chain(self.id):
+                return None
+        except StorageError:
+            return None
+        notice = ("The saved KV cache of this conversation was not used, so its history is recomputed: it was "
+                  "computed by another model, dtype, device or KV layout.")
+        log.warning("kvchat: %s", notice)
+        return notice
 
     def save_kv(self, engine: Engine, token_ids: list[int]) -> None:
         """Copy the K/V blocks of the conversation the block store lacks out of the cache (in the calling,

@@ -46,6 +46,8 @@ def load_stored_kv(engine: Engine, kv: KVBlockStore, token_ids: list[int]) -> st
         notice = f"The saved KV cache was not used, so the history is recomputed: {str(exc).rstrip('.')}."
         log.warning("kvchat: %s", notice)
         return notice
+    if short and short[0] == 0:
+        return "The saved KV cache was not used, so the history is recomputed: it was damaged."
     if short:
         return (f"Part of the saved KV cache was damaged, so the history from token "
                 f"{short[0] * engine.kv_block_size:,} on is recomputed.")

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from tests.app.kv_blocks import block_files, conversation_kv
 from tests.app.test_cli import assert_one_clear_error, kvchat
 from tests.app.test_conversations_cli import export_json as conversation
 
@@ -162,19 +163,11 @@ def test_a_mistake_is_reported_before_torch_is_imported(args):
 # ---- the trash ---------------------------------------------------------------------------------
 
 
-def kv_files_of(home, conversation_id):
-    """The block files on the conversation's chains in the KV block store."""
-    from storage.conversations import ConversationStore
-
-    with ConversationStore.open(home, write=False) as store:
-        return {home / "kv" / f"{key}.kvb" for key in store.kv_chain(conversation_id)}
-
-
 def test_delete_moves_a_conversation_to_the_trash_and_restore_brings_it_back(tiny_model_dir, kvchat_home):
     kept = ask(tiny_model_dir, "about herons", "--max-tokens", "2")["conversation_id"]
     gone = ask(tiny_model_dir, "about egrets", "--max-tokens", "2")["conversation_id"]
-    blocks = kv_files_of(kvchat_home, gone)
-    assert blocks and all(block.is_file() for block in blocks)
+    tokens, blocks = conversation_kv(kvchat_home, gone)
+    assert tokens > 0 and blocks and all(block.is_file() for block in blocks)
     deleted = kvchat("delete", gone)
     assert deleted.returncode == 0 and "trash" in deleted.stderr and f"kvchat restore {gone}" in deleted.stderr
     assert [line.split()[0] for line in kvchat("list").stdout.splitlines()] == [kept]
@@ -182,7 +175,7 @@ def test_delete_moves_a_conversation_to_the_trash_and_restore_brings_it_back(tin
     assert kvchat("search", "egrets").returncode == 1  # not found: it is in the trash
     assert_one_clear_error(kvchat("show", gone), 1, "is in the trash")
     assert_one_clear_error(kvchat("ask", "more", "--conversation", gone), 1, "is in the trash")
-    assert kv_files_of(kvchat_home, gone) == blocks and all(block.is_file() for block in blocks)  # kept with it
+    assert conversation_kv(kvchat_home, gone) == (tokens, blocks) and all(b.is_file() for b in blocks)  # kept with it
     assert kvchat("restore", gone).returncode == 0
     assert gone in kvchat("list").stdout and kvchat("search", "egrets").returncode == 0
     resumed = ask(tiny_model_dir, "more", "--conversation", gone, "--max-tokens", "2")
@@ -194,6 +187,8 @@ def test_the_trash_is_emptied_of_conversations_deleted_over_30_days_ago(tiny_mod
 
     old = ask(tiny_model_dir, "old", "--max-tokens", "2")["conversation_id"]
     recent = ask(tiny_model_dir, "recent", "--max-tokens", "2")["conversation_id"]
+    old_blocks, recent_blocks = conversation_kv(kvchat_home, old)[1], conversation_kv(kvchat_home, recent)[1]
+    assert set(old_blocks) - set(recent_blocks)  # the old one has blocks of its own
     kvchat("delete", old)
     kvchat("delete", recent)
     with ConversationStore.open() as store:
@@ -201,14 +196,17 @@ def test_the_trash_is_emptied_of_conversations_deleted_over_30_days_ago(tiny_mod
     assert kvchat("list", "--deleted").stdout.split()[0] == recent  # a read opens nothing for writing
     kvchat("rename", recent, "x")  # refused (in the trash), but the store was opened for writing
     assert [line.split()[0] for line in kvchat("list", "--deleted").stdout.splitlines()] == [recent]
-    assert not (kvchat_home / "snapshots" / f"{old}.safetensors").exists()
+    # Its own blocks went with it; those it shared with the recent one (a template's preamble) stay.
+    assert not any(block.exists() for block in set(old_blocks) - set(recent_blocks))
+    assert conversation_kv(kvchat_home, old) == (0, []) and all(block.exists() for block in recent_blocks)
 
 
 def test_delete_permanently_removes_it_and_its_snapshot_at_once(tiny_model_dir, kvchat_home):
     gone = ask(tiny_model_dir, "hello", "--max-tokens", "2")["conversation_id"]
+    assert conversation_kv(kvchat_home, gone)[0] > 0 and block_files(kvchat_home)
     result = kvchat("delete", gone, "--permanently")
     assert result.returncode == 0 and "for good" in result.stderr
-    assert kvchat("list", "--deleted").stdout == "" and not list((kvchat_home / "kv").glob("*.kvb"))
+    assert kvchat("list", "--deleted").stdout == "" and block_files(kvchat_home) == {}
 
 
 def test_rename_says_what_it_did(tiny_model_dir):

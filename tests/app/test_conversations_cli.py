@@ -10,6 +10,7 @@ import textwrap
 
 import pytest
 
+from tests.app.kv_blocks import conversation_chain, conversation_kv
 from tests.app.test_cli import assert_one_clear_error, kvchat
 
 GREEDY = ("--json", "--temperature", "0", "--max-tokens", "8")
@@ -69,10 +70,13 @@ def test_list_show_export_search_rename_delete(tiny_model_dir):
     assert "Fruit" in kvchat("list").stdout
     assert kvchat("delete", b).returncode == 0  # to the trash, with its snapshot
     assert [line.split()[0] for line in kvchat("list").stdout.splitlines()] == [a]
-    snapshot = os.path.join(os.environ["KVCHAT_HOME"], "snapshots", f"{b}.safetensors")
-    assert os.path.exists(snapshot)
+    home = os.environ["KVCHAT_HOME"]
+    tokens, blocks = conversation_kv(home, b)
+    assert tokens > 0 and blocks and all(block.exists() for block in blocks)
+    kept = set(conversation_kv(home, a)[1])
     assert kvchat("delete", b, "--permanently").returncode == 0  # out of the trash, for good
-    assert not os.path.exists(snapshot) and kvchat("list", "--deleted").stdout == ""
+    assert conversation_kv(home, b) == (0, []) and kvchat("list", "--deleted").stdout == ""
+    assert not any(block.exists() for block in set(blocks) - kept) and all(block.exists() for block in kept)
 
 
 @pytest.mark.parametrize("command", [("show", "abcdef"), ("delete", "abcdef"), ("export", "abcdef"),
@@ -84,12 +88,16 @@ def test_an_unknown_conversation_is_one_sentence(command):
 def test_a_damaged_snapshot_costs_a_recompute_and_one_line_not_the_answer(tiny_model_dir):
     conversation = ask(tiny_model_dir, "hello")["conversation_id"]
     twin = ask(tiny_model_dir, "hello")["conversation_id"]
-    path = os.path.join(os.environ["KVCHAT_HOME"], "snapshots", f"{conversation}.safetensors")
+    path = conversation_chain(os.environ["KVCHAT_HOME"], conversation)[0]  # its first block (the twin's too)
+    whole = path.read_bytes()
     with open(path, "r+b") as f:
-        f.truncate(os.path.getsize(path) // 2)
+        f.truncate(len(whole) // 2)
     result = kvchat("ask", "more", "--conversation", conversation, "--model", str(tiny_model_dir), *GREEDY)
     assert result.returncode == 0 and "Traceback" not in result.stderr
-    assert [line for line in result.stderr.splitlines() if "was not used" in line and "damaged" in line]
+    # One line says the stored K/V were not used and why; the block was recomputed and stored whole again.
+    said = [line for line in result.stderr.splitlines() if "was not used" in line]
+    assert len(said) == 1 and "recomputed" in said[0] and "bytes, not" in said[0], result.stderr
+    assert path.stat().st_size == len(whole)
     out = json.loads(result.stdout)
     assert out["cache_source"] == "none"
     assert out["reply"] == ask(tiny_model_dir, "more", "--conversation", twin)["reply"]

@@ -18,6 +18,7 @@ from app.tui.widgets.messages import AssistantMessageView
 from app.tui.widgets.status_bar import StatusBar
 from engine import Done, SamplingParams
 from tests.app.fake_openai_server import FakeServer
+from tests.app.kv_blocks import block_files
 from tests.app.pilot import wait_until
 from tests.app.serve_harness import Server
 from tests.app.tui_harness import RecordingApp, exchange, ready, send
@@ -72,7 +73,8 @@ async def test_the_chat_app_on_kvchat_serve_chats_saves_and_resumes(tiny_engine,
     assert [m.role for m in stored] == ["user", "assistant"] * 3 and all(m.status == "complete" for m in stored)
     storage.writer.close()
     # No KV snapshot: the server owns its cache (the data dir holds the database, its backups, turn locks).
-    assert not list(kvchat_home.glob("snapshots/*"))
+    assert not list(kvchat_home.glob("snapshots/*")) and block_files(kvchat_home) == {}
+    assert storage.kv.stats().blocks == 0 and storage.conversations.kv_heads_of(conversation) == {}
 
 
 async def failed_reply(pilot, text: str) -> str:

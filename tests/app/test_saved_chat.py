@@ -7,6 +7,7 @@ from app.chat.session import ChatSession
 from app.chat.saved_chat import SavedConversation, Storage
 from engine import Done, SamplingParams, TokenDelta
 from engine.bench.fresh import with_fresh_cache
+from tests.app.kv_blocks import chain_paths, read_back
 
 GREEDY = SamplingParams(temperature=0, max_tokens=10)
 
@@ -85,22 +86,32 @@ def test_a_resumed_conversation_continues_exactly_as_a_full_recompute(tiny_engin
     assert from_disk.stats.prefilled_tokens == from_disk.stats.prompt_tokens - from_disk.stats.cached_tokens
 
 
-def test_a_damaged_snapshot_is_discarded_with_a_notice_and_the_history_recomputed(tiny_engine, storage):
+def test_a_damaged_snapshot_is_discarded_with_a_notice_and_the_history_recomputed(tiny_engine, storage, caplog):
     session = new_session(tiny_engine, storage)
     reply(session.send("first question"))
     storage.writer.flush()
-    path = storage.snapshots.path(session.saved.id)
-    data = bytearray(path.read_bytes())
+    chain = chain_paths(storage, tiny_engine, session.seen_ids)
+    assert len(chain) >= 3
+    damaged = chain[1]  # one block file of the chain: the K/V before it are still good
+    data = bytearray(damaged.read_bytes())
     data[-100] ^= 0x10
-    path.write_bytes(data)
+    damaged.write_bytes(data)
 
     fresh = with_fresh_cache(tiny_engine)
-    resumed = ChatSession(fresh, None, GREEDY, SavedConversation.open(storage, session.saved.id))
-    assert "not used" in resumed.notice and "checksum" in resumed.notice
+    with caplog.at_level("WARNING", logger="kvchat"):
+        resumed = ChatSession(fresh, None, GREEDY, SavedConversation.open(storage, session.saved.id))
+    size = tiny_engine.kv_block_size
+    assert "damaged" in resumed.notice and f"from token {size:,} on is recomputed" in resumed.notice
+    assert any("checksum" in record.getMessage() for record in caplog.records)
+    assert not damaged.exists()  # a damaged block is deleted, never read again
     done = reply(resumed.send("again"))
-    assert done.stats.cache_source == "none" and done.stats.cached_tokens == 0
-    storage.writer.flush()  # the recomputed history is snapshotted again, intact this time
-    assert storage.snapshots.load(session.saved.id, fresh.fingerprint, resumed.seen_ids) is not None
+    recompute = ChatSession(with_fresh_cache(tiny_engine), None, GREEDY)
+    recompute.messages, recompute.seen_ids = list(session.messages), list(session.seen_ids)
+    assert done.token_ids == reply(recompute.send("again")).token_ids
+    assert done.stats.cache_source == "disk" and done.stats.cached_tokens == size  # the chain up to the damage
+    storage.writer.flush()  # the recomputed history is stored again, intact this time
+    tokens, intact = read_back(storage, fresh, resumed.seen_ids)
+    assert tokens == len(resumed.seen_ids) - 1 and intact == -(-tokens // size)
 
 
 def test_a_resumed_conversation_keeps_its_system_prompt_and_branch(tiny_engine, storage):
@@ -299,10 +310,14 @@ def test_a_snapshot_that_makes_the_model_compute_non_finite_scores_is_dropped_an
         calls.append(args)
         return Poisoned() if len(calls) == 1 else generate(*args, **kwargs)
 
+    read = [block.key for block in storage.kv.plan(tiny_engine.fingerprint, tiny_engine.kv_block_size,
+                                                   resumed.prompt_ids("more"))]
+    assert read  # the prompt starts with the conversation's stored blocks
+    remove = storage.kv.remove
     monkeypatch.setattr(tiny_engine, "generate", first_call_poisoned)
-    monkeypatch.setattr(storage.snapshots, "delete", deleted.append)
+    monkeypatch.setattr(storage.kv, "remove", lambda keys: (deleted.append(list(keys)), remove(keys)))
     with caplog.at_level("WARNING", logger="kvchat"):
         done = reply(resumed.send("more"))
     assert len(calls) == 2 and done.text == expected.text  # computed once more, from scratch
-    assert deleted == [session.saved.id]
+    assert deleted[0] == read  # the blocks that prompt reads, all of them
     assert any("non-finite" in record.getMessage() for record in caplog.records)

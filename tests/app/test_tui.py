@@ -1,9 +1,10 @@
 """The chat screen driven by Textual's Pilot on a real (tiny) engine."""
 
-from app.chat.saved_chat import Storage
+from app.chat.saved_chat import SavedConversation, Storage
 from app.tui.widgets.messages import AssistantMessageView, UserMessageView
 from app.tui.widgets.status_bar import StatusBar
 from engine import EngineError
+from tests.app.kv_blocks import chain_paths
 from tests.app.pilot import wait_until
 from tests.app.tui_harness import RecordingApp, app_with, send, slow_and_endless
 from engine.bench.fresh import with_fresh_cache
@@ -123,13 +124,16 @@ async def test_a_chat_is_saved_and_reopens_with_its_history_from_the_disk_snapsh
 async def test_a_damaged_snapshot_is_a_notification_and_the_chat_goes_on(tiny_engine):
     storage = Storage.open()
     conversation = await saved_chat(tiny_engine, storage, "hello")
-    storage.snapshots.path(conversation).write_bytes(b"not a snapshot at all")
+    history = SavedConversation.open(storage, conversation).history(tiny_engine).token_ids
+    first_block = chain_paths(storage, tiny_engine, history)[0]
+    first_block.write_bytes(b"not a snapshot at all")
 
     reopened = RecordingApp(lambda spec, progress: with_fresh_cache(tiny_engine), storage,
                             conversation_id=conversation)
     async with reopened.run_test() as pilot:
         await wait_until(pilot, lambda: reopened.session is not None)
         assert any("was not used" in notice and "damaged" in notice for notice in reopened.notices)
+        assert not first_block.exists()  # deleted: it is recomputed and stored again after the next turn
         await send(pilot, "still there?")
         await wait_until(pilot, lambda: len(reopened.session.messages) == 4 and not reopened.generating)
     storage.close()

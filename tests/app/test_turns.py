@@ -13,6 +13,7 @@ from app.chat.session import ChatSession
 from app.chat.reply_writer import ConversationDeleted
 from app.chat.saved_chat import ConversationBusy, ConversationChanged, SavedConversation, Storage
 from engine import Done, SamplingParams, TokenDelta
+from tests.app.kv_blocks import block_files, conversation_kv
 from tests.app.test_cli import kvchat
 
 GREEDY = SamplingParams(temperature=0, max_tokens=6)
@@ -95,7 +96,7 @@ def test_a_conversation_deleted_while_its_reply_streams_leaves_nothing_behind(ti
     storage.writer.flush()
     assert tokens < 20  # the reply stopped at the next save, not at its end
     assert not storage.conversations.exists(conversation)
-    assert list((kvchat_home / "snapshots").iterdir()) == []  # no snapshot of the deleted text
+    assert block_files(kvchat_home) == {} and storage.kv.stats().blocks == 0  # no K/V of the deleted text
     assert storage.conversations.db.execute("SELECT count(*) FROM messages").fetchone()[0] == 0
 
 
@@ -103,19 +104,19 @@ def test_a_snapshot_of_a_conversation_deleted_before_it_is_written_is_not_kept(t
     session = saved_chat(tiny_engine, storage)
     storage.writer.flush()
     gate = threading.Event()
-    original = storage.snapshots.save
+    original = storage.kv.save
 
     def slow_save(*args, **kwargs):  # the writer is busy while the conversation is deleted
         gate.wait(10)
         return original(*args, **kwargs)
 
-    storage.snapshots.save = slow_save
+    storage.kv.save = slow_save
     list(session.send("again"))
     from app.chat.library import delete_conversation
     delete_conversation(storage.conversations, storage.home, session.saved.id, permanently=True)
     gate.set()
     storage.writer.flush()
-    assert list((kvchat_home / "snapshots").iterdir()) == []
+    assert block_files(kvchat_home) == {} and storage.kv.stats().blocks == 0
 
 
 def test_a_conversation_moved_to_the_trash_mid_reply_takes_nothing_more(tiny_engine, storage, kvchat_home,
@@ -124,8 +125,10 @@ def test_a_conversation_moved_to_the_trash_mid_reply_takes_nothing_more(tiny_eng
     session = saved_chat(tiny_engine, storage)
     session.params = SamplingParams(temperature=0, max_tokens=150, ignore_eos=True)
     storage.writer.flush()
-    snapshot = kvchat_home / "snapshots" / f"{session.saved.id}.safetensors"
-    before = snapshot.read_bytes()
+    before = conversation_kv(kvchat_home, session.saved.id)
+    assert before[0] > 0
+    files = {path: path.read_bytes() for path in before[1]}
+    stored = block_files(kvchat_home)
     other, tokens, kept = Storage.open(), 0, None
     with pytest.raises(ConversationDeleted):
         for event in session.send("go on"):
@@ -138,7 +141,9 @@ def test_a_conversation_moved_to_the_trash_mid_reply_takes_nothing_more(tiny_eng
     other.close()
     storage.writer.flush()
     assert kept == 1 and tokens < 20
-    assert snapshot.read_bytes() == before  # the trash keeps the snapshot it had, and no newer one
+    # The trash keeps the K/V it had, and no newer ones.
+    assert conversation_kv(kvchat_home, session.saved.id) == before and block_files(kvchat_home) == stored
+    assert all(path.read_bytes() == data for path, data in files.items())
     restored = storage.conversations.restore(session.saved.id)
     reply = storage.conversations.branch(restored.id)[-1]
     assert reply.role == "assistant" and len(reply.token_ids) <= 6  # what was saved before the delete, no more

@@ -129,7 +129,7 @@ class PanelActions(_Host):
     def _disk_line(self) -> str:
         """What kvchat keeps on disk, in one line (an unreadable folder: nothing rather than an error)."""
         try:
-            return one_line(usage(self.storage.snapshots.cap_bytes / 1e9))
+            return one_line(usage(self.storage.kv.cap_bytes / 1e9))
         except (OSError, StorageError):
             return ""
 
