@@ -324,6 +324,18 @@ class Engine:
             except KVCacheFullError as exc:
                 raise EngineError(f"The KV snapshot of {len(snapshot.token_ids)} tokens does not fit: {exc}") from None
 
+    def prewarm(self, token_ids: list[int]) -> None:
+        """Gather the cached prefix of `token_ids` into the contiguous buffer the next request starts from
+        (the CPU's working copy), now rather than in that request's time to first token: after a
+        conversation is opened and its K/V read from disk, while the user writes. Nothing is computed;
+        with paged K/V (nothing to gather) or the prefix cache off it does nothing."""
+        if self.prefix_cache is None or self.runner.decode_path.paged:
+            return
+        with self._loop.lock, self.prefix_cache.unseen():
+            # A request's match stops a token short of its prompt; one token more covers all of token_ids.
+            kv, _ = self.runner.open_kv([*token_ids, 0], True)
+            kv.close()  # the buffer goes to the spare, holding the prefix; the cache keeps what it had
+
     def cache_stats(self) -> dict:
         """Engine-wide KV cache numbers: blocks and bytes used/total, hit rate."""
         if self.prefix_cache is None:

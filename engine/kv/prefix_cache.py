@@ -34,6 +34,7 @@ Rules:
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -82,6 +83,7 @@ class PrefixCache(CacheTransfer):
         self.clock = 0  # logical time for LRU: deterministic, unlike wall time
         self.prompt_tokens = 0
         self.hit_tokens = 0
+        self._unseen = False  # see unseen()
 
     # ---- lookup and insertion -------------------------------------------------
 
@@ -95,7 +97,7 @@ class PrefixCache(CacheTransfer):
         for n in used:  # referenced before any allocation below can evict
             n.refs += 1
             n.last_used = self.clock
-            n.from_disk = False
+            n.from_disk = n.from_disk and self._unseen
         try:
             for n in used:
                 self._ensure_on_device(n)
@@ -114,9 +116,20 @@ class PrefixCache(CacheTransfer):
             if lender is not None:
                 lender.refs -= 1
         cached = len(chain) * self.block_size + lent
-        self.prompt_tokens += len(tokens)
-        self.hit_tokens += cached
+        if not self._unseen:
+            self.prompt_tokens += len(tokens)
+            self.hit_tokens += cached
         return Match(blocks, owned, chain, cached, source if cached else "none")
+
+    @contextlib.contextmanager
+    def unseen(self) -> Iterator[None]:
+        """Matches meanwhile are not requests (Engine.prewarm): they neither count toward the hit rate nor
+        use up the `from_disk` marks, so the first real request still reports `disk`."""
+        self._unseen = True
+        try:
+            yield
+        finally:
+            self._unseen = False
 
     def _walk(self, tokens: "list[int] | tuple[int, ...]", limit: int) -> tuple[list[Node], Node | None, int]:
         """The nodes of the longest cached prefix of tokens[:limit]: the chain of full blocks, then the
