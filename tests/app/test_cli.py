@@ -146,4 +146,8 @@ def test_bench_quick_json_has_every_section(tiny_model_dir):
         assert row["tokens_per_s"] > 0 and row["hf_tokens_per_s"] > 0
     (resume,) = out["resume"]
     assert (resume["cache_source"], resume["cached_tokens"]) == ("disk", resume["history_tokens"])
-    assert resume["ttft_ms_disk"] > 0 and resume["snapshot_bytes_per_token"] > 0
+    assert resume["ttft_ms_disk"] > 0 and resume["ttft_ms_disk_cold"] > 0 and resume["ttft_ms_opened"] > 0
+    assert resume["snapshot_bytes_per_token"] > 0 and resume["bytes_written_per_turn"] > 0
+    # A follow-up writes its own tokens and the previous partial block again, not the history.
+    assert 1.0 <= resume["bytes_written_per_turn_ratio"] < 1 + 16 / resume["turn_new_tokens"] + 0.01
+    assert 0.95 < resume["shared_prefix_bytes_ratio"] < 1.2  # the shared prompt stored once
