@@ -87,6 +87,9 @@ class KVIndex:
                 chunk)]
         return rows
 
+    def kv_total_bytes(self) -> int:
+        return self._rows("SELECT COALESCE(SUM(bytes), 0) AS n FROM kv_blocks")[0]["n"]
+
     def kv_conversations(self) -> int:
         """How many conversations keep K/V in the store."""
         return self._rows("SELECT COUNT(DISTINCT conversation_id) AS n FROM kv_heads")[0]["n"]
@@ -108,13 +111,15 @@ class KVIndex:
         return {r["key"]: r["tokens"] for r in self._rows(
             "SELECT key, tokens FROM kv_heads WHERE conversation_id = ?", [conversation_id])}
 
-    def kv_commit(self, blocks: Sequence[BlockRow], conversation_id: str | None, head: str | None,
-                  tokens: int, ancestors: Sequence[str]) -> list[str]:
+    def kv_commit(self, blocks: Sequence[BlockRow], conversation_id: str | None, chain: Sequence[str],
+                  tokens: int, extended: Sequence[str] = ()) -> list[str]:
         """Record the blocks just written (their files are durable) and, for a conversation that exists
-        and is not in the trash, make `head` (a chain of `tokens` tokens) one of its chains, in place of
-        its chains that `head` extends (their keys are among `ancestors`). One transaction. Returns the
-        keys of the replaced heads: partial blocks among them are superseded by `head`'s chain."""
+        and is not in the trash, make the chain `chain` (keys, first block first, `tokens` tokens) one of
+        its chains, in place of its chains it extends (ending among its keys, or in `extended`). One
+        transaction; a chain with a block the index lacks (evicted by another kvchat meanwhile) is not
+        recorded. Returns the keys of the replaced heads: partial blocks among them are superseded."""
         now = time.time()
+        head, ancestors = (chain[-1] if chain else None), {*chain, *extended}
         with self._write("the KV cache index"):
             self.db.conn.executemany(
                 "INSERT INTO kv_blocks (key, parent, token_ids, bytes, last_used) VALUES (?, ?, ?, ?, ?)"
@@ -126,9 +131,16 @@ class KVIndex:
                                     [conversation_id]).fetchone()
             if not alive:  # deleted (or trashed) meanwhile: a delete always wins; its blocks are unreferenced
                 return []
+            stored = 0
+            for i in range(0, len(chain), _IN_CHUNK):
+                part = list(chain[i : i + _IN_CHUNK])
+                stored += self.db.execute(f"SELECT COUNT(*) FROM kv_blocks WHERE key IN ({','.join('?' * len(part))})",
+                                          part).fetchone()[0]
+            if stored < len(set(chain)):  # a gap: the head would name blocks no read can reach
+                return []
             old = [key for (key,) in self.db.execute(
                 "SELECT key FROM kv_heads WHERE conversation_id = ?", [conversation_id]).fetchall()]
-            replaced = [key for key in old if key in set(ancestors) and key != head]
+            replaced = [key for key in old if key in ancestors and key != head]
             self.db.conn.executemany("DELETE FROM kv_heads WHERE conversation_id = ? AND key = ?",
                                      [(conversation_id, key) for key in replaced])
             self.db.execute(

@@ -229,10 +229,9 @@ class KVBlockStore:
                 end = i + 1
             if written:
                 fsync_dir(self.dir)
-            head = keys[end - 1] if end else None
-            ancestors = keys[:end] + self._extended_partials(conversation_id, snapshot.fingerprint, tokens, keys, end,
-                                                                size)
-            replaced = self.index.kv_commit(written, conversation_id, head, min(len(tokens), end * size), ancestors)
+            extended = self._extended_partials(conversation_id, snapshot.fingerprint, tokens, keys, end, size)
+            replaced = self.index.kv_commit(written, conversation_id, keys[:end], min(len(tokens), end * size),
+                                            extended)
         except BaseException:
             for row in written:  # not in the index: nothing refers to them
                 self.path(row.key).unlink(missing_ok=True)
@@ -290,10 +289,10 @@ class KVBlockStore:
     def enforce_cap(self) -> None:
         """Evict blocks until the store fits the cap: unreferenced ones, least recently used first, then
         referenced ones from the ends of chains, least recently used first."""
+        if self.index.kv_total_bytes() <= self.cap_bytes:  # after every save: one SUM, not every row
+            return
         rows = self.index.kv_blocks()
         total = sum(row.bytes for row in rows)
-        if total <= self.cap_bytes:
-            return
         referenced = self.index.kv_references()
         children = Counter(row.parent for row in rows)
         by_key = {row.key: row for row in rows}

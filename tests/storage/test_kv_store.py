@@ -568,3 +568,27 @@ def test_a_save_whose_earlier_blocks_were_evicted_meanwhile_leaves_no_broken_cha
     kv.save(conversation.id, snapshot(longer, first_block=start))
     assert_loads(kv, longer, 5)
     check_heads_loadable(kv, conversation.id)
+
+
+def test_a_chain_another_kvchat_evicted_part_of_before_the_commit_gets_no_head(kv, conversations, monkeypatch):
+    """The same race across processes, after save's own check: the commit's transaction checks that every
+    block of the chain is in the index before it names the chain as the conversation's."""
+    conversation = conversations.create("m")
+    first = tokens(1, 12)
+    kv.save(conversation.id, snapshot(first))
+    heads_before = conversations.kv_heads_of(conversation.id)
+    longer = first + tokens(400, 6)
+    start = kv.first_missing(FINGERPRINT, BLOCK_SIZE, longer)
+    commit = conversations.kv_commit
+
+    def evicted_first(*args, **kwargs):  # another process's eviction lands between the files and the commit
+        conversations.kv_remove([keys_of(first)[1]])
+        return commit(*args, **kwargs)
+
+    monkeypatch.setattr(conversations, "kv_commit", evicted_first)
+    kv.save(conversation.id, snapshot(longer, first_block=start))
+    heads = conversations.kv_heads_of(conversation.id)
+    assert keys_of(longer)[-1] not in heads  # the chain past the gap is not the conversation's
+    assert set(heads) == {keys_of(first)[0]} and heads != heads_before  # what is left of the old chain
+    check_heads_loadable(kv, conversation.id)
+    assert_loads(kv, longer, 1)
