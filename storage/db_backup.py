@@ -21,7 +21,7 @@ from storage.db_files import in_use, refuse_special_file, replace_database
 from storage.db_health import damaged, problems
 from storage.errors import StorageError, error_code, sqlite_errors
 from storage.migrations import MIGRATIONS
-from storage.snapshot_dir import fsync_dir
+from storage.disk_files import fsync_dir
 
 log = logging.getLogger("kvchat")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import storage.data_dir
 from storage.errors import StorageError
-from storage.snapshot_dir import fsync_dir
+from storage.disk_files import fsync_dir
 
 DATABASE_NAME = "kvchat.db"
 # SQLite's write-ahead log and its index: committed changes may live only in the -wal until a

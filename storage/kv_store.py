@@ -47,7 +47,7 @@ from storage.errors import StorageError
 from storage.kv_block_file import (ROOT, SUFFIX, BlockDamaged, BlockLayout, BlockUnreadable, block_key, chain_keys,
                                    is_finite, payload_of, read_block, write_block)
 from storage.kv_index import BlockRow, KVIndex
-from storage.snapshot_dir import STALE_TEMP_S, fsync_dir, temp_is_stale
+from storage.disk_files import STALE_TEMP_S, fsync_dir, temp_is_stale
 
 log = logging.getLogger("kvchat")
 

@@ -34,7 +34,7 @@ from storage.errors import StorageError
 from storage.kv_block_file import chain_keys
 from storage.kv_migration import SnapshotMigration
 from storage.kv_store import KVBlockStore
-from storage.snapshot_dir import DEFAULT_SNAPSHOT_GB
+from storage.disk_files import DEFAULT_SNAPSHOT_GB
 from storage.snapshot_writer import SnapshotWriter
 from storage.trash import empty_trash
 from storage.turn_lock import TurnLock

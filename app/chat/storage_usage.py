@@ -18,7 +18,7 @@ from storage.conversations import ConversationStore
 from storage.data_dir import data_dir
 from storage.errors import StorageError
 from storage.kv_store import KV_DIR
-from storage.snapshot_dir import DEFAULT_SNAPSHOT_GB
+from storage.disk_files import DEFAULT_SNAPSHOT_GB
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from storage.conversations import ConversationStore
 from storage.errors import StorageError
 from storage.kv_block_file import SUFFIX, chain_keys
 from storage.kv_store import KVBlockStore
-from storage.snapshot_dir import STALE_TEMP_S
+from storage.disk_files import STALE_TEMP_S
 from tests.storage.kv_store_helpers import (BLOCK_SIZE, FINGERPRINT, assert_loads, check_heads_loadable,
                                             check_index_matches_files, fresh_dests, kv_of, kvb_files, load,
                                             snapshot)
