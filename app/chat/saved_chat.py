@@ -35,7 +35,7 @@ from storage.kv_block_file import chain_keys
 from storage.kv_migration import SnapshotMigration
 from storage.kv_store import KVBlockStore
 from storage.disk_files import DEFAULT_SNAPSHOT_GB
-from storage.snapshot_writer import SnapshotWriter
+from storage.kv_writer import KVWriter
 from storage.trash import empty_trash
 from storage.turn_lock import TurnLock
 
@@ -64,7 +64,7 @@ class Storage:
 
     conversations: ConversationStore
     kv: KVBlockStore
-    writer: SnapshotWriter
+    writer: KVWriter
     migration: SnapshotMigration
 
     @classmethod
@@ -81,7 +81,7 @@ class Storage:
         except BaseException:
             conversations.close()
             raise
-        storage = cls(conversations, kv, SnapshotWriter(kv), migration)
+        storage = cls(conversations, kv, KVWriter(kv), migration)
         if migration.pending():  # an older kvchat's snapshot files: into the block store, in the background
             storage.writer.run_job(migration.migrate_all)
         return storage
