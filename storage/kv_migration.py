@@ -29,7 +29,7 @@ log = logging.getLogger("kvchat")
 class SnapshotMigration:
     def __init__(self, home: Path, kv: KVBlockStore, conversation_alive):
         """`conversation_alive(id)`: whether the conversation exists and is not in the trash."""
-        self.legacy = SnapshotStore(home, cap_bytes=0)  # opening it removes dead writers' temp files
+        self.legacy = SnapshotStore(home)  # opening it removes dead writers' temp files
         self.kv = kv
         self.alive = conversation_alive
         self._lock = threading.Lock()

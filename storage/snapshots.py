@@ -1,41 +1,37 @@
-"""KV snapshots on disk: one safetensors file per conversation, verified before use.
+"""The KV snapshot files of an older kvchat: read, verified, only to move them into the block store.
 
-A snapshot holds a conversation's cached token ids and their K/V (see
-engine.kv.snapshot). It is only ever written whole: to a temporary file,
-fsynced, renamed over the old one, and the directory fsynced, so a crash
-leaves the old snapshot or the new one, never a torn one.
+An older kvchat kept each conversation's cached token ids and their K/V (see
+engine.kv.snapshot) in one safetensors file, snapshots/<conversation id>.safetensors,
+always written whole (temp file, fsync, rename). This kvchat keeps K/V in the
+block store (kv_store.py) and never writes such a file: kv_migration.py reads
+each one with SnapshotStore.load, saves its K/V as blocks, and deletes it.
 
 Reading trusts nothing in the file. The header is parsed by hand and checked
 field by field (format, version, fingerprint, dtypes, shapes, offsets that
 cover the data exactly) before any tensor byte is read, and the tensor bytes
 must match the recorded sha256. Files are opened only under the data dir,
-never through a symlink (see snapshot_dir.py, which also keeps the size cap).
-Any problem raises SnapshotRejected with the reason; the caller recomputes
-the prefix instead. A name that is not a regular file (a FIFO, a directory)
-is refused without reading from it, so a resume never blocks on it.
+never through a symlink (see snapshot_dir.py). Any problem raises
+SnapshotRejected with the reason, and the file is not migrated. A name that
+is not a regular file (a FIFO, a directory) is refused without reading from
+it, so a migration never blocks on it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import mmap
 import os
-import secrets
 import stat
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
-from safetensors.torch import save_file
 
 from engine.kv.snapshot import KVSnapshot
 from storage.errors import SnapshotRejected
-from storage.snapshot_dir import SnapshotDir, fsync_dir
-
-log = logging.getLogger("kvchat")
+from storage.snapshot_dir import SnapshotDir
 
 FORMAT = "kvchat-kv-snapshot"
 VERSION = 1
@@ -51,7 +47,7 @@ def _bytes(tensor: torch.Tensor):
 
 def _digest(tensor: torch.Tensor) -> bytes:
     """sha256 over the sha256 of each HASH_PIECE of the tensor's bytes: the pieces hash on all cores at
-    once (hashlib releases the GIL), which halves the time a resume spends verifying on two cores."""
+    once (hashlib releases the GIL), which halves the time verifying takes on two cores."""
     view = memoryview(_bytes(tensor)).cast("B")
     pieces = [view[i : i + HASH_PIECE] for i in range(0, len(view), HASH_PIECE)]
     with ThreadPoolExecutor(max_workers=HASH_THREADS) as pool:
@@ -65,66 +61,7 @@ def _checksum(token_ids_digest: bytes, kv_digest: bytes) -> str:
 
 
 class SnapshotStore(SnapshotDir):
-    """Reads and writes snapshot files in a SnapshotDir."""
-
-    # ---- writing --------------------------------------------------------------
-
-    def save(self, conversation_id: str, snapshot: KVSnapshot, wanted: Callable[[], bool] | None = None) -> int:
-        """Write atomically and durably; returns the file's size (0: not kept, because `wanted` said no).
-        Raises OSError (disk full, ...) with the old snapshot left in place.
-
-        `wanted` (e.g. "the conversation still exists") is asked before writing, right before the temp
-        file is renamed into place, and again right after; if it says no after the rename, the file is
-        removed again. So with a deleter that first makes `wanted` false (deletes the conversation) and
-        then unlinks the snapshot (`delete`), no snapshot of a deleted conversation survives, whatever
-        the interleaving: the rename happens either before the deleter's unlink, or after its delete, and
-        then the check after the rename sees it. An exception from `wanted` propagates, and the file
-        is not kept."""
-        if wanted is not None and not wanted():
-            return 0
-        path = self.path(conversation_id)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        token_ids = torch.tensor(snapshot.token_ids, dtype=torch.int64)
-        kv = snapshot.kv.contiguous()
-        metadata = {
-            "format": FORMAT,
-            "version": str(VERSION),
-            "fingerprint": snapshot.fingerprint,
-            "tokens": str(len(snapshot.token_ids)),
-            "sha256": _checksum(_digest(token_ids), _digest(kv)),
-        }
-        temp = self.dir / f".{conversation_id}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-        try:
-            save_file({"token_ids": token_ids, "kv": kv}, temp, metadata)
-            fd = os.open(temp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            if wanted is not None and not wanted():
-                temp.unlink()
-                return 0
-            os.replace(temp, path)
-        except BaseException:
-            temp.unlink(missing_ok=True)
-            raise
-        kept = False
-        try:
-            kept = wanted is None or wanted()
-        finally:
-            if not kept:  # deleted while it was renamed: the deleter's unlink may have come first
-                path.unlink(missing_ok=True)
-        fsync_dir(self.dir)
-        if not kept:
-            return 0
-        try:
-            size = path.stat().st_size
-        except FileNotFoundError:  # deleted just after the check: as it should be
-            return 0
-        self.enforce_cap(keep=path)
-        return size
-
-    # ---- reading --------------------------------------------------------------
+    """Reads an older kvchat's snapshot files in a SnapshotDir (nothing here writes one)."""
 
     def load(self, conversation_id: str, fingerprint: str | None, history: Sequence[int] | None) -> KVSnapshot | None:
         """The conversation's snapshot, verified, if it was made by an engine with `fingerprint` (None: any)
@@ -156,10 +93,6 @@ class SnapshotStore(SnapshotDir):
             raise SnapshotRejected(f"{path.name} cannot be read ({exc.strerror or exc})") from None
         if history is not None and tuple(history[: len(snapshot.token_ids)]) != snapshot.token_ids:
             raise SnapshotRejected(f"{path.name} holds other tokens than the conversation")
-        try:
-            os.utime(path)  # recently used: the size cap removes it last
-        except OSError:
-            pass
         return snapshot
 
 
@@ -194,8 +127,8 @@ def _read(f, fingerprint: str | None) -> KVSnapshot:
             or kv_shape[0] != -(-int(tokens) // kv_shape[4]) or tensors["token_ids"][0] != torch.int64):
         raise _Damaged("the token count and tensor shapes disagree")
     # Mapped read-only, not read: the page cache's pages are used in place, which saves a copy and a fresh
-    # buffer's page faults (65 ms of a 2k-token resume here). Our writers never truncate a published file
-    # (they rename over it; the mapping keeps the old inode), so the mapping stays valid while it is used.
+    # buffer's page faults. The older kvchat that wrote these files never truncated a published one (it
+    # renamed over it; the mapping keeps the old inode), so the mapping stays valid while it is used.
     mapping = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
     with warnings.catch_warnings():  # torch warns that the buffer is not writable: the snapshot never is
         warnings.simplefilter("ignore", UserWarning)

@@ -89,7 +89,7 @@ def delete_conversation(store: ConversationStore, home: Path, conversation_id: s
     chain = store.kv_chain(conversation.id)
     store.delete(conversation.id, trashed=conversation.deleted_at is not None)  # first: a write under way sees it gone
     KVBlockStore(home, store, cap_bytes=0).remove_unreferenced(chain)
-    SnapshotDir(home, cap_bytes=0).delete(conversation.id)  # an older kvchat's snapshot file, not migrated yet
+    SnapshotDir(home).delete(conversation.id)  # an older kvchat's snapshot file, not migrated yet
     TurnLock(home, conversation.id).remove_file()
     return conversation
 

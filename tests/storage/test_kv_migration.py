@@ -12,6 +12,7 @@ from storage.kv_migration import SnapshotMigration
 from storage.kv_store import KVBlockStore
 from storage.snapshots import SnapshotStore
 from tests.storage.kv_store_helpers import BLOCK_SIZE, kv_of, kvb_files, load
+from tests.storage.legacy_snapshots import write_legacy_snapshot
 
 CAP = 1 << 30
 LEGACY_FINGERPRINT = "e" * 64
@@ -34,11 +35,11 @@ def legacy_snapshot(ids) -> KVSnapshot:
 
 def test_snapshot_files_move_into_the_block_store_and_the_rest_are_discarded(tmp_path, conversations, kv, caplog):
     alive, deleted, corrupt, trashed = (conversations.create("m") for _ in range(4))
-    legacy = SnapshotStore(tmp_path, cap_bytes=CAP)
+    legacy = SnapshotStore(tmp_path)
     ids = {alive.id: list(range(1, 15)), deleted.id: list(range(100, 110)), corrupt.id: list(range(200, 209)),
            trashed.id: list(range(300, 306))}
     for conversation_id, token_ids in ids.items():
-        legacy.save(conversation_id, legacy_snapshot(token_ids))
+        write_legacy_snapshot(tmp_path, conversation_id, legacy_snapshot(token_ids))
     conversations.delete(deleted.id)
     conversations.trash(trashed.id)
     path = legacy.path(corrupt.id)
@@ -68,9 +69,9 @@ def test_snapshot_files_move_into_the_block_store_and_the_rest_are_discarded(tmp
 
 def test_a_full_disk_leaves_the_file_for_the_next_try(tmp_path, conversations, kv, monkeypatch, caplog):
     conversation = conversations.create("m")
-    legacy = SnapshotStore(tmp_path, cap_bytes=CAP)
+    legacy = SnapshotStore(tmp_path)
     token_ids = list(range(1, 10))
-    legacy.save(conversation.id, legacy_snapshot(token_ids))
+    write_legacy_snapshot(tmp_path, conversation.id, legacy_snapshot(token_ids))
     migration = SnapshotMigration(tmp_path, kv, conversations.exists)
 
     def disk_full(*args, **kwargs):
@@ -89,8 +90,8 @@ def test_a_full_disk_leaves_the_file_for_the_next_try(tmp_path, conversations, k
 
 def test_a_read_only_store_migrates_nothing_and_keeps_the_files(tmp_path, conversations):
     conversation = conversations.create("m")
-    legacy = SnapshotStore(tmp_path, cap_bytes=CAP)
-    legacy.save(conversation.id, legacy_snapshot(list(range(1, 10))))
+    legacy = SnapshotStore(tmp_path)
+    write_legacy_snapshot(tmp_path, conversation.id, legacy_snapshot(list(range(1, 10))))
     with ConversationStore.open(tmp_path, write=False) as reader:
         ro = KVBlockStore(tmp_path, reader, CAP)
         assert SnapshotMigration(tmp_path, ro, reader.exists).migrate_all() == 0
@@ -101,10 +102,10 @@ def test_a_read_only_store_migrates_nothing_and_keeps_the_files(tmp_path, conver
 def test_a_file_already_partly_in_the_block_store_writes_only_the_rest(tmp_path, conversations, kv):
     """A crash after the blocks were stored but before the file went: the next migration writes nothing twice."""
     conversation = conversations.create("m")
-    legacy = SnapshotStore(tmp_path, cap_bytes=CAP)
+    legacy = SnapshotStore(tmp_path)
     token_ids = list(range(1, 13))
     snapshot = legacy_snapshot(token_ids)
-    legacy.save(conversation.id, snapshot)
+    write_legacy_snapshot(tmp_path, conversation.id, snapshot)
     first_two = KVSnapshot(tuple(token_ids[:8]), kv_of(token_ids[:8]), LEGACY_FINGERPRINT)
     kv.save(conversation.id, first_two)
     before = {p.name: p.stat().st_ino for p in kv.dir.iterdir()}

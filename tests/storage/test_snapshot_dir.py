@@ -1,4 +1,4 @@
-"""The snapshot directory: names that are not regular files, temp files left by dead writers, the cap."""
+"""An older kvchat's snapshot directory: names that are not regular files, temp files left by dead writers."""
 
 import os
 import subprocess
@@ -8,9 +8,9 @@ import threading
 import pytest
 
 from storage.errors import SnapshotRejected
-from storage.snapshot_dir import STALE_TEMP_S
+from storage.disk_files import STALE_TEMP_S
 from storage.snapshots import SnapshotStore
-from tests.storage.test_snapshots import CONVERSATION, FINGERPRINT, make_snapshot
+from tests.storage.test_snapshots import CONVERSATION, FINGERPRINT
 
 HANG_GUARD_S = 10
 
@@ -48,7 +48,7 @@ def load_with_hang_guard(store: SnapshotStore, fifo) -> BaseException | None:
 
 
 def test_a_fifo_in_place_of_a_snapshot_is_refused_without_blocking(tmp_path):
-    store = SnapshotStore(tmp_path / "home", cap_bytes=1 << 30)
+    store = SnapshotStore(tmp_path / "home")
     store.dir.mkdir(parents=True)
     fifo = store.path(CONVERSATION)
     os.mkfifo(fifo)
@@ -58,38 +58,26 @@ def test_a_fifo_in_place_of_a_snapshot_is_refused_without_blocking(tmp_path):
 
 
 def test_a_directory_in_place_of_a_snapshot_is_refused(tmp_path):
-    store = SnapshotStore(tmp_path / "home", cap_bytes=1 << 30)
+    store = SnapshotStore(tmp_path / "home")
     store.path(CONVERSATION).mkdir(parents=True)
     with pytest.raises(SnapshotRejected, match="not a regular file"):
         store.load(CONVERSATION, FINGERPRINT, [1, 2, 3])
 
 
-def test_entries_that_are_not_regular_files_are_neither_counted_nor_removed_by_the_cap(tmp_path):
-    store = SnapshotStore(tmp_path / "home", cap_bytes=1 << 30)
-    store.dir.mkdir(parents=True)
-    os.mkfifo(store.dir / "aaaaaaaaaaaa.safetensors")
-    (store.dir / "bbbbbbbbbbbb.safetensors").mkdir()
-    old_dir_temp = store.dir / temp_name("cccccccccccc", dead_pid())
+def test_entries_that_are_not_regular_files_are_not_removed_by_the_clean_up(tmp_path):
+    home = tmp_path / "home"
+    snapshots = home / "snapshots"
+    snapshots.mkdir(parents=True)
+    os.mkfifo(snapshots / "aaaaaaaaaaaa.safetensors")
+    (snapshots / "bbbbbbbbbbbb.safetensors").mkdir()
+    old_dir_temp = snapshots / temp_name("cccccccccccc", dead_pid())
     old_dir_temp.mkdir()
     os.utime(old_dir_temp, (1000, 1000))
-    (store.dir / "dddddddddddd.safetensors").symlink_to(tmp_path)
-    size = store.save(CONVERSATION, make_snapshot())  # the cap's scan runs over all of them
-    assert store.total_bytes() == size
-    assert old_dir_temp.is_dir() and (store.dir / "bbbbbbbbbbbb.safetensors").is_dir()
-
-
-def test_a_live_writers_temp_file_counts_toward_the_cap(tmp_path):
-    one = make_snapshot(tokens=64)
-    size = SnapshotStore(tmp_path / "probe", cap_bytes=1 << 30).save(CONVERSATION, one)
-    store = SnapshotStore(tmp_path / "home", cap_bytes=int(2.5 * size))
-    store.save("aaaaaaaaaaaa", one)
-    os.utime(store.path("aaaaaaaaaaaa"), (1000, 1000))  # the oldest
-    live_temp = store.dir / temp_name("eeeeeeeeeeee", os.getpid())  # being written by this process
-    live_temp.write_bytes(b"\0" * size)
-    store.save("bbbbbbbbbbbb", one)
-    assert not store.path("aaaaaaaaaaaa").exists() and store.path("bbbbbbbbbbbb").exists()
-    assert live_temp.exists()  # counted, never removed while its writer lives
-    assert store.total_bytes() == 2 * size
+    (snapshots / "dddddddddddd.safetensors").symlink_to(tmp_path)
+    store = SnapshotStore(home)  # the clean-up's scan runs over all of them
+    assert store.clean_stale_temps() == 0 and store._entries() == []
+    assert old_dir_temp.is_dir() and (snapshots / "bbbbbbbbbbbb.safetensors").is_dir()
+    assert (snapshots / "dddddddddddd.safetensors").is_symlink()
 
 
 def test_opening_the_store_removes_temp_files_of_dead_writers_and_old_ones(tmp_path):
@@ -104,17 +92,17 @@ def test_opening_the_store_removes_temp_files_of_dead_writers_and_old_ones(tmp_p
     for path in (old, unnamed_old):
         os.utime(path, (1000, 1000))
     assert STALE_TEMP_S < 10**9
-    store = SnapshotStore(home, cap_bytes=1 << 30)
+    store = SnapshotStore(home)
     assert sorted(p.name for p in store.dir.iterdir()) == [live.name]
 
 
 def test_opening_a_store_whose_directory_is_missing_or_leads_outside_does_nothing(tmp_path):
-    SnapshotStore(tmp_path / "nothing-here", cap_bytes=1 << 30)
+    SnapshotStore(tmp_path / "nothing-here")
     outside = tmp_path / "outside"
     outside.mkdir()
     stray = outside / temp_name(CONVERSATION, dead_pid())
     stray.write_bytes(b"x")
     (tmp_path / "home").mkdir()
     (tmp_path / "home" / "snapshots").symlink_to(outside)
-    SnapshotStore(tmp_path / "home", cap_bytes=1 << 30)
+    SnapshotStore(tmp_path / "home")
     assert stray.exists()  # never touches a directory outside the data dir

@@ -1,7 +1,6 @@
-"""KV snapshot files: round trip, and every way a file on disk can be wrong is refused."""
+"""An older kvchat's KV snapshot files: read back exactly, and every way a file on disk can be wrong is refused."""
 
 import errno
-import os
 import random
 
 import pytest
@@ -12,6 +11,7 @@ import storage.snapshots as snapshots
 from engine.kv.snapshot import KVSnapshot
 from storage.errors import SnapshotRejected
 from storage.snapshots import SnapshotStore
+from tests.storage.legacy_snapshots import write_legacy_snapshot
 
 FINGERPRINT = "f" * 64
 CONVERSATION = "0123456789ab"
@@ -26,7 +26,7 @@ def make_snapshot(tokens: int = 37, seed: int = 0, block_size: int = 16) -> KVSn
 
 @pytest.fixture
 def store(tmp_path) -> SnapshotStore:
-    return SnapshotStore(tmp_path / "home", cap_bytes=1 << 30)
+    return SnapshotStore(tmp_path / "home")
 
 
 def assert_same(a: KVSnapshot, b: KVSnapshot) -> None:
@@ -34,22 +34,21 @@ def assert_same(a: KVSnapshot, b: KVSnapshot) -> None:
     assert a.kv.dtype == b.kv.dtype and torch.equal(a.kv, b.kv)
 
 
-def test_a_saved_snapshot_loads_back_bit_for_bit_and_is_a_plain_safetensors_file(store):
+def test_a_snapshot_file_loads_back_bit_for_bit_and_is_a_plain_safetensors_file(store):
     snapshot = make_snapshot()
-    size = store.save(CONVERSATION, snapshot)
+    write_legacy_snapshot(store.home, CONVERSATION, snapshot)
     path = store.path(CONVERSATION)
-    assert size == path.stat().st_size
     assert_same(store.load(CONVERSATION, FINGERPRINT, snapshot.token_ids + (5, 6)), snapshot)
+    assert_same(store.load(CONVERSATION, None, None), snapshot)  # as the migration reads it
     with safe_open(path, framework="pt") as f:  # any safetensors reader can open it
         assert f.metadata()["format"] == "kvchat-kv-snapshot"
         assert torch.equal(f.get_tensor("kv"), snapshot.kv)
-    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temp file left behind
 
 
 def test_bfloat16_snapshots_round_trip(store):
     snapshot = make_snapshot()
     snapshot = KVSnapshot(snapshot.token_ids, snapshot.kv.bfloat16(), FINGERPRINT)
-    store.save(CONVERSATION, snapshot)
+    write_legacy_snapshot(store.home, CONVERSATION, snapshot)
     assert_same(store.load(CONVERSATION, FINGERPRINT, snapshot.token_ids), snapshot)
 
 
@@ -59,7 +58,7 @@ def test_no_file_is_no_snapshot(store):
 
 def test_a_snapshot_of_another_model_is_refused_and_kept_for_it(store):
     snapshot = make_snapshot()
-    store.save(CONVERSATION, snapshot)
+    write_legacy_snapshot(store.home, CONVERSATION, snapshot)
     with pytest.raises(SnapshotRejected, match="another model"):
         store.load(CONVERSATION, "0" * 64, snapshot.token_ids)
     assert store.load(CONVERSATION, FINGERPRINT, snapshot.token_ids) is not None
@@ -67,7 +66,7 @@ def test_a_snapshot_of_another_model_is_refused_and_kept_for_it(store):
 
 def test_a_snapshot_whose_tokens_are_not_the_conversation_is_refused(store):
     snapshot = make_snapshot()
-    store.save(CONVERSATION, snapshot)
+    write_legacy_snapshot(store.home, CONVERSATION, snapshot)
     changed = list(snapshot.token_ids)
     changed[20] += 1
     with pytest.raises(SnapshotRejected, match="other tokens"):
@@ -76,10 +75,8 @@ def test_a_snapshot_whose_tokens_are_not_the_conversation_is_refused(store):
         store.load(CONVERSATION, FINGERPRINT, snapshot.token_ids[:10])  # the conversation is shorter
 
 
-def test_another_format_version_is_refused(store, monkeypatch):
-    monkeypatch.setattr(snapshots, "VERSION", 2)
-    store.save(CONVERSATION, make_snapshot())
-    monkeypatch.setattr(snapshots, "VERSION", 1)
+def test_another_format_version_is_refused(store):
+    write_legacy_snapshot(store.home, CONVERSATION, make_snapshot(), version=2)
     with pytest.raises(SnapshotRejected, match="version '2'"):
         store.load(CONVERSATION, FINGERPRINT, make_snapshot().token_ids)
 
@@ -87,7 +84,7 @@ def test_another_format_version_is_refused(store, monkeypatch):
 @pytest.mark.parametrize("cut", [0, 3, 8, 20, 100, 300, -5000, -64, -1])
 def test_a_truncated_file_is_refused_and_removed(store, cut):
     snapshot = make_snapshot()
-    store.save(CONVERSATION, snapshot)
+    write_legacy_snapshot(store.home, CONVERSATION, snapshot)
     path = store.path(CONVERSATION)
     data = path.read_bytes()
     path.write_bytes(data[:cut])
@@ -98,7 +95,7 @@ def test_a_truncated_file_is_refused_and_removed(store, cut):
 
 def test_random_bit_flips_are_refused_or_change_nothing(store):
     snapshot = make_snapshot()
-    store.save(CONVERSATION, snapshot)
+    write_legacy_snapshot(store.home, CONVERSATION, snapshot)
     path = store.path(CONVERSATION)
     pristine = path.read_bytes()
     rng = random.Random(7)
@@ -120,7 +117,7 @@ def test_random_bit_flips_are_refused_or_change_nothing(store):
 
 
 def test_a_header_that_claims_a_huge_length_is_refused_without_reading_it(store):
-    store.save(CONVERSATION, make_snapshot())
+    write_legacy_snapshot(store.home, CONVERSATION, make_snapshot())
     path = store.path(CONVERSATION)
     data = bytearray(path.read_bytes())
     data[:8] = (2**62).to_bytes(8, "little")
@@ -131,7 +128,7 @@ def test_a_header_that_claims_a_huge_length_is_refused_without_reading_it(store)
 
 def test_offsets_that_point_past_the_data_are_refused(store):
     snapshot = make_snapshot()
-    store.save(CONVERSATION, snapshot)
+    write_legacy_snapshot(store.home, CONVERSATION, snapshot)
     path = store.path(CONVERSATION)
     data = path.read_bytes()
     header_len = int.from_bytes(data[:8], "little")
@@ -151,8 +148,8 @@ def test_ids_that_are_not_conversation_ids_never_become_paths(store, conversatio
 
 def test_a_snapshot_reached_through_a_symlink_is_refused(store, tmp_path):
     snapshot = make_snapshot()
-    elsewhere = SnapshotStore(tmp_path / "elsewhere", cap_bytes=1 << 30)
-    elsewhere.save(CONVERSATION, snapshot)
+    elsewhere = SnapshotStore(tmp_path / "elsewhere")
+    write_legacy_snapshot(elsewhere.home, CONVERSATION, snapshot)
     store.dir.mkdir(parents=True)
     store.path(CONVERSATION).symlink_to(elsewhere.path(CONVERSATION))
     with pytest.raises(SnapshotRejected, match="cannot be opened safely"):
@@ -160,53 +157,16 @@ def test_a_snapshot_reached_through_a_symlink_is_refused(store, tmp_path):
 
 
 def test_a_snapshot_directory_that_is_a_symlink_is_refused(store, tmp_path):
-    elsewhere = SnapshotStore(tmp_path / "elsewhere", cap_bytes=1 << 30)
-    elsewhere.save(CONVERSATION, make_snapshot())
+    elsewhere = SnapshotStore(tmp_path / "elsewhere")
+    write_legacy_snapshot(elsewhere.home, CONVERSATION, make_snapshot())
     store.home.mkdir()
     store.dir.symlink_to(elsewhere.dir)
     with pytest.raises(SnapshotRejected, match="outside the data directory"):
         store.load(CONVERSATION, FINGERPRINT, make_snapshot().token_ids)
 
 
-def test_the_size_cap_removes_the_least_recently_used_snapshots(tmp_path):
-    one = make_snapshot(tokens=64)
-    probe = SnapshotStore(tmp_path / "probe", cap_bytes=1 << 30)
-    size = probe.save(CONVERSATION, one)
-    store = SnapshotStore(tmp_path / "home", cap_bytes=int(2.5 * size))
-    ids = ["aaaaaaaaaaaa", "bbbbbbbbbbbb", "cccccccccccc"]
-    for i, conversation in enumerate(ids[:2]):
-        store.save(conversation, one)
-        os.utime(store.path(conversation), (1000 + i, 1000 + i))  # a then b, in the past
-    store.load(ids[0], FINGERPRINT, one.token_ids)  # a is used again: b is now the oldest
-    store.save(ids[2], one)
-    assert [store.path(c).exists() for c in ids] == [True, False, True]
-    assert store.total_bytes() == 2 * size
-
-
-def test_a_snapshot_bigger_than_the_cap_is_not_kept(tmp_path):
-    store = SnapshotStore(tmp_path / "home", cap_bytes=1000)
-    store.save(CONVERSATION, make_snapshot())
-    assert not store.path(CONVERSATION).exists()
-
-
-def test_a_failing_write_keeps_the_old_snapshot_and_leaves_no_temp_file(store, monkeypatch):
-    old = make_snapshot(seed=1)
-    store.save(CONVERSATION, old)
-
-    def disk_full(tensors, filename, metadata):
-        with open(filename, "wb") as f:
-            f.write(b"partial")
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(snapshots, "save_file", disk_full)
-    with pytest.raises(OSError, match="No space"):
-        store.save(CONVERSATION, make_snapshot(seed=2))
-    assert [p.name for p in store.dir.iterdir()] == [store.path(CONVERSATION).name]
-    assert_same(store.load(CONVERSATION, FINGERPRINT, old.token_ids), old)
-
-
 def test_delete_removes_the_file(store):
-    store.save(CONVERSATION, make_snapshot())
+    write_legacy_snapshot(store.home, CONVERSATION, make_snapshot())
     store.delete(CONVERSATION)
     assert not store.path(CONVERSATION).exists()
     store.delete(CONVERSATION)  # deleting twice is fine
@@ -214,7 +174,7 @@ def test_delete_removes_the_file(store):
 
 def test_an_io_error_while_reading_is_a_rejection_not_a_crash(store, monkeypatch):
     snapshot = make_snapshot()
-    store.save(CONVERSATION, snapshot)
+    write_legacy_snapshot(store.home, CONVERSATION, snapshot)
 
     def failing_mmap(*args, **kwargs):
         raise OSError(errno.EIO, "Input/output error")
