@@ -331,7 +331,8 @@ class Engine:
         with paged K/V (nothing to gather) or the prefix cache off it does nothing."""
         if self.prefix_cache is None or self.runner.decode_path.paged:
             return
-        with self._loop.lock, self.prefix_cache.unseen():
+        # Inference mode, as the step loop runs: the working buffers it made are inference tensors.
+        with self._loop.lock, self.prefix_cache.unseen(), torch.inference_mode():
             # A request's match stops a token short of its prompt; one token more covers all of token_ids.
             kv, _ = self.runner.open_kv([*token_ids, 0], True)
             kv.close()  # the buffer goes to the spare, holding the prefix; the cache keeps what it had

@@ -90,3 +90,16 @@ def test_prewarm_gathers_the_history_before_the_request_and_changes_nothing_it_a
     assert first.stats.cache_source == "disk"  # the prewarm is not a request: the first real one says disk
     assert sum(gathered) == 0  # the history was in the working copy already: nothing gathered from the pool
     assert resumed.cache_stats()["hit_rate"] == round(first.stats.cached_tokens / len(prompt), 4)
+
+
+def test_prewarm_after_a_reply_reuses_the_buffer_that_reply_left(tiny_engine):
+    """The chat opens a second conversation after a first one replied: the working buffer the step loop
+    made (an inference tensor) is the one the prewarm fills."""
+    engine = with_fresh_cache(tiny_engine)
+    other = list(range(20, 20 + 2 * engine.kv_block_size))
+    list(engine.generate(other, PARAMS))
+    tokens = list(range(120, 120 + 2 * engine.kv_block_size + 1))
+    list(engine.generate(tokens, SamplingParams(temperature=0, max_tokens=1)))
+    engine.prewarm(other)
+    expected = list(with_fresh_cache(tiny_engine).generate(other + [3], PARAMS, use_prefix_cache=False))[-1]
+    assert list(engine.generate(other + [3], PARAMS))[-1].token_ids == expected.token_ids
