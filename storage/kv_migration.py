@@ -7,9 +7,11 @@ are not written twice). A file that cannot be used (damaged, another format
 version, its conversation gone or in the trash) is removed with one log line.
 Nothing is left behind: the directory itself goes once it is empty.
 
-`migrate_all` runs on a background thread when the store opens; a resume that
-needs one conversation's file first calls `migrate_one` for it, which waits
-for nothing but the same lock.
+When the store opens, each file's `migrate_one` is queued on the background
+writer (app/chat/saved_chat.py), one job each, so a turn's own writes go
+between them and quitting waits for one file at most (the rest are migrated
+at the next start); a resume that needs one conversation's file first calls
+`migrate_one` for it, which waits for nothing but the same lock.
 """
 
 from __future__ import annotations
@@ -41,14 +43,16 @@ class SnapshotMigration:
 
     def migrate_all(self) -> int:
         """Migrate every snapshot file; returns how many went into the block store. Never raises."""
-        moved = 0
-        for conversation_id in self.pending():
-            moved += self.migrate_one(conversation_id)
+        moved = sum(self.migrate_one(conversation_id) for conversation_id in self.pending())
+        self.remove_dir()
+        return moved
+
+    def remove_dir(self) -> None:
+        """Remove the old snapshot directory once it is empty (temp files of a live older kvchat keep it)."""
         try:
-            self.legacy.dir.rmdir()  # only when empty; temp files of a live older kvchat keep it
+            self.legacy.dir.rmdir()
         except OSError:
             pass
-        return moved
 
     def migrate_one(self, conversation_id: str) -> bool:
         """Move one conversation's snapshot file into the block store (True), or discard it. Never raises:

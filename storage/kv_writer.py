@@ -46,7 +46,8 @@ class KVWriter:
             self._cond.notify_all()
 
     def run_job(self, job: Callable[[], object]) -> None:
-        """Run `job` on the writer thread once no snapshot waits (it must not raise)."""
+        """Run `job` on the writer thread once no snapshot waits. Jobs are work that can wait for the next
+        start (one old snapshot file to migrate, each): `close` drops those not started yet."""
         with self._cond:
             self._jobs.append(job)
             self._cond.notify_all()
@@ -57,6 +58,9 @@ class KVWriter:
             return self._cond.wait_for(lambda: not self._pending and not self._jobs and not self._busy, timeout)
 
     def close(self, timeout: float | None = None) -> None:
+        """Write what is pending (the job under way ends too), then stop the thread."""
+        with self._cond:
+            self._jobs.clear()  # left for the next start: quitting does not wait for a migration
         self.flush(timeout)
         with self._cond:
             self._closed = True
@@ -77,7 +81,7 @@ class KVWriter:
                 self._busy = True
             try:
                 if job is not None:
-                    job()
+                    self._run_job(job)
                 else:
                     self._write(conversation_id, snapshot, wanted)
             finally:
@@ -91,3 +95,9 @@ class KVWriter:
         except Exception as exc:  # a snapshot is an optimisation: never let it take the chat down
             log.warning("kvchat: the K/V of conversation %s were not saved (%s); "
                         "what is missing will be recomputed when it is resumed", conversation_id, exc)
+
+    def _run_job(self, job: Callable[[], object]) -> None:
+        try:
+            job()
+        except Exception as exc:  # disk work for later: never let it take the writer down
+            log.warning("kvchat: background disk work failed (%s)", exc)

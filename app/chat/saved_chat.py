@@ -19,6 +19,7 @@ history makes a message start before the end of the previous one.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -82,8 +83,11 @@ class Storage:
             conversations.close()
             raise
         storage = cls(conversations, kv, KVWriter(kv), migration)
-        if migration.pending():  # an older kvchat's snapshot files: into the block store, in the background
-            storage.writer.run_job(migration.migrate_all)
+        pending = migration.pending()  # an older kvchat's snapshot files: into the block store, in the background
+        for conversation_id in pending:
+            storage.writer.run_job(functools.partial(migration.migrate_one, conversation_id))
+        if pending:
+            storage.writer.run_job(migration.remove_dir)
         return storage
 
     @property

@@ -192,3 +192,69 @@ def test_blocks_that_make_the_model_compute_non_finite_scores_are_dropped_and_st
     again_dest = torch.zeros_like(dest)
     block = storage.kv.plan(fresh.fingerprint, fresh.kv_block_size, again.seen_ids)[1]
     assert storage.kv.read([block], [again_dest]) == 1 and torch.isfinite(again_dest).all()
+
+
+def test_an_older_kvchats_snapshot_file_moves_into_the_block_store_in_the_background(tiny_engine, kvchat_home):
+    from app.chat.saved_chat import Storage
+    from tests.storage.legacy_snapshots import legacy_snapshot_path, write_legacy_snapshot
+
+    storage = Storage.open()
+    session = new_session(tiny_engine, storage, SHORT)
+    reply(session.send("Which birds wade in rivers?"))
+    storage.writer.flush()
+    conversation_id, history = session.saved.id, list(session.seen_ids)
+    old_snapshot = tiny_engine.export_kv(history)
+    storage.kv.remove(sorted(storage.conversations.kv_chain(conversation_id)))  # as an older kvchat left it:
+    storage.close()
+    write_legacy_snapshot(kvchat_home, conversation_id, old_snapshot)  # a file, and no blocks
+    assert block_files(kvchat_home) == {} and legacy_snapshot_path(kvchat_home, conversation_id).is_file()
+
+    storage = Storage.open()
+    try:
+        storage.writer.flush()
+        assert not legacy_snapshot_path(kvchat_home, conversation_id).exists()
+        assert not (kvchat_home / "snapshots").exists()  # nothing left behind
+        engine = with_fresh_cache(tiny_engine)
+        done = reply(resumed(engine, storage, conversation_id, SHORT).send("And herons?"))
+        assert done.stats.cache_source == "disk" and done.stats.cached_tokens >= len(history) - 1
+    finally:
+        storage.close()
+
+
+def test_quitting_does_not_wait_for_the_migration_of_every_old_file(tiny_engine, kvchat_home, monkeypatch):
+    """Each old file is one job on the background writer: close ends the one under way and leaves the rest,
+    still in place, for the next start."""
+    import threading
+
+    from app.chat.saved_chat import Storage
+    from storage.kv_migration import SnapshotMigration
+    from tests.storage.legacy_snapshots import legacy_snapshot_path, write_legacy_snapshot
+
+    storage = Storage.open()
+    ids = []
+    for question in ("first?", "second?", "third?"):
+        session = new_session(tiny_engine, storage, SHORT)
+        reply(session.send(question))
+        ids.append((session.saved.id, tiny_engine.export_kv(list(session.seen_ids))))
+    storage.writer.flush()
+    storage.close()
+    for conversation_id, snapshot in ids:
+        write_legacy_snapshot(kvchat_home, conversation_id, snapshot)
+    started, release = threading.Event(), threading.Event()
+    migrate_one = SnapshotMigration.migrate_one
+
+    def slow(self, conversation_id):
+        started.set()
+        release.wait(10)
+        return migrate_one(self, conversation_id)
+
+    monkeypatch.setattr(SnapshotMigration, "migrate_one", slow)
+    storage = Storage.open()
+    assert started.wait(10)  # the first file is under way
+    closer = threading.Thread(target=storage.close)
+    closer.start()
+    release.set()
+    closer.join(10)
+    assert not closer.is_alive()
+    left = [cid for cid, _ in ids if legacy_snapshot_path(kvchat_home, cid).exists()]
+    assert len(left) == 2  # one moved; the others wait for the next start, untouched
