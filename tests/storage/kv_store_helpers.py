@@ -12,6 +12,7 @@ from storage.kv_block_file import read_block
 
 FINGERPRINT = "f" * 64
 BLOCK_SIZE = 4
+CAP = 1 << 30  # the tests' block stores: no eviction unless a test sets its own cap
 SHAPE = (2, 2, 1, BLOCK_SIZE, 8)  # [2 (K, V), layers, kv_heads, block_size, head_dim]
 
 

@@ -2,7 +2,6 @@
 
 import logging
 
-import pytest
 import torch
 
 import storage.kv_store as kv_store
@@ -11,22 +10,11 @@ from storage.conversations import ConversationStore
 from storage.kv_migration import SnapshotMigration
 from storage.kv_store import KVBlockStore
 from storage.snapshots import SnapshotStore
-from tests.storage.kv_store_helpers import BLOCK_SIZE, kv_of, kvb_files, load
+from tests.storage.kv_store_helpers import CAP, BLOCK_SIZE, kv_of, kvb_files, load
 from tests.storage.legacy_snapshots import write_legacy_snapshot
 
-CAP = 1 << 30
 LEGACY_FINGERPRINT = "e" * 64
 
-
-@pytest.fixture
-def conversations(tmp_path):
-    with ConversationStore.open(tmp_path) as store:
-        yield store
-
-
-@pytest.fixture
-def kv(tmp_path, conversations) -> KVBlockStore:
-    return KVBlockStore(tmp_path, conversations, CAP)
 
 
 def legacy_snapshot(ids) -> KVSnapshot:

@@ -16,22 +16,11 @@ from storage.errors import StorageError
 from storage.kv_block_file import SUFFIX, chain_keys
 from storage.kv_store import KVBlockStore
 from storage.disk_files import STALE_TEMP_S
-from tests.storage.kv_store_helpers import (BLOCK_SIZE, FINGERPRINT, assert_loads, check_heads_loadable,
+from tests.storage.kv_store_helpers import (CAP, BLOCK_SIZE, FINGERPRINT, assert_loads, check_heads_loadable,
                                             check_index_matches_files, fresh_dests, kv_of, kvb_files, load,
                                             snapshot)
 
-CAP = 1 << 30
 
-
-@pytest.fixture
-def conversations(tmp_path):
-    with ConversationStore.open(tmp_path) as store:
-        yield store
-
-
-@pytest.fixture
-def kv(tmp_path, conversations) -> KVBlockStore:
-    return KVBlockStore(tmp_path, conversations, CAP)
 
 
 def keys_of(token_ids, fingerprint=FINGERPRINT):

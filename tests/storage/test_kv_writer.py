@@ -7,25 +7,12 @@ import threading
 import pytest
 
 import storage.kv_store as kv_store
-from storage.conversations import ConversationStore
 from storage.kv_block_file import chain_keys
-from storage.kv_store import KVBlockStore
 from storage.kv_writer import KVWriter
 from tests.storage.kv_store_helpers import BLOCK_SIZE, FINGERPRINT, assert_loads, kvb_files, snapshot
 
-CAP = 1 << 30
 WAIT_S = 10
 
-
-@pytest.fixture
-def conversations(tmp_path):
-    with ConversationStore.open(tmp_path) as store:
-        yield store
-
-
-@pytest.fixture
-def kv(tmp_path, conversations) -> KVBlockStore:
-    return KVBlockStore(tmp_path, conversations, CAP)
 
 
 class Gate:
