@@ -20,6 +20,12 @@ STALE_TEMP_S = 600  # a temp file this old belongs to a writer that died (or who
 TEMP_NAME = re.compile(r"\.[0-9a-f]{4,64}\.(\d+)\.[0-9a-f]+\.tmp")
 
 
+def leads_outside(home: Path, directory: Path) -> bool:
+    """Whether `directory` (under the data dir `home`) is a symlink or resolves outside `home`: then
+    nothing in it is opened, written or removed."""
+    return directory.is_symlink() or not directory.resolve().is_relative_to(home.resolve())
+
+
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:

@@ -47,7 +47,7 @@ from storage.errors import StorageError
 from storage.kv_block_file import (ROOT, SUFFIX, BlockDamaged, BlockLayout, BlockUnreadable, block_key, chain_keys,
                                    is_finite, payload_of, read_block, write_block)
 from storage.kv_index import BlockRow, KVIndex
-from storage.disk_files import STALE_TEMP_S, fsync_dir, temp_is_stale
+from storage.disk_files import STALE_TEMP_S, fsync_dir, leads_outside, temp_is_stale
 
 log = logging.getLogger("kvchat")
 
@@ -92,13 +92,17 @@ class KVBlockStore:
         return getattr(self.index, "read_only_reason", None) is None
 
     def path(self, key: str) -> Path:
+        self._check_dir()
+        return self._file(key)
+
+    def _file(self, key: str) -> Path:
+        """The file of a block in the directory, already checked (see `_check_dir`)."""
         if len(key) != 64 or not all(c in "0123456789abcdef" for c in key):
             raise StorageError(f"{key!r} is not a KV block key")
-        self._check_dir()
         return self.dir / f"{key}{SUFFIX}"
 
     def _check_dir(self) -> None:
-        if self.dir.is_symlink() or not self.dir.resolve().is_relative_to(self.home.resolve()):
+        if leads_outside(self.home, self.dir):
             raise StorageError(f"the KV block directory {self.dir} leads outside the data directory")
 
     # ---- reading --------------------------------------------------------------
@@ -148,9 +152,7 @@ class KVBlockStore:
             for i in part:
                 b = blocks[i]
                 try:
-                    if len(b.key) != 64 or not all(c in "0123456789abcdef" for c in b.key):
-                        raise StorageError(f"{b.key!r} is not a KV block key")
-                    read_block(self.dir / f"{b.key}{SUFFIX}", b.key, b.parent, b.token_ids, dests[i])
+                    read_block(self._file(b.key), b.key, b.parent, b.token_ids, dests[i])
                 except (BlockDamaged, BlockUnreadable, StorageError) as exc:
                     results[i] = exc
                     return  # the rest of this part is of no use after it

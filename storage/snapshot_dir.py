@@ -26,7 +26,7 @@ import stat
 import time
 from pathlib import Path
 
-from storage.disk_files import temp_is_stale
+from storage.disk_files import leads_outside, temp_is_stale
 from storage.errors import SnapshotRejected
 
 SUFFIX = ".safetensors"
@@ -49,7 +49,7 @@ class SnapshotDir:
         return self.dir / f"{conversation_id}{SUFFIX}"
 
     def _check_dir(self) -> None:
-        if self.dir.is_symlink() or not self.dir.resolve().is_relative_to(self.home.resolve()):
+        if leads_outside(self.home, self.dir):
             raise SnapshotRejected(f"the snapshot directory {self.dir} leads outside the data directory")
 
     def _entries(self) -> list[tuple[str, Path, os.stat_result]]:
