@@ -26,6 +26,10 @@ permission) BlockUnreadable. xxh3 guards against damage, not forgery (the key
 is SHA-256 for that): it hashes 2k tokens of SmolLM2 (94 MB) in ~2 ms where
 SHA-256 takes ~55 ms, and that is the difference between a resume that costs
 about a warm follow-up and one that costs 1.5x.
+
+torch is imported only inside the functions that are handed a tensor (it is
+loaded then): `kvchat list` and `delete` reach this module without paying
+torch's second of import.
 """
 
 from __future__ import annotations
@@ -37,22 +41,26 @@ import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 import xxhash
+
+if TYPE_CHECKING:
+    import torch
+
+from storage.kv_keys import ROOT, SUFFIX, block_key, chain_keys, token_bytes  # noqa: F401 (the format's names)
 
 MAGIC = b"kvchatKV"
 VERSION = 1
-SUFFIX = ".kvb"
 HEADER = struct.Struct("<8sHBBHHHHH32s32sQ16s")
 CHECK = struct.Struct("<Q")
-ROOT = ""  # the parent key of a sequence's first block
-DTYPE_CODES = {torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
+# By the dtype's name: this module does not import torch (see below).
+DTYPE_CODES = {"torch.float32": 1, "torch.bfloat16": 2, "torch.float16": 3}
 # The exponent bits that mark an infinity or NaN, per dtype: a block is checked for them before it is
 # written, so a block that reads back intact is finite and the reader need not look again.
-_NON_FINITE = {torch.float32: (np.uint32, 0x7F800000), torch.bfloat16: (np.uint16, 0x7F80),
-               torch.float16: (np.uint16, 0x7C00)}
+_NON_FINITE = {"torch.float32": (np.uint32, 0x7F800000), "torch.bfloat16": (np.uint16, 0x7F80),
+               "torch.float16": (np.uint16, 0x7C00)}
 
 
 class BlockDamaged(Exception):
@@ -67,14 +75,14 @@ class BlockUnreadable(Exception):
 class BlockLayout:
     """The shape of one block as the engine keeps it: [2, layers, kv_heads, block_size, head_dim]."""
 
-    dtype: torch.dtype
+    dtype: "torch.dtype"
     layers: int
     kv_heads: int
     block_size: int
     head_dim: int
 
     @classmethod
-    def of(cls, block: torch.Tensor) -> "BlockLayout":
+    def of(cls, block: "torch.Tensor") -> "BlockLayout":
         _, layers, kv_heads, block_size, head_dim = block.shape
         return cls(block.dtype, layers, kv_heads, block_size, head_dim)
 
@@ -85,33 +93,17 @@ class BlockLayout:
         return HEADER.size + 4 * tokens + CHECK.size + self.payload_bytes(tokens)
 
 
-def block_key(parent: str, fingerprint: str, token_ids) -> str:
-    """The key of a block holding `token_ids` after the block `parent` (ROOT: the first block)."""
-    h = hashlib.sha256()
-    h.update(bytes.fromhex(parent) if parent else bytes(32))
-    h.update(fingerprint.encode())
-    h.update(np.asarray(token_ids, dtype="<u4").tobytes())
-    return h.hexdigest()
-
-
-def chain_keys(fingerprint: str, token_ids, block_size: int) -> list[str]:
-    """The keys of the blocks of `token_ids` (the last one partial if they do not fill it)."""
-    keys, parent = [], ROOT
-    for start in range(0, len(token_ids), block_size):
-        parent = block_key(parent, fingerprint, token_ids[start : start + block_size])
-        keys.append(parent)
-    return keys
-
-
-def is_finite(payload: np.ndarray, dtype: torch.dtype) -> bool:
+def is_finite(payload: np.ndarray, dtype: "torch.dtype") -> bool:
     """Whether no element of the raw bytes `payload` (of `dtype`) is an infinity or a NaN."""
-    unsigned, exponent = _NON_FINITE[dtype]
+    unsigned, exponent = _NON_FINITE[str(dtype)]
     bits = payload.view(unsigned)
     return not np.any((bits & unsigned(exponent)) == unsigned(exponent))
 
 
-def payload_of(block: torch.Tensor, tokens: int) -> np.ndarray:
+def payload_of(block: "torch.Tensor", tokens: int) -> np.ndarray:
     """The bytes a block file stores for the first `tokens` positions of a pool-shaped `block`."""
+    import torch  # loaded already: a tensor is in hand
+
     return block[:, :, :, :tokens].contiguous().view(torch.uint8).numpy().reshape(-1)
 
 
@@ -122,10 +114,10 @@ def write_block(directory: Path, key: str, parent: str, token_ids: tuple[int, ..
     tokens = len(token_ids)
     if payload.nbytes != layout.payload_bytes(tokens):
         raise ValueError(f"a block of {tokens} tokens has {layout.payload_bytes(tokens)} bytes, not {payload.nbytes}")
-    head = HEADER.pack(MAGIC, VERSION, DTYPE_CODES[layout.dtype], 0, tokens, layout.block_size, layout.layers,
+    head = HEADER.pack(MAGIC, VERSION, DTYPE_CODES[str(layout.dtype)], 0, tokens, layout.block_size, layout.layers,
                        layout.kv_heads, layout.head_dim, bytes.fromhex(key), bytes.fromhex(parent) if parent else bytes(32),
                        payload.nbytes, xxhash.xxh3_128_digest(payload))
-    head += np.asarray(token_ids, dtype="<u4").tobytes()
+    head += token_bytes(token_ids)
     head += CHECK.pack(xxhash.xxh3_64_intdigest(head))
     temp = directory / f".{key}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     try:
@@ -141,7 +133,7 @@ def write_block(directory: Path, key: str, parent: str, token_ids: tuple[int, ..
     return len(head) + payload.nbytes
 
 
-def read_block(path: Path, key: str, parent: str, token_ids: tuple[int, ...], dest: torch.Tensor) -> None:
+def read_block(path: Path, key: str, parent: str, token_ids: tuple[int, ...], dest: "torch.Tensor") -> None:
     """Read the block at `path` into `dest` (a pool-shaped CPU block; positions past its tokens are
     zeroed) after checking it is exactly the block `key` after `parent` holding `token_ids`, in
     `dest`'s layout. Raises BlockDamaged or BlockUnreadable; `dest` may then hold anything."""
@@ -168,7 +160,9 @@ def read_block(path: Path, key: str, parent: str, token_ids: tuple[int, ...], de
             raise BlockUnreadable(f"it cannot be read ({exc.strerror or exc})") from None
 
 
-def _read_verified(f, size: int, key: str, parent: str, token_ids: tuple[int, ...], dest: torch.Tensor) -> None:
+def _read_verified(f, size: int, key: str, parent: str, token_ids: tuple[int, ...], dest: "torch.Tensor") -> None:
+    import torch  # loaded already: a tensor is in hand
+
     layout, tokens = BlockLayout.of(dest), len(token_ids)
     if not 1 <= tokens <= layout.block_size:
         raise ValueError(f"a block holds 1 to {layout.block_size} tokens, not {tokens}")
@@ -180,12 +174,12 @@ def _read_verified(f, size: int, key: str, parent: str, token_ids: tuple[int, ..
     if xxhash.xxh3_64_intdigest(head[:head_len]) != check:
         raise BlockDamaged("its header does not match its checksum")
     fields = HEADER.unpack_from(head)
-    expected = (MAGIC, VERSION, DTYPE_CODES.get(layout.dtype), 0, tokens, layout.block_size, layout.layers,
+    expected = (MAGIC, VERSION, DTYPE_CODES.get(str(layout.dtype)), 0, tokens, layout.block_size, layout.layers,
                 layout.kv_heads, layout.head_dim, bytes.fromhex(key), bytes.fromhex(parent) if parent else bytes(32),
                 layout.payload_bytes(tokens))
     if fields[:12] != expected:
         raise BlockDamaged("its header is not the expected block's")
-    if head[HEADER.size : head_len] != np.asarray(token_ids, dtype="<u4").tobytes():
+    if head[HEADER.size : head_len] != token_bytes(token_ids):
         raise BlockDamaged("it holds other tokens")
     if tokens == layout.block_size:
         raw = dest.view(torch.uint8).numpy().reshape(-1)  # straight into the pool block: no copy after

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
+from storage.kv_keys import token_bytes, token_ids_of
 
 # Every block on some conversation's chain, with how many conversations' chains pass through it.
 _REFERENCED = (
@@ -50,11 +50,11 @@ class BlockRow:
 
 
 def _ids(blob: bytes) -> tuple[int, ...]:
-    return tuple(np.frombuffer(blob, dtype="<u4").tolist())
+    return token_ids_of(blob)
 
 
 def _blob(token_ids: Sequence[int]) -> bytes:
-    return np.asarray(token_ids, dtype="<u4").tobytes()
+    return token_bytes(token_ids)
 
 
 class KVIndex:

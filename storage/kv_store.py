@@ -39,15 +39,18 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from engine.kv.snapshot import KVSnapshot
+from storage.disk_files import STALE_TEMP_S, fsync_dir, leads_outside, temp_is_stale
 from storage.errors import StorageError
 from storage.kv_block_file import (ROOT, SUFFIX, BlockDamaged, BlockLayout, BlockUnreadable, block_key, chain_keys,
                                    is_finite, payload_of, read_block, write_block)
 from storage.kv_index import BlockRow, KVIndex
-from storage.disk_files import STALE_TEMP_S, fsync_dir, leads_outside, temp_is_stale
+
+if TYPE_CHECKING:  # not at run time: `kvchat list` and `delete` use the store without loading torch
+    import torch
+
+    from engine.kv.snapshot import KVSnapshot
 
 log = logging.getLogger("kvchat")
 
@@ -133,7 +136,7 @@ class KVBlockStore:
             chain.append(StoredBlock(best.key, parent, best.token_ids))
         return chain
 
-    def read(self, blocks: Sequence[StoredBlock], dests: Sequence[torch.Tensor]) -> int:
+    def read(self, blocks: Sequence[StoredBlock], dests: Sequence["torch.Tensor"]) -> int:
         """Read `blocks` into `dests` (pool-shaped CPU blocks), in parallel; returns how many leading
         blocks were read intact. The first one that is not stops it: a damaged file is deleted, a
         missing or unsafe one forgotten by the index, with one log line."""
@@ -196,7 +199,7 @@ class KVBlockStore:
         present = self.index.kv_present(keys)
         return next((i for i, key in enumerate(keys) if key not in present), len(keys))
 
-    def save(self, conversation_id: str | None, snapshot: KVSnapshot, wanted: Callable[[], bool] | None = None) -> int:
+    def save(self, conversation_id: str | None, snapshot: "KVSnapshot", wanted: Callable[[], bool] | None = None) -> int:
         """Write the blocks of `snapshot` the store lacks and make its chain one of the conversation's
         (`conversation_id` None: blocks only, no head). Returns the bytes written. OSError (a full disk)
         leaves the old state in place; StorageError: the index could not be written (the same)."""
