@@ -160,6 +160,19 @@ def test_a_mistake_is_reported_before_torch_is_imported(args):
     assert result.stdout.strip() == "False False"
 
 
+def test_list_storage_and_delete_start_without_torch(tiny_model_dir):
+    """They read the database and the block store's index, and remove block files: none needs a tensor
+    (torch alone takes seconds to import)."""
+    conversation_id = ask(tiny_model_dir, "hello", "--max-tokens", "2")["conversation_id"]
+    probe = ("import sys\nfrom app.cli.main import main\ncode = main(sys.argv[1:])\n"
+             "print('torch' in sys.modules)\nsys.exit(code)")
+    for args in (["list"], ["storage"], ["delete", conversation_id, "--permanently"]):
+        result = subprocess.run([sys.executable, "-c", probe, *args], cwd=REPO, capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip().splitlines()[-1] == "False", args
+
+
 # ---- the trash ---------------------------------------------------------------------------------
 
 
