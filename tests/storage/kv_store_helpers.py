@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import subprocess
+import sys
 from collections.abc import Sequence
 
 import torch
 
 from engine.kv.snapshot import KVSnapshot
-from storage.kv_block_file import read_block
+from storage.kv_block_file import chain_keys, read_block
 
 FINGERPRINT = "f" * 64
 BLOCK_SIZE = 4
@@ -92,3 +94,21 @@ def check_heads_loadable(kv, conversation_id: str) -> None:
         token_ids = [t for row in chain for t in row.token_ids]
         assert len(token_ids) == tokens
         assert_loads(kv, token_ids, len(chain))
+
+
+def keys_of(token_ids, fingerprint=FINGERPRINT):
+    return chain_keys(fingerprint, list(token_ids), BLOCK_SIZE)
+
+
+def file_bytes(kv, keys):
+    return sum(kv.path(k).stat().st_size for k in keys)
+
+
+def tokens(start, count):
+    return list(range(start, start + count))
+
+
+def dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
