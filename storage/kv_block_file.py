@@ -34,7 +34,6 @@ torch's second of import.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import secrets
 import stat

@@ -28,7 +28,7 @@ from pathlib import Path
 from app.chat.reply_writer import ReplyWriter
 from app.chat.sampling_settings import sampling_settings
 from app.chat.stored_kv import load_stored_kv
-from engine import Done, Engine, EngineError, SamplingParams
+from engine import Done, Engine, SamplingParams
 from storage.conversations import Conversation, ConversationStore
 from storage.data_dir import data_dir
 from storage.errors import StorageError

@@ -37,9 +37,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-
-import torch
+from dataclasses import dataclass
 
 from engine.errors import EngineError
 from engine.kv.cache_transfer import CacheTransfer
