@@ -2,7 +2,6 @@
 
 import os
 import socket
-import threading
 
 import numpy as np
 import pytest
@@ -10,10 +9,10 @@ import torch
 
 from storage.kv_block_file import (CHECK, HEADER, ROOT, SUFFIX, BlockDamaged, BlockLayout, BlockUnreadable, block_key,
                                    chain_keys, is_finite, payload_of, read_block, write_block)
+from tests.storage.fifo_guard import outcome_on_fifo
 
 FINGERPRINT = "f" * 64
 BLOCK_SIZE = 4
-HANG_GUARD_S = 10
 
 
 def pool_block(seed: int = 0, dtype=torch.float32, block_size: int = BLOCK_SIZE) -> torch.Tensor:
@@ -213,23 +212,8 @@ def test_a_socket_in_place_of_a_block_is_unreadable(tmp_path, monkeypatch):
 def test_a_fifo_in_place_of_a_block_is_unreadable_without_blocking(tmp_path):
     path = tmp_path / f"{'a' * 64}{SUFFIX}"
     os.mkfifo(path)
-    outcome: list[BaseException | None] = []
-
-    def run():
-        try:
-            read_block(path, "a" * 64, ROOT, (1, 2), pool_block())
-            outcome.append(None)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            outcome.append(exc)
-
-    reader = threading.Thread(target=run, daemon=True)
-    reader.start()
-    reader.join(HANG_GUARD_S)
-    if reader.is_alive():
-        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))  # the reader sees EOF and returns
-        reader.join(HANG_GUARD_S)
-        pytest.fail("reading a block that is a FIFO blocked")
-    assert isinstance(outcome[0], BlockUnreadable) and "not a regular file" in str(outcome[0])
+    outcome = outcome_on_fifo(lambda: read_block(path, "a" * 64, ROOT, (1, 2), pool_block()), path)
+    assert isinstance(outcome, BlockUnreadable) and "not a regular file" in str(outcome)
     assert path.exists()
 
 

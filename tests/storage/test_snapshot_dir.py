@@ -3,7 +3,6 @@
 import os
 import subprocess
 import sys
-import threading
 
 import pytest
 
@@ -11,8 +10,8 @@ from storage.errors import SnapshotRejected
 from storage.disk_files import STALE_TEMP_S
 from storage.snapshots import SnapshotStore
 from tests.storage.test_snapshots import CONVERSATION, FINGERPRINT
+from tests.storage.fifo_guard import outcome_on_fifo
 
-HANG_GUARD_S = 10
 
 
 def dead_pid() -> int:
@@ -27,24 +26,8 @@ def temp_name(conversation: str, pid: int) -> str:
 
 
 def load_with_hang_guard(store: SnapshotStore, fifo) -> BaseException | None:
-    """store.load in a thread; if it blocks on the FIFO, a writer is opened to release it and the test fails."""
-    outcome: list[BaseException | None] = []
-
-    def run():
-        try:
-            store.load(CONVERSATION, FINGERPRINT, [1, 2, 3])
-            outcome.append(None)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            outcome.append(exc)
-
-    reader = threading.Thread(target=run, daemon=True)
-    reader.start()
-    reader.join(HANG_GUARD_S)
-    if reader.is_alive():
-        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # the reader sees EOF and returns
-        reader.join(HANG_GUARD_S)
-        pytest.fail("loading a snapshot that is a FIFO blocked")
-    return outcome[0]
+    """store.load, failing the test if it blocks on the FIFO."""
+    return outcome_on_fifo(lambda: store.load(CONVERSATION, FINGERPRINT, [1, 2, 3]), fifo)
 
 
 def test_a_fifo_in_place_of_a_snapshot_is_refused_without_blocking(tmp_path):
