@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from app.bench.timing import interleaved_medians, timed
-from app.chat.stored_kv import load_stored_kv
+from app.chat.stored_kv import load_stored_kv, new_blocks
 from engine import Engine, SamplingParams
 from engine.bench.fresh import with_fresh_cache
 from engine.bench.perf import greedy, random_prompt
@@ -52,10 +52,8 @@ def bench_resume(engine: Engine, histories: list[int], new_tokens: int, runs: in
 
 
 def _save(engine: Engine, kv: KVBlockStore, conversation_id: str | None, tokens: list[int]) -> int:
-    """What a turn's save writes (app/chat/saved_chat.py's save_kv, in the foreground): the blocks the
-    store lacks. Returns the bytes written."""
-    first = kv.first_missing(engine.fingerprint, engine.kv_block_size, tokens)
-    return kv.save(conversation_id, engine.export_kv(tokens, first_block=first))
+    """What a turn's save writes (SavedConversation.save_kv, here in the foreground); its bytes."""
+    return kv.save(conversation_id, new_blocks(engine, kv, tokens))
 
 
 def _resume_row(engine: Engine, conversations: ConversationStore, kv: KVBlockStore, history_len: int,
@@ -136,7 +134,7 @@ def _shared_prefix_ratio(engine: Engine, conversations: ConversationStore, kv: K
     for i in range(SHARING_CONVERSATIONS):
         tokens = shared + random_prompt(engine, own_len, seed=700 + i)
         greedy(engine, tokens, 1, use_prefix_cache=True)
-        _save(engine, kv, conversations.create("bench").id, tokens[: engine.cached_length(tokens)])
+        _save(engine, kv, conversations.create("bench").id, tokens)
     ideal = (shared_len + SHARING_CONVERSATIONS * own_len) * per_token
     return round((kv.stats().bytes - before) / ideal, 3)
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from app.chat.reply_writer import ReplyWriter
 from app.chat.sampling_settings import sampling_settings
-from app.chat.stored_kv import load_stored_kv
+from app.chat.stored_kv import load_stored_kv, new_blocks
 from engine import Done, Engine, SamplingParams
 from storage.conversations import Conversation, ConversationStore
 from storage.data_dir import data_dir
@@ -268,12 +268,10 @@ class SavedConversation:
         if not store.exists(conversation_id):  # deleted by another kvchat: nothing of it is written any more
             return
         try:
-            cached = token_ids[: engine.cached_length(token_ids)]
-            first = self.storage.kv.first_missing(engine.fingerprint, engine.kv_block_size, cached)
+            snapshot = new_blocks(engine, self.storage.kv, token_ids)
         except StorageError as exc:
             log.warning("kvchat: the K/V of conversation %s were not saved (%s)", conversation_id, exc)
             return
-        snapshot = engine.export_kv(cached, first_block=first)
         if snapshot is not None:  # the index refuses a deleted conversation's head, in the writer's transaction
             self.storage.writer.submit(conversation_id, snapshot, wanted=lambda: store.exists(conversation_id))
 

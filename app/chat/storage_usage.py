@@ -17,7 +17,7 @@ from engine.weights.paths import cache_dir
 from storage.conversations import ConversationStore
 from storage.data_dir import data_dir
 from storage.errors import StorageError
-from storage.kv_store import KV_DIR
+from storage.kv_store import KV_DIR, KVBlockStore
 from storage.disk_files import DEFAULT_SNAPSHOT_GB
 
 
@@ -71,14 +71,11 @@ def usage(snapshot_gb: float | None = None) -> Usage:
     if (home / "kvchat.db").is_file():
         with ConversationStore.open(home, write=False) as store:
             trashed = len(store.trashed())
-            try:
-                sizes = {row.key: row.bytes for row in store.kv_blocks()}
-                references = store.kv_references()
-                conversations = store.kv_conversations()
+            try:  # read-only: the store neither cleans nor writes
+                stats = KVBlockStore(home, store, cap_bytes=0).stats()
+                conversations, shared, saved = stats.conversations, stats.shared_bytes, stats.saved_bytes
             except StorageError:  # a database an older kvchat made, not migrated yet: no block store in it
-                sizes, references = {}, {}
-            shared = sum(sizes.get(key, 0) for key, refs in references.items() if refs >= 2)
-            saved = sum(sizes.get(key, 0) * (refs - 1) for key, refs in references.items() if refs >= 2)
+                pass
     cap = int((DEFAULT_SNAPSHOT_GB if snapshot_gb is None else snapshot_gb) * 1e9)
     return Usage(database, backup_bytes, backups, kv_bytes, kv_blocks, conversations, shared, saved, cap,
                  model_bytes, models, trashed, str(home), str(cache))

@@ -12,10 +12,18 @@ from __future__ import annotations
 import logging
 
 from engine import Engine, EngineError
+from engine.kv.snapshot import KVSnapshot
 from storage.errors import StorageError
 from storage.kv_store import KVBlockStore
 
 log = logging.getLogger("kvchat")
+
+
+def new_blocks(engine: Engine, kv: KVBlockStore, token_ids: list[int]) -> KVSnapshot | None:
+    """A copy of the cached K/V of `token_ids` from the first block the store lacks on (None: nothing
+    cached): what a turn's save writes. StorageError if the index cannot be read."""
+    cached = token_ids[: engine.cached_length(token_ids)]
+    return engine.export_kv(cached, first_block=kv.first_missing(engine.fingerprint, engine.kv_block_size, cached))
 
 
 def load_stored_kv(engine: Engine, kv: KVBlockStore, token_ids: list[int]) -> str | None:
