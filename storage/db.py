@@ -16,11 +16,12 @@ from sqlite_utils import Database
 
 from storage import db_backup, db_health
 from storage import connection
+from storage.db_identity import refusal
 from storage.connection import connect
 from storage.db_files import companion, refuse_special_file
 from storage.errors import (BUSY_TIMEOUT_S, CAUSES, LOCKED, SALVAGE, WAL_GONE, StorageError,
                             error_code)
-from storage.migrations import MIGRATIONS, apply_migrations
+from storage.migrations import MIGRATIONS, applied_migrations, apply_migrations
 
 WAL_CHECKPOINT_PAGES = 16
 
@@ -128,6 +129,8 @@ def _open_for_writing(path: Path, existed: bool) -> OpenedDatabase | None:
     # Checked before anything writes: a damaged file is never opened for writing.
     if existed and db_health.is_damaged(path):
         return None
+    if existed:
+        _refuse_if_not_ours(path)
     conn = connect(path)
     try:
         _enable_wal(conn)
@@ -149,6 +152,18 @@ def _open_for_writing(path: Path, existed: bool) -> OpenedDatabase | None:
     if existed:
         db_backup.daily_backup_quietly(conn, path)
     return OpenedDatabase(db, None)
+
+
+def _refuse_if_not_ours(path: Path) -> None:
+    """StorageError if `path` is not a database kvchat may write (storage/db_identity.py), asked over a
+    read-only connection: not even a checkpoint of another program's log is written to it."""
+    conn = connect(path, read_only=True)
+    try:
+        refused = refusal(conn, path)
+    finally:
+        conn.close()
+    if refused is not None:
+        raise StorageError(refused)
 
 
 def _read_only_cause(path: Path, error: sqlite3.Error) -> str | None:
@@ -205,10 +220,14 @@ def _open_for_reading(path: Path) -> Database:
     if not path.exists():
         db = Database(_memory(), execute_plugins=False)
     else:
-        source = connect(path, read_only=True)
+        with _opening(path):
+            source = connect(path, read_only=True)
         try:
             with _opening(path):
-                current = _applied_migrations(source) == {name for name, _ in MIGRATIONS}
+                refused = refusal(source, path)
+                if refused is not None:
+                    raise StorageError(refused)
+                current = applied_migrations(source) == {name for name, _ in MIGRATIONS}
                 if current:
                     return Database(source, execute_plugins=False)
                 copy = _memory()
@@ -236,9 +255,3 @@ def _opening(path: Path) -> Iterator[None]:
 
 def _memory() -> sqlite3.Connection:
     return sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
-
-
-def _applied_migrations(conn: sqlite3.Connection) -> set[str]:
-    if not conn.execute("SELECT 1 FROM sqlite_schema WHERE name = '_migrations'").fetchone():
-        return set()  # an empty file, or one made by other software
-    return {name for (name,) in conn.execute("SELECT name FROM _migrations")}

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from storage.connection import connect
 from storage.db_files import companion
+from storage.db_identity import refusal
 from storage.errors import error_code
 
 log = logging.getLogger("kvchat")
@@ -109,10 +110,12 @@ def is_damaged(path: Path) -> bool:
 
 @dataclass
 class CheckReport:
-    """`kvchat db check`: a few lines to print, and whether the database is sound."""
+    """`kvchat db check`: a few lines to print, and whether the database is sound. `foreign` is the
+    sentence refusing a sound SQLite file that is not kvchat's to use (storage/db_identity.py)."""
 
     lines: list[str] = field(default_factory=list)
     healthy: bool = True
+    foreign: str | None = None
 
 
 def check_database(path: Path) -> CheckReport:
@@ -128,6 +131,11 @@ def check_database(path: Path) -> CheckReport:
         if found:
             report.healthy = False
             report.lines.append("search index: not checked (the file is damaged)")
+            return report
+        report.foreign = refusal(conn, path)
+        if report.foreign is not None:
+            report.healthy = False
+            report.lines.append("kvchat database: no (kvchat neither checks nor changes it further)")
             return report
         report.lines.append(_search_index_check(path, conn, report))
         for table in ("conversations", "messages"):

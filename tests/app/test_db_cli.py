@@ -89,3 +89,20 @@ def test_recover_leaves_a_sound_database_alone(kvchat_home, capsys):
     code, _, err = run(capsys, "recover")
     assert code == 0 and "there is nothing to recover" in err
     assert database_path(kvchat_home).read_bytes() == before
+
+
+def test_check_and_recover_say_another_programs_database_is_not_kvchats_instead_of_sound(kvchat_home, capsys):
+    path = database_path(kvchat_home)
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE conversations (id INTEGER PRIMARY KEY, body TEXT)")
+    conn.commit()
+    conn.close()
+    before = path.read_bytes()
+    sentence = (f"kvchat: {path} is not a kvchat conversation database (it holds tables kvchat did not make: "
+                "conversations); kvchat leaves it unchanged: move it away, or set KVCHAT_HOME to another folder.\n")
+    code, out, err = run(capsys, "check")
+    assert (code, err) == (1, sentence)
+    assert "integrity_check: ok" in out and "search index" not in out
+    code, _, err = run(capsys, "recover")
+    assert (code, err) == (1, sentence)
+    assert path.read_bytes() == before
