@@ -19,9 +19,9 @@ from storage import connection
 from storage.db_identity import refusal
 from storage.connection import connect
 from storage.db_files import companion, refuse_special_file
-from storage.errors import (BUSY_TIMEOUT_S, CAUSES, LOCKED, SALVAGE, WAL_GONE, StorageError,
-                            error_code)
+from storage.errors import BUSY_TIMEOUT_S, CAUSES, SALVAGE, WAL_GONE, StorageError, error_code
 from storage.migrations import MIGRATIONS, applied_migrations, apply_migrations
+from storage.turn_lock import turn_under_way
 
 WAL_CHECKPOINT_PAGES = 16
 
@@ -194,15 +194,38 @@ def cannot_open(path: Path, error: sqlite3.Error) -> StorageError | sqlite3.Erro
     elif primary in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
         sentence = (f"{path} is damaged or not a SQLite database: {SALVAGE}, `kvchat db restore` puts the "
                     "newest backup in its place")
-    elif primary in (sqlite3.SQLITE_BUSY, sqlite3.SQLITELOCKED):
-        sentence = f"{LOCKED}: {path} could not be opened; try again when it is done"
-    elif primary in (sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_PERM):
-        sentence = f"{path} cannot be opened: check the permissions of the file and of its folder"
+    elif primary in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+        holder = "Another kvchat" if turn_under_way(path.parent) else "Another program"
+        sentence = (f"{holder} kept {path} locked for over {BUSY_TIMEOUT_S:.0f} s, so kvchat could not open it; "
+                    "try again when it is done")
+    elif primary == sqlite3.SQLITE_CANTOPEN:
+        why = _why_cannot_open(path)
+        sentence = (f"{path} cannot be opened ({why})" if why else
+                    f"{path} cannot be opened: check the permissions of the file, of its -wal and -shm, and of its folder")
+    elif primary == sqlite3.SQLITE_READONLY:
+        sentence = (f"{path} cannot be opened: SQLite has to write to open it (its write-ahead log needs recovering), "
+                    "but the file, its -wal or -shm, or its folder is read-only")
+    elif primary == sqlite3.SQLITE_PERM:
+        sentence = (f"{path} cannot be opened: the system denied access to it; check the permissions of the file "
+                    "and of its folder, and any security policy (SELinux, AppArmor)")
     elif primary == sqlite3.SQLITE_IOERR:
-        sentence = f"{CAUSES[primary]}: {path} could not be opened"
+        sentence = f"{CAUSES[primary]}: {path} could not be opened; check the disk"
     else:
         return error
     return StorageError(sentence + ".")
+
+
+def _why_cannot_open(path: Path) -> str | None:
+    """What the system says opening the file or the files beside it ("kvchat.db-wal: Is a directory"),
+    where SQLite says only "unable to open database file"; None if they open."""
+    for file in (path, companion(path, "-wal"), companion(path, "-shm")):
+        if not file.exists():
+            continue
+        try:
+            os.close(os.open(file, os.O_RDWR | os.O_NONBLOCK))
+        except OSError as error:
+            return f"{file.name}: {error.strerror}"
+    return None
 
 
 def _disk_full(folder: Path) -> bool:
