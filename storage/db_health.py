@@ -74,7 +74,10 @@ def remember_passed(path: Path, version: list) -> None:
         os.replace(temp, stamp)
     except OSError as error:
         log.debug("the check of %s was not remembered: %s", path, error)
-        temp.unlink(missing_ok=True)
+        try:
+            temp.unlink(missing_ok=True)
+        except OSError:
+            pass  # a read-only file system refuses even this (EROFS, not "no such file"): nothing was written
 
 
 def problems(conn: sqlite3.Connection, pragma: str = "quick_check") -> list[str]:

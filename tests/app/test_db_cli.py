@@ -1,7 +1,10 @@
 """`kvchat db check | backup | restore | recover` as a user runs them: a short report or one sentence
 on stderr, exit 0 when all is well and 1 when a problem was found or the action failed."""
 
+import errno
+import os
 import sqlite3
+from pathlib import Path
 
 from app.cli.main import main
 from storage.conversations import ConversationStore
@@ -106,3 +109,23 @@ def test_check_and_recover_say_another_programs_database_is_not_kvchats_instead_
     code, _, err = run(capsys, "recover")
     assert (code, err) == (1, sentence)
     assert path.read_bytes() == before
+
+
+def test_check_on_a_read_only_file_system_reports_and_only_forgoes_its_memo(kvchat_home, capsys, monkeypatch):
+    fill(kvchat_home, conversations=2, messages=2)
+    (kvchat_home / "kvchat.db.checked").unlink(missing_ok=True)
+    real_write_text, real_unlink = Path.write_text, Path.unlink
+
+    def refused_in_the_data_dir(real):
+        def write(self, *args, **kwargs):  # as a read-only mount answers (root writes through permissions)
+            if self.parent == kvchat_home:
+                raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+            return real(self, *args, **kwargs)
+        return write
+
+    monkeypatch.setattr(Path, "write_text", refused_in_the_data_dir(real_write_text))
+    monkeypatch.setattr(Path, "unlink", refused_in_the_data_dir(real_unlink))
+    code, out, err = run(capsys, "check")
+    assert code == 0 and "integrity_check: ok" in out
+    assert err == f"kvchat: {database_path(kvchat_home)} is sound.\n"
+    assert not (kvchat_home / "kvchat.db.checked").exists()
