@@ -18,6 +18,7 @@ import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from storage import connection
 from storage.connection import connect
 from storage.db_files import companion
 from storage.db_identity import refusal
@@ -156,6 +157,8 @@ def _search_index_check(path: Path, conn: sqlite3.Connection, report: CheckRepor
     if not conn.execute("SELECT 1 FROM sqlite_schema WHERE name = 'messages_fts'").fetchone():
         return "search index: none (an old database; kvchat adds it when it next opens it for writing)"
     # FTS5 runs its check as an INSERT, which a read-only connection refuses; it changes nothing.
+    if not connection.folder_writable(path.parent):
+        return "search index: not checked (its check needs a writable folder; this one is read-only)"
     try:
         writer = connect(path)
     except sqlite3.Error as error:
