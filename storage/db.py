@@ -18,10 +18,9 @@ from storage import db_backup, db_health
 from storage import connection
 from storage.db_identity import refusal
 from storage.connection import connect
-from storage.db_files import companion, refuse_special_file
+from storage.db_files import companion, holder, refuse_special_file
 from storage.errors import BUSY_TIMEOUT_S, CAUSES, SALVAGE, WAL_GONE, StorageError, error_code
 from storage.migrations import MIGRATIONS, applied_migrations, apply_migrations
-from storage.turn_lock import turn_under_way
 
 WAL_CHECKPOINT_PAGES = 16
 
@@ -195,8 +194,7 @@ def cannot_open(path: Path, error: sqlite3.Error) -> StorageError | sqlite3.Erro
         sentence = (f"{path} is damaged or not a SQLite database: {SALVAGE}, `kvchat db restore` puts the "
                     "newest backup in its place")
     elif primary in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
-        holder = "Another kvchat" if turn_under_way(path.parent) else "Another program"
-        sentence = (f"{holder} kept {path} locked for over {BUSY_TIMEOUT_S:.0f} s, so kvchat could not open it; "
+        sentence = (f"{holder(path)} kept {path} locked for over {BUSY_TIMEOUT_S:.0f} s, so kvchat could not open it; "
                     "try again when it is done")
     elif primary == sqlite3.SQLITE_CANTOPEN:
         why = _why_cannot_open(path)

@@ -4,6 +4,8 @@ on stderr, exit 0 when all is well and 1 when a problem was found or the action 
 import errno
 import os
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import storage.connection
@@ -11,6 +13,7 @@ from app.cli.main import main
 from storage.conversations import ConversationStore
 from storage.db_backup import backups
 from storage.db_files import database_path
+from storage.turn_lock import TurnLock
 from tests.storage.damaged_db import damage, fill
 
 
@@ -133,3 +136,53 @@ def test_check_on_a_read_only_file_system_reports_and_only_forgoes_its_memo(kvch
                                                             "folder; this one is read-only)"]
     assert err == f"kvchat: {database_path(kvchat_home)} is sound.\n"
     assert not (kvchat_home / "kvchat.db.checked").exists()
+
+
+READER = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1])
+conn.execute("SELECT count(*) FROM conversations").fetchone()  # a WAL reader keeps its shared lock while open
+print("ready", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_restore_while_a_plain_sqlite3_reader_has_the_database_open_names_another_program(kvchat_home, capsys):
+    fill(kvchat_home, conversations=1, messages=1)
+    assert run(capsys, "backup")[0] == 0
+    path = database_path(kvchat_home)
+    reader = subprocess.Popen([sys.executable, "-c", READER, str(path)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert reader.stdout.readline() == "ready\n"
+        code, _, err = run(capsys, "restore")
+    finally:
+        reader.communicate("done\n", timeout=30)
+    assert (code, err) == (1, f"kvchat: Another program has {path} open; quit it, then restore (what it writes would "
+                              "go to the file moved aside).\n")
+    assert not list(kvchat_home.glob("kvchat.db.replaced-*"))
+
+
+def test_restore_while_a_kvchat_writes_a_reply_names_kvchat(kvchat_home, capsys):
+    fill(kvchat_home, conversations=1, messages=1)
+    assert run(capsys, "backup")[0] == 0
+    path = database_path(kvchat_home)
+    with ConversationStore.open() as store:
+        turn = TurnLock(kvchat_home, store.list()[0].id)
+        assert turn.acquire()  # as a kvchat holds it from the user's message to the end of the reply
+        try:
+            code, _, err = run(capsys, "restore")
+        finally:
+            turn.release()
+    assert (code, err) == (1, f"kvchat: Another kvchat has {path} open; quit it, then restore (what it writes would "
+                              "go to the file moved aside).\n")
+
+
+def test_restoring_the_database_onto_itself_is_refused_as_such(kvchat_home, capsys):
+    fill(kvchat_home, conversations=1, messages=1)
+    path = database_path(kvchat_home)
+    before = path.read_bytes()
+    code, _, err = run(capsys, "restore", str(path))
+    assert (code, err) == (1, f"kvchat: {path} is the conversation database itself, not a backup of it; give a "
+                              f"backup to restore (without a FILE, the newest in {kvchat_home / 'backups'}).\n")
+    assert path.read_bytes() == before and not list(kvchat_home.glob("kvchat.db.replaced-*"))
