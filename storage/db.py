@@ -198,10 +198,10 @@ def cannot_open(path: Path, error: sqlite3.Error) -> StorageError | sqlite3.Erro
                     "try again when it is done")
     elif primary == sqlite3.SQLITE_CANTOPEN:
         why = _why_cannot_open(path)
-        sentence = (f"{path} cannot be opened ({why})" if why else
-                    f"{path} cannot be opened: check the permissions of the file, of its -wal and -shm, and of its folder")
+        sentence = (f"{path} cannot be opened ({why})" if why else f"{path} cannot be opened: check the "
+                    "permissions of the file, of its -wal and -shm, and of its folder")
     elif primary == sqlite3.SQLITE_READONLY:
-        sentence = (f"{path} cannot be opened: SQLite has to write to open it (its write-ahead log needs recovering), "
+        sentence = (f"{path} cannot be opened: SQLite has to write to open it (to recover its write-ahead log, say), "
                     "but the file, its -wal or -shm, or its folder is read-only")
     elif primary == sqlite3.SQLITE_PERM:
         sentence = (f"{path} cannot be opened: the system denied access to it; check the permissions of the file "
