@@ -94,7 +94,7 @@ def sqlite_refusing(monkeypatch, code: int, message: str) -> None:
 
 @pytest.mark.parametrize("code, message, sentence", [
     (sqlite3.SQLITE_READONLY_RECOVERY, "attempt to write a readonly database",
-     "cannot be opened: SQLite has to write to open it (its write-ahead log needs recovering), but the file, its "
+     "cannot be opened: SQLite has to write to open it (to recover its write-ahead log, say), but the file, its "
      "-wal or -shm, or its folder is read-only."),
     (sqlite3.SQLITE_PERM, "access permission denied",
      "cannot be opened: the system denied access to it; check the permissions of the file and of its folder, and "
