@@ -38,10 +38,9 @@ def refusal(conn: sqlite3.Connection, path: Path) -> str | None:
     return None
 
 
-def _names(conn: sqlite3.Connection) -> dict[str, str]:
-    """Every table, index, trigger and view by name -> type, SQLite's own left out."""
-    return {name: kind for name, kind in conn.execute("SELECT name, type FROM sqlite_schema")
-            if not name.startswith("sqlite_")}
+def _names(conn: sqlite3.Connection) -> set[str]:
+    """The names of every table, index, trigger and view, SQLite's own left out."""
+    return {name for (name,) in conn.execute("SELECT name FROM sqlite_schema") if not name.startswith("sqlite_")}
 
 
 def _not_ours(conn: sqlite3.Connection) -> str | None:
@@ -59,7 +58,7 @@ def _not_ours(conn: sqlite3.Connection) -> str | None:
         return "its _migrations table is another program's"
     known = {name for name, _ in MIGRATIONS}
     applied = {name for (name,) in conn.execute("SELECT name FROM _migrations")}
-    if application_id == 0 and names.keys() != {"_migrations"} and not applied & known:
+    if application_id == 0 and names != {"_migrations"} and not applied & known:
         return "its _migrations table lists none of kvchat's upgrades"
     return None
 
@@ -70,7 +69,7 @@ def _clash(conn: sqlite3.Connection) -> tuple[str, list[str]] | None:
     pending = [name for name, _ in MIGRATIONS if name not in applied]
     if not pending:
         return None
-    present = _names(conn).keys()
+    present = _names(conn)
     for step in pending:
         made = sorted(_made_by(step) & present)
         if made:  # an FTS table's shadow tables (messages_fts_data, ...) go without saying
@@ -87,8 +86,8 @@ def _made_by(step: str) -> frozenset[str]:
     try:
         db = Database(conn, execute_plugins=False)
         apply_migrations(db, MIGRATIONS[:at])
-        earlier = _names(conn).keys()
+        earlier = _names(conn)
         apply_migrations(db, MIGRATIONS[: at + 1])
-        return frozenset(_names(conn).keys() - earlier - {"_migrations"})
+        return frozenset(_names(conn) - earlier - {"_migrations"})
     finally:
         conn.close()
