@@ -16,11 +16,11 @@ from sqlite_utils import Database
 
 from storage import db_backup, db_health
 from storage import connection
+from storage.db_identity import refusal
 from storage.connection import connect
-from storage.db_files import companion, refuse_special_file
-from storage.errors import (BUSY_TIMEOUT_S, CAUSES, LOCKED, SALVAGE, WAL_GONE, StorageError,
-                            error_code)
-from storage.migrations import MIGRATIONS, apply_migrations
+from storage.db_files import companion, holder, refuse_special_file
+from storage.errors import BUSY_TIMEOUT_S, CAUSES, SALVAGE, WAL_GONE, StorageError, error_code
+from storage.migrations import MIGRATIONS, applied_migrations, apply_migrations
 
 WAL_CHECKPOINT_PAGES = 16
 
@@ -128,6 +128,8 @@ def _open_for_writing(path: Path, existed: bool) -> OpenedDatabase | None:
     # Checked before anything writes: a damaged file is never opened for writing.
     if existed and db_health.is_damaged(path):
         return None
+    if existed:
+        _refuse_if_not_ours(path)
     conn = connect(path)
     try:
         _enable_wal(conn)
@@ -149,6 +151,18 @@ def _open_for_writing(path: Path, existed: bool) -> OpenedDatabase | None:
     if existed:
         db_backup.daily_backup_quietly(conn, path)
     return OpenedDatabase(db, None)
+
+
+def _refuse_if_not_ours(path: Path) -> None:
+    """StorageError if `path` is not a database kvchat may write (storage/db_identity.py), asked over a
+    read-only connection: not even a checkpoint of another program's log is written to it."""
+    conn = connect(path, read_only=True)
+    try:
+        refused = refusal(conn, path)
+    finally:
+        conn.close()
+    if refused is not None:
+        raise StorageError(refused)
 
 
 def _read_only_cause(path: Path, error: sqlite3.Error) -> str | None:
@@ -179,15 +193,37 @@ def cannot_open(path: Path, error: sqlite3.Error) -> StorageError | sqlite3.Erro
     elif primary in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
         sentence = (f"{path} is damaged or not a SQLite database: {SALVAGE}, `kvchat db restore` puts the "
                     "newest backup in its place")
-    elif primary in (sqlite3.SQLITE_BUSY, sqlite3.SQLITELOCKED):
-        sentence = f"{LOCKED}: {path} could not be opened; try again when it is done"
-    elif primary in (sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_PERM):
-        sentence = f"{path} cannot be opened: check the permissions of the file and of its folder"
+    elif primary in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+        sentence = (f"{holder(path)} kept {path} locked for over {BUSY_TIMEOUT_S:.0f} s, so kvchat could not open it; "
+                    "try again when it is done")
+    elif primary == sqlite3.SQLITE_CANTOPEN:
+        why = _why_cannot_open(path)
+        sentence = (f"{path} cannot be opened ({why})" if why else f"{path} cannot be opened: check the "
+                    "permissions of the file, of its -wal and -shm, and of its folder")
+    elif primary == sqlite3.SQLITE_READONLY:
+        sentence = (f"{path} cannot be opened: SQLite has to write to open it (to recover its write-ahead log, say), "
+                    "but the file, its -wal or -shm, or its folder is read-only")
+    elif primary == sqlite3.SQLITE_PERM:
+        sentence = (f"{path} cannot be opened: the system denied access to it; check the permissions of the file "
+                    "and of its folder, and any security policy (SELinux, AppArmor)")
     elif primary == sqlite3.SQLITE_IOERR:
-        sentence = f"{CAUSES[primary]}: {path} could not be opened"
+        sentence = f"{CAUSES[primary]}: {path} could not be opened; check the disk"
     else:
         return error
     return StorageError(sentence + ".")
+
+
+def _why_cannot_open(path: Path) -> str | None:
+    """What the system says opening the file or the files beside it ("kvchat.db-wal: Is a directory"),
+    where SQLite says only "unable to open database file"; None if they open."""
+    for file in (path, companion(path, "-wal"), companion(path, "-shm")):
+        if not file.exists():
+            continue
+        try:
+            os.close(os.open(file, os.O_RDWR | os.O_NONBLOCK))
+        except OSError as error:
+            return f"{file.name}: {error.strerror}"
+    return None
 
 
 def _disk_full(folder: Path) -> bool:
@@ -205,10 +241,14 @@ def _open_for_reading(path: Path) -> Database:
     if not path.exists():
         db = Database(_memory(), execute_plugins=False)
     else:
-        source = connect(path, read_only=True)
+        with _opening(path):
+            source = connect(path, read_only=True)
         try:
             with _opening(path):
-                current = _applied_migrations(source) == {name for name, _ in MIGRATIONS}
+                refused = refusal(source, path)
+                if refused is not None:
+                    raise StorageError(refused)
+                current = applied_migrations(source) == {name for name, _ in MIGRATIONS}
                 if current:
                     return Database(source, execute_plugins=False)
                 copy = _memory()
@@ -236,9 +276,3 @@ def _opening(path: Path) -> Iterator[None]:
 
 def _memory() -> sqlite3.Connection:
     return sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
-
-
-def _applied_migrations(conn: sqlite3.Connection) -> set[str]:
-    if not conn.execute("SELECT 1 FROM sqlite_schema WHERE name = '_migrations'").fetchone():
-        return set()  # an empty file, or one made by other software
-    return {name for (name,) in conn.execute("SELECT name FROM _migrations")}

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from storage.connection import connect
-from storage.db_files import in_use, refuse_special_file, replace_database
+from storage.db_files import holder, in_use, refuse_special_file, replace_database
 from storage.db_health import damaged, problems
 from storage.errors import StorageError, error_code, sqlite_errors
 from storage.migrations import MIGRATIONS
@@ -154,6 +154,13 @@ def _verify_backup(source: Path) -> sqlite3.Connection:
     return conn
 
 
+def _same_file(source: Path, path: Path) -> bool:
+    try:
+        return os.path.samefile(source, path)  # a symlink or a second name of it too
+    except OSError:
+        return False  # one of them is missing: _verify_backup and restore say what follows
+
+
 def restore(path: Path, source: Path | None = None) -> tuple[Path, Path | None]:
     """`kvchat db restore [FILE]`: put a copy of `source` (default: the newest backup) in place of
     the database at `path`, which (with its -wal and -shm) is moved aside, never overwritten.
@@ -163,11 +170,14 @@ def restore(path: Path, source: Path | None = None) -> tuple[Path, Path | None]:
         if not existing:
             raise StorageError(f"There is no backup in {backup_folder(path)}; give the FILE to restore.")
         source = existing[-1]
+    if _same_file(source, path):
+        raise StorageError(f"{source} is the conversation database itself, not a backup of it; give a backup to "
+                           f"restore (without a FILE, the newest in {backup_folder(path)}).")
     conn = _verify_backup(source)
     temp = path.with_name(f".{path.name}.restoring-{os.getpid()}")
     try:
         if in_use(path):
-            raise StorageError(f"Another kvchat has {path} open; quit it, then restore (what it writes "
+            raise StorageError(f"{holder(path)} has {path} open; quit it, then restore (what it writes "
                                "would go to the file moved aside).")
         with sqlite_errors(f"{source} was not restored"):
             copy = sqlite3.connect(temp)

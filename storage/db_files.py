@@ -12,6 +12,7 @@ from pathlib import Path
 import storage.data_dir
 from storage.errors import StorageError
 from storage.disk_files import fsync_dir
+from storage.turn_lock import turn_under_way
 
 DATABASE_NAME = "kvchat.db"
 # SQLite's write-ahead log and its index: committed changes may live only in the -wal until a
@@ -62,6 +63,13 @@ def in_use(path: Path) -> bool:
         # Closing the last connection may fold the -wal into the file: the same content, in one file.
         probe.close()
     return False
+
+
+def holder(path: Path) -> str:
+    """Who has the database `path` open, for a sentence: "Another kvchat" where one is known to (it holds a
+    turn lock: storage/turn_lock.py), else "Another program" (a kvchat idle in a chat, or sqlite3, a backup
+    tool: SQLite's lock does not say)."""
+    return "Another kvchat" if turn_under_way(path.parent) else "Another program"
 
 
 def move_aside(path: Path, label: str, now: float | None = None) -> Path:

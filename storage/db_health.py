@@ -18,8 +18,10 @@ import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from storage import connection
 from storage.connection import connect
 from storage.db_files import companion
+from storage.db_identity import refusal
 from storage.errors import error_code
 
 log = logging.getLogger("kvchat")
@@ -73,7 +75,10 @@ def remember_passed(path: Path, version: list) -> None:
         os.replace(temp, stamp)
     except OSError as error:
         log.debug("the check of %s was not remembered: %s", path, error)
-        temp.unlink(missing_ok=True)
+        try:
+            temp.unlink(missing_ok=True)
+        except OSError:
+            pass  # a read-only file system refuses even this (EROFS, not "no such file"): nothing was written
 
 
 def problems(conn: sqlite3.Connection, pragma: str = "quick_check") -> list[str]:
@@ -109,10 +114,12 @@ def is_damaged(path: Path) -> bool:
 
 @dataclass
 class CheckReport:
-    """`kvchat db check`: a few lines to print, and whether the database is sound."""
+    """`kvchat db check`: a few lines to print, and whether the database is sound. `foreign` is the
+    sentence refusing a sound SQLite file that is not kvchat's to use (storage/db_identity.py)."""
 
     lines: list[str] = field(default_factory=list)
     healthy: bool = True
+    foreign: str | None = None
 
 
 def check_database(path: Path) -> CheckReport:
@@ -128,6 +135,11 @@ def check_database(path: Path) -> CheckReport:
         if found:
             report.healthy = False
             report.lines.append("search index: not checked (the file is damaged)")
+            return report
+        report.foreign = refusal(conn, path)
+        if report.foreign is not None:
+            report.healthy = False
+            report.lines.append("kvchat database: no (kvchat neither checks nor changes it further)")
             return report
         report.lines.append(_search_index_check(path, conn, report))
         for table in ("conversations", "messages"):
@@ -145,6 +157,8 @@ def _search_index_check(path: Path, conn: sqlite3.Connection, report: CheckRepor
     if not conn.execute("SELECT 1 FROM sqlite_schema WHERE name = 'messages_fts'").fetchone():
         return "search index: none (an old database; kvchat adds it when it next opens it for writing)"
     # FTS5 runs its check as an INSERT, which a read-only connection refuses; it changes nothing.
+    if not connection.folder_writable(path.parent):
+        return "search index: not checked (its check needs a writable folder; this one is read-only)"
     try:
         writer = connect(path)
     except sqlite3.Error as error:

@@ -23,7 +23,7 @@ from pathlib import Path
 from sqlite_utils import Database
 
 from storage.connection import connect
-from storage.db_files import in_use, replace_database
+from storage.db_files import holder, in_use, replace_database
 from storage.errors import StorageError, error_code, sqlite_errors
 from storage.migrations import apply_migrations
 from storage.records import ROLES, STATUSES
@@ -272,11 +272,11 @@ def salvage(source: sqlite3.Connection, target_path: Path) -> _Salvage:
 def recover(path: Path) -> Recovered:
     """Salvage the database at `path` into a new one, move the damaged file (and its -wal, -shm)
     aside as `<name>.damaged-<time>`, and put the new one in its place. StorageError, with nothing
-    moved, if another kvchat has it open or not even its list of tables can be read."""
+    moved, if another process has it open or not even its list of tables can be read."""
     if not path.exists():
         raise StorageError(f"There is no conversation database at {path}: nothing to recover.")
     if in_use(path):
-        raise StorageError(f"Another kvchat has {path} open; quit it, then recover.")
+        raise StorageError(f"{holder(path)} has {path} open; quit it, then recover.")
     temp = path.with_name(f".{path.name}.recovering-{os.getpid()}")
     source = connect(path, read_only=True)
     try:

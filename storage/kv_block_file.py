@@ -34,6 +34,7 @@ torch's second of import.
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import stat
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
 from storage.kv_keys import ROOT, SUFFIX, block_key, chain_keys, token_bytes  # noqa: F401 (the format's names)
 
 MAGIC = b"kvchatKV"
+MOVED_ASIDE = ".moved-aside"  # the suffix of a folder found where a block file belongs (see clear_folder)
 VERSION = 1
 HEADER = struct.Struct("<8sHBBHHHHH32s32sQ16s")
 CHECK = struct.Struct("<Q")
@@ -132,6 +134,31 @@ def write_block(directory: Path, key: str, parent: str, token_ids: tuple[int, ..
     return len(head) + payload.nbytes
 
 
+def clear_folder(path: Path) -> str | None:
+    """Clear the way for the block file `path` where a folder stands (a user's or a tool's; kvchat never
+    makes one), which no file can be renamed over: an empty one is removed; one holding anything is never
+    deleted with its contents but renamed `<key>.kvb.moved-aside` beside it, which no block is named like,
+    so it is neither read, cleaned nor counted. Returns what was done, in words, or None where no folder
+    stands. OSError where it can be neither removed nor renamed."""
+    try:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            return None
+    except FileNotFoundError:
+        return None
+    try:
+        os.rmdir(path)
+        return "it was empty and is removed"
+    except OSError as error:
+        if error.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+    aside, n = path.with_name(f"{path.name}{MOVED_ASIDE}"), 1
+    while os.path.lexists(aside):
+        n += 1
+        aside = path.with_name(f"{path.name}{MOVED_ASIDE}-{n}")
+    os.rename(path, aside)
+    return f"it holds files, so it is renamed {path.parent.name}/{aside.name} with them"
+
+
 def read_block(path: Path, key: str, parent: str, token_ids: tuple[int, ...], dest: "torch.Tensor") -> None:
     """Read the block at `path` into `dest` (a pool-shaped CPU block; positions past its tokens are
     zeroed) after checking it is exactly the block `key` after `parent` holding `token_ids`, in
@@ -151,7 +178,7 @@ def read_block(path: Path, key: str, parent: str, token_ids: tuple[int, ...], de
         raise BlockUnreadable(f"it cannot be read ({exc.strerror or exc})") from None
     if not stat.S_ISREG(info.st_mode):  # a FIFO, a directory, a device: nothing is read from it
         os.close(fd)
-        raise BlockUnreadable("it is not a regular file")
+        raise BlockUnreadable("a folder is in its place" if stat.S_ISDIR(info.st_mode) else "it is not a regular file")
     with os.fdopen(fd, "rb", buffering=0) as f:
         try:
             _read_verified(f, info.st_size, key, parent, token_ids, dest)

@@ -20,7 +20,9 @@ Reading: `plan` finds the longest chain of stored blocks a prompt starts with
 each checked against its header and checksum. A damaged block is deleted with
 one log line and the read stops there: what came before it is used, the rest
 is recomputed (and written again after the turn). Files are opened only
-inside the data dir, never through a symlink, and a FIFO is never read.
+inside the data dir, never through a symlink, and a FIFO is never read. A
+folder where a block file belongs is a damaged block too: it goes, or is
+renamed aside if it holds anything (kv_block_file.clear_folder).
 
 The size cap evicts whole blocks, least recently used first: blocks no
 conversation references (a deleted conversation's, a superseded partial
@@ -44,7 +46,7 @@ from typing import TYPE_CHECKING
 from storage.disk_files import STALE_TEMP_S, fsync_dir, leads_outside, temp_is_stale
 from storage.errors import StorageError
 from storage.kv_block_file import (ROOT, SUFFIX, BlockDamaged, BlockLayout, BlockUnreadable, block_key, chain_keys,
-                                   is_finite, payload_of, read_block, write_block)
+                                   clear_folder, is_finite, payload_of, read_block, write_block)
 from storage.kv_index import BlockRow, KVIndex
 
 if TYPE_CHECKING:  # not at run time: `kvchat list` and `delete` use the store without loading torch
@@ -188,6 +190,8 @@ class KVBlockStore:
             self.index.kv_remove([block.key])
             if isinstance(exc, BlockDamaged):
                 self.path(block.key).unlink(missing_ok=True)
+            elif done := clear_folder(self._file(block.key)):
+                log.warning("kvchat: a folder stood where the KV block %s belongs; %s", block.key[:12], done)
         except (StorageError, OSError):
             pass
 
@@ -228,8 +232,14 @@ class KVBlockStore:
                         log.warning("kvchat: K/V that are not finite were not saved (block %d of conversation %s)",
                                     i, conversation_id)
                         break
-                    nbytes = write_block(self.dir, keys[i], keys[i - 1] if i else ROOT, piece, payload,
-                                         BlockLayout.of(block))
+                    try:
+                        nbytes = write_block(self.dir, keys[i], keys[i - 1] if i else ROOT, piece, payload,
+                                             BlockLayout.of(block))
+                    except IsADirectoryError:  # a folder in the block's place: no file can be renamed over it
+                        log.warning("kvchat: a folder stood where the KV block %s belongs; %s", keys[i][:12],
+                                    clear_folder(self._file(keys[i])))
+                        nbytes = write_block(self.dir, keys[i], keys[i - 1] if i else ROOT, piece, payload,
+                                             BlockLayout.of(block))
                     written.append(BlockRow(keys[i], keys[i - 1] if i else ROOT, piece, nbytes))
                 end = i + 1
             if written:

@@ -93,8 +93,10 @@ class KVWriter:
         try:
             self.store.save(conversation_id, snapshot, wanted=wanted)
         except Exception as exc:  # a snapshot is an optimisation: never let it take the chat down
+            # An OSError by its cause alone: its file names are the block files' temp files.
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
             log.warning("kvchat: the K/V of conversation %s were not saved (%s); "
-                        "what is missing will be recomputed when it is resumed", conversation_id, exc)
+                        "what is missing will be recomputed when it is resumed", conversation_id, reason)
 
     def _run_job(self, job: Callable[[], object]) -> None:
         try:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import Callable, Sequence
 
@@ -173,12 +174,38 @@ MIGRATIONS: list[Migration] = [
 ]
 
 
+# The file's own marks, in its header: `file` and other tools tell kvchat's database from other SQLite
+# files by them, and kvchat refuses a file another application marked (storage/db_identity.py).
+# application_id is "kvch" in ASCII; user_version counts the steps applied (10 with the list above).
+APPLICATION_ID = 0x6B766368
+
+
+def marks(db: Database) -> tuple[int, int]:
+    """The file's (application_id, user_version)."""
+    return (db.execute("PRAGMA application_id").fetchone()[0], db.execute("PRAGMA user_version").fetchone()[0])
+
+
+def _mark(db: Database) -> None:
+    """Set the file's marks (inside the caller's transaction, so they change with the steps they count)."""
+    (steps,) = db.execute("SELECT count(*) FROM _migrations").fetchone()
+    db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+    db.execute(f"PRAGMA user_version = {steps}")
+
+
+def applied_migrations(db: Database | sqlite3.Connection) -> set[str]:
+    """The steps recorded in `_migrations`; none in a new file (which has no such table)."""
+    if not db.execute("SELECT 1 FROM sqlite_schema WHERE name = '_migrations'").fetchone():
+        return set()
+    return {name for (name,) in db.execute("SELECT name FROM _migrations")}
+
+
 def apply_migrations(db: Database, migrations: Sequence[Migration] = MIGRATIONS) -> None:
-    """Apply the steps of `migrations` the database lacks, each in its own transaction with its
-    `_migrations` row. Safe when several processes open a new database at once. Tests pass a
-    prefix of MIGRATIONS to build the database an older kvchat made."""
-    db.execute("CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)")
-    applied = {name for (name,) in db.execute("SELECT name FROM _migrations")}
+    """Apply the steps of `migrations` the database lacks, each all or nothing: one transaction with its
+    `_migrations` row and the file's marks (a new file gets its `_migrations` table in the first one).
+    A database of an older kvchat, without marks, gets them. Safe when several processes open a new
+    database at once. Tests pass a prefix of MIGRATIONS to build the database an older kvchat made.
+    Whether the file is kvchat's at all is for the caller to ask first (storage/db_identity.py)."""
+    applied = applied_migrations(db)
     known = {name for name, _ in MIGRATIONS}
     if unknown := sorted(applied - known):
         raise StorageError(
@@ -189,8 +216,13 @@ def apply_migrations(db: Database, migrations: Sequence[Migration] = MIGRATIONS)
         if name in applied:
             continue
         with transaction(db, f"the database upgrade {name}"):
+            db.execute("CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)")
             # Another process may have applied it since we looked; we hold the write lock now.
             if db.execute("SELECT 1 FROM _migrations WHERE name = ?", [name]).fetchone():
                 continue
             step(db)
             db.execute("INSERT INTO _migrations (name, applied_at) VALUES (?, ?)", [name, time.time()])
+            _mark(db)
+    if applied and marks(db) != (APPLICATION_ID, len(applied_migrations(db))):
+        with transaction(db, "the database's marks"):
+            _mark(db)

@@ -59,6 +59,28 @@ class TurnLock:
         self.path.unlink(missing_ok=True)
 
 
+def turn_under_way(home: Path) -> bool:
+    """Whether some process holds a turn lock in the data dir `home`: a kvchat is writing a reply (an
+    idle chat holds none). Tells "another kvchat" from "another program" in a sentence about a lock."""
+    try:
+        names = os.listdir(home / "locks")
+    except OSError:
+        return False
+    for name in names:
+        if not name.endswith(".lock"):
+            continue
+        try:
+            fd = os.open(home / "locks" / name, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            if not _try_lock(fd):
+                return True
+        finally:
+            os.close(fd)  # releases the lock this probe took
+    return False
+
+
 def _try_lock(fd: int) -> bool:
     try:
         if fcntl is not None:

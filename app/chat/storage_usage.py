@@ -17,6 +17,7 @@ from engine.weights.paths import cache_dir
 from storage.conversations import ConversationStore
 from storage.data_dir import data_dir
 from storage.errors import StorageError
+from storage.kv_block_file import SUFFIX
 from storage.kv_store import KV_DIR, KVBlockStore
 from storage.disk_files import DEFAULT_SNAPSHOT_GB
 
@@ -59,11 +60,22 @@ def _size(path: Path) -> tuple[int, int]:
     return total, entries
 
 
+def _block_files(folder: Path) -> int:
+    """How many block files `folder` holds: regular files named <key>.kvb (not a folder in a block's place,
+    one moved aside, or a writer's temp file)."""
+    try:
+        return sum(1 for entry in os.scandir(folder)
+                   if entry.name.endswith(SUFFIX) and entry.is_file(follow_symlinks=False))
+    except OSError:
+        return 0
+
+
 def usage(snapshot_gb: float | None = None) -> Usage:
     home, cache = data_dir(), cache_dir()
     database = sum(_size(home / f"kvchat.db{suffix}")[0] for suffix in ("", "-wal", "-shm"))
     backup_bytes, backups = _size(home / "backups")
-    kv_bytes, kv_blocks = _size(home / KV_DIR)
+    kv_bytes = _size(home / KV_DIR)[0]
+    kv_blocks = _block_files(home / KV_DIR)
     kv_bytes += _size(home / "snapshots")[0]  # an older kvchat's snapshot files, until they are migrated
     model_bytes, models = _size(cache / "models")
     model_bytes += sum(_size(cache / name)[0] for name in ("file-hashes", "kernels"))

@@ -28,7 +28,7 @@ def run_check(path: Path, _file: str | None) -> int:
     _require(path)
     report = check_database(path)
     print("\n".join(report.lines))
-    _say(f"{path} is sound." if report.healthy else damaged(path))
+    _say(f"{path} is sound." if report.healthy else report.foreign or damaged(path))
     return 0 if report.healthy else 1
 
 
@@ -47,7 +47,10 @@ def run_restore(path: Path, file: str | None) -> int:
 
 def run_recover(path: Path, _file: str | None) -> int:
     _require(path)
-    if check_database(path).healthy:
+    report = check_database(path)
+    if report.foreign is not None:
+        raise StorageError(report.foreign)  # another program's file: nothing of kvchat's to salvage
+    if report.healthy:
         _say(f"{path} is sound; there is nothing to recover (`kvchat db restore` puts a backup in its place).")
         return 0
     result = recover(path)

@@ -121,12 +121,12 @@ def test_restore_refuses_a_damaged_backup_and_leaves_the_database_alone(kvchat_h
     assert not list(kvchat_home.glob("kvchat.db.replaced-*"))
 
 
-def test_restore_refuses_while_another_kvchat_has_the_database_open(kvchat_home):
+def test_restore_refuses_while_another_connection_has_the_database_open(kvchat_home):
     path = database_path(kvchat_home)
     with ConversationStore.open() as store:
         store.create("m", title="current")
         backup_now(path)
-        with pytest.raises(StorageError, match="Another kvchat has .* open; quit it, then restore"):
+        with pytest.raises(StorageError, match="Another program has .* open; quit it, then restore"):
             restore(path)
     assert not list(kvchat_home.glob("kvchat.db.replaced-*"))
 

@@ -84,12 +84,12 @@ def test_a_file_with_nothing_readable_is_refused_and_left_in_place(kvchat_home):
     assert [p.name for p in kvchat_home.iterdir()] == ["kvchat.db"]
 
 
-def test_recover_refuses_while_another_kvchat_has_the_database_open(kvchat_home):
+def test_recover_refuses_while_a_plain_sqlite3_reader_has_the_database_open(kvchat_home):
     fill(kvchat_home, conversations=2, messages=2)
     other = sqlite3.connect(database_path(kvchat_home))
     other.execute("SELECT count(*) FROM messages").fetchone()
     try:
-        with pytest.raises(StorageError, match="Another kvchat has .* open; quit it, then recover"):
+        with pytest.raises(StorageError, match="Another program has .* open; quit it, then recover"):
             recover(database_path(kvchat_home))
     finally:
         other.close()
