@@ -41,10 +41,11 @@ from app.chat.format_choice import format_params, model_chat_format
 from app.chat.session import MAX_CHARS_PER_TOKEN
 from app.chat.template import render_chat
 from app.server.guards import BearerAuth, BodyLimit, unless_disconnected
+from app.server.invalid_request import validation_error
 from app.server.reply import Finish, replies
 from app.server.runner import EngineRunner, ShuttingDown
 from app.server.schema import (APIError, ChatCompletionRequest, CompletionRequest, SamplingRequest, body_limit,
-                               error_body, usage, validation_message)
+                               error_body, usage)
 from engine import ContextWindowError, Engine, EngineError, Generation, SamplingParams
 from engine.sampling_params import MAX_SEED
 
@@ -81,8 +82,7 @@ def create_app(engine: Engine, api_key: str | None = None, model_name: str | Non
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = validation_message(list(exc.errors()))
-        return JSONResponse(error_body(message, param=param), status_code=400)
+        return JSONResponse(validation_error(list(exc.errors())).body(), status_code=400)
 
     @app.exception_handler(EngineError)
     @app.exception_handler(ChatError)  # the model's chat template refused the messages, or it has none
