@@ -56,6 +56,10 @@ def validation_error(errors: list[dict]) -> APIError:
     first, kind = same[0], same[0].get("type")
     if kind == "unsupported_parameter":  # app/server/unsupported.py's, raised before any field is read
         return APIError(400, first["msg"], param=first["ctx"]["param"], code="unsupported_parameter")
+    if param is None and kind == "missing":
+        return APIError(400, "The request body is empty; send a JSON object.")
+    if param is None and kind in _EXPECTED:
+        return APIError(400, f"The request body must be a JSON object, not {json_type(first.get('input'))}.")
     if param is None:
         return APIError(400, f"The request body is invalid: {first.get('msg', 'invalid request')}.")
     if kind == "extra_forbidden":
@@ -64,8 +68,9 @@ def validation_error(errors: list[dict]) -> APIError:
         return APIError(400, f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter")
     if kind in _EXPECTED:
         expected = " or ".join(dict.fromkeys(_EXPECTED[e["type"]] for e in same if e.get("type") in _EXPECTED))
-        return APIError(400, f"Invalid type for '{param}': expected {expected}, but got {json_type(first.get('input'))} "
-                             f"instead.", param=param, code="invalid_type")
+        got = json_type(first.get("input"))
+        return APIError(400, f"Invalid type for '{param}': expected {expected}, but got {got} instead.", param=param,
+                        code="invalid_type")
     if kind == "finite_number":  # NaN and Infinity, which Python's JSON parser reads
         return APIError(400, f"Invalid value for '{param}': expected a finite number, but got "
                              f"{json.dumps(first.get('input'))} instead.", param=param, code="invalid_value")

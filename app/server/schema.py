@@ -38,14 +38,14 @@ def body_limit(context_window: int) -> int:
 
 
 def without_surrogates(value: Any) -> Any:
-    """`value` (parsed JSON) with every lone surrogate in its string values replaced by U+FFFD (keys are
-    left alone: an unknown one is ignored, and no field's name has a surrogate)."""
+    """`value` (parsed JSON) with every lone surrogate in its strings replaced by U+FFFD, keys included (an
+    unknown key is refused by its name, which must then be printable)."""
     if isinstance(value, str):
         return value if value.isascii() else _SURROGATE.sub("\ufffd", value)
     if isinstance(value, list):
         return [without_surrogates(item) for item in value]
     if isinstance(value, dict):
-        return {key: without_surrogates(item) for key, item in value.items()}
+        return {without_surrogates(key): without_surrogates(item) for key, item in value.items()}
     return value
 
 
@@ -140,8 +140,8 @@ class SamplingRequest(BaseModel):
 class ContentPart(BaseModel):
     model_config = STRICT
 
-    type: str
-    text: str | None = None
+    type: Literal["text"]  # an image's part is refused by its image_url (app/server/unsupported.py)
+    text: str
 
 
 class Message(BaseModel):
@@ -160,9 +160,7 @@ class Message(BaseModel):
     def turn(self) -> dict:
         """The {"role", "content"} dict a chat template takes (developer messages are system messages)."""
         if isinstance(self.content, list):
-            if any(part.type != "text" or part.text is None for part in self.content):
-                raise APIError(400, "Only text content parts are supported.", param="messages")
-            content = "".join(part.text for part in self.content)
+            content = "".join(part.text for part in self.content)  # text parts only (ContentPart)
         else:
             content = self.content or ""
         return {"role": "system" if self.role == "developer" else self.role, "content": content}

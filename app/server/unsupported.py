@@ -16,7 +16,8 @@ from pydantic_core import PydanticCustomError
 
 # field -> the values accepted (and ignored); an empty tuple: none is
 REQUEST: dict[str, tuple] = {
-    "tools": (None, []), "tool_choice": (None, "none"), "parallel_tool_calls": (None, True, False), "functions": (None, []), "function_call": (None, "none"),
+    "tools": (None, []), "tool_choice": (None, "none"), "parallel_tool_calls": (None, True, False),
+    "functions": (None, []), "function_call": (None, "none"),
     "response_format": (None, {"type": "text"}),
     "logprobs": (None, False), "top_logprobs": (None, 0),
     "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "logit_bias": (None, {}),

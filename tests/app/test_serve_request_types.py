@@ -143,3 +143,13 @@ def test_what_the_openai_client_commonly_sends_keeps_working(engine, server):
         text = client.completions.create(model=model, prompt="Once", max_tokens=3, n=1, user="u-1", seed=1)
     assert whole.usage.completion_tokens == 4 and chunks[-1].usage.completion_tokens == 4
     assert text.usage.completion_tokens >= 1
+
+
+def test_a_body_that_is_no_json_object_or_has_a_surrogate_key_is_one_sentence(engine, server):
+    assert refusal(server, b"")["message"] == "The request body is empty; send a JSON object."
+    assert refusal(server, b"[1]")["message"] == "The request body must be a JSON object, not an array."
+    body = json.dumps(chat(engine))[:-1].encode() + b', "\\ud800": 1}'  # a lone surrogate in a key
+    error = refusal(server, body)
+    assert error["param"] == "\ufffd" and error["code"] == "unknown_parameter"
+    body = {"model": engine.info.model_name, "messages": [{"role": "user", "content": [{"type": "text"}]}]}
+    assert refusal(server, body)["param"] == "messages[0].content[0].text"
