@@ -37,17 +37,18 @@ def allowed_host_names(host: str, bound: str, allowed: list[str]) -> frozenset[s
 def host_name(value: str) -> str:
     """A Host header's name without its port, in lower case; an IPv6 address in brackets, as Host carries it.
     (The port is not checked: an SSH tunnel or a proxy may forward another port to the server's.)"""
-    value = value.strip().lower().rstrip(".")
+    value = value.strip().lower()
     if value.startswith("["):
         return value[: value.find("]") + 1] or value
     if value.count(":") > 1:  # a bare IPv6 address (--host ::1)
         return f"[{value}]"
-    return value.rsplit(":", 1)[0] if value.rsplit(":", 1)[-1].isdigit() else value
+    name, _, port = value.rpartition(":")
+    return (name if name and port.isdigit() else value).rstrip(".")  # "localhost." is localhost
 
 
 class HostCheck:
     """ASGI middleware: a request whose Host header names none of `names` is a 403 (before anything else).
-    A request without one passes: HTTP/1.1 requires it (uvicorn refuses its absence), and no browser omits it."""
+    A request without one passes: a browser always sends one, so no web page can make such a request."""
 
     def __init__(self, app, names: frozenset[str]):
         self.app, self.names = app, names
