@@ -178,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-key", metavar="KEY", default=None,
                        help="require 'Authorization: Bearer KEY' on every request "
                             "(default: $KVCHAT_API_KEY, else none)")
+    serve.add_argument("--allowed-host", metavar="NAME", action="append", default=[],
+                       help="also answer requests whose Host header is NAME (repeatable; on 127.0.0.1 only "
+                            "its address and localhost are answered, against DNS rebinding)")
     _engine_options(serve, top_level=False)
 
     bench = commands.add_parser("bench", help="measure prefill and decode against transformers")

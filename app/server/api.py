@@ -40,18 +40,21 @@ from app.chat.errors import ChatError
 from app.chat.format_choice import format_params, model_chat_format
 from app.chat.session import MAX_CHARS_PER_TOKEN
 from app.chat.template import render_chat
-from app.server.guards import BearerAuth, BodyLimit, unless_disconnected
+from app.server.guards import BearerAuth, BodyLimit, HostCheck, unless_disconnected
+from app.server.invalid_request import validation_error
 from app.server.reply import Finish, replies
 from app.server.runner import EngineRunner, ShuttingDown
 from app.server.schema import (APIError, ChatCompletionRequest, CompletionRequest, SamplingRequest, body_limit,
-                               error_body, usage, validation_message)
+                               error_body, usage)
 from engine import ContextWindowError, Engine, EngineError, Generation, SamplingParams
 from engine.sampling_params import MAX_SEED
 
 
 def create_app(engine: Engine, api_key: str | None = None, model_name: str | None = None,
-               runner: EngineRunner | None = None) -> FastAPI:
-    """`runner`: the engine thread, if the engine was loaded on it (see run_serve); the app closes it."""
+               runner: EngineRunner | None = None, host_names: frozenset[str] | None = None) -> FastAPI:
+    """`runner`: the engine thread, if the engine was loaded on it (see run_serve); the app closes it.
+    `host_names`: the Host header values (names, without port) it answers to (guards.allowed_host_names);
+    None: any."""
     model_name = model_name or engine.info.model_name
     created = int(time.time())
     runner = runner or EngineRunner()
@@ -72,8 +75,10 @@ def create_app(engine: Engine, api_key: str | None = None, model_name: str | Non
     app = FastAPI(title="kvchat", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.runner = runner
     app.add_middleware(BodyLimit, limit=body_limit(window))
-    if api_key:  # added last, so it runs first: a request without the key is refused before its body is read
+    if api_key:  # added late, so it runs early: a request without the key is refused before its body is read
         app.add_middleware(BearerAuth, api_key=api_key)
+    if host_names is not None:  # added last, so it runs first: a page on another site learns nothing
+        app.add_middleware(HostCheck, names=host_names)
 
     @app.exception_handler(APIError)
     async def api_error(_request: Request, exc: APIError) -> JSONResponse:
@@ -81,8 +86,7 @@ def create_app(engine: Engine, api_key: str | None = None, model_name: str | Non
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = validation_message(list(exc.errors()))
-        return JSONResponse(error_body(message, param=param), status_code=400)
+        return JSONResponse(validation_error(list(exc.errors())).body(), status_code=400)
 
     @app.exception_handler(EngineError)
     @app.exception_handler(ChatError)  # the model's chat template refused the messages, or it has none

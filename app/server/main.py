@@ -86,6 +86,7 @@ def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
 
     from app.chat.format_choice import model_chat_format, no_template_notice
     from app.server.api import create_app
+    from app.server.guards import allowed_host_names
     from app.server.runner import EngineRunner
     from app.server.serve_thread import Server
     from engine import Engine
@@ -98,7 +99,8 @@ def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
         engine = runner.run(lambda: Engine.load(engine_options(args),
                                                 progress=progress if sys.stderr.isatty() else lambda _: None))
         api_key = args.api_key or os.environ.get("KVCHAT_API_KEY") or None
-        app = create_app(engine, api_key=api_key, runner=runner)
+        host_names = allowed_host_names(args.host, sock.getsockname()[0], args.allowed_host)
+        app = create_app(engine, api_key=api_key, runner=runner, host_names=host_names)
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
                                 timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
         server = Server(config, on_shutdown=runner.stop)

@@ -1,7 +1,10 @@
 """The OpenAI-compatible API's request models, error shape and response pieces (used by app/server/api.py).
 
-Fields the engine has no use for (presence_penalty, user, ...) are accepted and ignored,
-as most OpenAI-compatible servers do; `ignore_eos` (always generate max_tokens), `top_k`,
+Types are strict, as OpenAI's are: "10" is not an integer, true is not 1, "yes" is not a boolean,
+10.0 is not an integer, and NaN or Infinity is no number. A field the engine does not implement is
+refused unless its value asks for nothing (app/server/unsupported.py), an unknown field is refused,
+and so is a message without content (an assistant's may have none); metadata that changes no reply
+(user, metadata, store, ...) is accepted and ignored. `ignore_eos` (always generate max_tokens), `top_k`,
 `min_p` and `repetition_penalty` are vLLM's extensions. A JSON string may carry lone
 UTF-16 surrogates ("\\ud800"), which no UTF-8 text can hold: each becomes U+FFFD, the
 replacement character, before anything reads the request.
@@ -12,9 +15,11 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from app.chat.session import MAX_CHARS_PER_TOKEN
+from app.server.unsupported import without_neutral_values
 from engine.events import RequestStats
 from engine.sampling_params import MAX_INT64, SamplingParams
 
@@ -23,6 +28,8 @@ from engine.sampling_params import MAX_INT64, SamplingParams
 BODY_BYTES_PER_TOKEN = 4 * MAX_CHARS_PER_TOKEN
 MIN_BODY_BYTES = 2**20
 _SURROGATE = re.compile("[\ud800-\udfff]")
+# Every request model's: JSON's types as they are, no field it does not name, numbers finite.
+STRICT = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
 
 def body_limit(context_window: int) -> int:
@@ -31,14 +38,14 @@ def body_limit(context_window: int) -> int:
 
 
 def without_surrogates(value: Any) -> Any:
-    """`value` (parsed JSON) with every lone surrogate in its string values replaced by U+FFFD (keys are
-    left alone: an unknown one is ignored, and no field's name has a surrogate)."""
+    """`value` (parsed JSON) with every lone surrogate in its strings replaced by U+FFFD, keys included (an
+    unknown key is refused by its name, which must then be printable)."""
     if isinstance(value, str):
         return value if value.isascii() else _SURROGATE.sub("\ufffd", value)
     if isinstance(value, list):
         return [without_surrogates(item) for item in value]
     if isinstance(value, dict):
-        return {key: without_surrogates(item) for key, item in value.items()}
+        return {without_surrogates(key): without_surrogates(item) for key, item in value.items()}
     return value
 
 
@@ -60,18 +67,20 @@ def error_body(message: str, type: str = "invalid_request_error", param: str | N
 
 
 class StreamOptions(BaseModel):
+    model_config = STRICT
+
     include_usage: bool = False
 
 
 class SamplingRequest(BaseModel):
     """What chat and text completions share: the model, sampling and streaming."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
 
     @model_validator(mode="before")
     @classmethod
     def _valid_text(cls, data: Any) -> Any:
-        return without_surrogates(data)
+        return without_neutral_values(without_surrogates(data))
 
     model: str
     max_tokens: int | None = Field(None, ge=1)
@@ -87,6 +96,13 @@ class SamplingRequest(BaseModel):
     top_k: int | None = Field(None, ge=-1)
     min_p: float | None = Field(None, ge=0, le=1)
     repetition_penalty: float | None = Field(None, gt=0)
+    # Metadata for OpenAI's own records: no reply depends on it.
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
 
     def sampling_params(self, context_window: int, max_tokens: int | None = None) -> SamplingParams:
         """`max_tokens` (else the request's) is capped at `context_window`: no reply outgrows it anyway.
@@ -122,24 +138,29 @@ class SamplingRequest(BaseModel):
 
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
 
-    type: str
-    text: str | None = None
+    type: Literal["text"]  # an image's part is refused by its image_url (app/server/unsupported.py)
+    text: str
 
 
 class Message(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[ContentPart] | None = None
+    content: str | list[ContentPart] | None = Field(None, validate_default=True)
+
+    @field_validator("content")
+    @classmethod
+    def _content_unless_assistant(cls, content: Any, info: ValidationInfo) -> Any:
+        if content is None and info.data.get("role", "assistant") != "assistant":
+            raise PydanticCustomError("missing", "Field required")  # an assistant's may be empty, as OpenAI's
+        return content
 
     def turn(self) -> dict:
         """The {"role", "content"} dict a chat template takes (developer messages are system messages)."""
         if isinstance(self.content, list):
-            if any(part.type != "text" or part.text is None for part in self.content):
-                raise APIError(400, "Only text content parts are supported.", param="messages")
-            content = "".join(part.text for part in self.content)
+            content = "".join(part.text for part in self.content)  # text parts only (ContentPart)
         else:
             content = self.content or ""
         return {"role": "system" if self.role == "developer" else self.role, "content": content}
@@ -181,15 +202,3 @@ def usage(stats: RequestStats, *others: RequestStats) -> dict:
                                       "rejected_prediction_tokens": sum(s.draft_tokens for s in every) - accepted},
     }
 
-
-def validation_message(errors: list[dict]) -> tuple[str, str | None]:
-    """One sentence and the offending parameter for pydantic's (FastAPI's) validation errors."""
-    first = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": ""}
-    if first.get("type") == "json_invalid":
-        detail = (first.get("ctx") or {}).get("error", "")
-        return f"The request body is not valid JSON ({detail}).".replace(" ()", ""), None
-    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
-    param = ".".join(loc) or None
-    if param is None:
-        return f"The request body is invalid: {first.get('msg', 'invalid request')}.", None
-    return f"Invalid '{param}': {first.get('msg')}.", param

@@ -52,7 +52,7 @@ class ServeChild:
         deadline = time.monotonic() + 60
         while True:
             try:
-                httpx.get(f"{self.url}/models", timeout=5).raise_for_status()
+                httpx.get(f"{self.url}/models", timeout=5)  # any answer (a 401 with --api-key): it is up
                 return self
             except httpx.HTTPError:
                 if self.process.poll() is not None or time.monotonic() > deadline:

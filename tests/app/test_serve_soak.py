@@ -2,9 +2,12 @@
 
 Clients send chat and text completions, streamed or not, one or two candidates, greedy or seeded, and
 some leave early: a stream closed after a few chunks, a non-streaming request whose socket closes
-before the reply. The KV pool is small, so requests are preempted and cached blocks evicted under the
-load. Afterwards: no request holds a KV block (every one is free or the prefix cache's), the process's
-memory grew little, and every completed greedy reply is the one the same request gets alone.
+before the reply; some send what the server refuses (bad JSON, wrong types, unknown fields, a prompt
+too long). The KV pool is small, so requests are preempted and cached blocks
+evicted under the load. The process's RSS is recorded after every request: its peak may exceed the
+start by the KV pool's size (its pages are touched as blocks are first written) plus a margin, never
+more. Afterwards: no request holds a KV block (every one is free or the prefix cache's), and every
+completed greedy reply is the one the same request gets alone.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import httpx
 import pytest
 
 from app.server.api import create_app
+from app.server.schema import body_limit
 from engine import Engine
 from engine.engine import new_prefix_cache
 from engine.kv.pool import KVPool
@@ -31,7 +35,8 @@ from tests.app.test_serve import no_request_holds_blocks
 SOAK_S = 20  # of random load; the whole test stays under a minute on two cores
 CLIENTS = 6
 POOL_BLOCKS = 24  # a long reply needs 8 (118 tokens): eight running requests outgrow it
-RSS_GROWTH_BYTES = 96 * 2**20  # generous: a leak of a request's buffers would pass it within seconds
+RSS_MARGIN_BYTES = 64 * 2**20  # beyond the pool: allocator arenas, activations; a leak of a request's
+# buffers or of its text (some refused requests carry half a MiB) outgrows it within seconds
 HANG_GUARD_S = 30
 MAX_TOKENS = (1, 2, 8, 24, 48)  # few lengths: the solo replies to compare with are few
 SHARED = "You are a terse assistant who answers in one line. "  # prompts sharing a prefix: cache hits
@@ -55,6 +60,24 @@ def rss_bytes() -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise AssertionError("no VmRSS in /proc/self/status")
+
+
+def refused_request(rng: random.Random, model: str, window: int) -> tuple[str, bytes]:
+    """A request the server refuses (400 or 404): the error paths must let go of what they read."""
+    prompt = rng.choice(PROMPTS) + str(rng.random())  # a text of its own: a cache keyed by content would grow
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}]}
+    kind = rng.randrange(5)
+    if kind == 0:
+        return "chat/completions", json.dumps(body).encode()[:-9]  # cut short: not JSON
+    if kind == 1:
+        body.update(max_tokens=str(rng.randrange(9)), stream="yes")
+    elif kind == 2:
+        body.update(tools=[{"type": "function", "function": {"name": prompt}}], logit_bias={"1": 5})
+    elif kind == 3:  # far too long for the window, half the body limit (app/server/schema.py's body_limit)
+        body["messages"][0]["content"] = prompt * (body_limit(window) // 2 // len(prompt))
+    else:
+        body["model"] = model + prompt
+    return "chat/completions", json.dumps(body).encode()
 
 
 def random_request(rng: random.Random, model: str) -> tuple[str, dict]:
@@ -95,23 +118,38 @@ def streamed(path: str, body: dict, lines) -> list[tuple[str, str]]:
 class Soak:
     """What the clients did: completed replies by request, and how many left early."""
 
-    def __init__(self, server: Server, model: str):
-        self.server, self.model = server, model
+    def __init__(self, server: Server, model: str, window: int):
+        self.server, self.model, self.window = server, model, window
         self.lock = threading.Lock()
         self.completed: list[tuple[str, dict, list[tuple[str, str]]]] = []
         self.left = {"stream closed": 0, "socket closed": 0}
+        self.refused = 0
         self.errors: list[str] = []
+        self.rss: list[int] = []  # the process's, after each request
 
     def client(self, seed: int, deadline: float) -> None:
         rng = random.Random(seed)
         with httpx.Client(base_url=f"{self.server.url}/v1", timeout=HANG_GUARD_S) as http:
             while time.monotonic() < deadline:
+                if rng.random() < 0.15:
+                    self.refuse(http, *refused_request(rng, self.model, self.window))
+                    continue
                 path, body = random_request(rng, self.model)
                 try:
                     self.one(rng, http, path, body)
                 except Exception as exc:  # the test fails below, with every client's story
                     with self.lock:
                         self.errors.append(f"{path} {body}: {exc!r}")
+                with self.lock:
+                    self.rss.append(rss_bytes())
+
+    def refuse(self, http: httpx.Client, path: str, data: bytes) -> None:
+        response = http.post(path, content=data, headers={"Content-Type": "application/json"})
+        with self.lock:
+            self.refused += 1
+            if response.status_code not in (400, 404):
+                self.errors.append(f"{data[:200]!r}: {response.status_code} {response.text[:200]}")
+            self.rss.append(rss_bytes())
 
     def one(self, rng: random.Random, http: httpx.Client, path: str, body: dict) -> None:
         leave = rng.random() < 0.25
@@ -173,9 +211,9 @@ def test_random_clients_that_cancel_and_disconnect_leave_no_block_held_and_greed
     app = create_app(engine)
     runner = app.state.runner
     with Server(app) as server:
-        soak = Soak(server, engine.info.model_name)
+        soak = Soak(server, engine.info.model_name, engine.context_window)
         soak.client(seed=-1, deadline=time.monotonic() + 1)  # warm-up: first-touch allocations are not a leak
-        before = rss_bytes()
+        before, soak.rss = rss_bytes(), []
         deadline = time.monotonic() + SOAK_S
         clients = [threading.Thread(target=soak.client, args=(seed, deadline)) for seed in range(CLIENTS)]
         for client in clients:
@@ -185,14 +223,19 @@ def test_random_clients_that_cancel_and_disconnect_leave_no_block_held_and_greed
         assert not any(client.is_alive() for client in clients), "a client hung"
         wait_until(lambda: not runner.active, timeout=HANG_GUARD_S, what="every generation to end")
         wait_until(lambda: no_request_holds_blocks(engine), timeout=HANG_GUARD_S, what="every block to be given back")
-        grown = rss_bytes() - before
+        soak.rss.append(rss_bytes())
         greedy = [(path, body, replies) for path, body, replies in soak.completed if body["temperature"] == 0]
         solo = solo_replies(server, [(path, body) for path, body, _ in greedy])
     wrong = [(path, body, reply, solo[solo_key(path, body)]) for path, body, replies in greedy for reply in replies
              if reply != solo[solo_key(path, body)]]
     assert soak.errors == []
-    assert len(greedy) >= 20 and min(soak.left.values()) >= 3, (len(greedy), soak.left)
+    assert len(greedy) >= 20 and min(soak.left.values()) >= 3 and soak.refused >= 10, \
+        (len(greedy), soak.left, soak.refused)
     assert preempted  # the pool was too small for the load: preemption was exercised
     assert wrong == []  # each batched, preempted or cache-hit greedy reply is its request's reply alone
-    assert grown < RSS_GROWTH_BYTES, f"RSS grew {grown / 2**20:.0f} MiB over the soak"
+    pool = engine.prefix_cache.pool.data.nbytes
+    peak = max(soak.rss) - before
+    assert peak < pool + RSS_MARGIN_BYTES, (f"RSS grew {peak / 2**20:.0f} MiB over the soak, more than the KV pool's "
+                                            f"{pool / 2**20:.1f} MiB and a margin; at the end "
+                                            f"{(soak.rss[-1] - before) / 2**20:.0f} MiB")
     assert engine.cache_stats()["blocks_used"] == engine.cache_stats()["cached_blocks"]
