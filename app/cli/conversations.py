@@ -49,8 +49,9 @@ def run_show(args: argparse.Namespace, store: ConversationStore) -> int:
 def run_export(args: argparse.Namespace, store: ConversationStore) -> int:
     if args.output and args.output != "-":
         write_export(store, args.id, args.format, Path(args.output), args.force)
-    else:  # exact text: an export is a file format, not a view, so nothing is escaped
-        sys.stdout.write(export_text(store, args.id, args.format) + "\n")
+    else:  # exact text into a pipe (an export is a file format); a terminal gets a view, escapes shown
+        text = export_text(store, args.id, args.format) + "\n"
+        sys.stdout.write(printable(text) if sys.stdout.isatty() else text)
     return 0
 
 
@@ -93,7 +94,8 @@ def run_rename(args: argparse.Namespace, store: ConversationStore) -> int:
         raise ValueError("the title is empty")
     store.rename(args.id, args.title)
     conversation = store.get(args.id)
-    print(f"kvchat: renamed conversation {conversation.id} to {printable(conversation.title, one_line=True)!r}.",
+    # Quoted by hand: repr() would escape printable()'s backslashes again ('\\x1b').
+    print(f"kvchat: renamed conversation {conversation.id} to '{printable(conversation.title, one_line=True)}'.",
           file=sys.stderr)
     return 0
 
