@@ -19,15 +19,23 @@ from storage.trash import TRASH_KEEP_S, empty_trash
 
 
 def run_list(args: argparse.Namespace, store: ConversationStore) -> int:
-    conversations = store.trashed()[: args.limit] if args.deleted else store.list(limit=args.limit)
+    trashed = store.trashed()
+    conversations = trashed[: args.limit] if args.deleted else store.list(limit=args.limit)
     if args.json:
         print(json.dumps([conversation_json(c) for c in conversations], ensure_ascii=False))
-    elif not conversations:
+        return 0
+    # On stderr, like the other notes: stdout stays one conversation a line for scripts.
+    in_trash = f"({len(trashed):,} in the trash: kvchat list --deleted)" if trashed and not args.deleted else ""
+    if not conversations:
         print("The trash is empty." if args.deleted else
+              f"No saved conversations. {in_trash}" if in_trash else
               "No saved conversations yet; start one with `kvchat` or `kvchat ask MESSAGE`.", file=sys.stderr)
-    for c in conversations if not args.json else []:
+        return 0
+    for c in conversations:
         when = f"deleted {local_time(c.deleted_at)}" if args.deleted else local_time(c.updated_at)
         print(f"{c.id}  {when}  {printable(c.title, one_line=True) or '(untitled)'}")
+    if in_trash:
+        print(in_trash, file=sys.stderr)
     return 0
 
 
