@@ -23,6 +23,8 @@ import re
 import sys
 from typing import TextIO
 
+from app.chat.wording import counted
+
 BROKEN_PIPE_EXIT = 141  # 128 + SIGPIPE: what a shell reports for `yes | head`
 
 # The bidirectional marks, embeddings, overrides and isolates (Unicode's Bidi_Control): they reorder
@@ -66,7 +68,7 @@ def clean_input(value: str | None, what: str, *, stdin: bool = False) -> str | N
         return None
     text, bad = read_stdin() if stdin else from_argument(value)
     if bad:
-        say(f"{what} had {bad} byte{'s' if bad > 1 else ''} that are not UTF-8; "
+        say(f"{what} had {counted(bad, 'byte')} that {'are' if bad > 1 else 'is'} not UTF-8; "
             f"{'they were' if bad > 1 else 'it was'} replaced with \ufffd.")
     return text
 
