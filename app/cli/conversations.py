@@ -27,9 +27,12 @@ def run_list(args: argparse.Namespace, store: ConversationStore) -> int:
     # On stderr, like the other notes: stdout stays one conversation a line for scripts.
     in_trash = f"({len(trashed):,} in the trash: kvchat list --deleted)" if trashed and not args.deleted else ""
     if not conversations:
-        print("The trash is empty." if args.deleted else
-              f"No saved conversations. {in_trash}" if in_trash else
-              "No saved conversations yet; start one with `kvchat` or `kvchat ask MESSAGE`.", file=sys.stderr)
+        if args.deleted:
+            print("The trash is empty.", file=sys.stderr)
+        elif in_trash:
+            print(f"No saved conversations. {in_trash}", file=sys.stderr)
+        else:
+            print("No saved conversations yet; start one with `kvchat` or `kvchat ask MESSAGE`.", file=sys.stderr)
         return 0
     for c in conversations:
         when = f"deleted {local_time(c.deleted_at)}" if args.deleted else local_time(c.updated_at)
