@@ -20,8 +20,8 @@ class ContextWindowError(EngineError):
         self.prompt_tokens = prompt_tokens
         self.context_window = context_window
         super().__init__(
-            f"The prompt is {prompt_tokens} tokens but the model's context window is "
-            f"{context_window} tokens; shorten the message or start a new conversation."
+            f"The prompt is {prompt_tokens:,} tokens but the model's context window is "
+            f"{context_window:,} tokens; shorten the message or start a new conversation."
         )
 
 

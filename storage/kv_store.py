@@ -182,8 +182,8 @@ class KVBlockStore:
         return good
 
     def _drop_bad(self, block: StoredBlock, exc: Exception, position: int) -> None:
-        log.warning("kvchat: the KV block %s (block %d of the chain) was not used, so its tokens on are "
-                    "recomputed: %s", block.key[:12], position, exc)
+        log.warning("kvchat: the KV block %s (block %d of the chain) was not used, so the tokens from it on "
+                    "are recomputed: %s", block.key[:12], position, exc)
         if not self.writable:
             return
         try:

@@ -21,6 +21,7 @@ from app.chat.chat_message import ChatMessage
 from app.chat.context_overflow import MessageTooLong, fits, reply_room, send_on_new_branch
 from app.chat.errors import ChatError
 from app.chat.prompt_ids import next_prompt
+from app.chat.wording import counted
 from app.chat.summary_turns import with_summaries  # noqa: F401 (re-exported)
 from engine import Done, SamplingParams
 
@@ -146,6 +147,6 @@ def send_compacted(session: ChatSession, summary: Summary, user_text: str) -> It
 def compact_report(summary: Summary) -> str:
     cut = " (cut at its length limit)" if summary.finish_reason == "length" else ""
     passes = f" in {summary.passes} passes" if summary.passes > 1 else ""
-    return (f"Compacted {summary.summarized} message{'' if summary.summarized == 1 else 's'} into a summary of "
-            f"{summary.generated_tokens} tokens{passes}{cut}, on a new branch.")
+    return (f"Compacted {counted(summary.summarized, 'message')} into a summary of "
+            f"{counted(summary.generated_tokens, 'token')}{passes}{cut}, on a new branch.")
 

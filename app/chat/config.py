@@ -24,12 +24,15 @@
 Precedence, highest first: a flag (for that call only, unless `--save-settings`), the conversation's
 own settings (the settings screen), this file, kvchat's defaults. A file that is missing is no
 config; one that is not valid TOML, names an unknown key or holds a value out of range is one
-sentence naming the file and the key, exit 2.
+sentence naming the file and the key, exit 2. So is a path that is not a regular file (a FIFO would
+block the read, /dev/zero never ends it) or a file over MAX_CONFIG_BYTES. A UTF-8 byte order mark
+(Notepad writes one) is skipped.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +44,9 @@ from engine.sampling_params import SamplingParams
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed")
 DEFAULT_MAX_REPLY_TOKENS = 2048  # about 1,500 words: a long answer; a stuck one is cut long before 7,000
+MAX_CONFIG_BYTES = 1 << 20  # a few dozen lines are a config; a megabyte is a wrong path
+# Settings whose empty string would silently mean the default (system = "" is a choice: no system prompt).
+NOT_EMPTY = ("model", "theme")
 
 
 class ConfigError(ValueError):
@@ -69,7 +75,7 @@ def load_config(path: Path | None = None) -> Config:
     """The config at `path` (default: config_path()); Config() if there is no file."""
     path = path or config_path()
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        raw = tomllib.loads(_read_text(path))
     except FileNotFoundError:
         return Config()
     except (OSError, UnicodeDecodeError) as exc:
@@ -77,6 +83,32 @@ def load_config(path: Path | None = None) -> Config:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"the config file {path} is not valid TOML ({exc})") from None
     return _parse(raw, path)
+
+
+def _read_text(path: Path) -> str:
+    """The file's text, its byte order mark dropped. Opened without blocking (a FIFO with no writer would
+    wait forever) and checked by what was opened (no race with a path swapped after a stat)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ConfigError(f"the config file {path} is {_kind(mode)}, not a regular file")
+        file = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    with file:
+        data = file.read(MAX_CONFIG_BYTES + 1)  # a file still growing is cut here, not read to its end
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"the config file {path} is larger than {MAX_CONFIG_BYTES // (1 << 20)} MiB; "
+                          "a config is a few lines of TOML")
+    return data.decode("utf-8-sig")
+
+
+def _kind(mode: int) -> str:
+    kinds = {stat.S_ISDIR: "a directory", stat.S_ISFIFO: "a FIFO", stat.S_ISCHR: "a character device",
+             stat.S_ISBLK: "a block device", stat.S_ISSOCK: "a socket"}
+    return next((name for test, name in kinds.items() if test(mode)), "a special file")
 
 
 def _parse(raw: dict, path: Path) -> Config:
@@ -91,6 +123,9 @@ def _parse(raw: dict, path: Path) -> Config:
     for key in ("model", "system", "theme"):
         if key in raw and not isinstance(raw[key], str):
             fail(key, "must be a string")
+    for key in NOT_EMPTY:
+        if key in raw and not raw[key].strip():
+            fail(key, "is empty; remove the line for the default")
     max_reply = raw.get("max_reply_tokens", DEFAULT_MAX_REPLY_TOKENS)
     if not isinstance(max_reply, int) or isinstance(max_reply, bool) or max_reply < 0:
         fail("max_reply_tokens", "must be a whole number, 0 (no ceiling) or more")

@@ -32,7 +32,7 @@ class MessageTooLong(ContextWindowError):
         self.prompt_tokens, self.context_window, self.room = prompt_tokens, context_window, room
         after = " (dropping or compacting earlier turns would not make room)" if has_history else ""
         Exception.__init__(self, f"The message is {prompt_tokens:,} tokens with the system prompt and the reply "
-                                 f"needs {room:,} more, but the model's context window is {context_window} "
+                                 f"needs {room:,} more, but the model's context window is {context_window:,} "
                                  f"tokens; shorten the message{after}.")
 
 
@@ -46,7 +46,7 @@ class ConversationTooLong(ContextWindowError):
         self.user_text = user_text  # the message refused, to send again on the new branch
         self.before = before or []  # the messages it was to follow (fewer than the branch's for an edit)
         Exception.__init__(self, f"This conversation is {prompt_tokens:,} tokens with your message and the reply "
-                                 f"needs {room:,} more, but the model's context window is {context_window} tokens; "
+                                 f"needs {room:,} more, but the model's context window is {context_window:,} tokens; "
                                  "drop the oldest turns or compact them into a summary, on a new branch (this one "
                                  "stays as it is).")
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from app.chat.chat_formats import format_label
 from app.chat.stats_text import (cached_text, format_count, format_duration, format_rate, format_tokens_per_step,
                                  prefill_rate_shown)
+from app.chat.wording import counted
 from engine import RequestStats
 
 FINISH_REASONS = {"stop": "end of reply", "length": "length limit", "stopped": "stopped by you",
@@ -94,24 +95,24 @@ class ReplyNumbers:
     # ---- one line: `kvchat ask` / `show`, and a reply's header ------------------------------
 
     def line(self) -> str:
-        """"[48 ms to first token · 1036 prompt tokens (1,024 cached (disk), 12 computed) · 180 tokens at
+        """"[48 ms to first token · 1,036 prompt tokens (1,024 cached (disk), 12 computed) · 180 tokens at
         52.6 tok/s · stop]"; a number not kept reads as 0 there (as `kvchat` always printed it), but a
         count nobody reported (a server that streams no usage) as n/a, never as 0."""
         cached = self.cached_tokens if self.cached_kept else 0
         computed = "n/a" if self.prefilled_tokens is None else self.prefilled_tokens
         prompt = "n/a" if self.prompt_tokens is None and self.prompt_kept else _or_zero(self.prompt_tokens)
-        return (f"[{_or_zero(self.ttft_ms):.0f} ms to first token · {prompt} prompt tokens "
-                f"({cached_text(cached, self.cache_source)}, {computed} computed) · "
-                f"{_or_zero(self.generated_tokens)} tokens at {_or_zero(self.decode_tokens_per_s):.1f} tok/s · "
+        return (f"[{format_duration(_or_zero(self.ttft_ms))} to first token · {_count(prompt)} prompt tokens "
+                f"({cached_text(cached, self.cache_source)}, {_count(computed)} computed) · "
+                f"{_count(_or_zero(self.generated_tokens))} tokens at {format_rate(_or_zero(self.decode_tokens_per_s))} · "
                 f"{'?' if self.finish_reason is None else self.finish_reason}]")
 
     def summary(self) -> str:
         """"TTFT 48 ms · 52.6 tok/s · 1,024 cached (disk)", with the parts it has ("" if none)."""
         parts = []
         if self.ttft_ms is not None:
-            parts.append(f"TTFT {self.ttft_ms:.0f} ms")
+            parts.append(f"TTFT {format_duration(self.ttft_ms)}")
         if self.decode_tokens_per_s:
-            parts.append(f"{self.decode_tokens_per_s:.1f} tok/s")
+            parts.append(format_rate(self.decode_tokens_per_s))
         if self.cached_kept:
             parts.append(cached_text(self.cached_tokens, self.cache_source))
         return " · ".join(parts)
@@ -124,17 +125,17 @@ class ReplyNumbers:
         if self.phase == "done" and self.prompt_tokens is None:
             return "prompt n/a"  # a server that reports no usage: not known, not 0
         if self.cached_tokens is None:
-            return f"prompt {self.prompt_tokens} (cached n/a)" if self._counted_by_server() else "prompt …"
-        return (f"prompt {self.prompt_tokens} ({self.cached_tokens} cached{self._from()}, "
-                f"{self.prefilled_tokens} computed)")
+            return f"prompt {_count(self.prompt_tokens)} (cached n/a)" if self._counted_by_server() else "prompt …"
+        return (f"prompt {_count(self.prompt_tokens)} ({_count(self.cached_tokens)} cached{self._from()}, "
+                f"{_count(self.prefilled_tokens)} computed)")
 
     def prompt_forms(self) -> list[str]:
-        """The prompt's counts, longest first: prompt_text, "1024 cached from disk / 12 computed",
-        "1024 cached / 12 computed" (plain numbers, as in prompt_text, whatever the width)."""
+        """The prompt's counts, longest first: prompt_text, "1,024 cached from disk / 12 computed",
+        "1,024 cached / 12 computed" (the numbers whole, as in prompt_text, whatever the width)."""
         if self.cached_tokens is None or self.prefilled_tokens is None:
             unknown = self.phase == "done" and self.prompt_tokens is None
             return [self.prompt_text(), "cached n/a" if self._counted_by_server() or unknown else "prompt …"]
-        compact = f"{self.cached_tokens} cached{{}} / {self.prefilled_tokens} computed"
+        compact = f"{_count(self.cached_tokens)} cached{{}} / {_count(self.prefilled_tokens)} computed"
         return [self.prompt_text(), compact.format(self._from()), compact.format("")]
 
     def _counted_by_server(self) -> bool:
@@ -183,7 +184,7 @@ class ReplyNumbers:
         parts = []
         if self.decode_steps and self.generated_tokens:
             tokens_per_step = (self.generated_tokens - 1) / self.decode_steps  # the first token is prefill's
-            parts += [f"{format_count(self.decode_steps)} steps", format_tokens_per_step(tokens_per_step)]
+            parts += [counted(self.decode_steps, "step"), format_tokens_per_step(tokens_per_step)]
         if self.draft_tokens and self.accepted_tokens is not None:
             parts.append(f"{format_count(self.accepted_tokens)} of {format_count(self.draft_tokens)} drafts accepted")
         return " · ".join(parts)
@@ -225,3 +226,8 @@ def _finite(value: object) -> bool:
 
 def _or_zero(value: float | None) -> float:
     return 0 if value is None else value
+
+
+def _count(value: float | str | None) -> str:
+    """A token count as every count reads ("8,192"); a word ("n/a", "…") or None as it is."""
+    return format_count(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)

@@ -18,6 +18,7 @@ from app.chat.context_room import require_room
 from app.chat.summary_turns import with_summaries
 from app.chat.errors import ChatError
 from app.chat.format_choice import FormatChoice, conversation_format, format_params
+from app.chat.message_length import MAX_CHARS_PER_TOKEN, message_too_long  # noqa: F401 (serve, the TUI)
 from app.chat.prompt_ids import NextPrompt, next_prompt
 from app.chat.reply_cut import cut_drive, cut_events
 from app.chat.reply_limits import NO_LIMITS, ReplyLimits
@@ -30,9 +31,6 @@ from engine import Done, Event, Generation, SamplingParams, TokenDelta
 from engine.errors import NonFiniteLogitsError
 
 
-# No tokenizer packs more than this many characters into one token on average, so a
-# longer message cannot fit the context window and is refused before tokenizing it.
-MAX_CHARS_PER_TOKEN = 64
 # The prompt's last tokens that tell whether it ends inside an open <think> (R1-distill templates):
 # far more than a generation prompt's few, far fewer than a long history's.
 PROMPT_TAIL_TOKENS = 32
@@ -272,10 +270,10 @@ class ChatSession:
             raise
 
     def _check_length(self, user_text: str) -> None:
-        window = self.engine.context_window  # 0: not known (a server that does not say)
-        if window and len(user_text) > MAX_CHARS_PER_TOKEN * window:
-            raise ChatError(f"The message is {len(user_text):,} characters, far more than the model's "
-                            f"context window of {window} tokens can hold.")
+        # A window of 0 (a server that does not say) refuses nothing.
+        too_long = message_too_long(len(user_text), self.engine.context_window)
+        if too_long:
+            raise ChatError(too_long)
 
     def _record_user(self, before: list[ChatMessage], text: str, token_end: int, token_start: int,
                      new_ids: list[int]) -> None:

@@ -13,6 +13,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from app.chat.wording import counted
 from engine.weights.paths import cache_dir
 from storage.conversations import ConversationStore
 from storage.data_dir import data_dir
@@ -114,7 +115,7 @@ def report(u: Usage) -> str:
         ("backups", f"{human(u.backup_bytes)}", f"{u.data_dir}/backups ({u.backups}, the last 3 kept)"),
         ("KV cache", f"{human(u.kv_bytes)}", f"{u.data_dir}/{KV_DIR} ({u.kv_blocks} block{'' if u.kv_blocks == 1 else 's'} of "
          f"{u.kv_conversations} conversation{'' if u.kv_conversations == 1 else 's'}, cap {human(u.kv_cap_bytes)})"),
-        ("converted models", f"{human(u.model_cache_bytes)}", f"{u.cache_dir} ({u.models} models)"),
+        ("converted models", f"{human(u.model_cache_bytes)}", f"{u.cache_dir} ({counted(u.models, 'model')})"),
     ]
     width = max(len(name) for name, _, _ in rows)
     lines = [f"{name:<{width}}  {size:>9}  {where}" for name, size, where in rows]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 
+from app.chat.wording import clause, sentence
 from engine import Engine, EngineError
 from engine.kv.snapshot import KVSnapshot
 from storage.errors import StorageError
@@ -51,7 +52,7 @@ def load_stored_kv(engine: Engine, kv: KVBlockStore, token_ids: list[int]) -> st
     try:
         engine.import_blocks(tokens, fill)
     except EngineError as exc:
-        notice = f"The saved KV cache was not used, so the history is recomputed: {str(exc).rstrip('.')}."
+        notice = sentence(f"The saved KV cache was not used, so the history is recomputed: {clause(str(exc))}")
         log.warning("kvchat: %s", notice)
         return notice
     if short and short[0] == 0:

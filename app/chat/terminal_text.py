@@ -7,8 +7,10 @@ the lone surrogates Python uses to carry such bytes (it raised a TypeError).
 
 Out: saved titles and messages may hold control characters (a title with
 `ESC ] 0 ; ...` would retitle the terminal, others move the cursor or clear the
-screen). Human-readable output shows them as visible escapes (`\\x1b`);
-`export` and `--json` stay exact, as files and programs want them.
+screen), and bidirectional controls (U+202E) make a terminal show the text
+after them reversed ("Trojan Source"). Human-readable output shows both as
+visible escapes (`\\x1b`, `\\u202e`); `export` to a file or a pipe and `--json`
+stay exact, as files and programs want them.
 
 A reader that goes away (`kvchat show ID | head`) ends the output quietly:
 SafeOutput stops writing, and the command exits as a pipe's writer does.
@@ -21,11 +23,16 @@ import re
 import sys
 from typing import TextIO
 
+from app.chat.wording import counted
+
 BROKEN_PIPE_EXIT = 141  # 128 + SIGPIPE: what a shell reports for `yes | head`
 
-# C0 controls but tab and newline, DEL, C1 controls, and lone surrogates (never printable).
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
-_CONTROL_ONE_LINE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+# The bidirectional marks, embeddings, overrides and isolates (Unicode's Bidi_Control): they reorder
+# what a terminal shows after them.
+_BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+# C0 controls but tab and newline, DEL, C1 controls, bidi controls and lone surrogates (never printable).
+_CONTROL = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_BIDI}\ud800-\udfff]")
+_CONTROL_ONE_LINE = re.compile(f"[\x00-\x1f\x7f-\x9f{_BIDI}\ud800-\udfff]")
 _ESCAPED_BYTE = re.compile("[\udc80-\udcff]")  # how Python's surrogateescape carries an undecodable byte
 
 
@@ -61,7 +68,7 @@ def clean_input(value: str | None, what: str, *, stdin: bool = False) -> str | N
         return None
     text, bad = read_stdin() if stdin else from_argument(value)
     if bad:
-        say(f"{what} had {bad} byte{'s' if bad > 1 else ''} that are not UTF-8; "
+        say(f"{what} had {counted(bad, 'byte')} that {'are' if bad > 1 else 'is'} not UTF-8; "
             f"{'they were' if bad > 1 else 'it was'} replaced with \ufffd.")
     return text
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from app.chat.stats_text import format_count
+
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
@@ -68,7 +70,7 @@ def stored_reply_parts(text: str, stats: dict | None) -> ReplyParts:
 
 def thinking_counts_text(thinking_tokens: int, answer_tokens: int) -> str:
     """"think 120 · answer 48 tok": a reasoning reply's tokens, as the status bar and `ask` say them."""
-    return f"think {thinking_tokens} · answer {answer_tokens} tok"
+    return f"think {format_count(thinking_tokens)} · answer {format_count(answer_tokens)} tok"
 
 
 @dataclass(frozen=True)

@@ -114,8 +114,25 @@ def check_before_loading(args: argparse.Namespace) -> str:
     sampling_params(args)
     if getattr(args, "raw", False):
         check_raw_flags(args)
+    check_length_before_loading(args, message)
     resolve_conversation(args)
     return message
+
+
+def check_length_before_loading(args: argparse.Namespace, message: str) -> None:
+    """Refuse a message no context window of this model could hold (a 793,540-character paste against
+    8,192 tokens) before the model loads: the window is read from the model's files (a GGUF header, a
+    config.json) in a few ms. Where that is not known (a remote server, a synthetic shape), the chat
+    session's same check runs once the model is there."""
+    from app.chat.errors import ChatError
+    from app.chat.message_length import message_too_long
+    from engine.weights.model_window import context_window_before_loading
+
+    if getattr(args, "remote", None) is not None:
+        return
+    too_long = message_too_long(len(message), context_window_before_loading(args.model) or 0)
+    if too_long:
+        raise ChatError(too_long)
 
 
 def resolve_conversation(args: argparse.Namespace) -> None:

@@ -35,7 +35,7 @@ class OverflowWay:
         except ConversationTooLong as exc:
             if not (self.drop_oldest or self.compact):
                 raise ChatError(f"This conversation is {exc.prompt_tokens:,} tokens with your message and the reply "
-                                f"needs {exc.room:,} more, over the model's context window of {exc.context_window} "
+                                f"needs {exc.room:,} more, over the model's context window of {exc.context_window:,} "
                                 "tokens; ask again with --drop-oldest (leave out the oldest turns) or --compact (the "
                                 "model summarizes them), either of which answers on a new branch and keeps this "
                                 "one as it is.") from None

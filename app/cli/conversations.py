@@ -19,15 +19,26 @@ from storage.trash import TRASH_KEEP_S, empty_trash
 
 
 def run_list(args: argparse.Namespace, store: ConversationStore) -> int:
-    conversations = store.trashed()[: args.limit] if args.deleted else store.list(limit=args.limit)
+    trashed = store.trashed()
+    conversations = trashed[: args.limit] if args.deleted else store.list(limit=args.limit)
     if args.json:
         print(json.dumps([conversation_json(c) for c in conversations], ensure_ascii=False))
-    elif not conversations:
-        print("The trash is empty." if args.deleted else
-              "No saved conversations yet; start one with `kvchat` or `kvchat ask MESSAGE`.", file=sys.stderr)
-    for c in conversations if not args.json else []:
+        return 0
+    # On stderr, like the other notes: stdout stays one conversation a line for scripts.
+    in_trash = f"({len(trashed):,} in the trash: kvchat list --deleted)" if trashed and not args.deleted else ""
+    if not conversations:
+        if args.deleted:
+            print("The trash is empty.", file=sys.stderr)
+        elif in_trash:
+            print(f"No saved conversations. {in_trash}", file=sys.stderr)
+        else:
+            print("No saved conversations yet; start one with `kvchat` or `kvchat ask MESSAGE`.", file=sys.stderr)
+        return 0
+    for c in conversations:
         when = f"deleted {local_time(c.deleted_at)}" if args.deleted else local_time(c.updated_at)
         print(f"{c.id}  {when}  {printable(c.title, one_line=True) or '(untitled)'}")
+    if in_trash:
+        print(in_trash, file=sys.stderr)
     return 0
 
 
@@ -49,8 +60,9 @@ def run_show(args: argparse.Namespace, store: ConversationStore) -> int:
 def run_export(args: argparse.Namespace, store: ConversationStore) -> int:
     if args.output and args.output != "-":
         write_export(store, args.id, args.format, Path(args.output), args.force)
-    else:  # exact text: an export is a file format, not a view, so nothing is escaped
-        sys.stdout.write(export_text(store, args.id, args.format) + "\n")
+    else:  # exact text into a pipe (an export is a file format); a terminal gets a view, escapes shown
+        text = export_text(store, args.id, args.format) + "\n"
+        sys.stdout.write(printable(text) if sys.stdout.isatty() else text)
     return 0
 
 
@@ -93,7 +105,8 @@ def run_rename(args: argparse.Namespace, store: ConversationStore) -> int:
         raise ValueError("the title is empty")
     store.rename(args.id, args.title)
     conversation = store.get(args.id)
-    print(f"kvchat: renamed conversation {conversation.id} to {printable(conversation.title, one_line=True)!r}.",
+    # Quoted by hand: repr() would escape printable()'s backslashes again ('\\x1b').
+    print(f"kvchat: renamed conversation {conversation.id} to '{printable(conversation.title, one_line=True)}'.",
           file=sys.stderr)
     return 0
 

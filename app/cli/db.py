@@ -8,6 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from app.chat.wording import counted
 from storage.db_backup import backup_folder, backup_now, restore
 from storage.db_files import database_path
 from storage.db_health import check_database, damaged
@@ -56,8 +57,8 @@ def run_recover(path: Path, _file: str | None) -> int:
     result = recover(path)
     adopted = (f", {result.adopted:,} of them under \"{RECOVERED_TITLE}\" (their conversation was lost)"
                if result.adopted else "")
-    _say(f"recovered {result.conversations:,} conversations and {result.messages:,} messages{adopted}; "
-         f"{result.lost:,} rows could not be read; the damaged file is now {result.damaged_copy} "
+    _say(f"recovered {counted(result.conversations, 'conversation')} and {counted(result.messages, 'message')}"
+         f"{adopted}; {counted(result.lost, 'row')} could not be read; the damaged file is now {result.damaged_copy} "
          f"(backups: {backup_folder(path)}).")
     return 0
 

@@ -308,7 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     except USER_FACING_ERRORS as exc:
         return _fail(str(exc))
     except ValueError as exc:  # invalid sampling parameters and similar argument mistakes
-        return _fail(f"{str(exc).rstrip('.')}.", code=2)
+        from app.chat.wording import sentence
+
+        return _fail(sentence(str(exc)), code=2)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # `kvchat list | head`: the reader went away; end as a pipe's writer does

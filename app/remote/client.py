@@ -20,6 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from app.chat.wording import clause, sentence
 from app.remote.stream import RemoteError, RemoteGeneration, error_message, translate_error
 from engine import SamplingParams
 
@@ -116,11 +117,11 @@ class RemoteEngine:
         except httpx.HTTPError as exc:
             raise translate_error(exc, base) from None
         if response.status_code == 401:
-            raise RemoteError(f"The server at {base} refused the API key (HTTP 401): {error_message(response)}; "
+            raise RemoteError(f"The server at {base} refused the API key (HTTP 401): {clause(error_message(response))}; "
                               "give the right one with --api-key or $KVCHAT_API_KEY.")
         if response.status_code >= 400:
-            raise RemoteError(f"The server at {base} answered HTTP {response.status_code} to the model list: "
-                              f"{error_message(response)}.")
+            raise RemoteError(sentence(f"The server at {base} answered HTTP {response.status_code} to the model "
+                                       f"list: {error_message(response)}"))
         try:
             entries = [entry for entry in response.json()["data"] if isinstance(entry.get("id"), str)]
         except (ValueError, KeyError, TypeError, AttributeError):

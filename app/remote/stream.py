@@ -31,6 +31,7 @@ from collections.abc import Iterable, Iterator
 import httpx
 
 from app.chat.thinking import THINK_CLOSE, THINK_OPEN
+from app.chat.wording import sentence
 from engine import Done, EngineError, Event, RequestStats, Stats, TokenDelta
 from engine.events import STATS_INTERVAL_S  # live Stats as often as the embedded engine sends them
 
@@ -112,7 +113,7 @@ class _Reply:
 
     def take(self, payload: dict, now: float) -> Iterator[Event]:
         if (message := payload_error(payload)) is not None:
-            raise RemoteError(f"The server failed mid-reply: {message}")
+            raise RemoteError(sentence(f"The server failed mid-reply: {message}"))
         if isinstance(payload.get("usage"), dict):
             self.usage = payload["usage"]
         for choice in payload.get("choices") or []:
@@ -221,8 +222,8 @@ class RemoteGeneration:
             with self.client.stream("POST", self.path, json=self.body) as response:
                 self._response = response
                 if response.status_code >= 400:
-                    raise RemoteError(f"The server refused the request (HTTP {response.status_code}): "
-                                      f"{error_message(response)}")
+                    raise RemoteError(sentence(f"The server refused the request (HTTP {response.status_code}): "
+                                               f"{error_message(response)}"))
                 for data in sse_data(response.iter_lines()):
                     if self._cancelled.is_set() or data == "[DONE]":
                         return

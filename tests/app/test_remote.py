@@ -287,7 +287,7 @@ def test_ask_remote_streams_the_reply_and_prints_one_sentence_on_failure(fake, c
     assert main(["ask", "--remote", fake.url, "--api-key", "sk-fake", "Hi"]) == 1
     out, err = capsys.readouterr()
     assert out == "Hello" and err.strip().splitlines()[-1] == (
-        "kvchat: The server failed mid-reply: scripted: the engine died")
+        "kvchat: The server failed mid-reply: scripted: the engine died.")
 
 
 def test_remote_flags_that_make_no_sense_exit_2(capsys):

@@ -90,7 +90,7 @@ async def test_a_server_failing_mid_reply_is_a_notification_and_the_partial_repl
     fake.script.fail_after = 2
     app = remote_app(fake.url, None, remotes, storage)
     async with app.run_test() as pilot:
-        assert await failed_reply(pilot, "Hi there") == "The server failed mid-reply: scripted: the engine died"
+        assert await failed_reply(pilot, "Hi there") == "The server failed mid-reply: scripted: the engine died."
         view = app.query(AssistantMessageView).last()
         assert (view.text, view.message.status) == ("Hello from", "interrupted")
         assert "interrupted" in view.header_text()
@@ -108,7 +108,7 @@ async def test_an_http_500_keeps_the_message_and_says_so(fake, remotes, storage)
     fake.script.status = 500
     app = remote_app(fake.url, None, remotes, storage)
     async with app.run_test() as pilot:
-        assert await failed_reply(pilot, "Hi there") == "The server refused the request (HTTP 500): scripted failure 500"
+        assert await failed_reply(pilot, "Hi there") == "The server refused the request (HTTP 500): scripted failure 500."
         assert app.query(AssistantMessageView).last().message.status == "interrupted"
     assert [m.text for m in storage.conversations.branch(app.conversation_id)] == ["Hi there"]
 

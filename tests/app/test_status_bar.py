@@ -16,7 +16,7 @@ from tests.app.screen_text import screen_lines
 REPLY = RequestStats(prompt_tokens=1036, cached_tokens=1024, prefilled_tokens=12, prefill_done_tokens=12,
                      generated_tokens=180, cache_source="disk", ttft_ms=48.0, prefill_ms=46.5, decode_ms=3400.0,
                      phase="done")
-NUMBERS = ("TTFT 48 ms", "52.6 tok/s", "1024 cached", "12 computed")
+NUMBERS = ("TTFT 48 ms", "52.6 tok/s", "1,024 cached", "12 computed")
 
 
 class BarApp(App):

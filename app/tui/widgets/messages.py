@@ -20,6 +20,7 @@ from textual.widgets import Markdown, Static
 from app.chat.reply_stats import ReplyNumbers
 from app.chat.session import ChatMessage
 from app.chat.thinking import ReplyParts, stored_reply_parts
+from app.chat.wording import counted
 from app.tui.widgets.letter_keys import letters_act
 from app.tui.widgets.thinking_block import ThinkingBlock
 
@@ -114,7 +115,7 @@ class MessageView(Vertical, can_focus=True):
             self.notify("This message has no code block.", severity="warning", timeout=3)
             return
         self.app.copy_to_clipboard(code)
-        self.notify(f"Copied the code block ({len(code.splitlines())} lines).", timeout=3)
+        self.notify(f"Copied the code block ({counted(len(code.splitlines()), 'line')}).", timeout=3)
 
     def action_branch(self, step: int) -> None:
         if len(self.alternatives) < 2:

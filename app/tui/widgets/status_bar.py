@@ -27,7 +27,7 @@ from textual import events
 from textual.widget import Widget
 
 from app.chat.reply_stats import ReplyNumbers
-from app.chat.stats_text import format_duration, format_tokens_per_step, prefill_rate_shown
+from app.chat.stats_text import format_duration, format_rate, format_tokens_per_step, prefill_rate_shown
 from app.chat.stream_rates import StreamRates
 from app.tui.context_meter import meter_forms, warns
 from app.chat.thinking import thinking_counts_text
@@ -228,8 +228,8 @@ class StatusBar(Widget):
         s = self.stats
         if s is not None:
             if s.phase != "prefill":
-                parts["ttft"] = [f"TTFT {s.ttft_ms:.0f} ms" if s.generated_tokens else "TTFT …"]
-                parts["rate"] = [f"{s.decode_tokens_per_s:.1f} tok/s"]
+                parts["ttft"] = [f"TTFT {format_duration(s.ttft_ms)}" if s.generated_tokens else "TTFT …"]
+                parts["rate"] = [format_rate(s.decode_tokens_per_s)]
                 # What the drafts bought (1.0 tok/step is plain decoding); a remote server counts no steps.
                 if s.draft_tokens > 0 and s.decode_steps > 0:
                     parts["spec"] = [f"spec {format_tokens_per_step(s.tokens_per_step)}", ""]
