@@ -15,6 +15,7 @@ import signal
 
 from textual import events
 from textual.app import App, ComposeResult
+from textual.actions import SkipAction
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Static
@@ -80,6 +81,9 @@ class KvchatApp(AlternativesActions, ReplyActions, ContextActions, ThinkingActio
         Binding("ctrl+s", "export('md')", "Export as Markdown", show=False),
         Binding("ctrl+up", "focus_messages", "Go to the messages", show=False),
         Binding("ctrl+q", "quit", "Quit", priority=True),
+        # Before the box's copy and Textual's quit hint: Ctrl+C stops a reply, as in other chat CLIs; with
+        # none running it falls through to them (action_interrupt skips).
+        Binding("ctrl+c", "interrupt", "Stop the reply", show=False, priority=True),
     ]
 
     def __init__(self, load_engine: LoadBackend, storage: Storage, overrides: dict | None = None,
@@ -107,6 +111,7 @@ class KvchatApp(AlternativesActions, ReplyActions, ContextActions, ThinkingActio
         self.reply: AssistantMessageView | None = None
         self._stream = None
         self.editing: int | None = None  # index of the user message being edited
+        self.compacting = False  # /compact's summary is being written (actions/context.py)
         self._inspecting_live = True  # the inspector follows the reply being written
         self._queued_text: str | None = None  # typed before the session was ready: sent when it is
         self._retry_load = False  # the last load failed in a way that trying again may fix
@@ -188,6 +193,12 @@ class KvchatApp(AlternativesActions, ReplyActions, ContextActions, ThinkingActio
         self.action_stop()
         self.query_one(PromptInput).focus()
 
+    def action_interrupt(self) -> None:
+        """Ctrl+C: stop the reply (or the compacting) as Esc does; otherwise the key copies or hints at Ctrl+Q."""
+        if not self.generating:
+            raise SkipAction()
+        self.action_stop()
+
     # Whether the conversation list was shown when the terminal became narrow: widening brings it back,
     # unless the user had hidden it while it was wide.
     _sidebar_was_shown = True
@@ -225,7 +236,8 @@ class KvchatApp(AlternativesActions, ReplyActions, ContextActions, ThinkingActio
 
     @property
     def generating(self) -> bool:
-        return self.reply is not None
+        """A reply is being written, or /compact's summary: the conversation takes no other message now."""
+        return self.reply is not None or self.compacting
 
     def _load(self, spec: str | None) -> None:
         """Engine thread: load the model (replacing any loaded one)."""
@@ -349,7 +361,9 @@ class KvchatApp(AlternativesActions, ReplyActions, ContextActions, ThinkingActio
         """Can a message be sent now? If not, say why. `text` (a message typed while the model loads
         or the conversation opens) is sent by itself once the session is ready, if still in the box."""
         no_model = self.engine is None and self.query_one(StatusBar).phase == "no model"
-        if self.generating:
+        if self.compacting:
+            self.notify("The conversation is being compacted; press Esc to stop it.", severity="warning")
+        elif self.generating:
             self.notify("A reply is still being written; press Esc to stop it.", severity="warning")
         elif no_model and self._retry_load:
             self._queued_text = text
@@ -372,7 +386,7 @@ class KvchatApp(AlternativesActions, ReplyActions, ContextActions, ThinkingActio
         text, self._queued_text = self._queued_text, None
         prompt = self.query_one(PromptInput)
         if text and prompt.text.strip() == text and self.editing is None:
-            prompt.post_message(PromptInput.Submitted(prompt, prompt.text))
+            prompt.submit()
 
     def _alternatives(self, message: ChatMessage) -> list[str]:
         try:

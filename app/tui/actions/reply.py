@@ -26,7 +26,7 @@ from app.tui.widgets.inspector import Inspector
 from app.tui.widgets.messages import AssistantMessageView, MessageView, UserMessageView
 from app.tui.widgets.prompt_input import PromptInput
 from app.tui.widgets.sidebar import Sidebar
-from app.tui.widgets.status_bar import StatusBar, thinking_counts
+from app.tui.widgets.status_bar import StatusBar, clip, thinking_counts
 from engine import ContextWindowError
 
 if TYPE_CHECKING:
@@ -56,6 +56,7 @@ class ReplyHost(Protocol):
     conversation_id: str | None
     reply: AssistantMessageView | None  # the reply being written
     editing: int | None  # the index of the user message being edited
+    compacting: bool  # a summary is being written for /compact (actions/context.py)
     _stream: MarkdownStream | None  # the reply's text, streamed into its view
     _inspecting_live: bool  # the inspector follows the reply being written
 
@@ -100,31 +101,41 @@ class ReplyActions(_Host):
     # only from classes it creates (widgets, apps), not from a plain mixin like this one.
 
     async def on_prompt_input_submitted(self, event: PromptInput.Submitted) -> None:
+        # The box is empty already (PromptInput.submit): whatever is refused here is given back.
         typed = event.text.strip()
         text = slash_commands.parse(typed)
         if not isinstance(text, str):
             await self._run_command(text, typed)
             return
-        if not text or not self._can_send(typed):
+        if not text:
+            return
+        if self.generating:
+            self._queue(typed)
+            return
+        await self._send(text, typed)
+
+    async def _send(self, text: str, typed: str) -> None:
+        if not self._can_send(typed):
+            self._give_back(typed)
             return
         session, editing = self.session, self.editing
         try:
             events = session.send(text) if editing is None else session.edit(editing, text)
         except ConversationChanged:
+            self._give_back(typed)
             await self._reload_changed()
             return
         except ConversationTooLong as exc:  # it would fit after fewer turns: the ways on (actions/context.py)
+            self._give_back(typed)
             self.offer_ways_on(exc)
             return
         except ContextWindowError as exc:
-            self.notify(f"{exc} Ctrl+L clears the box; /clear starts a new chat.", severity="error", timeout=10)
+            self._give_back(typed, f"{exc} Ctrl+L clears the box; /clear starts a new chat.", "error")
             return
         except (*USER_FACING_ERRORS, ValueError) as exc:
-            self.notify(str(exc), severity="error", timeout=10)
+            self._give_back(typed, str(exc), "error")
             return
-        prompt = self.query_one(PromptInput)
-        prompt.remember(typed)
-        prompt.clear()
+        self.query_one(PromptInput).remember(typed)
         self._stop_editing()
         chat = self.query_one(ChatView)
         if editing is not None:
@@ -132,13 +143,48 @@ class ReplyActions(_Host):
         await chat.add(session.messages[-1])
         await self._start_reply(events)
 
+    def _give_back(self, typed: str, sentence: str = "", severity: str = "warning") -> None:
+        """`typed` was not taken: back in the box if it is still empty, else kept in the Up history and
+        named in `sentence` (shown if given, or then to say where it went)."""
+        if not self.query_one(PromptInput).give_back(typed):
+            sentence = (f"{sentence} " if sentence else "") + f"“{clip(typed, 40)}” was not sent; Up recalls it."
+        if sentence:
+            self.notify(sentence, severity=severity, timeout=10)
+
+    # ---- the message queued while a reply is written (sent when it ends; see PromptInput.queue)
+
+    def _queue(self, typed: str) -> None:
+        prompt = self.query_one(PromptInput)
+        if prompt.queued is not None:  # one at a time: the first is shown, this one stays in the box
+            self._give_back(typed, "A message is already queued; Backspace in the empty box takes it back.")
+            return
+        prompt.queue(typed)
+
+    def _take_back_queued(self) -> None:
+        """The queued message returns to the box to be edited (or, if the box has new text, to the history)."""
+        text = self.query_one(PromptInput).take_queued()
+        if text is not None:
+            self._give_back(text)
+
+    async def _reply_ended(self, clean: bool) -> None:
+        """A reply (or N alternatives) ended: the queued message goes out if it ended by itself; one stopped
+        or failed gives it back to the box instead."""
+        if self.generating or self.query_one(PromptInput).queued is None:
+            return
+        if not clean:
+            self._take_back_queued()
+            return
+        typed = self.query_one(PromptInput).take_queued()
+        text = slash_commands.parse(typed)
+        await self._send(text if isinstance(text, str) else typed, typed)
+
     # ---- slash commands (app/tui/slash_commands.py parses them)
 
     async def _run_command(self, command: Command | UnknownCommand, typed: str) -> None:
-        """Carry out a command typed in the box. Done: it leaves the box (Up recalls it); refused: one
-        sentence says why and the box keeps it, to be corrected."""
+        """Carry out a command typed in the box (which Enter emptied). Done: it is in the Up history;
+        refused: one sentence says why and it comes back to the box, to be corrected."""
         if isinstance(command, UnknownCommand):
-            self.notify(command.sentence(), severity="warning", timeout=10)
+            self._give_back(typed, command.sentence())
             return
         try:
             if command.name == "file":
@@ -146,12 +192,12 @@ class ReplyActions(_Host):
                 return  # the box gets the file's content once it is read and counted
             done = await getattr(self, f"_command_{command.name.replace('-', '_')}")(command.argument)
         except CommandError as exc:
-            self.notify(str(exc), severity="warning", timeout=10)
+            self._give_back(typed, str(exc))
             return
-        prompt = self.query_one(PromptInput)
-        if done and prompt.text.strip() == typed:
-            prompt.remember(typed)
-            prompt.clear()
+        if done:
+            self.query_one(PromptInput).remember(typed)
+        else:  # refused, and said why
+            self._give_back(typed)
 
     # Each returns True once done, False if it was refused (and said why); CommandError for a bad argument.
 
@@ -209,22 +255,23 @@ class ReplyActions(_Host):
             attachment = await asyncio.to_thread(read_attachment, path,
                                                  MAX_CHARS_PER_TOKEN * window if window else NO_WINDOW_MAX_CHARS)
         except AttachmentError as exc:
-            self.notify(str(exc), severity="warning", timeout=10)
+            self._give_back(typed, str(exc))
             return
         block = attachment.as_message_text()
         tokenizer = None if is_remote(engine) or engine is None else engine.tokenizer
         count, used = await asyncio.to_thread(lambda: (count_tokens(block, tokenizer), self.context_used()))
         size = f"{'≈ ' if count.estimated else ''}{count.tokens:,} tokens"
         if window and room_left(count, window, used) < 1:
-            self.notify(f"{attachment.name} is {size}, more than the {max(0, window - used - 1):,} this "
-                        f"conversation's context window ({window:,} tokens) has room for; /clear starts a new chat.",
-                        severity="warning", timeout=10)
+            self._give_back(typed, f"{attachment.name} is {size}, more than the {max(0, window - used - 1):,} this "
+                            f"conversation's context window ({window:,} tokens) has room for; /clear starts a new "
+                            "chat.")
             return
         prompt = self.query_one(PromptInput)
-        if prompt.text.strip() != typed:
-            return  # the box was changed meanwhile: leave what the user wrote alone
         prompt.remember(typed)
-        prompt.replace_all(block + rest)
+        if prompt.text.strip():  # typed meanwhile: the file goes before it, nothing of it is replaced
+            prompt.replace(block + rest + "\n", (0, 0), (0, 0), maintain_selection_offset=True)
+        else:
+            prompt.replace_all(block + rest)
         self.notify(f"Attached {attachment.name} ({size}); write your message and press Enter.", timeout=6)
 
     async def _reload_changed(self) -> None:
@@ -273,6 +320,7 @@ class ReplyActions(_Host):
             await self._show_reply_end(message)
         finally:
             self.reply = None
+        await self._reply_ended(message.done is not None and message.done.finish_reason != "stopped")
 
     async def _show_reply_end(self, message: ReplyDone) -> None:
         if self._stream is not None:
@@ -320,6 +368,7 @@ class ReplyActions(_Host):
 
     def action_stop(self) -> None:
         if self.generating and self.session is not None:
+            self._take_back_queued()  # a stopped reply sends nothing after it
             self.session.cancel()
         elif self.editing is not None:
             self._stop_editing()
