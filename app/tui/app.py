@@ -30,6 +30,7 @@ from app.tui.terminal_signals import resume_only_after_suspend
 from app.tui.engine_events import EngineFailed, EngineReady, LoadProgress, SessionFailed, SessionReady
 from app.tui.engine_thread import EngineThread
 from app.tui.actions.alternatives import AlternativesActions, alternatives_count
+from app.tui.actions.commands import CommandActions
 from app.tui.actions.context import ContextActions
 from app.tui.actions.library import LibraryActions
 from app.tui.actions.panels import PanelActions
@@ -59,8 +60,8 @@ NARROW_BELOW = 100  # columns: narrower, the chat keeps the whole width (see on_
 QUIT_SIGNALS = [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)]
 
 
-class KvchatApp(AlternativesActions, ReplyActions, ContextActions, ThinkingActions, PanelActions, LibraryActions,
-                App):
+class KvchatApp(AlternativesActions, ReplyActions, CommandActions, ContextActions, ThinkingActions, PanelActions,
+                LibraryActions, App):
     CSS_PATH = str(stylesheet())
     TITLE = "kvchat"
     # In the footer's order: what a newcomer needs first (stop, help, settings) comes first, so that it

@@ -1,11 +1,9 @@
 """Sending a message and what follows: the streamed reply, stop, regenerate, edit-and-resend,
-and switching between branches; slash commands typed instead of a message. A mixin of KvchatApp;
-the chat logic itself is ChatSession's."""
+and switching between branches; a message sent meanwhile waits its turn (queued). Slash commands typed
+instead of a message are commands.py's. A mixin of KvchatApp; the chat logic itself is ChatSession's."""
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from textual.widgets import Markdown, Static
@@ -15,12 +13,9 @@ from app.chat.backend_loader import is_remote
 from app.chat.context_overflow import ConversationTooLong
 from app.chat.errors import USER_FACING_ERRORS
 from app.chat.reply_stats import ReplyNumbers
-from app.chat.session import MAX_CHARS_PER_TOKEN, ChatMessage
+from app.chat.session import ChatMessage
 from app.tui.engine_events import ReplyDone, ReplyStats, ReplyText, stream_reply
-from app.tui.file_attachment import NO_WINDOW_MAX_CHARS, AttachmentError, read_attachment
 from app.chat.saved_chat import ConversationChanged
-from app.tui.slash_commands import Command, CommandError, UnknownCommand
-from app.tui.token_meter import count_tokens, room_left
 from app.tui.widgets.chat_view import ChatView
 from app.tui.widgets.inspector import Inspector
 from app.tui.widgets.messages import AssistantMessageView, MessageView, UserMessageView
@@ -178,102 +173,6 @@ class ReplyActions(_Host):
         text = slash_commands.parse(typed)
         await self._send(text if isinstance(text, str) else typed, typed)
 
-    # ---- slash commands (app/tui/slash_commands.py parses them)
-
-    async def _run_command(self, command: Command | UnknownCommand, typed: str) -> None:
-        """Carry out a command typed in the box (which Enter emptied). Done: it is in the Up history;
-        refused: one sentence says why and it comes back to the box, to be corrected."""
-        if isinstance(command, UnknownCommand):
-            self._give_back(typed, command.sentence())
-            return
-        try:
-            if command.name == "file":
-                self._attach_file(command.argument, typed)
-                return  # the box gets the file's content once it is read and counted
-            done = await getattr(self, f"_command_{command.name.replace('-', '_')}")(command.argument)
-        except CommandError as exc:
-            self._give_back(typed, str(exc))
-            return
-        if done:
-            self.query_one(PromptInput).remember(typed)
-        else:  # refused, and said why
-            self._give_back(typed)
-
-    # Each returns True once done, False if it was refused (and said why); CommandError for a bad argument.
-
-    async def _command_system(self, text: str) -> bool:
-        if not text:
-            raise CommandError("/system needs the text of the system prompt, such as /system Answer briefly. "
-                               "(Ctrl+O can clear it, for the model's default.)")
-        old = self.current_settings()
-        return await self._apply_settings(old, dataclasses.replace(old, system=text))
-
-    async def _command_temperature(self, argument: str) -> bool:
-        old = self.current_settings()
-        if not argument:
-            raise CommandError(f"The temperature is {old.params.temperature:g}; /temperature X changes it "
-                               "(0 = greedy).")
-        new = dataclasses.replace(old, params=slash_commands.temperature(argument, old.params))
-        if not await self._apply_settings(old, new):
-            return False
-        self.notify(f"Temperature {new.params.temperature:g} from the next reply on.", timeout=4)
-        return True
-
-    async def _command_model(self, name: str) -> bool:
-        models = self.model_choices()
-        if not name:
-            names = ", ".join(model.name for model in models) or "none found"
-            raise CommandError(f"/model NAME switches the model; these are here: {names}.")
-        chosen = slash_commands.choose_model(name, models)
-        old = self.current_settings()
-        return await self._apply_settings(old, dataclasses.replace(old, model=chosen.spec))
-
-    async def _command_clear(self, argument: str) -> bool:
-        if self.generating:
-            raise CommandError("Stop the reply first (Esc), then /clear starts a new chat.")
-        await self.action_new_chat()
-        return True
-
-    async def _command_help(self, argument: str) -> bool:
-        self.action_help()
-        return True
-
-    def _attach_file(self, argument: str, typed: str) -> None:
-        path, _, rest = argument.partition("\n")
-        if not path.strip():
-            raise CommandError("/file needs the path of a text file, such as /file notes.txt.")
-        if self.session is None:
-            raise CommandError("A file can be attached once the model and the conversation are ready.")
-        self.run_worker(self._attach(path.strip(), rest, typed), exclusive=True, group="attach-file")
-
-    async def _attach(self, path: str, rest: str, typed: str) -> None:
-        """Read and count the file off the UI thread; if it fits the context window's room, it takes the
-        command's place in the box, with the lines typed after the command, and its size is shown."""
-        engine = self.engine
-        window = engine.context_window if engine else 0
-        try:
-            attachment = await asyncio.to_thread(read_attachment, path,
-                                                 MAX_CHARS_PER_TOKEN * window if window else NO_WINDOW_MAX_CHARS)
-        except AttachmentError as exc:
-            self._give_back(typed, str(exc))
-            return
-        block = attachment.as_message_text()
-        tokenizer = None if is_remote(engine) or engine is None else engine.tokenizer
-        count, used = await asyncio.to_thread(lambda: (count_tokens(block, tokenizer), self.context_used()))
-        size = f"{'≈ ' if count.estimated else ''}{count.tokens:,} tokens"
-        if window and room_left(count, window, used) < 1:
-            self._give_back(typed, f"{attachment.name} is {size}, more than the {max(0, window - used - 1):,} this "
-                            f"conversation's context window ({window:,} tokens) has room for; /clear starts a new "
-                            "chat.")
-            return
-        prompt = self.query_one(PromptInput)
-        prompt.remember(typed)
-        if prompt.text.strip():  # typed meanwhile: the file goes before it, nothing of it is replaced
-            prompt.replace(block + rest + "\n", (0, 0), (0, 0), maintain_selection_offset=True)
-        else:
-            prompt.replace_all(block + rest)
-        self.notify(f"Attached {attachment.name} ({size}); write your message and press Enter.", timeout=6)
-
     async def _reload_changed(self) -> None:
         """Another kvchat added to the conversation shown: show what it is now instead of forking it."""
         await self.open_conversation(self.conversation_id)
@@ -287,9 +186,18 @@ class ReplyActions(_Host):
         self.reply = await self.query_one(ChatView).add(ChatMessage("assistant", "", status="streaming"))
         self.reply.thinking.begin(expanded=not self.config.collapse_thinking)
         self._stream = Markdown.get_stream(self.reply.body)
-        self.query_one(StatusBar).begin_reply()
+        self.query_one(StatusBar).begin_reply(prefill_tokens=self._chunked_prefill())
         engine, opens_thinking = self.engine, self.session.opens_thinking
         self.engine_thread.submit(lambda: stream_reply(events, engine, self.post_message, opens_thinking))
+
+    def _chunked_prefill(self) -> int | None:
+        """The tokens the reply just sent prefills, if they take more than one chunk (the engine reports on
+        those after each chunk; the bar shows 0 of them meanwhile); None otherwise, or for a server."""
+        engine, session = self.engine, self.session
+        if engine is None or session is None or is_remote(engine):
+            return None
+        tokens, options = session.unseen_prompt_tokens, getattr(engine, "options", None)
+        return tokens if options is not None and tokens > options.prefill_chunk else None
 
     async def on_reply_text(self, message: ReplyText) -> None:
         reply = self.reply
