@@ -142,8 +142,8 @@ async def test_slash_compact_leaves_the_box_at_once_shows_its_pass_and_refuses_a
         await wait_until(pilot, lambda: not app.generating and app.session.messages[-1].role == "assistant"
                          and len(app.session.messages) == 5)
         # One compaction (a second would count its passes from 1 again), then the queued message.
-        assert passes == list(range(1, len(passes) + 1)) and [m.content for m in app.session.messages if m.role == "user"] == \
-            ["and what now?", "Hi"]
+        assert passes == list(range(1, len(passes) + 1))
+        assert [m.content for m in app.session.messages if m.role == "user"] == ["and what now?", "Hi"]
 
 
 async def test_an_edit_that_no_longer_fits_drops_the_oldest_of_the_turns_before_it(full_app):

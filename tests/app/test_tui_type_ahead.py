@@ -51,7 +51,8 @@ async def test_a_refused_command_comes_back_only_to_an_empty_box(tiny_engine):
         await type_ahead(pilot, "/temperature 9", "enter", "Tell me")
         await wait_until(pilot, lambda: any("9 is not" in n for n in app.notices))
         assert prompt.text == "Tell me"  # not "/temperature 9Tell me"
-        assert any("“/temperature 9” was not sent; Up recalls it." in n for n in app.notices)
+        assert any(n.endswith("“/temperature 9” is not put back, as the box has new text; Up recalls it.")
+                   for n in app.notices)
         assert prompt.sent_prompts[-1] == "/temperature 9"
         prompt.clear()
         await type_ahead(pilot, "/temperature 9", "enter")

@@ -142,7 +142,8 @@ class ReplyActions(_Host):
         """`typed` was not taken: back in the box if it is still empty, else kept in the Up history and
         named in `sentence` (shown if given, or then to say where it went)."""
         if not self.query_one(PromptInput).give_back(typed):
-            sentence = (f"{sentence} " if sentence else "") + f"“{clip(typed, 40)}” was not sent; Up recalls it."
+            kept = f"“{clip(typed, 40)}” is not put back, as the box has new text; Up recalls it."
+            sentence = f"{sentence} {kept}" if sentence else kept
         if sentence:
             self.notify(sentence, severity=severity, timeout=10)
 
