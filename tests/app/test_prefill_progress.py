@@ -17,7 +17,7 @@ def report(done: int, ms: float, total: int = TOTAL) -> RequestStats:
 def time_left_after(chunk_ms: list[float]) -> list[float]:
     """The bar's time left (s) after each chunk of CHUNK tokens taking these ms."""
     bar, elapsed, left = StatusBar(), 0.0, []
-    bar.begin_reply(prefill_tokens=TOTAL)
+    bar.begin_reply()
     for number, ms in enumerate(chunk_ms, 1):
         elapsed += ms
         bar.show("prefill", stats=report(number * CHUNK, elapsed))
