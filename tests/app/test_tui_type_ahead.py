@@ -62,13 +62,19 @@ async def test_a_refused_command_comes_back_only_to_an_empty_box(tiny_engine):
 # Item 2: while a reply streams
 
 
+async def queue_behind_a_reply(pilot, *more: str) -> PromptInput:
+    """"Say C" sent, then at once "Say D" (and `more` keys): the box, once "Say D" waits in its queue."""
+    await ready(pilot)
+    prompt = pilot.app.query_one(PromptInput)
+    await type_ahead(pilot, "Say C", "enter", "Say D", "enter", *more)
+    await wait_until(pilot, lambda: prompt.queued == "Say D")
+    return prompt
+
+
 async def test_a_message_sent_while_a_reply_streams_is_queued_and_sent_when_it_ends(slow_engine):
     app = app_with(slow_engine, overrides={"max_tokens": 12})
     async with app.run_test(size=(120, 40)) as pilot:
-        await ready(pilot)
-        prompt = app.query_one(PromptInput)
-        await type_ahead(pilot, "Say C", "enter", "Say D", "enter")
-        await wait_until(pilot, lambda: prompt.queued == "Say D")
+        prompt = await queue_behind_a_reply(pilot)
         assert app.generating and prompt.text == ""
         assert "queued: Say D" in str(prompt.border_title) and prompt.sent_prompts[-1] == "Say D"
         await wait_until(pilot, lambda: sent(app) == ["Say C", "Say D"])
@@ -80,10 +86,7 @@ async def test_a_message_sent_while_a_reply_streams_is_queued_and_sent_when_it_e
 async def test_escape_stops_the_reply_and_brings_the_queued_message_back_to_the_box(slow_engine):
     app = app_with(slow_engine, overrides={"max_tokens": 400})
     async with app.run_test(size=(120, 40)) as pilot:
-        await ready(pilot)
-        prompt = app.query_one(PromptInput)
-        await type_ahead(pilot, "Say C", "enter", "Say D", "enter")
-        await wait_until(pilot, lambda: prompt.queued == "Say D")
+        prompt = await queue_behind_a_reply(pilot)
         await pilot.press("escape")
         await wait_until(pilot, lambda: not app.generating)
         assert prompt.text == "Say D" and prompt.queued is None
@@ -93,10 +96,7 @@ async def test_escape_stops_the_reply_and_brings_the_queued_message_back_to_the_
 async def test_backspace_in_the_empty_box_takes_the_queued_message_back_and_the_reply_goes_on(slow_engine):
     app = app_with(slow_engine, overrides={"max_tokens": 400})
     async with app.run_test(size=(120, 40)) as pilot:
-        await ready(pilot)
-        prompt = app.query_one(PromptInput)
-        await type_ahead(pilot, "Say C", "enter", "Say D", "enter")
-        await wait_until(pilot, lambda: prompt.queued == "Say D")
+        prompt = await queue_behind_a_reply(pilot)
         await pilot.press("backspace")
         assert prompt.text == "Say D" and prompt.queued is None and app.generating
         await pilot.press("ctrl+c")  # the reply still being written: stopped, "Say D" stays in the box
@@ -107,9 +107,7 @@ async def test_backspace_in_the_empty_box_takes_the_queued_message_back_and_the_
 async def test_a_second_queued_message_stays_in_the_box(slow_engine):
     app = app_with(slow_engine, overrides={"max_tokens": 400})
     async with app.run_test(size=(120, 40)) as pilot:
-        await ready(pilot)
-        prompt = app.query_one(PromptInput)
-        await type_ahead(pilot, "Say C", "enter", "Say D", "enter", "Say E", "enter")
+        prompt = await queue_behind_a_reply(pilot, "Say E", "enter")
         await wait_until(pilot, lambda: any("already queued" in n for n in app.notices))
         assert prompt.queued == "Say D" and prompt.text == "Say E"
         await pilot.press("escape")
