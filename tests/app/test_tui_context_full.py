@@ -146,6 +146,24 @@ async def test_slash_compact_leaves_the_box_at_once_shows_its_pass_and_refuses_a
         assert [m.content for m in app.session.messages if m.role == "user"] == ["and what now?", "Hi"]
 
 
+async def test_escape_before_a_pass_begins_stops_the_compacting_and_gives_the_command_back(full_app, monkeypatch):
+    app, conversation, before = full_app
+    release = threading.Event()
+
+    def held(session, text, before_messages, on_pass):  # Esc comes while the first pass is about to begin
+        return compact(session, text, before_messages, lambda number: (release.wait(30), on_pass(number)))
+    monkeypatch.setattr(context_actions, "compact", held)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await ready(pilot)
+        await type_ahead(pilot, "/compact and what now?", "enter")
+        await wait_until(pilot, lambda: app.compacting)
+        await pilot.press("escape")
+        release.set()
+        await wait_until(pilot, lambda: any("Compacting was stopped" in n for n in app.notices))
+        assert not app.generating and app.query_one("#prompt").text == "/compact and what now?"
+        assert rows(app.storage, conversation) == before
+
+
 async def test_an_edit_that_no_longer_fits_drops_the_oldest_of_the_turns_before_it(full_app):
     app, conversation, before = full_app
     edited = "E " + "an edited last question that is much longer than it was ".ljust(198, "-")

@@ -9,12 +9,13 @@ is sent."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from textual.message import Message
 
-from app.chat.compaction import Summary, compact, compact_report, send_compacted
+from app.chat.compaction import CompactionStopped, Summary, compact, compact_report, send_compacted
 from app.chat.context_overflow import ConversationTooLong, drop_report, plan_drop_oldest, send_dropping_oldest
 from app.chat.errors import USER_FACING_ERRORS
 from app.tui.engine_events import failure_sentence
@@ -57,6 +58,8 @@ class SummaryPass(Message):
 class ContextActions:
     """A mixin of KvchatApp (what it uses of it: ReplyHost in reply.py, and Textual's App)."""
 
+    _compaction_stop: threading.Event | None = None  # set: the compacting under way stops (stop_compacting)
+
     def offer_ways_on(self, refused: ConversationTooLong) -> None:
         """The notice for a message that does not fit; the way chosen is taken on a new branch."""
         editing = self.editing
@@ -90,9 +93,10 @@ class ContextActions:
             return False
         session = self.session
         if way == COMPACT:
-            self.compacting = True
+            self.compacting, self._compaction_stop = True, threading.Event()
+            stop = self._compaction_stop
             self.query_one(StatusBar).show("compacting", f"{len(before)} messages")
-            self.engine_thread.submit(lambda: self._summarize(session, text, before, typed))
+            self.engine_thread.submit(lambda: self._summarize(session, text, before, typed, stop))
             return True  # under way: the command is in the Up history; stopped or failed, it comes back
         try:
             plan, events = send_dropping_oldest(session, text, before)
@@ -102,9 +106,19 @@ class ContextActions:
         await self._show_new_branch(typed or text, events, lambda stats: drop_report(plan, stats))
         return True
 
-    def _summarize(self, session: ChatSession, text: str, before: list[ChatMessage], typed: str | None) -> None:
-        """Engine thread: the summary, or why there is none."""
+    def stop_compacting(self) -> None:
+        """Esc or Ctrl+C while compacting: the pass being written stops, and no other pass begins."""
+        if self._compaction_stop is not None:
+            self._compaction_stop.set()
+        if self.session is not None:
+            self.session.cancel()
+
+    def _summarize(self, session: ChatSession, text: str, before: list[ChatMessage], typed: str | None,
+                   stop: threading.Event) -> None:
+        """Engine thread: the summary, or why there is none; `stop` set: stopped before the next pass."""
         def began(number: int) -> None:
+            if stop.is_set():  # between passes, or before the first: session.cancel() had nothing to stop
+                raise CompactionStopped()
             self.post_message(SummaryPass(number, len(before)))
         try:
             self.post_message(SummaryDone(session, text, compact(session, text, before, began), typed=typed))

@@ -79,6 +79,8 @@ class ReplyHost(Protocol):
 
     def _inspect(self, view: AssistantMessageView | None) -> None: ...
 
+    def stop_compacting(self) -> None: ...
+
     def offer_ways_on(self, refused: ConversationTooLong) -> None: ...
 
 
@@ -276,7 +278,10 @@ class ReplyActions(_Host):
         sidebar.highlight(self.conversation_id)
 
     def action_stop(self) -> None:
-        if self.generating and self.session is not None:
+        if self.compacting:
+            self._take_back_queued()
+            self.stop_compacting()
+        elif self.generating and self.session is not None:
             self._take_back_queued()  # a stopped reply sends nothing after it
             self.session.cancel()
         elif self.editing is not None:
