@@ -15,7 +15,6 @@ import signal
 
 from textual import events
 from textual.app import App, ComposeResult
-from textual.actions import SkipAction
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Static
@@ -193,12 +192,6 @@ class KvchatApp(AlternativesActions, ReplyActions, CommandActions, ContextAction
         """Esc: stop the reply (or cancel the edit), and whatever has the focus, back to the message box."""
         self.action_stop()
         self.query_one(PromptInput).focus()
-
-    def action_interrupt(self) -> None:
-        """Ctrl+C: stop the reply (or the compacting) as Esc does; otherwise the key copies or hints at Ctrl+Q."""
-        if not self.generating:
-            raise SkipAction()
-        self.action_stop()
 
     # Whether the conversation list was shown when the terminal became narrow: widening brings it back,
     # unless the user had hidden it while it was wide.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from textual.actions import SkipAction
 from textual.widgets import Markdown, Static
 
 from app.tui import slash_commands
@@ -276,6 +277,12 @@ class ReplyActions(_Host):
         sidebar = self.query_one(Sidebar)
         await sidebar.refresh_list()
         sidebar.highlight(self.conversation_id)
+
+    def action_interrupt(self) -> None:
+        """Ctrl+C: stop the reply (or the compacting) as Esc does; otherwise the key copies or hints at Ctrl+Q."""
+        if not self.generating:
+            raise SkipAction()
+        self.action_stop()
 
     def action_stop(self) -> None:
         if self.compacting:
