@@ -72,7 +72,7 @@ async def queue_behind_a_reply(pilot, *more: str) -> PromptInput:
 
 
 async def test_a_message_sent_while_a_reply_streams_is_queued_and_sent_when_it_ends(slow_engine):
-    app = app_with(slow_engine, overrides={"max_tokens": 12})
+    app = app_with(slow_engine, overrides={"max_tokens": 40})
     async with app.run_test(size=(120, 40)) as pilot:
         prompt = await queue_behind_a_reply(pilot)
         assert app.generating and prompt.text == ""
