@@ -26,7 +26,7 @@ from app.chat.summary_turns import with_summaries  # noqa: F401 (re-exported)
 from engine import Done, SamplingParams
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
     from app.chat.session import ChatSession
     from engine import Event
@@ -79,9 +79,11 @@ def summary_budget(session: ChatSession, user_text: str) -> int:
     return min(SUMMARY_MAX_TOKENS, window // SUMMARY_SHARE, room)
 
 
-def summarize(session: ChatSession, messages: list[ChatMessage], budget: int) -> Summary:
+def summarize(session: ChatSession, messages: list[ChatMessage], budget: int,
+              on_pass: Callable[[int], None] | None = None) -> Summary:
     """The model's summary of `messages` in at most `budget` tokens (on the engine's thread: it generates).
-    CompactionStopped if session.cancel() stopped it; ChatError if one message is too long to summarize."""
+    `on_pass(n)` is called as pass n (1, 2, ...) begins. CompactionStopped if session.cancel() stopped it;
+    ChatError if one message is too long to summarize."""
     window = session.engine.context_window
     remaining, summary, passes, done = list(messages), None, 0, None
     while remaining:
@@ -90,6 +92,8 @@ def summarize(session: ChatSession, messages: list[ChatMessage], budget: int) ->
         if count == 0:
             raise ChatError("The oldest message is too long to summarize in this model's context window; "
                             "drop the oldest turns instead.")
+        if on_pass is not None:
+            on_pass(passes + 1)
         done = _generate(session, [*head, *remaining[:count]], budget)
         summary = f"{SUMMARY_HEADER}\n\n{done.text.strip()}"
         remaining, passes = remaining[count:], passes + 1
@@ -133,10 +137,12 @@ def _generate(session: ChatSession, messages: list[ChatMessage], budget: int) ->
     return done
 
 
-def compact(session: ChatSession, user_text: str, before: list[ChatMessage] | None = None) -> Summary:
-    """The summary of `before` (default: the branch shown), bounded to fit with `user_text` after it."""
+def compact(session: ChatSession, user_text: str, before: list[ChatMessage] | None = None,
+            on_pass: Callable[[int], None] | None = None) -> Summary:
+    """The summary of `before` (default: the branch shown), bounded to fit with `user_text` after it;
+    `on_pass` as summarize() takes it."""
     messages = session.messages if before is None else before
-    return summarize(session, messages, summary_budget(session, user_text))
+    return summarize(session, messages, summary_budget(session, user_text), on_pass)
 
 
 def send_compacted(session: ChatSession, summary: Summary, user_text: str) -> Iterator[Event]:

@@ -65,6 +65,9 @@ class ChatSession:
         self.alternatives: AlternativeReplies | None = None  # several replies being written at once
         self.seen_ids: list[int] = []  # the last turn's prompt + reply ids, as the model saw them
         self.rewritten_at: int | None = None  # set when the template changed earlier turns' tokens
+        # The prompt tokens of the last message sent that the model had not seen: what its prefill computes
+        # (about: the cache may lack some seen ones), known before the engine reports (the chat's progress).
+        self.unseen_prompt_tokens = 0
         self.notice: str | None = None  # something the user should know about the resumed conversation
         # The conversation's thinking switch (kept with it, saved_chat.py): off renders the template with
         # enable_thinking=False, where the template reads it (thinking_switchable).
@@ -244,6 +247,7 @@ class ChatSession:
             generation = self.engine.generate(prompt.ids, self.reply_params)
             self.rewritten_at = prompt.rewritten_at
             start = len(seen) if prompt.rewritten_at is None else prompt.rewritten_at
+            self.unseen_prompt_tokens = len(prompt.ids) - start
             self._record_user(before, user_text, len(prompt.ids), start, prompt.ids[start:])
         self.generation = generation
         self.opens_thinking = self._opens_thinking(prompt.ids)

@@ -29,6 +29,7 @@ from app.tui.terminal_signals import resume_only_after_suspend
 from app.tui.engine_events import EngineFailed, EngineReady, LoadProgress, SessionFailed, SessionReady
 from app.tui.engine_thread import EngineThread
 from app.tui.actions.alternatives import AlternativesActions, alternatives_count
+from app.tui.actions.commands import CommandActions
 from app.tui.actions.context import ContextActions
 from app.tui.actions.library import LibraryActions
 from app.tui.actions.panels import PanelActions
@@ -58,8 +59,8 @@ NARROW_BELOW = 100  # columns: narrower, the chat keeps the whole width (see on_
 QUIT_SIGNALS = [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)]
 
 
-class KvchatApp(AlternativesActions, ReplyActions, ContextActions, ThinkingActions, PanelActions, LibraryActions,
-                App):
+class KvchatApp(AlternativesActions, ReplyActions, CommandActions, ContextActions, ThinkingActions, PanelActions,
+                LibraryActions, App):
     CSS_PATH = str(stylesheet())
     TITLE = "kvchat"
     # In the footer's order: what a newcomer needs first (stop, help, settings) comes first, so that it
@@ -80,6 +81,9 @@ class KvchatApp(AlternativesActions, ReplyActions, ContextActions, ThinkingActio
         Binding("ctrl+s", "export('md')", "Export as Markdown", show=False),
         Binding("ctrl+up", "focus_messages", "Go to the messages", show=False),
         Binding("ctrl+q", "quit", "Quit", priority=True),
+        # Before the box's copy and Textual's quit hint: Ctrl+C stops a reply, as in other chat CLIs; with
+        # none running it falls through to them (action_interrupt skips).
+        Binding("ctrl+c", "interrupt", "Stop the reply", show=False, priority=True),
     ]
 
     def __init__(self, load_engine: LoadBackend, storage: Storage, overrides: dict | None = None,
@@ -107,6 +111,7 @@ class KvchatApp(AlternativesActions, ReplyActions, ContextActions, ThinkingActio
         self.reply: AssistantMessageView | None = None
         self._stream = None
         self.editing: int | None = None  # index of the user message being edited
+        self.compacting = False  # /compact's summary is being written (actions/context.py)
         self._inspecting_live = True  # the inspector follows the reply being written
         self._queued_text: str | None = None  # typed before the session was ready: sent when it is
         self._retry_load = False  # the last load failed in a way that trying again may fix
@@ -225,7 +230,8 @@ class KvchatApp(AlternativesActions, ReplyActions, ContextActions, ThinkingActio
 
     @property
     def generating(self) -> bool:
-        return self.reply is not None
+        """A reply is being written, or /compact's summary: the conversation takes no other message now."""
+        return self.reply is not None or self.compacting
 
     def _load(self, spec: str | None) -> None:
         """Engine thread: load the model (replacing any loaded one)."""
@@ -349,7 +355,9 @@ class KvchatApp(AlternativesActions, ReplyActions, ContextActions, ThinkingActio
         """Can a message be sent now? If not, say why. `text` (a message typed while the model loads
         or the conversation opens) is sent by itself once the session is ready, if still in the box."""
         no_model = self.engine is None and self.query_one(StatusBar).phase == "no model"
-        if self.generating:
+        if self.compacting:
+            self.notify("The conversation is being compacted; press Esc to stop it.", severity="warning")
+        elif self.generating:
             self.notify("A reply is still being written; press Esc to stop it.", severity="warning")
         elif no_model and self._retry_load:
             self._queued_text = text
@@ -372,7 +380,7 @@ class KvchatApp(AlternativesActions, ReplyActions, ContextActions, ThinkingActio
         text, self._queued_text = self._queued_text, None
         prompt = self.query_one(PromptInput)
         if text and prompt.text.strip() == text and self.editing is None:
-            prompt.post_message(PromptInput.Submitted(prompt, prompt.text))
+            prompt.submit()
 
     def _alternatives(self, message: ChatMessage) -> list[str]:
         try:

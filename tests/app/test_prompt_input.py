@@ -54,9 +54,34 @@ async def test_enter_submits_the_whole_text_without_adding_a_newline():
         await wait_until(pilot, lambda: app.submitted)
         [message] = app.submitted
         assert (message.text, message.prompt_input, message.control) == ("hello", prompt, prompt)
-        assert prompt.text == "hello"  # the app clears it once the prompt is accepted
+        assert prompt.text == ""  # taken out at once: what is typed next is a new message
+        await pilot.press("ctrl+z")  # one edit: undo brings it back
+        assert prompt.text == "hello"
+
+
+async def test_keys_typed_right_after_enter_start_a_fresh_message_and_a_refused_one_is_not_joined_to_them():
+    app = InputApp()
+    async with app.run_test() as pilot:
+        prompt = app.query_one(PromptInput)
+        await pilot.press(*"/system Be a pirate.", "enter", *"Hello there")
+        await wait_until(pilot, lambda: app.submitted)
+        assert app.submitted[0].text == "/system Be a pirate." and prompt.text == "Hello there"
+        assert not prompt.give_back("/system Be a pirate.")  # the box has new typing: the history keeps it
+        assert prompt.text == "Hello there" and prompt.sent_prompts == ["/system Be a pirate."]
         prompt.clear()
-        assert prompt.text == ""
+        assert prompt.give_back("/system Be a pirate.") and prompt.text == "/system Be a pirate."
+
+
+async def test_a_queued_message_is_shown_in_the_border_and_backspace_in_the_empty_box_takes_it_back():
+    app = InputApp()
+    async with app.run_test() as pilot:
+        prompt = app.query_one(PromptInput)
+        prompt.queue("Say D")
+        assert "queued: Say D" in str(prompt.border_title) and prompt.sent_prompts == ["Say D"]
+        await pilot.press("x", "backspace")  # a backspace in text is only a backspace
+        assert prompt.queued == "Say D" and prompt.text == ""
+        await pilot.press("backspace")
+        assert prompt.queued is None and prompt.text == "Say D" and not prompt.border_title
 
 
 @pytest.mark.parametrize("newline_key", ["shift+enter", "ctrl+j"])

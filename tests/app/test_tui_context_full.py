@@ -1,18 +1,20 @@
 """The chat app when the next message no longer fits the context window: the meter warns, one notice offers
 two ways on (d, c), each makes a new branch and says what it cost; /drop-oldest and /compact do the same."""
 
+import threading
+
 import pytest
 
 from app.tui.actions import context as context_actions
-from app.chat.compaction import CompactionStopped
+from app.chat.compaction import CompactionStopped, compact
 from app.chat.saved_chat import Storage
-from app.tui.actions.context import CompactingScreen
 from app.tui.screens.context_full import ContextFullScreen
 from app.tui.widgets.chat_view import ChatView
 from app.tui.widgets.status_bar import StatusBar
 from app.tui.widgets.summary_view import SummaryMessageView
 from tests.app.context_fixtures import small_engine, NEXT, TURNS, long_conversation, rows
-from tests.app.pilot import wait_until
+from app.tui.widgets.prompt_input import PromptInput
+from tests.app.pilot import type_ahead, wait_until
 from tests.app.tui_harness import app_with, ready, send
 
 
@@ -86,14 +88,14 @@ async def test_escape_leaves_the_message_in_the_box_and_the_conversation_as_it_w
 async def test_stopping_the_summary_changes_nothing(full_app, monkeypatch):
     app, conversation, before = full_app
 
-    def stopped(session, text, before_messages):  # as if Esc stopped the summary at its first token
+    def stopped(session, text, before_messages, on_pass):  # as if Esc stopped the summary at its first token
         raise CompactionStopped()
     monkeypatch.setattr(context_actions, "compact", stopped)
     async with app.run_test(size=(160, 40)) as pilot:
         await refused(pilot)
         await pilot.press("c")
         await wait_until(pilot, lambda: any("Compacting was stopped" in n for n in app.notices))
-        assert not isinstance(app.screen, CompactingScreen)
+        assert not app.generating and app.query_one(StatusBar).phase == "idle"
         assert app.query_one("#prompt").text == NEXT and rows(app.storage, conversation) == before
 
 
@@ -113,6 +115,53 @@ async def test_the_slash_commands_take_the_same_ways(full_app):
         assert [m.role for m in app.session.messages] == ["system", "user", "assistant"]
         assert app.session.messages[1].content == "and what now?" and app.query_one("#prompt").text == ""
         assert untouched(app, conversation, before)
+
+
+async def test_slash_compact_leaves_the_box_at_once_shows_its_pass_and_refuses_a_second_one(full_app, monkeypatch):
+    app, conversation, before = full_app
+    passes, release = [], threading.Event()
+
+    def held(session, text, before_messages, on_pass):  # each pass waits for the test, as a slow model would
+        def began(number):
+            passes.append(number)
+            on_pass(number)
+            release.wait(30)
+        return compact(session, text, before_messages, began)
+    monkeypatch.setattr(context_actions, "compact", held)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await ready(pilot)
+        prompt, bar = app.query_one(PromptInput), app.query_one(StatusBar)
+        await type_ahead(pilot, "/compact and what now?", "enter", "/compact and what now?", "enter")
+        await wait_until(pilot, lambda: bar.status_text().startswith("compacting: 8 messages, pass 1"))
+        await wait_until(pilot, lambda: any("being compacted" in n for n in app.notices))
+        assert prompt.text == "/compact and what now?"  # the second, refused, is back in the box, alone
+        prompt.clear()
+        await type_ahead(pilot, "Hi", "enter")  # a message meanwhile waits for the new branch's reply
+        await wait_until(pilot, lambda: prompt.queued == "Hi")
+        release.set()
+        await wait_until(pilot, lambda: not app.generating and app.session.messages[-1].role == "assistant"
+                         and len(app.session.messages) == 5)
+        # One compaction (a second would count its passes from 1 again), then the queued message.
+        assert passes == list(range(1, len(passes) + 1))
+        assert [m.content for m in app.session.messages if m.role == "user"] == ["and what now?", "Hi"]
+
+
+async def test_escape_before_a_pass_begins_stops_the_compacting_and_gives_the_command_back(full_app, monkeypatch):
+    app, conversation, before = full_app
+    release = threading.Event()
+
+    def held(session, text, before_messages, on_pass):  # Esc comes while the first pass is about to begin
+        return compact(session, text, before_messages, lambda number: (release.wait(30), on_pass(number)))
+    monkeypatch.setattr(context_actions, "compact", held)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await ready(pilot)
+        await type_ahead(pilot, "/compact and what now?", "enter")
+        await wait_until(pilot, lambda: app.compacting)
+        await pilot.press("escape")
+        release.set()
+        await wait_until(pilot, lambda: any("Compacting was stopped" in n for n in app.notices))
+        assert not app.generating and app.query_one("#prompt").text == "/compact and what now?"
+        assert rows(app.storage, conversation) == before
 
 
 async def test_an_edit_that_no_longer_fits_drops_the_oldest_of_the_turns_before_it(full_app):

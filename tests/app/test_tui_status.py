@@ -2,6 +2,7 @@
 conversation does not show the last one's numbers, and a long prompt's prefill shows its progress."""
 
 import re
+import threading
 
 import pytest
 
@@ -45,14 +46,21 @@ async def test_a_new_chat_does_not_show_the_last_replys_numbers(tiny_engine):
         assert "computed" not in status and "KV " in status  # the cache is still the engine's
 
 
-async def test_a_long_prompt_shows_the_tokens_prefilled_so_far(slow_engine):
+async def test_a_long_prompt_shows_its_progress_from_the_start_then_after_each_chunk(slow_engine, monkeypatch):
+    first_chunk = threading.Event()  # the first chunk waits for the test: as long as it takes on a busy machine
+    forward = slow_engine.runner.run
+    monkeypatch.setattr(slow_engine.runner, "run", lambda step: first_chunk.wait(30) and forward(step))
     app = app_with(slow_engine, overrides={"max_tokens": 3})
     async with app.run_test(size=(160, 40)) as pilot:
         await ready(pilot)
         bar = app.query_one(StatusBar)
         seen = []
         await send(pilot, "x" * 600)  # ten chunks
-        await wait_until(pilot, lambda: seen.append(bar.status_text()) or re.match(r"prefill \d+/\d+ tokens", seen[-1]))
+        try:  # before the engine has computed anything: 0 of the prompt's tokens
+            await wait_until(pilot, lambda: re.match(r"prefill 0/6\d\d tokens, \d+\.\d s", bar.status_text()))
+        finally:
+            first_chunk.set()
+        await wait_until(pilot, lambda: seen.append(bar.status_text()) or re.match(r"prefill [1-9][\d,]*/", seen[-1]))
         done, total = map(int, re.match(r"prefill (\d+)/(\d+)", seen[-1]).groups())
         assert done % CHUNK == 0 and 0 < done < total and "left" in seen[-1]
         await wait_until(pilot, lambda: not app.generating)

@@ -121,6 +121,8 @@ class AlternativesHost(Protocol):
 
     async def _reload_changed(self) -> None: ...
 
+    async def _reply_ended(self, clean: bool) -> None: ...
+
     async def _show_final(self, reply: AssistantMessageView, message: ChatMessage) -> None: ...
 
     async def _show_conversation_saved(self) -> None: ...
@@ -266,6 +268,7 @@ class AlternativesActions(_Host):
         finally:
             self.reply, self._live = None, None
             self.query_one(PromptInput).refresh_meter()  # the reply took room in the context window
+        await self._reply_ended(message.adopted is not None)  # the message queued meanwhile (reply.py)
 
     async def _show_alternatives_end(self, message: AlternativesDone) -> None:
         live, view, session = self._live, self.reply, self.session

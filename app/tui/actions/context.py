@@ -2,20 +2,20 @@
 the notice with its two ways (screens/context_full.py), /drop-oldest and /compact, and what each cost,
 said once the reply ends. A mixin of KvchatApp, as the other actions are.
 
-Compacting generates a summary first, on the engine thread, behind a small modal (Esc stops it), so that
-nothing else is sent to the conversation meanwhile; the new branch is made on the UI thread once it is done,
-as a message is sent."""
+Compacting generates a summary first, on the engine thread, its pass shown in the status bar (Esc or Ctrl+C
+stops it); meanwhile the app counts as generating, so a message typed then is queued as during a reply and
+nothing else reaches the conversation. The new branch is made on the UI thread once it is done, as a message
+is sent."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from textual.message import Message
-from textual.screen import ModalScreen
-from textual.widgets import Label
 
-from app.chat.compaction import Summary, compact, compact_report, send_compacted
+from app.chat.compaction import CompactionStopped, Summary, compact, compact_report, send_compacted
 from app.chat.context_overflow import ConversationTooLong, drop_report, plan_drop_oldest, send_dropping_oldest
 from app.chat.errors import USER_FACING_ERRORS
 from app.tui.engine_events import failure_sentence
@@ -23,6 +23,7 @@ from app.tui.screens.context_full import COMPACT, DROP_OLDEST, ContextFullScreen
 from app.tui.slash_commands import CommandError
 from app.tui.widgets.chat_view import ChatView
 from app.tui.widgets.prompt_input import PromptInput
+from app.tui.widgets.status_bar import StatusBar
 from engine import Done, Event
 
 if TYPE_CHECKING:
@@ -39,31 +40,25 @@ class OverflowReport(Message):
 
 
 class SummaryDone(Message):
-    def __init__(self, session: ChatSession, text: str, summary: Summary | None, error: str | None = None):
+    def __init__(self, session: ChatSession, text: str, summary: Summary | None, error: str | None = None,
+                 typed: str | None = None):
+        """`typed`: the command that asked for it, given back to the box if there is no summary."""
         super().__init__()
-        self.session, self.text, self.summary, self.error = session, text, summary, error
+        self.session, self.text, self.summary, self.error, self.typed = session, text, summary, error, typed
 
 
-class CompactingScreen(ModalScreen[None]):
-    """Shown while the model writes the summary; Esc stops it (the conversation stays as it was)."""
+class SummaryPass(Message):
+    """A summarizing pass begins (1, 2, ...) over `messages` messages: the status bar says so."""
 
-    DEFAULT_CSS = "CompactingScreen { align: center middle; } CompactingScreen Label { padding: 1 2; " \
-                  "background: $surface; border: thick $warning 50%; }"
-    BINDINGS = [("escape", "stop", "Stop")]
-
-    def __init__(self, stop: Callable[[], None]):
+    def __init__(self, number: int, messages: int):
         super().__init__()
-        self._stop = stop
-
-    def compose(self):
-        yield Label("Compacting: the model summarizes the earlier turns… (Esc stops)")
-
-    def action_stop(self) -> None:
-        self._stop()
+        self.number, self.messages = number, messages
 
 
 class ContextActions:
     """A mixin of KvchatApp (what it uses of it: ReplyHost in reply.py, and Textual's App)."""
+
+    _compaction_stop: threading.Event | None = None  # set: the compacting under way stops (stop_compacting)
 
     def offer_ways_on(self, refused: ConversationTooLong) -> None:
         """The notice for a message that does not fit; the way chosen is taken on a new branch."""
@@ -98,9 +93,11 @@ class ContextActions:
             return False
         session = self.session
         if way == COMPACT:
-            self.push_screen(CompactingScreen(session.cancel))
-            self.engine_thread.submit(lambda: self._summarize(session, text, before))
-            return False  # the box keeps the message until the branch is made
+            self.compacting, self._compaction_stop = True, threading.Event()
+            stop = self._compaction_stop
+            self.query_one(StatusBar).show("compacting", f"{len(before)} messages")
+            self.engine_thread.submit(lambda: self._summarize(session, text, before, typed, stop))
+            return True  # under way: the command is in the Up history; stopped or failed, it comes back
         try:
             plan, events = send_dropping_oldest(session, text, before)
         except USER_FACING_ERRORS as exc:
@@ -109,25 +106,47 @@ class ContextActions:
         await self._show_new_branch(typed or text, events, lambda stats: drop_report(plan, stats))
         return True
 
-    def _summarize(self, session: ChatSession, text: str, before: list[ChatMessage]) -> None:
-        """Engine thread: the summary, or why there is none."""
+    def stop_compacting(self) -> None:
+        """Esc or Ctrl+C while compacting: the pass being written stops, and no other pass begins."""
+        if self._compaction_stop is not None:
+            self._compaction_stop.set()
+        if self.session is not None:
+            self.session.cancel()
+
+    def _summarize(self, session: ChatSession, text: str, before: list[ChatMessage], typed: str | None,
+                   stop: threading.Event) -> None:
+        """Engine thread: the summary, or why there is none; `stop` set: stopped before the next pass."""
+        def began(number: int) -> None:
+            if stop.is_set():  # between passes, or before the first: session.cancel() had nothing to stop
+                raise CompactionStopped()
+            self.post_message(SummaryPass(number, len(before)))
         try:
-            self.post_message(SummaryDone(session, text, compact(session, text, before)))
+            self.post_message(SummaryDone(session, text, compact(session, text, before, began), typed=typed))
         except Exception as exc:  # the UI must hear of the end whatever it was
-            self.post_message(SummaryDone(session, text, None, failure_sentence(exc)))
+            self.post_message(SummaryDone(session, text, None, failure_sentence(exc), typed))
+
+    def on_summary_pass(self, message: SummaryPass) -> None:
+        if self.compacting:
+            self.query_one(StatusBar).show("compacting", f"{message.messages} messages, pass {message.number}")
 
     async def on_summary_done(self, message: SummaryDone) -> None:
-        if isinstance(self.screen, CompactingScreen):
-            self.pop_screen()
+        self.compacting = False
         if message.session is not self.session:
             return  # another conversation is shown now
         if message.summary is None:
-            self.notify(message.error, severity="warning", timeout=10)
+            self.query_one(StatusBar).show("idle", "not compacted")
+            if message.typed:
+                self._give_back(message.typed, message.error)
+            else:  # from the notice's "c": the message is still in the box
+                self.notify(message.error, severity="warning", timeout=10)
+            await self._reply_ended(False)  # a message queued meanwhile comes back to be sent again
             return
         try:
             events = send_compacted(self.session, message.summary, message.text)
         except USER_FACING_ERRORS as exc:
+            self.query_one(StatusBar).show("idle", "not compacted")
             self.notify(str(exc), severity="error", timeout=10)
+            await self._reply_ended(False)
             return
         summary = message.summary
         prompt = self.query_one(PromptInput)

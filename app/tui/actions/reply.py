@@ -1,13 +1,12 @@
 """Sending a message and what follows: the streamed reply, stop, regenerate, edit-and-resend,
-and switching between branches; slash commands typed instead of a message. A mixin of KvchatApp;
-the chat logic itself is ChatSession's."""
+and switching between branches; a message sent meanwhile waits its turn (queued). Slash commands typed
+instead of a message are commands.py's. A mixin of KvchatApp; the chat logic itself is ChatSession's."""
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from textual.actions import SkipAction
 from textual.widgets import Markdown, Static
 
 from app.tui import slash_commands
@@ -15,18 +14,15 @@ from app.chat.backend_loader import is_remote
 from app.chat.context_overflow import ConversationTooLong
 from app.chat.errors import USER_FACING_ERRORS
 from app.chat.reply_stats import ReplyNumbers
-from app.chat.session import MAX_CHARS_PER_TOKEN, ChatMessage
+from app.chat.session import ChatMessage
 from app.tui.engine_events import ReplyDone, ReplyStats, ReplyText, stream_reply
-from app.tui.file_attachment import NO_WINDOW_MAX_CHARS, AttachmentError, read_attachment
 from app.chat.saved_chat import ConversationChanged
-from app.tui.slash_commands import Command, CommandError, UnknownCommand
-from app.tui.token_meter import count_tokens, room_left
 from app.tui.widgets.chat_view import ChatView
 from app.tui.widgets.inspector import Inspector
 from app.tui.widgets.messages import AssistantMessageView, MessageView, UserMessageView
 from app.tui.widgets.prompt_input import PromptInput
 from app.tui.widgets.sidebar import Sidebar
-from app.tui.widgets.status_bar import StatusBar, thinking_counts
+from app.tui.widgets.status_bar import StatusBar, clip, thinking_counts
 from engine import ContextWindowError
 
 if TYPE_CHECKING:
@@ -56,6 +52,7 @@ class ReplyHost(Protocol):
     conversation_id: str | None
     reply: AssistantMessageView | None  # the reply being written
     editing: int | None  # the index of the user message being edited
+    compacting: bool  # a summary is being written for /compact (actions/context.py)
     _stream: MarkdownStream | None  # the reply's text, streamed into its view
     _inspecting_live: bool  # the inspector follows the reply being written
 
@@ -83,6 +80,8 @@ class ReplyHost(Protocol):
 
     def _inspect(self, view: AssistantMessageView | None) -> None: ...
 
+    def stop_compacting(self) -> None: ...
+
     def offer_ways_on(self, refused: ConversationTooLong) -> None: ...
 
 
@@ -100,31 +99,41 @@ class ReplyActions(_Host):
     # only from classes it creates (widgets, apps), not from a plain mixin like this one.
 
     async def on_prompt_input_submitted(self, event: PromptInput.Submitted) -> None:
+        # The box is empty already (PromptInput.submit): whatever is refused here is given back.
         typed = event.text.strip()
         text = slash_commands.parse(typed)
         if not isinstance(text, str):
             await self._run_command(text, typed)
             return
-        if not text or not self._can_send(typed):
+        if not text:
+            return
+        if self.generating:
+            self._queue(typed)
+            return
+        await self._send(text, typed)
+
+    async def _send(self, text: str, typed: str) -> None:
+        if not self._can_send(typed):
+            self._give_back(typed)
             return
         session, editing = self.session, self.editing
         try:
             events = session.send(text) if editing is None else session.edit(editing, text)
         except ConversationChanged:
+            self._give_back(typed)
             await self._reload_changed()
             return
         except ConversationTooLong as exc:  # it would fit after fewer turns: the ways on (actions/context.py)
+            self._give_back(typed)
             self.offer_ways_on(exc)
             return
         except ContextWindowError as exc:
-            self.notify(f"{exc} Ctrl+L clears the box; /clear starts a new chat.", severity="error", timeout=10)
+            self._give_back(typed, f"{exc} Ctrl+L clears the box; /clear starts a new chat.", "error")
             return
         except (*USER_FACING_ERRORS, ValueError) as exc:
-            self.notify(str(exc), severity="error", timeout=10)
+            self._give_back(typed, str(exc), "error")
             return
-        prompt = self.query_one(PromptInput)
-        prompt.remember(typed)
-        prompt.clear()
+        self.query_one(PromptInput).remember(typed)
         self._stop_editing()
         chat = self.query_one(ChatView)
         if editing is not None:
@@ -132,100 +141,41 @@ class ReplyActions(_Host):
         await chat.add(session.messages[-1])
         await self._start_reply(events)
 
-    # ---- slash commands (app/tui/slash_commands.py parses them)
+    def _give_back(self, typed: str, sentence: str = "", severity: str = "warning") -> None:
+        """`typed` was not taken: back in the box if it is still empty, else kept in the Up history and
+        named in `sentence` (shown if given, or then to say where it went)."""
+        if not self.query_one(PromptInput).give_back(typed):
+            kept = f"“{clip(typed, 40)}” is not put back, as the box has new text; Up recalls it."
+            sentence = f"{sentence} {kept}" if sentence else kept
+        if sentence:
+            self.notify(sentence, severity=severity, timeout=10)
 
-    async def _run_command(self, command: Command | UnknownCommand, typed: str) -> None:
-        """Carry out a command typed in the box. Done: it leaves the box (Up recalls it); refused: one
-        sentence says why and the box keeps it, to be corrected."""
-        if isinstance(command, UnknownCommand):
-            self.notify(command.sentence(), severity="warning", timeout=10)
-            return
-        try:
-            if command.name == "file":
-                self._attach_file(command.argument, typed)
-                return  # the box gets the file's content once it is read and counted
-            done = await getattr(self, f"_command_{command.name.replace('-', '_')}")(command.argument)
-        except CommandError as exc:
-            self.notify(str(exc), severity="warning", timeout=10)
-            return
+    # ---- the message queued while a reply is written (sent when it ends; see PromptInput.queue)
+
+    def _queue(self, typed: str) -> None:
         prompt = self.query_one(PromptInput)
-        if done and prompt.text.strip() == typed:
-            prompt.remember(typed)
-            prompt.clear()
-
-    # Each returns True once done, False if it was refused (and said why); CommandError for a bad argument.
-
-    async def _command_system(self, text: str) -> bool:
-        if not text:
-            raise CommandError("/system needs the text of the system prompt, such as /system Answer briefly. "
-                               "(Ctrl+O can clear it, for the model's default.)")
-        old = self.current_settings()
-        return await self._apply_settings(old, dataclasses.replace(old, system=text))
-
-    async def _command_temperature(self, argument: str) -> bool:
-        old = self.current_settings()
-        if not argument:
-            raise CommandError(f"The temperature is {old.params.temperature:g}; /temperature X changes it "
-                               "(0 = greedy).")
-        new = dataclasses.replace(old, params=slash_commands.temperature(argument, old.params))
-        if not await self._apply_settings(old, new):
-            return False
-        self.notify(f"Temperature {new.params.temperature:g} from the next reply on.", timeout=4)
-        return True
-
-    async def _command_model(self, name: str) -> bool:
-        models = self.model_choices()
-        if not name:
-            names = ", ".join(model.name for model in models) or "none found"
-            raise CommandError(f"/model NAME switches the model; these are here: {names}.")
-        chosen = slash_commands.choose_model(name, models)
-        old = self.current_settings()
-        return await self._apply_settings(old, dataclasses.replace(old, model=chosen.spec))
-
-    async def _command_clear(self, argument: str) -> bool:
-        if self.generating:
-            raise CommandError("Stop the reply first (Esc), then /clear starts a new chat.")
-        await self.action_new_chat()
-        return True
-
-    async def _command_help(self, argument: str) -> bool:
-        self.action_help()
-        return True
-
-    def _attach_file(self, argument: str, typed: str) -> None:
-        path, _, rest = argument.partition("\n")
-        if not path.strip():
-            raise CommandError("/file needs the path of a text file, such as /file notes.txt.")
-        if self.session is None:
-            raise CommandError("A file can be attached once the model and the conversation are ready.")
-        self.run_worker(self._attach(path.strip(), rest, typed), exclusive=True, group="attach-file")
-
-    async def _attach(self, path: str, rest: str, typed: str) -> None:
-        """Read and count the file off the UI thread; if it fits the context window's room, it takes the
-        command's place in the box, with the lines typed after the command, and its size is shown."""
-        engine = self.engine
-        window = engine.context_window if engine else 0
-        try:
-            attachment = await asyncio.to_thread(read_attachment, path,
-                                                 MAX_CHARS_PER_TOKEN * window if window else NO_WINDOW_MAX_CHARS)
-        except AttachmentError as exc:
-            self.notify(str(exc), severity="warning", timeout=10)
+        if prompt.queued is not None:  # one at a time: the first is shown, this one stays in the box
+            self._give_back(typed, "A message is already queued; Backspace in the empty box takes it back.")
             return
-        block = attachment.as_message_text()
-        tokenizer = None if is_remote(engine) or engine is None else engine.tokenizer
-        count, used = await asyncio.to_thread(lambda: (count_tokens(block, tokenizer), self.context_used()))
-        size = f"{'≈ ' if count.estimated else ''}{count.tokens:,} tokens"
-        if window and room_left(count, window, used) < 1:
-            self.notify(f"{attachment.name} is {size}, more than the {max(0, window - used - 1):,} this "
-                        f"conversation's context window ({window:,} tokens) has room for; /clear starts a new chat.",
-                        severity="warning", timeout=10)
+        prompt.queue(typed)
+
+    def _take_back_queued(self) -> None:
+        """The queued message returns to the box to be edited (or, if the box has new text, to the history)."""
+        text = self.query_one(PromptInput).take_queued()
+        if text is not None:
+            self._give_back(text)
+
+    async def _reply_ended(self, clean: bool) -> None:
+        """A reply (or N alternatives) ended: the queued message goes out if it ended by itself; one stopped
+        or failed gives it back to the box instead."""
+        if self.generating or self.query_one(PromptInput).queued is None:
             return
-        prompt = self.query_one(PromptInput)
-        if prompt.text.strip() != typed:
-            return  # the box was changed meanwhile: leave what the user wrote alone
-        prompt.remember(typed)
-        prompt.replace_all(block + rest)
-        self.notify(f"Attached {attachment.name} ({size}); write your message and press Enter.", timeout=6)
+        if not clean:
+            self._take_back_queued()
+            return
+        typed = self.query_one(PromptInput).take_queued()
+        text = slash_commands.parse(typed)
+        await self._send(text if isinstance(text, str) else typed, typed)
 
     async def _reload_changed(self) -> None:
         """Another kvchat added to the conversation shown: show what it is now instead of forking it."""
@@ -240,9 +190,18 @@ class ReplyActions(_Host):
         self.reply = await self.query_one(ChatView).add(ChatMessage("assistant", "", status="streaming"))
         self.reply.thinking.begin(expanded=not self.config.collapse_thinking)
         self._stream = Markdown.get_stream(self.reply.body)
-        self.query_one(StatusBar).begin_reply()
+        self.query_one(StatusBar).begin_reply(prefill_tokens=self._chunked_prefill())
         engine, opens_thinking = self.engine, self.session.opens_thinking
         self.engine_thread.submit(lambda: stream_reply(events, engine, self.post_message, opens_thinking))
+
+    def _chunked_prefill(self) -> int | None:
+        """The tokens the reply just sent prefills, if they take more than one chunk (the engine reports on
+        those after each chunk; the bar shows 0 of them meanwhile); None otherwise, or for a server."""
+        engine, session = self.engine, self.session
+        if engine is None or session is None or is_remote(engine):
+            return None
+        tokens, options = session.unseen_prompt_tokens, getattr(engine, "options", None)
+        return tokens if options is not None and tokens > options.prefill_chunk else None
 
     async def on_reply_text(self, message: ReplyText) -> None:
         reply = self.reply
@@ -273,6 +232,7 @@ class ReplyActions(_Host):
             await self._show_reply_end(message)
         finally:
             self.reply = None
+        await self._reply_ended(message.done is not None and message.done.finish_reason != "stopped")
 
     async def _show_reply_end(self, message: ReplyDone) -> None:
         if self._stream is not None:
@@ -318,8 +278,18 @@ class ReplyActions(_Host):
         await sidebar.refresh_list()
         sidebar.highlight(self.conversation_id)
 
+    def action_interrupt(self) -> None:
+        """Ctrl+C: stop the reply (or the compacting) as Esc does; otherwise the key copies or hints at Ctrl+Q."""
+        if not self.generating:
+            raise SkipAction()
+        self.action_stop()
+
     def action_stop(self) -> None:
-        if self.generating and self.session is not None:
+        if self.compacting:
+            self._take_back_queued()
+            self.stop_compacting()
+        elif self.generating and self.session is not None:
+            self._take_back_queued()  # a stopped reply sends nothing after it
             self.session.cancel()
         elif self.editing is not None:
             self._stop_editing()

@@ -3,7 +3,12 @@ Down recall sent prompts, F7 selects everything, Ctrl+L clears it, and a paste t
 model is refused. Its border's subtitle is the token meter the app keeps up to date.
 
 The widget only asks (Submitted, Refused): the app decides whether a prompt is sent, and calls
-remember() once it is.
+remember() once it is. Enter empties the box at once, so that what is typed next (while a command runs
+or a reply streams) starts a fresh message; the app gives a refused text back (give_back), never into
+a box that has new typing in it.
+
+A message sent while a reply streams waits in the box's `queued` (shown in its border) and goes out
+when the reply ends; Backspace in the empty box takes it back to be edited.
 """
 
 from __future__ import annotations
@@ -38,6 +43,10 @@ class PromptInput(TextArea):
         height: auto;
         max-height: 10;  /* 8 lines of text inside the border */
     }
+    PromptInput.-queued {
+        border-title-color: $text-muted;
+        border-title-style: italic;
+    }
     PromptInput.-over-window {
         border-subtitle-color: $error;
         border-subtitle-style: bold;
@@ -55,13 +64,15 @@ class PromptInput(TextArea):
         Binding("enter", "", "Send the message"),
         Binding("shift+enter,ctrl+j", "", "New line"),
         Binding("up,down", "", "Earlier prompts (in an empty box)"),
+        Binding("backspace", "", "Take back the queued message (in an empty box)"),
         Binding("f7", "", "Select all"),
         Binding("ctrl+l", "", "Clear the box (Ctrl+Z brings it back)"),
         Binding("ctrl+z,ctrl+y", "", "Undo, redo"),
     ]
 
     class Submitted(Message):
-        """Enter was pressed; `text` is the whole content, as typed (the app strips and checks it)."""
+        """Enter was pressed; `text` is the whole content, as typed (the app strips and checks it). The
+        box is empty by then: a text the app does not take goes back with give_back()."""
 
         def __init__(self, prompt_input: PromptInput, text: str):
             super().__init__()
@@ -102,6 +113,7 @@ class PromptInput(TextArea):
         self._recalled: int | None = None  # index in sent_prompts of the prompt Up/Down last showed
         self.meter: Meter | None = None  # set by the app once it can count (see refresh_meter)
         self._meter_timer: Timer | None = None
+        self.queued: str | None = None  # a message to send once the reply being written ends (see queue)
 
     # Sending and new lines
 
@@ -113,7 +125,11 @@ class PromptInput(TextArea):
         if event.key == "enter":
             event.stop()
             event.prevent_default()
-            self.post_message(self.Submitted(self, self.text))
+            self.submit()
+        elif event.key == "backspace" and not self.text and self.queued is not None:
+            event.stop()
+            event.prevent_default()
+            self.give_back(self.take_queued())
         elif any(key in NEWLINE_KEYS for key in event.aliases):
             event.stop()
             event.prevent_default()
@@ -122,6 +138,41 @@ class PromptInput(TextArea):
             # A terminal sends Alt+R as ESC r, which Textual reads as "alt+r" with the character "r":
             # not typed, so it reaches the app's bindings (Alt+R: regenerate N alternatives).
             event.prevent_default()
+
+    def submit(self) -> None:
+        """Take the text out of the box (one edit: Ctrl+Z brings it back) and ask the app to send it."""
+        text = self.text
+        if text:
+            self.clear()
+        self.post_message(self.Submitted(self, text))
+
+    def give_back(self, text: str) -> bool:
+        """A submitted `text` the app did not take: back in the box if the box is still empty (True);
+        else it stays in the Up history (False), never joined to what was typed since."""
+        if not text.strip():
+            return True
+        if self.text.strip():
+            self.remember(text)
+            return False
+        self.replace_all(text)
+        return True
+
+    # The queued message
+
+    def queue(self, text: str) -> None:
+        """Keep `text` to send once the reply being written ends: shown in the border, in the Up history."""
+        self.queued = text
+        self.remember(text)
+        first_line = text.strip().splitlines()[0] if text.strip() else ""
+        self.border_title = f"queued: {first_line} · sent when the reply ends · Esc or Backspace takes it back"
+        self.add_class("-queued")
+
+    def take_queued(self) -> str | None:
+        """The queued message, no longer queued (None: there was none)."""
+        text, self.queued = self.queued, None
+        self.border_title = ""
+        self.remove_class("-queued")
+        return text
 
     def clear(self):
         """Empty the input (and stop walking the history). One edit: Ctrl+Z brings the text back."""

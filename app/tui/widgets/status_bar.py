@@ -12,8 +12,9 @@ cached/computed counts. Below TWO_LINES_BELOW columns the bar has two lines: the
 numbers, then context, KV and model.
 
 While a reply is prefilled the phase counts the seconds (redrawn by the app's timer); a prompt of more
-than one prefill chunk also shows the tokens done of those to compute, the rate and the time left, from
-the Stats the engine sends after each chunk (the time left counts down between them).
+than one prefill chunk also shows the tokens done of those to compute (0 of them from the moment it is
+sent), the rate and the time left, from the Stats the engine sends after each chunk (the time left counts
+down between them).
 """
 
 from __future__ import annotations
@@ -95,43 +96,39 @@ def fit(parts: dict[str, list[str]], order: tuple[str, ...], steps: tuple[str, .
 
 @dataclass(frozen=True)
 class PrefillProgress:
-    """The engine's last report of a long prompt's prefill, and what the UI made of it."""
+    """A long prompt's prefill as the bar shows it: the engine's last report, or before the first one the
+    tokens the prefill is expected to compute, so that the progress shows from the start."""
 
     done: int  # prompt tokens computed so far
     total: int  # prompt tokens to compute
-    elapsed_ms: float  # since the request was submitted (the engine's clock)
-    left_s: float  # the time left, as of `received`
+    elapsed_ms: float  # since the request was submitted (the engine's clock; 0 before its first report)
+    left_s: float | None  # the time left, as of `received`; None: no chunk done yet to measure a rate
     received: float  # time.monotonic() when it arrived
-    chunk_ms: float  # the last chunk's time per token
-    chunk_at: float  # and its tokens' mean position in the sequence
 
     @staticmethod
-    def after(stats: RequestStats, before: PrefillProgress | None) -> PrefillProgress:
-        """The report `stats` (phase "prefill") following `before` (None: the first chunk's).
+    def expected(total: int) -> PrefillProgress:
+        """Before the engine's first report: 0 of `total` (ChatSession.unseen_prompt_tokens) done."""
+        return PrefillProgress(0, total, 0.0, None, time.monotonic())
 
-        A token costs more the later it comes (it attends over all before it: 4-5x as much at 7,000 as
-        at 1,000 for SmolLM2 on a CPU), so the time left is not the rate so far times the tokens left:
-        the time per token is taken as a line through the last two chunks' (their mean positions), and
-        summed over the positions still to compute; after the first chunk, that chunk's time per token."""
-        done0, ms0 = (before.done, before.elapsed_ms) if before else (0, 0.0)
-        done, start = stats.prefill_done_tokens, stats.cached_tokens or 0
-        chunk_ms = max(stats.prefill_ms - ms0, 0.0) / max(done - done0, 1)
-        chunk_at = start + (done0 + done) / 2
-        slope = 0.0  # ms per token, per position further on
-        if before is not None and chunk_at > before.chunk_at:
-            slope = max((chunk_ms - before.chunk_ms) / (chunk_at - before.chunk_at), 0.0)
-        total = stats.prefilled_tokens or 0
-        rest_at = start + (done + total) / 2  # the mean position of the tokens still to compute
-        left_ms = (total - done) * (chunk_ms + slope * (rest_at - chunk_at))
-        return PrefillProgress(done, total, stats.prefill_ms, left_ms / 1e3, time.monotonic(), chunk_ms, chunk_at)
+    @staticmethod
+    def after(stats: RequestStats) -> PrefillProgress:
+        """The report `stats` (phase "prefill"). The time left is the tokens left at the rate of all the
+        chunks so far (tokens done / time since the prefill began), not the last chunk's: one slow chunk (a
+        busy machine) moves it by its share, never by a jump. A later token costs somewhat more than an
+        earlier one (it attends over more), so on a long prompt it errs short, and shrinks steadily."""
+        done, total = stats.prefill_done_tokens, stats.prefilled_tokens or 0
+        left_ms = (total - done) * stats.prefill_ms / max(done, 1)
+        return PrefillProgress(done, total, stats.prefill_ms, left_ms / 1e3, time.monotonic())
 
     def forms(self, elapsed_s: float) -> list[str]:
-        """"prefill 2048/8192 tokens, 4.6 s · 445 tok/s · ~14.0 s left", then shorter."""
+        """"prefill 2,048/8,192 tokens, 4.6 s · 445 tok/s · ~14.0 s left", then shorter."""
+        counts = f"{self.done:,}/{self.total:,}"
+        percent = f"{100 * self.done // max(self.total, 1)}%"
+        if self.left_s is None:  # nothing measured yet
+            return [f"prefill {counts} tokens, {elapsed_s:.1f} s", f"prefill {counts}", f"prefill {percent}"]
         remaining = self.left_s - (time.monotonic() - self.received)
         left = f"~{format_duration(remaining * 1e3)} left" if remaining >= 1 else "finishing"
-        counts = f"{self.done}/{self.total}"
         rate = f" · {self.done / self.elapsed_ms * 1e3:.0f} tok/s" if prefill_rate_shown(self.done) else ""
-        percent = f"{100 * self.done // max(self.total, 1)}%"
         return [f"prefill {counts} tokens, {elapsed_s:.1f} s{rate} · {left}", f"prefill {counts} · {left}",
                 f"prefill {percent} · {left}"]
 
@@ -164,17 +161,19 @@ class StatusBar(Widget):
         if stats is not None:
             self.stats = stats
             if stats.phase == "prefill" and stats.prefill_done_tokens:
-                self.progress = PrefillProgress.after(stats, self.progress)
+                self.progress = PrefillProgress.after(stats)
         if phase != "prefill":
             self.progress = None
         if phase in ("idle", "no model"):
             self.reply_started = None
         self.refresh_text()
 
-    def begin_reply(self, streams: StreamRates | None = None) -> None:
-        """A reply is sent, or (`streams`, their rates so far) several alternatives at once."""
+    def begin_reply(self, streams: StreamRates | None = None, prefill_tokens: int | None = None) -> None:
+        """A reply is sent, or (`streams`, their rates so far) several alternatives at once; `prefill_tokens`:
+        a long prompt's tokens to compute, shown as its progress until the engine reports the first chunk."""
         self.reply_started = time.monotonic()
-        self.stats = self.progress = self.thinking_tokens = None
+        self.stats = self.thinking_tokens = None
+        self.progress = PrefillProgress.expected(prefill_tokens) if prefill_tokens else None
         self.streams = streams
         self.show("prefill")
 
