@@ -179,12 +179,17 @@ class KvchatApp(AlternativesActions, ReplyActions, ContextActions, ThinkingActio
     async def on_event(self, event: events.Event) -> None:
         # Before Textual routes a key (bindings included): typing meant for the message box goes there
         # (PanelActions.key_goes_to_prompt), so a letter typed on a message or the list acts on nothing.
-        if isinstance(event, events.Key) and not event.is_forwarded and self.key_goes_to_prompt(event):
-            self.screen.set_focus(self.query_one(PromptInput))
+        # While the conversation list covers the chat (narrow terminal), typing goes to its search instead:
+        # the message box is hidden under it (LibraryActions.typing_goes_to_list_search).
+        if isinstance(event, events.Key) and not event.is_forwarded:
+            if not self.typing_goes_to_list_search(event) and self.key_goes_to_prompt(event):
+                self.screen.set_focus(self.query_one(PromptInput))
         await super().on_event(event)
 
     def action_escape(self) -> None:
-        """Esc: stop the reply (or cancel the edit), and whatever has the focus, back to the message box."""
+        """Esc: stop the reply (or cancel the edit), and whatever has the focus, back to the message box;
+        the conversation list shown over the chat (narrow terminal) folds away."""
+        self.close_list_over_chat()
         self.action_stop()
         self.query_one(PromptInput).focus()
 

@@ -124,3 +124,28 @@ async def test_a_code_block_that_fits_has_no_scrollbar(code_app):
         await ready(pilot)
         fence = code_app.query_one(MarkdownFence)
         assert fence.max_scroll_x == 0 and fence.scrollbar_size_horizontal == 0
+
+
+async def test_esc_closes_the_list_shown_over_the_chat_at_80x24(tiny_engine):
+    app = app_with(tiny_engine)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        sidebar = app.query_one(Sidebar)
+        await pilot.press("ctrl+b")
+        await wait_until(pilot, lambda: sidebar.display)
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: not sidebar.display)
+        assert app.focused is app.query_one("#prompt")
+
+
+async def test_typing_while_the_list_covers_the_chat_goes_to_its_search_not_the_hidden_box(tiny_engine):
+    app = app_with(tiny_engine)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        sidebar = app.query_one(Sidebar)
+        await pilot.press("ctrl+b")
+        await wait_until(pilot, lambda: sidebar.display)
+        await pilot.press(*"hello")
+        await wait_until(pilot, lambda: sidebar.filter_text == "hello")
+        assert app.query_one("#prompt").text == ""
+        assert sidebar.display and app.focused is sidebar.query_one("#filter")

@@ -6,12 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from textual import events
+
 from app.chat.export_file import ExportTargetExists
 from app.chat.library import delete_conversation, write_export
 from app.tui.screens.confirm import ConfirmScreen
 from app.tui.screens.text_prompt import TextPromptScreen
 from app.tui.widgets.chat_view import ChatView
 from app.tui.widgets.messages import MessageView, last_code_block
+from app.tui.widgets.letter_keys import letters_act
 from app.tui.widgets.sidebar import Sidebar
 from storage.errors import StorageError
 
@@ -66,6 +69,36 @@ class LibraryActions(_Host):
             sidebar.query_one("#conversations").focus()
         else:
             self.query_one("#prompt").focus()
+
+    @property
+    def list_covers_chat(self) -> bool:
+        """The conversation list is shown over the chat (a narrow terminal, after Ctrl+B): the message box
+        is hidden under it."""
+        body = self.screen.query("#body.-narrow")  # none while a dialog's screen is on top
+        return bool(body) and self.screen.query_one(Sidebar).display
+
+    def close_list_over_chat(self) -> bool:
+        """Esc while the list covers the chat: it folds away and the message box has the focus again.
+        False when it did not cover the chat."""
+        if not self.list_covers_chat:
+            return False
+        self.query_one(Sidebar).display = False
+        self.query_one("#prompt").focus()
+        return True
+
+    def typing_goes_to_list_search(self, event: events.Key) -> bool:
+        """While the list covers the chat, a printable key goes to the list's search, never to the hidden
+        message box: True when the focus was moved there for it (the key then types into the search)."""
+        if not (event.is_printable and self.list_covers_chat):
+            return False
+        search = self.query_one(Sidebar).query_one("#filter")
+        if self.focused is search:
+            return False
+        sidebar = self.query_one(Sidebar)
+        if self.focused is not None and sidebar in self.focused.ancestors_with_self and letters_act(sidebar):
+            return False  # after an arrow key, the list's own letters (n, r, d, /) act
+        self.screen.set_focus(search)
+        return True
 
     def action_search(self) -> None:
         sidebar = self.query_one(Sidebar)
