@@ -35,21 +35,21 @@ from engine import RequestStats
 
 SEPARATOR = " · "
 TWO_LINES_BELOW = 120  # columns: narrower, the reply's numbers get a line of their own
-DETAIL_CELLS = 24  # a phase's detail ("loaded in 3.2 s", an error) is cut to this before anything is dropped
-MODEL_CELLS = 16  # and a long model name to this before it is dropped
+DETAIL_CELLS = 24  # a phase's detail ("loaded in 3.2 s", an error) is cut to this (at a word's end) before anything
+MODEL_CELLS = 16  # is dropped, and a long model name to this (at a word's end: "SmolLM2-135M…") before it goes
 
 # The order the parts are shortened in, one step at a time, until the line fits ("phase" twice: its
 # detail is cut, later dropped). A prefill's "progress" stands where the phase does, shortened last.
 # "rate" has a shorter form only for several replies at once: their total without each one's.
 # The tokens per step go first: the phase word ("idle", "decode") says whether a reply is still running.
 # A reasoning reply's "think N · answer M tok" is shortened with the tokens per step, dropped after the model.
-ONE_LINE_STEPS = ("spec", "thinking", "phase", "prompt", "device", "rate", "phase", "model", "model", "thinking",
-                  "kv", "context", "prompt", "progress", "progress", "phase")
+ONE_LINE_STEPS = ("spec", "thinking", "phase", "prompt", "device", "device", "rate", "phase", "model", "model",
+                  "thinking", "kv", "context", "prompt", "progress", "progress", "phase")
 FIRST_LINE = ("phase", "progress", "ttft", "rate", "spec", "thinking", "prompt")
 FIRST_LINE_STEPS = ("spec", "thinking", "phase", "prompt", "rate", "phase", "thinking", "prompt", "progress",
                     "progress", "phase")
 SECOND_LINE = ("context", "kv", "model", "device")
-SECOND_LINE_STEPS = ("device", "model", "model", "kv", "context")
+SECOND_LINE_STEPS = ("device", "device", "model", "model", "kv", "context")
 
 
 def thinking_counts(stats: dict | None) -> tuple[int, int] | None:
@@ -64,23 +64,32 @@ def prompt_text(s: RequestStats) -> str:
     return ReplyNumbers.from_request(s).prompt_text()
 
 
+WORD_ENDS = " -_/."  # where a name or a sentence may be cut ("SmolLM2-135M…", "the snapshot…")
+
+
 def clip(text: str, cells: int) -> str:
-    """`text` cut to `cells` cells, ending with "…" if it was cut."""
+    """`text` cut to at most `cells` cells at the end of a word, ending with "…" if it was cut; "" when
+    not even its first word fits. Never cut mid-word: "cpu float3" reads as another dtype."""
     if cell_len(text) <= cells:
         return text
-    while text and cell_len(text) > cells - 1:
-        text = text[:-1]
-    return text.rstrip() + "…"
+    ends = [i for i, char in enumerate(text) if char in WORD_ENDS and i > 0]
+    for end in reversed(ends):
+        head = text[:end].rstrip(WORD_ENDS)
+        if head and cell_len(head) + 1 <= cells:
+            return head + "…"
+    return ""
 
 
 def fit(parts: dict[str, list[str]], order: tuple[str, ...], steps: tuple[str, ...], width: int) -> str:
     """`parts` (name -> its forms, longest first; "" is dropped) joined in `order`, each at its longest
     form, then shortened one step at a time in the order `steps` names them while the line is wider than
-    `width` cells. What still does not fit is cut by the renderer's ellipsis."""
+    `width` cells. If it still does not fit, whole parts are dropped, the last in `order` first: the line
+    never ends in a part cut mid-word."""
     level = dict.fromkeys(parts, 0)
+    dropped: set[str] = set()
 
     def line() -> str:
-        shown = (parts[name][level[name]] for name in order if name in parts)
+        shown = (parts[name][level[name]] for name in order if name in parts and name not in dropped)
         return SEPARATOR.join(text for text in shown if text)
 
     text = line()
@@ -89,6 +98,12 @@ def fit(parts: dict[str, list[str]], order: tuple[str, ...], steps: tuple[str, .
             break
         if name in parts and level[name] < len(parts[name]) - 1:
             level[name] += 1
+            text = line()
+    for name in reversed(order):
+        if cell_len(text) <= width:
+            break
+        if name in parts:
+            dropped.add(name)
             text = line()
     return text
 
@@ -247,9 +262,10 @@ class StatusBar(Widget):
             shown = f"{used:.1f}" if 0 < used < 10 else f"{used:.0f}"  # a first short reply is not "0"
             parts["kv"] = [f"KV {shown}/{total:.0f} MiB", ""]
         if self.model:
-            parts["model"] = [self.model, clip(self.model, MODEL_CELLS), ""]
+            short = clip(self.model, MODEL_CELLS)
+            parts["model"] = [self.model, short, ""] if short else [self.model, ""]
         if self.device:
-            parts["device"] = [self.device, ""]
+            parts["device"] = [self.device, self.device.split()[0], ""]  # "cpu float32", then "cpu"
         return parts
 
     def _phase_forms(self, elapsed: float | None) -> list[str]:
@@ -260,4 +276,5 @@ class StatusBar(Widget):
         last = [""] if self.stats is not None and self.stats.phase != "prefill" else []
         if not self.detail:
             return [phase, *last]
-        return [f"{phase}: {self.detail}", f"{phase}: {clip(self.detail, DETAIL_CELLS)}", phase, *last]
+        short = clip(self.detail, DETAIL_CELLS)
+        return [f"{phase}: {self.detail}", *([f"{phase}: {short}"] if short else []), phase, *last]
