@@ -17,7 +17,7 @@ from textual import events
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.widgets import Footer, Static
+from textual.widgets import Static
 
 from app.chat.backend import Backend
 from app.chat.backend_loader import LoadBackend, chat_session, is_remote
@@ -42,6 +42,7 @@ from app.chat.saved_chat import SavedConversation, Storage
 from app.chat.terminal_text import clean_input
 from app.tui.widgets.chat_view import ChatView
 from app.tui.widgets.inspector import Inspector
+from app.tui.widgets.key_bar import KeyBar
 from app.tui.widgets.messages import AssistantMessageView
 from app.tui.widgets.prompt_input import PromptInput
 from app.tui.widgets.sidebar import Sidebar
@@ -126,7 +127,7 @@ class KvchatApp(AlternativesActions, ReplyActions, ContextActions, ThinkingActio
                                   placeholder="Message · Enter sends · Ctrl+J new line · Esc stops the reply")
             yield Inspector(id="inspector")
         yield StatusBar()
-        yield Footer()
+        yield KeyBar()
 
     def _recent_prompts(self) -> list[str]:
         try:

@@ -3,6 +3,7 @@ list folds away below 100 columns and comes back when the terminal widens, the p
 instead of squeezing it, and a code block too wide for the chat scrolls sideways."""
 
 import pytest
+from textual.widgets._footer import FooterKey
 from textual.widgets.markdown import MarkdownFence
 
 from app.chat.saved_chat import Storage
@@ -149,3 +150,17 @@ async def test_typing_while_the_list_covers_the_chat_goes_to_its_search_not_the_
         await wait_until(pilot, lambda: sidebar.filter_text == "hello")
         assert app.query_one("#prompt").text == ""
         assert sidebar.display and app.focused is sidebar.query_one("#filter")
+
+
+@pytest.mark.parametrize("size", [(80, 24), (60, 20), (160, 45)])
+async def test_the_key_bar_shows_fewer_keys_rather_than_a_cut_one(tiny_engine, size):
+    app = app_with(tiny_engine)
+    async with app.run_test(size=size) as pilot:
+        await ready(pilot)
+        await pilot.pause()
+        keys = list(app.query(FooterKey))
+        palette = next(key for key in keys if key.has_class("-command-palette"))
+        shown = [key for key in keys if key is not palette]
+        assert shown and all(key.region.right <= palette.region.x for key in shown)
+        line = screen_lines(app)[-1]
+        assert all(f"{key.key_display} {key.description}" in line for key in shown)
