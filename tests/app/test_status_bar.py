@@ -139,11 +139,23 @@ async def test_a_narrow_bar_drops_the_tokens_per_step_before_the_product_numbers
     narrow = await bar_lines(60, "decode", stats=SPECULATED)
     assert "spec 2.6 tok/step" in wide[0] and "tok/step" not in narrow[0]
     assert all(part in narrow[0] for part in NUMBERS)
-    # Just too narrow for everything: the tokens per step go, the phase word stays (the tmux tests, and
-    # people, read "idle" to know the reply ended).
+    # Just too narrow for everything: the prompt's wording is shortened before the tokens per step go, and
+    # the phase word stays (the tmux tests, and people, read "idle" to know the reply ended).
     full = (await bar_lines(400, "idle", stats=SPECULATED))[0].strip()
     [tight] = await bar_lines(len(full) - 2, "idle", stats=SPECULATED)
-    assert tight.strip().startswith("idle") and "tok/step" not in tight
+    assert tight.strip().startswith("idle") and "spec 2.6 tok/step" in tight
+
+
+async def test_at_160_columns_a_reply_that_drafted_shows_its_tokens_per_step_beside_a_long_phase_detail():
+    [line] = await bar_lines(160, "idle", "stopped at the length limit (max tokens: Ctrl+O)", stats=SPECULATED)
+    assert "spec 2.6 tok/step" in line and all(part in line for part in NUMBERS)
+
+
+@pytest.mark.parametrize("drafted, shown", [(150, "spec paused (2.6 tok/step)"), (0, "spec paused")])
+async def test_a_reply_whose_drafting_stopped_paying_says_spec_paused(drafted, shown):
+    paused = dataclasses.replace(SPECULATED, draft_tokens=drafted, drafting_paused=True)
+    [line] = await bar_lines(160, "decode", stats=paused)
+    assert f"52.6 tok/s · {shown} · " in line
 
 
 def prefill_stats(done: int, ms: float, total: int = 8192) -> RequestStats:

@@ -1,14 +1,14 @@
 """The live status bar: what the engine is doing and what the last reply cost.
 
 Its parts, most important first: the phase · TTFT · tokens/s (of N alternatives written at once: their
-total, then each one's) · decode tokens per step (only when the
-reply had speculative drafts to verify) · a reasoning reply's tokens, thinking and answer apart
-("think 120 · answer 48 tok") · prompt tokens cached (and from where) and computed · the
+total, then each one's) · decode tokens per step (only when the reply had speculative drafts to verify;
+"spec paused" while the engine stops drafting because it did not pay) · a reasoning reply's tokens,
+thinking and answer apart ("think 120 · answer 48 tok") · prompt tokens cached (and from where) and computed · the
 context meter (used/window and percent, in the warning colour from 80%: context_meter.py) · KV cache
 memory used/budget · model · device and dtype. Each redraw fits them to the bar's width: the least
 important part is shortened or dropped first (the phase's detail, the prompt's wording, the device, the
 tokens per step, the model, KV, context, then where the cache came from), never TTFT, tokens/s or the
-cached/computed counts. Below TWO_LINES_BELOW columns the bar has two lines: the phase and the reply's
+cached/computed counts, and never a part cut mid-word: whole parts go if it still does not fit. Below TWO_LINES_BELOW columns the bar has two lines: the phase and the reply's
 numbers, then context, KV and model.
 
 While a reply is prefilled the phase counts the seconds (redrawn by the app's timer); a prompt of more
@@ -41,12 +41,14 @@ MODEL_CELLS = 16  # is dropped, and a long model name to this (at a word's end: 
 # The order the parts are shortened in, one step at a time, until the line fits ("phase" twice: its
 # detail is cut, later dropped). A prefill's "progress" stands where the phase does, shortened last.
 # "rate" has a shorter form only for several replies at once: their total without each one's.
-# The tokens per step go first: the phase word ("idle", "decode") says whether a reply is still running.
+# A long phase detail is cut first; the prompt's wording, the device, the model's long name and the detail go
+# before the tokens per step (what the drafts bought); the phase word ("idle", "decode": is a reply still
+# running?) goes last.
 # A reasoning reply's "think N · answer M tok" is shortened with the tokens per step, dropped after the model.
-ONE_LINE_STEPS = ("spec", "thinking", "phase", "prompt", "device", "device", "rate", "phase", "model", "model",
+ONE_LINE_STEPS = ("phase", "thinking", "prompt", "device", "device", "model", "phase", "spec", "rate", "model",
                   "thinking", "kv", "context", "prompt", "progress", "progress", "phase")
 FIRST_LINE = ("phase", "progress", "ttft", "rate", "spec", "thinking", "prompt")
-FIRST_LINE_STEPS = ("spec", "thinking", "phase", "prompt", "rate", "phase", "thinking", "prompt", "progress",
+FIRST_LINE_STEPS = ("phase", "thinking", "prompt", "spec", "rate", "phase", "thinking", "prompt", "progress",
                     "progress", "phase")
 SECOND_LINE = ("context", "kv", "model", "device")
 SECOND_LINE_STEPS = ("device", "device", "model", "model", "kv", "context")
@@ -246,8 +248,13 @@ class StatusBar(Widget):
                 parts["ttft"] = [f"TTFT {s.ttft_ms:.0f} ms" if s.generated_tokens else "TTFT …"]
                 parts["rate"] = [f"{s.decode_tokens_per_s:.1f} tok/s"]
                 # What the drafts bought (1.0 tok/step is plain decoding); a remote server counts no steps.
-                if s.draft_tokens > 0 and s.decode_steps > 0:
-                    parts["spec"] = [f"spec {format_tokens_per_step(s.tokens_per_step)}", ""]
+                # "spec paused": the engine stopped drafting because it did not pay (it probes now and then).
+                per_step = format_tokens_per_step(s.tokens_per_step)
+                if s.decode_steps > 0 and s.drafting_paused:
+                    parts["spec"] = [f"spec paused ({per_step})" if s.draft_tokens else "spec paused",
+                                     "spec paused", ""]
+                elif s.decode_steps > 0 and s.draft_tokens > 0:
+                    parts["spec"] = [f"spec {per_step}", ""]
             parts["prompt"] = ReplyNumbers.from_request(s).prompt_forms()
         used = self.context_tokens()
         if self.context_window and used is not None:
@@ -274,7 +281,9 @@ class StatusBar(Widget):
             phase += f" {elapsed:.1f} s"
         # Dropped last of all, and only beside a reply's numbers: they show what is going on.
         last = [""] if self.stats is not None and self.stats.phase != "prefill" else []
+        # Three forms before the last, detail or not, so that each "phase" step of the fitting does the
+        # same thing: cut the detail, drop it, then (the last step) drop the phase word.
+        short = clip(self.detail, DETAIL_CELLS) if self.detail else ""
         if not self.detail:
-            return [phase, *last]
-        short = clip(self.detail, DETAIL_CELLS)
-        return [f"{phase}: {self.detail}", *([f"{phase}: {short}"] if short else []), phase, *last]
+            return [phase, phase, phase, *last]
+        return [f"{phase}: {self.detail}", f"{phase}: {short}" if short else phase, phase, *last]
