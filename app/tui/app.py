@@ -13,11 +13,11 @@ import argparse
 import asyncio
 import signal
 
-from textual import events
+from textual import events, on
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.widgets import Static
+from textual.widgets import Static, TextArea
 
 from app.chat.backend import Backend
 from app.chat.backend_loader import LoadBackend, chat_session, is_remote
@@ -40,6 +40,7 @@ from app.chat.reply_limits import reply_limits
 from app.chat.sampling_settings import SAMPLING_FIELDS, sampling_params
 from app.chat.saved_chat import SavedConversation, Storage
 from app.chat.terminal_text import clean_input
+from app.tui.widgets.box_notice import BoxNotice
 from app.tui.widgets.chat_view import ChatView
 from app.tui.widgets.inspector import Inspector
 from app.tui.widgets.key_bar import KeyBar
@@ -125,6 +126,7 @@ class KvchatApp(AlternativesActions, ReplyActions, ContextActions, ThinkingActio
                 yield Static("", id="editing", markup=False)
                 yield PromptInput(history=self._recent_prompts(), id="prompt",
                                   placeholder="Message · Enter sends · Ctrl+J new line · Esc stops the reply")
+                yield BoxNotice(id="box-notice")
             yield Inspector(id="inspector")
         yield StatusBar()
         yield KeyBar()
@@ -213,6 +215,15 @@ class KvchatApp(AlternativesActions, ReplyActions, ContextActions, ThinkingActio
             self._sidebar_was_shown, sidebar.display = sidebar.display, False
         elif self._sidebar_was_shown:
             sidebar.display = True
+
+    def tell_at_box(self, sentence: str) -> None:
+        """Say why what was just typed was not taken, under the message box (not in a toast, where a later
+        notice would hide it); it stays until the box is edited."""
+        self.query_one(BoxNotice).say(sentence, self.query_one(PromptInput).text)
+
+    @on(TextArea.Changed, "#prompt")
+    def _box_edited(self, event: TextArea.Changed) -> None:
+        self.query_one(BoxNotice).box_changed(event.text_area.text)
 
     def _remember_theme(self, theme: str) -> None:
         try:

@@ -64,6 +64,8 @@ class ReplyHost(Protocol):
 
     def _can_send(self, text: str | None = None) -> bool: ...
 
+    def tell_at_box(self, sentence: str) -> None: ...
+
     def _alternatives(self, message: ChatMessage) -> list[str]: ...
 
     async def open_conversation(self, conversation_id: str | None) -> None: ...
@@ -117,7 +119,7 @@ class ReplyActions(_Host):
             self.offer_ways_on(exc)
             return
         except ContextWindowError as exc:
-            self.notify(f"{exc} Ctrl+L clears the box; /clear starts a new chat.", severity="error", timeout=10)
+            self.tell_at_box(f"{exc} Ctrl+L clears the box; /clear starts a new chat.")
             return
         except (*USER_FACING_ERRORS, ValueError) as exc:
             self.notify(str(exc), severity="error", timeout=10)
@@ -138,7 +140,7 @@ class ReplyActions(_Host):
         """Carry out a command typed in the box. Done: it leaves the box (Up recalls it); refused: one
         sentence says why and the box keeps it, to be corrected."""
         if isinstance(command, UnknownCommand):
-            self.notify(command.sentence(), severity="warning", timeout=10)
+            self.tell_at_box(command.sentence())
             return
         try:
             if command.name == "file":
@@ -146,7 +148,7 @@ class ReplyActions(_Host):
                 return  # the box gets the file's content once it is read and counted
             done = await getattr(self, f"_command_{command.name.replace('-', '_')}")(command.argument)
         except CommandError as exc:
-            self.notify(str(exc), severity="warning", timeout=10)
+            self.tell_at_box(str(exc))
             return
         prompt = self.query_one(PromptInput)
         if done and prompt.text.strip() == typed:
@@ -209,16 +211,16 @@ class ReplyActions(_Host):
             attachment = await asyncio.to_thread(read_attachment, path,
                                                  MAX_CHARS_PER_TOKEN * window if window else NO_WINDOW_MAX_CHARS)
         except AttachmentError as exc:
-            self.notify(str(exc), severity="warning", timeout=10)
+            self.tell_at_box(str(exc))
             return
         block = attachment.as_message_text()
         tokenizer = None if is_remote(engine) or engine is None else engine.tokenizer
         count, used = await asyncio.to_thread(lambda: (count_tokens(block, tokenizer), self.context_used()))
         size = f"{'≈ ' if count.estimated else ''}{count.tokens:,} tokens"
         if window and room_left(count, window, used) < 1:
-            self.notify(f"{attachment.name} is {size}, more than the {max(0, window - used - 1):,} this "
-                        f"conversation's context window ({window:,} tokens) has room for; /clear starts a new chat.",
-                        severity="warning", timeout=10)
+            self.tell_at_box(f"{attachment.name} is {size}, more than the {max(0, window - used - 1):,} this "
+                             f"conversation's context window ({window:,} tokens) has room for; /clear starts a new "
+                             "chat.")
             return
         prompt = self.query_one(PromptInput)
         if prompt.text.strip() != typed:
@@ -234,7 +236,7 @@ class ReplyActions(_Host):
                     severity="warning", timeout=10)
 
     def on_prompt_input_refused(self, event: PromptInput.Refused) -> None:
-        self.notify(event.sentence, severity="warning", timeout=10)
+        self.tell_at_box(event.sentence)
 
     async def _start_reply(self, events) -> None:
         self.reply = await self.query_one(ChatView).add(ChatMessage("assistant", "", status="streaming"))
