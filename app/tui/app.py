@@ -80,6 +80,8 @@ class KvchatApp(AlternativesActions, ReplyActions, ContextActions, ThinkingActio
                         "conversation's sample at temperature 0.7"),
         Binding("ctrl+g", "edit_last", "Edit last message", show=False),
         Binding("ctrl+s", "export('md')", "Export as Markdown", show=False),
+        Binding("ctrl+z", "undo_trash", "Undo moving to the trash (while its notice is up)", show=False,
+                priority=True),
         Binding("ctrl+up", "focus_messages", "Go to the messages", show=False),
         Binding("ctrl+q", "quit", "Quit", priority=True),
     ]

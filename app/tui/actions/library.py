@@ -3,10 +3,12 @@ export and copying. A mixin of KvchatApp, kept apart so each file stays about on
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from textual import events
+from textual.actions import SkipAction
 
 from app.chat.export_file import ExportTargetExists
 from app.chat.library import delete_conversation, write_export
@@ -17,6 +19,8 @@ from app.tui.widgets.messages import MessageView, last_code_block
 from app.tui.widgets.letter_keys import letters_act
 from app.tui.widgets.sidebar import Sidebar
 from storage.errors import StorageError
+
+UNDO_TRASH_S = 10.0  # how long the "moved to the trash" notice is up, and Ctrl+Z brings the conversation back
 
 if TYPE_CHECKING:
     from textual.app import App
@@ -153,14 +157,52 @@ class LibraryActions(_Host):
             except StorageError as exc:
                 self.notify(str(exc), severity="error")
                 return
-            self.notify(f"Moved “{title}” to the trash, with its KV cache; `kvchat restore {conversation_id}` "
-                        "brings it back within 30 days.", timeout=8)
+            self._undoable_trash = (conversation_id, time.monotonic() + UNDO_TRASH_S)
+            self.notify(f"Moved “{title}” to the trash, with its KV cache. Ctrl+Z undoes it; the trash (Ctrl+P: "
+                        "Show the trash) keeps it 30 days.", timeout=UNDO_TRASH_S)
             if conversation_id == self.conversation_id:
                 await self.open_conversation(None)
             await self.query_one(Sidebar).refresh_list()
 
         self.push_screen(ConfirmScreen(f"Move “{title}” to the trash (kept 30 days), with all its branches and its "
                                        "saved KV cache?"), delete)
+
+    # The conversation last moved to the trash and until when (time.monotonic()) Ctrl+Z brings it back.
+    _undoable_trash: tuple[str, float] | None = None
+
+    async def action_undo_trash(self) -> None:
+        """Ctrl+Z while the "moved to the trash" notice is up: restore that conversation. Otherwise the key
+        is not this binding's (SkipAction): the message box's own undo gets it."""
+        undoable, self._undoable_trash = self._undoable_trash, None
+        if undoable is None or time.monotonic() > undoable[1]:
+            raise SkipAction()
+        await self.restore_conversation(undoable[0])
+
+    async def on_sidebar_restore(self, event: Sidebar.Restore) -> None:
+        await self.restore_conversation(event.conversation_id)
+
+    async def restore_conversation(self, conversation_id: str) -> None:
+        """Take a conversation out of the trash and show it, in the list of saved ones."""
+        try:
+            conversation = self.storage.conversations.restore(conversation_id)
+        except StorageError as exc:
+            self.notify(str(exc), severity="error", timeout=10)
+            return
+        self.notify(f"Restored “{conversation.title or 'the conversation'}”.", timeout=4)
+        sidebar = self.query_one(Sidebar)
+        await sidebar.show_trash(False)
+        if not self.generating:  # a reply being written keeps its conversation on screen
+            await self.on_sidebar_open(Sidebar.Open(conversation.id))
+
+    async def action_show_trash(self) -> None:
+        """The conversation list, showing the trash: Enter restores one, t goes back."""
+        sidebar = self.query_one(Sidebar)
+        sidebar.display = True
+        await sidebar.show_trash(True)
+        sidebar.query_one("#conversations").focus()
+
+    async def on_app_focus(self) -> None:
+        await self.query_one(Sidebar).check_for_changes()  # the CLI may have deleted or restored one meanwhile
 
     def action_export(self, fmt: str) -> None:
         conversation_id = self.conversation_id
