@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from textual import events
 from textual.actions import SkipAction
 
-from app.chat.export_file import ExportTargetExists
+from app.chat.export_file import ExportTargetExists, shown_path
 from app.chat.library import delete_conversation, write_export
 from app.tui.screens.confirm import ConfirmScreen
 from app.tui.screens.text_prompt import TextPromptScreen
@@ -25,6 +25,7 @@ UNDO_TRASH_S = 10.0  # how long the "moved to the trash" notice is up, and Ctrl+
 if TYPE_CHECKING:
     from textual.app import App
 
+    from app.chat.config import Config
     from app.chat.saved_chat import Storage
 
 
@@ -33,6 +34,7 @@ class LibraryHost(Protocol):
     """What LibraryActions uses of the app it is mixed into (KvchatApp), besides Textual's App."""
 
     storage: Storage
+    config: Config
     conversation_id: str | None  # the conversation shown (None: a new one)
 
     @property
@@ -210,21 +212,33 @@ class LibraryActions(_Host):
             self.notify("This chat has nothing to export yet.", severity="warning")
             return
 
+        # The config file's export_dir (else the folder kvchat was started in) holds the file, and a
+        # relative name typed in the prompt.
+        folder = Path(self.config.export_dir).expanduser() if self.config.export_dir else Path()
+
         def export(path: str | None) -> None:
             if path is None:
                 return
-            target = Path(path).expanduser()
+            target = folder / Path(path).expanduser()
             try:
+                if self.config.export_dir:  # the configured folder may not be made yet
+                    folder.mkdir(parents=True, exist_ok=True)
                 write_export(self.storage.conversations, conversation_id, fmt, target)
             except ExportTargetExists:
-                self.notify(f"{target} already exists; choose another name.", severity="error", timeout=10)
+                self.notify(f"{shown_path(target)} already exists; choose another name.", severity="error",
+                            timeout=10)
+                return
+            except OSError as exc:
+                self.notify(f"Cannot make the export folder {shown_path(folder)}: {exc.strerror or exc}.",
+                            severity="error", timeout=10)
                 return
             except StorageError as exc:
                 self.notify(str(exc), severity="error", timeout=10)
                 return
-            self.notify(f"Exported to {target}.", timeout=6)
+            self.notify(f"Exported to {shown_path(target)}.", timeout=6)
 
-        default = f"kvchat-{conversation_id}.{fmt}"
+        default = shown_path(folder / f"kvchat-{conversation_id}.{fmt}") if self.config.export_dir \
+            else f"kvchat-{conversation_id}.{fmt}"
         self.push_screen(TextPromptScreen(f"Export as {'Markdown' if fmt == 'md' else 'JSON'} to", default), export)
 
     def _selected_message(self, role: str | None = None) -> MessageView | None:
