@@ -164,3 +164,11 @@ async def test_the_key_bar_shows_fewer_keys_rather_than_a_cut_one(tiny_engine, s
         assert shown and all(key.region.right <= palette.region.x for key in shown)
         line = screen_lines(app)[-1]
         assert all(f"{key.key_display} {key.description}" in line for key in shown)
+
+
+async def test_the_empty_chat_names_help_and_its_commands(tiny_engine):
+    app = app_with(tiny_engine)
+    async with app.run_test(size=(160, 45)) as pilot:
+        await ready(pilot)
+        await pilot.pause()
+        assert "/help or F1: all keys and commands" in str(app.query_one("#welcome").render())
