@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
+import os
 import signal
+import sys
+from typing import NoReturn
 
 from textual import events, on
 from textual.app import App, ComposeResult
@@ -400,8 +404,9 @@ class KvchatApp(AlternativesActions, ReplyActions, ContextActions, ThinkingActio
             return []
 
 
-def run_tui(args: argparse.Namespace, load: LoadBackend) -> int:
-    """The chat on the backend `load` gives, with the command line's other flags."""
+def run_tui(args: argparse.Namespace, load: LoadBackend) -> NoReturn:
+    """The chat on the backend `load` gives, with the command line's other flags; ends the process with
+    the app's exit code once everything is written (see end_process)."""
     sampling_params(args)  # bad flags fail before anything starts
     system = clean_input(args.system, "The system prompt")
     storage = Storage.open(args.snapshot_gb)
@@ -415,4 +420,16 @@ def run_tui(args: argparse.Namespace, load: LoadBackend) -> int:
         if app is not None:
             app.engine_thread.stop()  # the reply it stopped, or the model it was loading, ends first
         storage.close()  # pending KV snapshots are written before the process ends
-    return app.return_code or 0
+    end_process(app.return_code or 0)
+
+
+def end_process(code: int) -> NoReturn:
+    """Exit now, skipping the interpreter's teardown. By here the engine thread has ended, the K/V
+    writer has flushed and the database is closed: nothing is left to write. The teardown only freed
+    memory (the model's tensors, torch's modules), and took 1.2-1.4 s of a 1.4-1.7 s quit on an idle
+    2-core machine (measured: Ctrl+Q to the app's unmount 0.21 s, the engine thread, the K/V writer and
+    the database 0.01 s, then the interpreter's exit), longer on a busy one."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
