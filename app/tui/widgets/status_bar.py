@@ -7,8 +7,9 @@ thinking and answer apart ("think 120 · answer 48 tok") · prompt tokens cached
 context meter (used/window and percent, in the warning colour from 80%: context_meter.py) · KV cache
 memory used/budget · model · device and dtype. Each redraw fits them to the bar's width: the least
 important part is shortened or dropped first (the phase's detail, the prompt's wording, the device, the
-tokens per step, the model, KV, context, then where the cache came from), never TTFT, tokens/s or the
-cached/computed counts, and never a part cut mid-word: whole parts go if it still does not fit. Below TWO_LINES_BELOW columns the bar has two lines: the phase and the reply's
+model's long name, the detail, the tokens per step, the model, KV, context, then where the cache came
+from), never TTFT, tokens/s or the cached/computed counts, and never a part cut mid-word: whole parts go
+if it still does not fit. Below TWO_LINES_BELOW columns the bar has two lines: the phase and the reply's
 numbers, then context, KV and model.
 
 While a reply is prefilled the phase counts the seconds (redrawn by the app's timer); a prompt of more
