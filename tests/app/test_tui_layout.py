@@ -172,3 +172,18 @@ async def test_the_empty_chat_names_help_and_its_commands(tiny_engine):
         await ready(pilot)
         await pilot.pause()
         assert "/help or F1: all keys and commands" in str(app.query_one("#welcome").render())
+
+
+async def test_narrowing_the_terminal_leaves_keys_out_of_the_key_bar_rather_than_cutting_one(tiny_engine):
+    app = app_with(tiny_engine)
+    async with app.run_test(size=(160, 45)) as pilot:
+        await ready(pilot)
+        wide = len(app.query(FooterKey))
+        await pilot.resize_terminal(80, 24)
+
+        def fits() -> bool:
+            keys = list(app.query(FooterKey))
+            palette = next(key for key in keys if key.has_class("-command-palette"))
+            return len(keys) < wide and all(k.region.right <= palette.region.x for k in keys if k is not palette)
+
+        await wait_until(pilot, fits)
