@@ -35,6 +35,7 @@ class RequestStats:
     draft_tokens: int = 0
     accepted_tokens: int = 0
     decode_steps: int = 0
+    drafting_paused: bool = False  # drafts stopped paying, so steps go plain (probing now and then) as of now
 
     @property
     def prefill_tokens_per_s(self) -> float:

@@ -164,6 +164,12 @@ class ConversationStore(StreamingReplies, Trash, KVIndex):
         may have deleted it."""
         return bool(self._rows("SELECT 1 FROM conversations WHERE id = ? AND deleted_at IS NULL", [conversation_id]))
 
+    def data_version(self) -> int:
+        """A number that changes when another connection (another kvchat, the CLI) has changed the
+        database since this one last looked (SQLite's PRAGMA data_version): a cheap "should the list be
+        read again?" for a window left open."""
+        return self._rows("PRAGMA data_version")[0]["data_version"]
+
     def list(self, limit: int | None = None, offset: int = 0) -> list[Conversation]:
         """Newest activity first. Reads only the conversations table, so it stays instant with
         thousands of long conversations."""

@@ -12,6 +12,8 @@
                                               # (the settings screen's choice wins over it)
     collapse_thinking = false                 # a reasoning model's thinking stays collapsed while it
                                               # streams too (t on a reply shows it)
+    export_dir = "~/Documents/kvchat"         # where the chat's exports (Ctrl+S) go by default
+                                              # (else the folder kvchat was started in)
 
     [sampling]                                # what a conversation has not set itself
     temperature = 0.7
@@ -64,6 +66,7 @@ class Config:
     alternatives: int | None = None  # None: not set (the settings screen's last choice, else the default)
     sampling: dict = field(default_factory=dict)  # SamplingParams field -> value
     collapse_thinking: bool = False  # else a reply's thinking is expanded while it streams in
+    export_dir: str | None = None  # the chat's exports' folder ("~" allowed); None: the current folder
 
 
 def config_path() -> Path:
@@ -116,7 +119,7 @@ def _parse(raw: dict, path: Path) -> Config:
         raise ConfigError(f"in the config file {path}, {key} {rule}")
 
     known = {"model", "system", "theme", "max_reply_tokens", "stop_repetition", "alternatives", "sampling",
-             "collapse_thinking"}
+             "collapse_thinking", "export_dir"}
     for key in raw:
         if key not in known:
             fail(repr(key), f"is not a setting (known: {', '.join(sorted(known))})")
@@ -126,6 +129,8 @@ def _parse(raw: dict, path: Path) -> Config:
     for key in NOT_EMPTY:
         if key in raw and not raw[key].strip():
             fail(key, "is empty; remove the line for the default")
+    if "export_dir" in raw and not (isinstance(raw["export_dir"], str) and raw["export_dir"].strip()):
+        fail("export_dir", "must be the path of a folder")
     max_reply = raw.get("max_reply_tokens", DEFAULT_MAX_REPLY_TOKENS)
     if not isinstance(max_reply, int) or isinstance(max_reply, bool) or max_reply < 0:
         fail("max_reply_tokens", "must be a whole number, 0 (no ceiling) or more")
@@ -146,4 +151,4 @@ def _parse(raw: dict, path: Path) -> Config:
             fail(f"sampling.{key} = {value!r}", f"is refused: {exc}")
     return Config(path, raw.get("model"), raw.get("system"), raw.get("theme"), max_reply,
                   raw.get("stop_repetition", True), raw.get("alternatives"), dict(sampling),
-                  raw.get("collapse_thinking", False))
+                  raw.get("collapse_thinking", False), raw.get("export_dir"))

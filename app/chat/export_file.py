@@ -22,6 +22,14 @@ class ExportTargetExists(StorageError):
     """The file is there already and replacing it was not asked for."""
 
 
+def shown_path(path: Path) -> str:
+    """`path` made absolute, as the user is told where a file went: the home folder as "~"."""
+    absolute, home = Path(os.path.abspath(path)), Path.home()
+    if absolute == home or home in absolute.parents:
+        return str(Path("~") / absolute.relative_to(home))
+    return str(absolute)
+
+
 def write_new_file(path: Path, text: str, force: bool = False) -> None:
     """Write `text` (UTF-8) to `path`. StorageError (one sentence) for a path that exists (unless
     `force`), is a symbolic link or not a regular file, or cannot be written."""

@@ -16,6 +16,7 @@ from storage.snapshot_dir import SnapshotDir
 from storage.turn_lock import TurnLock
 
 STATUS_NOTES = {"stopped": " (stopped)", "interrupted": " (interrupted)", "streaming": " (still being written)"}
+CUT_NOTE = "*(cut at the length limit)*"  # under a reply that ended at its token ceiling, not by itself
 
 
 def local_time(epoch: float) -> str:
@@ -31,6 +32,8 @@ def render_markdown(conversation: Conversation, branch: list[StoredMessage]) -> 
         who = {"user": "You", "system": "Summary of the earlier turns"}.get(message.role, "Assistant")
         lines += [f"**{who}:**{STATUS_NOTES.get(message.status, '')}", ""]
         lines += _reply_lines(message) if message.role == "assistant" else [message.text, ""]
+        if message.role == "assistant" and (message.stats or {}).get("finish_reason") == "length":
+            lines += [CUT_NOTE, ""]
     return "\n".join(lines)
 
 

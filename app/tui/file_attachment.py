@@ -15,6 +15,28 @@ from pathlib import Path
 
 SNIFF_BYTES = 8192  # a NUL byte among the first ones: a binary file (what git and grep look at)
 NO_WINDOW_MAX_CHARS = 1 << 22  # the most read when the context window is not known (a server not saying)
+# The code block's language tag by file extension (the names Markdown renderers and Pygments know), so the
+# chat highlights the file and the model is told what it is. Others get no tag.
+FENCE_LANGUAGES = {
+    "py": "python", "pyi": "python", "js": "javascript", "mjs": "javascript", "jsx": "jsx", "ts": "typescript",
+    "tsx": "tsx", "rs": "rust", "go": "go", "c": "c", "h": "c", "cc": "cpp", "cpp": "cpp", "cxx": "cpp",
+    "hpp": "cpp", "java": "java", "kt": "kotlin", "swift": "swift", "cs": "csharp", "rb": "ruby", "php": "php",
+    "lua": "lua", "r": "r", "jl": "julia", "scala": "scala", "hs": "haskell", "ex": "elixir", "exs": "elixir",
+    "erl": "erlang", "pl": "perl", "dart": "dart", "sh": "bash", "bash": "bash", "zsh": "zsh", "fish": "fish",
+    "ps1": "powershell", "sql": "sql", "html": "html", "htm": "html", "css": "css", "scss": "scss", "xml": "xml",
+    "json": "json", "jsonl": "json", "toml": "toml", "yaml": "yaml", "yml": "yaml", "ini": "ini", "cfg": "ini",
+    "md": "markdown", "rst": "rst", "tex": "latex", "diff": "diff", "patch": "diff",
+}
+FENCE_LANGUAGES_BY_NAME = {"makefile": "make", "dockerfile": "dockerfile", "cmakelists.txt": "cmake"}
+
+
+def fence_language(name: str) -> str:
+    """The language tag of a code block holding the file `name` ("" when its kind is not known)."""
+    lowered = name.lower()
+    if lowered in FENCE_LANGUAGES_BY_NAME:
+        return FENCE_LANGUAGES_BY_NAME[lowered]
+    stem, dot, extension = lowered.rpartition(".")
+    return FENCE_LANGUAGES.get(extension, "") if dot and stem else ""
 
 
 class AttachmentError(ValueError):
@@ -27,11 +49,12 @@ class Attachment:
     text: str  # its content, line endings made "\n"
 
     def as_message_text(self) -> str:
-        """The content in a fenced block headed by the file's name, longer fences than any inside it."""
+        """The content in a fenced block headed by the file's name, longer fences than any inside it, tagged
+        with the file's language when its extension says it."""
         longest = max((len(run) for run in re.findall(r"`+", self.text)), default=0)
         fence = "`" * max(3, longest + 1)
         body = self.text if self.text.endswith("\n") or not self.text else self.text + "\n"
-        return f"{self.name}:\n{fence}\n{body}{fence}\n"
+        return f"{self.name}:\n{fence}{fence_language(self.name)}\n{body}{fence}\n"
 
 
 def read_attachment(path: str, max_chars: int | None = None) -> Attachment:

@@ -33,6 +33,7 @@ def palette_commands(app, textual_commands: Iterable[SystemCommand] = ()) -> Ite
         ("Rename the conversation", "Give it a title", lambda: app.rename_conversation(app.conversation_id)),
         ("Delete the conversation", "With its branches and saved KV cache",
          lambda: app.delete_conversation(app.conversation_id)),
+        ("Show the trash", "Deleted conversations, kept 30 days; Enter restores one", app.action_show_trash),
         ("Keys", "Every key and slash command of kvchat (F1)", app.action_help),
     ]
     for title, help_text, callback in entries:

@@ -213,6 +213,8 @@ class StepLoop:
         drafts, accepted = len(inputs) - 1, 0
         stats.decode_steps += 1
         stats.draft_tokens += drafts
+        if request.speculator is not None:  # this step's drafting decision (Request.next_tokens)
+            stats.drafting_paused = request.speculator.not_paying
         for i, given in enumerate(inputs):
             kv.finalize([given])  # its logits are used: its K/V are those of the reply's token
             token = self._sampled(request, logits[i])

@@ -76,6 +76,7 @@ class Speculator:
         self.acceptance: dict[int, Acceptance] = {}  # by the match length that found the draft
         self.pending = 0  # the match length of the draft being verified
         self.paused = 0  # plain steps taken since the last draft, though a proposal was there
+        self.not_paying = False  # the last proposal was not drafted because drafting did not pay (a probe aside)
 
     def draft(self, limit: int) -> list[int]:
         """Draft tokens for the next step (at most `limit`, what the reply has room for); [] = a plain step."""
@@ -87,6 +88,7 @@ class Speculator:
             return []
         acceptance = self.acceptance.setdefault(n, Acceptance())
         length = self.best_length(len(proposal), acceptance.rate)
+        self.not_paying = length == 0
         if length == 0:
             acceptance.rejected *= FORGET_WHILE_PAUSED
             self.paused += 1

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from app.tui.file_attachment import Attachment, AttachmentError, read_attachment
+from app.tui.file_attachment import Attachment, AttachmentError, fence_language, read_attachment
 
 
 def test_a_text_file_is_read_whole_with_its_line_endings_made_newlines(tmp_path):
@@ -14,8 +14,15 @@ def test_a_text_file_is_read_whole_with_its_line_endings_made_newlines(tmp_path)
 
 
 def test_the_message_text_is_a_fenced_block_headed_by_the_name_longer_than_any_fence_inside():
-    assert Attachment("a.md", "x\n```\ny").as_message_text() == "a.md:\n````\nx\n```\ny\n````\n"
+    assert Attachment("a.md", "x\n```\ny").as_message_text() == "a.md:\n````markdown\nx\n```\ny\n````\n"
     assert Attachment("b.txt", "plain\n").as_message_text() == "b.txt:\n```\nplain\n```\n"
+
+
+@pytest.mark.parametrize(("name", "tag"), [("app.py", "python"), ("Main.RS", "rust"), ("Makefile", "make"),
+                                         ("notes.txt", ""), ("README", ""), (".bashrc", ""), ("a.tar.gz", "")])
+def test_the_code_block_is_tagged_with_the_files_language_from_its_extension(name, tag):
+    assert Attachment(name, "x\n").as_message_text() == f"{name}:\n```{tag}\nx\n```\n"
+    assert fence_language(name) == tag
 
 
 @pytest.mark.parametrize(("make", "sentence"), [

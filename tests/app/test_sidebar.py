@@ -7,7 +7,8 @@ import pytest
 from textual.app import App, ComposeResult
 from textual.widgets import Input, ListView
 
-from app.tui.widgets.sidebar import ConversationItem, NoticeItem, Sidebar, relative_time
+from app.tui.widgets.conversation_items import ConversationItem, NoticeItem, relative_time
+from app.tui.widgets.sidebar import Sidebar
 from storage.conversations import ConversationStore
 from storage.errors import StorageError
 from tests.app.pilot import wait_until

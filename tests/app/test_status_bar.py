@@ -5,11 +5,13 @@ import dataclasses
 import time
 
 import pytest
+from rich.cells import cell_len
 from textual.app import App, ComposeResult
 
 from app.chat.stats_text import MIN_PREFILL_TOKENS_FOR_RATE
 from app.tui.styles import stylesheet
-from app.tui.widgets.status_bar import StatusBar, clip, fit
+from app.tui.widgets.status_bar import (FIRST_LINE, FIRST_LINE_STEPS, ONE_LINE_STEPS, SECOND_LINE, SECOND_LINE_STEPS,
+                                        SEPARATOR, StatusBar, clip, fit)
 from engine import RequestStats
 from tests.app.screen_text import screen_lines
 
@@ -17,6 +19,8 @@ REPLY = RequestStats(prompt_tokens=1036, cached_tokens=1024, prefilled_tokens=12
                      generated_tokens=180, cache_source="disk", ttft_ms=48.0, prefill_ms=46.5, decode_ms=3400.0,
                      phase="done")
 NUMBERS = ("TTFT 48 ms", "52.6 tok/s", "1,024 cached", "12 computed")
+SPECULATED = dataclasses.replace(REPLY, decode_steps=70, draft_tokens=150, accepted_tokens=109)  # 179 in 70 steps
+ONE_LINE = FIRST_LINE + SECOND_LINE
 
 
 class BarApp(App):
@@ -47,12 +51,35 @@ def test_fit_shortens_the_parts_in_the_order_given_until_the_line_fits():
     assert fit(parts, ("a", "b", "c"), ("b", "a"), 20) == "aaaa · bbbb · cc"
     assert fit(parts, ("a", "b", "c"), ("b", "a"), 10) == "aaaa · cc"
     assert fit(parts, ("a", "b", "c"), ("b", "a"), 6) == "a · cc"
-    assert fit(parts, ("a", "b", "c"), ("b", "a"), 3) == "a · cc"  # nothing left to shorten: the renderer cuts
+    assert fit(parts, ("a", "b", "c"), ("b", "a"), 3) == "a"  # nothing left to shorten: whole parts go, the last first
 
 
-def test_clip_ends_a_cut_text_with_an_ellipsis():
-    assert clip("SmolLM2-135M-Instruct", 10) == "SmolLM2-1…"
+def test_clip_cuts_at_the_end_of_a_word_with_an_ellipsis():
+    assert clip("SmolLM2-135M-Instruct", 16) == "SmolLM2-135M…"
+    assert clip("SmolLM2-135M-Instruct", 10) == "SmolLM2…"
+    assert clip("SmolLM2-135M-Instruct", 5) == ""  # not even its first word: nothing rather than "Smol…"
     assert clip("short", 10) == "short"
+
+
+def bar_parts(stats: RequestStats = REPLY, detail: str = "") -> dict[str, list[str]]:
+    bar = StatusBar()
+    bar.context_window, bar.model, bar.device = 8192, "SmolLM2-135M-Instruct", "cpu float32"
+    bar.kv_cache = {"enabled": True, "bytes_used": 80 * 2**20, "bytes_total": 2048 * 2**20}
+    bar.show("decode", detail, stats)
+    return bar.parts()
+
+
+@pytest.mark.parametrize("width", [200, 160, 140, 120, 100, 80, 60, 40, 20, 10])
+@pytest.mark.parametrize("detail", ["", "the conversation could not be opened because its snapshot was old"])
+def test_fit_never_cuts_a_part_mid_word_at_any_width(width, detail):
+    parts = bar_parts(SPECULATED, detail)
+    for order, steps in ((ONE_LINE, ONE_LINE_STEPS), (FIRST_LINE, FIRST_LINE_STEPS), (SECOND_LINE, SECOND_LINE_STEPS)):
+        line = fit(parts, order, steps, width)
+        assert cell_len(line) <= width
+        shown = [name for name in order if name in parts]
+        # Each piece of the line is one whole form of one part, in order.
+        for piece in line.split(SEPARATOR) if line else []:
+            assert any(piece in parts[name] for name in shown), piece
 
 
 @pytest.mark.parametrize("width", [160, 130])
@@ -90,7 +117,6 @@ async def test_before_any_reply_the_bar_shows_the_phase_kv_and_model():
     assert lines == ["idle: loaded in 3.2 s", "KV 80/2048 MiB · SmolLM2-135M-Instruct · cpu float32"]
 
 
-SPECULATED = dataclasses.replace(REPLY, decode_steps=70, draft_tokens=150, accepted_tokens=109)  # 179 in 70 steps
 
 
 @pytest.mark.parametrize("phase, stats", [("decode", dataclasses.replace(SPECULATED, phase="decode")),
@@ -113,11 +139,23 @@ async def test_a_narrow_bar_drops_the_tokens_per_step_before_the_product_numbers
     narrow = await bar_lines(60, "decode", stats=SPECULATED)
     assert "spec 2.6 tok/step" in wide[0] and "tok/step" not in narrow[0]
     assert all(part in narrow[0] for part in NUMBERS)
-    # Just too narrow for everything: the tokens per step go, the phase word stays (the tmux tests, and
-    # people, read "idle" to know the reply ended).
+    # Just too narrow for everything: the prompt's wording is shortened before the tokens per step go, and
+    # the phase word stays (the tmux tests, and people, read "idle" to know the reply ended).
     full = (await bar_lines(400, "idle", stats=SPECULATED))[0].strip()
     [tight] = await bar_lines(len(full) - 2, "idle", stats=SPECULATED)
-    assert tight.strip().startswith("idle") and "tok/step" not in tight
+    assert tight.strip().startswith("idle") and "spec 2.6 tok/step" in tight
+
+
+async def test_at_160_columns_a_reply_that_drafted_shows_its_tokens_per_step_beside_a_long_phase_detail():
+    [line] = await bar_lines(160, "idle", "stopped at the length limit (max tokens: Ctrl+O)", stats=SPECULATED)
+    assert "spec 2.6 tok/step" in line and all(part in line for part in NUMBERS)
+
+
+@pytest.mark.parametrize("drafted, shown", [(150, "spec paused (2.6 tok/step)"), (0, "spec paused")])
+async def test_a_reply_whose_drafting_stopped_paying_says_spec_paused(drafted, shown):
+    paused = dataclasses.replace(SPECULATED, draft_tokens=drafted, drafting_paused=True)
+    [line] = await bar_lines(160, "decode", stats=paused)
+    assert f"52.6 tok/s · {shown} · " in line
 
 
 def prefill_stats(done: int, ms: float, total: int = 8192) -> RequestStats:

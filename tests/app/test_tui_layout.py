@@ -3,6 +3,7 @@ list folds away below 100 columns and comes back when the terminal widens, the p
 instead of squeezing it, and a code block too wide for the chat scrolls sideways."""
 
 import pytest
+from textual.widgets._footer import FooterKey
 from textual.widgets.markdown import MarkdownFence
 
 from app.chat.saved_chat import Storage
@@ -124,3 +125,65 @@ async def test_a_code_block_that_fits_has_no_scrollbar(code_app):
         await ready(pilot)
         fence = code_app.query_one(MarkdownFence)
         assert fence.max_scroll_x == 0 and fence.scrollbar_size_horizontal == 0
+
+
+async def test_esc_closes_the_list_shown_over_the_chat_at_80x24(tiny_engine):
+    app = app_with(tiny_engine)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        sidebar = app.query_one(Sidebar)
+        await pilot.press("ctrl+b")
+        await wait_until(pilot, lambda: sidebar.display)
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: not sidebar.display)
+        assert app.focused is app.query_one("#prompt")
+
+
+async def test_typing_while_the_list_covers_the_chat_goes_to_its_search_not_the_hidden_box(tiny_engine):
+    app = app_with(tiny_engine)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        sidebar = app.query_one(Sidebar)
+        await pilot.press("ctrl+b")
+        await wait_until(pilot, lambda: sidebar.display)
+        await pilot.press(*"hello")
+        await wait_until(pilot, lambda: sidebar.filter_text == "hello")
+        assert app.query_one("#prompt").text == ""
+        assert sidebar.display and app.focused is sidebar.query_one("#filter")
+
+
+@pytest.mark.parametrize("size", [(80, 24), (60, 20), (160, 45)])
+async def test_the_key_bar_shows_fewer_keys_rather_than_a_cut_one(tiny_engine, size):
+    app = app_with(tiny_engine)
+    async with app.run_test(size=size) as pilot:
+        await ready(pilot)
+        await pilot.pause()
+        keys = list(app.query(FooterKey))
+        palette = next(key for key in keys if key.has_class("-command-palette"))
+        shown = [key for key in keys if key is not palette]
+        assert shown and all(key.region.right <= palette.region.x for key in shown)
+        line = screen_lines(app)[-1]
+        assert all(f"{key.key_display} {key.description}" in line for key in shown)
+
+
+async def test_the_empty_chat_names_help_and_its_commands(tiny_engine):
+    app = app_with(tiny_engine)
+    async with app.run_test(size=(160, 45)) as pilot:
+        await ready(pilot)
+        await pilot.pause()
+        assert "/help or F1: all keys and commands" in str(app.query_one("#welcome").render())
+
+
+async def test_narrowing_the_terminal_leaves_keys_out_of_the_key_bar_rather_than_cutting_one(tiny_engine):
+    app = app_with(tiny_engine)
+    async with app.run_test(size=(160, 45)) as pilot:
+        await ready(pilot)
+        wide = len(app.query(FooterKey))
+        await pilot.resize_terminal(80, 24)
+
+        def fits() -> bool:
+            keys = list(app.query(FooterKey))
+            palette = next(key for key in keys if key.has_class("-command-palette"))
+            return len(keys) < wide and all(k.region.right <= palette.region.x for k in keys if k is not palette)
+
+        await wait_until(pilot, fits)

@@ -11,7 +11,7 @@ from tests.app.pilot import wait_until
 
 
 class RecordingApp(KvchatApp):
-    """KvchatApp that also keeps the text of every notification it shows."""
+    """KvchatApp that also keeps the text of every notification it shows (and every sentence under the box)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -20,6 +20,11 @@ class RecordingApp(KvchatApp):
     def notify(self, message, **kwargs):
         self.notices.append(message)
         super().notify(message, **kwargs)
+
+    def tell_at_box(self, sentence: str) -> None:
+        """Kept with the notifications: tests ask whether the user was told, wherever it was shown."""
+        self.notices.append(sentence)
+        super().tell_at_box(sentence)
 
 
 def app_with(engine, storage: Storage | None = None, **kwargs) -> RecordingApp:

@@ -84,6 +84,17 @@ def test_the_draft_length_grows_with_acceptance_and_drafting_pauses_when_it_fail
     assert paused > 10  # failures fade slowly, then a draft is tried again
 
 
+def test_the_speculator_says_when_drafting_stopped_paying():
+    costs = StepCosts()
+    for rows in range(1, 18):
+        costs.record(rows, 0.010 + 0.0025 * (rows - 1))
+    speculator = Speculator([1, 2, 3, 4, 5, 6, 7, 8] * 4, 16, costs)
+    assert speculator.draft(16) and not speculator.not_paying
+    for _ in range(30):
+        speculator.verified(4, 0)
+    assert speculator.draft(16) == [] and speculator.not_paying
+
+
 def test_acceptance_is_learned_per_match_length():
     """Drafts found by long matches keep going while those found by one token, which keep failing, pause."""
     costs = StepCosts()
@@ -195,6 +206,15 @@ def test_a_repetitive_reply_takes_fewer_steps_than_tokens(engine):
     assert on.stats.tokens_per_step > 1.0 and off.stats.tokens_per_step == 1.0
     steps = [d.step for d in deltas]
     assert steps[0] == 0 and steps == sorted(steps) and len(set(steps)) == on.stats.decode_steps + 1
+
+
+def test_a_reply_reports_whether_drafting_is_paused_because_it_did_not_pay(engine, monkeypatch):
+    prompt = list(b"the cat sat on the mat. the cat sat on the mat. the cat sat on the mat. the cat")
+    drafting, _ = reply(engine, prompt, 8, max_tokens=30)
+    assert drafting.stats.draft_tokens > 0 and not drafting.stats.drafting_paused
+    monkeypatch.setattr(StepCosts, "ratio", lambda self, rows: float(rows))  # verifying as dear as stepping
+    paused, _ = reply(engine, prompt, 8, max_tokens=30)
+    assert paused.stats.drafting_paused and paused.stats.draft_tokens == 0
 
 
 def test_the_kv_a_speculative_reply_leaves_is_a_plain_replys(engine):

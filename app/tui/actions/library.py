@@ -3,21 +3,29 @@ export and copying. A mixin of KvchatApp, kept apart so each file stays about on
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from app.chat.export_file import ExportTargetExists
+from textual import events
+from textual.actions import SkipAction
+
+from app.chat.export_file import ExportTargetExists, shown_path
 from app.chat.library import delete_conversation, write_export
 from app.tui.screens.confirm import ConfirmScreen
 from app.tui.screens.text_prompt import TextPromptScreen
 from app.tui.widgets.chat_view import ChatView
 from app.tui.widgets.messages import MessageView, last_code_block
+from app.tui.widgets.letter_keys import letters_act
 from app.tui.widgets.sidebar import Sidebar
 from storage.errors import StorageError
+
+UNDO_TRASH_S = 10.0  # how long the "moved to the trash" notice is up, and Ctrl+Z brings the conversation back
 
 if TYPE_CHECKING:
     from textual.app import App
 
+    from app.chat.config import Config
     from app.chat.saved_chat import Storage
 
 
@@ -26,6 +34,7 @@ class LibraryHost(Protocol):
     """What LibraryActions uses of the app it is mixed into (KvchatApp), besides Textual's App."""
 
     storage: Storage
+    config: Config
     conversation_id: str | None  # the conversation shown (None: a new one)
 
     @property
@@ -66,6 +75,36 @@ class LibraryActions(_Host):
             sidebar.query_one("#conversations").focus()
         else:
             self.query_one("#prompt").focus()
+
+    @property
+    def list_covers_chat(self) -> bool:
+        """The conversation list is shown over the chat (a narrow terminal, after Ctrl+B): the message box
+        is hidden under it."""
+        body = self.screen.query("#body.-narrow")  # none while a dialog's screen is on top
+        return bool(body) and self.screen.query_one(Sidebar).display
+
+    def close_list_over_chat(self) -> bool:
+        """Esc while the list covers the chat: it folds away and the message box has the focus again.
+        False when it did not cover the chat."""
+        if not self.list_covers_chat:
+            return False
+        self.query_one(Sidebar).display = False
+        self.query_one("#prompt").focus()
+        return True
+
+    def typing_goes_to_list_search(self, event: events.Key) -> bool:
+        """While the list covers the chat, a printable key goes to the list's search, never to the hidden
+        message box: True when the focus was moved there for it (the key then types into the search)."""
+        if not (event.is_printable and self.list_covers_chat):
+            return False
+        search = self.query_one(Sidebar).query_one("#filter")
+        if self.focused is search:
+            return False
+        sidebar = self.query_one(Sidebar)
+        if self.focused is not None and sidebar in self.focused.ancestors_with_self and letters_act(sidebar):
+            return False  # after an arrow key, the list's own letters (n, r, d, /) act
+        self.screen.set_focus(search)
+        return True
 
     def action_search(self) -> None:
         sidebar = self.query_one(Sidebar)
@@ -120,8 +159,9 @@ class LibraryActions(_Host):
             except StorageError as exc:
                 self.notify(str(exc), severity="error")
                 return
-            self.notify(f"Moved “{title}” to the trash, with its KV cache; `kvchat restore {conversation_id}` "
-                        "brings it back within 30 days.", timeout=8)
+            self._undoable_trash = (conversation_id, time.monotonic() + UNDO_TRASH_S)
+            self.notify(f"Moved “{title}” to the trash, with its KV cache. Ctrl+Z undoes it; the trash (Ctrl+P: "
+                        "Show the trash) keeps it 30 days.", timeout=UNDO_TRASH_S)
             if conversation_id == self.conversation_id:
                 await self.open_conversation(None)
             await self.query_one(Sidebar).refresh_list()
@@ -129,27 +169,76 @@ class LibraryActions(_Host):
         self.push_screen(ConfirmScreen(f"Move “{title}” to the trash (kept 30 days), with all its branches and its "
                                        "saved KV cache?"), delete)
 
+    # The conversation last moved to the trash and until when (time.monotonic()) Ctrl+Z brings it back.
+    _undoable_trash: tuple[str, float] | None = None
+
+    async def action_undo_trash(self) -> None:
+        """Ctrl+Z while the "moved to the trash" notice is up: restore that conversation. Otherwise the key
+        is not this binding's (SkipAction): the message box's own undo gets it."""
+        undoable, self._undoable_trash = self._undoable_trash, None
+        if undoable is None or time.monotonic() > undoable[1]:
+            raise SkipAction()
+        await self.restore_conversation(undoable[0])
+
+    async def on_sidebar_restore(self, event: Sidebar.Restore) -> None:
+        await self.restore_conversation(event.conversation_id)
+
+    async def restore_conversation(self, conversation_id: str) -> None:
+        """Take a conversation out of the trash and show it, in the list of saved ones."""
+        try:
+            conversation = self.storage.conversations.restore(conversation_id)
+        except StorageError as exc:
+            self.notify(str(exc), severity="error", timeout=10)
+            return
+        self.notify(f"Restored “{conversation.title or 'the conversation'}”.", timeout=4)
+        sidebar = self.query_one(Sidebar)
+        await sidebar.show_trash(False)
+        if not self.generating:  # a reply being written keeps its conversation on screen
+            await self.on_sidebar_open(Sidebar.Open(conversation.id))
+
+    async def action_show_trash(self) -> None:
+        """The conversation list, showing the trash: Enter restores one, t goes back."""
+        sidebar = self.query_one(Sidebar)
+        sidebar.display = True
+        await sidebar.show_trash(True)
+        sidebar.query_one("#conversations").focus()
+
+    async def on_app_focus(self) -> None:
+        await self.query_one(Sidebar).check_for_changes()  # the CLI may have deleted or restored one meanwhile
+
     def action_export(self, fmt: str) -> None:
         conversation_id = self.conversation_id
         if conversation_id is None:
             self.notify("This chat has nothing to export yet.", severity="warning")
             return
 
+        # The config file's export_dir (else the folder kvchat was started in) holds the file, and a
+        # relative name typed in the prompt.
+        folder = Path(self.config.export_dir).expanduser() if self.config.export_dir else Path()
+
         def export(path: str | None) -> None:
             if path is None:
                 return
-            target = Path(path).expanduser()
+            target = folder / Path(path).expanduser()
             try:
+                if self.config.export_dir:  # the configured folder may not be made yet
+                    folder.mkdir(parents=True, exist_ok=True)
                 write_export(self.storage.conversations, conversation_id, fmt, target)
             except ExportTargetExists:
-                self.notify(f"{target} already exists; choose another name.", severity="error", timeout=10)
+                self.notify(f"{shown_path(target)} already exists; choose another name.", severity="error",
+                            timeout=10)
+                return
+            except OSError as exc:
+                self.notify(f"Cannot make the export folder {shown_path(folder)}: {exc.strerror or exc}.",
+                            severity="error", timeout=10)
                 return
             except StorageError as exc:
                 self.notify(str(exc), severity="error", timeout=10)
                 return
-            self.notify(f"Exported to {target}.", timeout=6)
+            self.notify(f"Exported to {shown_path(target)}.", timeout=6)
 
-        default = f"kvchat-{conversation_id}.{fmt}"
+        default = shown_path(folder / f"kvchat-{conversation_id}.{fmt}") if self.config.export_dir \
+            else f"kvchat-{conversation_id}.{fmt}"
         self.push_screen(TextPromptScreen(f"Export as {'Markdown' if fmt == 'md' else 'JSON'} to", default), export)
 
     def _selected_message(self, role: str | None = None) -> MessageView | None:

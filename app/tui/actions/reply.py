@@ -61,6 +61,8 @@ class ReplyHost(Protocol):
 
     def _can_send(self, text: str | None = None) -> bool: ...
 
+    def tell_at_box(self, sentence: str) -> None: ...
+
     def _alternatives(self, message: ChatMessage) -> list[str]: ...
 
     async def open_conversation(self, conversation_id: str | None) -> None: ...
@@ -142,13 +144,15 @@ class ReplyActions(_Host):
         await self._start_reply(events)
 
     def _give_back(self, typed: str, sentence: str = "", severity: str = "warning") -> None:
-        """`typed` was not taken: back in the box if it is still empty, else kept in the Up history and
-        named in `sentence` (shown if given, or then to say where it went)."""
-        if not self.query_one(PromptInput).give_back(typed):
-            kept = f"“{clip(typed, 40)}” is not put back, as the box has new text; Up recalls it."
-            sentence = f"{sentence} {kept}" if sentence else kept
-        if sentence:
-            self.notify(sentence, severity=severity, timeout=10)
+        """`typed` was not taken: back in the box if it is still empty, with `sentence` (if any) under the
+        box until it is edited; else kept in the Up history, and a toast says why and where it went (the box's
+        new text is not what the sentence is about)."""
+        if self.query_one(PromptInput).give_back(typed):
+            if sentence:
+                self.tell_at_box(sentence)
+            return
+        kept = f"“{clip(typed, 40)}” is not put back, as the box has new text; Up recalls it."
+        self.notify(f"{sentence} {kept}" if sentence else kept, severity=severity, timeout=10)
 
     # ---- the message queued while a reply is written (sent when it ends; see PromptInput.queue)
 
@@ -184,7 +188,7 @@ class ReplyActions(_Host):
                     severity="warning", timeout=10)
 
     def on_prompt_input_refused(self, event: PromptInput.Refused) -> None:
-        self.notify(event.sentence, severity="warning", timeout=10)
+        self.tell_at_box(event.sentence)
 
     async def _start_reply(self, events) -> None:
         self.reply = await self.query_one(ChatView).add(ChatMessage("assistant", "", status="streaming"))

@@ -24,7 +24,7 @@ from app.tui.widgets.summary_view import SummaryMessageView
 PAGE = 20  # about two screens of messages; building a Markdown widget costs milliseconds
 
 WELCOME = ("Type a message and press Enter.  Ctrl+J adds a line · Esc stops a reply · "
-           "Ctrl+B conversations · Ctrl+O settings · Ctrl+T inspector · F1 all keys")
+           "Ctrl+B conversations · Ctrl+O settings · Ctrl+T inspector · /help or F1: all keys and commands")
 
 
 class ChatView(VerticalScroll):

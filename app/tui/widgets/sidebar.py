@@ -4,14 +4,17 @@ It only reads the store (the conversations table, plus full-text search while fi
 stays instant however long the conversations are. Opening, renaming, deleting and starting a chat
 are posted as messages; the app does them and then calls refresh_list(). The list's single-letter
 keys act only when the app says so (see letter_keys.py).
+
+`t` switches between the saved conversations and the trash (deleted ones, kept 30 days), where Enter
+restores one. Another kvchat or the CLI may change the database meanwhile: check_for_changes() reads it
+again only when SQLite says it changed (every DATA_CHECK_S, and when the app is focused).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
-from datetime import date
+from collections.abc import Callable
 
 from textual import on
 from textual.app import ComposeResult
@@ -22,6 +25,7 @@ from textual.message import Message
 from textual.timer import Timer
 from textual.widgets import Input, Label, ListItem, ListView
 
+from app.tui.widgets.conversation_items import ConversationItem, NoticeItem, filter_conversations
 from app.tui.widgets.letter_keys import letters_act
 from storage.conversations import Conversation, ConversationStore
 from storage.errors import StorageError
@@ -30,68 +34,8 @@ MAX_ROWS = 500  # conversations loaded into the list; older ones are reached by 
 SEARCH_HITS = 200  # matching messages asked of the search (several may share a conversation)
 FILTER_DELAY_S = 0.15  # typing re-queries once the keys pause this long, not on every key
 TIMES_REFRESH_S = 30.0  # "just now" becomes "1 min ago" without a re-query
-UNTITLED = "New chat"
-# Fixed English month names: strftime's %b would follow whatever locale the process runs in.
-MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
-
-
-def relative_time(then: float, now: float) -> str:
-    """When `then` was, seen from `now` (epoch seconds), as a person would say it in a list:
-    "just now", "5 min ago", "3 h ago", "yesterday", "4 days ago", then the date ("12 Mar 2026").
-    Hours count elapsed time; days count calendar days in local time."""
-    elapsed = now - then
-    if elapsed < 60:  # a clock a little behind another process's counts as now too
-        return "just now"
-    if elapsed < 3600:
-        return f"{int(elapsed // 60)} min ago"
-    if elapsed < 24 * 3600:
-        return f"{int(elapsed // 3600)} h ago"
-    then_day = date.fromtimestamp(then)
-    # At least a day: over a day has passed, even if a daylight-saving change says otherwise.
-    days = max(1, (date.fromtimestamp(now) - then_day).days)
-    if days == 1:
-        return "yesterday"
-    if days < 7:
-        return f"{days} days ago"
-    return f"{then_day.day} {MONTHS[then_day.month - 1]} {then_day.year}"
-
-
-def filter_conversations(conversations: Iterable[Conversation], text: str,
-                         found_in: Iterable[Conversation] = ()) -> list[Conversation]:
-    """The conversations whose title contains `text` (ignoring case), together with `found_in`
-    (those whose messages matched the search), each once, newest activity first."""
-    needle = text.strip().casefold()
-    chosen = {c.id: c for c in conversations if needle in (c.title or UNTITLED).casefold()}
-    chosen.update({c.id: c for c in found_in})
-    return sorted(chosen.values(), key=lambda c: (-c.updated_at, c.id))
-
-
-class ConversationItem(ListItem):
-    """One conversation: its title on one line (cut to fit), when it was last active below."""
-
-    def __init__(self, conversation: Conversation, now: float):
-        super().__init__()
-        self.conversation_id = conversation.id
-        self.conversation_title = conversation.title or UNTITLED
-        self.updated_at = conversation.updated_at
-        self._when = relative_time(conversation.updated_at, now)
-
-    def compose(self) -> ComposeResult:
-        yield Label(self.conversation_title, classes="title", markup=False)  # titles are the user's text, [ and all
-        yield Label(self._when, classes="time")
-
-    def show_time(self, now: float) -> None:
-        self.query_one(".time", Label).update(relative_time(self.updated_at, now))
-
-
-class NoticeItem(ListItem):
-    """A line in place of conversations ("No matches", "Search failed: …"); cannot be selected."""
-
-    conversation_id = None
-
-    def __init__(self, text: str):
-        super().__init__(Label(text, markup=False), disabled=True)
-        self.text = text
+DATA_CHECK_S = 3.0  # how often the list looks whether another process changed the database (one PRAGMA)
+TRASH_TITLE = "Trash · Enter restores · t: saved ones"
 
 
 class Sidebar(Vertical):
@@ -137,6 +81,14 @@ class Sidebar(Vertical):
         .time {
             color: $text-muted;
         }
+        #trash-title {
+            display: none;
+            padding: 0 1;
+            background: $warning 20%;
+        }
+        &.-trash #trash-title {
+            display: block;
+        }
         NoticeItem {
             color: $text-muted;
             text-style: italic;
@@ -151,6 +103,7 @@ class Sidebar(Vertical):
         Binding("n", "new", "New"),
         Binding("r", "rename", "Rename"),
         Binding("d,delete", "delete", "Delete"),
+        Binding("t", "toggle_trash", "Trash"),
         Binding("slash", "focus_filter", "Search", show=False),
         # From the filter; the list moves its own cursor.
         Binding("down", "focus_list", "From the search to the list", show=False),
@@ -180,6 +133,13 @@ class Sidebar(Vertical):
     class New(Message):
         """The user asked for a new chat."""
 
+    class Restore(Message):
+        """The user asked to take this conversation out of the trash (Enter on it in the trash)."""
+
+        def __init__(self, conversation_id: str):
+            super().__init__()
+            self.conversation_id = conversation_id
+
     def __init__(self, store: ConversationStore, clock: Callable[[], float] = time.time, *,
                  id: str | None = None, classes: str | None = None):
         super().__init__(id=id, classes=classes)
@@ -189,14 +149,18 @@ class Sidebar(Vertical):
         self._filter_timer: Timer | None = None
         # Rebuilds of the list run one at a time, in the order asked, so the last query wins.
         self._rebuilding = asyncio.Lock()
+        self.showing_trash = False  # the list shows the trash instead of the saved conversations
+        self._data_version: int | None = None  # the database's, as of the last read (check_for_changes)
 
     def compose(self) -> ComposeResult:
         # Coming back to the filter (/) continues its text rather than replacing it with the next key.
+        yield Label(TRASH_TITLE, id="trash-title")
         yield Input(placeholder="Search conversations", id="filter", select_on_focus=False)
         yield ListView(id="conversations")
 
     async def on_mount(self) -> None:
         self.set_interval(TIMES_REFRESH_S, self._show_times)
+        self.set_interval(DATA_CHECK_S, self.check_for_changes)
         await self.refresh_list()
 
     # Public API
@@ -215,7 +179,29 @@ class Sidebar(Vertical):
         """Query the store again (keeping the filter) and show the result, keeping the cursor on
         the same conversation when it is still listed. Await the result to wait for the screen."""
         self._cancel_pending_filter()
+        self._data_version = self._read_data_version()
         return AwaitComplete(self._show(self._query(self.filter_text), self.selected_id))
+
+    def show_trash(self, trash: bool) -> AwaitComplete:
+        """List the trash (True) or the saved conversations (False)."""
+        self.showing_trash = trash
+        self.set_class(trash, "-trash")
+        self.query_one("#filter", Input).placeholder = "Search the trash" if trash else "Search conversations"
+        return self.refresh_list()
+
+    async def check_for_changes(self) -> bool:
+        """Read the list again if another connection changed the database since it was read; True if so."""
+        version = self._read_data_version()
+        if version is None or version == self._data_version:
+            return False
+        await self.refresh_list()
+        return True
+
+    def _read_data_version(self) -> int | None:
+        try:
+            return self.store.data_version()
+        except StorageError:
+            return None
 
     def highlight(self, conversation_id: str | None) -> None:
         """Mark `conversation_id` as the open conversation (None: none is) and put the cursor on it."""
@@ -232,6 +218,8 @@ class Sidebar(Vertical):
     def _query(self, text: str) -> list[ListItem]:
         """The items for filter `text`: conversations, or one notice saying why there are none."""
         text = text.strip()
+        if self.showing_trash:
+            return self._query_trash(text)
         try:
             conversations = self.store.list(limit=MAX_ROWS)
         except StorageError as exc:
@@ -245,6 +233,19 @@ class Sidebar(Vertical):
             return [NoticeItem("No conversation matches." if text else "No conversations yet.")]
         now = self.clock()
         return [ConversationItem(c, now) for c in conversations]
+
+    def _query_trash(self, text: str) -> list[ListItem]:
+        """The trash's items for filter `text` (titles only: the search index leaves the trash out)."""
+        try:
+            trashed = self.store.trashed()[:MAX_ROWS]
+        except StorageError as exc:
+            return [NoticeItem(f"The trash could not be listed: {exc}")]
+        if text:
+            trashed = filter_conversations(trashed, text)
+        if not trashed:
+            return [NoticeItem("No conversation in the trash matches." if text else "The trash is empty.")]
+        now = self.clock()
+        return [ConversationItem(c, now) for c in trashed]
 
     def _found_in_messages(self, text: str, listed: list[Conversation]) -> list[Conversation]:
         """The conversations with a message holding every word of `text`. Those older than the
@@ -314,18 +315,18 @@ class Sidebar(Vertical):
         event.stop()
         conversation_id = getattr(event.item, "conversation_id", None)
         if conversation_id is not None:
-            self.post_message(self.Open(conversation_id))
+            self.post_message(self.Restore(conversation_id) if self.showing_trash else self.Open(conversation_id))
 
     @on(ListView.Highlighted, "#conversations")
     def _highlighted(self) -> None:
         self.refresh_bindings()  # rename and delete show in the footer only with a conversation under the cursor
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action in ("new", "rename", "delete") and self.query_one("#filter", Input).has_focus:
+        if action in ("new", "rename", "delete", "toggle_trash") and self.query_one("#filter", Input).has_focus:
             return False  # those keys type into the filter there, so the footer should not offer them
-        if action in ("rename", "delete") and self.selected_id is None:
-            return False
-        if action in ("new", "rename", "delete", "focus_filter"):
+        if action in ("rename", "delete") and (self.selected_id is None or self.showing_trash):
+            return False  # in the trash, Enter restores; deleting for good is the CLI's (kvchat delete --permanently)
+        if action in ("new", "rename", "delete", "focus_filter", "toggle_trash"):
             return letters_act(self)
         return True
 
@@ -339,6 +340,9 @@ class Sidebar(Vertical):
     def action_delete(self) -> None:
         if self.selected_id is not None:
             self.post_message(self.Delete(self.selected_id))
+
+    async def action_toggle_trash(self) -> None:
+        await self.show_trash(not self.showing_trash)
 
     def action_focus_filter(self) -> None:
         self.query_one("#filter", Input).focus()

@@ -1,14 +1,15 @@
 """The live status bar: what the engine is doing and what the last reply cost.
 
 Its parts, most important first: the phase · TTFT · tokens/s (of N alternatives written at once: their
-total, then each one's) · decode tokens per step (only when the
-reply had speculative drafts to verify) · a reasoning reply's tokens, thinking and answer apart
-("think 120 · answer 48 tok") · prompt tokens cached (and from where) and computed · the
+total, then each one's) · decode tokens per step (only when the reply had speculative drafts to verify;
+"spec paused" while the engine stops drafting because it did not pay) · a reasoning reply's tokens,
+thinking and answer apart ("think 120 · answer 48 tok") · prompt tokens cached (and from where) and computed · the
 context meter (used/window and percent, in the warning colour from 80%: context_meter.py) · KV cache
 memory used/budget · model · device and dtype. Each redraw fits them to the bar's width: the least
 important part is shortened or dropped first (the phase's detail, the prompt's wording, the device, the
-tokens per step, the model, KV, context, then where the cache came from), never TTFT, tokens/s or the
-cached/computed counts. Below TWO_LINES_BELOW columns the bar has two lines: the phase and the reply's
+model's long name, the detail, the tokens per step, the model, KV, context, then where the cache came
+from), never TTFT, tokens/s or the cached/computed counts, and never a part cut mid-word: whole parts go
+if it still does not fit. Below TWO_LINES_BELOW columns the bar has two lines: the phase and the reply's
 numbers, then context, KV and model.
 
 While a reply is prefilled the phase counts the seconds (redrawn by the app's timer); a prompt of more
@@ -36,21 +37,23 @@ from engine import RequestStats
 
 SEPARATOR = " · "
 TWO_LINES_BELOW = 120  # columns: narrower, the reply's numbers get a line of their own
-DETAIL_CELLS = 24  # a phase's detail ("loaded in 3.2 s", an error) is cut to this before anything is dropped
-MODEL_CELLS = 16  # and a long model name to this before it is dropped
+DETAIL_CELLS = 24  # a phase's detail ("loaded in 3.2 s", an error) is cut to this (at a word's end) before anything
+MODEL_CELLS = 16  # is dropped, and a long model name to this (at a word's end: "SmolLM2-135M…") before it goes
 
 # The order the parts are shortened in, one step at a time, until the line fits ("phase" twice: its
 # detail is cut, later dropped). A prefill's "progress" stands where the phase does, shortened last.
 # "rate" has a shorter form only for several replies at once: their total without each one's.
-# The tokens per step go first: the phase word ("idle", "decode") says whether a reply is still running.
+# A long phase detail is cut first; the prompt's wording, the device, the model's long name and the detail go
+# before the tokens per step (what the drafts bought); the phase word ("idle", "decode": is a reply still
+# running?) goes last.
 # A reasoning reply's "think N · answer M tok" is shortened with the tokens per step, dropped after the model.
-ONE_LINE_STEPS = ("spec", "thinking", "phase", "prompt", "device", "rate", "phase", "model", "model", "thinking",
-                  "kv", "context", "prompt", "progress", "progress", "phase")
+ONE_LINE_STEPS = ("phase", "thinking", "prompt", "device", "device", "model", "phase", "spec", "rate", "model",
+                  "thinking", "kv", "context", "prompt", "progress", "progress", "phase")
 FIRST_LINE = ("phase", "progress", "ttft", "rate", "spec", "thinking", "prompt")
-FIRST_LINE_STEPS = ("spec", "thinking", "phase", "prompt", "rate", "phase", "thinking", "prompt", "progress",
+FIRST_LINE_STEPS = ("phase", "thinking", "prompt", "spec", "rate", "phase", "thinking", "prompt", "progress",
                     "progress", "phase")
 SECOND_LINE = ("context", "kv", "model", "device")
-SECOND_LINE_STEPS = ("device", "model", "model", "kv", "context")
+SECOND_LINE_STEPS = ("device", "device", "model", "model", "kv", "context")
 
 
 def thinking_counts(stats: dict | None) -> tuple[int, int] | None:
@@ -65,23 +68,32 @@ def prompt_text(s: RequestStats) -> str:
     return ReplyNumbers.from_request(s).prompt_text()
 
 
+WORD_ENDS = " -_/."  # where a name or a sentence may be cut ("SmolLM2-135M…", "the snapshot…")
+
+
 def clip(text: str, cells: int) -> str:
-    """`text` cut to `cells` cells, ending with "…" if it was cut."""
+    """`text` cut to at most `cells` cells at the end of a word, ending with "…" if it was cut; "" when
+    not even its first word fits. Never cut mid-word: "cpu float3" reads as another dtype."""
     if cell_len(text) <= cells:
         return text
-    while text and cell_len(text) > cells - 1:
-        text = text[:-1]
-    return text.rstrip() + "…"
+    ends = [i for i, char in enumerate(text) if char in WORD_ENDS and i > 0]
+    for end in reversed(ends):
+        head = text[:end].rstrip(WORD_ENDS)
+        if head and cell_len(head) + 1 <= cells:
+            return head + "…"
+    return ""
 
 
 def fit(parts: dict[str, list[str]], order: tuple[str, ...], steps: tuple[str, ...], width: int) -> str:
     """`parts` (name -> its forms, longest first; "" is dropped) joined in `order`, each at its longest
     form, then shortened one step at a time in the order `steps` names them while the line is wider than
-    `width` cells. What still does not fit is cut by the renderer's ellipsis."""
+    `width` cells. If it still does not fit, whole parts are dropped, the last in `order` first: the line
+    never ends in a part cut mid-word."""
     level = dict.fromkeys(parts, 0)
+    dropped: set[str] = set()
 
     def line() -> str:
-        shown = (parts[name][level[name]] for name in order if name in parts)
+        shown = (parts[name][level[name]] for name in order if name in parts and name not in dropped)
         return SEPARATOR.join(text for text in shown if text)
 
     text = line()
@@ -90,6 +102,12 @@ def fit(parts: dict[str, list[str]], order: tuple[str, ...], steps: tuple[str, .
             break
         if name in parts and level[name] < len(parts[name]) - 1:
             level[name] += 1
+            text = line()
+    for name in reversed(order):
+        if cell_len(text) <= width:
+            break
+        if name in parts:
+            dropped.add(name)
             text = line()
     return text
 
@@ -230,8 +248,13 @@ class StatusBar(Widget):
                 parts["ttft"] = [f"TTFT {format_duration(s.ttft_ms)}" if s.generated_tokens else "TTFT …"]
                 parts["rate"] = [format_rate(s.decode_tokens_per_s)]
                 # What the drafts bought (1.0 tok/step is plain decoding); a remote server counts no steps.
-                if s.draft_tokens > 0 and s.decode_steps > 0:
-                    parts["spec"] = [f"spec {format_tokens_per_step(s.tokens_per_step)}", ""]
+                # "spec paused": the engine stopped drafting because it did not pay (it probes now and then).
+                per_step = format_tokens_per_step(s.tokens_per_step)
+                if s.decode_steps > 0 and s.drafting_paused:
+                    parts["spec"] = [f"spec paused ({per_step})" if s.draft_tokens else "spec paused",
+                                     "spec paused", ""]
+                elif s.decode_steps > 0 and s.draft_tokens > 0:
+                    parts["spec"] = [f"spec {per_step}", ""]
             parts["prompt"] = ReplyNumbers.from_request(s).prompt_forms()
         used = self.context_tokens()
         if self.context_window and used is not None:
@@ -246,9 +269,10 @@ class StatusBar(Widget):
             shown = f"{used:.1f}" if 0 < used < 10 else f"{used:.0f}"  # a first short reply is not "0"
             parts["kv"] = [f"KV {shown}/{total:.0f} MiB", ""]
         if self.model:
-            parts["model"] = [self.model, clip(self.model, MODEL_CELLS), ""]
+            short = clip(self.model, MODEL_CELLS)
+            parts["model"] = [self.model, short, ""] if short else [self.model, ""]
         if self.device:
-            parts["device"] = [self.device, ""]
+            parts["device"] = [self.device, self.device.split()[0], ""]  # "cpu float32", then "cpu"
         return parts
 
     def _phase_forms(self, elapsed: float | None) -> list[str]:
@@ -257,6 +281,9 @@ class StatusBar(Widget):
             phase += f" {elapsed:.1f} s"
         # Dropped last of all, and only beside a reply's numbers: they show what is going on.
         last = [""] if self.stats is not None and self.stats.phase != "prefill" else []
+        # Three forms before the last, detail or not, so that each "phase" step of the fitting does the
+        # same thing: cut the detail, drop it, then (the last step) drop the phase word.
+        short = clip(self.detail, DETAIL_CELLS) if self.detail else ""
         if not self.detail:
-            return [phase, *last]
-        return [f"{phase}: {self.detail}", f"{phase}: {clip(self.detail, DETAIL_CELLS)}", phase, *last]
+            return [phase, phase, phase, *last]
+        return [f"{phase}: {self.detail}", f"{phase}: {short}" if short else phase, phase, *last]

@@ -1,0 +1,36 @@
+"""Quitting the chat: once the engine thread has ended and storage is closed (every K/V block and
+message written), the process ends at once instead of spending a second or more in the interpreter's
+teardown (freeing the model and torch)."""
+
+import os
+
+import pytest
+
+from app.chat.saved_chat import Storage
+from app.cli.main import build_parser
+from app.tui import app as tui_app
+
+
+class Ended(Exception):
+    pass
+
+
+def test_the_process_ends_at_once_after_storage_is_closed(tiny_engine, monkeypatch):
+    events = []
+    close = Storage.close
+
+    def closing(storage):
+        close(storage)
+        events.append("storage closed")
+
+    def exit_now(code):
+        events.append(f"exit {code}")
+        raise Ended
+
+    monkeypatch.setattr(Storage, "close", closing)
+    monkeypatch.setattr(tui_app.KvchatApp, "run", lambda app: app.exit(return_code=3))
+    monkeypatch.setattr(tui_app.logging, "shutdown", lambda: events.append("logs flushed"))
+    monkeypatch.setattr(os, "_exit", exit_now)
+    with pytest.raises(Ended):
+        tui_app.run_tui(build_parser().parse_args([]), lambda spec, progress: tiny_engine)
+    assert events == ["storage closed", "logs flushed", "exit 3"]
