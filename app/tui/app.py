@@ -235,6 +235,7 @@ class KvchatApp(AlternativesActions, ReplyActions, CommandActions, ContextAction
     @on(TextArea.Changed, "#prompt")
     def _box_edited(self, event: TextArea.Changed) -> None:
         self.query_one(BoxNotice).box_changed(event.text_area.text)
+        self._undoable_trash = None  # typed since the trash notice: Ctrl+Z is the box's undo again
 
     def _remember_theme(self, theme: str) -> None:
         try:

@@ -2,9 +2,12 @@
 back; the palette's "Show the trash" lists it in the sidebar, where Enter restores one; and the list
 follows deletions and restores made by another process (the CLI) while the window is open."""
 
+import pytest
+
 from app.chat.saved_chat import Storage
 from app.tui.screens.confirm import ConfirmScreen
 from app.tui.widgets.sidebar import Sidebar
+from storage.errors import StorageError
 from tests.app.pilot import wait_until
 from tests.app.test_tui_library import listed, two_conversations
 from tests.app.tui_harness import app_with
@@ -43,6 +46,21 @@ async def test_ctrl_z_with_no_trash_notice_up_is_the_message_boxs_undo(tiny_engi
         await pilot.press("ctrl+z")  # now the box's own undo
         await wait_until(pilot, lambda: app.query_one("#prompt").text == "")
         assert listed(app) == [second, first]
+
+
+async def test_ctrl_z_after_typing_since_the_trash_notice_undoes_the_typing_not_the_delete(tiny_engine):
+    app = app_with(tiny_engine, overrides={"max_tokens": 3})
+    async with app.run_test(size=(120, 40)) as pilot:
+        first, second = await two_conversations(pilot)
+        await delete_in_the_app(pilot, second)
+        app.query_one("#prompt").focus()
+        await pilot.press(*"hello")
+        await wait_until(pilot, lambda: app.query_one("#prompt").text == "hello")
+        await pilot.press("ctrl+z")  # the notice is still up, but the typing is what the user undoes
+        await wait_until(pilot, lambda: app.query_one("#prompt").text == "")
+        assert listed(app) == [first]
+        with pytest.raises(StorageError, match="is in the trash"):
+            app.storage.conversations.get(second)
 
 
 async def test_show_the_trash_lists_it_and_enter_restores_one(tiny_engine):
