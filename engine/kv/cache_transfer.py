@@ -4,8 +4,8 @@ A mixin of PrefixCache (it uses the tree's walk, allocation and nodes). `export`
 copies a cached sequence's blocks out (all of them, or those from one block on:
 what the block store does not hold yet). `load` files blocks that a reader
 fills in place (a CPU pool's own blocks: no copy between the file and the
-cache), `insert` a snapshot tensor through the same path. Nodes filed here are
-marked `from_disk` until a match first uses them, so that match reports `disk`.
+cache). Nodes filed here are marked `from_disk` until a match first uses them,
+so that match reports `disk`.
 """
 
 from __future__ import annotations
@@ -32,16 +32,6 @@ class CacheTransfer:
         if lender is not None and len(nodes) > first_block:
             blocks[-1, :, :, :, lent:] = 0  # the lender's later tokens are not part of this sequence
         return len(chain) * self.block_size + lent, blocks
-
-    def insert(self, tokens: list[int], blocks: torch.Tensor) -> int:
-        """File a snapshot's blocks (K/V of `tokens`, laid out as `export` returns them) in the tree;
-        see `load`."""
-        def fill(first: int, dests: list[torch.Tensor]) -> int:
-            for i, dest in enumerate(dests):  # block by block: no snapshot-sized temporary on the device
-                dest.copy_(blocks[first + i])
-            return len(dests)
-
-        return self.load(tokens, fill)
 
     def load(self, tokens: list[int], fill: Callable[[int, list[torch.Tensor]], int]) -> int:
         """File the K/V of `tokens` that the tree lacks, marked as read from disk; blocks it already holds

@@ -25,9 +25,9 @@ Rules:
   the tree (device-resident nodes always form a prefix of each path);
   a later match copies it back. On a GPU both copies run on a copy stream
   (tier_copy.py), so the host never waits for them.
-- K/V read from disk enter the tree with `load` (blocks filled in place) or
-  `insert` (a snapshot tensor), nodes marked `from_disk` until a match first
-  uses them, so that match reports `disk`; `export` copies blocks out.
+- K/V read from disk enter the tree with `load` (blocks filled in place),
+  nodes marked `from_disk` until a match first uses them, so that match
+  reports `disk`; `export` copies blocks out.
 - `forget` drops the blocks a prefix would reuse and everything below them
   (after a request computed NaN from them), except referenced nodes.
 """
