@@ -2,6 +2,7 @@
 import that breaks them, wherever it hides (inside a function, under TYPE_CHECKING).
 
 - `engine` imports neither `app` nor `storage`;
+- the engine's attention (engine/attention) is math over tensors: it imports nothing else of the engine;
 - no product module imports a bench package (engine/bench, app/bench), except the `kvchat` command
   line, which reaches `kvchat bench` from inside a function;
 - the chat app (app/tui) and a conversation (app/chat, app/remote) never import the command line (app/cli);
@@ -57,6 +58,12 @@ def in_package(module: str, packages) -> bool:
 def test_the_engine_imports_neither_the_app_nor_storage():
     bad = [(m, i) for m in MODULES if in_package(m, ["engine"]) for i, _ in imports(m)
            if in_package(i, ["app", "storage"])]
+    assert bad == []
+
+
+def test_the_attention_room_imports_nothing_else_of_the_engine():
+    bad = [(m, i) for m in MODULES if in_package(m, ["engine.attention"]) for i, _ in imports(m)
+           if not in_package(i, ["engine.attention"])]
     assert bad == []
 
 

@@ -1,1 +1,2 @@
-"""The GPU decode path: paged decode attention (Triton and torch) and the step replayed from CUDA graphs."""
+"""The decode paths: the fused CPU step and its thread choice, the paged step replayed from CUDA graphs,
+and the choice between them (path.py)."""

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from engine import Engine, EngineOptions, SamplingParams
-from engine.decode.paged_attention import paged_decode_reference
-from engine.model.attention import attend, window_causal_mask
+from engine.attention.dense import attend, window_causal_mask
+from engine.attention.paged import paged_decode_reference
 from tests.greedy_ties import assert_same_greedy
 from tests.tiny_models import VOCAB, make_tiny_model
 
