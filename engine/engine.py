@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from engine.cpu.kernels import QuantKernels, load_quant_kernels
+from engine.cpu.linear import QuantLinear
 from engine.decode.path import decode_path
 from engine.errors import ContextWindowError, EngineError, ModelError
 from engine.kv.budget import host_tier_bytes, kv_pool_bytes
@@ -34,8 +36,6 @@ from engine.kv.pool import KVPool
 from engine.kv.prefix_cache import KVCacheFullError, PrefixCache
 from engine.kv.snapshot import KVSnapshot
 from engine.model.causal_lm import CausalLM
-from engine.quant.kernels import QuantKernels, load_quant_kernels
-from engine.quant.linear import QuantLinear
 from engine.request.generation import Generation
 from engine.request.loop import StepLoop
 from engine.request.request import Request
@@ -67,7 +67,7 @@ class EngineOptions:
     paged_kv: bool | None = None  # attention reads KV blocks in place (default on CUDA) instead of a working copy
     cuda_graphs: bool | None = None  # the paged decode step replayed from CUDA graphs (default on CUDA)
     compile: bool | None = None  # torch.compile the paged decode step (default off)
-    fused_decode: bool | None = None  # the CPU's decode step as one C call (decode/cpu_step.py; default on where it runs)
+    fused_decode: bool | None = None  # the CPU's decode step as one C call (cpu/decode_step.py; default on where it runs)
     # Speculative decoding (request/speculation.py): "ngram" drafts from the request's own tokens, "off".
     speculative: str = "ngram"
     draft_tokens: int = 8  # the most draft tokens one step verifies (1..MAX_DRAFT_TOKENS)

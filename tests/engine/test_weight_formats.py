@@ -11,11 +11,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.quant import kernels as quant_kernels
-from engine.quant.formats import RAW_BLOCKS
-from engine.quant.kernels import LinearDesc
-from engine.quant.linear import QuantLinear
-from engine.quant.mixed_linear import MixedQuantLinear
+from engine.cpu import kernels as quant_kernels
+from engine.cpu.formats import RAW_BLOCKS
+from engine.cpu.kernels import LinearDesc
+from engine.cpu.linear import QuantLinear
+from engine.cpu.mixed_linear import MixedQuantLinear
 from tests.kquant_blocks import finite_halves, random_blocks
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,

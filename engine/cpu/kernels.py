@@ -87,7 +87,7 @@ def _bind(lib: ctypes.CDLL) -> QuantKernels:
     lib.kv_matmul.argtypes = [p, p, i, p, i]
     lib.kv_matmul_parts.argtypes = [p, i, p, i, p, i]
     lib.kv_dequantize.argtypes = [p, i, i, p, i]
-    lib.kv_forward_tokens.argtypes = [p, i, i, p, p, p, p, p, i, p, i, i]  # decode/cpu_step.py
+    lib.kv_forward_tokens.argtypes = [p, i, i, p, p, p, p, p, i, p, i, i]  # cpu/decode_step.py
     lib.kv_forward_batch.argtypes = [p, p, i, p, p, i]
     lib.kv_decode_scratch_floats.argtypes = [p]
     for fn in (lib.kv_matmul, lib.kv_matmul_parts, lib.kv_dequantize, lib.kv_forward_tokens, lib.kv_forward_batch):

@@ -12,7 +12,7 @@
  *
  * The arithmetic is the eager model's up to summation order: the same weights (kv_linear_columns),
  * the same RoPE formula (x * cos + swapped(x) * sin_signed, each product rounded on its own), softmax
- * with a vector exp accurate to about 1 ulp. engine/decode/cpu_step.py checks its inputs; tests compare
+ * with a vector exp accurate to about 1 ulp. engine/cpu/decode_step.py checks its inputs; tests compare
  * it with the eager step (logits per position, greedy tokens).
  *
  * Gemma 3 adds, per layer, norms of the attention's and the MLP's outputs before each joins the residual
@@ -61,7 +61,7 @@ enum { PHASE_QKV, PHASE_ROPE, PHASE_ATTENTION, PHASE_O, PHASE_GATE_UP, PHASE_DOW
     } while (0)
 
 /* A linear layer stored as up to MAX_PARTS matrices whose outputs lie side by side (q, k, v kept in
- * different formats in one GGUF, for instance). Mirrored by engine/decode/cpu_step.py. */
+ * different formats in one GGUF, for instance). Mirrored by engine/cpu/decode_step.py. */
 typedef struct {
     int32_t count, N, reserved[2];
     int32_t first[MAX_PARTS]; /* output column of each part's first row */
@@ -535,7 +535,7 @@ int64_t kv_decode_scratch_floats(const kv_model *M) {
 }
 
 /* One sequence's new tokens in a batched call (continuous batching: each running request's decode token
- * and drafts, or a prompt chunk). Mirrored by engine/decode/cpu_step.py. */
+ * and drafts, or a prompt chunk). Mirrored by engine/cpu/decode_step.py. */
 typedef struct {
     int32_t rows, position, capacity, all_logits; /* logits for every row (1), or for the last (0) */
     float *k_cache, *v_cache;                     /* its contiguous cache (engine/kv/cache.py) */

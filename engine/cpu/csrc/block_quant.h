@@ -6,7 +6,7 @@
 #define KVCHAT_BLOCK_QUANT_H
 #include <stdint.h>
 
-/* Mirrored by engine/quant/kernels.py (FORMAT_CODES). */
+/* Mirrored by engine/cpu/kernels.py (FORMAT_CODES). */
 enum kv_format {
     KV_F32 = 0, KV_Q4_1 = 1, KV_Q8_0 = 2,          /* q, d (and m): see block_quant.c */
     KV_Q4_0 = 3, KV_Q5_0 = 4, KV_Q5_1 = 5,         /* q: GGUF's own 32-weight blocks (q32_blocks.c) */
@@ -15,7 +15,7 @@ enum kv_format {
     KV_FORMATS
 };
 
-/* Mirrored by engine/quant/kernels.py (LinearDesc): keep the two in step. */
+/* Mirrored by engine/cpu/kernels.py (LinearDesc): keep the two in step. */
 typedef struct {
     int32_t format, N, K, reserved; /* weight [N rows, K columns], K a multiple of 32 (of 256 for K-quants) */
     const void *q;                  /* F32: the weights [N, K]; otherwise the format's bytes, row after row */

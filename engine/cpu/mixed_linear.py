@@ -14,8 +14,8 @@ import ctypes
 import torch
 from torch import nn
 
-from engine.quant.kernels import LinearDesc
-from engine.quant.linear import QuantLinear, kernel_forward
+from engine.cpu.kernels import LinearDesc
+from engine.cpu.linear import QuantLinear, kernel_forward
 
 
 class MixedQuantLinear(nn.Module):

@@ -4,7 +4,7 @@ The weight values are the dense fp32 checkpoint's, bit for bit (the kernels
 rebuild each weight exactly as the conversion did), so outputs differ from a
 dense fp32 matmul only in summation order. A decode step reads what the format
 costs per weight (Q4_K 0.5625 bytes, Q8_0 1.125, bf16 2) instead of 4.
-engine/quant/formats.py lists the formats and how each is stored.
+engine/cpu/formats.py lists the formats and how each is stored.
 
 Up to KERNEL_MAX_ROWS rows (decode, follow-up messages, short prompts) go
 through the block kernel, which decodes each weight once per 8 rows; more rows
@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.quant.formats import BLOCK, FORMATS, in_features
-from engine.quant.kernels import FORMAT_CODES, LinearDesc, QuantKernels
+from engine.cpu.formats import BLOCK, FORMATS, in_features
+from engine.cpu.kernels import FORMAT_CODES, LinearDesc, QuantKernels
 
 # Measured on a 2-core AVX-512 CPU, whole SmolLM2-135M forward, interleaved medians of 5
 # (kernel / dequantize+GEMM / transformers' dense fp32): 24 tokens 74 / 116 / 110 ms,

@@ -1,4 +1,4 @@
-"""FusedCPUDecode: new tokens through the whole model in one C call (quant/csrc/decode_step.c).
+"""FusedCPUDecode: new tokens through the whole model in one C call (cpu/csrc/decode_step.c).
 
 The CPU default for fp32 Llama-family and Gemma 3 models whose linears the C kernels can read (block-quantized, 2-byte or dense
 fp32): the eager step spends more of a token in ~1,400 small torch ops and ~120 OpenMP fork/joins than
@@ -18,12 +18,12 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from engine.cpu.kernels import FORMAT_CODES, LinearDesc, QuantKernels
+from engine.cpu.linear import KERNEL_MAX_ROWS
 from engine.kv.cache import ContiguousKVCache
 from engine.model.causal_lm import CausalLM
 from engine.model.gemma3 import Gemma3DecoderLayer
 from engine.model.layers import DecoderLayer
-from engine.quant.kernels import FORMAT_CODES, LinearDesc, QuantKernels
-from engine.quant.linear import KERNEL_MAX_ROWS
 
 MAX_PARTS = 3
 MAX_ROWS = KERNEL_MAX_ROWS  # new tokens per call: past this, a GEMM over dequantized weights is faster
