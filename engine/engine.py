@@ -31,7 +31,6 @@ from engine.cpu.linear import QuantLinear
 from engine.decode.path import decode_path
 from engine.errors import ContextWindowError, EngineError, ModelError
 from engine.kv.budget import host_tier_bytes, kv_pool_bytes
-from engine.kv.fingerprint import model_fingerprint, tokenizer_fingerprint
 from engine.kv.pool import KVPool
 from engine.kv.prefix_cache import KVCacheFullError, PrefixCache
 from engine.kv.snapshot import KVSnapshot
@@ -45,6 +44,7 @@ from engine.request.speculation import MAX_DRAFT_TOKENS
 from engine.sampling_params import SamplingParams
 from engine.weights.checkpoint import load_model
 from engine.weights.device import pick_device, pick_dtype
+from engine.weights.fingerprint import model_fingerprint, tokenizer_fingerprint
 from engine.weights.model_source import ModelSource, reconvert, resolve_model
 from engine.weights.tokenizer import Tokenizer
 
@@ -154,7 +154,7 @@ class Engine:
 
     def __init__(self, model: CausalLM, tokenizer: Tokenizer, info: LoadInfo, options: EngineOptions,
                  prefix_cache: PrefixCache | None, fingerprint: str | None = None):
-        """An engine over a loaded model. `fingerprint`: the model's, when already known (kv/fingerprint.py)."""
+        """An engine over a loaded model. `fingerprint`: the model's, when already known (weights/fingerprint.py)."""
         self.model = model
         self.tokenizer = tokenizer
         self.info = info
@@ -229,7 +229,7 @@ class Engine:
 
     @property
     def fingerprint(self) -> str:
-        """Identifies the K/V this engine computes (see kv/fingerprint.py); hashed on first use."""
+        """Identifies the K/V this engine computes (see weights/fingerprint.py); hashed on first use."""
         with self._fingerprint_lock:
             if self._fingerprint is None:
                 cfg = self.model.cfg
@@ -240,7 +240,7 @@ class Engine:
 
     @functools.cached_property
     def token_fingerprint(self) -> str:
-        """Identifies the token ids this engine's tokenizer and chat template make (see kv/fingerprint.py):
+        """Identifies the token ids this engine's tokenizer and chat template make (see weights/fingerprint.py):
         a conversation's stored ids are reused under another dtype or device, its K/V snapshot is not."""
         return tokenizer_fingerprint(Path(self.info.model_dir))
 

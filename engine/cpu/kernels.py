@@ -20,7 +20,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.weights.paths import cache_dir
+from engine.paths import cache_dir
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = [CSRC / name for name in ("block_quant.c", "q32_blocks.c", "kquant.c", "half_float.c", "decode_step.c")]

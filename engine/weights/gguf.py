@@ -12,7 +12,7 @@ TQ*...) runs dense, which one log line at conversion says.
 Each file's sha256 is recorded at conversion (RECORD_FILE, hidden, so not
 part of the model fingerprint), and `converted_damage` checks a directory
 against it before it is used. Files are hashed only when their size or
-mtime changed (kv/fingerprint.py's memo), so an untouched directory costs a few
+mtime changed (weights/fingerprint.py's memo), so an untouched directory costs a few
 stats; a change that keeps both (bit rot) is not seen here, but a file that
 then fails to load is (model_source.reconvert). A directory converted by an
 older kvchat, without a record, gets one on first use and is trusted.
@@ -35,8 +35,8 @@ from safetensors.torch import save_file
 
 from engine.cpu.formats import BLOCK, FORMATS
 from engine.errors import ModelError
-from engine.kv.fingerprint import file_sha256, model_files_digest
 from engine.weights import gguf_gemma3
+from engine.weights.fingerprint import file_sha256, model_files_digest
 
 log = logging.getLogger("kvchat")
 

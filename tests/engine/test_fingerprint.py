@@ -3,7 +3,7 @@
 import json
 import shutil
 
-import engine.kv.fingerprint as fingerprint
+import engine.weights.fingerprint as fingerprint
 from engine import Engine, EngineOptions
 from tests.tiny_models import make_tiny_model
 
