@@ -23,8 +23,9 @@ from pathlib import Path
 from engine.paths import cache_dir
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = [CSRC / name for name in ("block_quant.c", "q32_blocks.c", "kquant.c", "half_float.c", "decode_step.c")]
-HEADERS = [CSRC / name for name in ("block_quant.h", "columns.h", "simd.h")]
+# Every file of csrc/: all of them are compiled or included, and all are in the build's cache key.
+SOURCES = sorted(CSRC.glob("*.c"))
+HEADERS = sorted(CSRC.glob("*.h"))
 FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 
 _lock = threading.Lock()
