@@ -141,7 +141,7 @@ class FusedCPUDecode:
             max_threads=self._threads, max_rows=MAX_ROWS, layer=self._layers, final_norm=_norm(model.norm),
             lm_head=_parts(model.lm_head, "lm_head"), activation=ACTIVATIONS[cfg.hidden_act])
         lib = kernels.lib
-        self._scratch = torch.empty(lib.kv_decode_scratch_floats(ctypes.byref(self._desc)), dtype=torch.float32)
+        self._scratch = torch.empty(lib.kc_decode_scratch_floats(ctypes.byref(self._desc)), dtype=torch.float32)
         self._desc.scratch = self._scratch.data_ptr()
         self._logits = torch.empty(1, cfg.vocab_size, dtype=torch.float32)
         self._embed = _fp32(model.embed_tokens.weight, "the embedding")
@@ -153,8 +153,8 @@ class FusedCPUDecode:
         self._plain_step = not cfg.embed_scale and local is model.rotary
         self._row = cfg.hidden_size * 4  # bytes per embedding row
         self._rope_row = cfg.head_dim * 4
-        self._forward = lib.kv_forward_tokens
-        self._batch = lib.kv_forward_batch
+        self._forward = lib.kc_forward_tokens
+        self._batch = lib.kc_forward_batch
         self._desc_ref = ctypes.byref(self._desc)
 
     @contextlib.contextmanager

@@ -73,18 +73,18 @@ class QuantLinear(nn.Module):
         # Plain attributes, not buffer lookups: this is called ~120 times per decoded token.
         self.desc = self.kernel_desc(with_bias=False)  # the bias is added in torch (it is on the GEMM path too)
         lib, desc = self.kernels.lib, ctypes.byref(self.desc)
-        self._matmul = lambda x, rows, y, t: lib.kv_matmul(desc, x, rows, y, t)
-        self._dequantize = lambda w, first, count, t: lib.kv_dequantize(desc, first, count, w, t)
+        self._matmul = lambda x, rows, y, t: lib.kc_matmul(desc, x, rows, y, t)
+        self._dequantize = lambda w, first, count, t: lib.kc_dequantize(desc, first, count, w, t)
         self._bias = self.bias
 
     def kernel_desc(self, with_bias: bool = True) -> LinearDesc:
-        """The weight as csrc/block_quant.h's kv_linear (addresses of this module's buffers: keep it)."""
+        """The weight as csrc/block_quant.h's kc_linear (addresses of this module's buffers: keep it)."""
         return LinearDesc(FORMAT_CODES[self.fmt], self.out_features, self.in_features, 0, self.qs.data_ptr(),
                           0 if self.d is None else self.d.data_ptr(), 0 if self.m is None else self.m.data_ptr(),
                           self.bias.data_ptr() if with_bias and self.bias is not None else 0)
 
     def kernel_descs(self) -> list[tuple[LinearDesc, int]]:
-        """(kv_linear, first output column) of each part of this layer: one, at column 0."""
+        """(kc_linear, first output column) of each part of this layer: one, at column 0."""
         return [(self.kernel_desc(), 0)]
 
     def dequantized(self, first: int = 0, count: int | None = None) -> torch.Tensor:

@@ -24,7 +24,7 @@ static inline __attribute__((always_inline)) vec sums_of_four(vec a, vec b, vec 
 
 #define GROUP64_MAX 6 /* query heads per KV head the 64-wide item keeps in registers (4 vectors each) */
 
-/* kv_attend_chunk for head_dim 64: each K and V row loaded once for the whole group of query heads, scores
+/* kc_attend_chunk for head_dim 64: each K and V row loaded once for the whole group of query heads, scores
  * four keys at a time, the outputs kept in registers across the chunk. */
 static void attend_chunk64(const float *q, const float *k, const float *v, int group, int t0, int t1,
                            float scale, float *scores, float *part) {
@@ -78,7 +78,7 @@ static void attend_chunk64(const float *q, const float *k, const float *v, int g
 
 /* One attention work item: query heads h0..h0+group of KV head g over positions t0..t1. Leaves the
  * item's running max, sum of exps and unnormalised output in part[(h - h0) * (dim + 2)]. */
-void kv_attend_chunk(const float *q, const float *k, const float *v, int group, int dim, int t0, int t1,
+void kc_attend_chunk(const float *q, const float *k, const float *v, int group, int dim, int t0, int t1,
                      float scale, float *scores, float *part) {
     const int len = t1 - t0;
 #if VEC == 16
@@ -174,10 +174,10 @@ static inline void tile_values(const float *v, int n, int qi, int dim, const flo
  * q + r * q_stride, dim apart) against positions t0..t1 of one KV head, token r seeing positions up to
  * first + r. Flash-style over tiles of TILE keys: each tile of K is transposed so a query's scores for
  * VEC keys are one vector of FMAs (no horizontal sums), and each query keeps a running max, sum of exps
- * and output, rescaled when the max grows. Leaves them in part[qi * (dim + 2)] as kv_attend_chunk does.
+ * and output, rescaled when the max grows. Leaves them in part[qi * (dim + 2)] as kc_attend_chunk does.
  * Scratch: kt [dim * TILE], s [Q * TILE].
  */
-void kv_attend_rows(const float *q, int64_t q_stride, int R, int G, int first, int window, const float *k,
+void kc_attend_rows(const float *q, int64_t q_stride, int R, int G, int first, int window, const float *k,
                     const float *v, int dim, int t0, int t1, float scale, float *kt, float *s, float *part) {
     const int Q = R * G, stride = dim + 2;
     for (int qi = 0; qi < Q; qi++) {
@@ -240,7 +240,7 @@ void kv_attend_rows(const float *q, int64_t q_stride, int R, int G, int first, i
 }
 
 /* Softmax-weighted sum of the chunks of one query head: out [dim]. */
-void kv_combine_chunks(const float *parts, int chunks, int stride, int dim, float *out) {
+void kc_combine_chunks(const float *parts, int chunks, int stride, int dim, float *out) {
     float top = -INFINITY, total = 0.0f;
     for (int c = 0; c < chunks; c++) top = parts[c * stride] > top ? parts[c * stride] : top;
     memset(out, 0, sizeof(float) * dim);

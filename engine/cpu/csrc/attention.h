@@ -1,8 +1,8 @@
 /*
  * Attention of new tokens over one KV head's K/V (contiguous, position after position), in the work
  * items the fused decode step (decode_step.c) hands its threads: a chunk of positions for a few tokens
- * (kv_attend_chunk, each token on its own), tiles of transposed K for many (kv_attend_rows), and the
- * softmax-weighted merge of an item's chunks (kv_combine_chunks). attention.c holds them.
+ * (kc_attend_chunk, each token on its own), tiles of transposed K for many (kc_attend_rows), and the
+ * softmax-weighted merge of an item's chunks (kc_combine_chunks). attention.c holds them.
  */
 #ifndef KVCHAT_ATTENTION_H
 #define KVCHAT_ATTENTION_H
@@ -22,14 +22,14 @@ static inline int window_start(int position, int window) {
 
 /* One attention work item: query heads h0..h0+group of KV head g over positions t0..t1. Leaves the
  * item's running max, sum of exps and unnormalised output in part[(h - h0) * (dim + 2)]. */
-void kv_attend_chunk(const float *q, const float *k, const float *v, int group, int dim, int t0, int t1,
+void kc_attend_chunk(const float *q, const float *k, const float *v, int group, int dim, int t0, int t1,
                      float scale, float *scores, float *part);
 
 /* The attention item of several new tokens (see attention.c). Scratch: kt [dim * TILE], s [R * G * TILE]. */
-void kv_attend_rows(const float *q, int64_t q_stride, int R, int G, int first, int window, const float *k,
+void kc_attend_rows(const float *q, int64_t q_stride, int R, int G, int first, int window, const float *k,
                     const float *v, int dim, int t0, int t1, float scale, float *kt, float *s, float *part);
 
 /* Softmax-weighted sum of the chunks of one query head: out [dim]. */
-void kv_combine_chunks(const float *parts, int chunks, int stride, int dim, float *out);
+void kc_combine_chunks(const float *parts, int chunks, int stride, int dim, float *out);
 
 #endif

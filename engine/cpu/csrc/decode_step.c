@@ -10,7 +10,7 @@
  *              RMSNorm, gate and up columns of the same index -> SiLU(gate) * up | down columns += residual
  *   then: RMSNorm -> lm_head columns (the logits).
  *
- * The arithmetic is the eager model's up to summation order: the same weights (kv_linear_columns),
+ * The arithmetic is the eager model's up to summation order: the same weights (kc_linear_columns),
  * the same RoPE formula (x * cos + swapped(x) * sin_signed, each product rounded on its own), softmax
  * with a vector exp accurate to about 1 ulp. engine/cpu/decode_step.py checks its inputs; tests compare
  * it with the eager step (logits per position, greedy tokens).
@@ -70,45 +70,45 @@ typedef struct {
     int32_t count, N, reserved[2];
     int32_t first[MAX_PARTS]; /* output column of each part's first row */
     int32_t pad;
-    kv_linear part[MAX_PARTS];
-} kv_parts;
+    kc_linear part[MAX_PARTS];
+} kc_parts;
 
 typedef struct {
     const float *attn_norm, *mlp_norm; /* [hidden] */
     const float *q_norm, *k_norm;      /* [head_dim], or NULL (Qwen3 has them) */
-    kv_parts qkv, o, gate_up, down;    /* gate_up: the gate's rows, then the up's */
+    kc_parts qkv, o, gate_up, down;    /* gate_up: the gate's rows, then the up's */
     const float *post_attn_norm, *post_mlp_norm; /* [hidden], or NULL (Gemma 3 has them) */
     int32_t window;                              /* positions a query sees, itself included; 0: all */
     int32_t local_rope;                          /* 1: the sequence's cos_local/sin_local tables */
-} kv_layer;
+} kc_layer;
 
 typedef struct {
     int32_t layers, hidden, heads, kv_heads, head_dim, intermediate, vocab, max_tokens;
     float eps, scale;
     int32_t max_threads, max_rows; /* the most threads and new tokens a call may use */
-    const kv_layer *layer;
+    const kc_layer *layer;
     const float *final_norm;
-    kv_parts lm_head;
-    float *scratch; /* kv_decode_scratch_floats(model) floats */
+    kc_parts lm_head;
+    float *scratch; /* kc_decode_scratch_floats(model) floats */
     double *profile; /* NULL, or [max_threads][PHASES] seconds each thread spent per phase, added to */
     int32_t activation, pad; /* the gated MLP's: ACT_SILU or ACT_GELU_TANH */
-} kv_model;
+} kc_model;
 
 enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };
 
 /* Columns [n0, n1) of a multi-part linear for `rows` inputs x [rows, K]: y [rows, P->N]. */
-static void parts_columns(const kv_parts *P, const float *x, int rows, float *y, int n0, int n1) {
+static void parts_columns(const kc_parts *P, const float *x, int rows, float *y, int n0, int n1) {
     for (int p = 0; p < P->count; p++) {
         const int first = P->first[p], last = first + P->part[p].N;
         const int lo = n0 > first ? n0 : first, hi = n1 < last ? n1 : last;
-        if (lo < hi) kv_linear_columns(&P->part[p], x, rows, y + first, P->N, lo - first, hi - first);
+        if (lo < hi) kc_linear_columns(&P->part[p], x, rows, y + first, P->N, lo - first, hi - first);
     }
 }
 
-void kv_thread_columns(int N, int t, int threads, int *n0, int *n1);
+void kc_thread_columns(int N, int t, int threads, int *n0, int *n1);
 
 /* x [rows, N] += y for columns n0..n1 of a linear of `in` computed into y [rows, N]. */
-static void add_columns(const kv_parts *P, const float *in, int rows, float *y, float *x, int n0, int n1) {
+static void add_columns(const kc_parts *P, const float *in, int rows, float *y, float *x, int n0, int n1) {
     parts_columns(P, in, rows, y, n0, n1);
     for (int r = 0; r < rows; r++)
         for (int n = n0; n < n1; n++) x[(int64_t)r * P->N + n] += y[(int64_t)r * P->N + n];
@@ -147,7 +147,7 @@ typedef struct {
     float *thread0;
 } scratch_layout;
 
-static scratch_layout layout(const kv_model *M, float *base) {
+static scratch_layout layout(const kc_model *M, float *base) {
     scratch_layout s;
     const int64_t R = M->max_rows, q = M->heads * M->head_dim, kv = M->kv_heads * M->head_dim;
     const int group = M->heads / M->kv_heads, max_chunks = chunks_for(1 << 30, M->kv_heads, M->max_threads);
@@ -166,7 +166,7 @@ static scratch_layout layout(const kv_model *M, float *base) {
     return s;
 }
 
-int64_t kv_decode_scratch_floats(const kv_model *M) {
+int64_t kc_decode_scratch_floats(const kc_model *M) {
     scratch_layout s = layout(M, 0);
     return (int64_t)(s.thread0 - (float *)0) + s.per_thread * M->max_threads;
 }
@@ -178,7 +178,7 @@ typedef struct {
     float *k_cache, *v_cache;                     /* its contiguous cache (engine/kv/cache.py) */
     const float *cos, *sin;                       /* RoPE rows from `position` on */
     const float *cos_local, *sin_local;           /* the same for layers with local_rope (Gemma 3) */
-} kv_sequence;
+} kc_sequence;
 
 #define MAX_SEQUENCES 64 /* >= max_rows: a sequence has at least one row */
 
@@ -190,13 +190,13 @@ typedef struct {
     unsigned char row_seq[MAX_SEQUENCES];
 } batch_layout;
 
-static int plan_batch(const kv_model *M, const kv_sequence *seqs, int count, batch_layout *B) {
+static int plan_batch(const kc_model *M, const kc_sequence *seqs, int count, batch_layout *B) {
     const int group = M->heads / M->kv_heads, stride = M->head_dim + 2;
     int64_t parts = 0;
     B->rows = B->out_rows = B->items = 0;
     if (count < 1 || count > MAX_SEQUENCES) return 0;
     for (int s = 0; s < count; s++) {
-        const kv_sequence *q = &seqs[s];
+        const kc_sequence *q = &seqs[s];
         if (q->rows < 1 || B->rows + q->rows > M->max_rows || q->position + q->rows > q->capacity) return 0;
         B->first[s] = B->rows;
         for (int r = 0; r < q->rows; r++) B->row_seq[B->rows + r] = (unsigned char)s;
@@ -225,7 +225,7 @@ static int plan_batch(const kv_model *M, const kv_sequence *seqs, int count, bat
  * whatever else is in the batch: every matmul column sums each row on its own, in one order, and
  * attention is the sequence's alone.
  */
-void kv_forward_batch(const kv_model *M, const kv_sequence *seqs, int count, const float *embeddings,
+void kc_forward_batch(const kc_model *M, const kc_sequence *seqs, int count, const float *embeddings,
                       float *logits, int threads) {
     const scratch_layout S = layout(M, M->scratch);
     const int hidden = M->hidden, dim = M->head_dim, heads = M->heads, kv_heads = M->kv_heads;
@@ -241,25 +241,25 @@ void kv_forward_batch(const kv_model *M, const kv_sequence *seqs, int count, con
 #pragma omp parallel num_threads(threads)
     {
         int t, T;
-        kv_team(&t, &T);
+        kc_team(&t, &T);
         float *mine = S.thread0 + S.per_thread * t;
         float *normed = mine, *attn = normed + (int64_t)rows * hidden, *scores = attn + (int64_t)rows * q_size;
         int n0, n1;
         double *clock = M->profile ? M->profile + (int64_t)t * PHASES : 0, last_ = clock ? now_seconds() : 0;
 
         for (int l = 0; l < M->layers; l++) {
-            const kv_layer *L = &M->layer[l];
+            const kc_layer *L = &M->layer[l];
             const int64_t layer_offset = (int64_t)l * kv_heads * dim;
 
             for (int r = 0; r < rows; r++) rms_norm(S.x + r * hidden, L->attn_norm, hidden, M->eps, normed + r * hidden);
-            kv_thread_columns(L->qkv.N, t, T, &n0, &n1);
+            kc_thread_columns(L->qkv.N, t, T, &n0, &n1);
             parts_columns(&L->qkv, normed, rows, S.qkv, n0, n1);
             MARK(PHASE_QKV);
             BARRIER();
             /* q/k norm and RoPE per head, the new K/V into each sequence's cache: a few hundred floats a token. */
 #pragma omp for schedule(static) nowait
             for (int r = 0; r < rows; r++) {
-                const kv_sequence *q = &seqs[B.row_seq[r]];
+                const kc_sequence *q = &seqs[B.row_seq[r]];
                 const int j = r - B.first[B.row_seq[r]];
                 float *row = S.qkv + (int64_t)r * qkv_size;
                 for (int h = 0; h < heads + kv_heads; h++) {
@@ -281,7 +281,7 @@ void kv_forward_batch(const kv_model *M, const kv_sequence *seqs, int count, con
             for (int item = 0; item < B.items; item++) {
                 int s = 0;
                 while (B.item_first[s + 1] <= item) s++;
-                const kv_sequence *q = &seqs[s];
+                const kc_sequence *q = &seqs[s];
                 const int local = item - B.item_first[s], chunks = B.chunks[s], g = local / chunks, c = local % chunks;
                 const int R = q->rows, item_floats = R * group * stride;
                 const float *kc = q->k_cache + layer_offset * q->capacity + (int64_t)g * q->capacity * dim;
@@ -292,7 +292,7 @@ void kv_forward_batch(const kv_model *M, const kv_sequence *seqs, int count, con
                     /* Many tokens (a follow-up message): one flash-style pass over tiles of transposed K. */
                     const int context = q->position + R, lo = window_start(q->position, L->window), span = context - lo;
                     const int t0 = lo + (int)((int64_t)span * c / chunks), t1 = lo + (int)((int64_t)span * (c + 1) / chunks);
-                    kv_attend_rows(qs, qkv_size, R, group, q->position, L->window, kc, vc, dim, t0, t1, M->scale,
+                    kc_attend_rows(qs, qkv_size, R, group, q->position, L->window, kc, vc, dim, t0, t1, M->scale,
                                    scores, scores + dim * TILE, part);
                     continue;
                 }
@@ -303,7 +303,7 @@ void kv_forward_batch(const kv_model *M, const kv_sequence *seqs, int count, con
                     const int used = chunks_for(span, kv_heads, M->max_threads);
                     if (c >= used) continue;
                     const int t0 = lo + (int)((int64_t)span * c / used), t1 = lo + (int)((int64_t)span * (c + 1) / used);
-                    kv_attend_chunk(qs + (int64_t)r * qkv_size, kc, vc, group, dim, t0, t1, M->scale, scores,
+                    kc_attend_chunk(qs + (int64_t)r * qkv_size, kc, vc, group, dim, t0, t1, M->scale, scores,
                                     part + (int64_t)r * group * stride);
                 }
             }
@@ -318,12 +318,12 @@ void kv_forward_batch(const kv_model *M, const kv_sequence *seqs, int count, con
                                                                     M->max_threads);
                 for (int h = 0; h < heads; h++) {
                     const int g = h / group, jj = h % group;
-                    kv_combine_chunks(S.parts + B.parts_first[s] + (int64_t)g * B.chunks[s] * item_floats +
+                    kc_combine_chunks(S.parts + B.parts_first[s] + (int64_t)g * B.chunks[s] * item_floats +
                                           ((int64_t)j * group + jj) * stride,
                                       used, item_floats, dim, attn + (int64_t)r * q_size + h * dim);
                 }
             }
-            kv_thread_columns(hidden, t, T, &n0, &n1);
+            kc_thread_columns(hidden, t, T, &n0, &n1);
             if (L->post_attn_norm) {
                 parts_columns(&L->o, attn, rows, S.y, n0, n1);
                 BARRIER();
@@ -334,7 +334,7 @@ void kv_forward_batch(const kv_model *M, const kv_sequence *seqs, int count, con
             MARK(PHASE_O);
             BARRIER();
             for (int r = 0; r < rows; r++) rms_norm(S.x + r * hidden, L->mlp_norm, hidden, M->eps, normed + r * hidden);
-            kv_thread_columns(inter, t, T, &n0, &n1);
+            kc_thread_columns(inter, t, T, &n0, &n1);
             parts_columns(&L->gate_up, normed, rows, S.h, n0, n1);
             parts_columns(&L->gate_up, normed, rows, S.h, inter + n0, inter + n1);
             for (int r = 0; r < rows; r++) {
@@ -346,7 +346,7 @@ void kv_forward_batch(const kv_model *M, const kv_sequence *seqs, int count, con
             }
             MARK(PHASE_GATE_UP);
             BARRIER();
-            kv_thread_columns(hidden, t, T, &n0, &n1);
+            kc_thread_columns(hidden, t, T, &n0, &n1);
             if (L->post_mlp_norm) {
                 parts_columns(&L->down, S.act, rows, S.y, n0, n1);
                 BARRIER();
@@ -363,16 +363,24 @@ void kv_forward_batch(const kv_model *M, const kv_sequence *seqs, int count, con
                 rms_norm(S.x + (int64_t)(from + r) * hidden, M->final_norm, hidden, M->eps,
                          normed + (int64_t)(B.out_first[s] + r) * hidden);
         }
-        kv_thread_columns(M->vocab, t, T, &n0, &n1);
+        kc_thread_columns(M->vocab, t, T, &n0, &n1);
         parts_columns(&M->lm_head, normed, B.out_rows, logits, n0, n1);
         MARK(PHASE_LM_HEAD);
     }
 }
 
-/* `rows` new tokens of one sequence (1 for a decode step): kv_forward_batch with a batch of one. */
-void kv_forward_tokens(const kv_model *M, int rows, int position, const float *embeddings, const float *cos,
+/* `rows` new tokens of one sequence (1 for a decode step): kc_forward_batch with a batch of one. */
+void kc_forward_tokens(const kc_model *M, int rows, int position, const float *embeddings, const float *cos,
                        const float *sin, float *k_cache, float *v_cache, int capacity, float *logits,
                        int all_logits, int threads) {
-    const kv_sequence one = {rows, position, capacity, all_logits, k_cache, v_cache, cos, sin, cos, sin};
-    kv_forward_batch(M, &one, 1, embeddings, logits, threads);
+    const kc_sequence one = {rows, position, capacity, all_logits, k_cache, v_cache, cos, sin, cos, sin};
+    kc_forward_batch(M, &one, 1, embeddings, logits, threads);
 }
+
+/* The sizes of the structs engine/cpu mirrors in ctypes (kernels.py, decode_step.py), so a test holds each
+ * mirror to its struct: a field added on one side only changes one of the two. */
+int64_t kc_sizeof_linear(void) { return sizeof(kc_linear); }
+int64_t kc_sizeof_parts(void) { return sizeof(kc_parts); }
+int64_t kc_sizeof_layer(void) { return sizeof(kc_layer); }
+int64_t kc_sizeof_model(void) { return sizeof(kc_model); }
+int64_t kc_sizeof_sequence(void) { return sizeof(kc_sequence); }
