@@ -2,6 +2,8 @@
 import that breaks them, wherever it hides (inside a function, under TYPE_CHECKING).
 
 - `engine` imports neither `app` nor `storage`;
+- the engine's rooms are layered (ENGINE_ROOMS): each imports only the rooms before it and the engine's
+  top-level helpers (ENGINE_HELPERS), never engine.engine;
 - no product module imports a bench package (engine/bench, app/bench), except the `kvchat` command
   line, which reaches `kvchat bench` from inside a function;
 - the chat app (app/tui) and a conversation (app/chat, app/remote) never import the command line (app/cli);
@@ -17,6 +19,11 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("app", "engine", "storage")
 BENCH = ("app.bench", "engine.bench")
 BENCH_ENTRY = "app.cli.main"  # `kvchat bench` is one of its commands
+# The engine's rooms, lowest first: attention is math over tensors, kv keeps K/V and calls it, the model
+# runs on kv, the CPU's kernels and fused step run the model's layers, the GPU decode path captures the
+# model, weights load a model (into the CPU's formats), and a request drives all of them.
+ENGINE_ROOMS = ("attention", "kv", "model", "cpu", "decode", "weights", "request")
+ENGINE_HELPERS = ("engine.errors", "engine.events", "engine.paths", "engine.sampling_params")  # any room's
 
 
 def module_name(path: Path) -> str:
@@ -57,6 +64,19 @@ def in_package(module: str, packages) -> bool:
 def test_the_engine_imports_neither_the_app_nor_storage():
     bad = [(m, i) for m in MODULES if in_package(m, ["engine"]) for i, _ in imports(m)
            if in_package(i, ["app", "storage"])]
+    assert bad == []
+
+
+def test_each_engine_room_imports_only_the_rooms_below_it():
+    rooms = {m.split(".")[1] for m, path in MODULES.items() if m.startswith("engine.") and path.name == "__init__.py"}
+    assert rooms == {*ENGINE_ROOMS, "bench"}, "a new engine room takes its place in ENGINE_ROOMS"
+    bad = []
+    for level, room in enumerate(ENGINE_ROOMS):
+        allowed = [f"engine.{r}" for r in ENGINE_ROOMS[: level + 1]] + list(ENGINE_HELPERS)
+        for module in MODULES:
+            if in_package(module, [f"engine.{room}"]):
+                bad += [(module, i) for i, _ in imports(module)
+                        if in_package(i, ["engine"]) and not in_package(i, allowed)]
     assert bad == []
 
 

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from app.chat.wording import counted
-from engine.weights.paths import cache_dir
+from engine.paths import cache_dir
 from storage.conversations import ConversationStore
 from storage.data_dir import data_dir
 from storage.errors import StorageError

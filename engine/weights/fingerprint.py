@@ -2,13 +2,13 @@
 
 Weights, tokenizer, chat template and config (every file of the model
 directory), the dtype, the device type and weight format (they change the
-arithmetic, so K/V differ in the last bits), and the KV layout. A KV snapshot
-is reused only by an engine with the same fingerprint; a model with identical
+arithmetic, so K/V differ in the last bits), and the KV layout. Stored K/V
+are reused only by an engine with the same fingerprint; a model with identical
 shapes but other weights differs here, not in any shape check.
 
 Hashing a model's files takes a while (0.3 s for 0.5 GB), so each file's hash
 is kept in the cache dir, keyed by its path, size and modification time. The
-same memo makes verifying a converted model (gguf_convert.converted_damage)
+same memo makes verifying a converted model (gguf.converted_damage)
 cost a few stats when nothing changed.
 """
 
@@ -20,7 +20,7 @@ import os
 import re
 from pathlib import Path
 
-from engine.weights.paths import cache_dir
+from engine.paths import cache_dir
 
 
 def file_sha256(path: Path) -> str:

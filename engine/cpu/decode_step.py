@@ -1,11 +1,11 @@
-"""FusedCPUDecode: new tokens through the whole model in one C call (quant/csrc/decode_step.c).
+"""FusedCPUDecode: new tokens through the whole model in one C call (cpu/csrc/decode_step.c).
 
 The CPU default for fp32 Llama-family and Gemma 3 models whose linears the C kernels can read (block-quantized, 2-byte or dense
 fp32): the eager step spends more of a token in ~1,400 small torch ops and ~120 OpenMP fork/joins than
 in arithmetic. `step` is a decode token; `forward` takes up to MAX_ROWS tokens (a follow-up message,
 the end of a prompt; longer chunks go to the eager model, whose GEMMs win there). The eager model stays
 the reference: `ModelRunner.logits` runs it, and the tests compare the two (logits, K/V, greedy tokens).
-The C structs are mirrored here field for field.
+The C structs are mirrored here field for field (tests/engine/test_c_struct_mirrors.py holds the sizes equal).
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from engine.cpu.kernels import FORMAT_CODES, LinearDesc, QuantKernels
+from engine.cpu.linear import KERNEL_MAX_ROWS
 from engine.kv.cache import ContiguousKVCache
 from engine.model.causal_lm import CausalLM
 from engine.model.gemma3 import Gemma3DecoderLayer
 from engine.model.layers import DecoderLayer
-from engine.quant.kernels import FORMAT_CODES, LinearDesc, QuantKernels
-from engine.quant.linear import KERNEL_MAX_ROWS
 
 MAX_PARTS = 3
 MAX_ROWS = KERNEL_MAX_ROWS  # new tokens per call: past this, a GEMM over dequantized weights is faster
@@ -141,7 +141,7 @@ class FusedCPUDecode:
             max_threads=self._threads, max_rows=MAX_ROWS, layer=self._layers, final_norm=_norm(model.norm),
             lm_head=_parts(model.lm_head, "lm_head"), activation=ACTIVATIONS[cfg.hidden_act])
         lib = kernels.lib
-        self._scratch = torch.empty(lib.kv_decode_scratch_floats(ctypes.byref(self._desc)), dtype=torch.float32)
+        self._scratch = torch.empty(lib.kc_decode_scratch_floats(ctypes.byref(self._desc)), dtype=torch.float32)
         self._desc.scratch = self._scratch.data_ptr()
         self._logits = torch.empty(1, cfg.vocab_size, dtype=torch.float32)
         self._embed = _fp32(model.embed_tokens.weight, "the embedding")
@@ -153,8 +153,8 @@ class FusedCPUDecode:
         self._plain_step = not cfg.embed_scale and local is model.rotary
         self._row = cfg.hidden_size * 4  # bytes per embedding row
         self._rope_row = cfg.head_dim * 4
-        self._forward = lib.kv_forward_tokens
-        self._batch = lib.kv_forward_batch
+        self._forward = lib.kc_forward_tokens
+        self._batch = lib.kc_forward_batch
         self._desc_ref = ctypes.byref(self._desc)
 
     @contextlib.contextmanager

@@ -20,7 +20,7 @@
 #define HALF 16
 
 /* fp16 -> fp32, exact for every value (subnormals included), as numpy's astype(np.float32). */
-static inline float kv_half(uint16_t h) {
+static inline float kc_half(uint16_t h) {
 #ifdef __F16C__
     return _cvtsh_ss(h);
 #else
@@ -42,14 +42,14 @@ static inline float kv_half(uint16_t h) {
 }
 
 /* The little-endian fp16 at p (GGUF block scales sit at any byte offset). */
-static inline float kv_half_at(const uint8_t *p) {
+static inline float kc_half_at(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, 2);
-    return kv_half(h);
+    return kc_half(h);
 }
 
 #if defined(__AVX512F__)
-#define KV_ISA "avx512"
+#define KC_ISA "avx512"
 #define VEC 16
 typedef __m512 vec;
 #define vzero _mm512_setzero_ps
@@ -68,7 +68,7 @@ static inline __attribute__((always_inline)) void widen16(__m128i bytes, vec *w)
 }
 
 #elif defined(__AVX2__) && defined(__FMA__)
-#define KV_ISA "avx2"
+#define KC_ISA "avx2"
 #define VEC 8
 typedef __m256 vec;
 #define vzero _mm256_setzero_ps
@@ -93,7 +93,7 @@ static inline __attribute__((always_inline)) void widen16(__m128i bytes, vec *w)
 }
 
 #else
-#define KV_ISA "portable"
+#define KC_ISA "portable"
 #define VEC 1
 typedef float vec;
 #define vzero() 0.0f

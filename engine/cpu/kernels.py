@@ -20,24 +20,25 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.weights.paths import cache_dir
+from engine.paths import cache_dir
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = [CSRC / name for name in ("block_quant.c", "q32_blocks.c", "kquant.c", "half_float.c", "decode_step.c")]
-HEADERS = [CSRC / name for name in ("block_quant.h", "columns.h", "simd.h")]
+# Every file of csrc/: all of them are compiled or included, and all are in the build's cache key.
+SOURCES = sorted(CSRC.glob("*.c"))
+HEADERS = sorted(CSRC.glob("*.h"))
 FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC"]
 
 _lock = threading.Lock()
 _loaded: "QuantKernels | str | None" = None  # the kernels, or why there are none
 
 
-# enum kv_format in csrc/block_quant.h
+# enum kc_format in csrc/block_quant.h
 FORMAT_CODES = {"f32": 0, "q4_1": 1, "q8_0": 2, "q4_0": 3, "q5_0": 4, "q5_1": 5, "q2_k": 6, "q3_k": 7,
                 "q4_k": 8, "q5_k": 9, "q6_k": 10, "bf16": 11, "f16": 12}
 
 
 class LinearDesc(ctypes.Structure):
-    """kv_linear of csrc/block_quant.h: one weight matrix as the kernels read it."""
+    """kc_linear of csrc/block_quant.h: one weight matrix as the kernels read it."""
 
     _fields_ = [("format", ctypes.c_int32), ("N", ctypes.c_int32), ("K", ctypes.c_int32),
                 ("reserved", ctypes.c_int32), ("q", ctypes.c_void_p), ("d", ctypes.c_void_p),
@@ -84,17 +85,17 @@ def _build(compiler: str, march: str = "native") -> Path:
 
 def _bind(lib: ctypes.CDLL) -> QuantKernels:
     p, i = ctypes.c_void_p, ctypes.c_int
-    lib.kv_matmul.argtypes = [p, p, i, p, i]
-    lib.kv_matmul_parts.argtypes = [p, i, p, i, p, i]
-    lib.kv_dequantize.argtypes = [p, i, i, p, i]
-    lib.kv_forward_tokens.argtypes = [p, i, i, p, p, p, p, p, i, p, i, i]  # decode/cpu_step.py
-    lib.kv_forward_batch.argtypes = [p, p, i, p, p, i]
-    lib.kv_decode_scratch_floats.argtypes = [p]
-    for fn in (lib.kv_matmul, lib.kv_matmul_parts, lib.kv_dequantize, lib.kv_forward_tokens, lib.kv_forward_batch):
+    lib.kc_matmul.argtypes = [p, p, i, p, i]
+    lib.kc_matmul_parts.argtypes = [p, i, p, i, p, i]
+    lib.kc_dequantize.argtypes = [p, i, i, p, i]
+    lib.kc_forward_tokens.argtypes = [p, i, i, p, p, p, p, p, i, p, i, i]  # cpu/decode_step.py
+    lib.kc_forward_batch.argtypes = [p, p, i, p, p, i]
+    lib.kc_decode_scratch_floats.argtypes = [p]
+    for fn in (lib.kc_matmul, lib.kc_matmul_parts, lib.kc_dequantize, lib.kc_forward_tokens, lib.kc_forward_batch):
         fn.restype = None
-    lib.kv_isa.restype = ctypes.c_char_p
-    lib.kv_decode_scratch_floats.restype = ctypes.c_int64
-    return QuantKernels(lib, lib.kv_isa().decode())
+    lib.kc_isa.restype = ctypes.c_char_p
+    lib.kc_decode_scratch_floats.restype = ctypes.c_int64
+    return QuantKernels(lib, lib.kc_isa().decode())
 
 
 def load_quant_kernels() -> QuantKernels | str:

@@ -4,7 +4,7 @@ The weight values are the dense fp32 checkpoint's, bit for bit (the kernels
 rebuild each weight exactly as the conversion did), so outputs differ from a
 dense fp32 matmul only in summation order. A decode step reads what the format
 costs per weight (Q4_K 0.5625 bytes, Q8_0 1.125, bf16 2) instead of 4.
-engine/quant/formats.py lists the formats and how each is stored.
+engine/cpu/formats.py lists the formats and how each is stored.
 
 Up to KERNEL_MAX_ROWS rows (decode, follow-up messages, short prompts) go
 through the block kernel, which decodes each weight once per 8 rows; more rows
@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.quant.formats import BLOCK, FORMATS, in_features
-from engine.quant.kernels import FORMAT_CODES, LinearDesc, QuantKernels
+from engine.cpu.formats import BLOCK, FORMATS, in_features
+from engine.cpu.kernels import FORMAT_CODES, LinearDesc, QuantKernels
 
 # Measured on a 2-core AVX-512 CPU, whole SmolLM2-135M forward, interleaved medians of 5
 # (kernel / dequantize+GEMM / transformers' dense fp32): 24 tokens 74 / 116 / 110 ms,
@@ -73,18 +73,18 @@ class QuantLinear(nn.Module):
         # Plain attributes, not buffer lookups: this is called ~120 times per decoded token.
         self.desc = self.kernel_desc(with_bias=False)  # the bias is added in torch (it is on the GEMM path too)
         lib, desc = self.kernels.lib, ctypes.byref(self.desc)
-        self._matmul = lambda x, rows, y, t: lib.kv_matmul(desc, x, rows, y, t)
-        self._dequantize = lambda w, first, count, t: lib.kv_dequantize(desc, first, count, w, t)
+        self._matmul = lambda x, rows, y, t: lib.kc_matmul(desc, x, rows, y, t)
+        self._dequantize = lambda w, first, count, t: lib.kc_dequantize(desc, first, count, w, t)
         self._bias = self.bias
 
     def kernel_desc(self, with_bias: bool = True) -> LinearDesc:
-        """The weight as csrc/block_quant.h's kv_linear (addresses of this module's buffers: keep it)."""
+        """The weight as csrc/block_quant.h's kc_linear (addresses of this module's buffers: keep it)."""
         return LinearDesc(FORMAT_CODES[self.fmt], self.out_features, self.in_features, 0, self.qs.data_ptr(),
                           0 if self.d is None else self.d.data_ptr(), 0 if self.m is None else self.m.data_ptr(),
                           self.bias.data_ptr() if with_bias and self.bias is not None else 0)
 
     def kernel_descs(self) -> list[tuple[LinearDesc, int]]:
-        """(kv_linear, first output column) of each part of this layer: one, at column 0."""
+        """(kc_linear, first output column) of each part of this layer: one, at column 0."""
         return [(self.kernel_desc(), 0)]
 
     def dequantized(self, first: int = 0, count: int | None = None) -> torch.Tensor:

@@ -14,8 +14,8 @@ import ctypes
 import torch
 from torch import nn
 
-from engine.quant.kernels import LinearDesc
-from engine.quant.linear import QuantLinear, kernel_forward
+from engine.cpu.kernels import LinearDesc
+from engine.cpu.linear import QuantLinear, kernel_forward
 
 
 class MixedQuantLinear(nn.Module):
@@ -42,13 +42,13 @@ class MixedQuantLinear(nn.Module):
         descs = [part.kernel_desc(with_bias=False) for part in self.parts]
         self._descs = (LinearDesc * len(descs))(*descs)  # kept: the kernel reads it on every call
         lib, address, count = self.kernels.lib, ctypes.addressof(self._descs), len(descs)
-        self._matmul = lambda x, rows, y, t: lib.kv_matmul_parts(address, count, x, rows, y, t)
+        self._matmul = lambda x, rows, y, t: lib.kc_matmul_parts(address, count, x, rows, y, t)
         biases = [part.bias for part in self.parts]
         self._bias = None if all(b is None for b in biases) else torch.cat(
             [torch.zeros(p.out_features) if b is None else b for p, b in zip(self.parts, biases)])
 
     def kernel_descs(self) -> list[tuple[LinearDesc, int]]:
-        """(kv_linear with its bias, first output column) of every part, for callers that run the kernels
+        """(kc_linear with its bias, first output column) of every part, for callers that run the kernels
         themselves (the fused decode step). The addresses are this module's buffers': keep the module."""
         descs, first = [], 0
         for part in self.parts:

@@ -3,7 +3,7 @@
  *
  * A format is a DECODE(n, b, w) macro that puts 32-weight block b of row n into VEC_PER_BLOCK
  * vectors w (reading L, K and nb = K / 32 from the enclosing function); DEFINE_FORMAT(name, DECODE)
- * expands the loops around it into kv_columns_<name> and kv_blocks_<name>, which block_quant.c
+ * expands the loops around it into kc_columns_<name> and kc_blocks_<name>, which block_quant.c
  * dispatches to. Every column is summed in the same order whatever the thread split or the
  * number of rows, and a weight is the same float whichever loop decodes it.
  */
@@ -141,19 +141,19 @@ static inline float finish(const vec *acc, const float *bias, int n) {
         }                                                                          \
     } while (0)
 
-typedef void kv_columns_fn(const kv_linear *L, const float *x, int rows, float *y, int ldy, int n0, int n1);
+typedef void kc_columns_fn(const kc_linear *L, const float *x, int rows, float *y, int ldy, int n0, int n1);
 /* Blocks first..first+count of W's [N, K/32] block grid, row-major, as fp32 into out [count * 32]. */
-typedef void kv_blocks_fn(const kv_linear *L, int64_t first, int64_t count, float *out);
+typedef void kc_blocks_fn(const kc_linear *L, int64_t first, int64_t count, float *out);
 
 /* ONE_ROW(DECODE) computes the SIDE_BY_SIDE columns from n for the single input row, with the sums
  * (and so the bits) COLUMNS_OF_ONE_ROW(DECODE) gives them; a format with a faster way of walking its
  * blocks for one row names its own (DEFINE_FORMAT_ONE_ROW). */
 #define DEFINE_FORMAT_ONE_ROW(NAME, DECODE, ONE_ROW)                               \
-    void kv_columns_##NAME(const kv_linear *L, const float *x, int rows, float *y, int ldy, int n0, int n1) { \
+    void kc_columns_##NAME(const kc_linear *L, const float *x, int rows, float *y, int ldy, int n0, int n1) { \
         const int K = L->K, nb = K / BLOCK;                                        \
         COLUMNS(DECODE, ONE_ROW);                                                  \
     }                                                                              \
-    void kv_blocks_##NAME(const kv_linear *L, int64_t first, int64_t count, float *out) { \
+    void kc_blocks_##NAME(const kc_linear *L, int64_t first, int64_t count, float *out) { \
         const int K = L->K, nb = K / BLOCK;                                        \
         (void)K;                                                                   \
         int64_t n = first / nb;                                                    \
@@ -168,19 +168,19 @@ typedef void kv_blocks_fn(const kv_linear *L, int64_t first, int64_t count, floa
 
 #define DEFINE_FORMAT(NAME, DECODE) DEFINE_FORMAT_ONE_ROW(NAME, DECODE, COLUMNS_OF_ONE_ROW)
 
-#define KV_DECLARE_FORMAT(NAME) kv_columns_fn kv_columns_##NAME; kv_blocks_fn kv_blocks_##NAME;
-KV_DECLARE_FORMAT(f32)
-KV_DECLARE_FORMAT(q4_1)
-KV_DECLARE_FORMAT(q8_0)
-KV_DECLARE_FORMAT(q4_0)
-KV_DECLARE_FORMAT(q5_0)
-KV_DECLARE_FORMAT(q5_1)
-KV_DECLARE_FORMAT(q2_k)
-KV_DECLARE_FORMAT(q3_k)
-KV_DECLARE_FORMAT(q4_k)
-KV_DECLARE_FORMAT(q5_k)
-KV_DECLARE_FORMAT(q6_k)
-KV_DECLARE_FORMAT(bf16)
-KV_DECLARE_FORMAT(f16)
+#define KC_DECLARE_FORMAT(NAME) kc_columns_fn kc_columns_##NAME; kc_blocks_fn kc_blocks_##NAME;
+KC_DECLARE_FORMAT(f32)
+KC_DECLARE_FORMAT(q4_1)
+KC_DECLARE_FORMAT(q8_0)
+KC_DECLARE_FORMAT(q4_0)
+KC_DECLARE_FORMAT(q5_0)
+KC_DECLARE_FORMAT(q5_1)
+KC_DECLARE_FORMAT(q2_k)
+KC_DECLARE_FORMAT(q3_k)
+KC_DECLARE_FORMAT(q4_k)
+KC_DECLARE_FORMAT(q5_k)
+KC_DECLARE_FORMAT(q6_k)
+KC_DECLARE_FORMAT(bf16)
+KC_DECLARE_FORMAT(f16)
 
 #endif

@@ -3,7 +3,7 @@
 Each sequence's context lives in the pool blocks its block table lists, in
 order; attention reads them in place instead of gathering a contiguous copy
 every step. Two implementations with one signature:
-- the Triton kernels (engine/decode/triton_paged_attention.py), on CUDA tensors, or on
+- the Triton kernels (engine/attention/triton_paged.py), on CUDA tensors, or on
   CPU tensors under Triton's interpreter (TRITON_INTERPRET=1, for tests);
 - `paged_decode_reference` in plain torch, the fallback everywhere else.
 Both have static shapes and no host synchronisation, so either can sit inside
@@ -54,7 +54,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     reads KV head h // (heads // kv_heads) (GQA).
     """
     if _use_triton(q):
-        from .triton_paged_attention import paged_decode_triton
+        from engine.attention.triton_paged import paged_decode_triton
 
         return paged_decode_triton(q, k_cache, v_cache, block_tables, seq_lens, scale, window=window)
     return paged_decode_reference(q, k_cache, v_cache, block_tables, seq_lens, scale, window)

@@ -1,6 +1,6 @@
 """Triton kernels for paged decode attention, split-K ("flash-decoding") style.
 
-Imported only by engine/decode/paged_attention.py, and only once triton is known to
+Imported only by engine/attention/paged.py, and only once triton is known to
 import. With TRITON_INTERPRET=1 set before this module is first imported, the
 kernels run in Triton's interpreter on CPU tensors (that is how the tests run
 them without a GPU).
@@ -147,7 +147,7 @@ def _combine_kernel(part_out_ptr, part_lse_ptr, out_ptr, num_splits,
 def paged_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                         block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
                         num_splits: int | None = None, window: int | None = None) -> torch.Tensor:
-    """Paged decode attention with the Triton kernels; see paged_attention.paged_decode_attention.
+    """Paged decode attention with the Triton kernels; see paged.paged_decode_attention.
 
     q [B, heads, D]; k_cache/v_cache [num_blocks, kv_heads, block_size, D] (any strides);
     block_tables [B, max_blocks] int32; seq_lens [B] int32 -> [B, heads, D] in q's dtype.

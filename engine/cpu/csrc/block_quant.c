@@ -32,7 +32,7 @@
 #include <omp.h>
 #endif
 
-const char *kv_isa(void) { return KV_ISA; }
+const char *kc_isa(void) { return KC_ISA; }
 
 /* ---- the definition of a weight's value (portable) ---- */
 
@@ -110,25 +110,25 @@ DEFINE_FORMAT(q8_0, DECODE_Q8_0)
 /* ---- every format ---- */
 
 static const struct {
-    kv_columns_fn *columns;
-    kv_blocks_fn *blocks;
-} FORMATS[KV_FORMATS] = {
-#define FORMAT(CODE, NAME) [CODE] = {kv_columns_##NAME, kv_blocks_##NAME}
-    FORMAT(KV_F32, f32),   FORMAT(KV_Q4_1, q4_1), FORMAT(KV_Q8_0, q8_0), FORMAT(KV_Q4_0, q4_0),
-    FORMAT(KV_Q5_0, q5_0), FORMAT(KV_Q5_1, q5_1), FORMAT(KV_Q2_K, q2_k), FORMAT(KV_Q3_K, q3_k),
-    FORMAT(KV_Q4_K, q4_k), FORMAT(KV_Q5_K, q5_k), FORMAT(KV_Q6_K, q6_k), FORMAT(KV_BF16, bf16),
-    FORMAT(KV_F16, f16),
+    kc_columns_fn *columns;
+    kc_blocks_fn *blocks;
+} FORMATS[KC_FORMATS] = {
+#define FORMAT(CODE, NAME) [CODE] = {kc_columns_##NAME, kc_blocks_##NAME}
+    FORMAT(KC_F32, f32),   FORMAT(KC_Q4_1, q4_1), FORMAT(KC_Q8_0, q8_0), FORMAT(KC_Q4_0, q4_0),
+    FORMAT(KC_Q5_0, q5_0), FORMAT(KC_Q5_1, q5_1), FORMAT(KC_Q2_K, q2_k), FORMAT(KC_Q3_K, q3_k),
+    FORMAT(KC_Q4_K, q4_k), FORMAT(KC_Q5_K, q5_k), FORMAT(KC_Q6_K, q6_k), FORMAT(KC_BF16, bf16),
+    FORMAT(KC_F16, f16),
 #undef FORMAT
 };
 
-static inline int known(const kv_linear *L) { return L->format >= 0 && L->format < KV_FORMATS; }
+static inline int known(const kc_linear *L) { return L->format >= 0 && L->format < KC_FORMATS; }
 
-void kv_linear_columns(const kv_linear *L, const float *x, int rows, float *y, int ldy, int n0, int n1) {
+void kc_linear_columns(const kc_linear *L, const float *x, int rows, float *y, int ldy, int n0, int n1) {
     if (known(L)) FORMATS[L->format].columns(L, x, rows, y, ldy, n0, n1);
 }
 
 /* The columns [n0, n1) thread `t` of `threads` computes: contiguous, in multiples of SIDE_BY_SIDE. */
-void kv_thread_columns(int N, int t, int threads, int *n0, int *n1) {
+void kc_thread_columns(int N, int t, int threads, int *n0, int *n1) {
     const int groups = (N + SIDE_BY_SIDE - 1) / SIDE_BY_SIDE;
     const int lo = (int)((int64_t)groups * t / threads), hi = (int)((int64_t)groups * (t + 1) / threads);
     *n0 = lo * SIDE_BY_SIDE;
@@ -141,35 +141,35 @@ void kv_thread_columns(int N, int t, int threads, int *n0, int *n1) {
  * (a fused linear whose parts are stored in different formats), part i's columns after those of the
  * parts before it. The columns of all parts are split between `threads` threads (the caller's budget,
  * torch's, passed explicitly because OpenMP's default is per calling thread). */
-void kv_matmul_parts(const kv_linear *parts, int count, const float *x, int rows, float *y, int threads) {
+void kc_matmul_parts(const kc_linear *parts, int count, const float *x, int rows, float *y, int threads) {
     int N = 0;
     for (int i = 0; i < count; i++) N += parts[i].N;
 #pragma omp parallel num_threads(threads)
     {
         int n0, n1, t, T;
-        kv_team(&t, &T);
-        kv_thread_columns(N, t, T, &n0, &n1);
+        kc_team(&t, &T);
+        kc_thread_columns(N, t, T, &n0, &n1);
         for (int i = 0, first = 0; i < count; first += parts[i].N, i++) {
             const int lo = n0 > first ? n0 - first : 0;
             const int hi = n1 - first < parts[i].N ? n1 - first : parts[i].N;
-            if (lo < hi) kv_linear_columns(&parts[i], x, rows, y + first, N, lo, hi);
+            if (lo < hi) kc_linear_columns(&parts[i], x, rows, y + first, N, lo, hi);
         }
     }
 }
 
 /* y [rows, N] = x [rows, K] W^T (+ bias). */
-void kv_matmul(const kv_linear *L, const float *x, int rows, float *y, int threads) {
-    kv_matmul_parts(L, 1, x, rows, y, threads);
+void kc_matmul(const kc_linear *L, const float *x, int rows, float *y, int threads) {
+    kc_matmul_parts(L, 1, x, rows, y, threads);
 }
 
 /* Rows first..first+count of W as fp32 [count, K], bit-identical to the dense checkpoint. */
-void kv_dequantize(const kv_linear *L, int first, int count, float *out, int threads) {
+void kc_dequantize(const kc_linear *L, int first, int count, float *out, int threads) {
     if (!known(L)) return;
     const int64_t nb = L->K / BLOCK, blocks = (int64_t)count * nb, skip = (int64_t)first * nb;
 #pragma omp parallel num_threads(threads)
     {
         int t, T;
-        kv_team(&t, &T);
+        kc_team(&t, &T);
         const int64_t lo = blocks * t / T, hi = blocks * (t + 1) / T;
         if (lo < hi) FORMATS[L->format].blocks(L, skip + lo, hi - lo, out + lo * BLOCK);
     }

@@ -42,7 +42,7 @@ static inline int k3_scale(const uint8_t *s, int i) {
 /* ---- the definition of a weight's value (portable) ---- */
 
 static inline void q2_k_sub(const uint8_t *blk, int j, float *w) {
-    const float d = kv_half_at(blk + 80), dmin = kv_half_at(blk + 82);
+    const float d = kc_half_at(blk + 80), dmin = kc_half_at(blk + 82);
     const uint8_t *qs = blk + 16 + 32 * (j / 4);
     const int shift = 2 * (j % 4);
     for (int h = 0; h < 2; h++) {
@@ -56,7 +56,7 @@ static inline void q2_k_sub(const uint8_t *blk, int j, float *w) {
 }
 
 static inline void q3_k_sub(const uint8_t *blk, int j, float *w) {
-    const float d = kv_half_at(blk + 108);
+    const float d = kc_half_at(blk + 108);
     const uint8_t *hmask = blk, *qs = blk + 32 + 32 * (j / 4);
     const int shift = 2 * (j % 4);
     for (int h = 0; h < 2; h++) {
@@ -71,7 +71,7 @@ static inline void q3_k_sub(const uint8_t *blk, int j, float *w) {
 static inline void q45_k_sub(const uint8_t *blk, int j, const uint8_t *qh, const uint8_t *qs, float *w) {
     int sc, mn;
     k4_scale_min(blk + 4, j, &sc, &mn);
-    const float ds = kv_half_at(blk) * (float)sc, dm = kv_half_at(blk + 2) * (float)mn;
+    const float ds = kc_half_at(blk) * (float)sc, dm = kc_half_at(blk + 2) * (float)mn;
     const int shift = 4 * (j % 2);
     for (int l = 0; l < BLOCK; l++) {
         const int q = ((qs[l] >> shift) & 0x0F) | (qh ? ((qh[l] >> j) & 1) << 4 : 0);
@@ -84,7 +84,7 @@ static inline void q4_k_sub(const uint8_t *blk, int j, float *w) { q45_k_sub(blk
 static inline void q5_k_sub(const uint8_t *blk, int j, float *w) { q45_k_sub(blk, j, blk + 16, blk + 48 + 32 * (j / 2), w); }
 
 static inline void q6_k_sub(const uint8_t *blk, int j, float *w) {
-    const float d = kv_half_at(blk + 208);
+    const float d = kc_half_at(blk + 208);
     const int c = j / 4, s = j % 4;
     const uint8_t *ql = blk + 64 * c + 32 * (s & 1), *qh = blk + 128 + 32 * c;
     for (int h = 0; h < 2; h++) {
@@ -122,7 +122,7 @@ static inline __attribute__((always_inline)) void widen32(__m128i lo, __m128i hi
 }
 
 static inline __attribute__((always_inline)) void q2_k_decode(const uint8_t *blk, int j, vec *w) {
-    const float d = kv_half_at(blk + 80), dmin = kv_half_at(blk + 82);
+    const float d = kc_half_at(blk + 80), dmin = kc_half_at(blk + 82);
     const uint8_t *qs = blk + 16 + 32 * (j / 4);
     const int shift = 2 * (j % 4), s0 = blk[2 * j], s1 = blk[2 * j + 1];
     widen32(bytes_shift_mask(load16(qs), shift, 3), bytes_shift_mask(load16(qs + HALF), shift, 3), w);
@@ -131,7 +131,7 @@ static inline __attribute__((always_inline)) void q2_k_decode(const uint8_t *blk
 }
 
 static inline __attribute__((always_inline)) void q3_k_decode(const uint8_t *blk, int j, vec *w) {
-    const float d = kv_half_at(blk + 108);
+    const float d = kc_half_at(blk + 108);
     const uint8_t *qs = blk + 32 + 32 * (j / 4);
     const int shift = 2 * (j % 4);
     const __m128i four = _mm_set1_epi8(4);
@@ -147,7 +147,7 @@ static inline __attribute__((always_inline)) void q45_k_decode(const uint8_t *bl
                                                                 const uint8_t *qs, vec *w) {
     int sc, mn;
     k4_scale_min(blk + 4, j, &sc, &mn);
-    const float ds = kv_half_at(blk) * (float)sc, dm = kv_half_at(blk + 2) * (float)mn;
+    const float ds = kc_half_at(blk) * (float)sc, dm = kc_half_at(blk + 2) * (float)mn;
     const int shift = 4 * (j % 2);
     __m128i lo = bytes_shift_mask(load16(qs), shift, 0x0F), hi = bytes_shift_mask(load16(qs + HALF), shift, 0x0F);
     if (qh) {
@@ -167,7 +167,7 @@ static inline __attribute__((always_inline)) void q5_k_decode(const uint8_t *blk
 }
 
 static inline __attribute__((always_inline)) void q6_k_decode(const uint8_t *blk, int j, vec *w) {
-    const float d = kv_half_at(blk + 208);
+    const float d = kc_half_at(blk + 208);
     const int c = j / 4, s = j % 4;
     const uint8_t *ql = blk + 64 * c + 32 * (s & 1), *qh = blk + 128 + 32 * c;
     const __m128i bias = _mm_set1_epi8(32);
@@ -212,7 +212,7 @@ static inline uint32_t high_halves(const uint8_t *p) {
  * dm = dmin * mn); a sub-block's 16 possible weights are then one fused multiply-add, t[i] = ds * i - dm,
  * the same operation q4_k_decode does per weight (exact, see scale_shift_halves), and its weights a
  * float permute of that table by their nibbles (which reads only an index's low four bits). */
-static void q4_k_one_row(const kv_linear *L, const float *x, float *y, int n, int nb) {
+static void q4_k_one_row(const kc_linear *L, const float *x, float *y, int n, int nb) {
     const int supers = nb / SUBS;
     const uint8_t *row[SIDE_BY_SIDE];
     for (int c = 0; c < SIDE_BY_SIDE; c++) row[c] = (const uint8_t *)L->q + (int64_t)(n + c) * supers * 144;
@@ -269,7 +269,7 @@ DEFINE_FORMAT(q5_k, DECODE_Q5_K)
  * sums in its order. Per super-block and column the 16 scale products d * sc are one vector multiply,
  * and the 6-bit quants of each 128-weight half, minus 32, are built 64 bytes at a time (a 64-bit lane
  * shift brings each byte's 2 high bits to bits 4..5 of that byte) into a buffer the widening reads. */
-static void q6_k_one_row(const kv_linear *L, const float *x, float *y, int n, int nb) {
+static void q6_k_one_row(const kc_linear *L, const float *x, float *y, int n, int nb) {
     const int supers = nb / SUBS;
     const uint8_t *row[SIDE_BY_SIDE];
     for (int c = 0; c < SIDE_BY_SIDE; c++) row[c] = (const uint8_t *)L->q + (int64_t)(n + c) * supers * 210;
@@ -282,7 +282,7 @@ static void q6_k_one_row(const kv_linear *L, const float *x, float *y, int n, in
         int8_t q[SIDE_BY_SIDE][SUPER] __attribute__((aligned(64))); /* q - 32, weight order */
         for (int c = 0; c < SIDE_BY_SIDE; c++) {
             const uint8_t *blk = row[c] + (int64_t)s * 210;
-            const vec d = vset1(kv_half_at(blk + 208));
+            const vec d = vset1(kc_half_at(blk + 208));
             _mm512_store_ps(ds[c], vmul(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load16(blk + 192)))));
             for (int h = 0; h < 2; h++) {
                 /* weights 128h + 32t + l: t = 0, 1 from ql[64h + 32t + l]'s low nibble, 2, 3 from its high

@@ -15,7 +15,7 @@ static inline void bf16_block(const uint16_t *q, float *w) {
 }
 
 static inline void f16_block(const uint16_t *q, float *w) {
-    for (int j = 0; j < BLOCK; j++) w[j] = kv_half(q[j]);
+    for (int j = 0; j < BLOCK; j++) w[j] = kc_half(q[j]);
 }
 
 /* ---- the same values in vector registers ---- */

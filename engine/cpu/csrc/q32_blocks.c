@@ -19,7 +19,7 @@ static inline uint32_t high_bits(const uint8_t *p) {
 }
 
 static inline void q4_0_block(const uint8_t *blk, float *w) {
-    const float d = kv_half_at(blk);
+    const float d = kc_half_at(blk);
     const uint8_t *qs = blk + 2;
     for (int j = 0; j < HALF; j++) {
         w[j] = d * (float)((qs[j] & 0x0F) - 8);
@@ -28,7 +28,7 @@ static inline void q4_0_block(const uint8_t *blk, float *w) {
 }
 
 static inline void q5_0_block(const uint8_t *blk, float *w) {
-    const float d = kv_half_at(blk);
+    const float d = kc_half_at(blk);
     const uint32_t qh = high_bits(blk + 2);
     const uint8_t *qs = blk + 6;
     for (int j = 0; j < HALF; j++) {
@@ -39,7 +39,7 @@ static inline void q5_0_block(const uint8_t *blk, float *w) {
 }
 
 static inline void q5_1_block(const uint8_t *blk, float *w) {
-    const float d = kv_half_at(blk), m = kv_half_at(blk + 2);
+    const float d = kc_half_at(blk), m = kc_half_at(blk + 2);
     const uint32_t qh = high_bits(blk + 4);
     const uint8_t *qs = blk + 8;
     for (int j = 0; j < HALF; j++) {
@@ -66,7 +66,7 @@ static inline __attribute__((always_inline)) void fifth_bits(uint32_t qh, __m128
 }
 
 static inline __attribute__((always_inline)) void q4_0_decode(const uint8_t *blk, vec *w) {
-    const vec d = vset1(kv_half_at(blk));
+    const vec d = vset1(kc_half_at(blk));
     const __m128i eight = _mm_set1_epi8(8);
     __m128i lo, hi;
     nibbles(blk + 2, &lo, &hi);
@@ -82,7 +82,7 @@ static inline __attribute__((always_inline)) void q4_0_decode(const uint8_t *blk
  * low five bits: the low nibbles need no mask, the high ones one shift), and a rotate brings each
  * weight's fifth bit from qh to bit 4 of its index, merged in by one bitwise select. */
 static inline __attribute__((always_inline)) void q5_0_decode(const uint8_t *blk, vec *w) {
-    const vec d = vset1(kv_half_at(blk));
+    const vec d = vset1(kc_half_at(blk));
     const vec t0 = vmul(d, _mm512_setr_ps(-16, -15, -14, -13, -12, -11, -10, -9, -8, -7, -6, -5, -4, -3, -2, -1));
     const vec t1 = vmul(d, _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
     const __m512i spread = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
@@ -102,7 +102,7 @@ static inline __attribute__((always_inline)) void q5_0_decode(const uint8_t *blk
 
 #else
 static inline __attribute__((always_inline)) void q5_0_decode(const uint8_t *blk, vec *w) {
-    const vec d = vset1(kv_half_at(blk));
+    const vec d = vset1(kc_half_at(blk));
     const __m128i sixteen = _mm_set1_epi8(16);
     __m128i lo, hi;
     nibbles(blk + 6, &lo, &hi);
@@ -124,7 +124,7 @@ static inline __attribute__((always_inline)) void q5_0_decode(const uint8_t *blk
 #endif
 
 static inline __attribute__((always_inline)) void q5_1_decode(const uint8_t *blk, vec *w) {
-    const vec d = vset1(kv_half_at(blk)), m = vset1(kv_half_at(blk + 2));
+    const vec d = vset1(kc_half_at(blk)), m = vset1(kc_half_at(blk + 2));
     __m128i lo, hi;
     nibbles(blk + 8, &lo, &hi);
 #if defined(__AVX512BW__) && defined(__AVX512VL__)
