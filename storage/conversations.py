@@ -8,24 +8,21 @@ import logging
 import os
 import re
 import secrets
-import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 
 from sqlite_utils import Database
 
 import storage.data_dir
+from storage.database import ConversationDatabase
 from storage.db import open_database
-from storage.errors import StorageError, sqlite_errors
-from storage.kv_index import KVIndex
+from storage.errors import StorageError
 from storage.records import (  # Conversation and StoredMessage are this module's public types too
     CONVERSATION_COLUMNS, MESSAGE_COLUMNS, ROLES, STATUSES, Conversation, SearchHit, StoredMessage,
     conversation_from_row, encode_token_ids, fts_query, message_from_row, title_from,
 )
 from storage.streaming_replies import StreamingReplies
-from storage.transaction import transaction
 from storage.trash import Trash
 
 MIN_PREFIX = 4  # shortest conversation id prefix accepted
@@ -50,19 +47,24 @@ WITH RECURSIVE below(id) AS (
 )"""
 
 
-class ConversationStore(StreamingReplies, Trash, KVIndex):
+class ConversationStore(StreamingReplies, Trash):
     """Conversations in one SQLite database. Every method taking a conversation id also takes a
     unique prefix of it (at least MIN_PREFIX characters). Safe to share between threads, and
     between processes on one database."""
 
     def __init__(self, db: Database, read_only_reason: str | None = None):
+        self.database = ConversationDatabase(db, read_only_reason)
         self.db = db
-        # None: writes allowed. Otherwise the connection is read-only and this is the one sentence
-        # (a damaged file, a read-only folder, opened for reading) that every write raises.
-        self.read_only_reason = read_only_reason
-        # One connection serves all threads; a transaction must not interleave with another
-        # thread's statements.
-        self._lock = threading.RLock()
+        self._lock = self.database.lock
+
+    @property
+    def read_only_reason(self) -> str | None:
+        """None: writes allowed; otherwise the one sentence every write raises (ConversationDatabase)."""
+        return self.database.read_only_reason
+
+    @read_only_reason.setter
+    def read_only_reason(self, reason: str | None) -> None:
+        self.database.read_only_reason = reason
 
     @classmethod
     def open(cls, data_dir: Path | None = None, *, write: bool = True) -> ConversationStore:
@@ -89,7 +91,7 @@ class ConversationStore(StreamingReplies, Trash, KVIndex):
         return store
 
     def close(self) -> None:
-        self.db.close()
+        self.database.close()
 
     def __enter__(self) -> ConversationStore:
         return self
@@ -97,16 +99,11 @@ class ConversationStore(StreamingReplies, Trash, KVIndex):
     def __exit__(self, *exc_info) -> None:
         self.close()
 
-    @contextmanager
-    def _write(self, what: str) -> Iterator[None]:
-        if self.read_only_reason is not None:
-            raise StorageError(self.read_only_reason)
-        with self._lock, transaction(self.db, what):
-            yield
+    def _write(self, what: str):
+        return self.database.write(what)
 
     def _rows(self, sql: str, params: Sequence | dict = ()) -> list[dict]:
-        with self._lock, sqlite_errors("the conversations could not be read"):
-            return list(self.db.query(sql, params))
+        return self.database.rows(sql, params)
 
     def _update(self, table: str, row_id: str, changes: dict) -> int:
         """Set the columns in `changes` (names from our code, never from the user) of row `row_id`;

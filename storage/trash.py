@@ -3,14 +3,13 @@
 `delete` in the chat or on the command line moves a conversation here (conversations.deleted_at);
 it leaves the sidebar, `list`, `search` and the input's history, and takes no more messages. `kvchat
 list --deleted` shows the trash and `kvchat restore ID` brings one back as it was. A writable open
-empties the trash of conversations deleted over TRASH_KEEP_S ago, for good (empty_trash).
+empties the trash of conversations deleted over TRASH_KEEP_S ago, for good (storage/purge.py, which
+also removes the K/V blocks only they kept).
 """
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
-
 from storage.errors import StorageError
 from storage.records import CONVERSATION_COLUMNS, Conversation, conversation_from_row
 
@@ -54,21 +53,3 @@ class Trash:
             self.delete(conversation_id, trashed=True)
         return expired
 
-
-def empty_trash(store, home: Path, kv=None, older_than_s: float = TRASH_KEEP_S) -> int:
-    """Purge the trash's expired conversations with their turn locks, and the K/V blocks (of the block
-    store `kv`, default: the one in `home`) no other conversation shares; how many went. A failure (a
-    busy or full database) leaves them for the next start."""
-    from storage.kv_store import KVBlockStore
-    from storage.turn_lock import TurnLock
-
-    kv = kv if kv is not None else KVBlockStore(home, store, cap_bytes=0)
-    try:
-        chains = {c: store.kv_chain(c) for c in store.expired_trash(older_than_s)}
-        expired = store.purge_trash(older_than_s)
-        kv.remove_unreferenced(set().union(*(chains.get(c, set()) for c in expired)))
-    except StorageError:
-        return 0
-    for conversation_id in expired:
-        TurnLock(home, conversation_id).remove_file()
-    return len(expired)

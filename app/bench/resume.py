@@ -43,7 +43,7 @@ def bench_resume(engine: Engine, histories: list[int], new_tokens: int, runs: in
     with tempfile.TemporaryDirectory(prefix="kvchat-bench-") as home:
         conversations = ConversationStore.open(Path(home))
         try:
-            kv = KVBlockStore(Path(home), conversations, cap_bytes=1 << 40)
+            kv = KVBlockStore(Path(home), conversations.database, cap_bytes=1 << 40)
             for history_len in histories:
                 rows.append(_resume_row(engine, conversations, kv, history_len, new_tokens, runs))
         finally:

@@ -86,9 +86,10 @@ def delete_conversation(store: ConversationStore, home: Path, conversation_id: s
         return store.trash(conversation_id)
     trashed = [c for c in store.trashed() if c.id.startswith(conversation_id.strip().lower())]
     conversation = trashed[0] if len(trashed) == 1 and not _live(store, conversation_id) else store.get(conversation_id)
-    chain = store.kv_chain(conversation.id)
+    kv = KVBlockStore(home, store.database, cap_bytes=0)
+    chain = kv.index.chain(conversation.id)
     store.delete(conversation.id, trashed=conversation.deleted_at is not None)  # first: a write under way sees it gone
-    KVBlockStore(home, store, cap_bytes=0).remove_unreferenced(chain)
+    kv.remove_unreferenced(chain)
     SnapshotDir(home).delete(conversation.id)  # an older kvchat's snapshot file, not migrated yet
     TurnLock(home, conversation.id).remove_file()
     return conversation

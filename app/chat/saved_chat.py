@@ -37,7 +37,7 @@ from storage.kv_migration import SnapshotMigration
 from storage.kv_store import KVBlockStore
 from storage.disk_files import DEFAULT_SNAPSHOT_GB
 from storage.kv_writer import KVWriter
-from storage.trash import empty_trash
+from storage.purge import empty_trash
 from storage.turn_lock import TurnLock
 
 log = logging.getLogger("kvchat")
@@ -75,7 +75,7 @@ class Storage:
         home = data_dir()
         conversations = ConversationStore.open(home)
         try:
-            kv = KVBlockStore(home, conversations, int((DEFAULT_SNAPSHOT_GB if snapshot_gb is None else snapshot_gb) * 1e9))
+            kv = KVBlockStore(home, conversations.database, int((DEFAULT_SNAPSHOT_GB if snapshot_gb is None else snapshot_gb) * 1e9))
             if conversations.read_only_reason is None:
                 empty_trash(conversations, home, kv)  # conversations deleted over 30 days ago go for good
             migration = SnapshotMigration(home, kv, conversations.exists)
@@ -247,10 +247,10 @@ class SavedConversation:
         if self.conversation is None or len(token_ids) < engine.kv_block_size or self.storage.kv.cap_bytes == 0:
             return None
         try:
-            if not self.store.kv_heads_of(self.id):
+            if not self.storage.kv.index.heads_of(self.id):
                 return None
             first = chain_keys(engine.fingerprint, token_ids[: engine.kv_block_size], engine.kv_block_size)
-            if first[0] in self.store.kv_chain(self.id):
+            if first[0] in self.storage.kv.index.chain(self.id):
                 return None
         except StorageError:
             return None

@@ -84,7 +84,7 @@ def usage(snapshot_gb: float | None = None) -> Usage:
         with ConversationStore.open(home, write=False) as store:
             trashed = len(store.trashed())
             try:  # read-only: the store neither cleans nor writes
-                stats = KVBlockStore(home, store, cap_bytes=0).stats()
+                stats = KVBlockStore(home, store.database, cap_bytes=0).stats()
                 conversations, shared, saved = stats.conversations, stats.shared_bytes, stats.saved_bytes
             except StorageError:  # a database an older kvchat made, not migrated yet: no block store in it
                 pass

@@ -15,7 +15,8 @@ from app.chat.terminal_text import clean_input, printable
 from app.cli.arg_types import shown
 from storage.conversations import ConversationStore
 from storage.data_dir import data_dir
-from storage.trash import TRASH_KEEP_S, empty_trash
+from storage.purge import empty_trash
+from storage.trash import TRASH_KEEP_S
 
 
 def run_list(args: argparse.Namespace, store: ConversationStore) -> int:

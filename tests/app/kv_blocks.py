@@ -9,6 +9,7 @@ import torch
 
 from storage.conversations import ConversationStore
 from storage.kv_block_file import SUFFIX
+from storage.kv_index import KVIndex
 from storage.kv_store import KV_DIR
 
 
@@ -26,8 +27,9 @@ def conversation_kv(home: Path, conversation_id: str) -> tuple[int, list[Path]]:
     """(tokens of the longest chain the conversation keeps, 0: none; the files of its chains' blocks),
     read through a read-only open of the database, as another kvchat would see them."""
     with ConversationStore.open(Path(home), write=False) as store:
-        heads = store.kv_heads_of(conversation_id)
-        chain = store.kv_chain(conversation_id) if heads else set()
+        index = KVIndex(store.database)
+        heads = index.heads_of(conversation_id)
+        chain = index.chain(conversation_id) if heads else set()
     return max(heads.values(), default=0), [Path(home) / KV_DIR / f"{key}{SUFFIX}" for key in sorted(chain)]
 
 
@@ -50,10 +52,11 @@ def chain_paths(storage, engine, token_ids: list[int]) -> list[Path]:
 def conversation_chain(home: Path, conversation_id: str) -> list[Path]:
     """The files of the conversation's longest chain, first block first ([]: it keeps none)."""
     with ConversationStore.open(Path(home), write=False) as store:
-        heads = store.kv_heads_of(conversation_id)
+        index = KVIndex(store.database)
+        heads = index.heads_of(conversation_id)
         if not heads:
             return []
-        rows = {row.key: row for row in store.kv_blocks_of(sorted(store.kv_chain(conversation_id)))}
+        rows = {row.key: row for row in index.blocks_of(sorted(index.chain(conversation_id)))}
     keys, key = [], max(heads, key=heads.get)
     while key in rows:
         keys.append(key)

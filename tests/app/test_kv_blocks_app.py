@@ -162,7 +162,7 @@ def test_blocks_that_make_the_model_compute_non_finite_scores_are_dropped_and_st
     assert len(chain) >= 3
     # Forge block 1: a NaN in K/V that pass every check of the file (its checksums are right), as a
     # writer that skipped the finiteness check would leave it.
-    rows = {row.key: row for row in storage.conversations.kv_blocks()}
+    rows = {row.key: row for row in storage.kv.index.blocks()}
     forged = rows[chain[1].name.removesuffix(".kvb")]
     dest = torch.zeros(tiny_engine.prefix_cache.pool.data.shape[1:], dtype=tiny_engine.prefix_cache.pool.data.dtype)
     tokens = len(forged.token_ids)
@@ -204,7 +204,7 @@ def test_an_older_kvchats_snapshot_file_moves_into_the_block_store_in_the_backgr
     storage.writer.flush()
     conversation_id, history = session.saved.id, list(session.seen_ids)
     old_snapshot = tiny_engine.export_kv(history)
-    storage.kv.remove(sorted(storage.conversations.kv_chain(conversation_id)))  # as an older kvchat left it:
+    storage.kv.remove(sorted(storage.kv.index.chain(conversation_id)))  # as an older kvchat left it:
     storage.close()
     write_legacy_snapshot(kvchat_home, conversation_id, old_snapshot)  # a file, and no blocks
     assert block_files(kvchat_home) == {} and legacy_snapshot_path(kvchat_home, conversation_id).is_file()

@@ -17,4 +17,4 @@ def conversations(tmp_path):
 
 @pytest.fixture
 def kv(tmp_path, conversations) -> KVBlockStore:
-    return KVBlockStore(tmp_path, conversations, CAP)
+    return KVBlockStore(tmp_path, conversations.database, CAP)

@@ -43,9 +43,9 @@ def test_snapshot_files_move_into_the_block_store_and_the_rest_are_discarded(tmp
     read, plan, dests = load(kv, ids[alive.id], LEGACY_FINGERPRINT)
     assert read == len(plan) == 4  # 14 tokens: 3 full blocks and a partial one
     assert torch.equal(dests, kv_of(ids[alive.id]))
-    assert conversations.kv_heads_of(alive.id) == {plan[-1].key: 14}
+    assert kv.index.heads_of(alive.id) == {plan[-1].key: 14}
     for other in (deleted, corrupt, trashed):
-        assert conversations.kv_heads_of(other.id) == {}
+        assert kv.index.heads_of(other.id) == {}
         assert other.id in caplog.text
         assert load(kv, ids[other.id], LEGACY_FINGERPRINT)[0] == 0
     assert "damaged" in caplog.text and "deleted or in the trash" in caplog.text
@@ -81,7 +81,7 @@ def test_a_read_only_store_migrates_nothing_and_keeps_the_files(tmp_path, conver
     legacy = SnapshotStore(tmp_path)
     write_legacy_snapshot(tmp_path, conversation.id, legacy_snapshot(list(range(1, 10))))
     with ConversationStore.open(tmp_path, write=False) as reader:
-        ro = KVBlockStore(tmp_path, reader, CAP)
+        ro = KVBlockStore(tmp_path, reader.database, CAP)
         assert SnapshotMigration(tmp_path, ro, reader.exists).migrate_all() == 0
     assert legacy.path(conversation.id).exists()
     assert not (tmp_path / "kv").exists()
@@ -102,4 +102,4 @@ def test_a_file_already_partly_in_the_block_store_writes_only_the_rest(tmp_path,
     assert len(after) == 3 and all(after[name] == ino for name, ino in before.items())
     assert load(kv, token_ids, LEGACY_FINGERPRINT)[0] == 3
     head = kv.plan(LEGACY_FINGERPRINT, BLOCK_SIZE, token_ids)[-1].key
-    assert conversations.kv_heads_of(conversation.id) == {head: 12}  # the 8-token chain is extended, not kept
+    assert kv.index.heads_of(conversation.id) == {head: 12}  # the 8-token chain is extended, not kept
