@@ -19,8 +19,8 @@ def empty_trash(store: ConversationStore, home: Path, kv: KVBlockStore | None = 
     busy or full database) leaves them for the next start."""
     kv = kv if kv is not None else KVBlockStore(home, store.database, cap_bytes=0)
     try:
-        chains = {c: kv.index.chain(c) for c in store.expired_trash(older_than_s)}
-        expired = store.purge_trash(older_than_s)
+        chains = {c: kv.index.chain(c) for c in store.trash_bin.expired(older_than_s)}
+        expired = store.trash_bin.purge(older_than_s)
         kv.remove_unreferenced(set().union(*(chains.get(c, set()) for c in expired)))
     except StorageError:
         return 0

@@ -10,46 +10,55 @@ also removes the K/V blocks only they kept).
 from __future__ import annotations
 
 import time
-from storage.errors import StorageError
+from typing import TYPE_CHECKING
+
 from storage.records import CONVERSATION_COLUMNS, Conversation, conversation_from_row
+
+if TYPE_CHECKING:
+    from storage.conversations import ConversationStore
 
 TRASH_KEEP_S = 30 * 24 * 3600.0  # 30 days
 
 
 class Trash:
-    """A mixin of ConversationStore. Needs its _write(), _rows(), resolve_id() and delete()."""
+    """The trash of a ConversationStore, over its database; ConversationStore.trash(), restore() and
+    trashed() are the doors the app uses."""
 
-    def trash(self, conversation_id: str) -> Conversation:
+    def __init__(self, store: ConversationStore):
+        self.store = store  # its resolve_id(), get() and delete(): a trashed id is a conversation's id
+        self.database = store.database
+
+    def put(self, conversation_id: str) -> Conversation:
         """Move the conversation to the trash; returns it (as it was)."""
-        with self._write("the deletion"):
-            full_id = self.resolve_id(conversation_id)
-            rows = self._rows(f"SELECT {CONVERSATION_COLUMNS} FROM conversations WHERE id = ?", [full_id])
-            self.db.execute("UPDATE conversations SET deleted_at = ? WHERE id = ?", [time.time(), full_id])
+        with self.database.write("the deletion"):
+            full_id = self.store.resolve_id(conversation_id)
+            rows = self.database.rows(f"SELECT {CONVERSATION_COLUMNS} FROM conversations WHERE id = ?", [full_id])
+            self.database.db.execute("UPDATE conversations SET deleted_at = ? WHERE id = ?", [time.time(), full_id])
         return conversation_from_row(rows[0])
 
     def restore(self, conversation_id: str) -> Conversation:
         """Take the conversation out of the trash, as it was; returns it."""
-        with self._write("the restored conversation"):
-            full_id = self.resolve_id(conversation_id, trashed=True)
-            self.db.execute("UPDATE conversations SET deleted_at = NULL WHERE id = ?", [full_id])
-        return self.get(full_id)
+        with self.database.write("the restored conversation"):
+            full_id = self.store.resolve_id(conversation_id, trashed=True)
+            self.database.db.execute("UPDATE conversations SET deleted_at = NULL WHERE id = ?", [full_id])
+        return self.store.get(full_id)
 
-    def trashed(self) -> list[Conversation]:
+    def conversations(self) -> list[Conversation]:
         """The conversations in the trash, most recently deleted first."""
-        rows = self._rows(f"SELECT {CONVERSATION_COLUMNS} FROM conversations WHERE deleted_at IS NOT NULL"
+        rows = self.database.rows(f"SELECT {CONVERSATION_COLUMNS} FROM conversations WHERE deleted_at IS NOT NULL"
                           " ORDER BY deleted_at DESC, id")
         return [conversation_from_row(row) for row in rows]
 
-    def expired_trash(self, older_than_s: float = TRASH_KEEP_S) -> list[str]:
+    def expired(self, older_than_s: float = TRASH_KEEP_S) -> list[str]:
         """The ids of the conversations in the trash for over `older_than_s`."""
         cutoff = time.time() - older_than_s
-        return [row["id"] for row in self._rows(
+        return [row["id"] for row in self.database.rows(
             "SELECT id FROM conversations WHERE deleted_at IS NOT NULL AND deleted_at < ?", [cutoff])]
 
-    def purge_trash(self, older_than_s: float = TRASH_KEEP_S) -> list[str]:
+    def purge(self, older_than_s: float = TRASH_KEEP_S) -> list[str]:
         """Delete for good the conversations in the trash for over `older_than_s`; returns their ids."""
-        expired = self.expired_trash(older_than_s)
+        expired = self.expired(older_than_s)
         for conversation_id in expired:
-            self.delete(conversation_id, trashed=True)
+            self.store.delete(conversation_id, trashed=True)
         return expired
 
