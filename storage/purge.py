@@ -1,15 +1,15 @@
 """Emptying the trash for good: the one place that composes the conversation database's trash
-(trash.py) with the K/V block store (kv_store.py), so neither reaches into the other."""
+(storage/db/trash.py) with the K/V block store (storage/kv/store.py), so neither reaches into the other."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from storage.conversations import ConversationStore
+from storage.db.conversations import ConversationStore
 from storage.errors import StorageError
-from storage.kv_store import KVBlockStore
-from storage.trash import TRASH_KEEP_S
-from storage.turn_lock import TurnLock
+from storage.kv.store import KVBlockStore
+from storage.db.trash import TRASH_KEEP_S
+from storage.db.turn_lock import TurnLock
 
 
 def empty_trash(store: ConversationStore, home: Path, kv: KVBlockStore | None = None,

@@ -9,11 +9,11 @@ from pathlib import Path
 
 from app.chat.export_file import write_new_file
 from app.chat.thinking import stored_reply_parts
-from storage.conversations import Conversation, ConversationStore, StoredMessage
+from storage.db.conversations import Conversation, ConversationStore, StoredMessage
 from storage.errors import StorageError
-from storage.kv_store import KVBlockStore
-from storage.snapshot_dir import SnapshotDir
-from storage.turn_lock import TurnLock
+from storage.kv.store import KVBlockStore
+from storage.kv.legacy.snapshot_dir import SnapshotDir
+from storage.db.turn_lock import TurnLock
 
 STATUS_NOTES = {"stopped": " (stopped)", "interrupted": " (interrupted)", "streaming": " (still being written)"}
 
@@ -79,7 +79,7 @@ def write_export(store: ConversationStore, conversation_id: str, fmt: str, path:
 
 def delete_conversation(store: ConversationStore, home: Path, conversation_id: str,
                         permanently: bool = False) -> Conversation:
-    """Move the conversation to the trash (storage/trash.py), with its K/V on disk; or delete it, its
+    """Move the conversation to the trash (storage/db/trash.py), with its K/V on disk; or delete it, its
     messages, its turn lock under the data dir `home` and the K/V blocks no other conversation shares,
     for good. Returns what was deleted."""
     if not permanently:

@@ -2,7 +2,7 @@
 
 - The row is created by the first save (status `streaming`); each later save,
   at most every PARTIAL_SAVE_S, appends only the text and ids made since the
-  last one (storage/streaming_replies.py), so a save costs the same small
+  last one (storage/db/streaming_replies.py), so a save costs the same small
   write however long the reply is.
 - A save that fails (a full disk) is not repeated while the reply goes on:
   one warning, and the end writes everything.
@@ -21,9 +21,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from storage.conversations import ConversationStore
+from storage.db.conversations import ConversationStore
 from storage.errors import StorageError
-from storage.streaming_replies import ReplyGone
+from storage.db.streaming_replies import ReplyGone
 
 log = logging.getLogger("kvchat")
 

@@ -14,11 +14,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from engine.weights.paths import cache_dir
-from storage.conversations import ConversationStore
+from storage.db.conversations import ConversationStore
 from storage.data_dir import data_dir
 from storage.errors import StorageError
-from storage.kv_block_file import SUFFIX
-from storage.kv_store import KV_DIR, KVBlockStore
+from storage.kv.block_file import SUFFIX
+from storage.kv.store import KV_DIR, KVBlockStore
 from storage.disk_files import DEFAULT_SNAPSHOT_GB
 
 

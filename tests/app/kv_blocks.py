@@ -1,4 +1,4 @@
-"""What the KV block store (storage/kv_store.py) holds of a conversation, as the app tests check it:
+"""What the KV block store (storage/kv/store.py) holds of a conversation, as the app tests check it:
 its block files under <home>/kv and the tokens of its chains, read from the conversation database."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import torch
 
-from storage.conversations import ConversationStore
-from storage.kv_block_file import SUFFIX
-from storage.kv_index import KVIndex
-from storage.kv_store import KV_DIR
+from storage.db.conversations import ConversationStore
+from storage.kv.block_file import SUFFIX
+from storage.kv.index import KVIndex
+from storage.kv.store import KV_DIR
 
 
 def block_files(home: Path) -> dict[str, int]:

@@ -11,7 +11,7 @@ from app.chat.saved_chat import SavedConversation
 from app.chat.session import ChatSession
 from engine import Done, SamplingParams
 from engine.bench.fresh import with_fresh_cache
-from storage.kv_block_file import BlockLayout, write_block
+from storage.kv.block_file import BlockLayout, write_block
 from tests.app.kv_blocks import block_files, conversation_chain, conversation_kv, read_back, stored_bytes
 
 GREEDY = SamplingParams(temperature=0, max_tokens=10)
@@ -227,7 +227,7 @@ def test_quitting_does_not_wait_for_the_migration_of_every_old_file(tiny_engine,
     import threading
 
     from app.chat.saved_chat import Storage
-    from storage.kv_migration import SnapshotMigration
+    from storage.kv.legacy.migration import SnapshotMigration
     from tests.storage.legacy_snapshots import legacy_snapshot_path, write_legacy_snapshot
 
     storage = Storage.open()

@@ -8,7 +8,7 @@ from textual.app import App, ComposeResult
 from textual.widgets import Input, ListView
 
 from app.tui.widgets.sidebar import ConversationItem, NoticeItem, Sidebar, relative_time
-from storage.conversations import ConversationStore
+from storage.db.conversations import ConversationStore
 from storage.errors import StorageError
 from tests.app.pilot import wait_until
 

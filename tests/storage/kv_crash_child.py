@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from storage.conversations import ConversationStore
-from storage.kv_store import KVBlockStore
+from storage.db.conversations import ConversationStore
+from storage.kv.store import KVBlockStore
 from tests.storage.kv_store_helpers import BLOCK_SIZE, FINGERPRINT, snapshot
 
 SEQUENCE = [(j * 7919) % 50_000 for j in range(120)]

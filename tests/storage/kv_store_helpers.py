@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import torch
 
 from engine.kv.snapshot import KVSnapshot
-from storage.kv_block_file import chain_keys, read_block
+from storage.kv.block_file import chain_keys, read_block
 
 FINGERPRINT = "f" * 64
 BLOCK_SIZE = 4

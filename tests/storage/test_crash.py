@@ -7,7 +7,7 @@ import signal
 import sqlite3
 import time
 
-from storage.conversations import ConversationStore
+from storage.db.conversations import ConversationStore
 from tests.storage.conversation_writer import spawn, start_together, text_hash
 
 KILLS = 15

@@ -4,12 +4,12 @@ import logging
 
 import torch
 
-import storage.kv_store as kv_store
+import storage.kv.store as kv_store
 from engine.kv.snapshot import KVSnapshot
-from storage.conversations import ConversationStore
-from storage.kv_migration import SnapshotMigration
-from storage.kv_store import KVBlockStore
-from storage.snapshots import SnapshotStore
+from storage.db.conversations import ConversationStore
+from storage.kv.legacy.migration import SnapshotMigration
+from storage.kv.store import KVBlockStore
+from storage.kv.legacy.snapshots import SnapshotStore
 from tests.storage.kv_store_helpers import CAP, BLOCK_SIZE, kv_of, kvb_files, load
 from tests.storage.legacy_snapshots import write_legacy_snapshot
 

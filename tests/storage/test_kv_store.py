@@ -8,8 +8,8 @@ import os
 import pytest
 import torch
 
-from storage.kv_block_file import SUFFIX
-from storage.kv_store import KVBlockStore
+from storage.kv.block_file import SUFFIX
+from storage.kv.store import KVBlockStore
 from tests.storage.kv_store_helpers import (BLOCK_SIZE, FINGERPRINT, assert_loads, check_heads_loadable,
                                             check_index_matches_files, fresh_dests, kv_of, kvb_files, load,
                                             snapshot)

@@ -2,9 +2,9 @@
 
 import pytest
 
-import storage.kv_store as kv_store
-from storage.kv_block_file import SUFFIX
-from storage.kv_store import KVBlockStore
+import storage.kv.store as kv_store
+from storage.kv.block_file import SUFFIX
+from storage.kv.store import KVBlockStore
 from tests.storage.kv_store_helpers import (CAP, BLOCK_SIZE, FINGERPRINT, assert_loads, check_heads_loadable,
                                             check_index_matches_files, kvb_files, load, snapshot)
 from tests.storage.kv_store_helpers import keys_of, tokens

@@ -6,12 +6,12 @@ import os
 
 import pytest
 
-import storage.kv_block_file as kv_block_file
-import storage.kv_store as kv_store
-from storage.conversations import ConversationStore
+import storage.kv.block_file as kv_block_file
+import storage.kv.store as kv_store
+from storage.db.conversations import ConversationStore
 from storage.errors import StorageError
-from storage.kv_block_file import SUFFIX
-from storage.kv_store import KVBlockStore
+from storage.kv.block_file import SUFFIX
+from storage.kv.store import KVBlockStore
 from storage.disk_files import STALE_TEMP_S
 from tests.storage.kv_store_helpers import (CAP, assert_loads, check_index_matches_files, kvb_files, load,
                                             snapshot)

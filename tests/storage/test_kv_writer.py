@@ -6,9 +6,9 @@ import threading
 
 import pytest
 
-import storage.kv_store as kv_store
-from storage.kv_block_file import chain_keys
-from storage.kv_writer import KVWriter
+import storage.kv.store as kv_store
+from storage.kv.block_file import chain_keys
+from storage.kv.writer import KVWriter
 from tests.storage.kv_store_helpers import BLOCK_SIZE, FINGERPRINT, assert_loads, kvb_files, snapshot
 
 WAIT_S = 10

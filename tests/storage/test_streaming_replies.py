@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from storage.conversations import ConversationStore
-from storage.streaming_replies import ReplyGone
+from storage.db.conversations import ConversationStore
+from storage.db.streaming_replies import ReplyGone
 
 
 @pytest.fixture

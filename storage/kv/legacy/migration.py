@@ -21,9 +21,9 @@ import threading
 from pathlib import Path
 
 from storage.errors import SnapshotRejected, StorageError
-from storage.kv_store import KVBlockStore
-from storage.snapshot_dir import CONVERSATION_ID, SUFFIX
-from storage.snapshots import SnapshotStore
+from storage.kv.store import KVBlockStore
+from storage.kv.legacy.snapshot_dir import CONVERSATION_ID, SUFFIX
+from storage.kv.legacy.snapshots import SnapshotStore
 
 log = logging.getLogger("kvchat")
 

@@ -4,7 +4,7 @@ It owns the connection, the lock that keeps one thread's transaction from interl
 another's statements, and the read-only sentence; everything that reads or writes the file
 goes through its `write()` and `rows()`: the conversations (conversations.py), the streaming
 replies (streaming_replies.py), the trash (trash.py) and the K/V block store's index
-(kv_index.py) are objects composed over it, as datasette's `Database` is the one door to
+(storage/kv/index.py) are objects composed over it, as datasette's `Database` is the one door to
 each of its files.
 
 On a full disk `write_retrying` first makes the write-ahead log start over from its
@@ -22,7 +22,7 @@ from typing import TypeVar
 from sqlite_utils import Database
 
 from storage.errors import StorageError, sqlite_errors
-from storage.transaction import transaction
+from storage.db.transaction import transaction
 
 T = TypeVar("T")
 
@@ -50,7 +50,7 @@ class ConversationDatabase:
 
     @contextmanager
     def write(self, what: str) -> Iterator[None]:
-        """One write transaction (storage/transaction.py) under the lock; `what` names the change
+        """One write transaction (storage/db/transaction.py) under the lock; `what` names the change
         for the error sentence. Refused with `read_only_reason` on a read-only database."""
         if self.read_only_reason is not None:
             raise StorageError(self.read_only_reason)

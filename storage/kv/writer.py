@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable
 
 from engine.kv.snapshot import KVSnapshot
-from storage.kv_store import KVBlockStore
+from storage.kv.store import KVBlockStore
 
 log = logging.getLogger("kvchat")
 

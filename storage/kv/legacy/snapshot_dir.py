@@ -2,8 +2,8 @@
 
 An older kvchat wrote one snapshot file per conversation,
 `snapshots/<conversation id>.safetensors`. This kvchat keeps K/V in the block
-store (kv_store.py) and never writes these files: they are only read, to move
-them into the block store (kv_migration.py), and deleted. No tensors here (and
+store (storage/kv/store.py) and never writes these files: they are only read, to move
+them into the block store (migration.py), and deleted. No tensors here (and
 no torch import), so commands that only list or delete conversations start
 instantly. Reading a file: snapshots.py.
 
@@ -15,7 +15,7 @@ never removed here.
 An older kvchat wrote `.<conversation id>.<pid>.<hex>.tmp` and renamed it into
 place. One killed mid-write left its temp file behind; such a file is removed
 when a SnapshotDir is opened, once its writer's process is gone or it is older
-than STALE_TEMP_S (disk_files.py).
+than STALE_TEMP_S (storage/disk_files.py).
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from storage.database import ConversationDatabase
-from storage.kv_keys import token_bytes, token_ids_of
+from storage.db.database import ConversationDatabase
+from storage.kv.keys import token_bytes, token_ids_of
 
 # Every block on some conversation's chain, with how many conversations' chains pass through it.
 _REFERENCED = (

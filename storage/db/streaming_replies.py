@@ -24,9 +24,9 @@ import os
 import time
 from collections.abc import Sequence
 
-from storage.database import ConversationDatabase
+from storage.db.database import ConversationDatabase
 from storage.errors import StorageError
-from storage.records import StoredMessage, decode_token_ids, encode_token_ids
+from storage.db.records import StoredMessage, decode_token_ids, encode_token_ids
 
 # A streaming reply not written for this long is dead even if its writer's pid is alive:
 # the writer saves it about twice a second, so the pid now belongs to another process.
@@ -122,7 +122,7 @@ class StreamingReplies:
         """Fold the parts of streaming replies whose writer is gone (or silent for STALE_STREAM_S) into
         their rows and mark them `interrupted`, text kept; those of a live kvchat are left alone.
         Returns how many. Reads first, so a database with nothing to recover is never written."""
-        from storage.records import MESSAGE_COLUMNS, message_from_row
+        from storage.db.records import MESSAGE_COLUMNS, message_from_row
 
         rows = self.database.rows(f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE messages.status = 'streaming'")
         dead = [m for m in self.read_back([message_from_row(row) for row in rows]) if m.status == "interrupted"]

@@ -1,6 +1,6 @@
 """KVBlockStore: conversations' K/V on disk as content-addressed blocks, each stored once.
 
-A conversation's K/V are the chain of its blocks (kv_block_file.py: a block's
+A conversation's K/V are the chain of its blocks (block_file.py: a block's
 key hashes its parent's key, the model fingerprint and its tokens). After a
 turn only the blocks the store lacks are written: the turn's new tokens, and
 the previous turn's last, partial block once more, now longer. A branch, or
@@ -9,7 +9,7 @@ shared document), finds the same keys and writes nothing for them.
 
 Writing: each block file is made durable (temp file, fsync, rename), then the
 directory is fsynced, then one transaction records the blocks and the
-conversation's new head in the index (kv_index.py); eviction forgets blocks in
+conversation's new head in the index (index.py); eviction forgets blocks in
 the index before it unlinks their files. So a kill -9 anywhere leaves the old
 state or the new one, and at worst an orphan file, never an index row naming a
 missing or torn file. Orphans and dead writers' temp files go when a writable
@@ -22,7 +22,7 @@ one log line and the read stops there: what came before it is used, the rest
 is recomputed (and written again after the turn). Files are opened only
 inside the data dir, never through a symlink, and a FIFO is never read. A
 folder where a block file belongs is a damaged block too: it goes, or is
-renamed aside if it holds anything (kv_block_file.clear_folder).
+renamed aside if it holds anything (block_file.clear_folder).
 
 The size cap evicts whole blocks, least recently used first: blocks no
 conversation references (a deleted conversation's, a superseded partial
@@ -45,10 +45,10 @@ from typing import TYPE_CHECKING
 
 from storage.disk_files import STALE_TEMP_S, fsync_dir, leads_outside, temp_is_stale
 from storage.errors import StorageError
-from storage.kv_block_file import (ROOT, SUFFIX, BlockDamaged, BlockLayout, BlockUnreadable, block_key, chain_keys,
+from storage.kv.block_file import (ROOT, SUFFIX, BlockDamaged, BlockLayout, BlockUnreadable, block_key, chain_keys,
                                    clear_folder, is_finite, payload_of, read_block, write_block)
-from storage.database import ConversationDatabase
-from storage.kv_index import BlockRow, KVIndex
+from storage.db.database import ConversationDatabase
+from storage.kv.index import BlockRow, KVIndex
 
 if TYPE_CHECKING:  # not at run time: `kvchat list` and `delete` use the store without loading torch
     import torch

@@ -10,12 +10,11 @@ also removes the K/V blocks only they kept).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
-from storage.records import CONVERSATION_COLUMNS, Conversation, conversation_from_row
-
-if TYPE_CHECKING:
-    from storage.conversations import ConversationStore
+from storage.db.database import ConversationDatabase
+from storage.db.records import CONVERSATION_COLUMNS, Conversation, conversation_from_row
+from storage.errors import StorageError
 
 TRASH_KEEP_S = 30 * 24 * 3600.0  # 30 days
 
@@ -24,14 +23,16 @@ class Trash:
     """The trash of a ConversationStore, over its database; ConversationStore.trash(), restore() and
     trashed() are the doors the app uses."""
 
-    def __init__(self, store: ConversationStore):
-        self.store = store  # its resolve_id(), get() and delete(): a trashed id is a conversation's id
-        self.database = store.database
+    def __init__(self, database: ConversationDatabase, resolve_id: Callable[..., str]):
+        """`resolve_id(id_or_prefix, trashed=False)`: the store's (ConversationStore.resolve_id), so an id
+        prefix means the same conversation here as everywhere else."""
+        self.database = database
+        self.resolve_id = resolve_id
 
     def put(self, conversation_id: str) -> Conversation:
         """Move the conversation to the trash; returns it (as it was)."""
         with self.database.write("the deletion"):
-            full_id = self.store.resolve_id(conversation_id)
+            full_id = self.resolve_id(conversation_id)
             rows = self.database.rows(f"SELECT {CONVERSATION_COLUMNS} FROM conversations WHERE id = ?", [full_id])
             self.database.db.execute("UPDATE conversations SET deleted_at = ? WHERE id = ?", [time.time(), full_id])
         return conversation_from_row(rows[0])
@@ -39,14 +40,17 @@ class Trash:
     def restore(self, conversation_id: str) -> Conversation:
         """Take the conversation out of the trash, as it was; returns it."""
         with self.database.write("the restored conversation"):
-            full_id = self.store.resolve_id(conversation_id, trashed=True)
+            full_id = self.resolve_id(conversation_id, trashed=True)
             self.database.db.execute("UPDATE conversations SET deleted_at = NULL WHERE id = ?", [full_id])
-        return self.store.get(full_id)
+        rows = self.database.rows(f"SELECT {CONVERSATION_COLUMNS} FROM conversations WHERE id = ?", [full_id])
+        if not rows:  # deleted by another process just now
+            raise StorageError(f"No conversation matches '{conversation_id}'.")
+        return conversation_from_row(rows[0])
 
     def conversations(self) -> list[Conversation]:
         """The conversations in the trash, most recently deleted first."""
         rows = self.database.rows(f"SELECT {CONVERSATION_COLUMNS} FROM conversations WHERE deleted_at IS NOT NULL"
-                          " ORDER BY deleted_at DESC, id")
+                                  " ORDER BY deleted_at DESC, id")
         return [conversation_from_row(row) for row in rows]
 
     def expired(self, older_than_s: float = TRASH_KEEP_S) -> list[str]:
@@ -58,7 +62,9 @@ class Trash:
     def purge(self, older_than_s: float = TRASH_KEEP_S) -> list[str]:
         """Delete for good the conversations in the trash for over `older_than_s`; returns their ids."""
         expired = self.expired(older_than_s)
-        for conversation_id in expired:
-            self.store.delete(conversation_id, trashed=True)
+        for conversation_id in expired:  # as ConversationStore.delete(trashed=True): messages go by cascade
+            with self.database.write("the deletion"):
+                self.database.db.execute("DELETE FROM conversations WHERE id = ?",
+                                         [self.resolve_id(conversation_id, trashed=True)])
         return expired
 

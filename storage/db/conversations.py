@@ -15,15 +15,15 @@ from pathlib import Path
 from sqlite_utils import Database
 
 import storage.data_dir
-from storage.database import ConversationDatabase
-from storage.db import open_database
+from storage.db.database import ConversationDatabase
+from storage.db.open import open_database
 from storage.errors import StorageError
-from storage.records import (  # Conversation and StoredMessage are this module's public types too
+from storage.db.records import (  # Conversation and StoredMessage are this module's public types too
     CONVERSATION_COLUMNS, MESSAGE_COLUMNS, ROLES, STATUSES, Conversation, SearchHit, StoredMessage,
     conversation_from_row, encode_token_ids, fts_query, message_from_row, title_from,
 )
-from storage.streaming_replies import StreamingReplies
-from storage.trash import Trash
+from storage.db.streaming_replies import StreamingReplies
+from storage.db.trash import Trash
 
 MIN_PREFIX = 4  # shortest conversation id prefix accepted
 
@@ -54,13 +54,13 @@ class ConversationStore:
 
     Composed over one ConversationDatabase (`database`): the streaming replies (`replies`) and the
     trash (`trash_bin`, whose doors are trash(), restore() and trashed()) use the same connection
-    and lock; so does the K/V block store's index (storage/kv_index.py), which the store does not hold."""
+    and lock; so does the K/V block store's index (storage/kv/index.py), which the store does not hold."""
 
     def __init__(self, db: Database, read_only_reason: str | None = None):
         self.database = ConversationDatabase(db, read_only_reason)
         self.db = db
         self.replies = StreamingReplies(self.database)
-        self.trash_bin = Trash(self)
+        self.trash_bin = Trash(self.database, self.resolve_id)
 
     @property
     def read_only_reason(self) -> str | None:
@@ -76,7 +76,7 @@ class ConversationStore:
         """The store in `data_dir`/kvchat.db (default: the kvchat data dir).
 
         write=True (the chat, `kvchat ask`, delete, rename): the file is checked, migrated and
-        backed up daily (storage/db.py), and replies whose writer died are marked interrupted.
+        backed up daily (storage/db/open.py), and replies whose writer died are marked interrupted.
         It may still come up read-only (a damaged file, a read-only folder): `read_only_reason`
         says why, before any work the user would lose. write=False (list, show, search, export):
         read-only, nothing written, so another kvchat's lock cannot stop it."""
@@ -197,7 +197,7 @@ class ConversationStore:
                 self._update("conversations", full_id, changes)
 
     def trash(self, conversation_id: str) -> Conversation:
-        """Move the conversation to the trash (storage/trash.py); returns it (as it was)."""
+        """Move the conversation to the trash (storage/db/trash.py); returns it (as it was)."""
         return self.trash_bin.put(conversation_id)
 
     def restore(self, conversation_id: str) -> Conversation:
