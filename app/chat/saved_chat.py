@@ -35,7 +35,7 @@ from storage.errors import StorageError
 from storage.kv.block_file import chain_keys
 from storage.kv.legacy.migration import SnapshotMigration
 from storage.kv.store import KVBlockStore
-from storage.disk_files import DEFAULT_SNAPSHOT_GB
+from storage.disk_files import DEFAULT_KV_DISK_GB
 from storage.kv.writer import KVWriter
 from storage.purge import empty_trash
 from storage.db.turn_lock import TurnLock
@@ -75,7 +75,7 @@ class Storage:
         home = data_dir()
         conversations = ConversationStore.open(home)
         try:
-            kv = KVBlockStore(home, conversations.database, int((DEFAULT_SNAPSHOT_GB if snapshot_gb is None else snapshot_gb) * 1e9))
+            kv = KVBlockStore(home, conversations.database, int((DEFAULT_KV_DISK_GB if snapshot_gb is None else snapshot_gb) * 1e9))
             if conversations.read_only_reason is None:
                 empty_trash(conversations, home, kv)  # conversations deleted over 30 days ago go for good
             migration = SnapshotMigration(home, kv, conversations.exists)

@@ -19,7 +19,7 @@ from storage.data_dir import data_dir
 from storage.errors import StorageError
 from storage.kv.block_file import SUFFIX
 from storage.kv.store import KV_DIR, KVBlockStore
-from storage.disk_files import DEFAULT_SNAPSHOT_GB
+from storage.disk_files import DEFAULT_KV_DISK_GB
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ def usage(snapshot_gb: float | None = None) -> Usage:
                 conversations, shared, saved = stats.conversations, stats.shared_bytes, stats.saved_bytes
             except StorageError:  # a database an older kvchat made, not migrated yet: no block store in it
                 pass
-    cap = int((DEFAULT_SNAPSHOT_GB if snapshot_gb is None else snapshot_gb) * 1e9)
+    cap = int((DEFAULT_KV_DISK_GB if snapshot_gb is None else snapshot_gb) * 1e9)
     return Usage(database, backup_bytes, backups, kv_bytes, kv_blocks, conversations, shared, saved, cap,
                  model_bytes, models, trashed, str(home), str(cache))
 

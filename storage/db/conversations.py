@@ -172,12 +172,6 @@ class ConversationStore:
         )
         return [conversation_from_row(row) for row in rows]
 
-    def count_messages(self, conversation_id: str) -> int:
-        """All messages of the conversation, every branch counted."""
-        full_id = self.resolve_id(conversation_id)
-        return self.database.rows("SELECT count(*) AS n FROM messages WHERE conversation_id = ?",
-                                  [full_id])[0]["n"]
-
     def rename(self, conversation_id: str, title: str) -> None:
         with self.database.write("the new title"):
             self._update("conversations", self.resolve_id(conversation_id), {"title": title.strip()})

@@ -183,7 +183,7 @@ def test_a_parent_from_another_conversation_is_refused_and_nothing_is_stored(sto
     (foreign,) = add_turns(store, elsewhere.id, "hi")
     with pytest.raises(StorageError, match="is not in conversation"):
         store.add_message(here.id, foreign.id, "assistant", "hello", 1, [2])
-    assert store.count_messages(here.id) == 0 and store.get(here.id).active_leaf is None
+    assert store.all_messages(here.id) == [] and store.get(here.id).active_leaf is None
 
 
 def test_an_unknown_message_is_one_sentence(store):

@@ -21,6 +21,14 @@ def legacy_snapshot(ids) -> KVSnapshot:
     return KVSnapshot(tuple(ids), kv_of(ids), LEGACY_FINGERPRINT)
 
 
+def migrate(migration: SnapshotMigration) -> int:
+    """What Storage.open queues on the writer: each pending file's migrate_one, then remove_dir; how many
+    files went into the block store."""
+    moved = sum(migration.migrate_one(conversation_id) for conversation_id in migration.pending())
+    migration.remove_dir()
+    return moved
+
+
 def test_snapshot_files_move_into_the_block_store_and_the_rest_are_discarded(tmp_path, conversations, kv, caplog):
     alive, deleted, corrupt, trashed = (conversations.create("m") for _ in range(4))
     legacy = SnapshotStore(tmp_path)
@@ -38,7 +46,7 @@ def test_snapshot_files_move_into_the_block_store_and_the_rest_are_discarded(tmp
     migration = SnapshotMigration(tmp_path, kv, conversations.exists)
     assert migration.pending() == sorted(ids)
     with caplog.at_level(logging.INFO, logger="kvchat"):
-        assert migration.migrate_all() == 1
+        assert migrate(migration) == 1
 
     read, plan, dests = load(kv, ids[alive.id], LEGACY_FINGERPRINT)
     assert read == len(plan) == 4  # 14 tokens: 3 full blocks and a partial one
@@ -52,7 +60,7 @@ def test_snapshot_files_move_into_the_block_store_and_the_rest_are_discarded(tmp
     assert len(kvb_files(kv)) == 4
     assert not legacy.dir.exists()  # every file gone, then the empty directory
     assert migration.pending() == []
-    assert migration.migrate_all() == 0
+    assert migrate(migration) == 0
 
 
 def test_a_full_disk_leaves_the_file_for_the_next_try(tmp_path, conversations, kv, monkeypatch, caplog):
@@ -68,7 +76,7 @@ def test_a_full_disk_leaves_the_file_for_the_next_try(tmp_path, conversations, k
     with monkeypatch.context() as patch:
         patch.setattr(kv_store, "write_block", disk_full)
         with caplog.at_level(logging.WARNING, logger="kvchat"):
-            assert migration.migrate_all() == 0
+            assert migrate(migration) == 0
     assert "not moved to the block store yet" in caplog.text
     assert legacy.path(conversation.id).exists() and kvb_files(kv) == set()
     assert migration.migrate_one(conversation.id) is True
@@ -82,7 +90,7 @@ def test_a_read_only_store_migrates_nothing_and_keeps_the_files(tmp_path, conver
     write_legacy_snapshot(tmp_path, conversation.id, legacy_snapshot(list(range(1, 10))))
     with ConversationStore.open(tmp_path, write=False) as reader:
         ro = KVBlockStore(tmp_path, reader.database, CAP)
-        assert SnapshotMigration(tmp_path, ro, reader.exists).migrate_all() == 0
+        assert migrate(SnapshotMigration(tmp_path, ro, reader.exists)) == 0
     assert legacy.path(conversation.id).exists()
     assert not (tmp_path / "kv").exists()
 
@@ -97,7 +105,7 @@ def test_a_file_already_partly_in_the_block_store_writes_only_the_rest(tmp_path,
     first_two = KVSnapshot(tuple(token_ids[:8]), kv_of(token_ids[:8]), LEGACY_FINGERPRINT)
     kv.save(conversation.id, first_two)
     before = {p.name: p.stat().st_ino for p in kv.dir.iterdir()}
-    assert SnapshotMigration(tmp_path, kv, conversations.exists).migrate_all() == 1
+    assert migrate(SnapshotMigration(tmp_path, kv, conversations.exists)) == 1
     after = {p.name: p.stat().st_ino for p in kv.dir.iterdir()}
     assert len(after) == 3 and all(after[name] == ino for name, ino in before.items())
     assert load(kv, token_ids, LEGACY_FINGERPRINT)[0] == 3

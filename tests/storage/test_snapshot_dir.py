@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from storage.errors import SnapshotRejected
+from storage.kv.legacy.snapshot_dir import SnapshotRejected
 from storage.disk_files import STALE_TEMP_S
 from storage.kv.legacy.snapshots import SnapshotStore
 from tests.storage.test_snapshots import CONVERSATION, FINGERPRINT

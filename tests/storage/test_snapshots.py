@@ -9,7 +9,7 @@ from safetensors import safe_open
 
 import storage.kv.legacy.snapshots as snapshots
 from engine.kv.snapshot import KVSnapshot
-from storage.errors import SnapshotRejected
+from storage.kv.legacy.snapshot_dir import SnapshotRejected
 from storage.kv.legacy.snapshots import SnapshotStore
 from tests.storage.legacy_snapshots import write_legacy_snapshot
 

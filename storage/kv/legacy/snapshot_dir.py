@@ -27,10 +27,13 @@ import time
 from pathlib import Path
 
 from storage.disk_files import leads_outside, temp_is_stale
-from storage.errors import SnapshotRejected
 
 SUFFIX = ".safetensors"
 CONVERSATION_ID = re.compile(r"[0-9a-f]{4,64}")
+
+
+class SnapshotRejected(Exception):
+    """A KV snapshot exists but cannot be used (the caller recomputes); the message says why."""
 
 
 class SnapshotDir:
@@ -69,6 +72,11 @@ class SnapshotDir:
             if stat.S_ISREG(info.st_mode):
                 entries.append((entry.name, Path(entry.path), info))
         return entries
+
+    def conversation_ids(self) -> list[str]:
+        """The ids of the conversations that have a snapshot file, sorted."""
+        return sorted(name[: -len(SUFFIX)] for name, _, _ in self._entries()
+                      if name.endswith(SUFFIX) and CONVERSATION_ID.fullmatch(name[: -len(SUFFIX)]))
 
     def clean_stale_temps(self) -> int:
         """Remove temp files whose writer died (see temp_is_stale); returns how many went. Never raises."""

@@ -30,8 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from engine.kv.snapshot import KVSnapshot
-from storage.errors import SnapshotRejected
-from storage.kv.legacy.snapshot_dir import SnapshotDir
+from storage.kv.legacy.snapshot_dir import SnapshotDir, SnapshotRejected
 
 FORMAT = "kvchat-kv-snapshot"
 VERSION = 1
