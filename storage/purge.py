@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from storage.db.conversations import ConversationStore
-from storage.errors import StorageError
-from storage.kv.store import KVBlockStore
 from storage.db.trash import TRASH_KEEP_S
 from storage.db.turn_lock import TurnLock
+from storage.errors import StorageError
+from storage.kv.store import KVBlockStore
 
 
 def empty_trash(store: ConversationStore, home: Path, kv: KVBlockStore | None = None,

@@ -17,13 +17,13 @@ from sqlite_utils import Database
 import storage.data_dir
 from storage.db.database import ConversationDatabase
 from storage.db.open import open_database
-from storage.errors import StorageError
 from storage.db.records import (  # Conversation and StoredMessage are this module's public types too
     CONVERSATION_COLUMNS, MESSAGE_COLUMNS, ROLES, STATUSES, Conversation, SearchHit, StoredMessage,
     conversation_from_row, encode_token_ids, fts_query, message_from_row, title_from,
 )
 from storage.db.streaming_replies import StreamingReplies
 from storage.db.trash import Trash
+from storage.errors import StorageError
 
 MIN_PREFIX = 4  # shortest conversation id prefix accepted
 

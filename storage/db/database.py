@@ -21,8 +21,8 @@ from typing import TypeVar
 
 from sqlite_utils import Database
 
-from storage.errors import StorageError, sqlite_errors
 from storage.db.transaction import transaction
+from storage.errors import StorageError, sqlite_errors
 
 T = TypeVar("T")
 

@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 import storage.data_dir
-from storage.errors import StorageError
-from storage.disk_files import fsync_dir
 from storage.db.turn_lock import turn_under_way
+from storage.disk_files import fsync_dir
+from storage.errors import StorageError
 
 DATABASE_NAME = "kvchat.db"
 # SQLite's write-ahead log and its index: committed changes may live only in the -wal until a

@@ -10,8 +10,8 @@ from collections.abc import Callable, Sequence
 from sqlite_utils import Database
 from sqlite_utils.db import ForeignKey
 
-from storage.errors import StorageError
 from storage.db.transaction import transaction
+from storage.errors import StorageError
 
 
 def _conversations(db: Database) -> None:

@@ -15,11 +15,11 @@ from pathlib import Path
 from sqlite_utils import Database
 
 from storage.db import backup, connection, health
-from storage.db.identity import refusal
 from storage.db.connection import connect
 from storage.db.files import companion, holder, refuse_special_file
-from storage.errors import BUSY_TIMEOUT_S, CAUSES, SALVAGE, WAL_GONE, StorageError, error_code
+from storage.db.identity import refusal
 from storage.db.migrations import MIGRATIONS, applied_migrations, apply_migrations
+from storage.errors import BUSY_TIMEOUT_S, CAUSES, SALVAGE, WAL_GONE, StorageError, error_code
 
 WAL_CHECKPOINT_PAGES = 16
 

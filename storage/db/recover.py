@@ -24,9 +24,9 @@ from sqlite_utils import Database
 
 from storage.db.connection import connect
 from storage.db.files import holder, in_use, replace_database
-from storage.errors import StorageError, error_code, sqlite_errors
 from storage.db.migrations import apply_migrations
 from storage.db.records import ROLES, STATUSES
+from storage.errors import StorageError, error_code, sqlite_errors
 
 RECOVERED_TITLE = "(recovered)"
 _MAX_ROWID = 2**63 - 1

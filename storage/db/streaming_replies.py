@@ -25,8 +25,8 @@ import time
 from collections.abc import Sequence
 
 from storage.db.database import ConversationDatabase
-from storage.errors import StorageError
 from storage.db.records import StoredMessage, decode_token_ids, encode_token_ids
+from storage.errors import StorageError
 
 # A streaming reply not written for this long is dead even if its writer's pid is alive:
 # the writer saves it about twice a second, so the pid now belongs to another process.

@@ -15,11 +15,11 @@ import storage.db.open
 from app.cli.main import main
 
 from storage.db.conversations import ConversationStore
-from storage.db.open import open_database
-from storage.errors import StorageError
 from storage.db.migrations import MIGRATIONS, apply_migrations
+from storage.db.open import open_database
 from storage.db.records import encode_token_ids
 from storage.db.transaction import transaction
+from storage.errors import StorageError
 from tests.storage.conversation_writer import spawn, start_together
 
 ALL_STEPS = [name for name, _ in MIGRATIONS]

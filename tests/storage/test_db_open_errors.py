@@ -13,8 +13,8 @@ import storage.db.connection
 import storage.db.open
 from app.cli.main import main
 from storage.db.conversations import ConversationStore
-from storage.errors import StorageError
 from storage.db.turn_lock import TurnLock
+from storage.errors import StorageError
 
 # A connection in exclusive locking mode keeps its lock (and WAL index) to itself: no other connection can
 # read the file until it ends, as a program that opened the database this way would.

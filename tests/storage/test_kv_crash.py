@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 from storage.db.conversations import ConversationStore
+from storage.disk_files import STALE_TEMP_S, TEMP_NAME, temp_is_stale
 from storage.kv.block_file import SUFFIX
 from storage.kv.store import KVBlockStore
-from storage.disk_files import STALE_TEMP_S, TEMP_NAME, temp_is_stale
 from tests.storage.kv_crash_child import tokens_of
 from tests.storage.kv_store_helpers import (BLOCK_SIZE, check_heads_loadable, check_index_matches_files,
                                             kv_of, load, plan_tokens)

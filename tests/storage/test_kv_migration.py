@@ -8,8 +8,8 @@ import storage.kv.store as kv_store
 from engine.kv.snapshot import KVSnapshot
 from storage.db.conversations import ConversationStore
 from storage.kv.legacy.migration import SnapshotMigration
-from storage.kv.store import KVBlockStore
 from storage.kv.legacy.snapshots import SnapshotStore
+from storage.kv.store import KVBlockStore
 from tests.storage.kv_store_helpers import CAP, BLOCK_SIZE, kv_of, kvb_files, load
 from tests.storage.legacy_snapshots import write_legacy_snapshot
 

@@ -9,10 +9,10 @@ import pytest
 import storage.kv.block_file as kv_block_file
 import storage.kv.store as kv_store
 from storage.db.conversations import ConversationStore
+from storage.disk_files import STALE_TEMP_S
 from storage.errors import StorageError
 from storage.kv.block_file import SUFFIX
 from storage.kv.store import KVBlockStore
-from storage.disk_files import STALE_TEMP_S
 from tests.storage.kv_store_helpers import (CAP, assert_loads, check_index_matches_files, kvb_files, load,
                                             snapshot)
 from tests.storage.kv_store_helpers import dead_pid, keys_of, tokens
