@@ -1,11 +1,12 @@
 """ConversationDatabase: the one door to an open conversation database (kvchat.db).
 
 It owns the connection, the lock that keeps one thread's transaction from interleaving with
-another's statements, and the read-only sentence; everything that reads or writes the file
-goes through its `write()` and `rows()`: the conversations (conversations.py), the streaming
-replies (streaming_replies.py), the trash (trash.py) and the K/V block store's index
+another's statements, and the read-only sentence. The conversations (conversations.py), the
+streaming replies (streaming_replies.py), the trash (trash.py) and the K/V block store's index
 (storage/kv/index.py) are objects composed over it, as datasette's `Database` is the one door to
-each of its files.
+each of its files: they read with `rows()` and write their statements inside `write()` (one
+transaction, under the lock). Backups, the health check and recovery open connections of their
+own (connection.py).
 
 On a full disk `write_retrying` first makes the write-ahead log start over from its
 beginning (a checkpoint), so the space it already holds is used again, and tries once more.
