@@ -7,6 +7,10 @@ import that breaks them, wherever it hides (inside a function, under TYPE_CHECKI
 - no product module imports a bench package (engine/bench, app/bench), except the `kvchat` command
   line, which reaches `kvchat bench` from inside a function;
 - the chat app (app/tui) and a conversation (app/chat, app/remote) never import the command line (app/cli);
+- in storage, the conversation database (storage/db) never imports the K/V block store (storage/kv), which
+  keeps its index in that database; only storage/purge.py composes the two, and the old snapshot format
+  (storage/kv/legacy) is read by nothing else in storage;
+- no folder of storage holds more than MOST_MODULES modules;
 - there is no import cycle between modules, deferred and type-only imports counted.
 """
 
@@ -24,6 +28,7 @@ BENCH_ENTRY = "app.cli.main"  # `kvchat bench` is one of its commands
 # model, weights load a model (into the CPU's formats), and a request drives all of them.
 ENGINE_ROOMS = ("attention", "kv", "model", "cpu", "decode", "weights", "request")
 ENGINE_HELPERS = ("engine.errors", "engine.events", "engine.paths", "engine.sampling_params")  # any room's
+MOST_MODULES = 15  # per folder, __init__.py not counted: a wider folder is rooms waiting to happen
 
 
 def module_name(path: Path) -> str:
@@ -133,3 +138,24 @@ def test_there_is_no_import_cycle():
 def test_the_rules_see_deferred_imports():
     # The check itself: a function-level import counts (app/cli/main.py reaches app.bench that way).
     assert ("app.bench.main", False) in imports("app.cli.main")
+
+
+def test_the_conversation_database_does_not_import_the_block_store():
+    bad = [(m, i) for m in MODULES if in_package(m, ["storage.db"]) for i, _ in imports(m)
+           if in_package(i, ["storage.kv"])]
+    assert bad == []
+
+
+def test_only_the_legacy_folder_reads_the_old_snapshot_format_in_storage():
+    bad = [(m, i) for m in MODULES if in_package(m, ["storage"]) and not in_package(m, ["storage.kv.legacy"])
+           for i, _ in imports(m) if in_package(i, ["storage.kv.legacy"])]
+    assert bad == []
+
+
+def test_no_storage_folder_holds_more_than_most_modules():
+    widths = {}
+    for path in (ROOT / "storage").rglob("*.py"):
+        if path.name != "__init__.py":
+            folder = str(path.parent.relative_to(ROOT))
+            widths[folder] = widths.get(folder, 0) + 1
+    assert {folder: n for folder, n in widths.items() if n > MOST_MODULES} == {}

@@ -2,8 +2,8 @@
 
 An older kvchat wrote one snapshot file per conversation,
 `snapshots/<conversation id>.safetensors`. This kvchat keeps K/V in the block
-store (kv_store.py) and never writes these files: they are only read, to move
-them into the block store (kv_migration.py), and deleted. No tensors here (and
+store (storage/kv/store.py) and never writes these files: they are only read, to move
+them into the block store (migration.py), and deleted. No tensors here (and
 no torch import), so commands that only list or delete conversations start
 instantly. Reading a file: snapshots.py.
 
@@ -15,7 +15,7 @@ never removed here.
 An older kvchat wrote `.<conversation id>.<pid>.<hex>.tmp` and renamed it into
 place. One killed mid-write left its temp file behind; such a file is removed
 when a SnapshotDir is opened, once its writer's process is gone or it is older
-than STALE_TEMP_S (disk_files.py).
+than STALE_TEMP_S (storage/disk_files.py).
 """
 
 from __future__ import annotations
@@ -27,10 +27,13 @@ import time
 from pathlib import Path
 
 from storage.disk_files import leads_outside, temp_is_stale
-from storage.errors import SnapshotRejected
 
 SUFFIX = ".safetensors"
 CONVERSATION_ID = re.compile(r"[0-9a-f]{4,64}")
+
+
+class SnapshotRejected(Exception):
+    """A KV snapshot exists but cannot be used (the caller recomputes); the message says why."""
 
 
 class SnapshotDir:
@@ -69,6 +72,11 @@ class SnapshotDir:
             if stat.S_ISREG(info.st_mode):
                 entries.append((entry.name, Path(entry.path), info))
         return entries
+
+    def conversation_ids(self) -> list[str]:
+        """The ids of the conversations that have a snapshot file, sorted."""
+        return sorted(name[: -len(SUFFIX)] for name, _, _ in self._entries()
+                      if name.endswith(SUFFIX) and CONVERSATION_ID.fullmatch(name[: -len(SUFFIX)]))
 
     def clean_stale_temps(self) -> int:
         """Remove temp files whose writer died (see temp_is_stale); returns how many went. Never raises."""

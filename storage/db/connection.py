@@ -1,7 +1,7 @@
 """Connections to the conversation database: writable, or read-only without writing a byte.
 
-Its own module so that everything that opens the file (db.py, the health check, backups, recovery)
-shares one way of connecting, and db.py can use the health check and backups without a cycle.
+Its own module so that everything that opens the file (open.py, the health check, backups, recovery)
+shares one way of connecting, and open.py can use the health check and backups without a cycle.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import os
 import sqlite3
 from pathlib import Path
 
-from storage.db_files import companion
+from storage.db.files import companion
 from storage.errors import BUSY_TIMEOUT_S, error_code
 
 # Failures to make the -shm index SQLite keeps beside a WAL database: a full disk (SHMSIZE), a

@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 import storage.data_dir
-from storage.errors import StorageError
+from storage.db.turn_lock import turn_under_way
 from storage.disk_files import fsync_dir
-from storage.turn_lock import turn_under_way
+from storage.errors import StorageError
 
 DATABASE_NAME = "kvchat.db"
 # SQLite's write-ahead log and its index: committed changes may live only in the -wal until a
@@ -67,7 +67,7 @@ def in_use(path: Path) -> bool:
 
 def holder(path: Path) -> str:
     """Who has the database `path` open, for a sentence: "Another kvchat" where one is known to (it holds a
-    turn lock: storage/turn_lock.py), else "Another program" (a kvchat idle in a chat, or sqlite3, a backup
+    turn lock: storage/db/turn_lock.py), else "Another program" (a kvchat idle in a chat, or sqlite3, a backup
     tool: SQLite's lock does not say)."""
     return "Another kvchat" if turn_under_way(path.parent) else "Another program"
 

@@ -16,7 +16,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from storage.kv_keys import token_bytes, token_ids_of
+from storage.db.database import ConversationDatabase
+from storage.kv.keys import token_bytes, token_ids_of
 
 # Every block on some conversation's chain, with how many conversations' chains pass through it.
 _REFERENCED = (
@@ -58,9 +59,19 @@ def _blob(token_ids: Sequence[int]) -> bytes:
 
 
 class KVIndex:
-    """A mixin of ConversationStore. Needs its _write() and _rows()."""
+    """The block store's index, over the conversation database's connection and lock."""
 
-    def kv_present(self, keys: Sequence[str]) -> set[str]:
+    def __init__(self, database: ConversationDatabase):
+        self.database = database
+
+    @property
+    def db(self):
+        return self.database.db
+
+    def _rows(self, sql: str, params: Sequence | dict = ()) -> list[dict]:
+        return self.database.rows(sql, params)
+
+    def present(self, keys: Sequence[str]) -> set[str]:
         """Which of `keys` have a block in the store."""
         found: set[str] = set()
         for i in range(0, len(keys), _IN_CHUNK):
@@ -69,16 +80,16 @@ class KVIndex:
             found.update(r["key"] for r in self._rows(f"SELECT key FROM kv_blocks WHERE key IN ({marks})", chunk))
         return found
 
-    def kv_children(self, parent: str) -> list[BlockRow]:
+    def children(self, parent: str) -> list[BlockRow]:
         """The stored blocks that follow the block `parent`."""
         return [BlockRow(r["key"], parent, _ids(r["token_ids"]), r["bytes"], r["last_used"]) for r in self._rows(
             "SELECT key, token_ids, bytes, last_used FROM kv_blocks WHERE parent = ?", [parent])]
 
-    def kv_blocks(self) -> list[BlockRow]:
+    def blocks(self) -> list[BlockRow]:
         return [BlockRow(r["key"], r["parent"], _ids(r["token_ids"]), r["bytes"], r["last_used"]) for r in self._rows(
             "SELECT key, parent, token_ids, bytes, last_used FROM kv_blocks")]
 
-    def kv_blocks_of(self, keys: Sequence[str]) -> list[BlockRow]:
+    def blocks_of(self, keys: Sequence[str]) -> list[BlockRow]:
         rows = []
         for i in range(0, len(keys), _IN_CHUNK):
             chunk = list(keys[i : i + _IN_CHUNK])
@@ -87,18 +98,18 @@ class KVIndex:
                 chunk)]
         return rows
 
-    def kv_total_bytes(self) -> int:
+    def total_bytes(self) -> int:
         return self._rows("SELECT COALESCE(SUM(bytes), 0) AS n FROM kv_blocks")[0]["n"]
 
-    def kv_conversations(self) -> int:
+    def conversations(self) -> int:
         """How many conversations keep K/V in the store."""
         return self._rows("SELECT COUNT(DISTINCT conversation_id) AS n FROM kv_heads")[0]["n"]
 
-    def kv_references(self) -> dict[str, int]:
+    def references(self) -> dict[str, int]:
         """key -> how many conversations' chains pass through the block (referenced blocks only)."""
         return {r["key"]: r["refs"] for r in self._rows(_REFERENCED)}
 
-    def kv_chain(self, conversation_id: str) -> set[str]:
+    def chain(self, conversation_id: str) -> set[str]:
         """The keys of the blocks on the conversation's chains."""
         rows = self._rows(
             "WITH RECURSIVE chain(key) AS (SELECT key FROM kv_heads WHERE conversation_id = ?"
@@ -106,12 +117,12 @@ class KVIndex:
             " SELECT key FROM chain", [conversation_id])
         return {r["key"] for r in rows}
 
-    def kv_heads_of(self, conversation_id: str) -> dict[str, int]:
+    def heads_of(self, conversation_id: str) -> dict[str, int]:
         """key -> tokens of each chain the conversation keeps."""
         return {r["key"]: r["tokens"] for r in self._rows(
             "SELECT key, tokens FROM kv_heads WHERE conversation_id = ?", [conversation_id])}
 
-    def kv_commit(self, blocks: Sequence[BlockRow], conversation_id: str | None, chain: Sequence[str],
+    def commit(self, blocks: Sequence[BlockRow], conversation_id: str | None, chain: Sequence[str],
                   tokens: int, extended: Sequence[str] = ()) -> list[str]:
         """Record the blocks just written (their files are durable) and, for a conversation that exists
         and is not in the trash, make the chain `chain` (keys, first block first, `tokens` tokens) one of
@@ -120,7 +131,7 @@ class KVIndex:
         recorded. Returns the keys of the replaced heads: partial blocks among them are superseded."""
         now = time.time()
         head, ancestors = (chain[-1] if chain else None), {*chain, *extended}
-        with self._write("the KV cache index"):
+        with self.database.write("the KV cache index"):
             self.db.conn.executemany(
                 "INSERT INTO kv_blocks (key, parent, token_ids, bytes, last_used) VALUES (?, ?, ?, ?, ?)"
                 " ON CONFLICT(key) DO UPDATE SET last_used = excluded.last_used",
@@ -149,17 +160,17 @@ class KVIndex:
                 [conversation_id, head, tokens, now])
         return replaced
 
-    def kv_touch(self, keys: Sequence[str]) -> None:
+    def touch(self, keys: Sequence[str]) -> None:
         """Mark blocks as just used (eviction takes the least recently used first)."""
         now = time.time()
-        with self._write("the KV cache index"):
+        with self.database.write("the KV cache index"):
             self.db.conn.executemany("UPDATE kv_blocks SET last_used = ? WHERE key = ?", [(now, k) for k in keys])
 
-    def kv_remove(self, keys: Sequence[str]) -> None:
+    def remove(self, keys: Sequence[str]) -> None:
         """Forget blocks (before their files are unlinked). A chain that passed through one of them (ended
         at it, or a damaged block in its middle) ends at its parent instead, so what is left of it stays
         referenced and loadable."""
-        with self._write("the KV cache index"):
+        with self.database.write("the KV cache index"):
             for key in keys:
                 row = self.db.execute("SELECT parent FROM kv_blocks WHERE key = ?", [key]).fetchone()
                 if row is None:

@@ -26,7 +26,7 @@ class Conversation:
     active_leaf: str | None  # id of the message the shown branch ends at
     created_at: float  # epoch seconds
     updated_at: float  # last message added or changed
-    deleted_at: float | None = None  # moved to the trash then (storage/trash.py); None: not deleted
+    deleted_at: float | None = None  # moved to the trash then (storage/db/trash.py); None: not deleted
     # The standard chat format its prompts are written in, for a model without a chat template
     # (app/chat/chat_formats.py); None: the model's own chat template.
     chat_format: str | None = None

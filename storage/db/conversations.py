@@ -8,25 +8,22 @@ import logging
 import os
 import re
 import secrets
-import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 
 from sqlite_utils import Database
 
 import storage.data_dir
-from storage.db import open_database
-from storage.errors import StorageError, sqlite_errors
-from storage.kv_index import KVIndex
-from storage.records import (  # Conversation and StoredMessage are this module's public types too
+from storage.db.database import ConversationDatabase
+from storage.db.open import open_database
+from storage.db.records import (  # Conversation and StoredMessage are this module's public types too
     CONVERSATION_COLUMNS, MESSAGE_COLUMNS, ROLES, STATUSES, Conversation, SearchHit, StoredMessage,
     conversation_from_row, encode_token_ids, fts_query, message_from_row, title_from,
 )
-from storage.streaming_replies import StreamingReplies
-from storage.transaction import transaction
-from storage.trash import Trash
+from storage.db.streaming_replies import StreamingReplies
+from storage.db.trash import Trash
+from storage.errors import StorageError
 
 MIN_PREFIX = 4  # shortest conversation id prefix accepted
 
@@ -50,26 +47,36 @@ WITH RECURSIVE below(id) AS (
 )"""
 
 
-class ConversationStore(StreamingReplies, Trash, KVIndex):
+class ConversationStore:
     """Conversations in one SQLite database. Every method taking a conversation id also takes a
     unique prefix of it (at least MIN_PREFIX characters). Safe to share between threads, and
-    between processes on one database."""
+    between processes on one database.
+
+    Composed over one ConversationDatabase (`database`): the streaming replies (`replies`) and the
+    trash (`trash_bin`, whose doors are trash(), restore() and trashed()) use the same connection
+    and lock; so does the K/V block store's index (storage/kv/index.py), which the store does not hold."""
 
     def __init__(self, db: Database, read_only_reason: str | None = None):
+        self.database = ConversationDatabase(db, read_only_reason)
         self.db = db
-        # None: writes allowed. Otherwise the connection is read-only and this is the one sentence
-        # (a damaged file, a read-only folder, opened for reading) that every write raises.
-        self.read_only_reason = read_only_reason
-        # One connection serves all threads; a transaction must not interleave with another
-        # thread's statements.
-        self._lock = threading.RLock()
+        self.replies = StreamingReplies(self.database)
+        self.trash_bin = Trash(self.database, self.resolve_id)
+
+    @property
+    def read_only_reason(self) -> str | None:
+        """None: writes allowed; otherwise the one sentence every write raises (ConversationDatabase)."""
+        return self.database.read_only_reason
+
+    @read_only_reason.setter
+    def read_only_reason(self, reason: str | None) -> None:
+        self.database.read_only_reason = reason
 
     @classmethod
     def open(cls, data_dir: Path | None = None, *, write: bool = True) -> ConversationStore:
         """The store in `data_dir`/kvchat.db (default: the kvchat data dir).
 
         write=True (the chat, `kvchat ask`, delete, rename): the file is checked, migrated and
-        backed up daily (storage/db.py), and replies whose writer died are marked interrupted.
+        backed up daily (storage/db/open.py), and replies whose writer died are marked interrupted.
         It may still come up read-only (a damaged file, a read-only folder): `read_only_reason`
         says why, before any work the user would lose. write=False (list, show, search, export):
         read-only, nothing written, so another kvchat's lock cannot stop it."""
@@ -78,7 +85,7 @@ class ConversationStore(StreamingReplies, Trash, KVIndex):
         store = cls(opened.db, opened.read_only_reason)
         if store.read_only_reason is None:
             try:
-                store.recover_interrupted()
+                store.replies.recover_interrupted()
             except StorageError as error:
                 # Busy, full, read-only: readers show such a reply as interrupted anyway, and the
                 # next open tries again; the conversations must still open.
@@ -89,24 +96,13 @@ class ConversationStore(StreamingReplies, Trash, KVIndex):
         return store
 
     def close(self) -> None:
-        self.db.close()
+        self.database.close()
 
     def __enter__(self) -> ConversationStore:
         return self
 
     def __exit__(self, *exc_info) -> None:
         self.close()
-
-    @contextmanager
-    def _write(self, what: str) -> Iterator[None]:
-        if self.read_only_reason is not None:
-            raise StorageError(self.read_only_reason)
-        with self._lock, transaction(self.db, what):
-            yield
-
-    def _rows(self, sql: str, params: Sequence | dict = ()) -> list[dict]:
-        with self._lock, sqlite_errors("the conversations could not be read"):
-            return list(self.db.query(sql, params))
 
     def _update(self, table: str, row_id: str, changes: dict) -> int:
         """Set the columns in `changes` (names from our code, never from the user) of row `row_id`;
@@ -125,7 +121,8 @@ class ConversationStore(StreamingReplies, Trash, KVIndex):
             raise StorageError(f"{shown} is too short; give at least {MIN_PREFIX} characters of the id.")
         # Only hex can match, and it is safe inside a GLOB pattern (which can use the index).
         hex_prefix = re.fullmatch(r"[0-9a-f]+", prefix)
-        rows = self._rows("SELECT id, deleted_at FROM conversations WHERE id GLOB ?", [prefix + "*"]) if hex_prefix else []
+        rows = (self.database.rows("SELECT id, deleted_at FROM conversations WHERE id GLOB ?", [prefix + "*"])
+                if hex_prefix else [])
         wanted = [row for row in rows if (row["deleted_at"] is not None) == trashed]
         if not wanted and rows and not trashed:
             raise StorageError(f"Conversation {rows[0]['id']} is in the trash; `kvchat restore {rows[0]['id']}` "
@@ -144,7 +141,7 @@ class ConversationStore(StreamingReplies, Trash, KVIndex):
             id=secrets.token_hex(6), title=title, model=model, system=system, params=dict(params or {}),
             token_fingerprint=None, active_leaf=None, created_at=now, updated_at=now,
         )
-        with self._write("the new conversation"):
+        with self.database.write("the new conversation"):
             self.db.execute(
                 "INSERT INTO conversations (id, title, model, system, params, created_at, updated_at) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -154,7 +151,7 @@ class ConversationStore(StreamingReplies, Trash, KVIndex):
 
     def get(self, conversation_id: str) -> Conversation:
         full_id = self.resolve_id(conversation_id)
-        rows = self._rows(f"SELECT {CONVERSATION_COLUMNS} FROM conversations WHERE id = ?", [full_id])
+        rows = self.database.rows(f"SELECT {CONVERSATION_COLUMNS} FROM conversations WHERE id = ?", [full_id])
         if not rows:  # deleted by another process just now
             raise StorageError(f"No conversation matches '{conversation_id}'.")
         return conversation_from_row(rows[0])
@@ -162,31 +159,27 @@ class ConversationStore(StreamingReplies, Trash, KVIndex):
     def exists(self, conversation_id: str) -> bool:
         """Whether the conversation (its full id) is still there and not in the trash: another kvchat
         may have deleted it."""
-        return bool(self._rows("SELECT 1 FROM conversations WHERE id = ? AND deleted_at IS NULL", [conversation_id]))
+        return bool(self.database.rows("SELECT 1 FROM conversations WHERE id = ? AND deleted_at IS NULL",
+                                       [conversation_id]))
 
     def data_version(self) -> int:
         """A number that changes when another connection (another kvchat, the CLI) has changed the
         database since this one last looked (SQLite's PRAGMA data_version): a cheap "should the list be
         read again?" for a window left open."""
-        return self._rows("PRAGMA data_version")[0]["data_version"]
+        return self.database.rows("PRAGMA data_version")[0]["data_version"]
 
     def list(self, limit: int | None = None, offset: int = 0) -> list[Conversation]:
         """Newest activity first. Reads only the conversations table, so it stays instant with
         thousands of long conversations."""
-        rows = self._rows(
+        rows = self.database.rows(
             f"SELECT {CONVERSATION_COLUMNS} FROM conversations WHERE deleted_at IS NULL"
             " ORDER BY updated_at DESC, id LIMIT ? OFFSET ?",
             [-1 if limit is None else limit, offset],
         )
         return [conversation_from_row(row) for row in rows]
 
-    def count_messages(self, conversation_id: str) -> int:
-        """All messages of the conversation, every branch counted."""
-        full_id = self.resolve_id(conversation_id)
-        return self._rows("SELECT count(*) AS n FROM messages WHERE conversation_id = ?", [full_id])[0]["n"]
-
     def rename(self, conversation_id: str, title: str) -> None:
-        with self._write("the new title"):
+        with self.database.write("the new title"):
             self._update("conversations", self.resolve_id(conversation_id), {"title": title.strip()})
 
     def update_settings(self, conversation_id: str, *, model: str = _NOT_GIVEN, system: str | None = _NOT_GIVEN,
@@ -198,15 +191,27 @@ class ConversationStore(StreamingReplies, Trash, KVIndex):
         changes = {column: value for column, value in changes.items() if value is not _NOT_GIVEN}
         if params is not _NOT_GIVEN:
             changes["params"] = json.dumps(params)
-        with self._write("the conversation settings"):
+        with self.database.write("the conversation settings"):
             full_id = self.resolve_id(conversation_id)
             if changes:
                 self._update("conversations", full_id, changes)
 
+    def trash(self, conversation_id: str) -> Conversation:
+        """Move the conversation to the trash (storage/db/trash.py); returns it (as it was)."""
+        return self.trash_bin.put(conversation_id)
+
+    def restore(self, conversation_id: str) -> Conversation:
+        """Take the conversation out of the trash, as it was; returns it."""
+        return self.trash_bin.restore(conversation_id)
+
+    def trashed(self) -> list[Conversation]:
+        """The conversations in the trash, most recently deleted first."""
+        return self.trash_bin.conversations()
+
     def delete(self, conversation_id: str, trashed: bool = False) -> None:
         """The conversation, its messages and their search entries, for good (foreign key cascade +
         triggers); `trashed`: one in the trash. Moving it to the trash instead: trash()."""
-        with self._write("the deletion"):
+        with self.database.write("the deletion"):
             self.db.execute("DELETE FROM conversations WHERE id = ?", [self.resolve_id(conversation_id, trashed)])
 
     # Messages
@@ -219,7 +224,7 @@ class ConversationStore(StreamingReplies, Trash, KVIndex):
             raise ValueError(f"role must be one of {ROLES} and status one of {STATUSES}, not {role!r}, {status!r}")
         now = time.time()
         writer_pid = os.getpid() if status == "streaming" else None
-        with self._write("the message"):
+        with self.database.write("the message"):
             full_id = self.resolve_id(conversation_id)
             if parent_id is not None:
                 self._require_message(full_id, parent_id)
@@ -260,7 +265,7 @@ class ConversationStore(StreamingReplies, Trash, KVIndex):
         if stats is not _NOT_GIVEN:
             changes["stats"] = _json_or_null(stats)
             changes["finish_reason"] = (stats or {}).get("finish_reason")
-        with self._write("the message"):
+        with self.database.write("the message"):
             if not self._update("messages", message_id, changes):
                 raise StorageError(f"No message has the id '{message_id}'.")
             if text is not _NOT_GIVEN:  # the whole text: what a streaming reply appended is in it
@@ -269,13 +274,14 @@ class ConversationStore(StreamingReplies, Trash, KVIndex):
                             "(SELECT conversation_id FROM messages WHERE id = ?)", [now, message_id])
 
     def message(self, message_id: str) -> StoredMessage:
-        rows = self._rows(f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE id = ?", [message_id])
+        rows = self.database.rows(f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE id = ?", [message_id])
         if not rows:
             raise StorageError(f"No message has the id '{message_id}'.")
-        return self.read_back([message_from_row(rows[0])])[0]
+        return self.replies.read_back([message_from_row(rows[0])])[0]
 
     def _require_message(self, conversation_id: str, message_id: str) -> None:
-        if not self._rows("SELECT 1 FROM messages WHERE id = ? AND conversation_id = ?", [message_id, conversation_id]):
+        if not self.database.rows("SELECT 1 FROM messages WHERE id = ? AND conversation_id = ?",
+                                  [message_id, conversation_id]):
             raise StorageError(f"Message '{message_id}' is not in conversation {conversation_id}.")
 
     # Branches
@@ -284,47 +290,47 @@ class ConversationStore(StreamingReplies, Trash, KVIndex):
         """The messages from the root down to `leaf` (default: the active leaf), in one query."""
         full_id = self.resolve_id(conversation_id)
         if leaf is None:
-            leaf = self._rows("SELECT active_leaf FROM conversations WHERE id = ?", [full_id])[0]["active_leaf"]
+            leaf = self.database.rows("SELECT active_leaf FROM conversations WHERE id = ?", [full_id])[0]["active_leaf"]
             if leaf is None:
                 return []
-        rows = self._rows(
+        rows = self.database.rows(
             f"{_ANCESTORS} SELECT {MESSAGE_COLUMNS} FROM path JOIN messages ON messages.id = path.id"
             " ORDER BY path.depth DESC",
             {"leaf": leaf, "conversation": full_id},
         )
         if not rows:
             raise StorageError(f"Message '{leaf}' is not in conversation {full_id}.")
-        return self.read_back([message_from_row(row) for row in rows])
+        return self.replies.read_back([message_from_row(row) for row in rows])
 
     def all_messages(self, conversation_id: str) -> list[StoredMessage]:
         """Every message of every branch, oldest first (so each parent before its children)."""
-        rows = self._rows(
+        rows = self.database.rows(
             f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE conversation_id = ? ORDER BY created_at, seq",
             [self.resolve_id(conversation_id)],
         )
-        return self.read_back([message_from_row(row) for row in rows])
+        return self.replies.read_back([message_from_row(row) for row in rows])
 
     def children(self, message_id: str) -> list[StoredMessage]:
         """The replies to a message, and their edits and regenerations, oldest first."""
-        rows = self._rows(
+        rows = self.database.rows(
             f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE parent_id = ? ORDER BY created_at, seq", [message_id]
         )
-        return self.read_back([message_from_row(row) for row in rows])
+        return self.replies.read_back([message_from_row(row) for row in rows])
 
     def siblings(self, message_id: str) -> list[StoredMessage]:
         """The message and the others under the same parent (its edits or regenerations), oldest
         first. Unlike children(), this also covers edits of a conversation's first message."""
-        rows = self._rows(
+        rows = self.database.rows(
             f"SELECT {MESSAGE_COLUMNS} FROM messages JOIN messages AS this ON this.id = ?"
             " WHERE messages.conversation_id = this.conversation_id AND messages.parent_id IS this.parent_id"
             " ORDER BY messages.created_at, messages.seq",
             [message_id],
         )
-        return self.read_back([message_from_row(row) for row in rows])
+        return self.replies.read_back([message_from_row(row) for row in rows])
 
     def sibling_ids(self, message_id: str) -> list[str]:
         """siblings() as ids only: what the chat view needs to show "2/3" on a message."""
-        rows = self._rows(
+        rows = self.database.rows(
             "SELECT messages.id FROM messages JOIN messages AS this ON this.id = ?"
             " WHERE messages.conversation_id = this.conversation_id AND messages.parent_id IS this.parent_id"
             " ORDER BY messages.created_at, messages.seq",
@@ -335,7 +341,7 @@ class ConversationStore(StreamingReplies, Trash, KVIndex):
     def latest_leaf(self, message_id: str) -> str:
         """The id of the most recently updated message without children at or below `message_id`:
         where a switch to that branch should land."""
-        rows = self._rows(
+        rows = self.database.rows(
             f"{_DESCENDANTS} SELECT messages.id FROM below JOIN messages ON messages.id = below.id"
             " WHERE NOT EXISTS (SELECT 1 FROM messages AS child WHERE child.parent_id = messages.id)"
             " ORDER BY messages.updated_at DESC, messages.seq DESC LIMIT 1",
@@ -347,7 +353,7 @@ class ConversationStore(StreamingReplies, Trash, KVIndex):
 
     def set_active_leaf(self, conversation_id: str, message_id: str) -> None:
         """Show the branch ending at `message_id`. Not activity: the conversation keeps its place."""
-        with self._write("the branch choice"):
+        with self.database.write("the branch choice"):
             full_id = self.resolve_id(conversation_id)
             self._require_message(full_id, message_id)
             self._update("conversations", full_id, {"active_leaf": message_id})
@@ -360,7 +366,7 @@ class ConversationStore(StreamingReplies, Trash, KVIndex):
         query = fts_query(text)
         if not query:
             return []
-        rows = self._rows(
+        rows = self.database.rows(
             "SELECT messages.conversation_id, conversations.title, messages.id AS message_id, messages.role,"
             " snippet(messages_fts, 0, '', '', '…', 12) AS snippet"
             " FROM messages_fts"
@@ -375,7 +381,7 @@ class ConversationStore(StreamingReplies, Trash, KVIndex):
     def recent_prompts(self, limit: int = 100) -> list[str]:
         """The texts of the latest `limit` user messages of all conversations, oldest first, as the
         chat input's history; a text sent again right after itself is kept once (so fewer may come)."""
-        rows = self._rows(
+        rows = self.database.rows(
             "SELECT text FROM messages WHERE role = 'user' AND conversation_id NOT IN"
             " (SELECT id FROM conversations WHERE deleted_at IS NOT NULL) ORDER BY created_at DESC, seq DESC LIMIT ?",
             [limit],

@@ -1,6 +1,6 @@
 """KVBlockStore: conversations' K/V on disk as content-addressed blocks, each stored once.
 
-A conversation's K/V are the chain of its blocks (kv_block_file.py: a block's
+A conversation's K/V are the chain of its blocks (block_file.py: a block's
 key hashes its parent's key, the model fingerprint and its tokens). After a
 turn only the blocks the store lacks are written: the turn's new tokens, and
 the previous turn's last, partial block once more, now longer. A branch, or
@@ -9,7 +9,7 @@ shared document), finds the same keys and writes nothing for them.
 
 Writing: each block file is made durable (temp file, fsync, rename), then the
 directory is fsynced, then one transaction records the blocks and the
-conversation's new head in the index (kv_index.py); eviction forgets blocks in
+conversation's new head in the index (index.py); eviction forgets blocks in
 the index before it unlinks their files. So a kill -9 anywhere leaves the old
 state or the new one, and at worst an orphan file, never an index row naming a
 missing or torn file. Orphans and dead writers' temp files go when a writable
@@ -22,7 +22,7 @@ one log line and the read stops there: what came before it is used, the rest
 is recomputed (and written again after the turn). Files are opened only
 inside the data dir, never through a symlink, and a FIFO is never read. A
 folder where a block file belongs is a damaged block too: it goes, or is
-renamed aside if it holds anything (kv_block_file.clear_folder).
+renamed aside if it holds anything (block_file.clear_folder).
 
 The size cap evicts whole blocks, least recently used first: blocks no
 conversation references (a deleted conversation's, a superseded partial
@@ -45,9 +45,10 @@ from typing import TYPE_CHECKING
 
 from storage.disk_files import STALE_TEMP_S, fsync_dir, leads_outside, temp_is_stale
 from storage.errors import StorageError
-from storage.kv_block_file import (ROOT, SUFFIX, BlockDamaged, BlockLayout, BlockUnreadable, block_key, chain_keys,
+from storage.kv.block_file import (ROOT, SUFFIX, BlockDamaged, BlockLayout, BlockUnreadable, block_key, chain_keys,
                                    clear_folder, is_finite, payload_of, read_block, write_block)
-from storage.kv_index import BlockRow, KVIndex
+from storage.db.database import ConversationDatabase
+from storage.kv.index import BlockRow, KVIndex
 
 if TYPE_CHECKING:  # not at run time: `kvchat list` and `delete` use the store without loading torch
     import torch
@@ -82,19 +83,19 @@ class KVStoreStats:
 
 
 class KVBlockStore:
-    def __init__(self, home: Path, index: KVIndex, cap_bytes: int):
+    def __init__(self, home: Path, database: ConversationDatabase, cap_bytes: int):
         """Opening a writable store removes the temp files of writers that died and block files the index
         does not know (a crash between rename and commit), once they are older than STALE_TEMP_S."""
         self.home = home
         self.dir = home / KV_DIR
-        self.index = index
+        self.index = KVIndex(database)
         self.cap_bytes = cap_bytes
         if self.writable:
             self._clean()
 
     @property
     def writable(self) -> bool:
-        return getattr(self.index, "read_only_reason", None) is None
+        return self.index.database.read_only_reason is None
 
     def path(self, key: str) -> Path:
         self._check_dir()
@@ -118,7 +119,7 @@ class KVBlockStore:
         read whole; the prefix cache lends it the shared ones)."""
         full = len(token_ids) // block_size
         keys = chain_keys(fingerprint, token_ids[: full * block_size], block_size)
-        present = self.index.kv_present(keys) if keys else set()
+        present = self.index.present(keys) if keys else set()
         chain, parent = [], ROOT
         for i, key in enumerate(keys):
             if key not in present:
@@ -127,7 +128,7 @@ class KVBlockStore:
             parent = key
         rest = tuple(token_ids[len(chain) * block_size : (len(chain) + 1) * block_size])
         best, shared = None, 0
-        for row in self.index.kv_children(parent) if rest else ():
+        for row in self.index.children(parent) if rest else ():
             common = next((i for i, (a, b) in enumerate(zip(row.token_ids, rest)) if a != b),
                           min(len(row.token_ids), len(rest)))
             # Another model's blocks hang under the same root: only a key that hashes our fingerprint is ours.
@@ -176,7 +177,7 @@ class KVBlockStore:
             self._drop_bad(blocks[good], results[good], good)
         if good and self.writable:
             try:
-                self.index.kv_touch([b.key for b in blocks[:good]])
+                self.index.touch([b.key for b in blocks[:good]])
             except StorageError:
                 pass  # only the eviction order is lost
         return good
@@ -187,7 +188,7 @@ class KVBlockStore:
         if not self.writable:
             return
         try:
-            self.index.kv_remove([block.key])
+            self.index.remove([block.key])
             if isinstance(exc, BlockDamaged):
                 self.path(block.key).unlink(missing_ok=True)
             elif done := clear_folder(self._file(block.key)):
@@ -200,7 +201,7 @@ class KVBlockStore:
     def first_missing(self, fingerprint: str, block_size: int, token_ids: Sequence[int]) -> int:
         """The index of the first block of `token_ids` the store lacks (their count: none)."""
         keys = chain_keys(fingerprint, token_ids, block_size)
-        present = self.index.kv_present(keys)
+        present = self.index.present(keys)
         return next((i for i, key in enumerate(keys) if key not in present), len(keys))
 
     def save(self, conversation_id: str | None, snapshot: "KVSnapshot", wanted: Callable[[], bool] | None = None) -> int:
@@ -214,7 +215,7 @@ class KVBlockStore:
             return 0
         size = snapshot.block_size  # the tensor's shape says it even when it holds no blocks
         keys = chain_keys(snapshot.fingerprint, tokens, size)
-        present = self.index.kv_present(keys)
+        present = self.index.present(keys)
         if any(key not in present for key in keys[: snapshot.first_block]):
             # Evicted since the caller asked first_missing: the blocks it sent would hang under a gap,
             # unreachable. The next turn's first_missing starts at the gap.
@@ -245,7 +246,7 @@ class KVBlockStore:
             if written:
                 fsync_dir(self.dir)
             extended = self._extended_partials(conversation_id, snapshot.fingerprint, tokens, keys, end, size)
-            replaced = self.index.kv_commit(written, conversation_id, keys[:end], min(len(tokens), end * size),
+            replaced = self.index.commit(written, conversation_id, keys[:end], min(len(tokens), end * size),
                                             extended)
         except BaseException:
             for row in written:  # not in the index: nothing refers to them
@@ -263,7 +264,7 @@ class KVBlockStore:
         if conversation_id is None or not end:
             return []
         found = []
-        for head, count in self.index.kv_heads_of(conversation_id).items():
+        for head, count in self.index.heads_of(conversation_id).items():
             i, part = divmod(count, size)
             if part and i < end and count < min(len(tokens), end * size) \
                     and block_key(keys[i - 1] if i else ROOT, fingerprint, tokens[i * size : count]) == head:
@@ -275,8 +276,8 @@ class KVBlockStore:
         no chain references any more."""
         if not replaced:
             return
-        referenced = self.index.kv_references()
-        gone = [row.key for row in self.index.kv_blocks_of(replaced)
+        referenced = self.index.references()
+        gone = [row.key for row in self.index.blocks_of(replaced)
                 if len(row.token_ids) < block_size and row.key not in referenced]
         self.remove(gone)
 
@@ -286,7 +287,7 @@ class KVBlockStore:
         """Forget the blocks in the index, then unlink their files."""
         if not keys or not self.writable:
             return
-        self.index.kv_remove(keys)
+        self.index.remove(keys)
         for key in keys:
             try:
                 self.path(key).unlink(missing_ok=True)
@@ -296,7 +297,7 @@ class KVBlockStore:
     def remove_unreferenced(self, keys: Sequence[str] | set[str]) -> int:
         """Remove those of `keys` no conversation references any more (after a conversation was
         deleted: its unshared blocks); returns how many went."""
-        referenced = self.index.kv_references()
+        referenced = self.index.references()
         gone = [key for key in keys if key not in referenced]
         self.remove(gone)
         return len(gone)
@@ -304,11 +305,11 @@ class KVBlockStore:
     def enforce_cap(self) -> None:
         """Evict blocks until the store fits the cap: unreferenced ones, least recently used first, then
         referenced ones from the ends of chains, least recently used first."""
-        if self.index.kv_total_bytes() <= self.cap_bytes:  # after every save: one SUM, not every row
+        if self.index.total_bytes() <= self.cap_bytes:  # after every save: one SUM, not every row
             return
-        rows = self.index.kv_blocks()
+        rows = self.index.blocks()
         total = sum(row.bytes for row in rows)
-        referenced = self.index.kv_references()
+        referenced = self.index.references()
         children = Counter(row.parent for row in rows)
         by_key = {row.key: row for row in rows}
         victims: list[BlockRow] = []
@@ -339,7 +340,7 @@ class KVBlockStore:
             if self.dir.is_symlink() or not self.dir.is_dir():
                 return
             scan = list(os.scandir(self.dir))
-            known = {row.key for row in self.index.kv_blocks()}
+            known = {row.key for row in self.index.blocks()}
         except (OSError, StorageError):
             return
         now = time.time()
@@ -360,15 +361,15 @@ class KVBlockStore:
     # ---- inspection -----------------------------------------------------------
 
     def stats(self) -> KVStoreStats:
-        rows = self.index.kv_blocks()
-        referenced = self.index.kv_references()
+        rows = self.index.blocks()
+        referenced = self.index.references()
         shared = [(row, referenced[row.key]) for row in rows if referenced.get(row.key, 0) >= 2]
         return KVStoreStats(
             blocks=len(rows), bytes=sum(r.bytes for r in rows),
             referenced_bytes=sum(r.bytes for r in rows if r.key in referenced),
             shared_blocks=len(shared), shared_bytes=sum(r.bytes for r, _ in shared),
             saved_bytes=sum(r.bytes * (refs - 1) for r, refs in shared),
-            conversations=self.index.kv_conversations())
+            conversations=self.index.conversations())
 
     def drop_from_page_cache(self, keys: Sequence[str]) -> None:
         """Ask the OS to drop the blocks' files from its page cache, so the next read comes from the disk

@@ -10,8 +10,8 @@ from collections.abc import Callable, Sequence
 from sqlite_utils import Database
 from sqlite_utils.db import ForeignKey
 
+from storage.db.transaction import transaction
 from storage.errors import StorageError
-from storage.transaction import transaction
 
 
 def _conversations(db: Database) -> None:
@@ -122,7 +122,7 @@ def _stream_parts(db: Database) -> None:
 
 
 def _trash(db: Database) -> None:
-    # A deleted conversation is kept in the trash for a while (storage/trash.py); NULL: not deleted.
+    # A deleted conversation is kept in the trash for a while (storage/db/trash.py); NULL: not deleted.
     db["conversations"].add_column("deleted_at", float)
     db.execute("CREATE INDEX idx_conversations_deleted ON conversations(deleted_at) WHERE deleted_at IS NOT NULL")
 
@@ -135,7 +135,7 @@ def _chat_format(db: Database) -> None:
 
 
 def _kv_blocks(db: Database) -> None:
-    # The KV block store's index (storage/kv_store.py): which block files exist, and which block ends each
+    # The KV block store's index (storage/kv/store.py): which block files exist, and which block ends each
     # conversation's saved chain (one row per branch). A conversation's rows go with it (cascade), in the
     # same transaction as its deletion, so the index never names a conversation that is gone.
     db.execute(
@@ -175,7 +175,7 @@ MIGRATIONS: list[Migration] = [
 
 
 # The file's own marks, in its header: `file` and other tools tell kvchat's database from other SQLite
-# files by them, and kvchat refuses a file another application marked (storage/db_identity.py).
+# files by them, and kvchat refuses a file another application marked (storage/db/identity.py).
 # application_id is "kvch" in ASCII; user_version counts the steps applied (10 with the list above).
 APPLICATION_ID = 0x6B766368
 
@@ -204,7 +204,7 @@ def apply_migrations(db: Database, migrations: Sequence[Migration] = MIGRATIONS)
     `_migrations` row and the file's marks (a new file gets its `_migrations` table in the first one).
     A database of an older kvchat, without marks, gets them. Safe when several processes open a new
     database at once. Tests pass a prefix of MIGRATIONS to build the database an older kvchat made.
-    Whether the file is kvchat's at all is for the caller to ask first (storage/db_identity.py)."""
+    Whether the file is kvchat's at all is for the caller to ask first (storage/db/identity.py)."""
     applied = applied_migrations(db)
     known = {name for name, _ in MIGRATIONS}
     if unknown := sorted(applied - known):

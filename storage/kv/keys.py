@@ -1,7 +1,7 @@
 """KV block keys: a block's key chains its parent's key, the model fingerprint and its token ids.
 
 Plain Python (hashlib, struct): the database index and the commands that only list or delete use
-keys without loading numpy or torch. The file format built on them: kv_block_file.py.
+keys without loading numpy or torch. The file format built on them: block_file.py.
 """
 
 from __future__ import annotations

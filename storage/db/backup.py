@@ -16,12 +16,12 @@ import sqlite3
 import time
 from pathlib import Path
 
-from storage.connection import connect
-from storage.db_files import holder, in_use, refuse_special_file, replace_database
-from storage.db_health import damaged, problems
-from storage.errors import StorageError, error_code, sqlite_errors
-from storage.migrations import MIGRATIONS
+from storage.db.connection import connect
+from storage.db.files import holder, in_use, refuse_special_file, replace_database
+from storage.db.health import damaged, problems
+from storage.db.migrations import MIGRATIONS
 from storage.disk_files import fsync_dir
+from storage.errors import StorageError, error_code, sqlite_errors
 
 log = logging.getLogger("kvchat")
 

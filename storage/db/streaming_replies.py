@@ -13,24 +13,20 @@ parts (`read_back`), and a streaming reply whose writer is gone as
 interrupted, even where the recovery could not write (a read-only folder).
 The search index covers a message once it no longer streams (migration 0007).
 
-On a full disk a write first makes the write-ahead log start over from its
-beginning (a checkpoint), so the space it already holds is used again, and
-tries once more.
+Saving a part is written with ConversationDatabase.write_retrying: on a full
+disk the write-ahead log starts over and the write is tried once more.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import sqlite3
 import time
-from collections.abc import Callable, Sequence
-from typing import TypeVar
+from collections.abc import Sequence
 
+from storage.db.database import ConversationDatabase
+from storage.db.records import StoredMessage, decode_token_ids, encode_token_ids
 from storage.errors import StorageError
-from storage.records import StoredMessage, decode_token_ids, encode_token_ids
-
-T = TypeVar("T")
 
 # A streaming reply not written for this long is dead even if its writer's pid is alive:
 # the writer saves it about twice a second, so the pid now belongs to another process.
@@ -54,13 +50,11 @@ def process_alive(pid: int) -> bool:
     return True
 
 
-def is_disk_full(error: StorageError) -> bool:
-    cause = error.__cause__
-    return isinstance(cause, sqlite3.Error) and (cause.sqlite_errorcode & 0xFF) == sqlite3.SQLITE_FULL
-
-
 class StreamingReplies:
-    """A mixin of ConversationStore. Needs its db, _lock, _write() and _rows()."""
+    """The streaming replies of one conversation database."""
+
+    def __init__(self, database: ConversationDatabase):
+        self.database = database
 
     def append_to_reply(self, message_id: str, text: str, token_ids: Sequence[int]) -> None:
         """Add `text` and `token_ids` to the streaming reply `message_id`, writing only them.
@@ -68,7 +62,7 @@ class StreamingReplies:
         params = {"id": message_id, "text": text, "ids": encode_token_ids(token_ids), "now": time.time()}
 
         def append() -> None:
-            added = self.db.execute(
+            added = self.database.db.execute(
                 "INSERT INTO stream_parts (message_id, seq, text, token_ids, created_at)"
                 " SELECT id, (SELECT coalesce(max(seq) + 1, 0) FROM stream_parts WHERE message_id = :id),"
                 " :text, :ids, :now FROM messages WHERE id = :id AND status = 'streaming'"
@@ -76,7 +70,7 @@ class StreamingReplies:
             if not added:
                 raise ReplyGone(f"The reply {message_id} was deleted while it was being written.")
 
-        self._write_retrying("the reply so far", append)
+        self.database.write_retrying("the reply so far", append)
 
     def finish_reply(self, message_id: str, *, text: str, token_ids: Sequence[int], status: str,
                      stats: dict | None) -> None:
@@ -87,7 +81,7 @@ class StreamingReplies:
         now = time.time()
 
         def finish() -> None:
-            changed = self.db.execute(
+            changed = self.database.db.execute(
                 "UPDATE messages SET text = ?, token_ids = ?, status = ?, stats = ?, finish_reason = ?,"
                 " updated_at = ? WHERE id = ?"
                 " AND conversation_id IN (SELECT id FROM conversations WHERE deleted_at IS NULL)",
@@ -95,11 +89,11 @@ class StreamingReplies:
                  (stats or {}).get("finish_reason"), now, message_id]).rowcount
             if not changed:
                 raise ReplyGone(f"The reply {message_id} was deleted while it was being written.")
-            self.db.execute("DELETE FROM stream_parts WHERE message_id = ?", [message_id])
-            self.db.execute("UPDATE conversations SET updated_at = ? WHERE id = "
-                            "(SELECT conversation_id FROM messages WHERE id = ?)", [now, message_id])
+            self.database.db.execute("DELETE FROM stream_parts WHERE message_id = ?", [message_id])
+            self.database.db.execute("UPDATE conversations SET updated_at = ? WHERE id = "
+                                     "(SELECT conversation_id FROM messages WHERE id = ?)", [now, message_id])
 
-        self._write_retrying("the reply", finish)
+        self.database.write_retrying("the reply", finish)
 
     def read_back(self, messages: list[StoredMessage]) -> list[StoredMessage]:
         """`messages` as readers see them: a streaming reply with its parts after its row's text (and
@@ -109,8 +103,8 @@ class StreamingReplies:
             return messages
         marks = ", ".join("?" * len(streaming))
         parts: dict[str, list[dict]] = {}
-        for row in self._rows(f"SELECT message_id, text, token_ids, created_at FROM stream_parts"
-                              f" WHERE message_id IN ({marks}) ORDER BY message_id, seq", streaming):
+        for row in self.database.rows(f"SELECT message_id, text, token_ids, created_at FROM stream_parts"
+                                      f" WHERE message_id IN ({marks}) ORDER BY message_id, seq", streaming):
             parts.setdefault(row["message_id"], []).append(row)
         return [self._with_parts(m, parts.get(m.id, [])) if m.status == "streaming" else m for m in messages]
 
@@ -128,40 +122,18 @@ class StreamingReplies:
         """Fold the parts of streaming replies whose writer is gone (or silent for STALE_STREAM_S) into
         their rows and mark them `interrupted`, text kept; those of a live kvchat are left alone.
         Returns how many. Reads first, so a database with nothing to recover is never written."""
-        from storage.records import MESSAGE_COLUMNS, message_from_row
+        from storage.db.records import MESSAGE_COLUMNS, message_from_row
 
-        rows = self._rows(f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE messages.status = 'streaming'")
+        rows = self.database.rows(f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE messages.status = 'streaming'")
         dead = [m for m in self.read_back([message_from_row(row) for row in rows]) if m.status == "interrupted"]
         if not dead:
             return 0
         now = time.time()
-        with self._write("the recovery of interrupted replies"):
+        with self.database.write("the recovery of interrupted replies"):
             for message in dead:  # only rows still streaming: another kvchat may have recovered them meanwhile
-                self.db.execute("UPDATE messages SET text = ?, token_ids = ?, status = 'interrupted', updated_at = ?"
-                                " WHERE id = ? AND status = 'streaming'",
-                                [message.text, encode_token_ids(message.token_ids), now, message.id])
-                self.db.execute("DELETE FROM stream_parts WHERE message_id = ?", [message.id])
+                self.database.db.execute(
+                    "UPDATE messages SET text = ?, token_ids = ?, status = 'interrupted', updated_at = ?"
+                    " WHERE id = ? AND status = 'streaming'",
+                    [message.text, encode_token_ids(message.token_ids), now, message.id])
+                self.database.db.execute("DELETE FROM stream_parts WHERE message_id = ?", [message.id])
         return len(dead)
-
-    def _write_retrying(self, what: str, body: Callable[[], T]) -> T:
-        """`body` in one write transaction; on a full disk, once more after the write-ahead log starts over."""
-        try:
-            with self._write(what):
-                return body()
-        except StorageError as error:
-            if not is_disk_full(error):
-                raise
-        self.restart_log()
-        with self._write(what):
-            return body()
-
-    def restart_log(self) -> bool:
-        """Copy the write-ahead log into the database and make the next write start at the log's
-        beginning, so it reuses the space the log already holds instead of growing it. False if that
-        could not be done now (another process is reading an older state, or the disk is full)."""
-        with self._lock:
-            try:
-                busy, _, _ = self.db.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
-            except sqlite3.Error:
-                return False
-        return busy == 0

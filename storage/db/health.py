@@ -18,10 +18,10 @@ import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from storage import connection
-from storage.connection import connect
-from storage.db_files import companion
-from storage.db_identity import refusal
+from storage.db import connection
+from storage.db.connection import connect
+from storage.db.files import companion
+from storage.db.identity import refusal
 from storage.errors import error_code
 
 log = logging.getLogger("kvchat")
@@ -115,7 +115,7 @@ def is_damaged(path: Path) -> bool:
 @dataclass
 class CheckReport:
     """`kvchat db check`: a few lines to print, and whether the database is sound. `foreign` is the
-    sentence refusing a sound SQLite file that is not kvchat's to use (storage/db_identity.py)."""
+    sentence refusing a sound SQLite file that is not kvchat's to use (storage/db/identity.py)."""
 
     lines: list[str] = field(default_factory=list)
     healthy: bool = True

@@ -3,7 +3,7 @@
 KVCHAT_HOME may point at a folder where another program keeps a `kvchat.db`, or a file may have been
 copied over it. Migrating such a file failed half-way with a traceback (`table "conversations" already
 exists`) after writing to it. A file is kvchat's when it is empty (kvchat creates it), carries kvchat's
-application_id (storage/migrations.py sets it with every step), or, from a kvchat older than that mark,
+application_id (storage/db/migrations.py sets it with every step), or, from a kvchat older than that mark,
 has a `_migrations` table of kvchat's shape that lists kvchat's steps. Even then the steps it lacks must
 not meet tables of the same names: a table kvchat's record does not account for was made by someone
 else, and kvchat leaves the file alone rather than guess whose it is.
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from sqlite_utils import Database
 
-from storage.migrations import APPLICATION_ID, MIGRATIONS, apply_migrations, applied_migrations
+from storage.db.migrations import APPLICATION_ID, MIGRATIONS, apply_migrations, applied_migrations
 
 _MIGRATIONS_COLUMNS = ["name", "applied_at"]
 

@@ -49,7 +49,7 @@ import xxhash
 if TYPE_CHECKING:
     import torch
 
-from storage.kv_keys import ROOT, SUFFIX, block_key, chain_keys, token_bytes  # noqa: F401 (the format's names)
+from storage.kv.keys import ROOT, SUFFIX, block_key, chain_keys, token_bytes  # noqa: F401 (the format's names)
 
 MAGIC = b"kvchatKV"
 MOVED_ASIDE = ".moved-aside"  # the suffix of a folder found where a block file belongs (see clear_folder)

@@ -22,11 +22,11 @@ from pathlib import Path
 
 from sqlite_utils import Database
 
-from storage.connection import connect
-from storage.db_files import holder, in_use, replace_database
+from storage.db.connection import connect
+from storage.db.files import holder, in_use, replace_database
+from storage.db.migrations import apply_migrations
+from storage.db.records import ROLES, STATUSES
 from storage.errors import StorageError, error_code, sqlite_errors
-from storage.migrations import apply_migrations
-from storage.records import ROLES, STATUSES
 
 RECOVERED_TITLE = "(recovered)"
 _MAX_ROWID = 2**63 - 1

@@ -1,6 +1,6 @@
 """KVWriter: writes K/V blocks on one background thread, so the chat never waits for the disk.
 
-`submit` hands over a conversation's snapshot, already copied out of the KV
+`submit` hands over a conversation's K/V to store (the engine's KVSnapshot), copied out of the KV
 cache by the thread that generates (torch work on a second thread would make
 the engine's OpenMP thread pools fight: decode ran at half speed afterwards).
 This thread only checksums and writes. A newer submission for the same
@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable
 
 from engine.kv.snapshot import KVSnapshot
-from storage.kv_store import KVBlockStore
+from storage.kv.store import KVBlockStore
 
 log = logging.getLogger("kvchat")
 
@@ -46,14 +46,14 @@ class KVWriter:
             self._cond.notify_all()
 
     def run_job(self, job: Callable[[], object]) -> None:
-        """Run `job` on the writer thread once no snapshot waits. Jobs are work that can wait for the next
+        """Run `job` on the writer thread once no write waits. Jobs are work that can wait for the next
         start (one old snapshot file to migrate, each): `close` drops those not started yet."""
         with self._cond:
             self._jobs.append(job)
             self._cond.notify_all()
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every submitted snapshot is written; False if `timeout` ran out first."""
+        """Wait until the K/V of every submission is written; False if `timeout` ran out first."""
         with self._cond:
             return self._cond.wait_for(lambda: not self._pending and not self._jobs and not self._busy, timeout)
 
@@ -92,7 +92,7 @@ class KVWriter:
     def _write(self, conversation_id: str, snapshot: KVSnapshot, wanted: Callable[[], bool] | None) -> None:
         try:
             self.store.save(conversation_id, snapshot, wanted=wanted)
-        except Exception as exc:  # a snapshot is an optimisation: never let it take the chat down
+        except Exception as exc:  # stored K/V is an optimisation: never let it take the chat down
             # An OSError by its cause alone: its file names are the block files' temp files.
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
             log.warning("kvchat: the K/V of conversation %s were not saved (%s); "

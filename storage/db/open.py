@@ -1,5 +1,5 @@
 """Opening the conversation database: for writing, or read-only when it must be, and the one sentence
-for a file that cannot be opened. Transactions: storage/transaction.py; errors: storage/errors.py."""
+for a file that cannot be opened. Transactions: storage/db/transaction.py; errors: storage/errors.py."""
 
 from __future__ import annotations
 
@@ -14,13 +14,12 @@ from pathlib import Path
 
 from sqlite_utils import Database
 
-from storage import db_backup, db_health
-from storage import connection
-from storage.db_identity import refusal
-from storage.connection import connect
-from storage.db_files import companion, holder, refuse_special_file
+from storage.db import backup, connection, health
+from storage.db.connection import connect
+from storage.db.files import companion, holder, refuse_special_file
+from storage.db.identity import refusal
+from storage.db.migrations import MIGRATIONS, applied_migrations, apply_migrations
 from storage.errors import BUSY_TIMEOUT_S, CAUSES, SALVAGE, WAL_GONE, StorageError, error_code
-from storage.migrations import MIGRATIONS, applied_migrations, apply_migrations
 
 WAL_CHECKPOINT_PAGES = 16
 
@@ -67,8 +66,8 @@ def open_database(path: Path, *, write: bool = True) -> OpenedDatabase:
     """The database at `path`, at the current schema.
 
     write=True (the chat, `kvchat ask`, delete, rename): created with its folder if missing, its
-    file checked (PRAGMA quick_check, storage/db_health.py), migrated, and backed up once a day
-    (storage/db_backup.py). A damaged file, or one in a read-only folder, is opened read-only
+    file checked (PRAGMA quick_check, storage/db/health.py), migrated, and backed up once a day
+    (storage/db/backup.py). A damaged file, or one in a read-only folder, is opened read-only
     instead, with the reason. write=False (list, show, search, export): opened read-only, nothing
     checked, migrated or created, so a lock held by another kvchat, a full disk or a read-only
     folder does not stop reading. Raises StorageError, one sentence by cause, where it cannot be
@@ -126,7 +125,7 @@ def _open_for_writing(path: Path, existed: bool) -> OpenedDatabase | None:
     """None if quick_check finds the file damaged. Raises sqlite3.Error, or StorageError from a
     migration, where SQLite failed."""
     # Checked before anything writes: a damaged file is never opened for writing.
-    if existed and db_health.is_damaged(path):
+    if existed and health.is_damaged(path):
         return None
     if existed:
         _refuse_if_not_ours(path)
@@ -149,12 +148,12 @@ def _open_for_writing(path: Path, existed: bool) -> OpenedDatabase | None:
         conn.close()
         raise
     if existed:
-        db_backup.daily_backup_quietly(conn, path)
+        backup.daily_backup_quietly(conn, path)
     return OpenedDatabase(db, None)
 
 
 def _refuse_if_not_ours(path: Path) -> None:
-    """StorageError if `path` is not a database kvchat may write (storage/db_identity.py), asked over a
+    """StorageError if `path` is not a database kvchat may write (storage/db/identity.py), asked over a
     read-only connection: not even a checkpoint of another program's log is written to it."""
     conn = connect(path, read_only=True)
     try:

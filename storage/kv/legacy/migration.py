@@ -20,10 +20,10 @@ import logging
 import threading
 from pathlib import Path
 
-from storage.errors import SnapshotRejected, StorageError
-from storage.kv_store import KVBlockStore
-from storage.snapshot_dir import CONVERSATION_ID, SUFFIX
-from storage.snapshots import SnapshotStore
+from storage.errors import StorageError
+from storage.kv.legacy.snapshot_dir import SnapshotRejected
+from storage.kv.legacy.snapshots import SnapshotStore
+from storage.kv.store import KVBlockStore
 
 log = logging.getLogger("kvchat")
 
@@ -38,14 +38,7 @@ class SnapshotMigration:
 
     def pending(self) -> list[str]:
         """The conversation ids that still have a snapshot file."""
-        return sorted(name[: -len(SUFFIX)] for name, _, _ in self.legacy._entries()
-                      if name.endswith(SUFFIX) and CONVERSATION_ID.fullmatch(name[: -len(SUFFIX)]))
-
-    def migrate_all(self) -> int:
-        """Migrate every snapshot file; returns how many went into the block store. Never raises."""
-        moved = sum(self.migrate_one(conversation_id) for conversation_id in self.pending())
-        self.remove_dir()
-        return moved
+        return self.legacy.conversation_ids()
 
     def remove_dir(self) -> None:
         """Remove the old snapshot directory once it is empty (temp files of a live older kvchat keep it)."""

@@ -3,7 +3,7 @@
 An older kvchat kept each conversation's cached token ids and their K/V (see
 engine.kv.snapshot) in one safetensors file, snapshots/<conversation id>.safetensors,
 always written whole (temp file, fsync, rename). This kvchat keeps K/V in the
-block store (kv_store.py) and never writes such a file: kv_migration.py reads
+block store (storage/kv/store.py) and never writes such a file: migration.py reads
 each one with SnapshotStore.load, saves its K/V as blocks, and deletes it.
 
 Reading trusts nothing in the file. The header is parsed by hand and checked
@@ -30,8 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from engine.kv.snapshot import KVSnapshot
-from storage.errors import SnapshotRejected
-from storage.snapshot_dir import SnapshotDir
+from storage.kv.legacy.snapshot_dir import SnapshotDir, SnapshotRejected
 
 FORMAT = "kvchat-kv-snapshot"
 VERSION = 1
