@@ -26,16 +26,15 @@ from pathlib import Path
 
 import torch
 
+from engine.cpu.kernels import QuantKernels, load_quant_kernels
+from engine.cpu.linear import QuantLinear
 from engine.decode.path import decode_path
 from engine.errors import ContextWindowError, EngineError, ModelError
 from engine.kv.budget import host_tier_bytes, kv_pool_bytes
-from engine.kv.fingerprint import model_fingerprint, tokenizer_fingerprint
 from engine.kv.pool import KVPool
 from engine.kv.prefix_cache import KVCacheFullError, PrefixCache
 from engine.kv.snapshot import KVSnapshot
 from engine.model.causal_lm import CausalLM
-from engine.quant.kernels import QuantKernels, load_quant_kernels
-from engine.quant.linear import QuantLinear
 from engine.request.generation import Generation
 from engine.request.loop import StepLoop
 from engine.request.request import Request
@@ -45,6 +44,7 @@ from engine.request.speculation import MAX_DRAFT_TOKENS
 from engine.sampling_params import SamplingParams
 from engine.weights.checkpoint import load_model
 from engine.weights.device import pick_device, pick_dtype
+from engine.weights.fingerprint import model_fingerprint, tokenizer_fingerprint
 from engine.weights.model_source import ModelSource, reconvert, resolve_model
 from engine.weights.tokenizer import Tokenizer
 
@@ -67,7 +67,7 @@ class EngineOptions:
     paged_kv: bool | None = None  # attention reads KV blocks in place (default on CUDA) instead of a working copy
     cuda_graphs: bool | None = None  # the paged decode step replayed from CUDA graphs (default on CUDA)
     compile: bool | None = None  # torch.compile the paged decode step (default off)
-    fused_decode: bool | None = None  # the CPU's decode step as one C call (decode/cpu_step.py; default on where it runs)
+    fused_decode: bool | None = None  # the CPU's decode step as one C call (cpu/decode_step.py; default on where it runs)
     # Speculative decoding (request/speculation.py): "ngram" drafts from the request's own tokens, "off".
     speculative: str = "ngram"
     draft_tokens: int = 8  # the most draft tokens one step verifies (1..MAX_DRAFT_TOKENS)
@@ -154,7 +154,7 @@ class Engine:
 
     def __init__(self, model: CausalLM, tokenizer: Tokenizer, info: LoadInfo, options: EngineOptions,
                  prefix_cache: PrefixCache | None, fingerprint: str | None = None):
-        """An engine over a loaded model. `fingerprint`: the model's, when already known (kv/fingerprint.py)."""
+        """An engine over a loaded model. `fingerprint`: the model's, when already known (weights/fingerprint.py)."""
         self.model = model
         self.tokenizer = tokenizer
         self.info = info
@@ -224,12 +224,12 @@ class Engine:
 
     @property
     def keeps_kv_snapshots(self) -> bool:
-        """Whether K/V can be exported (`export_kv`) and imported (`import_kv`): the prefix cache is on."""
+        """Whether K/V can be exported (`export_kv`) and imported (`import_blocks`): the prefix cache is on."""
         return self.runner.prefix_cache is not None
 
     @property
     def fingerprint(self) -> str:
-        """Identifies the K/V this engine computes (see kv/fingerprint.py); hashed on first use."""
+        """Identifies the K/V this engine computes (see weights/fingerprint.py); hashed on first use."""
         with self._fingerprint_lock:
             if self._fingerprint is None:
                 cfg = self.model.cfg
@@ -240,7 +240,7 @@ class Engine:
 
     @functools.cached_property
     def token_fingerprint(self) -> str:
-        """Identifies the token ids this engine's tokenizer and chat template make (see kv/fingerprint.py):
+        """Identifies the token ids this engine's tokenizer and chat template make (see weights/fingerprint.py):
         a conversation's stored ids are reused under another dtype or device, its K/V snapshot is not."""
         return tokenizer_fingerprint(Path(self.info.model_dir))
 
@@ -250,14 +250,6 @@ class Engine:
             return 0
         with self._loop.lock:
             return self.prefix_cache.cached_length(token_ids)
-
-    def forget_prefix(self, token_ids: list[int]) -> int:
-        """Drop the cached blocks a match of `token_ids` would use (their K/V are not to be trusted), so
-        the next request for them computes them afresh; returns how many blocks went."""
-        if self.prefix_cache is None:
-            return 0
-        with self._loop.lock:
-            return self.prefix_cache.forget(token_ids)
 
     def export_kv(self, token_ids: list[int], first_block: int = 0) -> KVSnapshot | None:
         """A copy of the cached K/V of the longest cached prefix of `token_ids` (None: nothing cached),
@@ -296,33 +288,6 @@ class Engine:
                 return self.prefix_cache.load(list(token_ids), fill)
             except KVCacheFullError as exc:
                 raise EngineError(f"The K/V of {len(token_ids)} tokens from disk do not fit: {exc}") from None
-
-    def import_kv(self, snapshot: KVSnapshot) -> int:
-        """Put a snapshot's K/V into the prefix cache; the next request that starts with its tokens
-        reuses them (`cache_source` "disk"). Returns how many tokens were added.
-
-        Raises EngineError if the snapshot was computed by another model, dtype, device or layout,
-        holds a NaN or infinity, or does not fit in the KV cache."""
-        if self.prefix_cache is None:
-            raise EngineError("The prefix cache is off, so a KV snapshot cannot be used.")
-        if snapshot.fingerprint != self.fingerprint:
-            raise EngineError("The KV snapshot was computed by another model, dtype, device or KV layout.")
-        expected = (-(-len(snapshot.token_ids) // self.options.kv_block_size), *self.prefix_cache.pool.data.shape[1:])
-        if tuple(snapshot.kv.shape) != expected or snapshot.kv.dtype != self.dtype:
-            raise EngineError(f"The KV snapshot's tensor {tuple(snapshot.kv.shape)} {snapshot.kv.dtype} does not "
-                              f"match this engine's layout {expected} {self.dtype}.")
-        if min(snapshot.token_ids, default=0) < 0 or max(snapshot.token_ids, default=0) >= self.model.cfg.vocab_size:
-            raise EngineError("The KV snapshot has token ids outside the model's vocabulary.")
-        # One float32-accumulated sum is non-finite iff some element is (real K/V are far below the ~1e31
-        # per element it would take finite values to overflow it): 8 ms for 2k tokens of SmolLM2, where
-        # isfinite().all() takes 160 ms. A NaN let in would make every reply that reuses it empty.
-        if not torch.isfinite(snapshot.kv.sum(dtype=torch.float32)):
-            raise EngineError("The KV snapshot holds keys or values that are not finite (NaN or infinity).")
-        with self._loop.lock:
-            try:
-                return self.prefix_cache.insert(list(snapshot.token_ids), snapshot.kv)
-            except KVCacheFullError as exc:
-                raise EngineError(f"The KV snapshot of {len(snapshot.token_ids)} tokens does not fit: {exc}") from None
 
     def prewarm(self, token_ids: list[int]) -> None:
         """Gather the cached prefix of `token_ids` into the contiguous buffer the next request starts from

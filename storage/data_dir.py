@@ -1,4 +1,4 @@
-"""Where kvchat keeps what the user made: the conversation database and KV snapshots."""
+"""Where kvchat keeps what the user made: the conversation database and the K/V block store."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The package's errors: StorageError (said to the user), SnapshotRejected (a snapshot not to use), and
-SQLite's failures said as one sentence by cause.
+"""The package's errors: StorageError (said to the user), and SQLite's failures said as one sentence by
+cause. (An older kvchat's snapshot file that cannot be used: storage/kv/legacy/snapshot_dir.SnapshotRejected.)
 
 Imports nothing from storage, so every storage module can raise them."""
 
@@ -36,10 +36,6 @@ WAL_GONE = ("The write-ahead log (the database's -wal file) was removed while an
 
 class StorageError(Exception):
     """Something the user can act on (disk full, damaged file, unknown id), in one sentence."""
-
-
-class SnapshotRejected(Exception):
-    """A KV snapshot exists but cannot be used (the caller recomputes); the message says why."""
 
 
 @contextmanager

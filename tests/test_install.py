@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 import app, engine, storage
 from app.tui.styles import stylesheet
-from engine.quant.kernels import HEADERS, SOURCES
+from engine.cpu.kernels import HEADERS, SOURCES
 from app.cli.main import main
 target = Path(sys.argv[1])
 for module in (app, engine, storage):
@@ -39,8 +39,8 @@ def test_a_built_wheel_holds_everything_and_runs_from_an_install(tmp_path):
     assert build.returncode == 0, build.stderr
     wheel = next((tmp_path / "dist").glob("kvchat-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
-    assert {"engine/quant/csrc/block_quant.c", "engine/quant/csrc/block_quant.h",
-            "engine/quant/csrc/decode_step.c"} <= set(names)
+    assert {"engine/cpu/csrc/block_quant.c", "engine/cpu/csrc/block_quant.h",
+            "engine/cpu/csrc/decode_step.c"} <= set(names)
     assert any(n.endswith(".data/data/share/kvchat/kvchat.tcss") for n in names)
     assert not any(n.startswith(("tests/", "assets/")) for n in names)
 

@@ -2,9 +2,15 @@
 import that breaks them, wherever it hides (inside a function, under TYPE_CHECKING).
 
 - `engine` imports neither `app` nor `storage`;
+- the engine's rooms are layered (ENGINE_ROOMS): each imports only the rooms before it and the engine's
+  top-level helpers (ENGINE_HELPERS), never engine.engine;
 - no product module imports a bench package (engine/bench, app/bench), except the `kvchat` command
   line, which reaches `kvchat bench` from inside a function;
 - the chat app (app/tui) and a conversation (app/chat, app/remote) never import the command line (app/cli);
+- in storage, the conversation database (storage/db) never imports the K/V block store (storage/kv), which
+  keeps its index in that database; only storage/purge.py composes the two, and the old snapshot format
+  (storage/kv/legacy) is read by nothing else in storage;
+- no folder of storage holds more than MOST_MODULES modules;
 - there is no import cycle between modules, deferred and type-only imports counted.
 """
 
@@ -17,6 +23,12 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("app", "engine", "storage")
 BENCH = ("app.bench", "engine.bench")
 BENCH_ENTRY = "app.cli.main"  # `kvchat bench` is one of its commands
+# The engine's rooms, lowest first: attention is math over tensors, kv keeps K/V and calls it, the model
+# runs on kv, the CPU's kernels and fused step run the model's layers, the GPU decode path captures the
+# model, weights load a model (into the CPU's formats), and a request drives all of them.
+ENGINE_ROOMS = ("attention", "kv", "model", "cpu", "decode", "weights", "request")
+ENGINE_HELPERS = ("engine.errors", "engine.events", "engine.paths", "engine.sampling_params")  # any room's
+MOST_MODULES = 15  # per folder, __init__.py not counted: a wider folder is rooms waiting to happen
 
 
 def module_name(path: Path) -> str:
@@ -57,6 +69,19 @@ def in_package(module: str, packages) -> bool:
 def test_the_engine_imports_neither_the_app_nor_storage():
     bad = [(m, i) for m in MODULES if in_package(m, ["engine"]) for i, _ in imports(m)
            if in_package(i, ["app", "storage"])]
+    assert bad == []
+
+
+def test_each_engine_room_imports_only_the_rooms_below_it():
+    rooms = {m.split(".")[1] for m, path in MODULES.items() if m.startswith("engine.") and path.name == "__init__.py"}
+    assert rooms == {*ENGINE_ROOMS, "bench"}, "a new engine room takes its place in ENGINE_ROOMS"
+    bad = []
+    for level, room in enumerate(ENGINE_ROOMS):
+        allowed = [f"engine.{r}" for r in ENGINE_ROOMS[: level + 1]] + list(ENGINE_HELPERS)
+        for module in MODULES:
+            if in_package(module, [f"engine.{room}"]):
+                bad += [(module, i) for i, _ in imports(module)
+                        if in_package(i, ["engine"]) and not in_package(i, allowed)]
     assert bad == []
 
 
@@ -113,3 +138,24 @@ def test_there_is_no_import_cycle():
 def test_the_rules_see_deferred_imports():
     # The check itself: a function-level import counts (app/cli/main.py reaches app.bench that way).
     assert ("app.bench.main", False) in imports("app.cli.main")
+
+
+def test_the_conversation_database_does_not_import_the_block_store():
+    bad = [(m, i) for m in MODULES if in_package(m, ["storage.db"]) for i, _ in imports(m)
+           if in_package(i, ["storage.kv"])]
+    assert bad == []
+
+
+def test_only_the_legacy_folder_reads_the_old_snapshot_format_in_storage():
+    bad = [(m, i) for m in MODULES if in_package(m, ["storage"]) and not in_package(m, ["storage.kv.legacy"])
+           for i, _ in imports(m) if in_package(i, ["storage.kv.legacy"])]
+    assert bad == []
+
+
+def test_no_storage_folder_holds_more_than_most_modules():
+    widths = {}
+    for path in (ROOT / "storage").rglob("*.py"):
+        if path.name != "__init__.py":
+            folder = str(path.parent.relative_to(ROOT))
+            widths[folder] = widths.get(folder, 0) + 1
+    assert {folder: n for folder, n in widths.items() if n > MOST_MODULES} == {}

@@ -4,7 +4,7 @@ Each measurement is a greedy reply of `steps` tokens after a 128-token prompt, q
 a competitor started by the bench: a busy loop (one core kept busy, as a build or a browser tab
 would), and a second kvchat engine decoding the same model (a `serve` next to the chat). A fair share
 is about 1/2 of the quiet speed with one competitor on two cores; the decode step's thread count
-adapts to what is free (engine/decode/thread_choice.py).
+adapts to what is free (engine/cpu/thread_choice.py).
 """
 
 from __future__ import annotations

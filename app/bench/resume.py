@@ -28,9 +28,9 @@ from app.chat.stored_kv import load_stored_kv, new_blocks
 from engine import Engine, SamplingParams
 from engine.bench.fresh import with_fresh_cache
 from engine.bench.perf import greedy, random_prompt
-from storage.conversations import ConversationStore
-from storage.kv_block_file import chain_keys
-from storage.kv_store import KVBlockStore
+from storage.db.conversations import ConversationStore
+from storage.kv.block_file import chain_keys
+from storage.kv.store import KVBlockStore
 
 SHARED_PROMPT_TOKENS = 1000
 SHARING_CONVERSATIONS = 10
@@ -43,7 +43,7 @@ def bench_resume(engine: Engine, histories: list[int], new_tokens: int, runs: in
     with tempfile.TemporaryDirectory(prefix="kvchat-bench-") as home:
         conversations = ConversationStore.open(Path(home))
         try:
-            kv = KVBlockStore(Path(home), conversations, cap_bytes=1 << 40)
+            kv = KVBlockStore(Path(home), conversations.database, cap_bytes=1 << 40)
             for history_len in histories:
                 rows.append(_resume_row(engine, conversations, kv, history_len, new_tokens, runs))
         finally:

@@ -42,7 +42,7 @@ class Backend(Protocol):
 
     @property
     def keeps_kv_snapshots(self) -> bool:
-        """Whether a conversation's K/V can be exported and imported (`export_kv`, `import_kv`)."""
+        """Whether a conversation's K/V can be exported and imported (`export_kv`, `import_blocks`)."""
         ...
 
     @property

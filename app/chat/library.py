@@ -9,11 +9,11 @@ from pathlib import Path
 
 from app.chat.export_file import write_new_file
 from app.chat.thinking import stored_reply_parts
-from storage.conversations import Conversation, ConversationStore, StoredMessage
+from storage.db.conversations import Conversation, ConversationStore, StoredMessage
 from storage.errors import StorageError
-from storage.kv_store import KVBlockStore
-from storage.snapshot_dir import SnapshotDir
-from storage.turn_lock import TurnLock
+from storage.kv.store import KVBlockStore
+from storage.kv.legacy.snapshot_dir import SnapshotDir
+from storage.db.turn_lock import TurnLock
 
 STATUS_NOTES = {"stopped": " (stopped)", "interrupted": " (interrupted)", "streaming": " (still being written)"}
 CUT_NOTE = "*(cut at the length limit)*"  # under a reply that ended at its token ceiling, not by itself
@@ -82,16 +82,17 @@ def write_export(store: ConversationStore, conversation_id: str, fmt: str, path:
 
 def delete_conversation(store: ConversationStore, home: Path, conversation_id: str,
                         permanently: bool = False) -> Conversation:
-    """Move the conversation to the trash (storage/trash.py), with its K/V on disk; or delete it, its
+    """Move the conversation to the trash (storage/db/trash.py), with its K/V on disk; or delete it, its
     messages, its turn lock under the data dir `home` and the K/V blocks no other conversation shares,
     for good. Returns what was deleted."""
     if not permanently:
         return store.trash(conversation_id)
     trashed = [c for c in store.trashed() if c.id.startswith(conversation_id.strip().lower())]
     conversation = trashed[0] if len(trashed) == 1 and not _live(store, conversation_id) else store.get(conversation_id)
-    chain = store.kv_chain(conversation.id)
+    kv = KVBlockStore(home, store.database, cap_bytes=0)
+    chain = kv.index.chain(conversation.id)
     store.delete(conversation.id, trashed=conversation.deleted_at is not None)  # first: a write under way sees it gone
-    KVBlockStore(home, store, cap_bytes=0).remove_unreferenced(chain)
+    kv.remove_unreferenced(chain)
     SnapshotDir(home).delete(conversation.id)  # an older kvchat's snapshot file, not migrated yet
     TurnLock(home, conversation.id).remove_file()
     return conversation

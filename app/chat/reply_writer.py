@@ -2,7 +2,7 @@
 
 - The row is created by the first save (status `streaming`); each later save,
   at most every PARTIAL_SAVE_S, appends only the text and ids made since the
-  last one (storage/streaming_replies.py), so a save costs the same small
+  last one (storage/db/streaming_replies.py), so a save costs the same small
   write however long the reply is.
 - A save that fails (a full disk) is not repeated while the reply goes on:
   one warning, and the end writes everything.
@@ -21,9 +21,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from storage.conversations import ConversationStore
+from storage.db.conversations import ConversationStore
 from storage.errors import StorageError
-from storage.streaming_replies import ReplyGone
+from storage.db.streaming_replies import ReplyGone
 
 log = logging.getLogger("kvchat")
 
@@ -80,7 +80,7 @@ class ReplyWriter:
                                                          self.token_start, token_ids, status=status, stats=stats).id
                 self._on_row(self.message_id)
             else:
-                self.store.finish_reply(self.message_id, text=text, token_ids=token_ids, status=status, stats=stats)
+                self.store.replies.finish_reply(self.message_id, text=text, token_ids=token_ids, status=status, stats=stats)
             return self.message_id
         except StorageError as exc:
             self._raise_if_deleted(exc)
@@ -93,7 +93,7 @@ class ReplyWriter:
                                                      self.token_start, token_ids, status="streaming").id
             self._on_row(self.message_id)
         else:
-            self.store.append_to_reply(self.message_id, text, token_ids[self._saved_ids :])
+            self.store.replies.append_to_reply(self.message_id, text, token_ids[self._saved_ids :])
         self._saved_pieces, self._saved_chars, self._saved_ids = (len(pieces), self._saved_chars + len(text),
                                                                   len(token_ids))
 
@@ -103,7 +103,7 @@ class ReplyWriter:
         if self.message_id is None:
             return f"{cause}: the reply was not saved."
         try:
-            self.store.append_to_reply(self.message_id, text[self._saved_chars :], token_ids[self._saved_ids :])
+            self.store.replies.append_to_reply(self.message_id, text[self._saved_chars :], token_ids[self._saved_ids :])
         except StorageError:
             return (f"{cause}: only the first {self._saved_chars:,} of the reply's {len(text):,} characters were "
                     "saved (it shows as interrupted).")

@@ -7,7 +7,7 @@
   `interrupted`, text kept), and final when it ends (`complete`, or `stopped`);
   app/chat/reply_recorder.py feeds it the reply's events.
 - After each turn the conversation's new K/V blocks are written to the block
-  store in the background (storage/kv_store.py); when the conversation is
+  store in the background (storage/kv/store.py); when the conversation is
   resumed in a new process, or any prompt starts with stored blocks (a shared
   system prompt), they go into the prefix cache, so the next message
   prefills only its own tokens.
@@ -29,16 +29,16 @@ from app.chat.reply_writer import ReplyWriter
 from app.chat.sampling_settings import sampling_settings
 from app.chat.stored_kv import load_stored_kv, new_blocks
 from engine import Done, Engine, SamplingParams
-from storage.conversations import Conversation, ConversationStore
+from storage.db.conversations import Conversation, ConversationStore
 from storage.data_dir import data_dir
 from storage.errors import StorageError
-from storage.kv_block_file import chain_keys
-from storage.kv_migration import SnapshotMigration
-from storage.kv_store import KVBlockStore
-from storage.disk_files import DEFAULT_SNAPSHOT_GB
-from storage.kv_writer import KVWriter
-from storage.trash import empty_trash
-from storage.turn_lock import TurnLock
+from storage.kv.block_file import chain_keys
+from storage.kv.legacy.migration import SnapshotMigration
+from storage.kv.store import KVBlockStore
+from storage.disk_files import DEFAULT_KV_DISK_GB
+from storage.kv.writer import KVWriter
+from storage.purge import empty_trash
+from storage.db.turn_lock import TurnLock
 
 log = logging.getLogger("kvchat")
 # Kept beside the sampling settings (the conversation's `params`), which the sampling ignores: false when
@@ -75,7 +75,7 @@ class Storage:
         home = data_dir()
         conversations = ConversationStore.open(home)
         try:
-            kv = KVBlockStore(home, conversations, int((DEFAULT_SNAPSHOT_GB if snapshot_gb is None else snapshot_gb) * 1e9))
+            kv = KVBlockStore(home, conversations.database, int((DEFAULT_KV_DISK_GB if snapshot_gb is None else snapshot_gb) * 1e9))
             if conversations.read_only_reason is None:
                 empty_trash(conversations, home, kv)  # conversations deleted over 30 days ago go for good
             migration = SnapshotMigration(home, kv, conversations.exists)
@@ -247,10 +247,10 @@ class SavedConversation:
         if self.conversation is None or len(token_ids) < engine.kv_block_size or self.storage.kv.cap_bytes == 0:
             return None
         try:
-            if not self.store.kv_heads_of(self.id):
+            if not self.storage.kv.index.heads_of(self.id):
                 return None
             first = chain_keys(engine.fingerprint, token_ids[: engine.kv_block_size], engine.kv_block_size)
-            if first[0] in self.store.kv_chain(self.id):
+            if first[0] in self.storage.kv.index.chain(self.id):
                 return None
         except StorageError:
             return None
@@ -290,7 +290,7 @@ class SavedConversation:
 
     def begin_turn(self, wait_s: float = 0.0, on_wait: Callable[[], None] | None = None,
                    reload: bool = False) -> None:
-        """Take the conversation's turn (one at a time across processes, see storage/turn_lock.py),
+        """Take the conversation's turn (one at a time across processes, see storage/db/turn_lock.py),
         waiting up to `wait_s` for another kvchat's reply to end (`on_wait` is called if it must wait).
         Raises ConversationBusy if it did not end in time. If another kvchat added to the conversation
         since this one read it, `reload` reads it again (for `ask`, which has shown nothing yet); else

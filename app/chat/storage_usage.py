@@ -14,13 +14,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from app.chat.wording import counted
-from engine.weights.paths import cache_dir
-from storage.conversations import ConversationStore
+from engine.paths import cache_dir
+from storage.db.conversations import ConversationStore
 from storage.data_dir import data_dir
 from storage.errors import StorageError
-from storage.kv_block_file import SUFFIX
-from storage.kv_store import KV_DIR, KVBlockStore
-from storage.disk_files import DEFAULT_SNAPSHOT_GB
+from storage.kv.block_file import SUFFIX
+from storage.kv.store import KV_DIR, KVBlockStore
+from storage.disk_files import DEFAULT_KV_DISK_GB
 
 
 @dataclass(frozen=True)
@@ -85,11 +85,11 @@ def usage(snapshot_gb: float | None = None) -> Usage:
         with ConversationStore.open(home, write=False) as store:
             trashed = len(store.trashed())
             try:  # read-only: the store neither cleans nor writes
-                stats = KVBlockStore(home, store, cap_bytes=0).stats()
+                stats = KVBlockStore(home, store.database, cap_bytes=0).stats()
                 conversations, shared, saved = stats.conversations, stats.shared_bytes, stats.saved_bytes
             except StorageError:  # a database an older kvchat made, not migrated yet: no block store in it
                 pass
-    cap = int((DEFAULT_SNAPSHOT_GB if snapshot_gb is None else snapshot_gb) * 1e9)
+    cap = int((DEFAULT_KV_DISK_GB if snapshot_gb is None else snapshot_gb) * 1e9)
     return Usage(database, backup_bytes, backups, kv_bytes, kv_blocks, conversations, shared, saved, cap,
                  model_bytes, models, trashed, str(home), str(cache))
 

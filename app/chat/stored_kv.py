@@ -1,7 +1,7 @@
 """K/V blocks from the block store into the engine's prefix cache, before a prompt is prefilled.
 
 The store finds the longest chain of stored blocks the prompt starts with
-(storage/kv_store.py: this conversation's own, or any other's that began the
+(storage/kv/store.py: this conversation's own, or any other's that began the
 same way), and reads them straight into the pool blocks the engine hands out
 (Engine.import_blocks). One call per turn: when the cache already holds the
 prompt, or the store holds nothing more of it, it costs one index lookup.
@@ -15,7 +15,7 @@ from app.chat.wording import clause, sentence
 from engine import Engine, EngineError
 from engine.kv.snapshot import KVSnapshot
 from storage.errors import StorageError
-from storage.kv_store import KVBlockStore
+from storage.kv.store import KVBlockStore
 
 log = logging.getLogger("kvchat")
 

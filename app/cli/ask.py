@@ -22,7 +22,7 @@ from app.chat.reply_stats import stats_line
 from app.chat.terminal_text import BROKEN_PIPE_EXIT, SafeOutput, clean_input, printable, say, silence
 from app.cli.ask_overflow import OverflowWay
 from app.cli.ask_raw import RawCompletion, check_raw_flags
-from storage.conversations import ConversationStore
+from storage.db.conversations import ConversationStore
 from storage.errors import StorageError
 
 if TYPE_CHECKING:  # torch and the model stack (about a second): imported once the request is known good

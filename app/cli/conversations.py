@@ -13,9 +13,10 @@ from app.chat.library import (STATUS_NOTES, conversation_json, delete_conversati
 from app.chat.reply_stats import stats_line
 from app.chat.terminal_text import clean_input, printable
 from app.cli.arg_types import shown
-from storage.conversations import ConversationStore
+from storage.db.conversations import ConversationStore
 from storage.data_dir import data_dir
-from storage.trash import TRASH_KEEP_S, empty_trash
+from storage.purge import empty_trash
+from storage.db.trash import TRASH_KEEP_S
 
 
 def run_list(args: argparse.Namespace, store: ConversationStore) -> int:

@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 from app.chat.wording import counted
-from storage.db_backup import backup_folder, backup_now, restore
-from storage.db_files import database_path
-from storage.db_health import check_database, damaged
-from storage.db_recover import RECOVERED_TITLE, recover
+from storage.db.backup import backup_folder, backup_now, restore
+from storage.db.files import database_path
+from storage.db.health import check_database, damaged
+from storage.db.recover import RECOVERED_TITLE, recover
 from storage.errors import StorageError
 
 

@@ -1,6 +1,6 @@
 """Where one decode step's time goes.
 
-The fused C step (decode/cpu_step.py, the CPU default) times its own phases when asked: each thread's
+The fused C step (cpu/decode_step.py, the CPU default) times its own phases when asked: each thread's
 seconds in the q/k/v, o, MLP and lm_head products, attention, and waiting at barriers; "outside the C
 step" is the rest of a token's wall time (the step loop, sampling, Python).
 
@@ -23,9 +23,9 @@ import time
 
 import torch
 
-from engine.decode.cpu_step import PHASES
+from engine.cpu.decode_step import PHASES
+from engine.cpu.linear import QuantLinear
 from engine.engine import Engine
-from engine.quant.linear import QuantLinear
 
 TOP_OPS = 8  # torch ops listed by self time
 

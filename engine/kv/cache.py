@@ -12,9 +12,8 @@ from typing import Protocol
 
 import torch
 
+from engine.attention.dense import attend
 from engine.kv.huge_pages import advise_huge_pages
-
-from engine.model.attention import attend
 
 
 class KVAttention(Protocol):

@@ -1,19 +1,19 @@
 """PagedKV: pool blocks read in place (the GPU default): nothing is copied when a request starts.
 
 New K/V go straight into their blocks. A single decode token attends over the blocks in place (paged
-decode attention, also what the captured decode step runs, decode/graph_runner.py); a prefill chunk
-attends over a gathered copy of its context through SDPA.
+decode attention, attention/paged.py, also what the captured decode step runs, decode/graph_runner.py);
+a prefill chunk attends over a gathered copy of its context through SDPA (attention/dense.py).
 """
 
 from __future__ import annotations
 
 import torch
 
-from engine.decode.paged_attention import paged_decode_attention
+from engine.attention.dense import attend
+from engine.attention.paged import paged_decode_attention
 from engine.kv.pool import KVPool
 from engine.kv.pooled import PooledKV
 from engine.kv.prefix_cache import PrefixCache
-from engine.model.attention import attend
 
 
 def attend_in_place(pool: KVPool, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

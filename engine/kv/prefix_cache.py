@@ -25,22 +25,27 @@ Rules:
   the tree (device-resident nodes always form a prefix of each path);
   a later match copies it back. On a GPU both copies run on a copy stream
   (tier_copy.py), so the host never waits for them.
-- K/V read from disk enter the tree with `load` (blocks filled in place) or
-  `insert` (a snapshot tensor), nodes marked `from_disk` until a match first
-  uses them, so that match reports `disk`; `export` copies blocks out.
+- K/V read from disk enter the tree with `load` (blocks filled in place),
+  nodes marked `from_disk` until a match first uses them, so that match
+  reports `disk`; `export` copies blocks out.
 - `forget` drops the blocks a prefix would reuse and everything below them
   (after a request computed NaN from them), except referenced nodes.
+
+One file, longer than the house's ~400 lines, on purpose: every operation here moves nodes and
+blocks under the same rules (check_invariants). `load` and `export` were a mixin in a file of their
+own, which reached into the tree's walk and tier moves all the same: one honest file reads better.
 """
 
 from __future__ import annotations
 
 import contextlib
 import heapq
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import torch
+
 from engine.errors import EngineError
-from engine.kv.cache_transfer import CacheTransfer
 from engine.kv.node import Node
 from engine.kv.pool import KVPool, PoolExhausted
 from engine.kv.tier_copy import TierCopy
@@ -70,7 +75,7 @@ def common_prefix_length(a: "list[int] | tuple[int, ...]", b: "list[int] | tuple
     return n
 
 
-class PrefixCache(CacheTransfer):
+class PrefixCache:
     def __init__(self, pool: KVPool, host: KVPool | None = None):
         self.pool = pool
         self.host = host
@@ -222,6 +227,72 @@ class PrefixCache(CacheTransfer):
             self._remove(node)
             dropped += 1
         return dropped
+
+    # ---- K/V to and from disk (the block store) -------------------------------
+
+    def export(self, tokens: list[int], first_block: int = 0) -> tuple[int, torch.Tensor] | None:
+        """The longest cached prefix of `tokens`: its length and a copy of its blocks from `first_block`
+        on, on the CPU [blocks, 2, layers, kv_heads, block_size, head_dim], positions past the prefix
+        zeroed (none when the prefix has no more blocks than `first_block`)."""
+        chain, lender, lent = self._walk(tokens, len(tokens))
+        nodes = chain + ([lender] if lender is not None else [])
+        if not nodes:
+            return None
+        blocks = torch.empty((max(0, len(nodes) - first_block), *self.pool.data.shape[1:]), dtype=self.pool.data.dtype)
+        self.tier_copy.host_readable()
+        for i, node in enumerate(nodes[first_block:]):  # block by block: no temporary of the snapshot's size on the device
+            blocks[i].copy_(self.pool.data[node.block] if node.block is not None else self.host.data[node.host_block])
+        if lender is not None and len(nodes) > first_block:
+            blocks[-1, :, :, :, lent:] = 0  # the lender's later tokens are not part of this sequence
+        return len(chain) * self.block_size + lent, blocks
+
+    def load(self, tokens: list[int], fill: Callable[[int, list[torch.Tensor]], int]) -> int:
+        """File the K/V of `tokens` that the tree lacks, marked as read from disk; blocks it already holds
+        are kept, not replaced. `fill(first, dests)` writes the K/V of blocks first, first + 1, ... of
+        `tokens` into the tensors `dests` (each [2, layers, kv_heads, block_size, head_dim], on the CPU:
+        pool blocks themselves, or a staging copy for a device pool) and returns how many it filled, in
+        order (fewer: the rest could not be read). Returns how many tokens were added; raises
+        KVCacheFullError if they do not fit."""
+        size = self.block_size
+        full = len(tokens) // size
+        chain, _, _ = self._walk(tokens, full * size)
+        tail = tuple(tokens[full * size :])
+        parent = chain[-1] if chain else self.root
+        tail_covered = not tail or (len(chain) == full and any(
+            c.tokens[: len(tail)] == tail for c in parent.children.values()))
+        new = list(range(len(chain), full)) + ([] if tail_covered else [full])
+        if not new:
+            return 0
+        self.clock += 1
+        for n in chain:  # the path stays put while allocating may evict
+            n.refs += 1
+        try:
+            for n in chain:  # new nodes hang below the chain, and device nodes form a prefix of each path
+                self._ensure_on_device(n)
+            fresh = self.allocate(len(new))
+        finally:
+            for n in chain:
+                n.refs -= 1
+        on_cpu = self.pool.data.device.type == "cpu"
+        staging = None if on_cpu else torch.empty((len(new), *self.pool.data.shape[1:]), dtype=self.pool.data.dtype)
+        dests = [self.pool.data[b] for b in fresh] if on_cpu else list(staging)
+        try:
+            filled = max(0, min(len(new), fill(new[0], dests)))
+        except BaseException:
+            self.pool.release(fresh)
+            raise
+        self.pool.release(fresh[filled:])
+        added = 0
+        for i, block in zip(new[:filled], fresh):
+            if staging is not None:
+                self.pool.data[block].copy_(staging[i - new[0]])
+            piece = tuple(tokens[i * size : (i + 1) * size])
+            node = Node(piece, parent, block=block, last_used=self.clock, from_disk=True)
+            parent.children[piece] = node
+            self._drop_superseded(parent, node)
+            parent = node
+            added += len(piece)
+        return added
 
     # ---- memory ---------------------------------------------------------------
 

@@ -1,1 +1,1 @@
-"""The Llama-family decoder: config, layers, attention, RoPE."""
+"""The Llama-family decoder: config, layers, RoPE (its attention is in engine/attention/)."""

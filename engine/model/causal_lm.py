@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.model.attention import window_causal_mask
+from engine.attention.dense import window_causal_mask
 from engine.model.config import ModelConfig, RopeConfig
 from engine.kv.cache import KVAttention, KVCache
 from engine.model.gemma3 import Gemma3DecoderLayer, OffsetRMSNorm

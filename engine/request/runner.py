@@ -15,9 +15,10 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from engine.decode.cpu_step import MAX_ROWS, FusedCPUDecode
+from engine.cpu.decode_step import MAX_ROWS, FusedCPUDecode
+from engine.cpu.kernels import load_quant_kernels
+from engine.cpu.thread_choice import DecodeThreads
 from engine.decode.graph_runner import DecodeRunner
-from engine.decode.thread_choice import DecodeThreads
 from engine.decode.path import decode_path
 from engine.errors import EngineError
 from engine.kv.cache import ContiguousKVCache
@@ -28,7 +29,6 @@ from engine.kv.sequence import SequenceKV
 from engine.kv.spare_buffer import SpareBuffer
 from engine.kv.working_copy import WorkingCopyKV
 from engine.model.causal_lm import CausalLM
-from engine.quant.kernels import load_quant_kernels
 from engine.request.scheduler import Work
 
 OpenKV = Callable[[list[int], bool], tuple[SequenceKV, str]]  # (prompt ids, use the prefix cache) -> KV, source

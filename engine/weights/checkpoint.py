@@ -4,7 +4,7 @@ Tensors are read through a small name -> tensor interface (WeightSource): the
 safetensors files are one source, a synthetic model's seeded generator
 (synthetic_weights.py) another, and all fusing and validation below is shared.
 q/k/v and gate/up are fused into one matmul each. With block kernels, every
-linear layer whose parts are all stored in a kernel format (quant/formats.py)
+linear layer whose parts are all stored in a kernel format (cpu/formats.py)
 becomes a QuantLinear, and its dense copy is never read: a converted GGUF's
 blocks from blocks.safetensors, a bf16/f16 checkpoint's own 2-byte weights
 (the kernels widen them exactly, so the model is the fp32 one). Fused parts in
@@ -24,10 +24,10 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from engine.quant.formats import BLOCK, FORMATS, stored_parts
-from engine.quant.kernels import QuantKernels
-from engine.quant.linear import QuantLinear
-from engine.quant.mixed_linear import MixedQuantLinear
+from engine.cpu.formats import BLOCK, FORMATS, stored_parts
+from engine.cpu.kernels import QuantKernels
+from engine.cpu.linear import QuantLinear
+from engine.cpu.mixed_linear import MixedQuantLinear
 from engine.model.config import ModelConfig
 from engine.errors import ModelError
 from engine.weights.gguf import QUANT_WEIGHTS_FILE
@@ -60,7 +60,7 @@ class WeightSource(Protocol):
         """The tensor (any device and dtype: the loader moves it); ModelError if there is none."""
 
     def block_format(self, name: str) -> str | None:
-        """The kernel format (quant/formats.py) `name` is stored in, as "<name>.<format>.<part>" tensors,
+        """The kernel format (cpu/formats.py) `name` is stored in, as "<name>.<format>.<part>" tensors,
         else None."""
 
 

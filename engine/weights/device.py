@@ -25,7 +25,7 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
     Measured on a 2-core AVX512-BF16 CPU with SmolLM2-135M: dense bf16 decodes ~1.8x
     faster than dense fp32, but its greedy replies left fp32's (and transformers' bf16)
     on 4 of 8 chat prompts within 48 tokens, while fp32 matched transformers on 8 of 8.
-    With the GGUF's own Q4_1/Q8_0 blocks (quant/linear.py), fp32 decodes ~2.5x faster
+    With the GGUF's own Q4_1/Q8_0 blocks (cpu/linear.py), fp32 decodes ~2.5x faster
     than dense bf16 and stays exact, so the CPU default is fp32; `--dtype bfloat16`
     remains for faster (inexact) prefill.
     """

@@ -5,14 +5,14 @@ conversion serves every engine dtype. llama.cpp stores Llama's q/k projections
 with the rows of each head interleaved for its RoPE kernel; they are put back
 in Hugging Face's rotate-half order here. The tokenizer and chat template are
 rebuilt by transformers' GGUF tokenizer support. Every weight matrix in a type
-the CPU kernels run (quant/formats.py: Q4_0..Q8_0, Q2_K..Q6_K, F16, BF16) is
+the CPU kernels run (cpu/formats.py: Q4_0..Q8_0, Q2_K..Q6_K, F16, BF16) is
 also kept unexpanded in blocks.safetensors; a matrix in any other type (IQ*,
 TQ*...) runs dense, which one log line at conversion says.
 
 Each file's sha256 is recorded at conversion (RECORD_FILE, hidden, so not
 part of the model fingerprint), and `converted_damage` checks a directory
 against it before it is used. Files are hashed only when their size or
-mtime changed (kv/fingerprint.py's memo), so an untouched directory costs a few
+mtime changed (weights/fingerprint.py's memo), so an untouched directory costs a few
 stats; a change that keeps both (bit rot) is not seen here, but a file that
 then fails to load is (model_source.reconvert). A directory converted by an
 older kvchat, without a record, gets one on first use and is trusted.
@@ -33,17 +33,17 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
+from engine.cpu.formats import BLOCK, FORMATS
 from engine.errors import ModelError
-from engine.kv.fingerprint import file_sha256, model_files_digest
-from engine.quant.formats import BLOCK, FORMATS
 from engine.weights import gguf_gemma3
+from engine.weights.fingerprint import file_sha256, model_files_digest
 
 log = logging.getLogger("kvchat")
 
 COMPLETE_MARKER = "kvchat-conversion-complete"
 RECORD_FILE = ".kvchat-sha256.json"  # {"sha256": {file name: hex}} of every file the conversion wrote
 CONVERSION_VERSION = 4  # part of the cache key: bump when the directory's contents change
-QUANT_WEIGHTS_FILE = "blocks.safetensors"  # the GGUF's weights the kernels run, unexpanded (quant/formats.py)
+QUANT_WEIGHTS_FILE = "blocks.safetensors"  # the GGUF's weights the kernels run, unexpanded (cpu/formats.py)
 # GGUF architectures whose q/k rows llama.cpp permuted at conversion time.
 _PERMUTED_QK = {"llama"}
 _MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
@@ -199,7 +199,7 @@ def gguf_tensors(reader, config: dict[str, Any]) -> Iterator[tuple[str, torch.Te
 
 
 def _block_arrays(tensor) -> tuple[str, dict[str, np.ndarray]] | None:
-    """(format, {qs[, d, m]}) of a matrix in a type the kernels run, in their layout (quant/formats.py),
+    """(format, {qs[, d, m]}) of a matrix in a type the kernels run, in their layout (cpu/formats.py),
     else None. Q4_1/Q8_0 are split into quants and fp32 scales; every other type is kept as stored."""
     fmt = tensor.tensor_type.name.lower()
     raw = np.asarray(tensor.data)

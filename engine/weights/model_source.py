@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import ModelError
-from engine.kv.fingerprint import file_sha256
+from engine.paths import cache_dir
 from engine.weights.default_model import DEFAULT_MODEL_NAME, default_gguf  # noqa: F401 (imported from here too)
+from engine.weights.fingerprint import file_sha256
 from engine.weights.gguf import COMPLETE_MARKER, CONVERSION_VERSION, convert_gguf, converted_damage
-from engine.weights.paths import cache_dir
 from engine.weights.synthetic import PREFIX as SYNTHETIC_PREFIX
 from engine.weights.synthetic import synthetic_model_dir, synthetic_name
 

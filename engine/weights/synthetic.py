@@ -21,7 +21,7 @@ import torch
 
 from engine.model.config import ModelConfig
 from engine.errors import ModelError
-from engine.weights.paths import cache_dir
+from engine.paths import cache_dir
 from engine.weights.synthetic_weights import SyntheticWeights
 
 PREFIX = "synthetic:"

@@ -1,4 +1,4 @@
-"""What the KV block store (storage/kv_store.py) holds of a conversation, as the app tests check it:
+"""What the KV block store (storage/kv/store.py) holds of a conversation, as the app tests check it:
 its block files under <home>/kv and the tokens of its chains, read from the conversation database."""
 
 from __future__ import annotations
@@ -7,9 +7,10 @@ from pathlib import Path
 
 import torch
 
-from storage.conversations import ConversationStore
-from storage.kv_block_file import SUFFIX
-from storage.kv_store import KV_DIR
+from storage.db.conversations import ConversationStore
+from storage.kv.block_file import SUFFIX
+from storage.kv.index import KVIndex
+from storage.kv.store import KV_DIR
 
 
 def block_files(home: Path) -> dict[str, int]:
@@ -26,8 +27,9 @@ def conversation_kv(home: Path, conversation_id: str) -> tuple[int, list[Path]]:
     """(tokens of the longest chain the conversation keeps, 0: none; the files of its chains' blocks),
     read through a read-only open of the database, as another kvchat would see them."""
     with ConversationStore.open(Path(home), write=False) as store:
-        heads = store.kv_heads_of(conversation_id)
-        chain = store.kv_chain(conversation_id) if heads else set()
+        index = KVIndex(store.database)
+        heads = index.heads_of(conversation_id)
+        chain = index.chain(conversation_id) if heads else set()
     return max(heads.values(), default=0), [Path(home) / KV_DIR / f"{key}{SUFFIX}" for key in sorted(chain)]
 
 
@@ -50,10 +52,11 @@ def chain_paths(storage, engine, token_ids: list[int]) -> list[Path]:
 def conversation_chain(home: Path, conversation_id: str) -> list[Path]:
     """The files of the conversation's longest chain, first block first ([]: it keeps none)."""
     with ConversationStore.open(Path(home), write=False) as store:
-        heads = store.kv_heads_of(conversation_id)
+        index = KVIndex(store.database)
+        heads = index.heads_of(conversation_id)
         if not heads:
             return []
-        rows = {row.key: row for row in store.kv_blocks_of(sorted(store.kv_chain(conversation_id)))}
+        rows = {row.key: row for row in index.blocks_of(sorted(index.chain(conversation_id)))}
     keys, key = [], max(heads, key=heads.get)
     while key in rows:
         keys.append(key)

@@ -208,7 +208,7 @@ def test_delete_moves_a_conversation_to_the_trash_and_restore_brings_it_back(tin
 
 
 def test_the_trash_is_emptied_of_conversations_deleted_over_30_days_ago(tiny_model_dir, kvchat_home):
-    from storage.conversations import ConversationStore
+    from storage.db.conversations import ConversationStore
 
     old = ask(tiny_model_dir, "old", "--max-tokens", "2")["conversation_id"]
     recent = ask(tiny_model_dir, "recent", "--max-tokens", "2")["conversation_id"]

@@ -8,12 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import storage.connection
+import storage.db.connection
 from app.cli.main import main
-from storage.conversations import ConversationStore
-from storage.db_backup import backups
-from storage.db_files import database_path
-from storage.turn_lock import TurnLock
+from storage.db.conversations import ConversationStore
+from storage.db.backup import backups
+from storage.db.files import database_path
+from storage.db.turn_lock import TurnLock
 from tests.storage.damaged_db import damage, fill
 
 
@@ -129,7 +129,7 @@ def test_check_on_a_read_only_file_system_reports_and_only_forgoes_its_memo(kvch
 
     monkeypatch.setattr(Path, "write_text", refused_in_the_data_dir(real_write_text))
     monkeypatch.setattr(Path, "unlink", refused_in_the_data_dir(real_unlink))
-    monkeypatch.setattr(storage.connection, "folder_writable", lambda folder: folder != kvchat_home)
+    monkeypatch.setattr(storage.db.connection, "folder_writable", lambda folder: folder != kvchat_home)
     code, out, err = run(capsys, "check")
     assert code == 0
     assert out.splitlines()[1:3] == ["integrity_check: ok", "search index: not checked (its check needs a writable "

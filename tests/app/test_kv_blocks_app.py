@@ -11,7 +11,7 @@ from app.chat.saved_chat import SavedConversation
 from app.chat.session import ChatSession
 from engine import Done, SamplingParams
 from engine.bench.fresh import with_fresh_cache
-from storage.kv_block_file import BlockLayout, write_block
+from storage.kv.block_file import BlockLayout, write_block
 from tests.app.kv_blocks import block_files, conversation_chain, conversation_kv, read_back, stored_bytes
 
 GREEDY = SamplingParams(temperature=0, max_tokens=10)
@@ -162,7 +162,7 @@ def test_blocks_that_make_the_model_compute_non_finite_scores_are_dropped_and_st
     assert len(chain) >= 3
     # Forge block 1: a NaN in K/V that pass every check of the file (its checksums are right), as a
     # writer that skipped the finiteness check would leave it.
-    rows = {row.key: row for row in storage.conversations.kv_blocks()}
+    rows = {row.key: row for row in storage.kv.index.blocks()}
     forged = rows[chain[1].name.removesuffix(".kvb")]
     dest = torch.zeros(tiny_engine.prefix_cache.pool.data.shape[1:], dtype=tiny_engine.prefix_cache.pool.data.dtype)
     tokens = len(forged.token_ids)
@@ -204,7 +204,7 @@ def test_an_older_kvchats_snapshot_file_moves_into_the_block_store_in_the_backgr
     storage.writer.flush()
     conversation_id, history = session.saved.id, list(session.seen_ids)
     old_snapshot = tiny_engine.export_kv(history)
-    storage.kv.remove(sorted(storage.conversations.kv_chain(conversation_id)))  # as an older kvchat left it:
+    storage.kv.remove(sorted(storage.kv.index.chain(conversation_id)))  # as an older kvchat left it:
     storage.close()
     write_legacy_snapshot(kvchat_home, conversation_id, old_snapshot)  # a file, and no blocks
     assert block_files(kvchat_home) == {} and legacy_snapshot_path(kvchat_home, conversation_id).is_file()
@@ -227,7 +227,7 @@ def test_quitting_does_not_wait_for_the_migration_of_every_old_file(tiny_engine,
     import threading
 
     from app.chat.saved_chat import Storage
-    from storage.kv_migration import SnapshotMigration
+    from storage.kv.legacy.migration import SnapshotMigration
     from tests.storage.legacy_snapshots import legacy_snapshot_path, write_legacy_snapshot
 
     storage = Storage.open()

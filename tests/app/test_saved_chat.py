@@ -207,7 +207,7 @@ def test_a_reply_cut_by_an_engine_error_is_kept_as_interrupted(tiny_engine, stor
 
 
 def test_a_database_that_fails_mid_reply_does_not_stop_the_reply(tiny_engine, storage, monkeypatch):
-    from storage.db import StorageError
+    from storage.db.open import StorageError
 
     monkeypatch.setattr(reply_writer, "PARTIAL_SAVE_S", 0.0)
     session = new_session(tiny_engine, storage, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
@@ -217,8 +217,8 @@ def test_a_database_that_fails_mid_reply_does_not_stop_the_reply(tiny_engine, st
         raise StorageError("The disk is full: the message was not saved.")
 
     monkeypatch.setattr(storage.conversations, "add_message", disk_full)
-    monkeypatch.setattr(storage.conversations, "append_to_reply", disk_full)
-    monkeypatch.setattr(storage.conversations, "finish_reply", disk_full)
+    monkeypatch.setattr(storage.conversations.replies, "append_to_reply", disk_full)
+    monkeypatch.setattr(storage.conversations.replies, "finish_reply", disk_full)
     deltas = []
     with pytest.raises(StorageError, match="disk is full: the reply was not saved"):  # the final write reports it
         for event in events:

@@ -9,7 +9,7 @@ from textual.widgets import Input, ListView
 
 from app.tui.widgets.conversation_items import ConversationItem, NoticeItem, relative_time
 from app.tui.widgets.sidebar import Sidebar
-from storage.conversations import ConversationStore
+from storage.db.conversations import ConversationStore
 from storage.errors import StorageError
 from tests.app.pilot import wait_until
 
@@ -143,12 +143,12 @@ async def test_a_title_with_markup_characters_is_shown_as_typed(store):
 
 async def test_listing_never_reads_messages_even_with_a_long_conversation(store, monkeypatch):
     long = chat(store, "Long one", *(f"message number {i}" for i in range(500)))
-    assert store.count_messages(long.id) == 500
+    assert len(store.all_messages(long.id)) == 500
 
     def forbidden(*args, **kwargs):
         raise AssertionError("the sidebar must not load messages")
 
-    for name in ("branch", "all_messages", "message", "children", "siblings", "count_messages"):
+    for name in ("branch", "all_messages", "message", "children", "siblings", "sibling_ids"):
         monkeypatch.setattr(store, name, forbidden)
     app = SidebarApp(store)
     async with app.run_test() as pilot:

@@ -2,7 +2,7 @@
 writer's temp file."""
 
 from app.chat.storage_usage import usage
-from storage.kv_store import KV_DIR
+from storage.kv.store import KV_DIR
 
 
 def test_storage_counts_only_block_files_as_blocks(kvchat_home, tmp_path, monkeypatch):

@@ -9,7 +9,7 @@ import pytest
 
 from app.chat.config import Config, ConfigError, load_config
 from app.chat.library import CUT_NOTE, render_markdown
-from storage.records import Conversation, StoredMessage
+from storage.db.records import Conversation, StoredMessage
 from tests.app.pilot import wait_until
 from tests.app.tui_harness import app_with, exchange, ready
 

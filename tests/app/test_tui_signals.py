@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from storage.conversations import ConversationStore
+from storage.db.conversations import ConversationStore
 from tests.app.kv_blocks import conversation_kv
 from tests.app.tmux_terminal import Terminal
 

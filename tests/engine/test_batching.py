@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine import Done, Engine, EngineError, EngineOptions, SamplingParams, TokenDelta, interleave
-from engine.decode.cpu_step import FusedCPUDecode
+from engine.cpu.decode_step import FusedCPUDecode
+from engine.cpu.kernels import load_quant_kernels
 from engine.kv.cache import ContiguousKVCache
-from engine.quant.kernels import load_quant_kernels
 from engine.request.scheduler import MIXED_PREFILL_CHUNK
 from engine.weights.checkpoint import load_model
 from tests.greedy_ties import assert_same_greedy

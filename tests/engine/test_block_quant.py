@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from engine import Engine, EngineError, EngineOptions, SamplingParams
-from engine.quant import kernels as quant_kernels
-from engine.quant.linear import QuantLinear
+from engine.cpu import kernels as quant_kernels
+from engine.cpu.linear import QuantLinear
 from engine.weights.gguf import QUANT_WEIGHTS_FILE, convert_gguf
 from tests.tiny_gguf import write_gguf
 from tests.tiny_models import load_reference, make_tiny_model
@@ -119,7 +119,7 @@ def test_a_model_without_blocks_loads_dense_weights(tiny_engine):
 
 
 def test_wide_matrices_are_multiplied_in_row_slices_with_the_same_result(kernels):
-    from engine.quant.linear import GEMM_ROWS, KERNEL_MAX_ROWS
+    from engine.cpu.linear import GEMM_ROWS, KERNEL_MAX_ROWS
 
     parts, dense = quantized("q4_1", 2 * GEMM_ROWS + 37, 64, seed=11)
     linear = QuantLinear(kernels, "q4_1", parts["qs"], parts["d"], parts["m"], None)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import engine.kv.fingerprint as fingerprint
+import engine.weights.fingerprint as fingerprint
 from engine import Engine, EngineOptions, ModelError, SamplingParams
 from engine.weights.gguf import CONVERSION_VERSION, QUANT_WEIGHTS_FILE, COMPLETE_MARKER, RECORD_FILE, converted_damage
 from tests.tiny_gguf import write_gguf

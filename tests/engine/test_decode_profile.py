@@ -6,8 +6,8 @@ import pytest
 from engine import Engine, EngineOptions, SamplingParams
 from engine.bench.decode_profile import decode_profile
 from engine.bench.perf import random_prompt
-from engine.decode.cpu_step import PHASES
-from engine.quant.linear import QuantLinear
+from engine.cpu.decode_step import PHASES
+from engine.cpu.linear import QuantLinear
 from tests.engine.test_block_quant import q4_gguf_model  # noqa: F401  (a fixture)
 
 

@@ -3,10 +3,8 @@
 import json
 import shutil
 
-import pytest
-
-import engine.kv.fingerprint as fingerprint
-from engine import Engine, EngineError, EngineOptions
+import engine.weights.fingerprint as fingerprint
+from engine import Engine, EngineOptions
 from tests.tiny_models import make_tiny_model
 
 
@@ -38,22 +36,6 @@ def test_another_chat_template_or_dtype_or_block_size_differs(tmp_path, tiny_mod
     assert load(copy).fingerprint != base
     assert load(tiny_model_dir, dtype="bfloat16").fingerprint != base
     assert load(tiny_model_dir, kv_block_size=8).fingerprint != base
-
-
-def test_a_snapshot_of_another_model_is_refused_by_the_engine(tmp_path, tiny_model_dir):
-    engine = load(tiny_model_dir)
-    prompt = list(range(40, 80))
-    list(engine.generate(prompt, max_tokens_params()))
-    snapshot = engine.export_kv(prompt)
-    twin = load(make_tiny_model(tmp_path / "twin", "llama", seed=1))
-    with pytest.raises(EngineError, match="another model"):
-        twin.import_kv(snapshot)
-
-
-def max_tokens_params():
-    from engine import SamplingParams
-
-    return SamplingParams(temperature=0, max_tokens=3)
 
 
 def test_the_memo_of_a_model_directory_that_is_gone_is_forgotten(tmp_path, tiny_model_dir, monkeypatch):

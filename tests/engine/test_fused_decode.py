@@ -1,4 +1,4 @@
-"""The fused C decode step (decode/cpu_step.py) against the eager model it replaces: the same logits at
+"""The fused C decode step (cpu/decode_step.py) against the eager model it replaces: the same logits at
 every position up to summation order, the same greedy tokens, through every KV strategy."""
 
 import shutil
@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from engine import Engine, EngineError, EngineOptions, SamplingParams
-from engine.decode.cpu_step import FusedCPUDecode
+from engine.cpu.decode_step import FusedCPUDecode
+from engine.cpu.kernels import kernels_for, load_quant_kernels
 from engine.kv.cache import ContiguousKVCache
-from engine.quant.kernels import kernels_for, load_quant_kernels
 from engine.weights.checkpoint import load_model
 from engine.weights.gguf import convert_gguf
 from tests.tiny_gguf import write_gguf
@@ -142,7 +142,7 @@ WIDE_HEADS = dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2)
 def test_several_new_tokens_in_one_call_equal_the_eager_model(every_isa, tmp_path, arch, cached):
     """A follow-up message through the fused step: logits of every new token (causal within the call,
     after `cached` positions) and the K/V it leaves, against the eager forward of the whole sequence."""
-    from engine.decode.cpu_step import MAX_ROWS
+    from engine.cpu.decode_step import MAX_ROWS
 
     path = (make_tiny_model(tmp_path, "llama", seed=9, **WIDE_HEADS) if arch == "llama-wide-heads"
             else make_tiny_model(tmp_path, arch, seed=9))
@@ -192,7 +192,7 @@ def test_a_few_tokens_in_one_call_get_the_bits_one_step_each_would_on_any_thread
 
 
 def test_more_tokens_than_one_call_takes_are_refused(kernels, tmp_path):
-    from engine.decode.cpu_step import MAX_ROWS
+    from engine.cpu.decode_step import MAX_ROWS
 
     model = load_model(make_tiny_model(tmp_path, "llama"), torch.device("cpu"), torch.float32)
     cache = new_cache(model)

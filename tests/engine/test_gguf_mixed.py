@@ -10,8 +10,8 @@ import torch
 from safetensors.torch import load_file
 
 from engine import Engine, EngineOptions, SamplingParams
-from engine.quant.linear import QuantLinear
-from engine.quant.mixed_linear import MixedQuantLinear
+from engine.cpu.linear import QuantLinear
+from engine.cpu.mixed_linear import MixedQuantLinear
 from engine.weights.gguf import QUANT_WEIGHTS_FILE, convert_gguf
 from tests.tiny_gguf import MIXED_QUANTS, gguf_name, write_gguf
 from tests.tiny_models import load_reference, make_tiny_model

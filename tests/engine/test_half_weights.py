@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine import Engine, EngineOptions, SamplingParams
-from engine.quant.linear import QuantLinear
+from engine.cpu.linear import QuantLinear
 from tests.tiny_models import make_tiny_model
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,

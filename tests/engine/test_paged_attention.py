@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from packaging.version import Version
 
+from engine.attention.paged import paged_decode_attention, paged_decode_reference
 from engine.kv.pool import KVPool
-from engine.decode.paged_attention import paged_decode_attention, paged_decode_reference
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 BLOCK = 16
@@ -187,7 +187,7 @@ if not INTERPRETING:
         assert " passed" in result.stdout and "skipped" not in result.stdout, result.stdout[-2000:]
 
 else:
-    from engine.decode.triton_paged_attention import paged_decode_triton
+    from engine.attention.triton_paged import paged_decode_triton
 
     # The interpreter is slow: a few cases, 5 sequences x 2 KV heads each, covering groups 1-8
     # (3: not a power of two), both head sizes and dtypes, and split counts over the 9 table

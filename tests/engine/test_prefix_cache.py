@@ -34,6 +34,18 @@ def snapshot_blocks(tokens: list[int]) -> torch.Tensor:
     return blocks
 
 
+def load_blocks(cache: PrefixCache, tokens: list[int]) -> int:
+    """File the K/V of `tokens` as the block store does (PrefixCache.load), from `snapshot_blocks`."""
+    blocks = snapshot_blocks(tokens)
+
+    def fill(first: int, dests: list[torch.Tensor]) -> int:
+        for i, dest in enumerate(dests):
+            dest.copy_(blocks[first + i])
+        return len(dests)
+
+    return cache.load(tokens, fill)
+
+
 def open_request(cache: PrefixCache, prompt: list[int], publish: bool = True) -> WorkingCopyKV:
     working = ContiguousKVCache(LAYERS, HEADS, DIM, 4096, CPU, torch.float32)
     return WorkingCopyKV(cache, working, cache.match(prompt), prompt, publish)
@@ -224,7 +236,7 @@ operation = st.one_of(
     st.tuples(st.just("start"), st.lists(st.integers(0, 3), min_size=1, max_size=14)),
     st.tuples(st.just("end"), st.integers(0, 3)),
     st.tuples(st.just("allocate"), st.integers(1, 3)),
-    st.tuples(st.just("insert"), st.lists(st.integers(0, 3), min_size=1, max_size=14)),
+    st.tuples(st.just("load"), st.lists(st.integers(0, 3), min_size=1, max_size=14)),
 )
 
 
@@ -252,8 +264,8 @@ def test_invariants_hold_after_every_operation(operations, host_blocks):
                 running.pop(arg % len(running)).close()
             elif op == "allocate":
                 held.append(cache.allocate(arg))
-            elif op == "insert":
-                cache.insert(arg, snapshot_blocks(arg))
+            elif op == "load":
+                load_blocks(cache, arg)
         except KVCacheFullError:
             pass
         live = {b for blocks in held for b in blocks} | {b for kv in running for b in kv.owned}
@@ -285,50 +297,50 @@ def test_export_copies_the_cached_prefix_exactly_and_zeroes_the_rest():
     assert cache.export([8, 8]) is None
 
 
-def test_an_inserted_snapshot_is_matched_as_disk_once_then_as_device():
+def test_loaded_blocks_are_matched_as_disk_once_then_as_device():
     cache = make_cache()
     tokens = list(range(10, 21))  # 2 full blocks and a partial one
-    assert cache.insert(tokens, snapshot_blocks(tokens)) == len(tokens)
+    assert load_blocks(cache, tokens) == len(tokens)
     kv = open_request(cache, tokens + [99])
     assert (kv.num_tokens, cache.match(tokens + [98]).source) == (11, "device")
     assert_holds(kv, tokens)
     kv.close()
     fresh = make_cache()
-    fresh.insert(tokens, snapshot_blocks(tokens))
+    load_blocks(fresh, tokens)
     match = fresh.match(tokens + [99])
     assert (match.cached_tokens, match.source) == (11, "disk")
 
 
-def test_insert_keeps_what_the_tree_holds_and_adds_only_the_rest():
+def test_load_keeps_what_the_tree_holds_and_adds_only_the_rest():
     cache = make_cache()
     serve(cache, [1, 1, 1, 1, 2, 2])
     before = {n.tokens: n.block for n in cache.nodes()}
-    added = cache.insert([1, 1, 1, 1, 2, 2, 2, 2, 3], snapshot_blocks([1, 1, 1, 1, 2, 2, 2, 2, 3]))
+    added = load_blocks(cache, [1, 1, 1, 1, 2, 2, 2, 2, 3])
     assert added == 5
     after = {n.tokens: n.block for n in cache.nodes()}
     assert after[(1, 1, 1, 1)] == before[(1, 1, 1, 1)]
     assert (2, 2) not in after  # the longer block supersedes the partial one
-    assert cache.insert([1, 1, 1, 1, 2], snapshot_blocks([1, 1, 1, 1, 2])) == 0
+    assert load_blocks(cache, [1, 1, 1, 1, 2]) == 0
     cache.check_invariants()
 
 
-def test_insert_below_a_spilled_block_brings_the_path_back_to_the_device():
+def test_load_below_a_spilled_block_brings_the_path_back_to_the_device():
     cache = make_cache(blocks=3, host_blocks=8)
     serve(cache, [1, 1, 1, 1, 2, 2, 2, 2])
     serve(cache, [3, 3, 3, 3, 4, 4, 4, 4])  # spills the first sequence
     tokens = [1, 1, 1, 1, 2, 2, 2, 2, 5]
-    cache.insert(tokens, snapshot_blocks(tokens))
+    load_blocks(cache, tokens)
     cache.check_invariants()
     assert all(n.block is not None for n in cache.nodes() if n.tokens[0] in (1, 2, 5))
     length, blocks = cache.export(tokens)
     assert length == len(tokens) and torch.equal(blocks, snapshot_blocks(tokens))
 
 
-def test_a_snapshot_larger_than_the_pool_is_refused_and_the_cache_stays_usable():
+def test_loading_more_blocks_than_the_pool_holds_is_refused_and_the_cache_stays_usable():
     cache = make_cache(blocks=2)
     tokens = list(range(12))
     with pytest.raises(KVCacheFullError):
-        cache.insert(tokens, snapshot_blocks(tokens))
+        load_blocks(cache, tokens)
     cache.check_invariants()
     assert list(cache.nodes()) == []
     serve(cache, [7, 7, 7, 7, 7])

@@ -1,7 +1,7 @@
 """DecodeThreads: the decode step's thread count follows what is measured faster, and checking costs a
 quiet machine little."""
 
-from engine.decode.thread_choice import BASELINE, FIRST_PROBE_AFTER, LONGEST_PROBE_GAP, DecodeThreads
+from engine.cpu.thread_choice import BASELINE, FIRST_PROBE_AFTER, LONGEST_PROBE_GAP, DecodeThreads
 
 
 def run(choice, steps, seconds_for):

@@ -11,11 +11,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.quant import kernels as quant_kernels
-from engine.quant.formats import RAW_BLOCKS
-from engine.quant.kernels import LinearDesc
-from engine.quant.linear import QuantLinear
-from engine.quant.mixed_linear import MixedQuantLinear
+from engine.cpu import kernels as quant_kernels
+from engine.cpu.formats import RAW_BLOCKS
+from engine.cpu.kernels import LinearDesc
+from engine.cpu.linear import QuantLinear
+from engine.cpu.mixed_linear import MixedQuantLinear
 from tests.kquant_blocks import finite_halves, random_blocks
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
@@ -131,9 +131,9 @@ def test_one_input_row_gives_the_bits_that_row_gets_among_several(kernels, fmt):
 
 @pytest.mark.parametrize("fmt", ["q4_k", "q6_k", "q5_0", "bf16"])
 def test_a_column_range_computed_on_one_thread_is_that_slice_of_the_product(kernels, fmt):
-    """kv_linear_columns, the call the fused decode step makes per linear, writes y[r * ldy + n]."""
+    """kc_linear_columns, the call the fused decode step makes per linear, writes y[r * ldy + n]."""
     lib = kernels.lib
-    lib.kv_linear_columns.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+    lib.kc_linear_columns.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
                                       ctypes.c_int, ctypes.c_int, ctypes.c_int]
     qs, dense = stored(fmt, 50, 256, np.random.default_rng(3), scale=PRODUCT_SCALE.get(fmt, 1.0))
     bias = torch.randn(50)
@@ -141,7 +141,7 @@ def test_a_column_range_computed_on_one_thread_is_that_slice_of_the_product(kern
     desc = linear.kernel_desc()
     for rows in (1, 3):
         x, y = torch.randn(rows, 256), torch.full((rows, 64), -7.0)
-        lib.kv_linear_columns(ctypes.byref(desc), x.data_ptr(), rows, y.data_ptr(), 64, 11, 43)
+        lib.kc_linear_columns(ctypes.byref(desc), x.data_ptr(), rows, y.data_ptr(), 64, 11, 43)
         torch.testing.assert_close(y[:, 11:43], F.linear(x, dense, bias)[:, 11:43], atol=1e-4, rtol=1e-5)
         assert (y[:, :11] == -7).all() and (y[:, 43:] == -7).all()
 

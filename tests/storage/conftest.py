@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from storage.conversations import ConversationStore
-from storage.kv_store import KVBlockStore
+from storage.db.conversations import ConversationStore
+from storage.kv.store import KVBlockStore
 from tests.storage.kv_store_helpers import CAP
 
 
@@ -17,4 +17,4 @@ def conversations(tmp_path):
 
 @pytest.fixture
 def kv(tmp_path, conversations) -> KVBlockStore:
-    return KVBlockStore(tmp_path, conversations, CAP)
+    return KVBlockStore(tmp_path, conversations.database, CAP)

@@ -80,7 +80,7 @@ def burst(store, conversation_id: str, tag: str, count: int) -> None:
 
 
 def main(mode: str, *args: str) -> None:
-    from storage.conversations import ConversationStore
+    from storage.db.conversations import ConversationStore
 
     if mode != "stream":
         print("ready", flush=True)

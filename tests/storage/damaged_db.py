@@ -7,8 +7,8 @@ import random
 import sqlite3
 from pathlib import Path
 
-from storage.conversations import ConversationStore
-from storage.db_files import database_path
+from storage.db.conversations import ConversationStore
+from storage.db.files import database_path
 
 PAGE_SIZE = 4096  # SQLite's default, which kvchat keeps
 

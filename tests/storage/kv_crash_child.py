@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from storage.conversations import ConversationStore
-from storage.kv_store import KVBlockStore
+from storage.db.conversations import ConversationStore
+from storage.kv.store import KVBlockStore
 from tests.storage.kv_store_helpers import BLOCK_SIZE, FINGERPRINT, snapshot
 
 SEQUENCE = [(j * 7919) % 50_000 for j in range(120)]
@@ -32,7 +32,7 @@ def tokens_of(i: int) -> list[int]:
 def write_forever(home: Path, conversation_id: str, i: int, acks: Path) -> None:
     torch.set_num_threads(1)
     conversations = ConversationStore.open(home)  # after the fork: a connection of its own
-    kv = KVBlockStore(home, conversations, cap_bytes=1 << 30)
+    kv = KVBlockStore(home, conversations.database, cap_bytes=1 << 30)
     fd = os.open(acks, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     while True:
         ids = tokens_of(i)

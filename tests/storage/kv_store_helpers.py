@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import torch
 
 from engine.kv.snapshot import KVSnapshot
-from storage.kv_block_file import chain_keys, read_block
+from storage.kv.block_file import chain_keys, read_block
 
 FINGERPRINT = "f" * 64
 BLOCK_SIZE = 4
@@ -69,7 +69,7 @@ def kvb_files(kv) -> set[str]:
 
 def check_index_matches_files(kv) -> None:
     """Every kv_blocks row names a file that exists, reads intact and has the recorded size."""
-    for row in kv.index.kv_blocks():
+    for row in kv.index.blocks():
         path = kv.path(row.key)
         assert path.is_file(), f"the index names the missing block {row.key[:12]}"
         assert path.stat().st_size == row.bytes
@@ -78,7 +78,7 @@ def check_index_matches_files(kv) -> None:
 
 def chain_of_head(kv, head: str) -> list:
     """The rows from the first block to `head`, following parents in the index."""
-    by_key = {row.key: row for row in kv.index.kv_blocks()}
+    by_key = {row.key: row for row in kv.index.blocks()}
     chain, key = [], head
     while key:
         assert key in by_key, f"a head's chain passes through the missing block {key[:12]}"
@@ -89,7 +89,7 @@ def chain_of_head(kv, head: str) -> list:
 
 def check_heads_loadable(kv, conversation_id: str) -> None:
     """Each of the conversation's chains loads whole, and is as long as its head row says."""
-    for head, tokens in kv.index.kv_heads_of(conversation_id).items():
+    for head, tokens in kv.index.heads_of(conversation_id).items():
         chain = chain_of_head(kv, head)
         token_ids = [t for row in chain for t in row.token_ids]
         assert len(token_ids) == tokens

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storage.conversations import ConversationStore
+from storage.db.conversations import ConversationStore
 from storage.errors import StorageError
 
 
@@ -183,7 +183,7 @@ def test_a_parent_from_another_conversation_is_refused_and_nothing_is_stored(sto
     (foreign,) = add_turns(store, elsewhere.id, "hi")
     with pytest.raises(StorageError, match="is not in conversation"):
         store.add_message(here.id, foreign.id, "assistant", "hello", 1, [2])
-    assert store.count_messages(here.id) == 0 and store.get(here.id).active_leaf is None
+    assert store.all_messages(here.id) == [] and store.get(here.id).active_leaf is None
 
 
 def test_an_unknown_message_is_one_sentence(store):
@@ -372,21 +372,21 @@ def gone_pid():
 
 def test_a_reply_whose_writer_is_gone_becomes_interrupted_with_its_text(store):
     reply = streaming_reply(store, gone_pid())
-    assert store.recover_interrupted() == 1
+    assert store.replies.recover_interrupted() == 1
     recovered = store.message(reply.id)
     assert (recovered.status, recovered.text, recovered.token_ids) == ("interrupted", "partial text", [7])
-    assert store.recover_interrupted() == 0
+    assert store.replies.recover_interrupted() == 0
 
 
 def test_a_reply_streamed_by_a_live_process_is_left_alone(store):
     reply = streaming_reply(store, os.getpid())
-    assert store.recover_interrupted() == 0
+    assert store.replies.recover_interrupted() == 0
     assert store.message(reply.id).status == "streaming"
 
 
 def test_a_reply_silent_for_over_an_hour_is_interrupted_even_if_its_pid_lives(store):
     reply = streaming_reply(store, os.getpid(), updated_at=time.time() - 2 * 3600)
-    assert store.recover_interrupted() == 1
+    assert store.replies.recover_interrupted() == 1
     assert store.message(reply.id).status == "interrupted"
 
 

@@ -7,7 +7,7 @@ import signal
 import sqlite3
 import time
 
-from storage.conversations import ConversationStore
+from storage.db.conversations import ConversationStore
 from tests.storage.conversation_writer import spawn, start_together, text_hash
 
 KILLS = 15
@@ -85,7 +85,7 @@ def test_two_processes_writing_at_once_lose_no_write(kvchat_home):
         assert writer.returncode == 0, errors
 
     with ConversationStore.open() as store:
-        assert store.count_messages(conversation.id) == 2 * count
+        assert len(store.all_messages(conversation.id)) == 2 * count
         last = {}
         for tag in ("left", "right"):
             (last[tag],) = store.db.execute("SELECT id FROM messages WHERE text = ?", [f"{tag} {count - 1}"]).fetchone()

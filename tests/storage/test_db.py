@@ -10,16 +10,16 @@ import sys
 import pytest
 from sqlite_utils import Database
 
-import storage.connection
-import storage.db
+import storage.db.connection
+import storage.db.open
 from app.cli.main import main
 
-from storage.conversations import ConversationStore
-from storage.db import open_database
+from storage.db.conversations import ConversationStore
+from storage.db.migrations import MIGRATIONS, apply_migrations
+from storage.db.open import open_database
+from storage.db.records import encode_token_ids
+from storage.db.transaction import transaction
 from storage.errors import StorageError
-from storage.migrations import MIGRATIONS, apply_migrations
-from storage.records import encode_token_ids
-from storage.transaction import transaction
 from tests.storage.conversation_writer import spawn, start_together
 
 ALL_STEPS = [name for name, _ in MIGRATIONS]
@@ -223,8 +223,8 @@ def a_conversation_with_a_dead_streaming_reply(home) -> str:
 @pytest.mark.parametrize("lock", ["IMMEDIATE", "EXCLUSIVE"])
 def test_another_kvchats_write_lock_does_not_stop_kvchat_list(kvchat_home, monkeypatch, capsys, lock):
     conversation_id = a_conversation_with_a_dead_streaming_reply(kvchat_home)
-    monkeypatch.setattr(storage.db, "BUSY_TIMEOUT_S", 0.2)  # what a writer would wait; the list must not
-    monkeypatch.setattr(storage.connection, "BUSY_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(storage.db.open, "BUSY_TIMEOUT_S", 0.2)  # what a writer would wait; the list must not
+    monkeypatch.setattr(storage.db.connection, "BUSY_TIMEOUT_S", 0.2)
     other = sqlite3.connect(kvchat_home / "kvchat.db", isolation_level=None)
     other.execute(f"BEGIN {lock}")
     other.execute("UPDATE conversations SET title = 'being renamed'")
@@ -240,8 +240,8 @@ def test_another_kvchats_write_lock_does_not_stop_kvchat_list(kvchat_home, monke
 
 def test_another_kvchats_write_lock_does_not_stop_the_chat_from_opening(kvchat_home, monkeypatch):
     conversation_id = a_conversation_with_a_dead_streaming_reply(kvchat_home)
-    monkeypatch.setattr(storage.db, "BUSY_TIMEOUT_S", 0.2)
-    monkeypatch.setattr(storage.connection, "BUSY_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(storage.db.open, "BUSY_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(storage.db.connection, "BUSY_TIMEOUT_S", 0.2)
     other = sqlite3.connect(kvchat_home / "kvchat.db", isolation_level=None)
     other.execute("BEGIN EXCLUSIVE")
     try:
@@ -256,7 +256,7 @@ def test_another_kvchats_write_lock_does_not_stop_the_chat_from_opening(kvchat_h
 def pretend_the_folder_is_read_only(monkeypatch) -> list[str]:
     """What a read-only mount or a folder without write permission looks like to kvchat (tests run
     as root, which writes through permissions). Returns the URIs SQLite is asked to open."""
-    monkeypatch.setattr(storage.connection, "folder_writable", lambda folder: False)
+    monkeypatch.setattr(storage.db.connection, "folder_writable", lambda folder: False)
     opened = []
     real_connect = sqlite3.connect
 

@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from storage.conversations import ConversationStore
-from storage.db_backup import KEEP, backup_folder, backup_now, backups, restore
-from storage.db_files import database_path, move_aside
+from storage.db.backup import KEEP, backup_folder, backup_now, backups, restore
+from storage.db.conversations import ConversationStore
+from storage.db.files import database_path, move_aside
 from storage.errors import StorageError
 from tests.storage.damaged_db import damage, fill
 

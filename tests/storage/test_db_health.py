@@ -3,9 +3,9 @@ read-only, says so in one sentence, and nothing is ever written into it."""
 
 import pytest
 
-import storage.db_health
-from storage.conversations import ConversationStore
-from storage.db_files import database_path
+import storage.db.health
+from storage.db.conversations import ConversationStore
+from storage.db.files import database_path
 from storage.errors import StorageError
 from tests.storage.damaged_db import damage, fill
 
@@ -42,7 +42,7 @@ def test_a_damaged_search_index_page_is_found_when_the_chat_opens_not_at_the_fir
 def test_opening_for_reading_does_not_check_and_reads_what_it_can(kvchat_home, monkeypatch):
     fill(kvchat_home, conversations=3, messages=4)
     damage(kvchat_home, "messages_fts_data", count=1, kind="internal")
-    monkeypatch.setattr(storage.db_health, "problems", lambda *args: pytest.fail("list must not pay for a check"))
+    monkeypatch.setattr(storage.db.health, "problems", lambda *args: pytest.fail("list must not pay for a check"))
     with ConversationStore.open(write=False) as store:
         assert len(store.list()) == 3
 
@@ -50,8 +50,8 @@ def test_opening_for_reading_does_not_check_and_reads_what_it_can(kvchat_home, m
 def test_a_file_that_passed_is_checked_again_only_once_it_has_changed(kvchat_home, monkeypatch):
     chains = fill(kvchat_home, conversations=2, messages=2)
     checks = []
-    real_problems = storage.db_health.problems
-    monkeypatch.setattr(storage.db_health, "problems", lambda *args: checks.append(1) or real_problems(*args))
+    real_problems = storage.db.health.problems
+    monkeypatch.setattr(storage.db.health, "problems", lambda *args: checks.append(1) or real_problems(*args))
 
     ConversationStore.open().close()
     ConversationStore.open().close()  # the same file: the passed check stands

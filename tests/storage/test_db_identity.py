@@ -8,9 +8,9 @@ import pytest
 from sqlite_utils import Database
 
 from app.cli.main import main
-from storage.conversations import ConversationStore
+from storage.db.conversations import ConversationStore
+from storage.db.migrations import APPLICATION_ID, MIGRATIONS, apply_migrations, marks
 from storage.errors import StorageError
-from storage.migrations import APPLICATION_ID, MIGRATIONS, apply_migrations, marks
 
 REFUSED_TAIL = "kvchat leaves it unchanged: move it away, or set KVCHAT_HOME to another folder."
 

@@ -9,12 +9,12 @@ import sys
 
 import pytest
 
-import storage.connection
-import storage.db
+import storage.db.connection
+import storage.db.open
 from app.cli.main import main
-from storage.conversations import ConversationStore
+from storage.db.conversations import ConversationStore
+from storage.db.turn_lock import TurnLock
 from storage.errors import StorageError
-from storage.turn_lock import TurnLock
 
 # A connection in exclusive locking mode keeps its lock (and WAL index) to itself: no other connection can
 # read the file until it ends, as a program that opened the database this way would.
@@ -48,8 +48,8 @@ def database(kvchat_home):
 @pytest.fixture
 def short_busy_timeout(monkeypatch):
     """What a writer would wait for another's lock, 0.2 s instead of 10 s."""
-    monkeypatch.setattr(storage.db, "BUSY_TIMEOUT_S", 0.2)
-    monkeypatch.setattr(storage.connection, "BUSY_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(storage.db.open, "BUSY_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(storage.db.connection, "BUSY_TIMEOUT_S", 0.2)
 
 
 @pytest.mark.parametrize("turn", [False, True], ids=["another program", "another kvchat's turn"])

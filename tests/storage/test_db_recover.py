@@ -5,9 +5,9 @@ import sqlite3
 
 import pytest
 
-from storage.conversations import ConversationStore
-from storage.db_files import database_path
-from storage.db_recover import RECOVERED_TITLE, recover
+from storage.db.conversations import ConversationStore
+from storage.db.files import database_path
+from storage.db.recover import RECOVERED_TITLE, recover
 from storage.errors import StorageError
 from tests.storage.damaged_db import damage, fill, pages_of
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from storage.kv_block_file import (CHECK, HEADER, ROOT, SUFFIX, BlockDamaged, BlockLayout, BlockUnreadable, block_key,
+from storage.kv.block_file import (CHECK, HEADER, ROOT, SUFFIX, BlockDamaged, BlockLayout, BlockUnreadable, block_key,
                                    chain_keys, is_finite, payload_of, read_block, write_block)
 from tests.storage.fifo_guard import outcome_on_fifo
 
@@ -234,7 +234,7 @@ def test_a_file_without_read_permission_is_unreadable(tmp_path, monkeypatch):
 
 
 def test_an_io_error_while_reading_is_unreadable_not_a_crash(tmp_path, monkeypatch):
-    import storage.kv_block_file as kv_block_file
+    import storage.kv.block_file as kv_block_file
 
     path, key, expected = written(tmp_path)
 

@@ -10,8 +10,8 @@ import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import storage.kv_block_file as kv_block_file
-from storage.kv_block_file import (CHECK, HEADER, ROOT, SUFFIX, BlockDamaged, BlockLayout, BlockUnreadable, block_key,
+import storage.kv.block_file as kv_block_file
+from storage.kv.block_file import (CHECK, HEADER, ROOT, SUFFIX, BlockDamaged, BlockLayout, BlockUnreadable, block_key,
                                    payload_of, read_block, write_block)
 
 FINGERPRINT = "f" * 64

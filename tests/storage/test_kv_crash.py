@@ -9,10 +9,10 @@ import sys
 import time
 from pathlib import Path
 
-from storage.conversations import ConversationStore
-from storage.kv_block_file import SUFFIX
-from storage.kv_store import KVBlockStore
+from storage.db.conversations import ConversationStore
 from storage.disk_files import STALE_TEMP_S, TEMP_NAME, temp_is_stale
+from storage.kv.block_file import SUFFIX
+from storage.kv.store import KVBlockStore
 from tests.storage.kv_crash_child import tokens_of
 from tests.storage.kv_store_helpers import (BLOCK_SIZE, check_heads_loadable, check_index_matches_files,
                                             kv_of, load, plan_tokens)
@@ -59,8 +59,8 @@ def test_kill_9_mid_save_never_leaves_the_index_naming_a_torn_block(tmp_path):
     for path in kv_dir.iterdir():
         os.utime(path, (old, old))
     with ConversationStore.open(home) as conversations:
-        kv = KVBlockStore(home, conversations, cap_bytes=1 << 30)
-        assert {p.name for p in kv_dir.iterdir()} == {f"{row.key}{SUFFIX}" for row in conversations.kv_blocks()}
+        kv = KVBlockStore(home, conversations.database, cap_bytes=1 << 30)
+        assert {p.name for p in kv_dir.iterdir()} == {f"{row.key}{SUFFIX}" for row in kv.index.blocks()}
         check_index_matches_files(kv)
         check_heads_loadable(kv, conversation_id)
 
@@ -70,10 +70,10 @@ def check_after_kill(home: Path, conversation_id: str, acked: int) -> int:
     leftovers = 0
     # Open the index only (a KVBlockStore opened by the test would clean up before it is looked at).
     with ConversationStore.open(home, write=False) as index:
-        kv = KVBlockStore(home, index, cap_bytes=1 << 30)
+        kv = KVBlockStore(home, index.database, cap_bytes=1 << 30)
         check_index_matches_files(kv)
         check_heads_loadable(kv, conversation_id)
-        assert index.kv_heads_of(conversation_id), "the conversation lost all its K/V"
+        assert kv.index.heads_of(conversation_id), "the conversation lost all its K/V"
         # The last acknowledged save loads, at least its full blocks (a later, unacknowledged save may
         # have superseded its partial last block).
         ids = tokens_of(acked)
@@ -82,7 +82,7 @@ def check_after_kill(home: Path, conversation_id: str, acked: int) -> int:
         assert plan_tokens(plan)[: len(ids) // BLOCK_SIZE * BLOCK_SIZE] == ids[: len(ids) // BLOCK_SIZE * BLOCK_SIZE]
         assert (dests == kv_of(plan_tokens(plan))).all()
         # Whatever the index does not know is a dead writer's temp file or an orphan block file.
-        known = {f"{row.key}{SUFFIX}" for row in index.kv_blocks()}
+        known = {f"{row.key}{SUFFIX}" for row in kv.index.blocks()}
         now = time.time()
         for entry in os.scandir(kv.dir):
             if entry.name in known:

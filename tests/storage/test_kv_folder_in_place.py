@@ -5,8 +5,8 @@ import logging
 
 import pytest
 
-from storage.kv_block_file import SUFFIX
-from storage.kv_writer import KVWriter
+from storage.kv.block_file import SUFFIX
+from storage.kv.writer import KVWriter
 from tests.storage.kv_store_helpers import assert_loads, check_index_matches_files, keys_of, load, snapshot, tokens
 
 IDS = tokens(1, 12)  # three blocks
@@ -85,7 +85,7 @@ def test_a_save_that_fails_on_the_disk_is_said_without_the_temp_files_path(tmp_p
         temp = directory / f".{key}.1.00.tmp"
         raise OSError(28, "No space left on device", str(temp))
 
-    monkeypatch.setattr("storage.kv_store.write_block", full_disk)
+    monkeypatch.setattr("storage.kv.store.write_block", full_disk)
     with caplog.at_level(logging.WARNING, logger="kvchat"):
         writer.submit(conversation.id, snapshot(IDS))
         assert writer.flush(timeout=60)

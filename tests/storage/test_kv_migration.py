@@ -4,12 +4,12 @@ import logging
 
 import torch
 
-import storage.kv_store as kv_store
+import storage.kv.store as kv_store
 from engine.kv.snapshot import KVSnapshot
-from storage.conversations import ConversationStore
-from storage.kv_migration import SnapshotMigration
-from storage.kv_store import KVBlockStore
-from storage.snapshots import SnapshotStore
+from storage.db.conversations import ConversationStore
+from storage.kv.legacy.migration import SnapshotMigration
+from storage.kv.legacy.snapshots import SnapshotStore
+from storage.kv.store import KVBlockStore
 from tests.storage.kv_store_helpers import CAP, BLOCK_SIZE, kv_of, kvb_files, load
 from tests.storage.legacy_snapshots import write_legacy_snapshot
 
@@ -19,6 +19,14 @@ LEGACY_FINGERPRINT = "e" * 64
 
 def legacy_snapshot(ids) -> KVSnapshot:
     return KVSnapshot(tuple(ids), kv_of(ids), LEGACY_FINGERPRINT)
+
+
+def migrate(migration: SnapshotMigration) -> int:
+    """What Storage.open queues on the writer: each pending file's migrate_one, then remove_dir; how many
+    files went into the block store."""
+    moved = sum(migration.migrate_one(conversation_id) for conversation_id in migration.pending())
+    migration.remove_dir()
+    return moved
 
 
 def test_snapshot_files_move_into_the_block_store_and_the_rest_are_discarded(tmp_path, conversations, kv, caplog):
@@ -38,21 +46,21 @@ def test_snapshot_files_move_into_the_block_store_and_the_rest_are_discarded(tmp
     migration = SnapshotMigration(tmp_path, kv, conversations.exists)
     assert migration.pending() == sorted(ids)
     with caplog.at_level(logging.INFO, logger="kvchat"):
-        assert migration.migrate_all() == 1
+        assert migrate(migration) == 1
 
     read, plan, dests = load(kv, ids[alive.id], LEGACY_FINGERPRINT)
     assert read == len(plan) == 4  # 14 tokens: 3 full blocks and a partial one
     assert torch.equal(dests, kv_of(ids[alive.id]))
-    assert conversations.kv_heads_of(alive.id) == {plan[-1].key: 14}
+    assert kv.index.heads_of(alive.id) == {plan[-1].key: 14}
     for other in (deleted, corrupt, trashed):
-        assert conversations.kv_heads_of(other.id) == {}
+        assert kv.index.heads_of(other.id) == {}
         assert other.id in caplog.text
         assert load(kv, ids[other.id], LEGACY_FINGERPRINT)[0] == 0
     assert "damaged" in caplog.text and "deleted or in the trash" in caplog.text
     assert len(kvb_files(kv)) == 4
     assert not legacy.dir.exists()  # every file gone, then the empty directory
     assert migration.pending() == []
-    assert migration.migrate_all() == 0
+    assert migrate(migration) == 0
 
 
 def test_a_full_disk_leaves_the_file_for_the_next_try(tmp_path, conversations, kv, monkeypatch, caplog):
@@ -68,7 +76,7 @@ def test_a_full_disk_leaves_the_file_for_the_next_try(tmp_path, conversations, k
     with monkeypatch.context() as patch:
         patch.setattr(kv_store, "write_block", disk_full)
         with caplog.at_level(logging.WARNING, logger="kvchat"):
-            assert migration.migrate_all() == 0
+            assert migrate(migration) == 0
     assert "not moved to the block store yet" in caplog.text
     assert legacy.path(conversation.id).exists() and kvb_files(kv) == set()
     assert migration.migrate_one(conversation.id) is True
@@ -81,8 +89,8 @@ def test_a_read_only_store_migrates_nothing_and_keeps_the_files(tmp_path, conver
     legacy = SnapshotStore(tmp_path)
     write_legacy_snapshot(tmp_path, conversation.id, legacy_snapshot(list(range(1, 10))))
     with ConversationStore.open(tmp_path, write=False) as reader:
-        ro = KVBlockStore(tmp_path, reader, CAP)
-        assert SnapshotMigration(tmp_path, ro, reader.exists).migrate_all() == 0
+        ro = KVBlockStore(tmp_path, reader.database, CAP)
+        assert migrate(SnapshotMigration(tmp_path, ro, reader.exists)) == 0
     assert legacy.path(conversation.id).exists()
     assert not (tmp_path / "kv").exists()
 
@@ -97,9 +105,9 @@ def test_a_file_already_partly_in_the_block_store_writes_only_the_rest(tmp_path,
     first_two = KVSnapshot(tuple(token_ids[:8]), kv_of(token_ids[:8]), LEGACY_FINGERPRINT)
     kv.save(conversation.id, first_two)
     before = {p.name: p.stat().st_ino for p in kv.dir.iterdir()}
-    assert SnapshotMigration(tmp_path, kv, conversations.exists).migrate_all() == 1
+    assert migrate(SnapshotMigration(tmp_path, kv, conversations.exists)) == 1
     after = {p.name: p.stat().st_ino for p in kv.dir.iterdir()}
     assert len(after) == 3 and all(after[name] == ino for name, ino in before.items())
     assert load(kv, token_ids, LEGACY_FINGERPRINT)[0] == 3
     head = kv.plan(LEGACY_FINGERPRINT, BLOCK_SIZE, token_ids)[-1].key
-    assert conversations.kv_heads_of(conversation.id) == {head: 12}  # the 8-token chain is extended, not kept
+    assert kv.index.heads_of(conversation.id) == {head: 12}  # the 8-token chain is extended, not kept

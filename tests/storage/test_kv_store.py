@@ -8,8 +8,8 @@ import os
 import pytest
 import torch
 
-from storage.kv_block_file import SUFFIX
-from storage.kv_store import KVBlockStore
+from storage.kv.block_file import SUFFIX
+from storage.kv.store import KVBlockStore
 from tests.storage.kv_store_helpers import (BLOCK_SIZE, FINGERPRINT, assert_loads, check_heads_loadable,
                                             check_index_matches_files, fresh_dests, kv_of, kvb_files, load,
                                             snapshot)
@@ -27,7 +27,7 @@ def test_a_saved_chain_reads_back_identical_into_fresh_blocks(kv, conversations,
     keys = keys_of(ids)
     assert written == file_bytes(kv, keys) > 0
     assert kvb_files(kv) == {f"{k}{SUFFIX}" for k in keys}
-    assert conversations.kv_heads_of(conversation.id) == {keys[-1]: count}
+    assert kv.index.heads_of(conversation.id) == {keys[-1]: count}
     read, plan, dests = load(kv, ids)
     assert read == len(plan) == len(keys) and [b.key for b in plan] == keys
     assert torch.equal(dests, kv_of(ids))  # zeroed past a partial block's tokens, not the 5s they held
@@ -59,8 +59,8 @@ def test_a_second_save_writes_only_the_new_blocks_and_the_partial_one_again(kv, 
     written = kv.save(conversation.id, snapshot(second, first_block=start))
     assert written == file_bytes(kv, keys[2:])
     assert kvb_files(kv) == {f"{k}{SUFFIX}" for k in keys}  # 5 files: the superseded partial block is gone
-    assert not kv.path(old_partial).exists() and not conversations.kv_present([old_partial])
-    assert conversations.kv_heads_of(conversation.id) == {keys[-1]: 17}
+    assert not kv.path(old_partial).exists() and not kv.index.present([old_partial])
+    assert kv.index.heads_of(conversation.id) == {keys[-1]: 17}
     assert_loads(kv, second, 5)
     # Saving the same state again writes nothing.
     assert kv.save(conversation.id, snapshot(second)) == 0
@@ -70,10 +70,10 @@ def test_a_second_save_writes_only_the_new_blocks_and_the_partial_one_again(kv, 
 def test_a_save_with_no_tokens_or_a_zero_cap_writes_nothing(tmp_path, kv, conversations):
     conversation = conversations.create("m")
     assert kv.save(conversation.id, snapshot([])) == 0
-    off = KVBlockStore(tmp_path, conversations, cap_bytes=0)
+    off = KVBlockStore(tmp_path, conversations.database, cap_bytes=0)
     assert off.save(conversation.id, snapshot(tokens(1, 8))) == 0
     assert kv.save(conversation.id, snapshot(tokens(1, 8)), wanted=lambda: False) == 0
-    assert kvb_files(kv) == set() and conversations.kv_blocks() == []
+    assert kvb_files(kv) == set() and kv.index.blocks() == []
 
 
 def test_non_finite_kv_are_not_saved_from_the_bad_block_on(kv, conversations, caplog):
@@ -86,7 +86,7 @@ def test_non_finite_kv_are_not_saved_from_the_bad_block_on(kv, conversations, ca
     assert "not finite" in caplog.text
     keys = keys_of(ids)
     assert kvb_files(kv) == {f"{keys[0]}{SUFFIX}"}
-    assert conversations.kv_heads_of(conversation.id) == {keys[0]: 4}
+    assert kv.index.heads_of(conversation.id) == {keys[0]: 4}
     assert_loads(kv, ids, 1)
 
 
@@ -161,7 +161,7 @@ def test_a_damaged_block_in_the_middle_stops_the_read_and_is_rewritten_alone(kv,
     assert torch.equal(dests[:2], kv_of(ids[:8]))
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and keys[2][:12] in warnings[0].getMessage()
-    assert not damaged.exists() and not conversations.kv_present([keys[2]])
+    assert not damaged.exists() and not kv.index.present([keys[2]])
     check_index_matches_files(kv)
     # What is left of the conversation's chain is still its own: the cap and a clean-up keep it.
     assert kv.remove_unreferenced(set(keys[:2])) == 0
@@ -171,7 +171,7 @@ def test_a_damaged_block_in_the_middle_stops_the_read_and_is_rewritten_alone(kv,
     before = {k: kv.path(k).stat().st_ino for k in keys if k != keys[2]}
     assert kv.save(conversation.id, snapshot(ids)) == file_bytes(kv, [keys[2]])
     assert {k: kv.path(k).stat().st_ino for k in keys if k != keys[2]} == before
-    assert conversations.kv_heads_of(conversation.id) == {keys[-1]: 20}
+    assert kv.index.heads_of(conversation.id) == {keys[-1]: 20}
     assert_loads(kv, ids, 5)
 
 
@@ -184,7 +184,7 @@ def test_a_missing_block_file_is_forgotten_and_the_read_stops_before_it(kv, conv
     with caplog.at_level(logging.WARNING, logger="kvchat"):
         read, _, _ = load(kv, ids)
     assert read == 1 and "missing" in caplog.text
-    assert conversations.kv_present(keys) == {keys[0], keys[2]}
+    assert kv.index.present(keys) == {keys[0], keys[2]}
     check_index_matches_files(kv)
     check_heads_loadable(kv, conversation.id)
 
@@ -199,7 +199,7 @@ def test_an_empty_directory_in_place_of_a_block_is_forgotten_and_removed(kv, con
     with caplog.at_level(logging.WARNING, logger="kvchat"):
         assert load(kv, ids)[0] == 0
     assert not os.path.lexists(kv.path(keys[0]))  # one with files in it: test_kv_folder_in_place.py
-    assert keys[0] not in conversations.kv_present(keys)
+    assert keys[0] not in kv.index.present(keys)
 
 
 # ---- branches ----------------------------------------------------------------------------------
@@ -211,14 +211,14 @@ def test_a_branch_keeps_its_own_chain_beside_the_one_it_left(kv, conversations):
     branch = tokens(1, 9) + [60, 61, 62]  # block 2 starts with 9, then goes elsewhere
     kv.save(conversation.id, snapshot(trunk))
     kv.save(conversation.id, snapshot(branch))
-    assert conversations.kv_heads_of(conversation.id) == {keys_of(trunk)[2]: 10, keys_of(branch)[2]: 12}
+    assert kv.index.heads_of(conversation.id) == {keys_of(trunk)[2]: 10, keys_of(branch)[2]: 12}
     assert len(kvb_files(kv)) == 4
     assert_loads(kv, trunk, 3)
     assert_loads(kv, branch, 3)
     check_heads_loadable(kv, conversation.id)
     # The trunk grows: its partial block is superseded, the branch's chain stays.
     kv.save(conversation.id, snapshot(trunk + [11, 12, 13]))
-    assert conversations.kv_heads_of(conversation.id) == {keys_of(trunk + [11, 12, 13])[3]: 13,
+    assert kv.index.heads_of(conversation.id) == {keys_of(trunk + [11, 12, 13])[3]: 13,
                                                           keys_of(branch)[2]: 12}
     assert not kv.path(keys_of(trunk)[2]).exists()
     check_heads_loadable(kv, conversation.id)
@@ -233,12 +233,12 @@ def test_a_damaged_shared_block_cuts_every_chain_through_it_to_its_parent(kv, co
     shared = keys_of(prefix)
     kv.path(shared[1]).write_bytes(b"torn")
     assert load(kv, b_ids)[0] == 1
-    assert conversations.kv_heads_of(a.id) == {shared[0]: 4}
-    assert conversations.kv_heads_of(b.id) == {shared[0]: 4}
-    assert set(conversations.kv_references()) == {shared[0]}
+    assert kv.index.heads_of(a.id) == {shared[0]: 4}
+    assert kv.index.heads_of(b.id) == {shared[0]: 4}
+    assert set(kv.index.references()) == {shared[0]}
     for conversation in (a, b):
         check_heads_loadable(kv, conversation.id)
     kv.save(a.id, snapshot(a_ids))  # a's next turn: its chain whole again, b's still cut
-    assert conversations.kv_heads_of(a.id) == {keys_of(a_ids)[-1]: 17}
+    assert kv.index.heads_of(a.id) == {keys_of(a_ids)[-1]: 17}
     assert_loads(kv, a_ids, 5)
     check_index_matches_files(kv)

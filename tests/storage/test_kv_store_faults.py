@@ -6,13 +6,13 @@ import os
 
 import pytest
 
-import storage.kv_block_file as kv_block_file
-import storage.kv_store as kv_store
-from storage.conversations import ConversationStore
-from storage.errors import StorageError
-from storage.kv_block_file import SUFFIX
-from storage.kv_store import KVBlockStore
+import storage.kv.block_file as kv_block_file
+import storage.kv.store as kv_store
+from storage.db.conversations import ConversationStore
 from storage.disk_files import STALE_TEMP_S
+from storage.errors import StorageError
+from storage.kv.block_file import SUFFIX
+from storage.kv.store import KVBlockStore
 from tests.storage.kv_store_helpers import (CAP, assert_loads, check_index_matches_files, kvb_files, load,
                                             snapshot)
 from tests.storage.kv_store_helpers import dead_pid, keys_of, tokens
@@ -50,7 +50,7 @@ def test_opening_removes_stale_temp_files_and_old_orphans_only(tmp_path, convers
     for path in weird.values():
         os.utime(path, (old, old), follow_symlinks=False)
 
-    KVBlockStore(tmp_path, conversations, CAP)
+    KVBlockStore(tmp_path, conversations.database, CAP)
     gone = {name for name, path in paths.items() if not os.path.lexists(path)}
     assert gone == {"old temp", "dead writer's temp", "old orphan"}
     assert all(p.exists() for p in known)
@@ -64,7 +64,7 @@ def test_a_read_only_store_does_not_clean(tmp_path, conversations, kv):
     orphan.write_bytes(b"x")
     os.utime(orphan, (1000, 1000))
     with ConversationStore.open(tmp_path, write=False) as reader:
-        KVBlockStore(tmp_path, reader, CAP)
+        KVBlockStore(tmp_path, reader.database, CAP)
     assert orphan.exists()
 
 
@@ -76,7 +76,7 @@ def test_a_full_disk_mid_save_keeps_the_old_state_and_leaves_no_file(kv, convers
     conversation = conversations.create("m")
     old = tokens(1, 6)
     kv.save(conversation.id, snapshot(old))
-    before_files, before_rows = kvb_files(kv), conversations.kv_blocks()
+    before_files, before_rows = kvb_files(kv), kv.index.blocks()
     new = old + tokens(300, 12)
     calls = []
 
@@ -102,8 +102,8 @@ def test_a_full_disk_mid_save_keeps_the_old_state_and_leaves_no_file(kv, convers
     assert len(calls) >= 2
     assert kvb_files(kv) == before_files
     assert sorted(p.name for p in kv.dir.iterdir()) == sorted(before_files)  # no temp file either
-    assert conversations.kv_blocks() == before_rows
-    assert conversations.kv_heads_of(conversation.id) == {keys_of(old)[-1]: 6}
+    assert kv.index.blocks() == before_rows
+    assert kv.index.heads_of(conversation.id) == {keys_of(old)[-1]: 6}
     check_index_matches_files(kv)
     assert_loads(kv, old, 2)
     # Space again: the save goes through.
@@ -120,7 +120,7 @@ def test_an_index_that_cannot_be_written_leaves_no_new_file(kv, conversations, m
     def busy(*args, **kwargs):
         raise StorageError("the database is busy")
 
-    monkeypatch.setattr(conversations, "kv_commit", busy)
+    monkeypatch.setattr(kv.index, "commit", busy)
     with pytest.raises(StorageError):
         kv.save(conversation.id, snapshot(old + tokens(50, 9)))
     assert kvb_files(kv) == before
@@ -139,12 +139,12 @@ def test_a_kv_directory_that_leads_outside_the_data_dir_is_refused(tmp_path, con
     old = outside / f"{'a' * 64}{SUFFIX}"
     old.write_bytes(b"x")
     os.utime(old, (1000, 1000))  # an "orphan" a clean-up that followed the link would remove
-    kv = KVBlockStore(home, conversations, CAP)
+    kv = KVBlockStore(home, conversations.database, CAP)
     conversation = conversations.create("m")
     with pytest.raises(StorageError, match="outside the data directory"):
         kv.save(conversation.id, snapshot(tokens(1, 8)))
     assert [p.name for p in outside.iterdir()] == [old.name]
-    assert conversations.kv_blocks() == []
+    assert kv.index.blocks() == []
     with pytest.raises(StorageError):
         kv.path("a" * 64)
 
@@ -166,7 +166,7 @@ def test_a_read_only_index_never_writes(tmp_path, conversations, kv, caplog):
     data = bytearray(kv.path(keys[1]).read_bytes())
     data[-1] ^= 1
     kv.path(keys[1]).write_bytes(bytes(data))  # damaged: a writable store would delete it
-    rows = conversations.kv_blocks()
+    rows = kv.index.blocks()
     files = {p.name: p.stat().st_mtime_ns for p in kv.dir.iterdir()}
     for reader_store in ("write=False", "read_only_reason"):
         if reader_store == "write=False":
@@ -175,7 +175,7 @@ def test_a_read_only_index_never_writes(tmp_path, conversations, kv, caplog):
             reader = ConversationStore.open(tmp_path)
             reader.read_only_reason = "the disk is read-only"
         with reader:
-            ro = KVBlockStore(tmp_path, reader, cap_bytes=1)  # a cap it would have to evict for
+            ro = KVBlockStore(tmp_path, reader.database, cap_bytes=1)  # a cap it would have to evict for
             assert not ro.writable
             other = conversations.create("m")
             assert ro.save(other.id, snapshot(tokens(900, 8))) == 0
@@ -185,6 +185,6 @@ def test_a_read_only_index_never_writes(tmp_path, conversations, kv, caplog):
             ro.remove(keys)
             ro.remove_unreferenced(keys)
             assert ro.stats().blocks == 3
-        assert conversations.kv_blocks() == rows
+        assert kv.index.blocks() == rows
         assert {p.name: p.stat().st_mtime_ns for p in kv.dir.iterdir()} == files
-        assert conversations.kv_heads_of(other.id) == {}
+        assert kv.index.heads_of(other.id) == {}

@@ -6,9 +6,9 @@ import threading
 
 import pytest
 
-import storage.kv_store as kv_store
-from storage.kv_block_file import chain_keys
-from storage.kv_writer import KVWriter
+import storage.kv.store as kv_store
+from storage.kv.block_file import chain_keys
+from storage.kv.writer import KVWriter
 from tests.storage.kv_store_helpers import BLOCK_SIZE, FINGERPRINT, assert_loads, kvb_files, snapshot
 
 WAIT_S = 10
@@ -71,8 +71,8 @@ def test_only_the_newest_pending_state_of_a_conversation_is_written(kv, conversa
     gate.release.set()
     assert writer.flush(WAIT_S)
     assert gate.events == [keys_of(a1)[0], keys_of(b1)[0], keys_of(a3)[1]]
-    assert not conversations.kv_present(keys_of(a2)[1:])
-    assert keys_of(a3)[-1] in conversations.kv_heads_of(a.id)
+    assert not kv.index.present(keys_of(a2)[1:])
+    assert keys_of(a3)[-1] in kv.index.heads_of(a.id)
     assert_loads(kv, a3, 2)
     assert_loads(kv, b1, 1)
 
@@ -91,7 +91,7 @@ def test_a_failing_save_is_one_log_line_and_the_writer_goes_on(kv, conversations
             assert writer.flush(WAIT_S)
     finally:
         writer.close(WAIT_S)
-    assert conversations.kv_heads_of(a.id) == {} and conversations.kv_heads_of(b.id) == {keys_of(b_ids)[-1]: 8}
+    assert kv.index.heads_of(a.id) == {} and kv.index.heads_of(b.id) == {keys_of(b_ids)[-1]: 8}
     assert kvb_files(kv) == {kv.path(k).name for k in keys_of(b_ids)}  # nothing of a's left behind
     failures = [r.getMessage() for r in caplog.records if a.id in r.getMessage()]
     assert len(failures) == 1 and "No space" in failures[0]
@@ -109,14 +109,14 @@ def test_a_job_runs_after_the_writes_pending_when_it_is_its_turn(conversations, 
     assert gate.events == [keys_of(a_ids)[0], keys_of(b_ids)[0], "job"]
 
 
-def test_flush_times_out_while_a_write_is_stuck(conversations, gate, writer):
+def test_flush_times_out_while_a_write_is_stuck(kv, conversations, gate, writer):
     conversation = conversations.create("m")
     writer.submit(conversation.id, snapshot(tokens(1, 4)))
     assert gate.started.wait(WAIT_S)
     assert not writer.flush(0.2)
     gate.release.set()
     assert writer.flush(WAIT_S)
-    assert conversations.kv_heads_of(conversation.id) == {keys_of(tokens(1, 4))[-1]: 4}
+    assert kv.index.heads_of(conversation.id) == {keys_of(tokens(1, 4))[-1]: 4}
 
 
 def test_a_conversation_deleted_before_its_turn_keeps_no_blocks(kv, conversations, gate, writer):
@@ -131,4 +131,4 @@ def test_a_conversation_deleted_before_its_turn_keeps_no_blocks(kv, conversation
     assert writer.flush(WAIT_S)
     assert gate.events == [keys_of(tokens(1, 4))[0], keys_of(tokens(300, 4))[0]]
     assert kvb_files(kv) == {kv.path(k).name for k in gate.events}
-    assert conversations.kv_heads_of(kept.id) == {keys_of(tokens(300, 4))[-1]: 4}
+    assert kv.index.heads_of(kept.id) == {keys_of(tokens(300, 4))[-1]: 4}

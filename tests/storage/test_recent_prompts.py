@@ -2,7 +2,7 @@
 
 import pytest
 
-from storage.conversations import ConversationStore
+from storage.db.conversations import ConversationStore
 
 
 @pytest.fixture

@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from storage.errors import SnapshotRejected
 from storage.disk_files import STALE_TEMP_S
-from storage.snapshots import SnapshotStore
+from storage.kv.legacy.snapshot_dir import SnapshotRejected
+from storage.kv.legacy.snapshots import SnapshotStore
 from tests.storage.test_snapshots import CONVERSATION, FINGERPRINT
 from tests.storage.fifo_guard import outcome_on_fifo
 

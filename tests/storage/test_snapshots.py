@@ -7,10 +7,10 @@ import pytest
 import torch
 from safetensors import safe_open
 
-import storage.snapshots as snapshots
+import storage.kv.legacy.snapshots as snapshots
 from engine.kv.snapshot import KVSnapshot
-from storage.errors import SnapshotRejected
-from storage.snapshots import SnapshotStore
+from storage.kv.legacy.snapshot_dir import SnapshotRejected
+from storage.kv.legacy.snapshots import SnapshotStore
 from tests.storage.legacy_snapshots import write_legacy_snapshot
 
 FINGERPRINT = "f" * 64

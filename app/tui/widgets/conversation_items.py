@@ -9,7 +9,7 @@ from datetime import date
 from textual.app import ComposeResult
 from textual.widgets import Label, ListItem
 
-from storage.conversations import Conversation
+from storage.db.records import Conversation
 
 UNTITLED = "New chat"
 # Fixed English month names: strftime's %b would follow whatever locale the process runs in.

@@ -27,7 +27,7 @@ from textual.widgets import Input, Label, ListItem, ListView
 
 from app.tui.widgets.conversation_items import ConversationItem, NoticeItem, filter_conversations
 from app.tui.widgets.letter_keys import letters_act
-from storage.conversations import Conversation, ConversationStore
+from storage.db.conversations import Conversation, ConversationStore
 from storage.errors import StorageError
 
 MAX_ROWS = 500  # conversations loaded into the list; older ones are reached by searching

@@ -1,0 +1,130 @@
+/*
+ * The vector operations every block decoder and column loop is written in, for the ISA this
+ * library is compiled for (-march=native): AVX-512 (16 floats a vector), AVX2 with FMA (8), or
+ * the portable C of one float a "vector", which is also the reference the others must equal.
+ *
+ * A 32-weight block is VEC_PER_BLOCK vectors; its first 16 weights are the first VEC_PER_HALF.
+ * Decoders work on bytes with SSE integer operations (present on every AVX2/AVX-512 CPU),
+ * then widen 16 small integers at a time to floats (widen16).
+ */
+#ifndef KVCHAT_SIMD_H
+#define KVCHAT_SIMD_H
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#include <immintrin.h>
+#endif
+
+#define BLOCK 32
+#define HALF 16
+
+/* fp16 -> fp32, exact for every value (subnormals included), as numpy's astype(np.float32). */
+static inline float kc_half(uint16_t h) {
+#ifdef __F16C__
+    return _cvtsh_ss(h);
+#else
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF;
+    uint32_t bits;
+    if (exp == 0x1F) {
+        bits = sign | 0x7F800000u | (man << 13);
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    } else {
+        const float tiny = (float)man * 0x1p-24f; /* man < 2^10: the product is exact */
+        memcpy(&bits, &tiny, 4);
+        bits |= sign;
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+#endif
+}
+
+/* The little-endian fp16 at p (GGUF block scales sit at any byte offset). */
+static inline float kc_half_at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return kc_half(h);
+}
+
+#if defined(__AVX512F__)
+#define KC_ISA "avx512"
+#define VEC 16
+typedef __m512 vec;
+#define vzero _mm512_setzero_ps
+#define vload _mm512_loadu_ps
+#define vstore _mm512_storeu_ps
+#define vfma _mm512_fmadd_ps
+#define vadd _mm512_add_ps
+#define vsub _mm512_sub_ps
+#define vmul _mm512_mul_ps
+#define vset1 _mm512_set1_ps
+#define vsum _mm512_reduce_add_ps
+
+/* 16 signed bytes as 16 floats. */
+static inline __attribute__((always_inline)) void widen16(__m128i bytes, vec *w) {
+    w[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
+}
+
+#elif defined(__AVX2__) && defined(__FMA__)
+#define KC_ISA "avx2"
+#define VEC 8
+typedef __m256 vec;
+#define vzero _mm256_setzero_ps
+#define vload _mm256_loadu_ps
+#define vstore _mm256_storeu_ps
+#define vfma _mm256_fmadd_ps
+#define vadd _mm256_add_ps
+#define vsub _mm256_sub_ps
+#define vmul _mm256_mul_ps
+#define vset1 _mm256_set1_ps
+
+static inline float vsum(vec v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline __attribute__((always_inline)) void widen16(__m128i bytes, vec *w) {
+    w[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+    w[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(bytes, 8)));
+}
+
+#else
+#define KC_ISA "portable"
+#define VEC 1
+typedef float vec;
+#define vzero() 0.0f
+#define vload(p) (*(p))
+#define vstore(p, v) (*(p) = (v))
+#define vfma(a, b, c) ((a) * (b) + (c)) /* no FMA unit assumed: a libm fmaf call would be slow */
+#define vadd(a, b) ((a) + (b))
+#define vsub(a, b) ((a) - (b))
+#define vmul(a, b) ((a) * (b))
+#define vset1(a) (a)
+#define vsum(v) (v)
+#endif
+
+#define VEC_PER_BLOCK (BLOCK / VEC)
+#define VEC_PER_HALF (HALF / VEC)
+
+#if VEC > 1
+/* Byte j (0..15) is `value` where bit j of `bits` is set, else 0: the fifth bit of Q5 weights. */
+static inline __attribute__((always_inline)) __m128i bits_to_bytes(uint32_t bits, int8_t value) {
+    const __m128i spread = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)bits),
+                                            _mm_set_epi8(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0));
+    const __m128i select = _mm_set_epi8(-128, 64, 32, 16, 8, 4, 2, 1, -128, 64, 32, 16, 8, 4, 2, 1);
+    return _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(spread, select), select), _mm_set1_epi8(value));
+}
+
+/* Each byte shifted right by `count` (0..7) and masked: a 16-bit shift keeps every wanted bit in its byte. */
+static inline __attribute__((always_inline)) __m128i bytes_shift_mask(__m128i bytes, int count, int mask) {
+    return _mm_and_si128(_mm_srl_epi16(bytes, _mm_cvtsi32_si128(count)), _mm_set1_epi8((char)mask));
+}
+
+static inline __m128i load16(const uint8_t *p) { return _mm_loadu_si128((const __m128i *)p); }
+#endif
+
+#endif
