@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         sampling_params(args)  # the chat's flags and --conversation/--continue, before Textual or torch load
         resolve_conversation(args)
         from app.cli.options import backend_loader
-        from app.tui.app import run_tui
+        from app.tui.run import run_tui
 
         return run_tui(args, backend_loader(args))
     except USER_FACING_ERRORS as exc:

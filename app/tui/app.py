@@ -1,6 +1,6 @@
 """`kvchat` with no arguments: the Textual chat app.
 
-The engine loads, restores snapshots and generates on one engine thread (see
+The engine loads, reads stored K/V and generates on one engine thread (see
 engine_thread.py) and reports through typed messages (engine_events.py); the UI
 never blocks on the model. Conversations can be browsed while the model loads:
 their history comes from the database, and a conversation takes messages once
@@ -11,11 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
-import os
 import signal
-import sys
-from typing import NoReturn
 
 from textual import events, on
 from textual.app import App, ComposeResult
@@ -44,7 +40,6 @@ from app.chat.config import Config
 from app.chat.reply_limits import reply_limits
 from app.chat.sampling_settings import SAMPLING_FIELDS, sampling_params
 from app.chat.saved_chat import SavedConversation, Storage
-from app.chat.terminal_text import clean_input
 from app.tui.widgets.box_notice import BoxNotice
 from app.tui.widgets.chat_view import ChatView
 from app.tui.widgets.inspector import Inspector
@@ -412,33 +407,3 @@ class KvchatApp(AlternativesActions, ReplyActions, CommandActions, ContextAction
         except StorageError:
             return []
 
-
-def run_tui(args: argparse.Namespace, load: LoadBackend) -> NoReturn:
-    """The chat on the backend `load` gives, with the command line's other flags; ends the process with
-    the app's exit code once everything is written (see end_process)."""
-    sampling_params(args)  # bad flags fail before anything starts
-    system = clean_input(args.system, "The system prompt")
-    storage = Storage.open(args.snapshot_gb)
-    app = None
-    try:
-        app = KvchatApp(load, storage, overrides={name: getattr(args, name, None) for name in SAMPLING_FIELDS},
-                        system=system, conversation_id=args.conversation, model=args.model,
-                        config=getattr(args, "config", Config()))
-        app.run()
-    finally:
-        if app is not None:
-            app.engine_thread.stop()  # the reply it stopped, or the model it was loading, ends first
-        storage.close()  # pending KV snapshots are written before the process ends
-    end_process(app.return_code or 0)
-
-
-def end_process(code: int) -> NoReturn:
-    """Exit now, skipping the interpreter's teardown. By here the engine thread has ended, the K/V
-    writer has flushed and the database is closed: nothing is left to write. The teardown only freed
-    memory (the model's tensors, torch's modules), and took 1.2-1.4 s of a 1.4-1.7 s quit on an idle
-    2-core machine (measured: Ctrl+Q to the app's unmount 0.21 s, the engine thread, the K/V writer and
-    the database 0.01 s, then the interpreter's exit), longer on a busy one."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)

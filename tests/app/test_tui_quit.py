@@ -9,6 +9,7 @@ import pytest
 from app.chat.saved_chat import Storage
 from app.cli.main import build_parser
 from app.tui import app as tui_app
+from app.tui import run as tui_run
 
 
 class Ended(Exception):
@@ -29,8 +30,8 @@ def test_the_process_ends_at_once_after_storage_is_closed(tiny_engine, monkeypat
 
     monkeypatch.setattr(Storage, "close", closing)
     monkeypatch.setattr(tui_app.KvchatApp, "run", lambda app: app.exit(return_code=3))
-    monkeypatch.setattr(tui_app.logging, "shutdown", lambda: events.append("logs flushed"))
+    monkeypatch.setattr(tui_run.logging, "shutdown", lambda: events.append("logs flushed"))
     monkeypatch.setattr(os, "_exit", exit_now)
     with pytest.raises(Ended):
-        tui_app.run_tui(build_parser().parse_args([]), lambda spec, progress: tiny_engine)
+        tui_run.run_tui(build_parser().parse_args([]), lambda spec, progress: tiny_engine)
     assert events == ["storage closed", "logs flushed", "exit 3"]
