@@ -18,7 +18,7 @@ from app.chat.context_room import require_room
 from app.chat.summary_turns import with_summaries
 from app.chat.errors import ChatError
 from app.chat.format_choice import FormatChoice, conversation_format, format_params
-from app.chat.message_length import MAX_CHARS_PER_TOKEN, message_too_long  # noqa: F401 (serve, the TUI)
+from app.chat.message_length import message_too_long
 from app.chat.prompt_ids import NextPrompt, next_prompt
 from app.chat.reply_cut import cut_drive, cut_events
 from app.chat.reply_limits import NO_LIMITS, ReplyLimits

@@ -16,7 +16,7 @@ Every refusal is OpenAI's error shape; the server stays up.
 
 Limits: a body over openai_schema.body_limit(context window) is a 413 before it is read
 (by its Content-Length, or as soon as a chunked body outgrows it); a prompt of more
-characters than the context window could hold (app/chat/session.py's MAX_CHARS_PER_TOKEN) is a
+characters than the context window could hold (app/chat/message_length.py) is a
 400 context_length_exceeded before it is tokenized. A client that disconnects, streaming
 or not, cancels its generation. While the server shuts down (EngineRunner.stop), a reply
 in progress ends with an error event (streaming) or a 503, code `server_shutting_down`.
@@ -38,7 +38,7 @@ from starlette.exceptions import HTTPException
 
 from app.chat.errors import ChatError
 from app.chat.format_choice import format_params, model_chat_format
-from app.chat.session import MAX_CHARS_PER_TOKEN
+from app.chat.message_length import MAX_CHARS_PER_TOKEN
 from app.chat.template import render_chat
 from app.server.guards import BearerAuth, BodyLimit, HostCheck, unless_disconnected
 from app.server.invalid_request import validation_error

@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from app.chat.session import MAX_CHARS_PER_TOKEN
+from app.chat.message_length import MAX_CHARS_PER_TOKEN
 from app.server.unsupported import without_neutral_values
 from engine.events import RequestStats
 from engine.sampling_params import MAX_INT64, SamplingParams

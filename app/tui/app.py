@@ -22,7 +22,8 @@ from textual.widgets import Static, TextArea
 from app.chat.backend import Backend
 from app.chat.backend_loader import LoadBackend, chat_session, is_remote
 from app.chat.errors import USER_FACING_ERRORS
-from app.chat.session import MAX_CHARS_PER_TOKEN, ChatMessage, ChatSession
+from app.chat.message_length import MAX_CHARS_PER_TOKEN
+from app.chat.session import ChatMessage, ChatSession
 from app.tui.palette import palette_commands
 from app.tui.styles import stylesheet
 from app.tui.terminal_signals import resume_only_after_suspend

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import uvicorn
 
-from app.chat.session import MAX_CHARS_PER_TOKEN
+from app.chat.message_length import MAX_CHARS_PER_TOKEN
 from app.cli.main import main
 from app.server.api import create_app
 from app.server.runner import EngineRunner, ShuttingDown

@@ -8,7 +8,7 @@ import asyncio
 import dataclasses
 
 from app.chat.backend_loader import is_remote
-from app.chat.session import MAX_CHARS_PER_TOKEN
+from app.chat.message_length import MAX_CHARS_PER_TOKEN
 from app.tui import slash_commands
 from app.tui.file_attachment import NO_WINDOW_MAX_CHARS, AttachmentError, read_attachment
 from app.tui.slash_commands import Command, CommandError, UnknownCommand
