@@ -24,8 +24,8 @@ def streaming_reply(home, timeout=120.0) -> str:
     while time.monotonic() < deadline:
         with ConversationStore.open(home, write=False) as store:
             for conversation in store.list():
-                last = store.branch(conversation.id)[-1]
-                if last.role == "assistant" and len(last.token_ids) >= 5:
+                branch = store.branch(conversation.id)  # empty for a moment: created, its message not yet added
+                if branch and branch[-1].role == "assistant" and len(branch[-1].token_ids) >= 5:
                     return conversation.id
         time.sleep(0.1)
     raise AssertionError("the reply never started streaming")
