@@ -1,5 +1,5 @@
 """`python -m app.cli`: the same as the `kvchat` command."""
 
-from app.cli.main import main
+from app.cli.main import run
 
-raise SystemExit(main())
+run()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import NoReturn
 
 from app.cli.arg_types import (MAX_BATCH, MAX_DRAFT_TOKENS, batch_size, draft_tokens, non_negative_float, port,
                                positive_float, positive_int)
@@ -320,5 +321,12 @@ def main(argv: list[str] | None = None) -> int:
         return BROKEN_PIPE_EXIT
 
 
+def run() -> NoReturn:
+    """The `kvchat` command: main() on the command line, then the end of the process (process_end.py)."""
+    from app.cli.process_end import end_process
+
+    end_process(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -58,13 +58,16 @@ class KVWriter:
             return self._cond.wait_for(lambda: not self._pending and not self._jobs and not self._busy, timeout)
 
     def close(self, timeout: float | None = None) -> None:
-        """Write what is pending (the job under way ends too), then stop the thread."""
+        """Write what is pending (the job under way ends too), then stop the thread and wait for it to end:
+        no writer thread is left running (in torch, perhaps) once the caller goes on to exit."""
         with self._cond:
             self._jobs.clear()  # left for the next start: quitting does not wait for a migration
-        self.flush(timeout)
+        flushed = self.flush(timeout)
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+        if flushed:
+            self._thread.join(timeout)
 
     def _run(self) -> None:
         while True:
@@ -85,6 +88,9 @@ class KVWriter:
                 else:
                     self._write(conversation_id, snapshot, wanted)
             finally:
+                # The thread holds no tensor while it waits: the last one written would otherwise be freed
+                # whenever the thread ends, maybe inside torch while the interpreter tears down.
+                job = snapshot = wanted = None
                 with self._cond:
                     self._busy = False
                     self._cond.notify_all()

@@ -132,3 +132,21 @@ def test_a_conversation_deleted_before_its_turn_keeps_no_blocks(kv, conversation
     assert gate.events == [keys_of(tokens(1, 4))[0], keys_of(tokens(300, 4))[0]]
     assert kvb_files(kv) == {kv.path(k).name for k in gate.events}
     assert kv.index.heads_of(kept.id) == {keys_of(tokens(300, 4))[-1]: 4}
+
+
+def test_close_writes_what_is_pending_and_ends_the_thread_holding_no_tensor(kv, conversations):
+    import gc
+    import weakref
+
+    conversation = conversations.create("m")
+    written = snapshot(tokens(1, 8))
+    tensor = weakref.ref(written.kv)
+    writer = KVWriter(kv)
+    writer.submit(conversation.id, written)
+    del written
+    assert writer.flush(WAIT_S)
+    gc.collect()
+    assert tensor() is None  # the idle thread keeps no K/V alive (it would be freed as the process ends)
+    writer.close(WAIT_S)
+    assert not writer._thread.is_alive()  # nothing left running, in torch or not, once close returns
+    assert kv.index.heads_of(conversation.id) == {keys_of(tokens(1, 8))[-1]: 8}
