@@ -39,7 +39,7 @@ class AlternativesHost(Protocol):
     messages: list[ChatMessage]
     token_ids: bool  # the backend takes token ids (an engine), not text (a server)
     chat_format_name: str | None  # the standard format of a model without a chat template (None: its own)
-    opens_thinking: bool  # the prompt ends inside an open <think> (app/chat/thinking.py)
+    opens_thinking: bool  # the prompt ends inside an open <think> (app/chat/prompt/thinking.py)
 
     def end_alternatives(self, previous: list[ChatMessage], before: list[ChatMessage], prompt: list[int],
                          kept: ChatMessage | None, token_ids: list[int] | None) -> None: ...

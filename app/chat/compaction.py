@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING
 from app.chat.chat_message import ChatMessage
 from app.chat.context_overflow import MessageTooLong, fits, reply_room, send_on_new_branch
 from app.chat.errors import ChatError
-from app.chat.prompt_ids import next_prompt
+from app.chat.prompt.ids import next_prompt
 from app.chat.wording import counted
-from app.chat.summary_turns import with_summaries  # noqa: F401 (re-exported)
+from app.chat.prompt.summary_turns import with_summaries  # noqa: F401 (re-exported)
 from engine import Done, SamplingParams
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from app.chat.export_file import write_new_file
-from app.chat.thinking import stored_reply_parts
+from app.chat.prompt.thinking import stored_reply_parts
 from storage.db.conversations import Conversation, ConversationStore, StoredMessage
 from storage.errors import StorageError
 from storage.kv.store import KVBlockStore

@@ -1,9 +1,9 @@
-"""A reply's events as a chat format shows them (chat_formats.py): the text cut before the stop string that
+"""A reply's events as a chat format shows them (prompt/formats.py): the text cut before the stop string that
 ended it (a transcript's next "User:" line, which the engine includes), an end-of-turn marker the
 tokenizer spells as text left out, and a transcript reply's leading blank dropped.
 
 Only the text changes: the token ids stay the model's, stop tokens included, so the next turn's prompt
-still extends them (prompt_ids.py).
+still extends them (prompt/ids.py).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import dataclasses
 from collections.abc import Iterator
 
 from app.chat.alternatives import Drive
-from app.chat.chat_formats import ChatFormat
-from app.chat.stop_text import StopText
+from app.chat.prompt.formats import ChatFormat
+from app.chat.prompt.stop_text import StopText
 from engine import Done, Event, TokenDelta
 
 

@@ -42,7 +42,7 @@ from storage.db.turn_lock import TurnLock
 
 log = logging.getLogger("kvchat")
 # Kept beside the sampling settings (the conversation's `params`), which the sampling ignores: false when
-# the user turned the conversation's thinking off (app/chat/thinking.py).
+# the user turned the conversation's thinking off (app/chat/prompt/thinking.py).
 THINKING_SETTING = "thinking"
 
 

@@ -1,7 +1,7 @@
 """Chat orchestration shared by `kvchat ask` and the TUI: messages -> prompt ids -> engine events.
 
 No UI and no torch math here: this module renders the model's chat template
-(or, for a model without one, the standard format chosen for it: format_choice.py),
+(or, for a model without one, the standard format chosen for it: prompt/format_choice.py),
 hands token ids to the engine and keeps the conversation's messages (and,
 through SavedConversation, stores them and the conversation's K/V snapshot).
 """
@@ -14,19 +14,19 @@ from contextlib import contextmanager
 from app.chat.alternatives import AlternativeReplies, Drive, Stream, alternative_params, side_by_side
 from app.chat.backend import Backend, takes_token_ids
 from app.chat.chat_message import ChatMessage
-from app.chat.context_room import require_room
-from app.chat.summary_turns import with_summaries
+from app.chat.prompt.context_room import require_room
+from app.chat.prompt.summary_turns import with_summaries
 from app.chat.errors import ChatError
-from app.chat.format_choice import FormatChoice, conversation_format, format_params
+from app.chat.prompt.format_choice import FormatChoice, conversation_format, format_params
 from app.chat.message_length import message_too_long
-from app.chat.prompt_ids import NextPrompt, next_prompt
+from app.chat.prompt.ids import NextPrompt, next_prompt
 from app.chat.reply_cut import cut_drive, cut_events
 from app.chat.reply_limits import NO_LIMITS, ReplyLimits
 from app.chat.reply_recorder import ReplyRecorder
 from app.chat.reply_writer import ConversationDeleted
 from app.chat.saved_chat import SavedConversation
-from app.chat.template import render_chat
-from app.chat.thinking import prompt_opens_thinking, template_switches_thinking
+from app.chat.prompt.template import render_chat
+from app.chat.prompt.thinking import prompt_opens_thinking, template_switches_thinking
 from engine import Done, Event, Generation, SamplingParams, TokenDelta
 from engine.errors import NonFiniteLogitsError
 
@@ -114,7 +114,7 @@ class ChatSession:
     @property
     def thinking_switchable(self) -> bool:
         """Whether the model's chat template can turn thinking off (it reads `enable_thinking`)."""
-        # A standard format (a model without a template, chat_formats.py) has no switch.
+        # A standard format (a model without a template, prompt/formats.py) has no switch.
         return (self.token_ids and self.chat_format is None
                 and template_switches_thinking(self.engine.tokenizer.hf.chat_template))
 

@@ -44,7 +44,7 @@ def read_message(arg: str) -> str:
 
 
 def result_json(done: Done, engine: Backend, conversation_id: str | None, chat_format: str | None = None) -> dict:
-    """`chat_format`: the standard format the prompt was written in (chat_formats.py), for a model without
+    """`chat_format`: the standard format the prompt was written in (prompt/formats.py), for a model without
     a chat template; None: the model's (or the server's) own template, or `--raw`'s text as is."""
     return {
         "conversation_id": conversation_id,
@@ -64,7 +64,7 @@ def result_json(done: Done, engine: Backend, conversation_id: str | None, chat_f
 def thinking_json(session: ChatSession, done: Done) -> dict:
     """`--json`'s reply split: `reply` is the answer alone, `thinking` the reasoning (null: none), and
     their tokens apart (for a reply without thinking, all its tokens are the answer's)."""
-    from app.chat.thinking import split_reply
+    from app.chat.prompt.thinking import split_reply
 
     parts = split_reply(done.text, session.opens_thinking)
     stats = session.messages[-1].stats if session.messages and session.messages[-1].stats else {}
@@ -75,7 +75,7 @@ def thinking_json(session: ChatSession, done: Done) -> dict:
 
 def thinking_line(session: ChatSession) -> str:
     """" · think 120 · answer 48 tok" after the stats line, for a reply that had thinking; else ""."""
-    from app.chat.thinking import thinking_counts_text
+    from app.chat.prompt.thinking import thinking_counts_text
 
     stats = session.messages[-1].stats if session.messages else None
     if not stats or "thinking_tokens" not in stats:
@@ -219,7 +219,7 @@ def _answer(session: ChatSession | RawCompletion, message: str, stream: bool, se
     stopped); a second signal quits. A reasoning model's thinking is left out of what is streamed unless
     `show_thinking` (then it is printed as the model wrote it, its opening tag included where the prompt
     held it)."""
-    from app.chat.thinking import THINK_OPEN, ThinkingSplitter
+    from app.chat.prompt.thinking import THINK_OPEN, ThinkingSplitter
     from engine import Done, EngineError, TokenDelta
 
     signals: list[int] = []

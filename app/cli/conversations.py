@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from app.chat.chat_formats import format_label
+from app.chat.prompt.formats import format_label
 from app.chat.library import (STATUS_NOTES, conversation_json, delete_conversation, export_text, local_time,
                               write_export)
 from app.chat.reply_stats import stats_line

@@ -19,8 +19,8 @@ LONG = RequestStats(prompt_tokens=8192, cached_tokens=8000, prefilled_tokens=192
 
 
 def test_token_counts_read_with_thousands_separators_in_every_line_and_message():
-    from app.chat.context_room import ConversationTooLong, MessageTooLong
-    from app.chat.thinking import thinking_counts_text
+    from app.chat.prompt.context_room import ConversationTooLong, MessageTooLong
+    from app.chat.prompt.thinking import thinking_counts_text
     from engine import ContextWindowError
 
     numbers = ReplyNumbers.from_request(LONG)

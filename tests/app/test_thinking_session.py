@@ -8,7 +8,7 @@ import pytest
 from app.chat.errors import ChatError
 from app.chat.saved_chat import SavedConversation, Storage
 from app.chat.session import ChatSession
-from app.chat.thinking import stored_reply_parts
+from app.chat.prompt.thinking import stored_reply_parts
 from engine import Done, Engine, EngineOptions, SamplingParams
 from tests.app.forced_replies import ForcedReplies
 from tests.thinking_templates import QWEN3_THINKING, R1_DISTILL, make_thinking_model

@@ -2,7 +2,7 @@
 
 import pytest
 
-from app.chat.chat_formats import GEMMA
+from app.chat.prompt.formats import GEMMA
 from app.chat.saved_chat import Storage
 from app.tui.widgets.inspector import Inspector
 from engine import Engine, EngineOptions

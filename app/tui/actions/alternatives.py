@@ -18,7 +18,7 @@ from textual.widgets import Markdown
 
 from app.chat.alternatives import GREEDY_STANDIN_TEMPERATURE, AlternativeReplies
 from app.chat.alternatives_count import DEFAULT_ALTERNATIVES, alternatives_problem
-from app.chat.thinking import ThinkingDelta, ThinkingSplitter
+from app.chat.prompt.thinking import ThinkingDelta, ThinkingSplitter
 from app.chat.backend_loader import is_remote
 from app.chat.chat_message import ChatMessage
 from app.chat.errors import USER_FACING_ERRORS
