@@ -22,14 +22,14 @@ from typing import TYPE_CHECKING, Protocol
 from app.chat.alternatives_count import alternatives_problem
 from app.chat.chat_message import ChatMessage
 from app.chat.reply_recorder import ReplyRecorder
-from app.chat.reply_writer import ConversationDeleted, ReplyNotSaved
+from app.chat.saved.reply_writer import ConversationDeleted, ReplyNotSaved
 from app.chat.stream_rates import StreamRates, stream_rates
 from engine import Done, Event, SamplingParams, TokenDelta, interleave
 from engine.sampling_params import MAX_SEED
 from storage.errors import StorageError
 
 if TYPE_CHECKING:
-    from app.chat.saved_chat import SavedConversation
+    from app.chat.saved.conversation import SavedConversation
 
 
 class AlternativesHost(Protocol):

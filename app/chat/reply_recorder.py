@@ -8,8 +8,8 @@ import logging
 
 from app.chat.chat_message import ChatMessage
 from app.chat.reply_timeline import ReplyTimeline
-from app.chat.reply_writer import ReplyNotSaved, ReplyWriter
-from app.chat.saved_chat import reply_stats
+from app.chat.saved.reply_writer import ReplyNotSaved, ReplyWriter
+from app.chat.saved.conversation import reply_stats
 from app.chat.prompt.thinking import ThinkingSplitter
 from engine import Done, TokenDelta
 from storage.errors import StorageError

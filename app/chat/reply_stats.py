@@ -1,7 +1,7 @@
 """One reply's numbers as one typed record, live or stored, and every text made of them.
 
 Live: the engine's RequestStats of the reply being written (ReplyNumbers.from_request). Stored: the
-dict kept with a reply (saved_chat.reply_stats; ReplyNumbers.from_saved). Rows written by older
+dict kept with a reply (saved/conversation.py: reply_stats; ReplyNumbers.from_saved). Rows written by older
 versions lack some keys and a damaged row may hold anything, so the record is checked once, here,
 and every text shows only what its fields allow.
 """

@@ -23,8 +23,8 @@ from app.chat.prompt.ids import NextPrompt, next_prompt
 from app.chat.reply_cut import cut_drive, cut_events
 from app.chat.reply_limits import NO_LIMITS, ReplyLimits
 from app.chat.reply_recorder import ReplyRecorder
-from app.chat.reply_writer import ConversationDeleted
-from app.chat.saved_chat import SavedConversation
+from app.chat.saved.reply_writer import ConversationDeleted
+from app.chat.saved.conversation import SavedConversation
 from app.chat.prompt.template import render_chat
 from app.chat.prompt.thinking import prompt_opens_thinking, template_switches_thinking
 from engine import Done, Event, Generation, SamplingParams, TokenDelta
@@ -69,7 +69,7 @@ class ChatSession:
         # (about: the cache may lack some seen ones), known before the engine reports (the chat's progress).
         self.unseen_prompt_tokens = 0
         self.notice: str | None = None  # something the user should know about the resumed conversation
-        # The conversation's thinking switch (kept with it, saved_chat.py): off renders the template with
+        # The conversation's thinking switch (kept with it, saved/conversation.py): off renders the template with
         # enable_thinking=False, where the template reads it (thinking_switchable).
         self.thinking = saved.thinking if saved is not None else True
         self.opens_thinking = False  # the reply being written began inside its prompt's open <think>

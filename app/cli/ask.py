@@ -28,7 +28,7 @@ from storage.errors import StorageError
 if TYPE_CHECKING:  # torch and the model stack (about a second): imported once the request is known good
     from app.chat.backend import Backend
     from app.chat.session import ChatSession
-    from app.chat.saved_chat import SavedConversation, Storage
+    from app.chat.saved.conversation import SavedConversation, Storage
     from engine import Done
 
 # How long `ask --conversation ID` waits for another kvchat's reply in the same conversation to end.
@@ -89,7 +89,7 @@ def open_session(args: argparse.Namespace, engine: Backend, storage: Storage,
     holds). Sampling flags apply to this reply only: a conversation's settings change when the user
     changes them (the chat's settings screen, or `--save-settings` here)."""
     from app.chat.backend_loader import chat_session
-    from app.chat.saved_chat import SavedConversation
+    from app.chat.saved.conversation import SavedConversation
 
     config, limits = args.config, reply_limits(args.config)
     keep = given_settings(args) if args.save_settings else {}
@@ -156,7 +156,7 @@ def run_ask(args: argparse.Namespace) -> int:
     if getattr(args, "raw", False):
         return run_raw(args, message)
     from app.cli.options import backend_loader
-    from app.chat.saved_chat import SavedConversation, Storage, reply_stats
+    from app.chat.saved.conversation import SavedConversation, Storage, reply_stats
 
     progress = lambda step: print(f"kvchat: {step}…", file=sys.stderr)  # noqa: E731
     storage = Storage.open(args.snapshot_gb)
@@ -196,7 +196,7 @@ def run_ask(args: argparse.Namespace) -> int:
 def run_raw(args: argparse.Namespace, message: str) -> int:
     """`ask --raw`: the text as is, continued by the embedded model (app/cli/ask_raw.py); nothing is saved."""
     from app.cli.options import backend_loader
-    from app.chat.saved_chat import reply_stats
+    from app.chat.saved.conversation import reply_stats
 
     progress = (lambda step: print(f"kvchat: {step}…", file=sys.stderr)) if sys.stderr.isatty() else (lambda _: None)
     engine = backend_loader(args)(args.model, progress)

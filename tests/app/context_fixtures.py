@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.chat.saved_chat import SavedConversation, Storage
+from app.chat.saved.conversation import SavedConversation, Storage
 from app.chat.session import ChatSession
 from engine import Engine, EngineOptions, SamplingParams
 from tests.tiny_models import make_tiny_model

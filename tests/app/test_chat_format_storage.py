@@ -3,7 +3,7 @@
 import pytest
 
 from app.chat.prompt.formats import GEMMA, TRANSCRIPT
-from app.chat.saved_chat import SavedConversation, Storage
+from app.chat.saved.conversation import SavedConversation, Storage
 from app.chat.session import ChatSession
 from engine import Done, Engine, EngineOptions, SamplingParams
 from tests.formatless_models import make_formatless_model

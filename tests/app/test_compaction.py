@@ -112,7 +112,7 @@ def test_dropping_the_oldest_turns_of_a_compacted_branch_keeps_its_summary(small
 
 
 def test_an_export_names_the_summary_as_what_it_is(small_engine, storage):
-    from app.chat.library import render_markdown
+    from app.chat.saved.library import render_markdown
 
     session = long_conversation(small_engine, storage)
     list(send_compacted(session, compact(session, NEXT), NEXT))

@@ -3,7 +3,7 @@
 import pytest
 
 from app.chat.prompt.formats import GEMMA
-from app.chat.saved_chat import Storage
+from app.chat.saved.conversation import Storage
 from app.tui.widgets.inspector import Inspector
 from engine import Engine, EngineOptions
 from tests.app.pilot import wait_until

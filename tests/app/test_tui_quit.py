@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from app.chat.saved_chat import Storage
+from app.chat.saved.conversation import Storage
 from app.cli.main import build_parser
 from app.tui import app as tui_app
 from app.tui import run as tui_run

@@ -5,7 +5,7 @@ import pytest
 
 from app.chat.alternatives import one_after_another
 from app.chat.config import Config
-from app.chat.saved_chat import SavedConversation
+from app.chat.saved.conversation import SavedConversation
 from app.tui.widgets.messages import AssistantMessageView
 from app.tui.widgets.status_bar import StatusBar
 from app.tui.widgets.thinking_block import ThinkingBlock

@@ -23,7 +23,7 @@ from app.chat.backend_loader import is_remote
 from app.chat.chat_message import ChatMessage
 from app.chat.errors import USER_FACING_ERRORS
 from app.chat.reply_stats import ReplyNumbers
-from app.chat.saved_chat import ConversationChanged
+from app.chat.saved.conversation import ConversationChanged
 from app.chat.wording import counted
 from app.tui.alternative_events import AlternativeEnded, AlternativesDone, AlternativesProgress, stream_alternatives
 from app.tui.widgets.chat_view import ChatView

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     from app.chat.backend import Backend
     from app.chat.config import Config
-    from app.chat.saved_chat import Storage
+    from app.chat.saved.conversation import Storage
     from app.chat.session import ChatSession
 
 HELP_NOTE = ("Typing goes to the message box wherever the focus is. On a message or in the conversation list, "

@@ -16,7 +16,7 @@ from app.chat.errors import USER_FACING_ERRORS
 from app.chat.reply_stats import ReplyNumbers
 from app.chat.session import ChatMessage
 from app.tui.engine_events import ReplyDone, ReplyStats, ReplyText, stream_reply
-from app.chat.saved_chat import ConversationChanged
+from app.chat.saved.conversation import ConversationChanged
 from app.tui.widgets.chat_view import ChatView
 from app.tui.widgets.inspector import Inspector
 from app.tui.widgets.messages import AssistantMessageView, MessageView, UserMessageView

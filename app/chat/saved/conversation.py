@@ -3,7 +3,7 @@
 - A conversation takes one turn at a time, across processes (begin_turn).
 - The user's message is committed before its reply starts.
 - The reply is a `streaming` row from its first token, what it adds saved at
-  least every PARTIAL_SAVE_S (app/chat/reply_writer.py; a crash leaves it
+  least every PARTIAL_SAVE_S (app/chat/saved/reply_writer.py; a crash leaves it
   `interrupted`, text kept), and final when it ends (`complete`, or `stopped`);
   app/chat/reply_recorder.py feeds it the reply's events.
 - After each turn the conversation's new K/V blocks are written to the block
@@ -25,9 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.chat.reply_writer import ReplyWriter
+from app.chat.saved.reply_writer import ReplyWriter
 from app.chat.sampling_settings import sampling_settings
-from app.chat.stored_kv import load_stored_kv, new_blocks
+from app.chat.saved.stored_kv import load_stored_kv, new_blocks
 from engine import Done, Engine, SamplingParams
 from storage.db.conversations import Conversation, ConversationStore
 from storage.data_dir import data_dir
