@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from app.chat.alternatives import Drive, Stream, one_after_another
+from app.chat.reply.alternatives import Drive, Stream, one_after_another
 from app.chat.session import ChatMessage, ChatSession
 from engine import Event, SamplingParams
 
@@ -34,6 +34,6 @@ class RemoteChatSession(ChatSession):
 
     def _alternative_streams(self, before: list[ChatMessage], params: list[SamplingParams]
                              ) -> tuple[list[int], list[Stream], Drive]:
-        # A server writes one reply per request; they are asked for one after another (see alternatives.py).
+        # A server writes one reply per request; they are asked for one after another (see reply/alternatives.py).
         turns = self._turns(before)
         return [], [self.engine.chat(turns, p) for p in params], one_after_another

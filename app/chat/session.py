@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from app.chat.alternatives import AlternativeReplies, Drive, Stream, alternative_params, side_by_side
+from app.chat.reply.alternatives import AlternativeReplies, Drive, Stream, alternative_params, side_by_side
 from app.chat.backend import Backend, takes_token_ids
 from app.chat.chat_message import ChatMessage
 from app.chat.prompt.context_room import require_room
@@ -20,9 +20,9 @@ from app.chat.errors import ChatError
 from app.chat.prompt.format_choice import FormatChoice, conversation_format, format_params
 from app.chat.message_length import message_too_long
 from app.chat.prompt.ids import NextPrompt, next_prompt
-from app.chat.reply_cut import cut_drive, cut_events
-from app.chat.reply_limits import NO_LIMITS, ReplyLimits
-from app.chat.reply_recorder import ReplyRecorder
+from app.chat.reply.cut import cut_drive, cut_events
+from app.chat.reply.limits import NO_LIMITS, ReplyLimits
+from app.chat.reply.recorder import ReplyRecorder
 from app.chat.saved.reply_writer import ConversationDeleted
 from app.chat.saved.conversation import SavedConversation
 from app.chat.prompt.template import render_chat
@@ -47,7 +47,7 @@ class ChatSession:
                  saved: SavedConversation | None = None, limits: ReplyLimits = NO_LIMITS):
         """`saved`: where the conversation is kept (None: in memory only). A saved conversation with
         messages resumes: its history is loaded, and its K/V snapshot if the cache lacks it. `limits`:
-        the chat's own guards on every reply (app/chat/reply_limits.py), never stored with the conversation."""
+        the chat's own guards on every reply (app/chat/reply/limits.py), never stored with the conversation."""
         # Events carry token ids, kept to extend the next prompt; a remote server's carry text only.
         self.token_ids = takes_token_ids(engine)
         # A server renders its own template. A model without one gets a standard format (the one the
@@ -183,7 +183,7 @@ class ChatSession:
         return self._stream(self.generation, prompt)
 
     def regenerate_alternatives(self, count: int) -> AlternativeReplies:
-        """`count` new replies to the last user message, written at once (alternatives.py): each a
+        """`count` new replies to the last user message, written at once (reply/alternatives.py): each a
         sibling branch, as a regenerated reply is. Iterate the result's events() on the engine's thread."""
         before, previous = self._regenerating(), self.messages
         params = alternative_params(self.reply_params, count)

@@ -16,9 +16,9 @@ import sys
 
 from typing import TYPE_CHECKING
 
-from app.chat.reply_limits import reply_limits
+from app.chat.reply.limits import reply_limits
 from app.chat.sampling_settings import given_settings, sampling_params
-from app.chat.reply_stats import stats_line
+from app.chat.reply.stats import stats_line
 from app.chat.terminal_text import BROKEN_PIPE_EXIT, SafeOutput, clean_input, printable, say, silence
 from app.cli.ask_overflow import OverflowWay
 from app.cli.ask_raw import RawCompletion, check_raw_flags

@@ -2,7 +2,7 @@
 
 import pytest
 
-from app.chat.alternatives import GREEDY_STANDIN_TEMPERATURE, alternative_params
+from app.chat.reply.alternatives import GREEDY_STANDIN_TEMPERATURE, alternative_params
 from app.chat.config import ConfigError, load_config
 from app.chat.errors import ChatError
 from app.chat.saved.conversation import SavedConversation, Storage

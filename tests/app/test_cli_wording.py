@@ -8,7 +8,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from app.chat.reply_stats import ReplyNumbers
+from app.chat.reply.stats import ReplyNumbers
 from engine import RequestStats
 from tests.app.serve_harness import Server
 from tests.app.test_status_bar import REPLY, bar_lines

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from app.chat.backend_loader import chat_session
-from app.chat.reply_stats import ReplyNumbers, stats_line
+from app.chat.reply.stats import ReplyNumbers, stats_line
 from app.chat.saved.conversation import SavedConversation, Storage, reply_stats
 from app.cli.main import main
 from app.remote.client import RemoteEngine

@@ -2,7 +2,7 @@
 
 import pytest
 
-from app.chat.reply_timeline import ReplyTimeline
+from app.chat.reply.timeline import ReplyTimeline
 
 
 class FakeClock:

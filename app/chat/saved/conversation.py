@@ -5,7 +5,7 @@
 - The reply is a `streaming` row from its first token, what it adds saved at
   least every PARTIAL_SAVE_S (app/chat/saved/reply_writer.py; a crash leaves it
   `interrupted`, text kept), and final when it ends (`complete`, or `stopped`);
-  app/chat/reply_recorder.py feeds it the reply's events.
+  app/chat/reply/recorder.py feeds it the reply's events.
 - After each turn the conversation's new K/V blocks are written to the block
   store in the background (storage/kv/store.py); when the conversation is
   resumed in a new process, or any prompt starts with stored blocks (a shared

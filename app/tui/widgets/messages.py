@@ -17,7 +17,7 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import Markdown, Static
 
-from app.chat.reply_stats import ReplyNumbers
+from app.chat.reply.stats import ReplyNumbers
 from app.chat.session import ChatMessage
 from app.chat.prompt.thinking import ReplyParts, stored_reply_parts
 from app.chat.wording import counted

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 
-from app.chat.alternatives import Drive
+from app.chat.reply.alternatives import Drive
 from app.chat.prompt.formats import ChatFormat
 from app.chat.prompt.stop_text import StopText
 from engine import Done, Event, TokenDelta
@@ -62,7 +62,7 @@ def cut_events(chat_format: ChatFormat | None, events: Iterator[Event]) -> Itera
 
 
 def cut_drive(chat_format: ChatFormat | None, drive: Drive) -> Drive:
-    """`drive` (several replies read together, alternatives.py) with each reply's events cut as above."""
+    """`drive` (several replies read together, reply/alternatives.py) with each reply's events cut as above."""
     if chat_format is None:
         return drive
 

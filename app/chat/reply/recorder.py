@@ -1,13 +1,13 @@
 """ReplyRecorder: one reply as its events arrive (text, token ids, timeline), written to its row as it
 streams, and the ChatMessage it ends as. A single reply (ChatSession) and each of several alternatives
-decoded side by side (alternatives.py) are recorded the same way."""
+decoded side by side (reply/alternatives.py) are recorded the same way."""
 
 from __future__ import annotations
 
 import logging
 
 from app.chat.chat_message import ChatMessage
-from app.chat.reply_timeline import ReplyTimeline
+from app.chat.reply.timeline import ReplyTimeline
 from app.chat.saved.reply_writer import ReplyNotSaved, ReplyWriter
 from app.chat.saved.conversation import reply_stats
 from app.chat.prompt.thinking import ThinkingSplitter
