@@ -161,7 +161,7 @@ class ChatSession:
 
     def send_after(self, before: list[ChatMessage], user_text: str) -> Iterator[Event]:
         """Send `user_text` after `before` (messages of a branch already stored, such as the copies a
-        drop-oldest or compacted branch starts with: app/chat/context_overflow.py)."""
+        drop-oldest or compacted branch starts with: app/chat/context/overflow.py)."""
         return self._turn(before, self._ids_through(before), user_text)
 
     def edit(self, index: int, user_text: str) -> Iterator[Event]:

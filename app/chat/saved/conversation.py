@@ -339,7 +339,7 @@ class SavedConversation:
 
     def copy_message(self, parent_id: str | None, message) -> str:
         """A copy of `message` (a ChatMessage) under `parent_id` (None: a new root), without token ids: the
-        start of a new branch made of earlier turns (app/chat/context_overflow.py). Returns its id."""
+        start of a new branch made of earlier turns (app/chat/context/overflow.py). Returns its id."""
         status = "interrupted" if message.status == "streaming" else message.status
         stored = self.store.add_message(self.id, parent_id, message.role, message.content, 0, [], status,
                                         message.stats)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from app.chat.chat_message import ChatMessage
-from app.chat.context_overflow import MessageTooLong, fits, reply_room, send_on_new_branch
+from app.chat.context.overflow import MessageTooLong, fits, reply_room, send_on_new_branch
 from app.chat.errors import ChatError
 from app.chat.prompt.ids import next_prompt
 from app.chat.wording import counted
