@@ -8,8 +8,8 @@ import that breaks them, wherever it hides (inside a function, under TYPE_CHECKI
   line, which reaches `kvchat bench` from inside a function;
 - the chat app (app/tui) and a conversation (app/chat, app/remote) never import the command line (app/cli);
 - in storage, the conversation database (storage/db) never imports the K/V block store (storage/kv), which
-  keeps its index in that database; only storage/purge.py composes the two, and the old snapshot format
-  (storage/kv/legacy) is read by nothing else in storage;
+  keeps its index in that database; only storage/purge.py (the trash's purge) and storage/usage.py (sizes,
+  read-only) compose the two, and the old snapshot format (storage/kv/legacy) is read by nothing else in storage;
 - no folder of storage holds more than MOST_MODULES modules;
 - there is no import cycle between modules, deferred and type-only imports counted.
 """

@@ -1,7 +1,7 @@
 """`kvchat storage` counts block files only: not a folder where a block file belongs, one moved aside, or a
 writer's temp file."""
 
-from app.chat.storage_usage import usage
+from storage.usage import usage
 from storage.kv.store import KV_DIR
 
 
