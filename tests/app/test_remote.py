@@ -12,7 +12,8 @@ from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 
 from app.chat.backend_loader import chat_session
-from app.chat.session import ChatSession, render_chat
+from app.chat.prompt.template import render_chat
+from app.chat.session import ChatSession
 from app.cli.main import main
 from app.cli.conversations import stats_line
 from app.server.api import create_app

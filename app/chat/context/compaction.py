@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 from app.chat.chat_message import ChatMessage
 from app.chat.context.overflow import MessageTooLong, fits, reply_room, send_on_new_branch
 from app.chat.errors import ChatError
-from app.chat.prompt.ids import next_prompt
 from app.chat.wording import counted
 from app.chat.prompt.summary_turns import with_summaries  # noqa: F401 (re-exported)
 from engine import Done, SamplingParams
@@ -121,8 +120,7 @@ def _turns_that_fit(session: ChatSession, head: list[ChatMessage], remaining: li
 def _generate(session: ChatSession, messages: list[ChatMessage], budget: int) -> Done:
     """One greedy summarizing pass. It extends the ids the model saw when it can, so the prefix cache
     serves the conversation's K/V and only the instruction is computed."""
-    rendered = session._rendered([*messages, ChatMessage("user", SUMMARY_INSTRUCTION)])
-    ids = next_prompt(session.engine.tokenizer, session.seen_ids, rendered).ids
+    ids = session.prompt.after(session.seen_ids, [*messages, ChatMessage("user", SUMMARY_INSTRUCTION)]).ids
     params = SamplingParams(temperature=0, max_tokens=budget, stop_repetition=True)
     session.generation = generation = session.engine.generate(ids, params)
     done = None
