@@ -42,10 +42,6 @@ SUMMARY_MIN_TOKENS = 16  # less room than this cannot say anything useful: drop 
 RETOKENIZE_SLACK = 8
 
 
-def is_summary(message: ChatMessage) -> bool:
-    return message.role == "system"
-
-
 @dataclass(frozen=True)
 class Summary:
     text: str  # the summary message's text (SUMMARY_HEADER first)
