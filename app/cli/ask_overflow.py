@@ -28,7 +28,7 @@ class OverflowWay:
     def send(self, session: ChatSession, message: str) -> Iterator[Event]:
         """The reply's events: to `message` after the conversation, or on a new branch when it does not fit
         and a flag says how. ChatError naming the flags when it does not fit and none was given."""
-        from app.chat.context.overflow import ConversationTooLong
+        from app.chat.prompt.context_room import ConversationTooLong
 
         try:
             return session.send(message)

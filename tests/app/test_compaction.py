@@ -5,7 +5,8 @@ import pytest
 
 import app.chat.context.compaction as compaction
 from app.chat.context.compaction import (SUMMARY_HEADER, CompactionStopped, compact, compact_report, send_compacted,
-                                 summary_budget, with_summaries)
+                                         summary_budget)
+from app.chat.prompt.summary_turns import with_summaries
 from engine import Done
 from tests.app.context_fixtures import small_engine, NEXT, SYSTEM, TURNS, WINDOW, long_conversation, reopened, rows
 
@@ -91,7 +92,8 @@ def test_a_message_that_leaves_no_room_for_a_summary_is_told_to_drop_the_oldest_
 
 
 def test_dropping_the_oldest_turns_of_a_compacted_branch_keeps_its_summary(small_engine, storage):
-    from app.chat.context.overflow import ConversationTooLong, send_dropping_oldest
+    from app.chat.context.overflow import send_dropping_oldest
+    from app.chat.prompt.context_room import ConversationTooLong
 
     session = long_conversation(small_engine, storage)
     summary = compact(session, NEXT)

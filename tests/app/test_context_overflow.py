@@ -3,8 +3,8 @@ and dropping the oldest turns goes on on a new branch, the old one untouched (ap
 
 import pytest
 
-from app.chat.context.overflow import (ConversationTooLong, MessageTooLong, drop_report, plan_drop_oldest,
-                                       reply_room, send_dropping_oldest)
+from app.chat.context.overflow import drop_report, plan_drop_oldest, send_dropping_oldest
+from app.chat.prompt.context_room import ConversationTooLong, MessageTooLong, reply_room
 from app.chat.session import ChatSession
 from engine import ContextWindowError, Done
 from tests.app.context_fixtures import small_engine, GREEDY, NEXT, SYSTEM, TURNS, WINDOW, long_conversation, reopened, rows

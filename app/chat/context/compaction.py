@@ -4,7 +4,7 @@ new branch starts from the system prompt and that summary, then the message (the
 The summary is a message of role "system" at the root of the new branch, its text starting with
 SUMMARY_HEADER; it is the only kind of message stored with that role (the conversation's own system
 prompt is a setting, not a message). Rendered, it joins the system prompt in one system turn
-(with_summaries), since many templates (Gemma's, Mistral's) refuse a second system turn.
+(prompt/summary_turns.py), since many templates (Gemma's, Mistral's) refuse a second system turn.
 
 The summary is a separate greedy generation: the turns, then SUMMARY_INSTRUCTION as a user message. Its
 max tokens are bounded (summary_budget) so that the system prompt, the summary, the message and the reply's
@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from app.chat.chat_message import ChatMessage
-from app.chat.context.overflow import MessageTooLong, fits, reply_room, send_on_new_branch
+from app.chat.context.overflow import fits, send_on_new_branch
 from app.chat.errors import ChatError
+from app.chat.prompt.context_room import MessageTooLong, reply_room
 from app.chat.wording import counted
-from app.chat.prompt.summary_turns import with_summaries  # noqa: F401 (re-exported)
 from engine import Done, SamplingParams
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from app.chat.chat_message import ChatMessage
-from app.chat.prompt.context_room import ConversationTooLong, MessageTooLong, fits_window, reply_room  # noqa: F401 (re-exported)
+from app.chat.prompt.context_room import MessageTooLong, fits_window, reply_room
 from engine import Event
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ from textual.widgets import Markdown, Static
 
 from app.tui import slash_commands
 from app.chat.backend_loader import is_remote
-from app.chat.context.overflow import ConversationTooLong
+from app.chat.prompt.context_room import ConversationTooLong
 from app.chat.errors import USER_FACING_ERRORS
 from app.chat.reply.stats import ReplyNumbers
 from app.chat.session import ChatMessage
