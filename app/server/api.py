@@ -37,8 +37,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from app.chat.errors import ChatError
-from app.chat.prompt.format_choice import format_params, model_chat_format
 from app.chat.message_length import MAX_CHARS_PER_TOKEN
+from app.chat.prompt.format_choice import format_params, model_chat_format
 from app.chat.prompt.template import render_chat
 from app.server.guards import BearerAuth, BodyLimit, HostCheck, unless_disconnected
 from app.server.invalid_request import validation_error

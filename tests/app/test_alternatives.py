@@ -2,9 +2,9 @@
 
 import pytest
 
-from app.chat.reply.alternatives import GREEDY_STANDIN_TEMPERATURE, alternative_params
 from app.chat.config import ConfigError, load_config
 from app.chat.errors import ChatError
+from app.chat.reply.alternatives import GREEDY_STANDIN_TEMPERATURE, alternative_params
 from app.chat.saved.conversation import SavedConversation, Storage
 from app.chat.session import ChatSession
 from engine import Done, SamplingParams, TokenDelta

@@ -42,9 +42,9 @@ async def test_a_long_time_to_first_token_reads_in_minutes_not_milliseconds():
 
 
 def test_one_of_a_thing_is_singular(capsys):
+    from app.chat.terminal_text import clean_input
     from app.cli.storage_usage import report
     from storage.usage import Usage
-    from app.chat.terminal_text import clean_input
 
     assert clean_input("caf\udce9", "The title") == "caf\ufffd"  # one byte that is not UTF-8
     assert capsys.readouterr().err == ("kvchat: The title had 1 byte that is not UTF-8; it was replaced with "

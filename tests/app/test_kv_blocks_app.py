@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from app.chat.saved.library import delete_conversation
 from app.chat.saved.conversation import SavedConversation
+from app.chat.saved.library import delete_conversation
 from app.chat.session import ChatSession
 from engine import Done, SamplingParams
 from engine.bench.fresh import with_fresh_cache

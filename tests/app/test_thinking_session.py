@@ -6,9 +6,9 @@ import json
 import pytest
 
 from app.chat.errors import ChatError
+from app.chat.prompt.thinking import stored_reply_parts
 from app.chat.saved.conversation import SavedConversation, Storage
 from app.chat.session import ChatSession
-from app.chat.prompt.thinking import stored_reply_parts
 from engine import Done, Engine, EngineOptions, SamplingParams
 from tests.app.forced_replies import ForcedReplies
 from tests.thinking_templates import QWEN3_THINKING, R1_DISTILL, make_thinking_model

@@ -5,9 +5,9 @@ benchmarks; `kvchat ask --raw` sends its text as is, with no template at all (ra
 
 from __future__ import annotations
 
-from app.chat.prompt.formats import ChatFormat
 from app.chat.errors import ChatError
 from app.chat.prompt.format_choice import format_specials, model_chat_format
+from app.chat.prompt.formats import ChatFormat
 from engine.weights.tokenizer import Tokenizer
 
 

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Protocol
 from app.chat.alternatives_count import alternatives_problem
 from app.chat.chat_message import ChatMessage
 from app.chat.reply.recorder import ReplyRecorder
-from app.chat.saved.reply_writer import ConversationDeleted, ReplyNotSaved
 from app.chat.reply.stream_rates import StreamRates, stream_rates
+from app.chat.saved.reply_writer import ConversationDeleted, ReplyNotSaved
 from engine import Done, Event, SamplingParams, TokenDelta, interleave
 from engine.sampling_params import MAX_SEED
 from storage.errors import StorageError

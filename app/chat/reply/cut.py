@@ -11,9 +11,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 
-from app.chat.reply.alternatives import Drive
 from app.chat.prompt.formats import ChatFormat
 from app.chat.prompt.stop_text import StopText
+from app.chat.reply.alternatives import Drive
 from engine import Done, Event, TokenDelta
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import logging
 
 from app.chat.chat_message import ChatMessage
-from app.chat.reply.timeline import ReplyTimeline
-from app.chat.saved.reply_writer import ReplyNotSaved, ReplyWriter
-from app.chat.saved.conversation import reply_stats
 from app.chat.prompt.thinking import ThinkingSplitter
+from app.chat.reply.timeline import ReplyTimeline
+from app.chat.saved.conversation import reply_stats
+from app.chat.saved.reply_writer import ReplyNotSaved, ReplyWriter
 from engine import Done, TokenDelta
 from storage.errors import StorageError
 

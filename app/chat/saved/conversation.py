@@ -25,8 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.chat.saved.reply_writer import ReplyWriter
 from app.chat.sampling_settings import sampling_settings
+from app.chat.saved.reply_writer import ReplyWriter
 from app.chat.saved.stored_kv import load_stored_kv, new_blocks
 from engine import Done, Engine, SamplingParams
 from storage.db.conversations import Conversation, ConversationStore

@@ -7,8 +7,8 @@ import json
 import time
 from pathlib import Path
 
-from app.chat.saved.export_file import write_new_file
 from app.chat.prompt.thinking import stored_reply_parts
+from app.chat.saved.export_file import write_new_file
 from storage.db.conversations import Conversation, ConversationStore, StoredMessage
 from storage.errors import StorageError
 from storage.kv.store import KVBlockStore
