@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from app.chat.chat_message import ChatMessage
-from app.chat.prompt.conversation_prompt import TurnPrompt
 from app.chat.reply.alternatives import Drive, Stream, one_after_another
 from app.chat.session import ChatSession
 from engine import Event, SamplingParams
@@ -35,7 +34,7 @@ class RemoteChatSession(ChatSession):
         return self._stream(self.generation, [])
 
     def _alternative_streams(self, before: list[ChatMessage], params: list[SamplingParams]
-                             ) -> tuple[TurnPrompt, list[Stream], Drive]:
+                             ) -> tuple[list[int], list[Stream], Drive]:
         # A server writes one reply per request; they are asked for one after another (see reply/alternatives.py).
         turns = self.prompt.turns(before)
-        return TurnPrompt([], None, False), [self.engine.chat(turns, p) for p in params], one_after_another
+        return [], [self.engine.chat(turns, p) for p in params], one_after_another

@@ -16,7 +16,7 @@ from app.chat.backend import Backend, takes_token_ids
 from app.chat.chat_message import ChatMessage
 from app.chat.errors import ChatError
 from app.chat.message_length import message_too_long
-from app.chat.prompt.conversation_prompt import ConversationPrompt, TurnPrompt
+from app.chat.prompt.conversation_prompt import ConversationPrompt
 from app.chat.reply.alternatives import AlternativeReplies, Drive, Stream, alternative_params, side_by_side
 from app.chat.reply.cut import cut_drive, cut_events
 from app.chat.reply.limits import NO_LIMITS, ReplyLimits
@@ -181,16 +181,16 @@ class ChatSession:
         with self._taking_turn():
             prompt, streams, drive = self._alternative_streams(before, params)
             self._restart(before, None)
-            self.opens_thinking = prompt.opens_thinking
-        self.alternatives = AlternativeReplies(self, previous, prompt.ids, streams, drive)
+            self.opens_thinking = self.prompt.opens_thinking(prompt)
+        self.alternatives = AlternativeReplies(self, previous, prompt, streams, drive)
         return self.alternatives
 
     def _alternative_streams(self, before: list[ChatMessage], params: list[SamplingParams]
-                             ) -> tuple[TurnPrompt, list[Stream], Drive]:
-        """(the prompt, a request per alternative, how they are read): the engine's, side by side."""
-        prompt = self.prompt.again(before, self._ids_through(before))
-        self._load_stored_kv(prompt.ids)
-        return prompt, [self.engine.generate(prompt.ids, p) for p in params], cut_drive(self.chat_format, side_by_side)
+                             ) -> tuple[list[int], list[Stream], Drive]:
+        """(the prompt's ids, a request per alternative, how they are read): the engine's, side by side."""
+        prompt = self.prompt.again(before, self._ids_through(before)).ids
+        self._load_stored_kv(prompt)
+        return prompt, [self.engine.generate(prompt, p) for p in params], cut_drive(self.chat_format, side_by_side)
 
     def _regenerating(self) -> list[ChatMessage]:
         """The messages a regenerated reply answers (ChatError if the last message is not a reply)."""

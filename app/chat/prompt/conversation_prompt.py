@@ -95,7 +95,7 @@ class ConversationPrompt:
         """The prompt of `messages` (the last the user's), extending the `seen` ids (the previous prompt and
         reply, as the model saw them) wherever the template allows."""
         prompt = next_prompt(self.backend.tokenizer, seen, self.text(messages))
-        return TurnPrompt(prompt.ids, prompt.rewritten_at, self._opens_thinking(prompt.ids))
+        return TurnPrompt(prompt.ids, prompt.rewritten_at, self.opens_thinking(prompt.ids))
 
     def turn(self, before: list[ChatMessage], seen: list[int], user_text: str, max_tokens: int | None) -> TurnPrompt:
         """The prompt of `user_text` after the messages `before` (whose ids are `seen`). ConversationTooLong or
@@ -109,8 +109,9 @@ class ConversationPrompt:
         """The prompt of `before` once more, for a new reply to its last message: `seen_through`, the ids the
         model saw through it, when they are known; else `before` tokenized afresh."""
         ids = seen_through or self.backend.tokenizer.encode(self.text(before))
-        return TurnPrompt(ids, None, self._opens_thinking(ids))
+        return TurnPrompt(ids, None, self.opens_thinking(ids))
 
-    def _opens_thinking(self, ids: list[int]) -> bool:
+    def opens_thinking(self, ids: list[int]) -> bool:
+        """Whether a prompt of `ids` ends inside an open <think> (R1-distill templates open it for the reply)."""
         tail = ids[-PROMPT_TAIL_TOKENS:]
         return bool(tail) and prompt_opens_thinking(self.backend.tokenizer.decode_exact(tail))
