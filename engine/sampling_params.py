@@ -41,7 +41,7 @@ class SamplingParams:
     # speculative step that accepted tokens past a stop ends at the same token as one-at-a-time decoding.
     stop: tuple[str, ...] = ()
     # Token ids that end the reply (finish reason "stop") besides the model's end-of-sequence tokens: the
-    # end-of-turn marker of a standard chat format, which a base model's EOS often is not (app/chat/chat_formats.py).
+    # end-of-turn marker of a standard chat format, which a base model's EOS often is not (app/chat/prompt/formats.py).
     stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self):

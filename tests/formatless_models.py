@@ -76,8 +76,8 @@ def make_eager_turn_end(path: Path, prompt_ids: list[int], marker_id: int, at: i
 def make_eager_gemma(path: Path) -> Path:
     """A Gemma-vocabulary base model whose greedy reply to one user turn "Hi" (in the Gemma format) writes
     <end_of_turn>, not its EOS, by its third token."""
-    from app.chat.chat_formats import GEMMA
-    from app.chat.template import render_chat
+    from app.chat.prompt.formats import GEMMA
+    from app.chat.prompt.template import render_chat
     from engine.weights.tokenizer import Tokenizer
 
     make_formatless_model(path, "gemma")

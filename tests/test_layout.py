@@ -7,10 +7,14 @@ import that breaks them, wherever it hides (inside a function, under TYPE_CHECKI
 - no product module imports a bench package (engine/bench, app/bench), except the `kvchat` command
   line, which reaches `kvchat bench` from inside a function;
 - the chat app (app/tui) and a conversation (app/chat, app/remote) never import the command line (app/cli);
+- a conversation (app/chat) imports neither the chat app (app/tui), the command line nor the server (app/server);
+- the chat's rooms are layered by the path of a turn (CHAT_ROOMS): each imports only the rooms before it and
+  app/chat's top-level modules, and only context/ (which works on a session) imports the session's
+  (CHAT_SESSION: the session and what builds one);
 - in storage, the conversation database (storage/db) never imports the K/V block store (storage/kv), which
-  keeps its index in that database; only storage/purge.py composes the two, and the old snapshot format
-  (storage/kv/legacy) is read by nothing else in storage;
-- no folder of storage holds more than MOST_MODULES modules;
+  keeps its index in that database; only storage/purge.py (the trash's purge) and storage/usage.py (sizes,
+  read-only) compose the two, and the old snapshot format (storage/kv/legacy) is read by nothing else in storage;
+- no folder of the product (engine, storage, app and each folder under them) holds more than MOST_MODULES modules;
 - there is no import cycle between modules, deferred and type-only imports counted.
 """
 
@@ -28,6 +32,10 @@ BENCH_ENTRY = "app.cli.main"  # `kvchat bench` is one of its commands
 # model, weights load a model (into the CPU's formats), and a request drives all of them.
 ENGINE_ROOMS = ("attention", "kv", "model", "cpu", "decode", "weights", "request")
 ENGINE_HELPERS = ("engine.errors", "engine.events", "engine.paths", "engine.sampling_params")  # any room's
+# The chat's rooms, lowest first: a turn's prompt, the conversation as kept, the reply (written into what is
+# kept), and the ways on when the window is full (which start a turn on a session).
+CHAT_ROOMS = ("prompt", "saved", "reply", "context")
+CHAT_SESSION = ("app.chat.session", "app.chat.remote_session", "app.chat.backend_loader")
 MOST_MODULES = 15  # per folder, __init__.py not counted: a wider folder is rooms waiting to happen
 
 
@@ -152,10 +160,32 @@ def test_only_the_legacy_folder_reads_the_old_snapshot_format_in_storage():
     assert bad == []
 
 
-def test_no_storage_folder_holds_more_than_most_modules():
+def test_no_folder_of_the_product_holds_more_than_most_modules():
     widths = {}
-    for path in (ROOT / "storage").rglob("*.py"):
-        if path.name != "__init__.py":
-            folder = str(path.parent.relative_to(ROOT))
-            widths[folder] = widths.get(folder, 0) + 1
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            if path.name != "__init__.py":
+                folder = str(path.parent.relative_to(ROOT))
+                widths[folder] = widths.get(folder, 0) + 1
+    assert "storage/db" in widths and "app/chat/prompt" in widths  # the walk sees the folders under the packages
     assert {folder: n for folder, n in widths.items() if n > MOST_MODULES} == {}
+
+
+def test_a_conversation_imports_neither_the_chat_app_the_command_line_nor_the_server():
+    bad = [(m, i) for m in MODULES if in_package(m, ["app.chat"]) for i, _ in imports(m)
+           if in_package(i, ["app.tui", "app.cli", "app.server"])]
+    assert bad == []
+
+
+def test_each_chat_room_imports_only_the_rooms_below_it():
+    rooms = {m.split(".")[2] for m, path in MODULES.items() if m.startswith("app.chat.") and path.name == "__init__.py"}
+    assert rooms == set(CHAT_ROOMS), "a new room of the chat takes its place in CHAT_ROOMS"
+    bad = []
+    for level, room in enumerate(CHAT_ROOMS):
+        above = [f"app.chat.{r}" for r in CHAT_ROOMS[level + 1:]]
+        if room != "context":
+            above += CHAT_SESSION
+        for module in MODULES:
+            if in_package(module, [f"app.chat.{room}"]):
+                bad += [(module, i) for i, _ in imports(module) if in_package(i, above)]
+    assert bad == []

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from app.bench.timing import interleaved_medians, timed
-from app.chat.stored_kv import load_stored_kv, new_blocks
+from app.chat.saved.stored_kv import load_stored_kv, new_blocks
 from engine import Engine, SamplingParams
 from engine.bench.fresh import with_fresh_cache
 from engine.bench.perf import greedy, random_prompt

@@ -65,7 +65,7 @@ class Sample:
 
 def in_process(engine: Engine, turns: list[dict], params: SamplingParams) -> Sample:
     """What ChatSession does: render, tokenize, generate; timed as the caller sees the tokens."""
-    from app.chat.template import chat_prompt_ids
+    from app.chat.prompt.template import chat_prompt_ids
     from engine import TokenDelta
 
     start = time.perf_counter()
@@ -151,7 +151,7 @@ def _measure(args: argparse.Namespace, runner, engine: Engine) -> dict:
 
 
 def _prompt_tokens(engine: Engine, text: str) -> int:
-    from app.chat.template import chat_prompt_ids
+    from app.chat.prompt.template import chat_prompt_ids
 
     return len(chat_prompt_ids(engine, [{"role": "user", "content": text}]))
 

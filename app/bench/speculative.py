@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import statistics
 
-from app.chat.template import chat_prompt_ids
+from app.chat.prompt.template import chat_prompt_ids
 from engine import Engine, SamplingParams
 from engine.events import Done
 

@@ -29,7 +29,7 @@ from app.chat.session import ChatSession
 from app.tui.engine_events import ReplyDone, stream_reply
 from app.tui.engine_thread import EngineThread
 from app.cli.options import engine_options
-from app.chat.saved_chat import Storage
+from app.chat.saved.conversation import Storage
 from app.chat.sampling_settings import sampling_settings
 from app.tui.app import KvchatApp
 from engine import Engine, SamplingParams

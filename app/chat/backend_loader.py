@@ -11,9 +11,9 @@ from app.chat.backend import Backend, takes_token_ids
 from app.chat.session import ChatSession
 from app.chat.local_models import LocalModel
 from app.chat.remote_session import RemoteChatSession
-from app.chat.reply_limits import NO_LIMITS, ReplyLimits
+from app.chat.reply.limits import NO_LIMITS, ReplyLimits
 from app.remote.client import RemoteEngine
-from app.chat.saved_chat import SavedConversation
+from app.chat.saved.conversation import SavedConversation
 from engine import SamplingParams
 
 LoadBackend = Callable[[str | None, Callable[[str], None]], Backend]

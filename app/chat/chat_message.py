@@ -12,4 +12,4 @@ class ChatMessage:
     token_end: int = 0  # the length of seen_ids after this message (0: unknown, re-tokenize to branch here)
     id: str | None = None  # its row in storage, for a saved conversation
     status: str = "complete"  # complete | stopped | interrupted
-    stats: dict | None = None  # a reply's numbers (saved_chat.reply_stats), for the status bar and inspector
+    stats: dict | None = None  # a reply's numbers (saved/conversation.py: reply_stats), for the status bar and inspector

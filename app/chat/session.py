@@ -1,39 +1,33 @@
 """Chat orchestration shared by `kvchat ask` and the TUI: messages -> prompt ids -> engine events.
 
-No UI and no torch math here: this module renders the model's chat template
-(or, for a model without one, the standard format chosen for it: format_choice.py),
-hands token ids to the engine and keeps the conversation's messages (and,
-through SavedConversation, stores them and the conversation's K/V snapshot).
+No UI and no torch math here: this module asks prompt/ for each turn's prompt ids
+(ConversationPrompt: the model's chat template, or the standard format chosen for a
+model without one), hands them to the engine and keeps the conversation's messages
+(and, through SavedConversation, stores them and the conversation's K/V snapshot).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
-from app.chat.alternatives import AlternativeReplies, Drive, Stream, alternative_params, side_by_side
 from app.chat.backend import Backend, takes_token_ids
 from app.chat.chat_message import ChatMessage
-from app.chat.context_room import require_room
-from app.chat.summary_turns import with_summaries
 from app.chat.errors import ChatError
-from app.chat.format_choice import FormatChoice, conversation_format, format_params
 from app.chat.message_length import message_too_long
-from app.chat.prompt_ids import NextPrompt, next_prompt
-from app.chat.reply_cut import cut_drive, cut_events
-from app.chat.reply_limits import NO_LIMITS, ReplyLimits
-from app.chat.reply_recorder import ReplyRecorder
-from app.chat.reply_writer import ConversationDeleted
-from app.chat.saved_chat import SavedConversation
-from app.chat.template import render_chat
-from app.chat.thinking import prompt_opens_thinking, template_switches_thinking
+from app.chat.prompt.conversation_prompt import ConversationPrompt
+from app.chat.reply.alternatives import AlternativeReplies, Drive, Stream, alternative_params, side_by_side
+from app.chat.reply.cut import cut_drive, cut_events
+from app.chat.reply.limits import NO_LIMITS, ReplyLimits
+from app.chat.reply.recorder import ReplyRecorder
+from app.chat.saved.conversation import SavedConversation
+from app.chat.saved.reply_writer import ConversationDeleted
 from engine import Done, Event, Generation, SamplingParams, TokenDelta
 from engine.errors import NonFiniteLogitsError
 
-
-# The prompt's last tokens that tell whether it ends inside an open <think> (R1-distill templates):
-# far more than a generation prompt's few, far fewer than a long history's.
-PROMPT_TAIL_TOKENS = 32
+if TYPE_CHECKING:
+    from app.chat.prompt.formats import ChatFormat
 
 
 class ChatSession:
@@ -47,16 +41,15 @@ class ChatSession:
                  saved: SavedConversation | None = None, limits: ReplyLimits = NO_LIMITS):
         """`saved`: where the conversation is kept (None: in memory only). A saved conversation with
         messages resumes: its history is loaded, and its K/V snapshot if the cache lacks it. `limits`:
-        the chat's own guards on every reply (app/chat/reply_limits.py), never stored with the conversation."""
+        the chat's own guards on every reply (app/chat/reply/limits.py), never stored with the conversation."""
         # Events carry token ids, kept to extend the next prompt; a remote server's carry text only.
         self.token_ids = takes_token_ids(engine)
-        # A server renders its own template. A model without one gets a standard format (the one the
-        # conversation was written in, when it has one); `format_notice` says which, for the user.
         kept = saved.conversation.chat_format if saved is not None and saved.conversation is not None else None
-        choice = conversation_format(engine, kept) if self.token_ids else FormatChoice(None, None)
-        self.chat_format, self.format_notice = choice.chat_format, choice.notice
+        # The conversation's thinking switch is kept with it (saved/conversation.py).
+        thinking = saved.thinking if saved is not None else True
+        # How each turn's messages become prompt ids: the one door into prompt/.
+        self.prompt = ConversationPrompt(engine, kept, system, thinking)
         self.engine = engine
-        self.system = system
         self.params = params
         self.limits = limits
         self.saved = saved
@@ -69,9 +62,6 @@ class ChatSession:
         # (about: the cache may lack some seen ones), known before the engine reports (the chat's progress).
         self.unseen_prompt_tokens = 0
         self.notice: str | None = None  # something the user should know about the resumed conversation
-        # The conversation's thinking switch (kept with it, saved_chat.py): off renders the template with
-        # enable_thinking=False, where the template reads it (thinking_switchable).
-        self.thinking = saved.thinking if saved is not None else True
         self.opens_thinking = False  # the reply being written began inside its prompt's open <think>
         if saved is not None:
             self._load_history()
@@ -81,6 +71,26 @@ class ChatSession:
                     engine.prewarm(self.seen_ids)
 
     @property
+    def system(self) -> str | None:
+        """The system prompt (None: the template's own default, if it has one); change_settings changes it."""
+        return self.prompt.system
+
+    @property
+    def thinking(self) -> bool:
+        """The conversation's thinking switch; set_thinking changes it."""
+        return self.prompt.thinking
+
+    @property
+    def chat_format(self) -> ChatFormat | None:
+        """The standard format the conversation is written in (None: the model's own template)."""
+        return self.prompt.chat_format
+
+    @property
+    def format_notice(self) -> str | None:
+        """What the user is told of the chat format (None: nothing to tell, the model's own template)."""
+        return self.prompt.format_notice
+
+    @property
     def chat_format_name(self) -> str | None:
         """The standard format's name, as the conversation keeps it (None: the model's own template)."""
         return None if self.chat_format is None else self.chat_format.name
@@ -88,40 +98,28 @@ class ChatSession:
     @property
     def reply_params(self) -> SamplingParams:
         """The conversation's settings with the chat's limits: what the next reply is generated with."""
-        params = self.limits.apply(self.params)
-        # A standard format's end-of-turn marker (or a transcript's next "User:") must end the reply.
-        return params if self.chat_format is None else format_params(self.engine.tokenizer, self.chat_format, params)
+        return self.prompt.reply_params(self.limits.apply(self.params))
 
     def _load_history(self) -> None:
         history = self.saved.history(self.engine)
         self.messages = [ChatMessage(m.role, m.text, m.token_end, m.id, m.status, m.stats) for m in history.messages]
         self.seen_ids = history.token_ids
 
-    def _turns(self, messages: list[ChatMessage]) -> list[dict]:
-        """The system prompt (if any) and `messages` as the chat API's {"role", "content"} dicts."""
-        turns = [{"role": "system", "content": self.system}] if self.system is not None else []
-        return with_summaries(turns + [{"role": m.role, "content": m.content} for m in messages])
-
     def prompt_tokens(self, before: list[ChatMessage], user_text: str | None = None) -> int:
         """Tokens of the prompt the template makes of the system prompt, `before` and (if given) `user_text`."""
-        messages = before if user_text is None else [*before, ChatMessage("user", user_text)]
-        return len(self.engine.tokenizer.encode(self._rendered(messages)))
+        return self.prompt.tokens(before if user_text is None else [*before, ChatMessage("user", user_text)])
 
     def _rendered(self, messages: list[ChatMessage]) -> str:
-        return render_chat(self.engine.tokenizer, self._turns(messages), self.chat_format,
-                           **self.template_options())
+        return self.prompt.text(messages)
 
     @property
     def thinking_switchable(self) -> bool:
         """Whether the model's chat template can turn thinking off (it reads `enable_thinking`)."""
-        # A standard format (a model without a template, chat_formats.py) has no switch.
-        return (self.token_ids and self.chat_format is None
-                and template_switches_thinking(self.engine.tokenizer.hf.chat_template))
+        return self.prompt.thinking_switchable
 
     def template_options(self) -> dict:
-        """The variables the chat template is rendered with: enable_thinking=False when the
-        conversation's thinking is switched off and the template takes it; else none."""
-        return {"enable_thinking": False} if not self.thinking and self.thinking_switchable else {}
+        """The variables the chat template is rendered with (ConversationPrompt.template_options)."""
+        return self.prompt.template_options()
 
     def set_thinking(self, enabled: bool) -> None:
         """Switch the conversation's thinking on or off from the next reply on (and, when saved, keep
@@ -132,23 +130,16 @@ class ChatSession:
                             "thinking cannot be turned off for it.")
         if self.saved is not None:
             self.saved.set_thinking(enabled)
-        self.thinking = enabled
-
-    def _opens_thinking(self, prompt: list[int]) -> bool:
-        tail = prompt[-PROMPT_TAIL_TOKENS:]
-        return bool(tail) and prompt_opens_thinking(self.engine.tokenizer.decode_exact(tail))
+        self.prompt.thinking = enabled
 
     def prompt_ids(self, user_text: str) -> list[int]:
         """Token ids of the whole conversation plus `user_text`, ready for the assistant's reply.
 
         They extend the previous turn's prompt and reply ids whenever the template allows.
         """
-        prompt = self._next_prompt(self.messages, self.seen_ids, user_text)
+        prompt = self.prompt.after(self.seen_ids, [*self.messages, ChatMessage("user", user_text)])
         self.rewritten_at = prompt.rewritten_at
         return prompt.ids
-
-    def _next_prompt(self, before: list[ChatMessage], seen: list[int], user_text: str) -> NextPrompt:
-        return next_prompt(self.engine.tokenizer, seen, self._rendered([*before, ChatMessage("user", user_text)]))
 
     def send(self, user_text: str) -> Iterator[Event]:
         """Start the reply to `user_text` and return its events.
@@ -161,7 +152,7 @@ class ChatSession:
 
     def send_after(self, before: list[ChatMessage], user_text: str) -> Iterator[Event]:
         """Send `user_text` after `before` (messages of a branch already stored, such as the copies a
-        drop-oldest or compacted branch starts with: app/chat/context_overflow.py)."""
+        drop-oldest or compacted branch starts with: app/chat/context/overflow.py)."""
         return self._turn(before, self._ids_through(before), user_text)
 
     def edit(self, index: int, user_text: str) -> Iterator[Event]:
@@ -176,28 +167,28 @@ class ChatSession:
         """A new reply to the last user message (the old reply stays saved, a sibling branch)."""
         before = self._regenerating()
         with self._taking_turn():
-            prompt = self._ids_through(before) or self.engine.tokenizer.encode(self._rendered(before))
-            self._load_stored_kv(prompt)
-            self._restart(before, self.engine.generate(prompt, self.reply_params))
-        self.opens_thinking = self._opens_thinking(prompt)
-        return self._stream(self.generation, prompt)
+            prompt = self.prompt.again(before, self._ids_through(before))
+            self._load_stored_kv(prompt.ids)
+            self._restart(before, self.engine.generate(prompt.ids, self.reply_params))
+        self.opens_thinking = prompt.opens_thinking
+        return self._stream(self.generation, prompt.ids)
 
     def regenerate_alternatives(self, count: int) -> AlternativeReplies:
-        """`count` new replies to the last user message, written at once (alternatives.py): each a
+        """`count` new replies to the last user message, written at once (reply/alternatives.py): each a
         sibling branch, as a regenerated reply is. Iterate the result's events() on the engine's thread."""
         before, previous = self._regenerating(), self.messages
         params = alternative_params(self.reply_params, count)
         with self._taking_turn():
             prompt, streams, drive = self._alternative_streams(before, params)
             self._restart(before, None)
-            self.opens_thinking = self._opens_thinking(prompt)
+            self.opens_thinking = self.prompt.opens_thinking(prompt)
         self.alternatives = AlternativeReplies(self, previous, prompt, streams, drive)
         return self.alternatives
 
     def _alternative_streams(self, before: list[ChatMessage], params: list[SamplingParams]
                              ) -> tuple[list[int], list[Stream], Drive]:
         """(the prompt's ids, a request per alternative, how they are read): the engine's, side by side."""
-        prompt = self._ids_through(before) or self.engine.tokenizer.encode(self._rendered(before))
+        prompt = self.prompt.again(before, self._ids_through(before)).ids
         self._load_stored_kv(prompt)
         return prompt, [self.engine.generate(prompt, p) for p in params], cut_drive(self.chat_format, side_by_side)
 
@@ -227,7 +218,7 @@ class ChatSession:
         reply recomputes the history; the template's output says so through rewritten_at."""
         if self.saved is not None:
             self.saved.change_settings(system, params)
-        self.system, self.params = system, params
+        self.prompt.system, self.params = system, params
 
     def _ids_through(self, messages: list[ChatMessage]) -> list[int]:
         """seen_ids up to the end of the last of `messages` (a prefix of this branch); [] if unknown."""
@@ -238,19 +229,16 @@ class ChatSession:
         """`user_text` after the messages `before` (whose ids are `seen`): validated first, then recorded."""
         self._check_length(user_text)
         with self._taking_turn():
-            prompt = self._next_prompt(before, seen, user_text)
-            # Never a reply without room (nothing of the turn is stored yet).
-            require_room(self.engine.context_window, self.reply_params.max_tokens, len(prompt.ids),
-                         lambda: self.prompt_tokens([], user_text),
-                         before, user_text)
+            # Refused when it leaves the reply no room (nothing of the turn is stored yet).
+            prompt = self.prompt.turn(before, seen, user_text, self.reply_params.max_tokens)
             self._load_stored_kv(prompt.ids)
             generation = self.engine.generate(prompt.ids, self.reply_params)
             self.rewritten_at = prompt.rewritten_at
-            start = len(seen) if prompt.rewritten_at is None else prompt.rewritten_at
+            start = prompt.unseen_from(len(seen))
             self.unseen_prompt_tokens = len(prompt.ids) - start
             self._record_user(before, user_text, len(prompt.ids), start, prompt.ids[start:])
         self.generation = generation
-        self.opens_thinking = self._opens_thinking(prompt.ids)
+        self.opens_thinking = prompt.opens_thinking
         return self._stream(generation, prompt.ids)
 
     def _load_stored_kv(self, prompt: list[int]) -> None:

@@ -1,5 +1,5 @@
 """How one number of a reply reads, wherever it is shown (status bar, inspector, headers, `kvchat show`);
-the lines made of them are reply_stats.ReplyNumbers'."""
+the lines made of them are ReplyNumbers' (reply/stats.py)."""
 
 from __future__ import annotations
 

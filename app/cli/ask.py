@@ -16,9 +16,9 @@ import sys
 
 from typing import TYPE_CHECKING
 
-from app.chat.reply_limits import reply_limits
+from app.chat.reply.limits import reply_limits
 from app.chat.sampling_settings import given_settings, sampling_params
-from app.chat.reply_stats import stats_line
+from app.chat.reply.stats import stats_line
 from app.chat.terminal_text import BROKEN_PIPE_EXIT, SafeOutput, clean_input, printable, say, silence
 from app.cli.ask_overflow import OverflowWay
 from app.cli.ask_raw import RawCompletion, check_raw_flags
@@ -28,7 +28,7 @@ from storage.errors import StorageError
 if TYPE_CHECKING:  # torch and the model stack (about a second): imported once the request is known good
     from app.chat.backend import Backend
     from app.chat.session import ChatSession
-    from app.chat.saved_chat import SavedConversation, Storage
+    from app.chat.saved.conversation import SavedConversation, Storage
     from engine import Done
 
 # How long `ask --conversation ID` waits for another kvchat's reply in the same conversation to end.
@@ -44,7 +44,7 @@ def read_message(arg: str) -> str:
 
 
 def result_json(done: Done, engine: Backend, conversation_id: str | None, chat_format: str | None = None) -> dict:
-    """`chat_format`: the standard format the prompt was written in (chat_formats.py), for a model without
+    """`chat_format`: the standard format the prompt was written in (prompt/formats.py), for a model without
     a chat template; None: the model's (or the server's) own template, or `--raw`'s text as is."""
     return {
         "conversation_id": conversation_id,
@@ -64,7 +64,7 @@ def result_json(done: Done, engine: Backend, conversation_id: str | None, chat_f
 def thinking_json(session: ChatSession, done: Done) -> dict:
     """`--json`'s reply split: `reply` is the answer alone, `thinking` the reasoning (null: none), and
     their tokens apart (for a reply without thinking, all its tokens are the answer's)."""
-    from app.chat.thinking import split_reply
+    from app.chat.prompt.thinking import split_reply
 
     parts = split_reply(done.text, session.opens_thinking)
     stats = session.messages[-1].stats if session.messages and session.messages[-1].stats else {}
@@ -75,7 +75,7 @@ def thinking_json(session: ChatSession, done: Done) -> dict:
 
 def thinking_line(session: ChatSession) -> str:
     """" · think 120 · answer 48 tok" after the stats line, for a reply that had thinking; else ""."""
-    from app.chat.thinking import thinking_counts_text
+    from app.chat.prompt.thinking import thinking_counts_text
 
     stats = session.messages[-1].stats if session.messages else None
     if not stats or "thinking_tokens" not in stats:
@@ -89,7 +89,7 @@ def open_session(args: argparse.Namespace, engine: Backend, storage: Storage,
     holds). Sampling flags apply to this reply only: a conversation's settings change when the user
     changes them (the chat's settings screen, or `--save-settings` here)."""
     from app.chat.backend_loader import chat_session
-    from app.chat.saved_chat import SavedConversation
+    from app.chat.saved.conversation import SavedConversation
 
     config, limits = args.config, reply_limits(args.config)
     keep = given_settings(args) if args.save_settings else {}
@@ -156,7 +156,7 @@ def run_ask(args: argparse.Namespace) -> int:
     if getattr(args, "raw", False):
         return run_raw(args, message)
     from app.cli.options import backend_loader
-    from app.chat.saved_chat import SavedConversation, Storage, reply_stats
+    from app.chat.saved.conversation import SavedConversation, Storage, reply_stats
 
     progress = lambda step: print(f"kvchat: {step}…", file=sys.stderr)  # noqa: E731
     storage = Storage.open(args.snapshot_gb)
@@ -196,7 +196,7 @@ def run_ask(args: argparse.Namespace) -> int:
 def run_raw(args: argparse.Namespace, message: str) -> int:
     """`ask --raw`: the text as is, continued by the embedded model (app/cli/ask_raw.py); nothing is saved."""
     from app.cli.options import backend_loader
-    from app.chat.saved_chat import reply_stats
+    from app.chat.saved.conversation import reply_stats
 
     progress = (lambda step: print(f"kvchat: {step}…", file=sys.stderr)) if sys.stderr.isatty() else (lambda _: None)
     engine = backend_loader(args)(args.model, progress)
@@ -219,7 +219,7 @@ def _answer(session: ChatSession | RawCompletion, message: str, stream: bool, se
     stopped); a second signal quits. A reasoning model's thinking is left out of what is streamed unless
     `show_thinking` (then it is printed as the model wrote it, its opening tag included where the prompt
     held it)."""
-    from app.chat.thinking import THINK_OPEN, ThinkingSplitter
+    from app.chat.prompt.thinking import THINK_OPEN, ThinkingSplitter
     from engine import Done, EngineError, TokenDelta
 
     signals: list[int] = []

@@ -28,7 +28,7 @@ class OverflowWay:
     def send(self, session: ChatSession, message: str) -> Iterator[Event]:
         """The reply's events: to `message` after the conversation, or on a new branch when it does not fit
         and a flag says how. ChatError naming the flags when it does not fit and none was given."""
-        from app.chat.context_overflow import ConversationTooLong
+        from app.chat.prompt.context_room import ConversationTooLong
 
         try:
             return session.send(message)
@@ -46,7 +46,7 @@ class OverflowWay:
         return events
 
     def _drop_oldest(self, session: ChatSession, message: str) -> Iterator[Event]:
-        from app.chat.context_overflow import drop_report, send_dropping_oldest
+        from app.chat.context.overflow import drop_report, send_dropping_oldest
 
         plan, events = send_dropping_oldest(session, message)
         self.taken = {"way": "drop-oldest", "dropped_messages": len(plan.dropped),
@@ -55,7 +55,7 @@ class OverflowWay:
         return events
 
     def _compacted(self, session: ChatSession, message: str) -> Iterator[Event]:
-        from app.chat.compaction import compact, compact_report, send_compacted
+        from app.chat.context.compaction import compact, compact_report, send_compacted
 
         say("compacting the conversation (the model summarizes it)…")
         summary = compact(session, message)

@@ -28,7 +28,7 @@ class RawCompletion:
         self.engine, self.params, self.generation = engine, params, None
 
     def send(self, text: str) -> Iterator:
-        from app.chat.template import raw_prompt_ids
+        from app.chat.prompt.template import raw_prompt_ids
 
         self.generation = self.engine.generate(raw_prompt_ids(self.engine.tokenizer, text), self.params)
         return iter(self.generation)

@@ -7,10 +7,10 @@ import json
 import sys
 from pathlib import Path
 
-from app.chat.chat_formats import format_label
-from app.chat.library import (STATUS_NOTES, conversation_json, delete_conversation, export_text, local_time,
+from app.chat.prompt.formats import format_label
+from app.chat.saved.library import (STATUS_NOTES, conversation_json, delete_conversation, export_text, local_time,
                               write_export)
-from app.chat.reply_stats import stats_line
+from app.chat.reply.stats import stats_line
 from app.chat.terminal_text import clean_input, printable
 from app.cli.arg_types import shown
 from storage.db.conversations import ConversationStore

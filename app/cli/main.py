@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_conversation_command(args)
         if args.command == "storage":
-            from app.chat.storage_usage import run_storage
+            from app.cli.storage_usage import run_storage
 
             return run_storage(args)
         if args.command == "db":

@@ -12,7 +12,7 @@ rejected, when it reports them; the server's decode steps are never known.
 A reasoning model behind a server with a reasoning parser (vLLM, SGLang, llama.cpp's server, DeepSeek's
 API) sends its thinking apart, as `delta.reasoning_content` (or `delta.reasoning`). It is put back
 between `<think>` tags in the reply's text, as an embedded model writes it, so the chat shows,
-counts, stores and exports it the same way (app/chat/thinking.py).
+counts, stores and exports it the same way (app/chat/prompt/thinking.py).
 
 A reader thread does the HTTP I/O, so that cancel() ends the stream at once even
 while the server is still computing the prompt and sends nothing: the consumer
@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator
 
 import httpx
 
-from app.chat.thinking import THINK_CLOSE, THINK_OPEN
+from app.chat.prompt.thinking import THINK_CLOSE, THINK_OPEN
 from app.chat.wording import sentence
 from engine import Done, EngineError, Event, RequestStats, Stats, TokenDelta
 from engine.events import STATS_INTERVAL_S  # live Stats as often as the embedded engine sends them

@@ -2,7 +2,7 @@
 
     app = create_app(engine, api_key=None)   # then run it with uvicorn (app/server/main.py)
 
-Chat messages become prompt ids through the model's chat template (app/chat/template.py's
+Chat messages become prompt ids through the model's chat template (app/chat/prompt/template.py's
 render_chat); the engine's prefix cache reuses whatever a request shares with the
 ones before it, and `usage.prompt_tokens_details.cached_tokens` says how much;
 `usage.completion_tokens_details` counts the speculative drafts the model accepted and rejected.
@@ -37,9 +37,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from app.chat.errors import ChatError
-from app.chat.format_choice import format_params, model_chat_format
 from app.chat.message_length import MAX_CHARS_PER_TOKEN
-from app.chat.template import render_chat
+from app.chat.prompt.format_choice import format_params, model_chat_format
+from app.chat.prompt.template import render_chat
 from app.server.guards import BearerAuth, BodyLimit, HostCheck, unless_disconnected
 from app.server.invalid_request import validation_error
 from app.server.reply import Finish, replies

@@ -84,7 +84,7 @@ def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
     """Load the model, then serve on `sock` until a signal; the exit code."""
     import uvicorn
 
-    from app.chat.format_choice import model_chat_format, no_template_notice
+    from app.chat.prompt.format_choice import model_chat_format, no_template_notice
     from app.server.api import create_app
     from app.server.guards import allowed_host_names
     from app.server.runner import EngineRunner

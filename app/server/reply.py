@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from app.chat.stop_text import StopText
+from app.chat.prompt.stop_text import StopText
 from app.server.runner import EngineRunner, ShuttingDown
 from engine import Done, Generation, TokenDelta
 from engine.events import RequestStats

@@ -9,9 +9,9 @@ from collections.abc import Callable
 
 from textual.message import Message
 
-from app.chat.alternatives import AlternativeReplies
+from app.chat.reply.alternatives import AlternativeReplies
 from app.chat.chat_message import ChatMessage
-from app.chat.stream_rates import StreamRates
+from app.chat.reply.stream_rates import StreamRates
 from app.tui.engine_events import KV_REFRESH_S, TEXT_BATCH_S, failure_sentence
 from engine import Done, Engine, RequestStats, Stats, TokenDelta
 

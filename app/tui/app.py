@@ -38,9 +38,9 @@ from app.remote.stream import RemoteError
 from app.tui.actions.reply import ReplyActions
 from app.tui.actions.thinking import ThinkingActions
 from app.chat.config import Config
-from app.chat.reply_limits import reply_limits
+from app.chat.reply.limits import reply_limits
 from app.chat.sampling_settings import SAMPLING_FIELDS, sampling_params
-from app.chat.saved_chat import SavedConversation, Storage
+from app.chat.saved.conversation import SavedConversation, Storage
 from app.tui.widgets.box_notice import BoxNotice
 from app.tui.widgets.chat_view import ChatView
 from app.tui.widgets.inspector import Inspector

@@ -13,7 +13,7 @@ from textual.message import Message
 
 from app.chat.errors import USER_FACING_ERRORS
 from app.chat.session import ChatSession
-from app.chat.thinking import ThinkingSplitter
+from app.chat.prompt.thinking import ThinkingSplitter
 from engine import Done, Engine, Event, RequestStats, Stats, TokenDelta
 
 # Streamed text reaches the UI at most 10 times a second: still reads as a stream, and every batch costs

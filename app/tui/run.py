@@ -8,7 +8,7 @@ import argparse
 from app.chat.backend_loader import LoadBackend
 from app.chat.config import Config
 from app.chat.sampling_settings import SAMPLING_FIELDS, sampling_params
-from app.chat.saved_chat import Storage
+from app.chat.saved.conversation import Storage
 from app.chat.terminal_text import clean_input
 from app.tui.app import KvchatApp
 

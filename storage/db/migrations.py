@@ -128,7 +128,7 @@ def _trash(db: Database) -> None:
 
 
 def _chat_format(db: Database) -> None:
-    # The standard chat format a conversation is written in (app/chat/chat_formats.py: "gemma", "llama3",
+    # The standard chat format a conversation is written in (app/chat/prompt/formats.py: "gemma", "llama3",
     # "chatml", "mistral", "transcript"), chosen for a model without a chat template of its own, so a
     # resumed conversation goes on in it. NULL: the model's own chat template.
     db["conversations"].add_column("chat_format", str)

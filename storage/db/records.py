@@ -28,7 +28,7 @@ class Conversation:
     updated_at: float  # last message added or changed
     deleted_at: float | None = None  # moved to the trash then (storage/db/trash.py); None: not deleted
     # The standard chat format its prompts are written in, for a model without a chat template
-    # (app/chat/chat_formats.py); None: the model's own chat template.
+    # (app/chat/prompt/formats.py); None: the model's own chat template.
     chat_format: str | None = None
 
 

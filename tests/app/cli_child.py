@@ -11,7 +11,7 @@ import os
 import sys
 import time
 
-import app.chat.reply_writer as reply_writer
+import app.chat.saved.reply_writer as reply_writer
 from app.cli.main import main
 
 if "TEST_PARTIAL_SAVE_S" in os.environ:

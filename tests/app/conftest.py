@@ -4,7 +4,7 @@ import pytest
 @pytest.fixture
 def storage():
     """The test's own conversation database (in its KVCHAT_HOME), closed after the test."""
-    from app.chat.saved_chat import Storage
+    from app.chat.saved.conversation import Storage
 
     storage = Storage.open()
     yield storage

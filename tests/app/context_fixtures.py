@@ -1,12 +1,12 @@
-"""A conversation that has outgrown a small context window, for the tests of app/chat/context_overflow.py
-and compaction.py. The tiny models' byte tokenizer makes a token of each character, so every prompt's
+"""A conversation that has outgrown a small context window, for the tests of app/chat/context/overflow.py
+and context/compaction.py. The tiny models' byte tokenizer makes a token of each character, so every prompt's
 length is known: ChatML adds 4 tokens plus the role's to each turn, and 11 for the reply's header."""
 
 from __future__ import annotations
 
 import pytest
 
-from app.chat.saved_chat import SavedConversation, Storage
+from app.chat.saved.conversation import SavedConversation, Storage
 from app.chat.session import ChatSession
 from engine import Engine, EngineOptions, SamplingParams
 from tests.tiny_models import make_tiny_model

@@ -2,10 +2,10 @@
 
 import pytest
 
-from app.chat.alternatives import GREEDY_STANDIN_TEMPERATURE, alternative_params
 from app.chat.config import ConfigError, load_config
 from app.chat.errors import ChatError
-from app.chat.saved_chat import SavedConversation, Storage
+from app.chat.reply.alternatives import GREEDY_STANDIN_TEMPERATURE, alternative_params
+from app.chat.saved.conversation import SavedConversation, Storage
 from app.chat.session import ChatSession
 from engine import Done, SamplingParams, TokenDelta
 from engine.sampling_params import MAX_SEED

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from app.chat.template import raw_prompt_ids
+from app.chat.prompt.template import raw_prompt_ids
 from engine import Engine, EngineOptions, SamplingParams
 from tests.app.test_cli import assert_one_clear_error, kvchat
 from tests.formatless_models import make_formatless_model

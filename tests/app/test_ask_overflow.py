@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from app.chat.saved_chat import Storage
+from app.chat.saved.conversation import Storage
 from app.cli.main import main
 from engine import Engine, EngineOptions
 from tests.app.context_fixtures import NEXT, TURNS, WINDOW, long_conversation, rows

@@ -2,8 +2,8 @@
 
 import pytest
 
-from app.chat.chat_formats import GEMMA, TRANSCRIPT
-from app.chat.saved_chat import SavedConversation, Storage
+from app.chat.prompt.formats import GEMMA, TRANSCRIPT
+from app.chat.saved.conversation import SavedConversation, Storage
 from app.chat.session import ChatSession
 from engine import Done, Engine, EngineOptions, SamplingParams
 from tests.formatless_models import make_formatless_model

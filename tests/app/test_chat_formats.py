@@ -2,12 +2,12 @@
 
 import pytest
 
-from app.chat.chat_formats import CHATML, GEMMA, LLAMA3, MISTRAL, TRANSCRIPT
-from app.chat.format_choice import detect_chat_format, format_params, model_chat_format
-from app.chat.prompt_ids import next_prompt
-from app.chat.reply_cut import ReplyCut, cut_drive
+from app.chat.prompt.format_choice import detect_chat_format, format_params, model_chat_format
+from app.chat.prompt.formats import CHATML, GEMMA, LLAMA3, MISTRAL, TRANSCRIPT
+from app.chat.prompt.ids import next_prompt
+from app.chat.prompt.template import render_chat
+from app.chat.reply.cut import ReplyCut, cut_drive
 from app.chat.session import ChatSession
-from app.chat.template import render_chat
 from engine import Done, Engine, EngineOptions, RequestStats, SamplingParams, TokenDelta
 from engine.weights.tokenizer import Tokenizer
 from tests.formatless_models import FAMILIES, make_eager_gemma, make_formatless_model

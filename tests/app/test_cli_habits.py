@@ -71,7 +71,7 @@ def test_the_default_ceiling_is_2048_tokens(endless_model_dir):
 
 def test_the_chat_asks_the_engine_to_stop_a_looping_reply(tiny_engine):
     from app.chat.session import ChatSession
-    from app.chat.reply_limits import ReplyLimits
+    from app.chat.reply.limits import ReplyLimits
     from engine import SamplingParams
 
     seen = []

@@ -8,7 +8,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from app.chat.reply_stats import ReplyNumbers
+from app.chat.reply.stats import ReplyNumbers
 from engine import RequestStats
 from tests.app.serve_harness import Server
 from tests.app.test_status_bar import REPLY, bar_lines
@@ -19,8 +19,8 @@ LONG = RequestStats(prompt_tokens=8192, cached_tokens=8000, prefilled_tokens=192
 
 
 def test_token_counts_read_with_thousands_separators_in_every_line_and_message():
-    from app.chat.context_room import ConversationTooLong, MessageTooLong
-    from app.chat.thinking import thinking_counts_text
+    from app.chat.prompt.context_room import ConversationTooLong, MessageTooLong
+    from app.chat.prompt.thinking import thinking_counts_text
     from engine import ContextWindowError
 
     numbers = ReplyNumbers.from_request(LONG)
@@ -42,8 +42,9 @@ async def test_a_long_time_to_first_token_reads_in_minutes_not_milliseconds():
 
 
 def test_one_of_a_thing_is_singular(capsys):
-    from app.chat.storage_usage import Usage, report
     from app.chat.terminal_text import clean_input
+    from app.cli.storage_usage import report
+    from storage.usage import Usage
 
     assert clean_input("caf\udce9", "The title") == "caf\ufffd"  # one byte that is not UTF-8
     assert capsys.readouterr().err == ("kvchat: The title had 1 byte that is not UTF-8; it was replaced with "

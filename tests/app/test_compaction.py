@@ -1,11 +1,12 @@
 """Compacting a conversation that outgrew the window: the model's summary starts a new branch, which goes on
-from it; the old branch is untouched (app/chat/compaction.py)."""
+from it; the old branch is untouched (app/chat/context/compaction.py)."""
 
 import pytest
 
-import app.chat.compaction as compaction
-from app.chat.compaction import (SUMMARY_HEADER, CompactionStopped, compact, compact_report, send_compacted,
-                                 summary_budget, with_summaries)
+import app.chat.context.compaction as compaction
+from app.chat.context.compaction import (SUMMARY_HEADER, CompactionStopped, compact, compact_report, send_compacted,
+                                         summary_budget)
+from app.chat.prompt.summary_turns import with_summaries
 from engine import Done
 from tests.app.context_fixtures import small_engine, NEXT, SYSTEM, TURNS, WINDOW, long_conversation, reopened, rows
 
@@ -91,7 +92,8 @@ def test_a_message_that_leaves_no_room_for_a_summary_is_told_to_drop_the_oldest_
 
 
 def test_dropping_the_oldest_turns_of_a_compacted_branch_keeps_its_summary(small_engine, storage):
-    from app.chat.context_overflow import ConversationTooLong, send_dropping_oldest
+    from app.chat.context.overflow import send_dropping_oldest
+    from app.chat.prompt.context_room import ConversationTooLong
 
     session = long_conversation(small_engine, storage)
     summary = compact(session, NEXT)
@@ -112,7 +114,7 @@ def test_dropping_the_oldest_turns_of_a_compacted_branch_keeps_its_summary(small
 
 
 def test_an_export_names_the_summary_as_what_it_is(small_engine, storage):
-    from app.chat.library import render_markdown
+    from app.chat.saved.library import render_markdown
 
     session = long_conversation(small_engine, storage)
     list(send_compacted(session, compact(session, NEXT), NEXT))

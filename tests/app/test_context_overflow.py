@@ -1,10 +1,10 @@
 """A conversation that outgrows the context window: the next message is refused in words, nothing stored,
-and dropping the oldest turns goes on on a new branch, the old one untouched (app/chat/context_overflow.py)."""
+and dropping the oldest turns goes on on a new branch, the old one untouched (app/chat/context/overflow.py)."""
 
 import pytest
 
-from app.chat.context_overflow import (ConversationTooLong, MessageTooLong, drop_report, plan_drop_oldest,
-                                       reply_room, send_dropping_oldest)
+from app.chat.context.overflow import drop_report, plan_drop_oldest, send_dropping_oldest
+from app.chat.prompt.context_room import ConversationTooLong, MessageTooLong, reply_room
 from app.chat.session import ChatSession
 from engine import ContextWindowError, Done
 from tests.app.context_fixtures import small_engine, GREEDY, NEXT, SYSTEM, TURNS, WINDOW, long_conversation, reopened, rows

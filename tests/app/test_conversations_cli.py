@@ -121,9 +121,9 @@ def test_a_reply_cut_by_kill_9_is_recovered_as_interrupted_with_its_text(tiny_mo
     # The child streams a reply and kills itself with SIGKILL after 30 tokens, mid-stream.
     child = textwrap.dedent(f"""
         import os, signal
-        import app.chat.reply_writer as reply_writer
+        import app.chat.saved.reply_writer as reply_writer
         from app.chat.session import ChatSession
-        from app.chat.saved_chat import SavedConversation, Storage
+        from app.chat.saved.conversation import SavedConversation, Storage
         from engine import Engine, EngineOptions, SamplingParams, TokenDelta
         reply_writer.PARTIAL_SAVE_S = 0.0
         engine = Engine.load(EngineOptions(model={str(tiny_model_dir)!r}, device="cpu"))

@@ -5,7 +5,7 @@ from textual.app import App, ComposeResult
 from textual.color import Color
 from textual.widgets import Sparkline
 
-from app.chat.reply_stats import ReplyNumbers, stat_number
+from app.chat.reply.stats import ReplyNumbers, stat_number
 from app.chat.stats_text import MIN_PREFILL_TOKENS_FOR_RATE, format_count, format_duration
 from app.tui.widgets.inspector import (
     HINT, NO_NUMBERS, NONE_KEPT, Inspector, SplitBar, histogram, number_lines, prompt_legend, prompt_split,

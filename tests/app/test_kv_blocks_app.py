@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from app.chat.library import delete_conversation
-from app.chat.saved_chat import SavedConversation
+from app.chat.saved.conversation import SavedConversation
+from app.chat.saved.library import delete_conversation
 from app.chat.session import ChatSession
 from engine import Done, SamplingParams
 from engine.bench.fresh import with_fresh_cache
@@ -195,7 +195,7 @@ def test_blocks_that_make_the_model_compute_non_finite_scores_are_dropped_and_st
 
 
 def test_an_older_kvchats_snapshot_file_moves_into_the_block_store_in_the_background(tiny_engine, kvchat_home):
-    from app.chat.saved_chat import Storage
+    from app.chat.saved.conversation import Storage
     from tests.storage.legacy_snapshots import legacy_snapshot_path, write_legacy_snapshot
 
     storage = Storage.open()
@@ -226,7 +226,7 @@ def test_quitting_does_not_wait_for_the_migration_of_every_old_file(tiny_engine,
     still in place, for the next start."""
     import threading
 
-    from app.chat.saved_chat import Storage
+    from app.chat.saved.conversation import Storage
     from storage.kv.legacy.migration import SnapshotMigration
     from tests.storage.legacy_snapshots import legacy_snapshot_path, write_legacy_snapshot
 

@@ -3,7 +3,7 @@
 import pytest
 
 from app.chat.session import ChatMessage, ChatSession
-from app.chat.prompt_ids import next_prompt
+from app.chat.prompt.ids import next_prompt
 from engine import Done, SamplingParams
 
 # Like Qwen3's template: earlier replies are rendered without their reasoning.

@@ -4,7 +4,7 @@ continues token for token as a full recompute does."""
 import pytest
 
 from app.chat.session import ChatSession
-from app.chat.saved_chat import SavedConversation, Storage
+from app.chat.saved.conversation import SavedConversation, Storage
 from engine import Done, SamplingParams
 from engine.bench.fresh import with_fresh_cache
 from tests.app.kv_blocks import read_back

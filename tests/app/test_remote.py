@@ -12,13 +12,14 @@ from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 
 from app.chat.backend_loader import chat_session
-from app.chat.session import ChatSession, render_chat
+from app.chat.prompt.template import render_chat
+from app.chat.session import ChatSession
 from app.cli.main import main
 from app.cli.conversations import stats_line
 from app.server.api import create_app
 from app.remote.client import RemoteEngine, api_base
 from app.remote.stream import RemoteError, sse_data
-from app.chat.saved_chat import SavedConversation, Storage, reply_stats
+from app.chat.saved.conversation import SavedConversation, Storage, reply_stats
 from app.tui.widgets.status_bar import prompt_text
 from engine import Done, SamplingParams, Stats, TokenDelta
 from tests.app.fake_openai_server import MODEL, FakeServer

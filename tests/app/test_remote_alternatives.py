@@ -1,7 +1,7 @@
 """Regenerate N with a remote server: the alternatives are asked for one after another."""
 
 from app.chat.backend_loader import chat_session
-from app.chat.saved_chat import SavedConversation
+from app.chat.saved.conversation import SavedConversation
 from engine import Done, SamplingParams, TokenDelta
 from tests.app.pilot import wait_until
 from tests.app.test_remote import fake, remote  # noqa: F401 (fixtures)

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from app.chat.backend_loader import chat_session
-from app.chat.saved_chat import SavedConversation
-from app.chat.thinking import split_reply
+from app.chat.prompt.thinking import split_reply
+from app.chat.saved.conversation import SavedConversation
 from app.cli.main import main
 from app.remote.client import RemoteEngine
 from engine import SamplingParams, TokenDelta

@@ -11,7 +11,7 @@ from textual.widgets import Select
 from app.chat.session import ChatSession
 from app.server.api import create_app
 from app.remote.client import RemoteEngine
-from app.chat.saved_chat import Storage
+from app.chat.saved.conversation import Storage
 from app.tui.screens.settings import SettingsScreen
 from app.tui.widgets.chat_view import ChatView
 from app.tui.widgets.messages import AssistantMessageView

@@ -6,8 +6,8 @@ import json
 import pytest
 
 from app.chat.backend_loader import chat_session
-from app.chat.reply_stats import ReplyNumbers, stats_line
-from app.chat.saved_chat import SavedConversation, Storage, reply_stats
+from app.chat.reply.stats import ReplyNumbers, stats_line
+from app.chat.saved.conversation import SavedConversation, Storage, reply_stats
 from app.cli.main import main
 from app.remote.client import RemoteEngine
 from app.tui.widgets.status_bar import prompt_text

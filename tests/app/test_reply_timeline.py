@@ -1,8 +1,8 @@
-"""ReplyTimeline: token arrival times -> tokens/s over the reply, and right now."""
+"""ReplyTimeline: token arrival times -> tokens/s over the reply."""
 
 import pytest
 
-from app.chat.reply_timeline import ReplyTimeline
+from app.chat.reply.timeline import ReplyTimeline
 
 
 class FakeClock:
@@ -82,45 +82,21 @@ def test_points_must_be_positive():
         timeline_at(0.0, 1.0).rates(points=0)
 
 
-def test_current_rate_counts_the_last_window():
-    clock = FakeClock()
-    timeline = ReplyTimeline(clock=clock)
-    for i in range(41):  # 20 tok/s for 2 s
-        timeline.token(at=i / 20)
-    clock.now = 2.0
-    assert timeline.current_rate(window_s=1.0) == pytest.approx(20.0, abs=1.0)
-    assert timeline.current_rate(window_s=0.5) == pytest.approx(20.0, abs=2.0)
+def test_the_rates_follow_a_change_of_speed():
+    # 20 tok/s for the first second, then 40 tok/s for the next.
+    times = [i / 20 for i in range(21)] + [1 + i / 40 for i in range(1, 41)]
+    assert timeline_at(*times).rates(points=2) == pytest.approx([20.0, 40.0], abs=0.11)
 
 
-def test_current_rate_early_in_the_reply_uses_the_time_since_the_first_token():
-    clock = FakeClock()
-    timeline = ReplyTimeline(clock=clock)
-    for t in (10.0, 10.1, 10.2, 10.3):  # the first token is prefill's: 3 decode tokens in 0.3 s
-        timeline.token(at=t)
-    clock.now = 10.3
-    assert timeline.current_rate(window_s=1.0) == pytest.approx(10.0)
+def test_the_first_token_is_prefills_and_not_counted_as_decoded():
+    # 3 decode tokens in the 0.3 s after the first.
+    assert timeline_at(10.0, 10.1, 10.2, 10.3).rates(points=1) == pytest.approx([10.0])
 
 
-def test_current_rate_falls_while_the_reply_stalls():
-    clock = FakeClock()
-    timeline = ReplyTimeline(clock=clock)
-    for i in range(21):
-        timeline.token(at=i / 10)
-    clock.now = 2.0
-    before = timeline.current_rate()
-    clock.now = 2.6
-    assert 0 < timeline.current_rate() < before
-    clock.now = 4.0
-    assert timeline.current_rate() == 0.0
-
-
-def test_current_rate_is_zero_before_two_tokens():
-    clock = FakeClock(3.0)
-    timeline = ReplyTimeline(clock=clock)
-    assert timeline.current_rate() == 0.0
-    timeline.token()
-    clock.now = 3.5
-    assert timeline.current_rate() == 0.0
+def test_a_stall_at_the_end_lowers_the_last_buckets():
+    # 10 tok/s for 2 s, then one more token 2 s later.
+    rates = timeline_at(*(i / 10 for i in range(21)), 4.0).rates(points=4)
+    assert rates == pytest.approx([10.0, 10.0, 0.5, 0.5], abs=0.11)
 
 
 def test_step_sizes_count_the_decode_steps_that_made_each_number_of_tokens():

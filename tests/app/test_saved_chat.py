@@ -2,9 +2,9 @@
 
 import pytest
 
-import app.chat.reply_writer as reply_writer
+import app.chat.saved.reply_writer as reply_writer
 from app.chat.session import ChatSession
-from app.chat.saved_chat import SavedConversation
+from app.chat.saved.conversation import SavedConversation
 from engine import Done, SamplingParams, TokenDelta
 from engine.bench.fresh import with_fresh_cache
 from tests.app.kv_blocks import chain_paths, read_back

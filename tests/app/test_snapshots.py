@@ -8,7 +8,7 @@ generation, so no timing can differ between runs.
 
 import pytest
 
-from app.chat.saved_chat import Storage
+from app.chat.saved.conversation import Storage
 from tests.app.pilot import wait_until
 from tests.app.tui_harness import RecordingApp
 from engine.bench.fresh import with_fresh_cache

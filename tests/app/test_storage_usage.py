@@ -1,8 +1,8 @@
 """`kvchat storage` counts block files only: not a folder where a block file belongs, one moved aside, or a
 writer's temp file."""
 
-from app.chat.storage_usage import usage
 from storage.kv.store import KV_DIR
+from storage.usage import usage
 
 
 def test_storage_counts_only_block_files_as_blocks(kvchat_home, tmp_path, monkeypatch):

@@ -6,9 +6,9 @@ import json
 import pytest
 
 from app.chat.errors import ChatError
-from app.chat.saved_chat import SavedConversation, Storage
+from app.chat.prompt.thinking import stored_reply_parts
+from app.chat.saved.conversation import SavedConversation, Storage
 from app.chat.session import ChatSession
-from app.chat.thinking import stored_reply_parts
 from engine import Done, Engine, EngineOptions, SamplingParams
 from tests.app.forced_replies import ForcedReplies
 from tests.thinking_templates import QWEN3_THINKING, R1_DISTILL, make_thinking_model
@@ -133,7 +133,7 @@ def test_a_template_without_the_switch_refuses_it_in_a_sentence(tiny_engine):
 
 
 def test_the_export_marks_the_reasoning_as_such(qwen3_engine):
-    from app.chat.library import export_text
+    from app.chat.saved.library import export_text
 
     storage = Storage.open()
     session = ChatSession(ForcedReplies(qwen3_engine, [FIRST, "<think>\nStill at it"]), params=GREEDY,

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from app.chat.thinking import (ThinkingSplitter, prompt_opens_thinking, split_reply, stored_reply_parts,
+from app.chat.prompt.thinking import (ThinkingSplitter, prompt_opens_thinking, split_reply, stored_reply_parts,
                                template_switches_thinking)
 
 REPLIES = [

@@ -1,6 +1,6 @@
 """The chat screen driven by Textual's Pilot on a real (tiny) engine."""
 
-from app.chat.saved_chat import SavedConversation, Storage
+from app.chat.saved.conversation import SavedConversation, Storage
 from app.tui.widgets.messages import AssistantMessageView, UserMessageView
 from app.tui.widgets.status_bar import StatusBar
 from engine import EngineError

@@ -2,8 +2,8 @@
 
 from textual import events
 
-from app.chat.reply_timeline import ReplyTimeline
-from app.chat.stream_rates import stream_rates
+from app.chat.reply.stream_rates import stream_rates
+from app.chat.reply.timeline import ReplyTimeline
 from app.tui.screens.settings import SettingsScreen
 from app.tui.widgets.chat_view import ChatView
 from app.tui.widgets.messages import AssistantMessageView

@@ -2,8 +2,8 @@
 
 import pytest
 
-from app.chat.chat_formats import GEMMA
-from app.chat.saved_chat import Storage
+from app.chat.prompt.formats import GEMMA
+from app.chat.saved.conversation import Storage
 from app.tui.widgets.inspector import Inspector
 from engine import Engine, EngineOptions
 from tests.app.pilot import wait_until

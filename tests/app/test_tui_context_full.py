@@ -6,8 +6,8 @@ import threading
 import pytest
 
 from app.tui.actions import context as context_actions
-from app.chat.compaction import CompactionStopped, compact
-from app.chat.saved_chat import Storage
+from app.chat.context.compaction import CompactionStopped, compact
+from app.chat.saved.conversation import Storage
 from app.tui.screens.context_full import ContextFullScreen
 from app.tui.widgets.chat_view import ChatView
 from app.tui.widgets.status_bar import StatusBar

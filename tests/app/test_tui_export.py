@@ -1,6 +1,6 @@
 """Ctrl+S export in the chat: the notice names where the file went (the home folder as ~), the config
 file's export_dir holds it, and a Markdown export marks a reply cut at the length limit (Ctrl+S and
-`kvchat export --format md` write the same text: app/chat/library.py)."""
+`kvchat export --format md` write the same text: app/chat/saved/library.py)."""
 
 import dataclasses
 import time
@@ -8,7 +8,7 @@ import time
 import pytest
 
 from app.chat.config import Config, ConfigError, load_config
-from app.chat.library import CUT_NOTE, render_markdown
+from app.chat.saved.library import CUT_NOTE, render_markdown
 from storage.db.records import Conversation, StoredMessage
 from tests.app.pilot import wait_until
 from tests.app.tui_harness import app_with, exchange, ready

@@ -3,7 +3,7 @@
 import pytest
 from textual import events
 
-from app.chat.saved_chat import Storage
+from app.chat.saved.conversation import Storage
 from app.tui.screens.help import HelpScreen
 from app.tui.widgets.messages import NoteView, UserMessageView
 from tests.app.pilot import wait_until

@@ -1,7 +1,7 @@
 """The inspector in the running chat: a reply that kept no numbers says so (instead of the hint to
 select a reply), and the reply being prefilled shows no TTFT or decode numbers before it has any."""
 
-from app.chat.saved_chat import Storage
+from app.chat.saved.conversation import Storage
 from app.tui.widgets.inspector import NONE_KEPT, Inspector
 from tests.app.pilot import wait_until
 from tests.app.slow_engine import slow_endless_engine

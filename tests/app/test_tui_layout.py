@@ -6,7 +6,7 @@ import pytest
 from textual.widgets._footer import FooterKey
 from textual.widgets.markdown import MarkdownFence
 
-from app.chat.saved_chat import Storage
+from app.chat.saved.conversation import Storage
 from app.tui.widgets.chat_view import ChatView
 from app.tui.widgets.inspector import HINT, Inspector
 from app.tui.widgets.messages import AssistantMessageView

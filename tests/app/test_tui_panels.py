@@ -6,7 +6,7 @@ import threading
 
 from textual.widgets import Select
 
-from app.chat.saved_chat import Storage
+from app.chat.saved.conversation import Storage
 from app.tui.screens.help import HelpScreen
 from app.tui.screens.settings import ChatSettings, SettingsScreen
 from app.tui.widgets.chat_view import ChatView

@@ -2,7 +2,7 @@
 storage is closed (every K/V block and message written); the process then ends at once
 (tests/app/test_process_end.py)."""
 
-from app.chat.saved_chat import Storage
+from app.chat.saved.conversation import Storage
 from app.cli.main import build_parser
 from app.tui import app as tui_app
 from app.tui import run as tui_run

@@ -3,9 +3,9 @@ streams, then collapsed; `t` toggles it), counted apart in the status bar, and s
 
 import pytest
 
-from app.chat.alternatives import one_after_another
 from app.chat.config import Config
-from app.chat.saved_chat import SavedConversation
+from app.chat.reply.alternatives import one_after_another
+from app.chat.saved.conversation import SavedConversation
 from app.tui.widgets.messages import AssistantMessageView
 from app.tui.widgets.status_bar import StatusBar
 from app.tui.widgets.thinking_block import ThinkingBlock

@@ -4,7 +4,7 @@ follows deletions and restores made by another process (the CLI) while the windo
 
 import pytest
 
-from app.chat.saved_chat import Storage
+from app.chat.saved.conversation import Storage
 from app.tui.screens.confirm import ConfirmScreen
 from app.tui.widgets.sidebar import Sidebar
 from storage.errors import StorageError

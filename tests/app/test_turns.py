@@ -8,10 +8,10 @@ import threading
 
 import pytest
 
-import app.chat.reply_writer as reply_writer
+import app.chat.saved.reply_writer as reply_writer
 from app.chat.session import ChatSession
-from app.chat.reply_writer import ConversationDeleted
-from app.chat.saved_chat import ConversationBusy, ConversationChanged, SavedConversation, Storage
+from app.chat.saved.reply_writer import ConversationDeleted
+from app.chat.saved.conversation import ConversationBusy, ConversationChanged, SavedConversation, Storage
 from engine import Done, SamplingParams, TokenDelta
 from tests.app.kv_blocks import block_files, conversation_kv
 from tests.app.test_cli import kvchat
@@ -89,7 +89,7 @@ def test_a_conversation_deleted_while_its_reply_streams_leaves_nothing_behind(ti
             if isinstance(event, TokenDelta):
                 tokens += 1
                 if tokens == 5:
-                    from app.chat.library import delete_conversation
+                    from app.chat.saved.library import delete_conversation
                     delete_conversation(other.conversations, other.home, conversation, permanently=True)
             assert not isinstance(event, Done)
     other.close()
@@ -112,7 +112,7 @@ def test_a_snapshot_of_a_conversation_deleted_before_it_is_written_is_not_kept(t
 
     storage.kv.save = slow_save
     list(session.send("again"))
-    from app.chat.library import delete_conversation
+    from app.chat.saved.library import delete_conversation
     delete_conversation(storage.conversations, storage.home, session.saved.id, permanently=True)
     gate.set()
     storage.writer.flush()
@@ -135,7 +135,7 @@ def test_a_conversation_moved_to_the_trash_mid_reply_takes_nothing_more(tiny_eng
             if isinstance(event, TokenDelta):
                 tokens += 1
                 if tokens == 5:
-                    from app.chat.library import delete_conversation
+                    from app.chat.saved.library import delete_conversation
                     delete_conversation(other.conversations, other.home, session.saved.id)
                     kept = len(other.conversations.trashed())
     other.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from app.chat.saved_chat import Storage
+from app.chat.saved.conversation import Storage
 from app.tui.app import KvchatApp
 from tests.app.pilot import wait_until
 

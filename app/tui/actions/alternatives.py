@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from textual.widgets import Markdown
 
-from app.chat.alternatives import GREEDY_STANDIN_TEMPERATURE, AlternativeReplies
+from app.chat.reply.alternatives import GREEDY_STANDIN_TEMPERATURE, AlternativeReplies
 from app.chat.alternatives_count import DEFAULT_ALTERNATIVES, alternatives_problem
-from app.chat.thinking import ThinkingDelta, ThinkingSplitter
+from app.chat.prompt.thinking import ThinkingDelta, ThinkingSplitter
 from app.chat.backend_loader import is_remote
 from app.chat.chat_message import ChatMessage
 from app.chat.errors import USER_FACING_ERRORS
-from app.chat.reply_stats import ReplyNumbers
-from app.chat.saved_chat import ConversationChanged
+from app.chat.reply.stats import ReplyNumbers
+from app.chat.saved.conversation import ConversationChanged
 from app.chat.wording import counted
 from app.tui.alternative_events import AlternativeEnded, AlternativesDone, AlternativesProgress, stream_alternatives
 from app.tui.widgets.chat_view import ChatView

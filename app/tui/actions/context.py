@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING
 
 from textual.message import Message
 
-from app.chat.compaction import CompactionStopped, Summary, compact, compact_report, send_compacted
-from app.chat.context_overflow import ConversationTooLong, drop_report, plan_drop_oldest, send_dropping_oldest
+from app.chat.context.compaction import CompactionStopped, Summary, compact, compact_report, send_compacted
+from app.chat.context.overflow import drop_report, plan_drop_oldest, send_dropping_oldest
+from app.chat.prompt.context_room import ConversationTooLong
 from app.chat.errors import USER_FACING_ERRORS
 from app.tui.engine_events import failure_sentence
 from app.tui.screens.context_full import COMPACT, DROP_OLDEST, ContextFullScreen

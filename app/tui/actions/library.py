@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from textual import events
 from textual.actions import SkipAction
 
-from app.chat.export_file import ExportTargetExists, shown_path
-from app.chat.library import delete_conversation, write_export
+from app.chat.saved.export_file import ExportTargetExists, shown_path
+from app.chat.saved.library import delete_conversation, write_export
 from app.tui.screens.confirm import ConfirmScreen
 from app.tui.screens.text_prompt import TextPromptScreen
 from app.tui.widgets.chat_view import ChatView
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from textual.app import App
 
     from app.chat.config import Config
-    from app.chat.saved_chat import Storage
+    from app.chat.saved.conversation import Storage
 
 
 @runtime_checkable  # so a test can check that KvchatApp keeps it

@@ -17,7 +17,6 @@ from app.chat.local_models import LocalModel, find_local_models
 from app.chat.sampling_settings import sampling_params
 from app.tui.screens.help import HelpScreen
 from app.tui.screens.settings import ChatSettings, SettingsScreen
-from app.chat.storage_usage import one_line, usage
 from app.tui.token_meter import count_tokens, estimate_tokens, meter_text, room_left
 from app.tui.widgets.chat_view import ChatView
 from app.tui.widgets.inspector import Inspector
@@ -27,13 +26,14 @@ from app.tui.widgets.prompt_input import PromptInput
 from app.tui.widgets.sidebar import Sidebar
 from app.tui.widgets.status_bar import StatusBar
 from storage.errors import StorageError
+from storage.usage import one_line, usage
 
 if TYPE_CHECKING:
     from textual.app import App
 
     from app.chat.backend import Backend
     from app.chat.config import Config
-    from app.chat.saved_chat import Storage
+    from app.chat.saved.conversation import Storage
     from app.chat.session import ChatSession
 
 HELP_NOTE = ("Typing goes to the message box wherever the focus is. On a message or in the conversation list, "

@@ -11,12 +11,12 @@ from textual.widgets import Markdown, Static
 
 from app.tui import slash_commands
 from app.chat.backend_loader import is_remote
-from app.chat.context_overflow import ConversationTooLong
+from app.chat.prompt.context_room import ConversationTooLong
 from app.chat.errors import USER_FACING_ERRORS
-from app.chat.reply_stats import ReplyNumbers
+from app.chat.reply.stats import ReplyNumbers
 from app.chat.session import ChatMessage
 from app.tui.engine_events import ReplyDone, ReplyStats, ReplyText, stream_reply
-from app.chat.saved_chat import ConversationChanged
+from app.chat.saved.conversation import ConversationChanged
 from app.tui.widgets.chat_view import ChatView
 from app.tui.widgets.inspector import Inspector
 from app.tui.widgets.messages import AssistantMessageView, MessageView, UserMessageView

@@ -16,7 +16,7 @@ from textual.containers import Vertical
 from textual.widget import Widget
 from textual.widgets import Sparkline, Static
 
-from app.chat.reply_stats import ReplyNumbers
+from app.chat.reply.stats import ReplyNumbers
 
 HINT = "Select a reply (click it, or Ctrl+↑) to see where its time went."
 NO_NUMBERS = "No numbers were kept for this reply."

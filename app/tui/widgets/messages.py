@@ -17,9 +17,9 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import Markdown, Static
 
-from app.chat.reply_stats import ReplyNumbers
+from app.chat.reply.stats import ReplyNumbers
 from app.chat.session import ChatMessage
-from app.chat.thinking import ReplyParts, stored_reply_parts
+from app.chat.prompt.thinking import ReplyParts, stored_reply_parts
 from app.chat.wording import counted
 from app.tui.widgets.letter_keys import letters_act
 from app.tui.widgets.thinking_block import ThinkingBlock

@@ -28,11 +28,11 @@ from rich.text import Text
 from textual import events
 from textual.widget import Widget
 
-from app.chat.reply_stats import ReplyNumbers
+from app.chat.reply.stats import ReplyNumbers
 from app.chat.stats_text import format_duration, format_rate, format_tokens_per_step, prefill_rate_shown
-from app.chat.stream_rates import StreamRates
+from app.chat.reply.stream_rates import StreamRates
 from app.tui.context_meter import meter_forms, warns
-from app.chat.thinking import thinking_counts_text
+from app.chat.prompt.thinking import thinking_counts_text
 from engine import RequestStats
 
 SEPARATOR = " · "

@@ -8,7 +8,7 @@ version, its conversation gone or in the trash) is removed with one log line.
 Nothing is left behind: the directory itself goes once it is empty.
 
 When the store opens, each file's `migrate_one` is queued on the background
-writer (app/chat/saved_chat.py), one job each, so a turn's own writes go
+writer (app/chat/saved/conversation.py), one job each, so a turn's own writes go
 between them and quitting waits for one file at most (the rest are migrated
 at the next start); a resume that needs one conversation's file first calls
 `migrate_one` for it, which waits for nothing but the same lock.

@@ -9,7 +9,7 @@ two ways on, each a new branch so that the branch as it was stays saved untouche
   fit, then the message. The system prompt renders first as before, so its K/V come from the prefix
   cache at the same positions; the turns kept moved to new positions and are computed again, which the
   reply's stats (cached vs computed prompt tokens) show.
-- Compact (compaction.py): the model summarizes the older turns; the new branch starts from the summary.
+- Compact (context/compaction.py): the model summarizes the older turns; the new branch starts from the summary.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from app.chat.chat_message import ChatMessage
-from app.chat.context_room import ConversationTooLong, MessageTooLong, fits_window, reply_room  # noqa: F401 (re-exported)
+from app.chat.prompt.context_room import MessageTooLong, fits_window, reply_room
 from engine import Event
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ def fits(session: ChatSession, tokens: int) -> bool:
 
 
 def summaries(messages: list[ChatMessage]) -> list[ChatMessage]:
-    """The leading summary messages (role "system", see compaction.py): they stay when turns are dropped."""
+    """The leading summary messages (role "system", see context/compaction.py): they stay when turns are dropped."""
     count = 0
     while count < len(messages) and messages[count].role == "system":
         count += 1

@@ -1,4 +1,4 @@
-"""How a compacted branch's summary (a message of role "system", compaction.py) reaches the template:
+"""How a compacted branch's summary (a message of role "system", context/compaction.py) reaches the template:
 joined with the system prompt into one system turn, because Gemma's and Mistral's templates refuse a
 second one."""
 

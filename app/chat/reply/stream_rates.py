@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.chat.reply_timeline import ReplyTimeline
+from app.chat.reply.timeline import ReplyTimeline
 
 
 @dataclass(frozen=True)

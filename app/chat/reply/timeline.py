@@ -8,7 +8,6 @@ float and counts the step; the rates are worked out when someone asks for them.
 from __future__ import annotations
 
 import time
-from bisect import bisect_right
 from collections import Counter
 from collections.abc import Callable
 
@@ -75,21 +74,3 @@ class ReplyTimeline:
                 overlap = min(at, start + (k + 1) * width) - max(before, start + k * width)
                 tokens[k] += max(overlap, 0.0) * per_s
         return [round(count / width, 1) for count in tokens]
-
-    def current_rate(self, window_s: float = 1.0) -> float:
-        """Tokens/s over the last `window_s` seconds up to now, for a live display.
-
-        Early in the reply the window shrinks to the time since the first token (which
-        prefill made, so it is not counted), else the rate would start out too low.
-        It falls while the reply stalls, as "now" moves on without new tokens.
-        """
-        times = self.times
-        if len(times) < 2:
-            return 0.0
-        now = self._clock()
-        span = min(window_s, now - times[0])
-        if span <= 0:
-            return 0.0
-        # The times are sorted (appended as they came), so the window's start is a bisection away.
-        in_window = len(times) - bisect_right(times, now - span)
-        return round(in_window / span, 1)

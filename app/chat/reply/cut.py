@@ -1,9 +1,9 @@
-"""A reply's events as a chat format shows them (chat_formats.py): the text cut before the stop string that
+"""A reply's events as a chat format shows them (prompt/formats.py): the text cut before the stop string that
 ended it (a transcript's next "User:" line, which the engine includes), an end-of-turn marker the
 tokenizer spells as text left out, and a transcript reply's leading blank dropped.
 
 Only the text changes: the token ids stay the model's, stop tokens included, so the next turn's prompt
-still extends them (prompt_ids.py).
+still extends them (prompt/ids.py).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 
-from app.chat.alternatives import Drive
-from app.chat.chat_formats import ChatFormat
-from app.chat.stop_text import StopText
+from app.chat.prompt.formats import ChatFormat
+from app.chat.prompt.stop_text import StopText
+from app.chat.reply.alternatives import Drive
 from engine import Done, Event, TokenDelta
 
 
@@ -62,7 +62,7 @@ def cut_events(chat_format: ChatFormat | None, events: Iterator[Event]) -> Itera
 
 
 def cut_drive(chat_format: ChatFormat | None, drive: Drive) -> Drive:
-    """`drive` (several replies read together, alternatives.py) with each reply's events cut as above."""
+    """`drive` (several replies read together, reply/alternatives.py) with each reply's events cut as above."""
     if chat_format is None:
         return drive
 

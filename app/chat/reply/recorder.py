@@ -1,16 +1,16 @@
 """ReplyRecorder: one reply as its events arrive (text, token ids, timeline), written to its row as it
 streams, and the ChatMessage it ends as. A single reply (ChatSession) and each of several alternatives
-decoded side by side (alternatives.py) are recorded the same way."""
+decoded side by side (reply/alternatives.py) are recorded the same way."""
 
 from __future__ import annotations
 
 import logging
 
 from app.chat.chat_message import ChatMessage
-from app.chat.reply_timeline import ReplyTimeline
-from app.chat.reply_writer import ReplyNotSaved, ReplyWriter
-from app.chat.saved_chat import reply_stats
-from app.chat.thinking import ThinkingSplitter
+from app.chat.prompt.thinking import ThinkingSplitter
+from app.chat.reply.timeline import ReplyTimeline
+from app.chat.saved.conversation import reply_stats
+from app.chat.saved.reply_writer import ReplyNotSaved, ReplyWriter
 from engine import Done, TokenDelta
 from storage.errors import StorageError
 
@@ -24,7 +24,7 @@ class ReplyRecorder:
         text chunk counts as a token (a remote server's events carry no token ids). `chat_format`: the
         standard format its prompt was written in (a model without a chat template), kept in its stats
         for the inspector. `opens_thinking`: the prompt ended inside a `<think>` block, so the reply
-        starts as reasoning (thinking.py)."""
+        starts as reasoning (prompt/thinking.py)."""
         self.writer = writer
         self.chat_format = chat_format
         self.thinking = ThinkingSplitter(opens_thinking)  # counts the reasoning's tokens apart

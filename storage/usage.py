@@ -1,4 +1,6 @@
-"""`kvchat storage`: what kvchat keeps on disk, how big it is, and how to free space.
+"""What kvchat keeps on disk and how big it is: the conversation database and its backups, the K/V block
+store, and the converted models. `kvchat storage` prints it (app/cli/storage_usage.py), the chat's settings
+panel shows its one line.
 
 Disk use was invisible: 13 small chats held 571 MB of KV snapshots next to a 623 MB converted model.
 Sizes are read from the file system; the database is read (read-only) for the trash count and for how
@@ -7,20 +9,17 @@ much of the KV block store conversations share (blocks stored once, referenced b
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
-from app.chat.wording import counted
 from engine.paths import cache_dir
-from storage.db.conversations import ConversationStore
 from storage.data_dir import data_dir
+from storage.db.conversations import ConversationStore
+from storage.disk_files import DEFAULT_KV_DISK_GB
 from storage.errors import StorageError
 from storage.kv.block_file import SUFFIX
 from storage.kv.store import KV_DIR, KVBlockStore
-from storage.disk_files import DEFAULT_KV_DISK_GB
 
 
 @dataclass(frozen=True)
@@ -106,34 +105,3 @@ def one_line(u: Usage) -> str:
     """For the chat: "disk: KV 571 MB/4.0 GB · db 1.2 MB · models 623 MB"."""
     return (f"disk: KV {human(u.kv_bytes)}/{human(u.kv_cap_bytes)} · db "
             f"{human(u.database_bytes + u.backup_bytes)} · models {human(u.model_cache_bytes)}")
-
-
-def report(u: Usage) -> str:
-    rows = [
-        ("conversations", f"{human(u.database_bytes)}", f"{u.data_dir}/kvchat.db"
-         + (f" ({u.trashed} in the trash)" if u.trashed else "")),
-        ("backups", f"{human(u.backup_bytes)}", f"{u.data_dir}/backups ({u.backups}, the last 3 kept)"),
-        ("KV cache", f"{human(u.kv_bytes)}", f"{u.data_dir}/{KV_DIR} ({u.kv_blocks} block{'' if u.kv_blocks == 1 else 's'} of "
-         f"{u.kv_conversations} conversation{'' if u.kv_conversations == 1 else 's'}, cap {human(u.kv_cap_bytes)})"),
-        ("converted models", f"{human(u.model_cache_bytes)}", f"{u.cache_dir} ({counted(u.models, 'model')})"),
-    ]
-    width = max(len(name) for name, _, _ in rows)
-    lines = [f"{name:<{width}}  {size:>9}  {where}" for name, size, where in rows]
-    lines.append(f"{'in all':<{width}}  {human(u.total_bytes):>9}")
-    if u.kv_shared_bytes:
-        lines.append(f"\nConversations that begin alike share KV blocks: {human(u.kv_shared_bytes)} of them are stored once, "
-                     f"saving {human(u.kv_saved_bytes)}.")
-    lines += ["", "To free space:",
-              "  The KV cache only saves recomputing a history: `--snapshot-gb N` (or 0) caps it, least recently",
-              "  used blocks first; what is missing is recomputed when a conversation is resumed.",
-              "  `kvchat delete ID --permanently` removes a conversation and the KV blocks it shares with no other",
-              "  now (plain `delete` keeps them 30 days in the trash).",
-              f"  Converted models in {u.cache_dir}/models can be removed; a model is converted again (once)",
-              "  when it is next used."]
-    return "\n".join(lines)
-
-
-def run_storage(args: argparse.Namespace) -> int:
-    u = usage(args.snapshot_gb)
-    print(json.dumps({**asdict(u), "total_bytes": u.total_bytes}) if args.json else report(u))
-    return 0

@@ -7,7 +7,7 @@ branch of the reply they replace, as a regenerated reply is.
   alternatives sample at GREEDY_STANDIN_TEMPERATURE instead.
 - The embedded engine decodes them side by side (engine.interleave: one step makes a token of each);
   a remote server is asked for them one after another (one_after_another).
-- Each is recorded as a single reply is (reply_recorder.py): its row, token ids and stats, so a
+- Each is recorded as a single reply is (reply/recorder.py): its row, token ids and stats, so a
   follow-up on any of them reuses the KV cache. Stopped, each keeps what it wrote; one stopped before
   its first token is not kept at all (an empty branch says nothing).
 """
@@ -21,15 +21,15 @@ from typing import TYPE_CHECKING, Protocol
 
 from app.chat.alternatives_count import alternatives_problem
 from app.chat.chat_message import ChatMessage
-from app.chat.reply_recorder import ReplyRecorder
-from app.chat.reply_writer import ConversationDeleted, ReplyNotSaved
-from app.chat.stream_rates import StreamRates, stream_rates
+from app.chat.reply.recorder import ReplyRecorder
+from app.chat.reply.stream_rates import StreamRates, stream_rates
+from app.chat.saved.reply_writer import ConversationDeleted, ReplyNotSaved
 from engine import Done, Event, SamplingParams, TokenDelta, interleave
 from engine.sampling_params import MAX_SEED
 from storage.errors import StorageError
 
 if TYPE_CHECKING:
-    from app.chat.saved_chat import SavedConversation
+    from app.chat.saved.conversation import SavedConversation
 
 
 class AlternativesHost(Protocol):
@@ -39,7 +39,7 @@ class AlternativesHost(Protocol):
     messages: list[ChatMessage]
     token_ids: bool  # the backend takes token ids (an engine), not text (a server)
     chat_format_name: str | None  # the standard format of a model without a chat template (None: its own)
-    opens_thinking: bool  # the prompt ends inside an open <think> (app/chat/thinking.py)
+    opens_thinking: bool  # the prompt ends inside an open <think> (app/chat/prompt/thinking.py)
 
     def end_alternatives(self, previous: list[ChatMessage], before: list[ChatMessage], prompt: list[int],
                          kept: ChatMessage | None, token_ids: list[int] | None) -> None: ...

@@ -1,6 +1,6 @@
 """How much of the context window a reply needs, and the refusals when a prompt leaves it less.
 
-Kept apart from the ways on (context_overflow.py, compaction.py) so that the chat session can check
+Kept apart from the ways on (context/overflow.py, context/compaction.py) so that the chat session can check
 every turn without importing them.
 """
 

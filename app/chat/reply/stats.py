@@ -1,7 +1,7 @@
 """One reply's numbers as one typed record, live or stored, and every text made of them.
 
 Live: the engine's RequestStats of the reply being written (ReplyNumbers.from_request). Stored: the
-dict kept with a reply (saved_chat.reply_stats; ReplyNumbers.from_saved). Rows written by older
+dict kept with a reply (saved/conversation.py: reply_stats; ReplyNumbers.from_saved). Rows written by older
 versions lack some keys and a damaged row may hold anything, so the record is checked once, here,
 and every text shows only what its fields allow.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from app.chat.chat_formats import format_label
+from app.chat.prompt.formats import format_label
 from app.chat.stats_text import (cached_text, format_count, format_duration, format_rate, format_tokens_per_step,
                                  prefill_rate_shown)
 from app.chat.wording import counted
@@ -65,7 +65,7 @@ class ReplyNumbers:
     # () when not known: a remote server's reply, a reply still being written, an older row.
     step_sizes: tuple[tuple[int, int], ...] = ()
     phase: str = "done"  # prefill | decode | done; a stored reply is done
-    # The standard format its prompt was written in, for a model without a chat template (chat_formats.py).
+    # The standard format its prompt was written in, for a model without a chat template (prompt/formats.py).
     chat_format: str | None = None
     cached_kept: bool = True
     prompt_kept: bool = True  # as cached_kept, for prompt_tokens: a row with the key, whose None means unknown

@@ -4,7 +4,7 @@
 Each format writes a conversation ({"role", "content"} turns) as the prompt's text, ready for the
 assistant's reply, the way that family's own chat template does, and knows what ends a reply: its
 end-of-turn token (a base model's EOS often is not it) or, for a transcript, the next "User:" line.
-Which format a model gets is chosen in format_choice.py.
+Which format a model gets is chosen in prompt/format_choice.py.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ new branch starts from the system prompt and that summary, then the message (the
 The summary is a message of role "system" at the root of the new branch, its text starting with
 SUMMARY_HEADER; it is the only kind of message stored with that role (the conversation's own system
 prompt is a setting, not a message). Rendered, it joins the system prompt in one system turn
-(with_summaries), since many templates (Gemma's, Mistral's) refuse a second system turn.
+(prompt/summary_turns.py), since many templates (Gemma's, Mistral's) refuse a second system turn.
 
 The summary is a separate greedy generation: the turns, then SUMMARY_INSTRUCTION as a user message. Its
 max tokens are bounded (summary_budget) so that the system prompt, the summary, the message and the reply's
@@ -18,11 +18,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from app.chat.chat_message import ChatMessage
-from app.chat.context_overflow import MessageTooLong, fits, reply_room, send_on_new_branch
+from app.chat.context.overflow import fits, send_on_new_branch
 from app.chat.errors import ChatError
-from app.chat.prompt_ids import next_prompt
+from app.chat.prompt.context_room import MessageTooLong, reply_room
 from app.chat.wording import counted
-from app.chat.summary_turns import with_summaries  # noqa: F401 (re-exported)
 from engine import Done, SamplingParams
 
 if TYPE_CHECKING:
@@ -41,10 +40,6 @@ SUMMARY_SHARE = 8
 SUMMARY_MIN_TOKENS = 16  # less room than this cannot say anything useful: drop the oldest turns instead
 # Re-tokenized, a summary's text may take a few more tokens than the model generated.
 RETOKENIZE_SLACK = 8
-
-
-def is_summary(message: ChatMessage) -> bool:
-    return message.role == "system"
 
 
 @dataclass(frozen=True)
@@ -121,8 +116,7 @@ def _turns_that_fit(session: ChatSession, head: list[ChatMessage], remaining: li
 def _generate(session: ChatSession, messages: list[ChatMessage], budget: int) -> Done:
     """One greedy summarizing pass. It extends the ids the model saw when it can, so the prefix cache
     serves the conversation's K/V and only the instruction is computed."""
-    rendered = session._rendered([*messages, ChatMessage("user", SUMMARY_INSTRUCTION)])
-    ids = next_prompt(session.engine.tokenizer, session.seen_ids, rendered).ids
+    ids = session.prompt.after(session.seen_ids, [*messages, ChatMessage("user", SUMMARY_INSTRUCTION)]).ids
     params = SamplingParams(temperature=0, max_tokens=budget, stop_repetition=True)
     session.generation = generation = session.engine.generate(ids, params)
     done = None

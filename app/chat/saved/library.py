@@ -7,8 +7,8 @@ import json
 import time
 from pathlib import Path
 
-from app.chat.export_file import write_new_file
-from app.chat.thinking import stored_reply_parts
+from app.chat.prompt.thinking import stored_reply_parts
+from app.chat.saved.export_file import write_new_file
 from storage.db.conversations import Conversation, ConversationStore, StoredMessage
 from storage.errors import StorageError
 from storage.kv.store import KVBlockStore
@@ -76,7 +76,7 @@ def export_text(store: ConversationStore, conversation_id: str, fmt: str) -> str
 
 
 def write_export(store: ConversationStore, conversation_id: str, fmt: str, path: Path, force: bool = False) -> None:
-    """The export written to `path`, which must be new unless `force` (see app/chat/export_file.py)."""
+    """The export written to `path`, which must be new unless `force` (see app/chat/saved/export_file.py)."""
     write_new_file(path, export_text(store, conversation_id, fmt) + "\n", force)
 
 

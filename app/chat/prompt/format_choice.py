@@ -1,4 +1,4 @@
-"""Which chat format a model's prompts are written in (chat_formats.py), and the settings that go with it.
+"""Which chat format a model's prompts are written in (prompt/formats.py), and the settings that go with it.
 
 A model with a chat template of its own uses it (None here). One without: the family its config's
 model_type names, when its vocabulary holds that format's special tokens; else the first family whose
@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from app.chat.chat_formats import FAMILIES, FORMATS, TRANSCRIPT, ChatFormat, Specials
+from app.chat.prompt.formats import FAMILIES, FORMATS, TRANSCRIPT, ChatFormat, Specials
 from engine.sampling_params import SamplingParams
 from engine.weights.tokenizer import Tokenizer
 

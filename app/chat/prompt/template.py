@@ -1,13 +1,13 @@
 """The prompt's text of a conversation: turns ({"role", "content"} dicts) -> the text ready for the
 assistant's reply. The model's chat template, or for a model without one the standard format kvchat
-chose for it (chat_formats.py, format_choice.py). Used by the chat session, the API server and the
+chose for it (prompt/formats.py, prompt/format_choice.py). Used by the chat session, the API server and the
 benchmarks; `kvchat ask --raw` sends its text as is, with no template at all (raw_prompt_ids)."""
 
 from __future__ import annotations
 
-from app.chat.chat_formats import ChatFormat
 from app.chat.errors import ChatError
-from app.chat.format_choice import format_specials, model_chat_format
+from app.chat.prompt.format_choice import format_specials, model_chat_format
+from app.chat.prompt.formats import ChatFormat
 from engine.weights.tokenizer import Tokenizer
 
 

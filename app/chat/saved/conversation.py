@@ -3,9 +3,9 @@
 - A conversation takes one turn at a time, across processes (begin_turn).
 - The user's message is committed before its reply starts.
 - The reply is a `streaming` row from its first token, what it adds saved at
-  least every PARTIAL_SAVE_S (app/chat/reply_writer.py; a crash leaves it
+  least every PARTIAL_SAVE_S (app/chat/saved/reply_writer.py; a crash leaves it
   `interrupted`, text kept), and final when it ends (`complete`, or `stopped`);
-  app/chat/reply_recorder.py feeds it the reply's events.
+  app/chat/reply/recorder.py feeds it the reply's events.
 - After each turn the conversation's new K/V blocks are written to the block
   store in the background (storage/kv/store.py); when the conversation is
   resumed in a new process, or any prompt starts with stored blocks (a shared
@@ -25,9 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.chat.reply_writer import ReplyWriter
 from app.chat.sampling_settings import sampling_settings
-from app.chat.stored_kv import load_stored_kv, new_blocks
+from app.chat.saved.reply_writer import ReplyWriter
+from app.chat.saved.stored_kv import load_stored_kv, new_blocks
 from engine import Done, Engine, SamplingParams
 from storage.db.conversations import Conversation, ConversationStore
 from storage.data_dir import data_dir
@@ -42,7 +42,7 @@ from storage.db.turn_lock import TurnLock
 
 log = logging.getLogger("kvchat")
 # Kept beside the sampling settings (the conversation's `params`), which the sampling ignores: false when
-# the user turned the conversation's thinking off (app/chat/thinking.py).
+# the user turned the conversation's thinking off (app/chat/prompt/thinking.py).
 THINKING_SETTING = "thinking"
 
 
@@ -339,7 +339,7 @@ class SavedConversation:
 
     def copy_message(self, parent_id: str | None, message) -> str:
         """A copy of `message` (a ChatMessage) under `parent_id` (None: a new root), without token ids: the
-        start of a new branch made of earlier turns (app/chat/context_overflow.py). Returns its id."""
+        start of a new branch made of earlier turns (app/chat/context/overflow.py). Returns its id."""
         status = "interrupted" if message.status == "streaming" else message.status
         stored = self.store.add_message(self.id, parent_id, message.role, message.content, 0, [], status,
                                         message.stats)

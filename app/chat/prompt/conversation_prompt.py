@@ -1,0 +1,117 @@
+"""The one way into prompt/: a conversation's messages -> the token ids of the prompt the engine gets.
+
+A ChatSession asks here once per turn (ConversationPrompt.turn). On the way:
+1. the system prompt and the messages become the chat API's turns, a compacted branch's summary joined
+   to the system prompt (summary_turns.py);
+2. the turns become text: the model's chat template, or the standard format chosen for a model without
+   one (template.py, format_choice.py), with thinking switched off where the template reads the switch
+   (thinking.py);
+3. the text becomes ids that extend, token for token, the ids the model has seen (ids.py);
+4. a prompt that leaves the reply too little of the context window is refused (context_room.py).
+A remote server is sent the turns of step 1 and does the rest itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.chat.backend import Backend, takes_token_ids
+from app.chat.chat_message import ChatMessage
+from app.chat.prompt.context_room import require_room
+from app.chat.prompt.format_choice import FormatChoice, conversation_format, format_params
+from app.chat.prompt.ids import next_prompt
+from app.chat.prompt.summary_turns import with_summaries
+from app.chat.prompt.template import render_chat
+from app.chat.prompt.thinking import prompt_opens_thinking, template_switches_thinking
+from engine.sampling_params import SamplingParams
+
+# The prompt's last tokens that tell whether it ends inside an open <think> (R1-distill templates):
+# far more than a generation prompt's few, far fewer than a long history's.
+PROMPT_TAIL_TOKENS = 32
+
+
+@dataclass(frozen=True)
+class TurnPrompt:
+    """A turn's prompt, ready for the engine."""
+
+    ids: list[int]
+    rewritten_at: int | None  # None: it extends the ids the model has seen; else the first position that differs
+    opens_thinking: bool  # it ends inside an open <think>: the reply begins in its reasoning
+
+    def unseen_from(self, seen: int) -> int:
+        """Where the ids the model has not seen begin, when it has seen the first `seen` of the history's."""
+        return seen if self.rewritten_at is None else self.rewritten_at
+
+
+class ConversationPrompt:
+    """What one conversation's prompts are written with: its chat format (chosen once, when the conversation
+    is opened), its system prompt and its thinking switch (the session changes those two and keeps them)."""
+
+    def __init__(self, backend: Backend, kept_format: str | None, system: str | None, thinking: bool):
+        """`kept_format`: the standard format the conversation was written in (None: a new conversation, or
+        one written in its model's template). `system=None` renders the user's messages only, so the model's
+        own default system prompt (if its template has one) applies."""
+        self.backend = backend
+        self.system = system
+        # Off renders the template with enable_thinking=False, where the template reads it (thinking_switchable).
+        self.thinking = thinking
+        self.takes_ids = takes_token_ids(backend)
+        # A server renders its own template. A model without one gets a standard format (the one the
+        # conversation was written in, when it has one); `format_notice` says which, for the user.
+        choice = conversation_format(backend, kept_format) if self.takes_ids else FormatChoice(None, None)
+        self.chat_format, self.format_notice = choice.chat_format, choice.notice
+
+    @property
+    def thinking_switchable(self) -> bool:
+        """Whether the model's chat template can turn thinking off (it reads `enable_thinking`)."""
+        # A standard format (a model without a template, formats.py) has no switch.
+        return (self.takes_ids and self.chat_format is None
+                and template_switches_thinking(self.backend.tokenizer.hf.chat_template))
+
+    def template_options(self) -> dict:
+        """The variables the chat template is rendered with: enable_thinking=False when thinking is switched
+        off and the template takes it; else none."""
+        return {"enable_thinking": False} if not self.thinking and self.thinking_switchable else {}
+
+    def reply_params(self, params: SamplingParams) -> SamplingParams:
+        """`params` with what ends a reply in a standard format: its end-of-turn marker (or a transcript's
+        next "User:")."""
+        return params if self.chat_format is None else format_params(self.backend.tokenizer, self.chat_format, params)
+
+    def turns(self, messages: list[ChatMessage]) -> list[dict]:
+        """The system prompt (if any) and `messages` as the chat API's {"role", "content"} dicts."""
+        turns = [{"role": "system", "content": self.system}] if self.system is not None else []
+        return with_summaries(turns + [{"role": m.role, "content": m.content} for m in messages])
+
+    def text(self, messages: list[ChatMessage]) -> str:
+        """The prompt's text of `messages`, ready for the assistant's reply."""
+        return render_chat(self.backend.tokenizer, self.turns(messages), self.chat_format, **self.template_options())
+
+    def tokens(self, messages: list[ChatMessage]) -> int:
+        """How many tokens the prompt of `messages` is, tokenized afresh."""
+        return len(self.backend.tokenizer.encode(self.text(messages)))
+
+    def after(self, seen: list[int], messages: list[ChatMessage]) -> TurnPrompt:
+        """The prompt of `messages` (the last the user's), extending the `seen` ids (the previous prompt and
+        reply, as the model saw them) wherever the template allows."""
+        prompt = next_prompt(self.backend.tokenizer, seen, self.text(messages))
+        return TurnPrompt(prompt.ids, prompt.rewritten_at, self.opens_thinking(prompt.ids))
+
+    def turn(self, before: list[ChatMessage], seen: list[int], user_text: str, max_tokens: int | None) -> TurnPrompt:
+        """The prompt of `user_text` after the messages `before` (whose ids are `seen`). ConversationTooLong or
+        MessageTooLong (context_room.py) when it leaves a reply of at most `max_tokens` too little room."""
+        prompt = self.after(seen, [*before, ChatMessage("user", user_text)])
+        require_room(self.backend.context_window, max_tokens, len(prompt.ids),
+                     lambda: self.tokens([ChatMessage("user", user_text)]), before, user_text)
+        return prompt
+
+    def again(self, before: list[ChatMessage], seen_through: list[int]) -> TurnPrompt:
+        """The prompt of `before` once more, for a new reply to its last message: `seen_through`, the ids the
+        model saw through it, when they are known; else `before` tokenized afresh."""
+        ids = seen_through or self.backend.tokenizer.encode(self.text(before))
+        return TurnPrompt(ids, None, self.opens_thinking(ids))
+
+    def opens_thinking(self, ids: list[int]) -> bool:
+        """Whether a prompt of `ids` ends inside an open <think> (R1-distill templates open it for the reply)."""
+        tail = ids[-PROMPT_TAIL_TOKENS:]
+        return bool(tail) and prompt_opens_thinking(self.backend.tokenizer.decode_exact(tail))
