@@ -30,7 +30,6 @@ from app.tui.styles import stylesheet
 from app.tui.terminal_signals import resume_only_after_suspend
 from app.tui.engine_events import EngineFailed, EngineReady, LoadProgress, SessionFailed, SessionReady
 from app.tui.engine_thread import EngineThread
-from app.tui import slash_commands
 from app.tui.chat.alternatives import PREFERENCE, alternatives_count
 from app.tui.chat.pane import ChatPane
 from app.tui.chat.settings import ConversationSettings
@@ -41,11 +40,11 @@ from app.chat.config import Config
 from app.chat.reply_limits import reply_limits
 from app.chat.sampling_settings import SAMPLING_FIELDS, sampling_params
 from app.chat.saved_chat import SavedConversation, Storage
-from app.tui.screens.help import HelpScreen
+from app.tui.screens.help import chat_help
 from app.tui.widgets.chat_view import ChatView
 from app.tui.widgets.inspector import Inspector
 from app.tui.widgets.key_bar import KeyBar
-from app.tui.widgets.messages import AssistantMessageView, MessageView, UserMessageView
+from app.tui.widgets.messages import AssistantMessageView
 from app.tui.widgets.prompt_input import PromptInput
 from app.tui.widgets.sidebar import Sidebar
 from app.tui.context_meter import conversation_tokens
@@ -59,9 +58,6 @@ NARROW_BELOW = 100  # columns: narrower, the chat keeps the whole width (see on_
 # Closing the terminal window (SIGHUP) or `kill` (SIGTERM) quit like Ctrl+Q: the reply being written is
 # stopped and kept, its KV snapshot written; the exit code is 128 + the signal.
 QUIT_SIGNALS = [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)]
-HELP_NOTE = ("Typing goes to the message box wherever the focus is. On a message or in the conversation list, "
-             "the letter keys act once you have moved there with the arrow keys (or Ctrl+↑); Esc always "
-             "comes back to the box.")
 
 
 class KvchatApp(App):
@@ -468,15 +464,7 @@ class KvchatApp(App):
                               self.query_one(ChatView).last_reply())
 
     def action_help(self) -> None:
-        letters = "letters act after an arrow key"
-        commands = [(slash_commands.usage(name), does) for name, (_, does) in slash_commands.COMMANDS.items()]
-        commands.append((f"{slash_commands.ESCAPE}TEXT", "Send a message that starts with a single /"))
-        sections = [("Anywhere", self.BINDINGS), ("In the message box", PromptInput.HELP_BINDINGS),
-                    ("Slash commands, typed at the start of the box", commands),
-                    (f"On a message (Ctrl+↑ to reach one; {letters})", [*MessageView.BINDINGS, *ChatView.BINDINGS]),
-                    ("On your message", UserMessageView.BINDINGS), ("On a reply", AssistantMessageView.BINDINGS),
-                    (f"In the conversation list (Ctrl+B; {letters})", Sidebar.BINDINGS)]
-        self.push_screen(HelpScreen(sections, [HELP_NOTE]))
+        self.push_screen(chat_help(self.BINDINGS))
 
     # ---- the conversation list's requests and keys (Library)
 
