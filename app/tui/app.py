@@ -10,8 +10,6 @@ its session (and its K/V) is ready on the engine thread.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import signal
 
 from textual import events, on
 from textual.actions import SkipAction
@@ -27,7 +25,7 @@ from app.chat.message_length import MAX_CHARS_PER_TOKEN
 from app.chat.session import ChatMessage, ChatSession
 from app.tui.palette import palette_commands
 from app.tui.styles import stylesheet
-from app.tui.terminal_signals import resume_only_after_suspend
+from app.tui.terminal_signals import QuitSignals
 from app.tui.engine_events import EngineFailed, EngineReady, LoadProgress, SessionFailed, SessionReady
 from app.tui.engine_thread import EngineThread
 from app.tui.chat.alternatives import PREFERENCE, alternatives_count
@@ -55,9 +53,6 @@ from storage.preferences import Preferences
 
 STATUS_TICK_S = 0.25  # the status bar is redrawn 4 times a second while a reply is generated
 NARROW_BELOW = 100  # columns: narrower, the chat keeps the whole width (see on_resize)
-# Closing the terminal window (SIGHUP) or `kill` (SIGTERM) quit like Ctrl+Q: the reply being written is
-# stopped and kept, its KV snapshot written; the exit code is 128 + the signal.
-QUIT_SIGNALS = [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)]
 
 
 class KvchatApp(App):
@@ -118,7 +113,7 @@ class KvchatApp(App):
         self.retry_load = False  # the last load failed in a way that trying again may fix (written here only)
         self._format_told: str | None = None  # the chat format notice shown for the loaded model (once)
         self._closing = False
-        self._signals: list[int] = []  # installed quit signals
+        self._signals = QuitSignals(self._quit_on_signal)  # closing the terminal, or `kill`, quits as Ctrl+Q
         self.chat = ChatPane(self, self._recent_prompts, id="chat")  # owns the reply being written
         self.settings = ConversationSettings(self)
         self.library = Library(self)
@@ -148,22 +143,12 @@ class KvchatApp(App):
         self.query_one(StatusBar).show("loading")
         self.query_one("#prompt").focus()
         self.set_interval(STATUS_TICK_S, self._tick)
-        self._catch_quit_signals()
+        self._signals.catch()
         if self.storage.conversations.read_only_reason:  # browsing works; sending would fail later
             self.notify(self.storage.conversations.read_only_reason, title="Read-only", severity="warning",
                         timeout=30)
         self.engine_thread.submit(lambda: self._load(self.model_spec))
         await self.open_conversation(self.conversation_id)
-
-    def _catch_quit_signals(self) -> None:
-        resume_only_after_suspend()  # a closed terminal's SIGCONT must not restart the screen mid-quit
-        loop = asyncio.get_running_loop()
-        for sig in QUIT_SIGNALS:
-            try:
-                loop.add_signal_handler(sig, self._quit_on_signal, sig)
-            except (NotImplementedError, RuntimeError, ValueError):  # Windows, or not the main thread
-                continue
-            self._signals.append(sig)
 
     def _quit_on_signal(self, sig: int) -> None:
         if self.return_code is None:
@@ -172,9 +157,7 @@ class KvchatApp(App):
     def on_unmount(self) -> None:
         # Quitting mid-reply stops it (kept as stopped); a model still loading finishes loading and then
         # does nothing more. run_tui waits for the engine thread before it closes storage.
-        loop = asyncio.get_running_loop()
-        for sig in self._signals:
-            loop.remove_signal_handler(sig)
+        self._signals.release()
         self._closing = True
         if self.session is not None:
             self.session.cancel()
@@ -198,25 +181,14 @@ class KvchatApp(App):
         self.chat.stop()
         self.query_one(PromptInput).focus()
 
-    # Whether the conversation list was shown when the terminal became narrow: widening brings it back,
-    # unless the user had hidden it while it was wide.
-    _sidebar_was_shown = True
-
     def on_resize(self, event: events.Resize) -> None:
         """Below NARROW_BELOW columns the chat keeps the whole width: the conversation list folds away
         (Ctrl+B shows it over the chat), and the inspector covers the chat instead of squeezing it."""
         narrow = event.size.width < NARROW_BELOW
         body = self.query_one("#body")
-        if narrow == body.has_class("-narrow"):
-            return
-        body.set_class(narrow, "-narrow")
-        sidebar = self.query_one(Sidebar)
-        if narrow:
-            if self.focused is not None and sidebar in self.focused.ancestors_with_self:
-                self.query_one(PromptInput).focus()
-            self._sidebar_was_shown, sidebar.display = sidebar.display, False
-        elif self._sidebar_was_shown:
-            sidebar.display = True
+        if narrow != body.has_class("-narrow"):
+            body.set_class(narrow, "-narrow")
+            self.library.fold(narrow)
 
     @on(TextArea.Changed, "#prompt")
     def _box_edited(self, event: TextArea.Changed) -> None:

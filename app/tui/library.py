@@ -55,6 +55,9 @@ class Library:
         self.app = app
         # The conversation last moved to the trash and until when (time.monotonic()) Ctrl+Z brings it back.
         self._undoable_trash: tuple[str, float] | None = None
+        # Whether the list was shown when the terminal became narrow: widening brings it back, unless the
+        # user had hidden it while it was wide.
+        self._shown_when_wide = True
 
     async def open(self, conversation_id: str) -> None:
         if conversation_id != self.app.conversation_id:
@@ -75,6 +78,17 @@ class Library:
             sidebar.query_one("#conversations").focus()
         else:
             self.app.query_one("#prompt").focus()
+
+    def fold(self, narrow: bool) -> None:
+        """The terminal became narrow: the list folds away (the focus, if in it, goes to the message box);
+        wide again: it comes back, if it was shown before."""
+        sidebar = self.app.query_one(Sidebar)
+        if narrow:
+            if self.app.focused is not None and sidebar in self.app.focused.ancestors_with_self:
+                self.app.query_one("#prompt").focus()
+            self._shown_when_wide, sidebar.display = sidebar.display, False
+        elif self._shown_when_wide:
+            sidebar.display = True
 
     @property
     def list_covers_chat(self) -> bool:

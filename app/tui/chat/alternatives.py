@@ -107,10 +107,9 @@ class LiveAlternatives:
 class AlternativesPane(Protocol):
     """What AlternativesWriter uses of the chat pane that owns it (ChatPane), besides Textual's Widget."""
 
+    host: AlternativesHost  # the app
     reply: AssistantMessageView | None  # the view they are written in, while they are
     inspecting_live: bool  # the inspector follows the reply being written
-
-    host: AlternativesHost  # the app
 
     def writing(self, view: AssistantMessageView | None) -> None: ...
 

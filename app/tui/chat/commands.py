@@ -30,9 +30,8 @@ if TYPE_CHECKING:
 class CommandsPane(Protocol):
     """What SlashCommands uses of the chat pane that owns it (ChatPane), besides Textual's Widget."""
 
-    ways_on: WaysOn
-
     host: CommandsHost  # the app
+    ways_on: WaysOn
 
     @property
     def generating(self) -> bool: ...

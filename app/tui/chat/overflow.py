@@ -61,10 +61,9 @@ class SummaryPass(Message):
 class WaysOnPane(Protocol):
     """What WaysOn uses of the chat pane that owns it (ChatPane), besides Textual's Widget."""
 
+    host: WaysOnHost  # the app
     editing: int | None  # the index of the user message being edited
     branches: Branches
-
-    host: WaysOnHost  # the app
 
     def can_send(self, text: str | None = None) -> bool: ...
 

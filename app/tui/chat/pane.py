@@ -1,12 +1,13 @@
 """The chat pane: the conversation's messages, the message box, and the reply being written.
 
-`ChatPane` owns the reply's state: the reply streaming (its view, its Markdown stream), the message being
-edited, whether the inspector follows the live reply, and what a message typed meanwhile waits for. The
-engine thread posts the reply's events to it (engine_events.py), and the message box's Enter reaches it
-first, slash commands going through SlashCommands (commands.py). Regenerate N (alternatives.py) and the
-ways on for a conversation that no longer fits (overflow.py) are objects it owns. The conversation's
-session and the engine are the app's, which loads and opens them (ChatHost); the chat logic is
-ChatSession's.
+`ChatPane` owns the reply's state: the reply streaming (its view, its Markdown stream, its prefill
+progress), whether the inspector follows it, the message queued meanwhile, and stopping it (Esc, Ctrl+C).
+The engine thread posts the reply's events to it (engine_events.py), and the message box's Enter reaches
+it first, slash commands going through SlashCommands (commands.py). Objects it owns do the rest, each
+stating what it uses of the pane as a Protocol: Branches (regenerate, edit, switch: branches.py),
+AlternativesWriter (Regenerate N: alternatives.py) and WaysOn (a conversation that no longer fits:
+overflow.py). The conversation's session and the engine are the app's, which loads and opens them
+(ChatHost); the chat logic is ChatSession's.
 """
 
 from __future__ import annotations
@@ -57,8 +58,8 @@ PLACEHOLDER = "Message · Enter sends · Ctrl+J new line · Esc stops the reply"
 
 @runtime_checkable  # so a test can check that KvchatApp keeps it
 class ChatHost(Protocol):
-    """What the chat pane uses of the app it is in (KvchatApp), besides Textual's App: the app loads the
-    engine and opens the conversation's session; the pane writes to it."""
+    """What the chat pane (and the objects it owns) use of the app it is in (KvchatApp), besides Textual's
+    App: the app loads the engine and opens the shown conversation's session, which the pane sends to."""
 
     session: ChatSession | None
     engine: Backend | None
@@ -99,13 +100,12 @@ class ChatPane(Vertical):
         self.branches = Branches(self)
 
     def compose(self) -> ComposeResult:
-        yield ChatView(id="messages")
+        messages = ChatView(id="messages")
+        messages.alternatives = self.host.alternatives_of  # before any message is shown, with its ‹ ›
+        yield messages
         yield Static("", id="editing", markup=False)
         yield PromptInput(history=self._history(), id="prompt", placeholder=PLACEHOLDER)
         yield BoxNotice(id="box-notice")
-
-    def on_mount(self) -> None:
-        self.query_one(ChatView).alternatives = self.host.alternatives_of
 
     # ---- what the others ask of the reply's state
 
