@@ -10,14 +10,13 @@ its session (and its K/V) is ready on the engine thread.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import signal
 
 from textual import events, on
+from textual.actions import SkipAction
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
-from textual.widgets import Static, TextArea
+from textual.containers import Horizontal
+from textual.widgets import TextArea
 
 from app.chat.backend import Backend
 from app.chat.backend_loader import LoadBackend, chat_session, is_remote
@@ -26,22 +25,20 @@ from app.chat.message_length import MAX_CHARS_PER_TOKEN
 from app.chat.session import ChatMessage, ChatSession
 from app.tui.palette import palette_commands
 from app.tui.styles import stylesheet
-from app.tui.terminal_signals import resume_only_after_suspend
+from app.tui.terminal_signals import QuitSignals
 from app.tui.engine_events import EngineFailed, EngineReady, LoadProgress, SessionFailed, SessionReady
 from app.tui.engine_thread import EngineThread
-from app.tui.actions.alternatives import AlternativesActions, alternatives_count
-from app.tui.actions.commands import CommandActions
-from app.tui.actions.context import ContextActions
-from app.tui.actions.library import LibraryActions
-from app.tui.actions.panels import PanelActions
+from app.tui.chat.alternatives import PREFERENCE, alternatives_count
+from app.tui.chat.pane import ChatPane
+from app.tui.chat.settings import ConversationSettings
+from app.tui.library import Library
+from app.tui.navigation import Navigation
 from app.remote.stream import RemoteError
-from app.tui.actions.reply import ReplyActions
-from app.tui.actions.thinking import ThinkingActions
 from app.chat.config import Config
 from app.chat.reply.limits import reply_limits
 from app.chat.sampling_settings import SAMPLING_FIELDS, sampling_params
 from app.chat.saved.conversation import SavedConversation, Storage
-from app.tui.widgets.box_notice import BoxNotice
+from app.tui.screens.help import chat_help
 from app.tui.widgets.chat_view import ChatView
 from app.tui.widgets.inspector import Inspector
 from app.tui.widgets.key_bar import KeyBar
@@ -56,13 +53,13 @@ from storage.preferences import Preferences
 
 STATUS_TICK_S = 0.25  # the status bar is redrawn 4 times a second while a reply is generated
 NARROW_BELOW = 100  # columns: narrower, the chat keeps the whole width (see on_resize)
-# Closing the terminal window (SIGHUP) or `kill` (SIGTERM) quit like Ctrl+Q: the reply being written is
-# stopped and kept, its KV snapshot written; the exit code is 128 + the signal.
-QUIT_SIGNALS = [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)]
 
 
-class KvchatApp(AlternativesActions, ReplyActions, CommandActions, ContextActions, ThinkingActions, PanelActions,
-                LibraryActions, App):
+class KvchatApp(App):
+    """The chat screen: the conversation list (Library), the chat pane (ChatPane, which owns the reply being
+    written) and the inspector. The app loads the engine, opens the shown conversation's session, and routes
+    the keys; each concern is an object it composes (settings, library, navigation)."""
+
     CSS_PATH = str(stylesheet())
     TITLE = "kvchat"
     # In the footer's order: what a newcomer needs first (stop, help, settings) comes first, so that it
@@ -112,28 +109,22 @@ class KvchatApp(AlternativesActions, ReplyActions, CommandActions, ContextAction
         self._loaded: Backend | None = None  # the engine thread's: set as soon as a load ends
         self.session: ChatSession | None = None  # the shown conversation's, once it is ready
         self._ticket = 0  # which conversation opening the next SessionReady must belong to
-        self.reply: AssistantMessageView | None = None
-        self._stream = None
-        self.editing: int | None = None  # index of the user message being edited
-        self.compacting = False  # /compact's summary is being written (actions/context.py)
-        self._inspecting_live = True  # the inspector follows the reply being written
         self._queued_text: str | None = None  # typed before the session was ready: sent when it is
-        self._retry_load = False  # the last load failed in a way that trying again may fix
+        self.retry_load = False  # the last load failed in a way that trying again may fix (written here only)
         self._format_told: str | None = None  # the chat format notice shown for the loaded model (once)
         self._closing = False
-        self._signals: list[int] = []  # installed quit signals
+        self._signals = QuitSignals(self._quit_on_signal)  # closing the terminal, or `kill`, quits as Ctrl+Q
+        self.chat = ChatPane(self, self._recent_prompts, id="chat")  # owns the reply being written
+        self.settings = ConversationSettings(self)
+        self.library = Library(self)
+        self.navigation = Navigation(self)
 
     # ---- layout and lifecycle ------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="body"):
             yield Sidebar(self.storage.conversations, id="sidebar")
-            with Vertical(id="chat"):
-                yield ChatView(id="messages")
-                yield Static("", id="editing", markup=False)
-                yield PromptInput(history=self._recent_prompts(), id="prompt",
-                                  placeholder="Message · Enter sends · Ctrl+J new line · Esc stops the reply")
-                yield BoxNotice(id="box-notice")
+            yield self.chat
             yield Inspector(id="inspector")
         yield StatusBar()
         yield KeyBar()
@@ -149,26 +140,15 @@ class KvchatApp(AlternativesActions, ReplyActions, CommandActions, ContextAction
         if theme in self.available_themes:
             self.theme = theme
         self.watch(self, "theme", self._remember_theme, init=False)
-        self.query_one(ChatView).alternatives = self._alternatives
         self.query_one(StatusBar).show("loading")
         self.query_one("#prompt").focus()
         self.set_interval(STATUS_TICK_S, self._tick)
-        self._catch_quit_signals()
+        self._signals.catch()
         if self.storage.conversations.read_only_reason:  # browsing works; sending would fail later
             self.notify(self.storage.conversations.read_only_reason, title="Read-only", severity="warning",
                         timeout=30)
         self.engine_thread.submit(lambda: self._load(self.model_spec))
         await self.open_conversation(self.conversation_id)
-
-    def _catch_quit_signals(self) -> None:
-        resume_only_after_suspend()  # a closed terminal's SIGCONT must not restart the screen mid-quit
-        loop = asyncio.get_running_loop()
-        for sig in QUIT_SIGNALS:
-            try:
-                loop.add_signal_handler(sig, self._quit_on_signal, sig)
-            except (NotImplementedError, RuntimeError, ValueError):  # Windows, or not the main thread
-                continue
-            self._signals.append(sig)
 
     def _quit_on_signal(self, sig: int) -> None:
         if self.return_code is None:
@@ -177,9 +157,7 @@ class KvchatApp(AlternativesActions, ReplyActions, CommandActions, ContextAction
     def on_unmount(self) -> None:
         # Quitting mid-reply stops it (kept as stopped); a model still loading finishes loading and then
         # does nothing more. run_tui waits for the engine thread before it closes storage.
-        loop = asyncio.get_running_loop()
-        for sig in self._signals:
-            loop.remove_signal_handler(sig)
+        self._signals.release()
         self._closing = True
         if self.session is not None:
             self.session.cancel()
@@ -188,50 +166,33 @@ class KvchatApp(AlternativesActions, ReplyActions, CommandActions, ContextAction
 
     async def on_event(self, event: events.Event) -> None:
         # Before Textual routes a key (bindings included): typing meant for the message box goes there
-        # (PanelActions.key_goes_to_prompt), so a letter typed on a message or the list acts on nothing.
+        # (Navigation.key_goes_to_prompt), so a letter typed on a message or the list acts on nothing.
         # While the conversation list covers the chat (narrow terminal), typing goes to its search instead:
-        # the message box is hidden under it (LibraryActions.typing_goes_to_list_search).
+        # the message box is hidden under it (Library.typing_goes_to_list_search).
         if isinstance(event, events.Key) and not event.is_forwarded:
-            if not self.typing_goes_to_list_search(event) and self.key_goes_to_prompt(event):
+            if not self.library.typing_goes_to_list_search(event) and self.navigation.key_goes_to_prompt(event):
                 self.screen.set_focus(self.query_one(PromptInput))
         await super().on_event(event)
 
     def action_escape(self) -> None:
         """Esc: stop the reply (or cancel the edit), and whatever has the focus, back to the message box;
         the conversation list shown over the chat (narrow terminal) folds away."""
-        self.close_list_over_chat()
-        self.action_stop()
+        self.library.close_list_over_chat()
+        self.chat.stop()
         self.query_one(PromptInput).focus()
-
-    # Whether the conversation list was shown when the terminal became narrow: widening brings it back,
-    # unless the user had hidden it while it was wide.
-    _sidebar_was_shown = True
 
     def on_resize(self, event: events.Resize) -> None:
         """Below NARROW_BELOW columns the chat keeps the whole width: the conversation list folds away
         (Ctrl+B shows it over the chat), and the inspector covers the chat instead of squeezing it."""
         narrow = event.size.width < NARROW_BELOW
         body = self.query_one("#body")
-        if narrow == body.has_class("-narrow"):
-            return
-        body.set_class(narrow, "-narrow")
-        sidebar = self.query_one(Sidebar)
-        if narrow:
-            if self.focused is not None and sidebar in self.focused.ancestors_with_self:
-                self.query_one(PromptInput).focus()
-            self._sidebar_was_shown, sidebar.display = sidebar.display, False
-        elif self._sidebar_was_shown:
-            sidebar.display = True
-
-    def tell_at_box(self, sentence: str) -> None:
-        """Say why what was just typed was not taken, under the message box (not in a toast, where a later
-        notice would hide it); it stays until the box is edited."""
-        self.query_one(BoxNotice).say(sentence, self.query_one(PromptInput).text)
+        if narrow != body.has_class("-narrow"):
+            body.set_class(narrow, "-narrow")
+            self.library.fold(narrow)
 
     @on(TextArea.Changed, "#prompt")
     def _box_edited(self, event: TextArea.Changed) -> None:
-        self.query_one(BoxNotice).box_changed(event.text_area.text)
-        self._undoable_trash = None  # typed since the trash notice: Ctrl+Z is the box's undo again
+        self.library.box_edited()  # typed since the trash notice: Ctrl+Z is the box's undo again
 
     def _remember_theme(self, theme: str) -> None:
         try:
@@ -251,7 +212,7 @@ class KvchatApp(AlternativesActions, ReplyActions, CommandActions, ContextAction
     @property
     def generating(self) -> bool:
         """A reply is being written, or /compact's summary: the conversation takes no other message now."""
-        return self.reply is not None or self.compacting
+        return self.chat.generating
 
     def _load(self, spec: str | None) -> None:
         """Engine thread: load the model (replacing any loaded one)."""
@@ -304,15 +265,22 @@ class KvchatApp(AlternativesActions, ReplyActions, CommandActions, ContextAction
         bar.show("idle", f"{'connected' if is_remote(engine) else 'loaded'} in {info.load_ms / 1e3:.1f} s")
 
     def on_engine_failed(self, message: EngineFailed) -> None:
-        self._retry_load = message.retry
+        self.retry_load = message.retry
         self.query_one(StatusBar).show("no model", message.error)
         title = "The server could not be used" if message.retry else "The model could not be loaded"
         self.notify(message.error, title=title, severity="error", timeout=30)
 
+    def load_model(self, spec: str | None) -> None:
+        """Another model chosen in the settings (or the same one, to try again): it loads now, and the
+        conversation shown opens again with it."""
+        self.model_spec = spec
+        self.engine = self.session = None
+        self._reload()
+
     def _reload(self) -> None:
         """Load self.model_spec again (a new model, or a server that may be up now), then open the
         conversation shown with it."""
-        self._retry_load = False
+        self.retry_load = False
         self.query_one(StatusBar).show("loading", "")
         ticket, target = self._ticket, self.conversation_id
         self.engine_thread.submit(lambda: self._load(self.model_spec))
@@ -334,7 +302,7 @@ class KvchatApp(AlternativesActions, ReplyActions, CommandActions, ContextAction
         self._queued_text = None  # it was meant for the conversation shown before
         self.query_one(StatusBar).clear_reply()  # the last reply's numbers were the other conversation's
         self.session, self.conversation_id = None, conversation.id if conversation else None
-        self._stop_editing()
+        self.chat.branches.stop_editing()
         await self.query_one(ChatView).show(
             [ChatMessage(m.role, m.text, 0, m.id, m.status, m.stats) for m in branch])
         self.query_one(Sidebar).highlight(self.conversation_id)
@@ -365,21 +333,20 @@ class KvchatApp(AlternativesActions, ReplyActions, CommandActions, ContextAction
         bar.context_used = conversation_tokens(session.seen_ids, replies[-1].stats if replies else None)
         bar.show("idle", session.chat_format.short if session.chat_format else "")
         self._send_queued()
+        self.settings.session_ready(session)
+        self.chat.meter_ready()
 
     def on_session_failed(self, message: SessionFailed) -> None:
         if message.ticket == self._ticket:
             self.query_one(StatusBar).show("idle", "the conversation could not be opened")
             self.notify(message.error, severity="error", timeout=10)
 
-    def _can_send(self, text: str | None = None) -> bool:
-        """Can a message be sent now? If not, say why. `text` (a message typed while the model loads
-        or the conversation opens) is sent by itself once the session is ready, if still in the box."""
+    def ready_to_send(self, text: str | None = None) -> bool:
+        """Are the model and the conversation ready for a message? If not, say why. `text` (a message typed
+        while the model loads or the conversation opens) is sent by itself once the session is ready, if
+        still in the box."""
         no_model = self.engine is None and self.query_one(StatusBar).phase == "no model"
-        if self.compacting:
-            self.notify("The conversation is being compacted; press Esc to stop it.", severity="warning")
-        elif self.generating:
-            self.notify("A reply is still being written; press Esc to stop it.", severity="warning")
-        elif no_model and self._retry_load:
+        if no_model and self.retry_load:
             self._queued_text = text
             self._reload()
             self.notify("Trying the server again" + ("; your message is sent once it answers." if text else "."),
@@ -399,12 +366,118 @@ class KvchatApp(AlternativesActions, ReplyActions, CommandActions, ContextAction
     def _send_queued(self) -> None:
         text, self._queued_text = self._queued_text, None
         prompt = self.query_one(PromptInput)
-        if text and prompt.text.strip() == text and self.editing is None:
+        if text and prompt.text.strip() == text and self.chat.editing is None:
             prompt.submit()
 
-    def _alternatives(self, message: ChatMessage) -> list[str]:
+    async def conversation_saved(self) -> None:
+        """The sidebar lists the conversation as it now is (the first message created it)."""
+        session = self.session
+        if session and session.saved and session.saved.id != self.conversation_id:
+            self.conversation_id = session.saved.id
+        sidebar = self.query_one(Sidebar)
+        await sidebar.refresh_list()
+        sidebar.highlight(self.conversation_id)
+
+    def alternatives_of(self, message: ChatMessage) -> list[str]:
+        """The ids of `message`'s versions (its branches), in order (‹ › on it)."""
         try:
             return self.storage.conversations.sibling_ids(message.id)
         except StorageError:
             return []
 
+    def set_alternatives(self, count: int) -> None:
+        """The settings screen's new number of alternatives: used from now on, and remembered."""
+        self.alternatives = count
+        try:
+            self.preferences.set(PREFERENCE, count)
+        except OSError as exc:
+            self.notify(f"The number of alternatives could not be saved ({exc.strerror or exc}); it holds until "
+                        "kvchat quits.", severity="warning")
+
+    # ---- the keys: the app's bindings, carried out by the object each is about
+
+    def letters_act(self, widget) -> bool:
+        return self.navigation.letters_act(widget)  # asked by widgets/letter_keys.py
+
+    def on_descendant_focus(self, event) -> None:
+        if isinstance(event.widget, AssistantMessageView) and self.query_one(Inspector).display:
+            self.chat.inspect(event.widget)
+        self.navigation.focus_moved()
+
+    def action_focus_messages(self) -> None:
+        self.navigation.focus_messages()
+
+    def action_interrupt(self) -> None:
+        """Ctrl+C: stop the reply (or the compacting) as Esc does; otherwise the key copies or hints at Ctrl+Q."""
+        if not self.chat.interrupting():
+            raise SkipAction()
+
+    def action_stop(self) -> None:
+        self.chat.stop()
+
+    async def action_regenerate(self) -> None:
+        await self.chat.branches.regenerate()
+
+    async def action_regenerate_alternatives(self) -> None:
+        await self.chat.alternatives_writer.start()
+
+    def action_edit_last(self) -> None:
+        self.chat.branches.edit_last()
+
+    def action_settings(self) -> None:
+        self.settings.open()
+
+    def action_toggle_inspector(self) -> None:
+        inspector = self.query_one(Inspector)
+        inspector.display = not inspector.display
+        if inspector.display:
+            focused = self.focused
+            self.chat.inspect(focused if isinstance(focused, AssistantMessageView) else
+                              self.query_one(ChatView).last_reply())
+
+    def action_help(self) -> None:
+        self.push_screen(chat_help(self.BINDINGS))
+
+    # ---- the conversation list's requests and keys (Library)
+
+    async def on_sidebar_open(self, event: Sidebar.Open) -> None:
+        await self.library.open(event.conversation_id)
+
+    async def on_sidebar_new(self, event: Sidebar.New) -> None:
+        await self.action_new_chat()
+
+    def on_sidebar_rename(self, event: Sidebar.Rename) -> None:
+        self.library.rename(event.conversation_id)
+
+    def on_sidebar_delete(self, event: Sidebar.Delete) -> None:
+        self.library.delete(event.conversation_id)
+
+    async def on_sidebar_restore(self, event: Sidebar.Restore) -> None:
+        await self.library.restore(event.conversation_id)
+
+    async def on_app_focus(self) -> None:
+        await self.library.check_for_changes()
+
+    async def action_new_chat(self) -> None:
+        await self.library.new_chat()
+
+    async def action_toggle_sidebar(self) -> None:
+        await self.library.toggle_sidebar()
+
+    def action_search(self) -> None:
+        self.library.search()
+
+    async def action_undo_trash(self) -> None:
+        await self.library.undo_trash()
+
+    async def action_show_trash(self) -> None:
+        await self.library.show_trash()
+
+    def action_export(self, fmt: str) -> None:
+        self.library.export(fmt)
+
+    def action_copy_reply(self) -> None:
+        self.library.copy_reply()
+
+    def action_copy_code(self) -> None:
+        self.library.copy_code()

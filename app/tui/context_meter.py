@@ -1,6 +1,6 @@
 """The status bar's context meter: how much of the model's context window the conversation fills, as
 "ctx 1.6k/2k 81%", and whether that is enough to warn about (from WARN_PERCENT on, the next messages soon
-stop fitting: app/chat/context_overflow.py offers the ways on when one does)."""
+stop fitting: app/chat/context/overflow.py offers the ways on when one does)."""
 
 from __future__ import annotations
 

@@ -59,7 +59,7 @@ class SessionFailed(Message):
 
 class ReplyText(Message):
     def __init__(self, text: str, thinking: str = "", tokens: tuple[int, int] | None = None):
-        """`text`: the answer's new text; `thinking`: the reasoning's (app/chat/thinking.py); `tokens`:
+        """`text`: the answer's new text; `thinking`: the reasoning's (app/chat/prompt/thinking.py); `tokens`:
         (thinking, answer) tokens so far, for a reply that has thought (else None)."""
         super().__init__()
         self.text, self.thinking, self.tokens = text, thinking, tokens

@@ -30,9 +30,9 @@ def palette_commands(app, textual_commands: Iterable[SystemCommand] = ()) -> Ite
         ("Copy the last code block", "Of the selected (or last) reply", app.action_copy_code),
         ("Export as Markdown", "The shown branch, to a file (Ctrl+S)", lambda: app.action_export("md")),
         ("Export as JSON", "Every branch with token ids and stats, to a file", lambda: app.action_export("json")),
-        ("Rename the conversation", "Give it a title", lambda: app.rename_conversation(app.conversation_id)),
+        ("Rename the conversation", "Give it a title", lambda: app.library.rename(app.conversation_id)),
         ("Delete the conversation", "With its branches and saved KV cache",
-         lambda: app.delete_conversation(app.conversation_id)),
+         lambda: app.library.delete(app.conversation_id)),
         ("Show the trash", "Deleted conversations, kept 30 days; Enter restores one", app.action_show_trash),
         ("Keys", "Every key and slash command of kvchat (F1)", app.action_help),
     ]

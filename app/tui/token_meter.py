@@ -9,8 +9,14 @@ there the count is an estimate and says so ("≈").
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from app.chat.backend_loader import is_remote
 from engine.weights.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from app.chat.backend import Backend
+    from app.chat.session import ChatSession
 
 # Without the model's tokenizer: English text and code average about 4 characters a token.
 CHARS_PER_TOKEN_ESTIMATE = 4
@@ -52,3 +58,30 @@ def meter_text(count: TokenCount, window: int, used: int) -> str:
     if room < 1:
         return f"{tokens} · {1 - room:,} over the {window:,}-token window"
     return f"{tokens} · {about}{room:,} of {window:,} left"
+
+
+def box_reading(text: str, session: ChatSession | None, engine: Backend | None,
+                editing: int | None) -> tuple[str, bool]:
+    """The meter of the message box holding `text`: its tokens and the context window's room left, and
+    whether it is over (`editing`: the index of the message being edited, if one is). Tokenizes."""
+    if engine is None or session is None:
+        return meter_text(estimate_tokens(text), 0, 0), False
+    count = count_tokens(text, None if is_remote(engine) else engine.tokenizer)
+    window, used = engine.context_window, conversation_used(session, engine, editing)
+    return meter_text(count, window, used), bool(window) and room_left(count, window, used) < 1
+
+
+def conversation_used(session: ChatSession | None, engine: Backend | None, editing: int | None) -> int:
+    """Tokens of the conversation the next message follows (up to the message being edited, when one
+    is): the token ids the model saw, else its text counted as the meter counts (a new chat's system
+    prompt, a conversation made with another tokenizer, a remote server's). May tokenize."""
+    if session is None or engine is None:  # the model is being changed
+        return 0
+    before = session.messages if editing is None else session.messages[:editing]
+    remote = is_remote(engine)
+    if not remote:
+        seen = len(session.seen_ids) if editing is None else (before[-1].token_end if before else 0)
+        if seen:
+            return seen
+    texts = [session.system or ""] + [message.content for message in before]
+    return count_tokens("\n".join(texts), None if remote else engine.tokenizer).tokens

@@ -28,8 +28,8 @@ DISK = "disk: snapshots 94.4 MB/4.0 GB · db 1.2 MB · models 657 MB"  # the mac
 
 @pytest.fixture
 def saved_app(tiny_engine, monkeypatch):
-    monkeypatch.setattr("app.tui.actions.panels.usage", lambda cap_gb: None)
-    monkeypatch.setattr("app.tui.actions.panels.one_line", lambda usage: DISK)
+    monkeypatch.setattr("app.tui.chat.settings.usage", lambda cap_gb: None)
+    monkeypatch.setattr("app.tui.chat.settings.one_line", lambda usage: DISK)
     storage = Storage.open()
     store = storage.conversations
     model = tiny_engine.info.model_name  # the same model: no "made with another model" notice on screen

@@ -57,7 +57,7 @@ async def test_the_alternative_browsed_streams_and_esc_keeps_what_each_wrote(tin
         slow_and_endless(engine, monkeypatch)
         app.session.params = app.session.params.__class__(temperature=1.0, seed=5)  # no length limit
         await pilot.press("f3")
-        live = app._live
+        live = app.chat.alternatives_writer.live
         await wait_until(pilot, lambda: all(len(text) > 3 for text in live.texts))
         view = reply_view(app)
         assert "alternative ‹ 1/3 ›" in view.header_text() and "still being written" in view.header_text()

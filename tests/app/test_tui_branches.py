@@ -49,7 +49,7 @@ async def test_editing_a_message_makes_a_branch_and_the_old_one_stays_reachable(
         await navigate_to(pilot, app.query(UserMessageView).first())
         await pilot.press("e")
         prompt = app.query_one("#prompt")
-        assert prompt.text == "first question" and app.editing == 0
+        assert prompt.text == "first question" and app.chat.editing == 0
         assert app.query_one("#editing").display
         prompt.text = "a better first question"
         prompt.focus()
@@ -58,7 +58,7 @@ async def test_editing_a_message_makes_a_branch_and_the_old_one_stays_reachable(
                          and app.session.messages[-1].role == "assistant")
         assert app.session.messages[0].content == "a better first question"
         assert texts(app)[0] == "a better first question" and len(texts(app)) == 2
-        assert app.editing is None and not app.query_one("#editing").display
+        assert app.chat.editing is None and not app.query_one("#editing").display
         edited = app.query(UserMessageView).first()
         assert "‹ 2/2 ›" in edited.header_text()
 
@@ -82,9 +82,9 @@ async def test_escape_cancels_an_edit_and_ctrl_g_edits_the_last_message(tiny_eng
         await exchange(pilot, "one")
         await exchange(pilot, "two")
         await pilot.press("ctrl+g")
-        assert app.editing == 2 and app.query_one("#prompt").text == "two"
+        assert app.chat.editing == 2 and app.query_one("#prompt").text == "two"
         await pilot.press("escape")
-        assert app.editing is None and app.query_one("#prompt").text == ""
+        assert app.chat.editing is None and app.query_one("#prompt").text == ""
 
 
 async def test_a_message_without_other_versions_says_so(tiny_engine):

@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from app.tui.actions import context as context_actions
+from app.tui.chat import overflow as context_actions
 from app.chat.context.compaction import CompactionStopped, compact
 from app.chat.saved.conversation import Storage
 from app.tui.screens.context_full import ContextFullScreen
@@ -156,7 +156,7 @@ async def test_escape_before_a_pass_begins_stops_the_compacting_and_gives_the_co
     async with app.run_test(size=(160, 40)) as pilot:
         await ready(pilot)
         await type_ahead(pilot, "/compact and what now?", "enter")
-        await wait_until(pilot, lambda: app.compacting)
+        await wait_until(pilot, lambda: app.chat.compacting)
         await pilot.press("escape")
         release.set()
         await wait_until(pilot, lambda: any("Compacting was stopped" in n for n in app.notices))
@@ -170,7 +170,7 @@ async def test_an_edit_that_no_longer_fits_drops_the_oldest_of_the_turns_before_
     async with app.run_test(size=(160, 40)) as pilot:
         await ready(pilot)
         await pilot.press("ctrl+g")  # edit the last message of yours
-        await wait_until(pilot, lambda: app.editing == 6)
+        await wait_until(pilot, lambda: app.chat.editing == 6)
         await send(pilot, edited)
         await wait_until(pilot, lambda: isinstance(app.screen, ContextFullScreen))
         await pilot.press("d")
@@ -178,7 +178,7 @@ async def test_an_edit_that_no_longer_fits_drops_the_oldest_of_the_turns_before_
                          and app.session.messages[-2].content == edited)
         # The turns before the edited message, the oldest of them left out; the last turn was what was edited.
         assert [m.content for m in app.session.messages if m.role == "user"] == [*TURNS[1:3], edited]
-        assert app.editing is None and untouched(app, conversation, before)
+        assert app.chat.editing is None and untouched(app, conversation, before)
 
 
 async def test_a_command_that_cannot_help_says_why_and_keeps_the_box(full_app):

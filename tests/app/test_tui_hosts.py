@@ -1,15 +1,27 @@
-"""The app's mixins state what they need of the app as Protocols; the app keeps each of them."""
+"""The chat app's objects state what they need of their owner as Protocols; each owner keeps them: the app
+(for the chat pane, the settings and the library) and the chat pane (for the objects it owns)."""
 
 import pytest
 
-from app.tui.actions.alternatives import AlternativesHost
-from app.tui.actions.library import LibraryHost
-from app.tui.actions.panels import PanelHost
-from app.tui.actions.reply import ReplyHost
 from app.tui.app import KvchatApp
+from app.tui.chat.alternatives import AlternativesPane
+from app.tui.chat.branches import BranchesPane
+from app.tui.chat.commands import CommandsPane
+from app.tui.chat.overflow import WaysOnPane
+from app.tui.chat.pane import ChatHost
+from app.tui.chat.settings import SettingsHost
+from app.tui.library import LibraryHost
 
 
-@pytest.mark.parametrize("host", [ReplyHost, PanelHost, LibraryHost, AlternativesHost], ids=lambda host: host.__name__)
-def test_the_app_has_everything_its_mixins_need(host):
-    app = KvchatApp(lambda spec, progress: None, storage=None)  # built, never run: nothing is opened
-    assert isinstance(app, host)
+def built_app() -> KvchatApp:
+    return KvchatApp(lambda spec, progress: None, storage=None)  # built, never run: nothing is opened
+
+
+@pytest.mark.parametrize("host", [ChatHost, SettingsHost, LibraryHost], ids=lambda host: host.__name__)
+def test_the_app_has_everything_its_objects_need(host):
+    assert isinstance(built_app(), host)
+
+
+@pytest.mark.parametrize("host", [AlternativesPane, BranchesPane, CommandsPane, WaysOnPane], ids=lambda host: host.__name__)
+def test_the_chat_pane_has_everything_its_objects_need(host):
+    assert isinstance(built_app().chat, host)

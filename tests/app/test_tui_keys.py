@@ -40,7 +40,7 @@ async def test_letters_typed_on_a_focused_message_go_to_the_message_box(tiny_eng
         await pilot.pause()
         await pilot.press(*"ed<r")
         assert prompt_text(app) == "ed<r"
-        assert app.editing is None and not app.generating and len(app.session.messages) == 2
+        assert app.chat.editing is None and not app.generating and len(app.session.messages) == 2
         app.query_one(AssistantMessageView).focus()
         await pilot.pause()
         await pilot.press("r", "c")
@@ -57,7 +57,7 @@ async def test_after_an_arrow_key_a_messages_letters_act(tiny_engine):
         await pilot.press("up")  # navigating: to the user's message, whose letters act now
         assert isinstance(app.focused, UserMessageView)
         await pilot.press("e")
-        assert app.editing == 0 and prompt_text(app) == "about herons"
+        assert app.chat.editing == 0 and prompt_text(app) == "about herons"
 
 
 async def test_ctrl_up_goes_to_the_last_message_with_its_letters_acting(tiny_engine):

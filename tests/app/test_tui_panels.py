@@ -65,7 +65,7 @@ async def test_choosing_another_model_reloads_and_the_chat_goes_on(tiny_engine, 
         await ready(pilot)
         await exchange(pilot, "before")
         old = ChatSettings(app.session.system, app.session.params, None)
-        await app._apply_settings(old, dataclasses.replace(old, model=str(tmp_path / "other.gguf")))
+        await app.settings.apply(old, dataclasses.replace(old, model=str(tmp_path / "other.gguf")))
         await wait_until(pilot, lambda: app.engine is other and app.session is not None)
         assert loads == [None, str(tmp_path / "other.gguf")]
         assert any("Model changed" in str(note.render()) for note in app.query(NoteView))

@@ -36,8 +36,8 @@ async def watch_reply(pilot, app) -> list[tuple[bool, str, str]]:
     seen = []
 
     def note() -> bool:
-        if app.reply is not None:
-            seen.append((app.reply.thinking.expanded, app.reply.thinking.reasoning, app.reply.body.source))
+        if app.chat.reply is not None:
+            seen.append((app.chat.reply.thinking.expanded, app.chat.reply.thinking.reasoning, app.chat.reply.body.source))
         return not app.generating and len(app.session.messages) >= 2
 
     await wait_until(pilot, note)

@@ -16,15 +16,18 @@ class RecordingApp(KvchatApp):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.notices: list[str] = []
+        tell_at_box = self.chat.tell_at_box
+
+        def told_at_box(sentence: str) -> None:
+            """Kept with the notifications: tests ask whether the user was told, wherever it was shown."""
+            self.notices.append(sentence)
+            tell_at_box(sentence)
+
+        self.chat.tell_at_box = told_at_box
 
     def notify(self, message, **kwargs):
         self.notices.append(message)
         super().notify(message, **kwargs)
-
-    def tell_at_box(self, sentence: str) -> None:
-        """Kept with the notifications: tests ask whether the user was told, wherever it was shown."""
-        self.notices.append(sentence)
-        super().tell_at_box(sentence)
 
 
 def app_with(engine, storage: Storage | None = None, **kwargs) -> RecordingApp:

@@ -14,6 +14,16 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from app.tui import slash_commands
+from app.tui.widgets.chat_view import ChatView
+from app.tui.widgets.messages import AssistantMessageView, MessageView, UserMessageView
+from app.tui.widgets.prompt_input import PromptInput
+from app.tui.widgets.sidebar import Sidebar
+
+HELP_NOTE = ("Typing goes to the message box wherever the focus is. On a message or in the conversation list, "
+             "the letter keys act once you have moved there with the arrow keys (or Ctrl+↑); Esc always "
+             "comes back to the box.")
+
 # One row: a binding (its keys and its tooltip or description), or (what to type, what it does).
 Row = Binding | tuple[str, str]
 
@@ -77,3 +87,17 @@ class HelpScreen(ModalScreen[None]):
     def key_names(self, binding: Binding) -> str:
         return " / ".join(self.app.get_key_display(Binding(key, binding.action))
                           for key in binding.key.split(","))
+
+
+def chat_help(anywhere: list[Binding]) -> HelpScreen:
+    """The chat app's help: `anywhere` (the app's own bindings), the keys of each place, and the slash
+    commands."""
+    letters = "letters act after an arrow key"
+    commands = [(slash_commands.usage(name), does) for name, (_, does) in slash_commands.COMMANDS.items()]
+    commands.append((f"{slash_commands.ESCAPE}TEXT", "Send a message that starts with a single /"))
+    sections = [("Anywhere", anywhere), ("In the message box", PromptInput.HELP_BINDINGS),
+                ("Slash commands, typed at the start of the box", commands),
+                (f"On a message (Ctrl+↑ to reach one; {letters})", [*MessageView.BINDINGS, *ChatView.BINDINGS]),
+                ("On your message", UserMessageView.BINDINGS), ("On a reply", AssistantMessageView.BINDINGS),
+                (f"In the conversation list (Ctrl+B; {letters})", Sidebar.BINDINGS)]
+    return HelpScreen(sections, [HELP_NOTE])

@@ -197,7 +197,7 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
         """`models`: those to choose from (the current one is added when missing); `context_window`:
         the loaded model's, in tokens (None: no model loaded, or a server that does not say);
         `reply_ceiling`: the chat's own cap on a reply, when max tokens is left empty (None: none);
-        `disk`: a line about what kvchat keeps on disk (app/chat/storage_usage.py)."""
+        `disk`: a line about what kvchat keeps on disk (storage/usage.py)."""
         super().__init__()
         self.settings = settings
         self.context_window = context_window
@@ -239,7 +239,7 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
     def on_mount(self) -> None:
         self.query_one("#error", Static).display = False
         self.query_one("#system", TextArea).focus()
-        if self.reply_ceiling:  # empty is not "no limit": the chat's ceiling applies (app/chat/reply_limits.py)
+        if self.reply_ceiling:  # empty is not "no limit": the chat's ceiling applies (app/chat/reply/limits.py)
             max_tokens = self.query_one("#max-tokens", Input)
             max_tokens.placeholder = f"the chat's {self.reply_ceiling:,}"
             max_tokens.tooltip = (f"Empty: the chat's ceiling of {self.reply_ceiling:,} tokens "

@@ -155,7 +155,7 @@ class UserMessageView(MessageView):
 
 class AssistantMessageView(MessageView):
     """A reply: streamed as Markdown while it is generated, rendered whole at the end. A reasoning
-    model's thinking (app/chat/thinking.py) is kept out of the Markdown: it is the ThinkingBlock above."""
+    model's thinking (app/chat/prompt/thinking.py) is kept out of the Markdown: it is the ThinkingBlock above."""
 
     BINDINGS = [Binding("r", "regenerate", "Regenerate"),
                 Binding("R", "regenerate_alternatives", "Regenerate N alternatives", show=False),

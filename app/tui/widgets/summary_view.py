@@ -1,4 +1,4 @@
-"""The summary a compacted branch starts from (app/chat/compaction.py): drawn as the model's text, named as
+"""The summary a compacted branch starts from (app/chat/context/compaction.py): drawn as the model's text, named as
 what it is; it is not a reply, so it is not regenerated."""
 
 from __future__ import annotations

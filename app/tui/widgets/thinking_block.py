@@ -1,4 +1,4 @@
-"""A reply's reasoning (a reasoning model's `<think>` block, app/chat/thinking.py), shown dimmed above
+"""A reply's reasoning (a reasoning model's `<think>` block, app/chat/prompt/thinking.py), shown dimmed above
 its answer: one line when collapsed, the whole text when expanded. `t` on the reply, or a click on
 the block, toggles it.
 

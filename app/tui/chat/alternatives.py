@@ -1,6 +1,6 @@
 """Regenerate N in the chat: N alternatives of the last reply written at once, browsed as they grow.
-A mixin of KvchatApp, ahead of ReplyActions (whose ‹ › handler it takes over while they are written);
-the chat logic is ChatSession.regenerate_alternatives' (app/chat/alternatives.py).
+AlternativesWriter is the chat pane's (pane.py), which hands it the engine's events and ‹ › on the view
+being written; the chat logic is ChatSession.regenerate_alternatives' (app/chat/reply/alternatives.py).
 
 One message view shows one alternative at a time, streaming: ‹ › on it shows another, with what that
 one has written so far, streaming on from there; the others are written in the background meanwhile.
@@ -34,7 +34,6 @@ from app.tui.widgets.status_bar import StatusBar
 from engine import RequestStats
 
 if TYPE_CHECKING:
-    from textual.app import App
     from textual.widgets.markdown import MarkdownStream
 
     from app.chat.backend import Backend
@@ -76,7 +75,7 @@ class LiveAlternatives:
     ended: list[bool] = field(default_factory=list)
     kept: list[ChatMessage | None] = field(default_factory=list)  # what each ended as (None: nothing)
     stream: MarkdownStream | None = None  # the shown one's answer, streamed into the view
-    opens_thinking: bool = False  # their prompt ends inside an open <think> (app/chat/thinking.py)
+    opens_thinking: bool = False  # their prompt ends inside an open <think> (app/chat/prompt/thinking.py)
     # Each one's text split as it comes: its answer (what the Markdown shows) and its reasoning, apart.
     splitters: list[ThinkingSplitter] = field(default_factory=list)
     answers: list[str] = field(default_factory=list)
@@ -104,104 +103,91 @@ class LiveAlternatives:
         return self.ended.count(False)
 
 
-@runtime_checkable  # so a test can check that KvchatApp keeps it
+@runtime_checkable  # so a test can check that the chat pane keeps it
+class AlternativesPane(Protocol):
+    """What AlternativesWriter uses of the chat pane that owns it (ChatPane), besides Textual's Widget."""
+
+    host: AlternativesHost  # the app
+    reply: AssistantMessageView | None  # the view they are written in, while they are
+    inspecting_live: bool  # the inspector follows the reply being written
+
+    def writing(self, view: AssistantMessageView | None) -> None: ...
+
+    def can_send(self, text: str | None = None) -> bool: ...
+
+    async def reload_changed(self) -> None: ...
+
+    async def reply_ended(self, clean: bool) -> None: ...
+
+    async def show_final(self, reply: AssistantMessageView, message: ChatMessage) -> None: ...
+
+    def inspect(self, view: AssistantMessageView | None) -> None: ...
+
+
 class AlternativesHost(Protocol):
-    """What AlternativesActions uses of the app it is mixed into, besides Textual's App."""
+    """What AlternativesWriter uses of the app, through the pane (see pane.ChatHost)."""
 
     session: ChatSession | None
     engine: Backend | None
     engine_thread: EngineThread
-    preferences: Preferences
     config: Config
     alternatives: int  # how many to write (alternatives_count)
-    reply: AssistantMessageView | None  # the view they are written in, while they are
-    _inspecting_live: bool
 
-    def _can_send(self, text: str | None = None) -> bool: ...
-
-    async def _reload_changed(self) -> None: ...
-
-    async def _reply_ended(self, clean: bool) -> None: ...
-
-    async def _show_final(self, reply: AssistantMessageView, message: ChatMessage) -> None: ...
-
-    async def _show_conversation_saved(self) -> None: ...
-
-    def _inspect(self, view: AssistantMessageView | None) -> None: ...
+    async def conversation_saved(self) -> None: ...
 
 
-if TYPE_CHECKING:
-    class _Host(AlternativesHost, App):
-        """What a type checker takes `self` for: a Textual App that is an AlternativesHost."""
-else:
-    _Host = object
+class AlternativesWriter:
+    """The alternatives being written, if any, and what the chat does with their events (the pane's)."""
 
+    def __init__(self, pane: AlternativesPane):
+        self.pane = pane
+        self.live: LiveAlternatives | None = None  # the alternatives being written, if any
 
-class AlternativesActions(_Host):
-    """A mixin of KvchatApp; what it needs of the app is AlternativesHost."""
-
-    _live: LiveAlternatives | None = None  # the alternatives being written, if any
-
-    def set_alternatives(self, count: int) -> None:
-        """The settings screen's new number of alternatives: used from now on, and remembered."""
-        self.alternatives = count
-        try:
-            self.preferences.set(PREFERENCE, count)
-        except OSError as exc:
-            self.notify(f"The number of alternatives could not be saved ({exc.strerror or exc}); it holds until "
-                        "kvchat quits.", severity="warning")
-
-    async def action_regenerate_alternatives(self) -> None:
-        if not self._can_send():
+    async def start(self) -> None:
+        """Alt+R: write the N alternatives of the last reply."""
+        pane, host = self.pane, self.pane.host
+        if not pane.can_send():
             return
-        session, count = self.session, self.alternatives
+        session, count = host.session, host.alternatives
         try:
             replies = session.regenerate_alternatives(count)
         except ConversationChanged:
-            await self._reload_changed()
+            await pane.reload_changed()
             return
         except (*USER_FACING_ERRORS, ValueError) as exc:
-            self.notify(str(exc), severity="warning", timeout=10)
+            pane.notify(str(exc), severity="warning", timeout=10)
             return
-        chat = self.query_one(ChatView)
+        chat = pane.query_one(ChatView)
         await chat.truncate(len(session.messages))
         view = await chat.add(ChatMessage("assistant", "", status="streaming"))
         view.choice = (0, count)
         view.refresh_header()
-        self.reply, self._live = view, LiveAlternatives(replies, opens_thinking=session.opens_thinking)
-        view.thinking.begin(expanded=not self.config.collapse_thinking)
-        self._live.stream = Markdown.get_stream(view.body)
-        self.query_one(StatusBar).begin_reply(replies.rates())
-        self.notify(start_note(count, session.params.greedy, is_remote(self.engine)), timeout=8)
-        engine = self.engine
-        self.engine_thread.submit(lambda: stream_alternatives(replies, engine, self.post_message))
+        self.live = LiveAlternatives(replies, opens_thinking=session.opens_thinking)
+        pane.writing(view)
+        view.thinking.begin(expanded=not host.config.collapse_thinking)
+        self.live.stream = Markdown.get_stream(view.body)
+        pane.app.query_one(StatusBar).begin_reply(replies.rates())
+        pane.notify(start_note(count, session.params.greedy, is_remote(host.engine)), timeout=8)
+        engine = host.engine
+        host.engine_thread.submit(lambda: stream_alternatives(replies, engine, pane.post_message))
 
-    async def on_assistant_message_view_alternatives_requested(
-            self, event: AssistantMessageView.AlternativesRequested) -> None:
-        if event.view.index != len(self.query_one(ChatView).messages) - 1:
-            self.notify("Only the last reply can be regenerated; earlier ones: edit the message before them.",
-                        severity="warning", timeout=6)
-            return
-        await self.action_regenerate_alternatives()
-
-    async def on_message_view_branch_requested(self, event: MessageView.BranchRequested) -> None:
-        # Runs before ReplyActions' handler (Textual calls each class's in the MRO); ‹ › on the view
-        # being written shows another alternative, and the default (a branch switch) is skipped.
-        live = self._live
-        if live is None or event.view is not self.reply:
-            return
-        event.prevent_default()
+    async def browse(self, event: MessageView.BranchRequested) -> bool:
+        """‹ › on the view being written shows another alternative: True when it was that (and done)."""
+        live = self.live
+        if live is None or event.view is not self.pane.reply:
+            return False
         position = live.shown + event.step
         if not 0 <= position < live.replies.count:
-            self.notify("There is no other alternative that way.", timeout=3)
-            return
+            self.pane.notify("There is no other alternative that way.", timeout=3)
+            return True
         live.replies.shown = position  # also the one the conversation shows when they end
         await self._show_alternative(position)
         self._show_live_numbers()
+        return True
 
     async def _show_alternative(self, index: int) -> None:
         """The view shows alternative `index`: what it wrote, streaming on if it is still being written."""
-        live, view = self._live, self.reply
+        live, view = self.live, self.pane.reply
         if live.stream is not None:
             await live.stream.stop()
             live.stream = None
@@ -220,25 +206,25 @@ class AlternativesActions(_Host):
         view.choice = (index, live.replies.count)
         view.refresh_header()
 
-    async def on_alternatives_progress(self, message: AlternativesProgress) -> None:
-        live = self._live
+    async def progress(self, message: AlternativesProgress) -> None:
+        live = self.live
         if live is None:
             return
         deltas = {index: live.add(index, text) for index, text in message.texts.items()}
         for index, stats in message.stats.items():
             live.stats[index] = stats
-        bar = self.query_one(StatusBar)
+        bar = self.pane.app.query_one(StatusBar)
         bar.kv_cache = message.kv_cache or bar.kv_cache
         bar.streams = message.rates
         shown = deltas.get(live.shown)
         if shown is not None and shown.thinking:
-            self.reply.thinking.add(shown.thinking)
+            self.pane.reply.thinking.add(shown.thinking)
         if shown is not None and shown.answer and live.stream is not None:
             await live.stream.write(shown.answer)
         self._show_live_numbers()
 
-    async def on_alternative_ended(self, message: AlternativeEnded) -> None:
-        live = self._live
+    async def ended(self, message: AlternativeEnded) -> None:
+        live = self.live
         if live is None:
             return
         live.ended[message.index], live.kept[message.index] = True, message.message
@@ -250,43 +236,45 @@ class AlternativesActions(_Host):
 
     def _show_live_numbers(self) -> None:
         """The status bar (and a live inspector) show the alternative on screen and all their rates."""
-        live, bar = self._live, self.query_one(StatusBar)
+        live, bar = self.live, self.pane.app.query_one(StatusBar)
         stats = live.stats[live.shown]
         writing = f"{live.writing()} of {live.replies.count} alternatives being written"
         if stats is None:
             bar.show(bar.phase, writing)
             return
         bar.show("decode" if live.ended[live.shown] else stats.phase, writing, stats)
-        inspector = self.query_one(Inspector)
-        if inspector.display and self._inspecting_live:
+        inspector = self.pane.app.query_one(Inspector)
+        if inspector.display and self.pane.inspecting_live:
             inspector.show(ReplyNumbers.from_request(stats), f"alternative {live.shown + 1} being written")
 
-    async def on_alternatives_done(self, message: AlternativesDone) -> None:
-        # `self.reply` is cleared only when the screen is final, so "generating" covers all of this.
+    async def done(self, message: AlternativesDone) -> None:
+        # The pane's reply is cleared only when the screen is final, so "generating" covers all of this.
         try:
             await self._show_alternatives_end(message)
         finally:
-            self.reply, self._live = None, None
-            self.query_one(PromptInput).refresh_meter()  # the reply took room in the context window
-        await self._reply_ended(message.adopted is not None)  # the message queued meanwhile (reply.py)
+            self.pane.writing(None)
+            self.live = None
+            self.pane.query_one(PromptInput).refresh_meter()  # the reply took room in the context window
+        await self.pane.reply_ended(message.adopted is not None)  # the message queued meanwhile
 
     async def _show_alternatives_end(self, message: AlternativesDone) -> None:
-        live, view, session = self._live, self.reply, self.session
+        pane = self.pane
+        live, view, session = self.live, pane.reply, pane.host.session
         if live is None or view is None or session is None:
             return
         if live.stream is not None:
             await live.stream.stop()
             live.stream = None
-        bar, count = self.query_one(StatusBar), live.replies.count
+        bar, count = pane.app.query_one(StatusBar), live.replies.count
         bar.kv_cache = message.kv_cache or bar.kv_cache
         bar.streams = message.rates or bar.streams
         if message.errors:
             many = len(message.errors) > 1
             failed = f"{len(message.errors)} of the {count} alternatives" if many else "An alternative"
-            self.notify(f"{failed} could not be written whole: {message.errors[0]}", severity="error", timeout=10)
+            pane.notify(f"{failed} could not be written whole: {message.errors[0]}", severity="error", timeout=10)
         adopted = message.adopted
         if adopted is None:  # none kept: the conversation is as it was
-            await self.query_one(ChatView).show(session.messages)
+            await pane.query_one(ChatView).show(session.messages)
             bar.show("idle", "no alternative was kept")
             return
         shown = live.kept[live.shown]
@@ -295,11 +283,11 @@ class AlternativesActions(_Host):
                 session.switch_branch(shown.id)
                 adopted = live.shown
             except USER_FACING_ERRORS as exc:
-                self.notify(str(exc), severity="error", timeout=10)
+                pane.notify(str(exc), severity="error", timeout=10)
         view.choice = None
-        await self._show_final(view, session.messages[-1])
+        await pane.show_final(view, session.messages[-1])
         kept = sum(reply is not None for reply in live.kept)
         bar.show("idle", f"{counted(kept, 'alternative')} written", live.stats[adopted])
-        await self._show_conversation_saved()
-        self.reply = None  # so the inspector shows the reply on screen, not "the reply being written"
-        self._inspect(view)
+        await pane.host.conversation_saved()
+        pane.writing(None)  # so the inspector shows the reply on screen, not "the reply being written"
+        pane.inspect(view)

@@ -1,9 +1,9 @@
-"""The chat's ways on when the next message no longer fits the context window (app/chat/context_overflow.py):
+"""The chat's ways on when the next message no longer fits the context window (app/chat/context/overflow.py):
 the notice with its two ways (screens/context_full.py), /drop-oldest and /compact, and what each cost,
-said once the reply ends. A mixin of KvchatApp, as the other actions are.
+said once the reply ends. WaysOn is the chat pane's (pane.py), which hands it the engine thread's messages.
 
 Compacting generates a summary first, on the engine thread, its pass shown in the status bar (Esc or Ctrl+C
-stops it); meanwhile the app counts as generating, so a message typed then is queued as during a reply and
+stops it); meanwhile the chat counts as generating, so a message typed then is queued as during a reply and
 nothing else reaches the conversation. The new branch is made on the UI thread once it is done, as a message
 is sent."""
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from textual.message import Message
 
@@ -30,6 +30,8 @@ from engine import Done, Event
 if TYPE_CHECKING:
     from app.chat.chat_message import ChatMessage
     from app.chat.session import ChatSession
+    from app.tui.chat.branches import Branches
+    from app.tui.engine_thread import EngineThread
 
 
 class OverflowReport(Message):
@@ -56,53 +58,83 @@ class SummaryPass(Message):
         self.number, self.messages = number, messages
 
 
-class ContextActions:
-    """A mixin of KvchatApp (what it uses of it: ReplyHost in reply.py, and Textual's App)."""
+@runtime_checkable  # so a test can check that the chat pane keeps it
+class WaysOnPane(Protocol):
+    """What WaysOn uses of the chat pane that owns it (ChatPane), besides Textual's Widget."""
 
-    _compaction_stop: threading.Event | None = None  # set: the compacting under way stops (stop_compacting)
+    host: WaysOnHost  # the app
+    editing: int | None  # the index of the user message being edited
+    branches: Branches
 
-    def offer_ways_on(self, refused: ConversationTooLong) -> None:
+    def can_send(self, text: str | None = None) -> bool: ...
+
+    def give_back(self, typed: str, sentence: str = "", severity: str = "warning") -> None: ...
+
+    async def reply_ended(self, clean: bool) -> None: ...
+
+    async def start_reply(self, events) -> None: ...
+
+
+class WaysOnHost(Protocol):
+    """What WaysOn uses of the app, through the pane (see pane.ChatHost)."""
+
+    session: ChatSession | None
+    engine_thread: EngineThread
+
+
+class WaysOn:
+    """The ways on for a message that does not fit, and the compacting under way (the chat pane's)."""
+
+    def __init__(self, pane: WaysOnPane):
+        self.pane = pane
+        self.compacting = False  # the summary is being written: the chat counts as generating
+        self._compaction_stop: threading.Event | None = None  # set: the compacting under way stops
+
+    def offer(self, refused: ConversationTooLong) -> None:
         """The notice for a message that does not fit; the way chosen is taken on a new branch."""
-        editing = self.editing
-        self.push_screen(ContextFullScreen(str(refused)),
-                         lambda way: way and self.run_worker(self._go_on(way, refused.user_text, refused.before,
-                                                                         editing)))
+        pane, editing = self.pane, self.pane.editing
+        pane.app.push_screen(ContextFullScreen(str(refused)),
+                             lambda way: way and pane.run_worker(self._go_on(way, refused.user_text, refused.before,
+                                                                             editing)))
 
-    async def _command_drop_oldest(self, text: str) -> bool:
+    async def command_drop_oldest(self, text: str) -> bool:
         return await self._go_on_command(DROP_OLDEST, text)
 
-    async def _command_compact(self, text: str) -> bool:
+    async def command_compact(self, text: str) -> bool:
         return await self._go_on_command(COMPACT, text)
 
     async def _go_on_command(self, way: str, text: str) -> bool:
         if not text.strip():
             raise CommandError(f"/{way} needs the message to send on the new branch, such as /{way} What next?")
-        if not self._can_send():
+        pane = self.pane
+        if not pane.can_send():
             return False
-        before = self.session.messages if self.editing is None else self.session.messages[:self.editing]
+        session = pane.host.session
+        before = session.messages if pane.editing is None else session.messages[:pane.editing]
         try:
-            nothing_to_drop = way == DROP_OLDEST and not plan_drop_oldest(self.session, before, text).dropped
+            nothing_to_drop = way == DROP_OLDEST and not plan_drop_oldest(session, before, text).dropped
         except USER_FACING_ERRORS as exc:  # a message too long even alone
             raise CommandError(str(exc)) from None
         if nothing_to_drop:
             raise CommandError("The conversation fits with that message; press Enter to send it as usual.")
-        return await self._go_on(way, text, before, self.editing, typed=f"/{way} {text}")
+        return await self._go_on(way, text, before, pane.editing, typed=f"/{way} {text}")
 
     async def _go_on(self, way: str, text: str, before: list[ChatMessage], editing: int | None,
                      typed: str | None = None) -> bool:
-        if not self._can_send() or self.editing != editing:
+        pane = self.pane
+        if not pane.can_send() or pane.editing != editing:
             return False
-        session = self.session
+        session = pane.host.session
         if way == COMPACT:
             self.compacting, self._compaction_stop = True, threading.Event()
             stop = self._compaction_stop
-            self.query_one(StatusBar).show("compacting", f"{len(before)} messages")
-            self.engine_thread.submit(lambda: self._summarize(session, text, before, typed, stop))
+            pane.app.query_one(StatusBar).show("compacting", f"{len(before)} messages")
+            pane.host.engine_thread.submit(lambda: self._summarize(session, text, before, typed, stop))
             return True  # under way: the command is in the Up history; stopped or failed, it comes back
         try:
             plan, events = send_dropping_oldest(session, text, before)
         except USER_FACING_ERRORS as exc:
-            self.notify(str(exc), severity="error", timeout=10)
+            pane.notify(str(exc), severity="error", timeout=10)
             return False
         await self._show_new_branch(typed or text, events, lambda stats: drop_report(plan, stats))
         return True
@@ -111,58 +143,64 @@ class ContextActions:
         """Esc or Ctrl+C while compacting: the pass being written stops, and no other pass begins."""
         if self._compaction_stop is not None:
             self._compaction_stop.set()
-        if self.session is not None:
-            self.session.cancel()
+        if self.pane.host.session is not None:
+            self.pane.host.session.cancel()
 
     def _summarize(self, session: ChatSession, text: str, before: list[ChatMessage], typed: str | None,
                    stop: threading.Event) -> None:
         """Engine thread: the summary, or why there is none; `stop` set: stopped before the next pass."""
+        post = self.pane.post_message
+
         def began(number: int) -> None:
             if stop.is_set():  # between passes, or before the first: session.cancel() had nothing to stop
                 raise CompactionStopped()
-            self.post_message(SummaryPass(number, len(before)))
+            post(SummaryPass(number, len(before)))
         try:
-            self.post_message(SummaryDone(session, text, compact(session, text, before, began), typed=typed))
+            post(SummaryDone(session, text, compact(session, text, before, began), typed=typed))
         except Exception as exc:  # the UI must hear of the end whatever it was
-            self.post_message(SummaryDone(session, text, None, failure_sentence(exc), typed))
+            post(SummaryDone(session, text, None, failure_sentence(exc), typed))
 
-    def on_summary_pass(self, message: SummaryPass) -> None:
+    def summary_pass(self, message: SummaryPass) -> None:
         if self.compacting:
-            self.query_one(StatusBar).show("compacting", f"{message.messages} messages, pass {message.number}")
+            self.pane.app.query_one(StatusBar).show("compacting", f"{message.messages} messages, pass {message.number}")
 
-    async def on_summary_done(self, message: SummaryDone) -> None:
+    async def summary_done(self, message: SummaryDone) -> None:
         self.compacting = False
-        if message.session is not self.session:
+        pane = self.pane
+        session = pane.host.session
+        if message.session is not session:
             return  # another conversation is shown now
+        bar = pane.app.query_one(StatusBar)
         if message.summary is None:
-            self.query_one(StatusBar).show("idle", "not compacted")
+            bar.show("idle", "not compacted")
             if message.typed:
-                self._give_back(message.typed, message.error)
+                pane.give_back(message.typed, message.error)
             else:  # from the notice's "c": the message is still in the box
-                self.notify(message.error, severity="warning", timeout=10)
-            await self._reply_ended(False)  # a message queued meanwhile comes back to be sent again
+                pane.notify(message.error, severity="warning", timeout=10)
+            await pane.reply_ended(False)  # a message queued meanwhile comes back to be sent again
             return
         try:
-            events = send_compacted(self.session, message.summary, message.text)
+            events = send_compacted(session, message.summary, message.text)
         except USER_FACING_ERRORS as exc:
-            self.query_one(StatusBar).show("idle", "not compacted")
-            self.notify(str(exc), severity="error", timeout=10)
-            await self._reply_ended(False)
+            bar.show("idle", "not compacted")
+            pane.notify(str(exc), severity="error", timeout=10)
+            await pane.reply_ended(False)
             return
         summary = message.summary
-        prompt = self.query_one(PromptInput)
+        prompt = pane.query_one(PromptInput)
         typed = prompt.text.strip() if prompt.text.strip() in (message.text, f"/compact {message.text}") else None
         await self._show_new_branch(typed, events, lambda stats: compact_report(summary))
 
     async def _show_new_branch(self, typed: str | None, events: Iterator[Event], report) -> None:
         """The branch just made is shown, its reply starts; `typed` (what the box held) leaves the box."""
-        prompt = self.query_one(PromptInput)
+        pane = self.pane
+        prompt = pane.query_one(PromptInput)
         if typed is not None and prompt.text.strip() == typed.strip():
             prompt.remember(typed)
             prompt.clear()
-        self._stop_editing()
-        await self.query_one(ChatView).show(self.session.messages)
-        await self._start_reply(self._reporting(events, report))
+        pane.branches.stop_editing()
+        await pane.query_one(ChatView).show(pane.host.session.messages)
+        await pane.start_reply(self._reporting(events, report))
 
     def _reporting(self, events: Iterator[Event], report) -> Iterator[Event]:
         """`events` as they come (on the engine thread); at the reply's Done, what the branch cost is posted."""
@@ -170,9 +208,6 @@ class ContextActions:
             for event in events:
                 yield event
                 if isinstance(event, Done):
-                    self.post_message(OverflowReport(report(event.stats)))
+                    self.pane.post_message(OverflowReport(report(event.stats)))
         finally:
             events.close()  # the reply's own ending: its K/V snapshot, the conversation's turn
-
-    def on_overflow_report(self, message: OverflowReport) -> None:
-        self.notify(message.text, timeout=10)

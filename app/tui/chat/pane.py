@@ -1,0 +1,429 @@
+"""The chat pane: the conversation's messages, the message box, and the reply being written.
+
+`ChatPane` owns the reply's state: the reply streaming (its view, its Markdown stream, its prefill
+progress), whether the inspector follows it, the message queued meanwhile, and stopping it (Esc, Ctrl+C).
+The engine thread posts the reply's events to it (engine_events.py), and the message box's Enter reaches
+it first, slash commands going through SlashCommands (commands.py). Objects it owns do the rest, each
+stating what it uses of the pane as a Protocol: Branches (regenerate, edit, switch: branches.py),
+AlternativesWriter (Regenerate N: alternatives.py) and WaysOn (a conversation that no longer fits:
+overflow.py). The conversation's session and the engine are the app's, which loads and opens them
+(ChatHost); the chat logic is ChatSession's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from textual import on
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import Markdown, Static, TextArea
+
+from app.tui import slash_commands
+from app.chat.backend_loader import is_remote
+from app.chat.prompt.context_room import ConversationTooLong
+from app.chat.errors import USER_FACING_ERRORS
+from app.chat.reply.stats import ReplyNumbers
+from app.chat.session import ChatMessage
+from app.tui.alternative_events import AlternativeEnded, AlternativesDone, AlternativesProgress
+from app.tui.chat.alternatives import AlternativesWriter
+from app.tui.chat.branches import Branches
+from app.tui.chat.commands import SlashCommands
+from app.tui.chat.overflow import OverflowReport, SummaryDone, SummaryPass, WaysOn
+from app.tui.engine_events import ReplyDone, ReplyStats, ReplyText, stream_reply
+from app.chat.saved.conversation import ConversationChanged
+from app.tui.token_meter import box_reading, conversation_used
+from app.tui.widgets.box_notice import BoxNotice
+from app.tui.widgets.chat_view import ChatView
+from app.tui.widgets.inspector import Inspector
+from app.tui.widgets.messages import AssistantMessageView, MessageView, UserMessageView
+from app.tui.widgets.prompt_input import PromptInput
+from app.tui.widgets.status_bar import StatusBar, clip, thinking_counts
+from engine import ContextWindowError
+
+if TYPE_CHECKING:
+    from textual.widgets.markdown import MarkdownStream
+
+    from app.chat.backend import Backend
+    from app.chat.config import Config
+    from app.chat.session import ChatSession
+    from app.tui.chat.settings import ConversationSettings
+    from app.tui.engine_thread import EngineThread
+
+FINISH_NOTES = {"stop": "", "length": "stopped at the length limit (max tokens: Ctrl+O)", "stopped": "stopped by you",
+                "repetition": "stopped: it kept repeating itself"}
+PLACEHOLDER = "Message · Enter sends · Ctrl+J new line · Esc stops the reply"
+
+
+@runtime_checkable  # so a test can check that KvchatApp keeps it
+class ChatHost(Protocol):
+    """What the chat pane (and the objects it owns) use of the app it is in (KvchatApp), besides Textual's
+    App: the app loads the engine and opens the shown conversation's session, which the pane sends to."""
+
+    session: ChatSession | None
+    engine: Backend | None
+    config: Config
+    engine_thread: EngineThread
+    conversation_id: str | None
+    alternatives: int  # how many replies "regenerate N" writes
+    settings: ConversationSettings
+
+    def ready_to_send(self, text: str | None = None) -> bool: ...
+
+    async def open_conversation(self, conversation_id: str | None) -> None: ...
+
+    async def conversation_saved(self) -> None: ...
+
+    def alternatives_of(self, message: ChatMessage) -> list[str]: ...
+
+    async def action_new_chat(self) -> None: ...
+
+    def action_help(self) -> None: ...
+
+
+class ChatPane(Vertical):
+    """The chat in the middle of the screen; it owns the reply being written (see the module's docstring)."""
+
+    def __init__(self, host: ChatHost, history: Callable[[], list[str]], **kwargs):
+        """`host`: the app it is in; `history`: the messages sent lately, which Up recalls in the box (read
+        as the pane is composed)."""
+        super().__init__(**kwargs)
+        self.host = host
+        self._history = history
+        self._reply: AssistantMessageView | None = None  # the reply (or alternatives) being written
+        self._stream: MarkdownStream | None = None  # the reply's answer, streamed into its view
+        self._inspecting_live = True  # the inspector follows the reply being written
+        self.alternatives_writer = AlternativesWriter(self)
+        self.ways_on = WaysOn(self)
+        self.commands = SlashCommands(self)
+        self.branches = Branches(self)
+
+    def compose(self) -> ComposeResult:
+        messages = ChatView(id="messages")
+        messages.alternatives = self.host.alternatives_of  # before any message is shown, with its ‹ ›
+        yield messages
+        yield Static("", id="editing", markup=False)
+        yield PromptInput(history=self._history(), id="prompt", placeholder=PLACEHOLDER)
+        yield BoxNotice(id="box-notice")
+
+    # ---- what the others ask of the reply's state
+
+    @property
+    def reply(self) -> AssistantMessageView | None:
+        """The view of the reply (or alternatives) being written, if any."""
+        return self._reply
+
+    @property
+    def editing(self) -> int | None:
+        """The index of the user message being edited, if any (Branches')."""
+        return self.branches.editing
+
+    @property
+    def compacting(self) -> bool:
+        """/compact's summary is being written (overflow.py)."""
+        return self.ways_on.compacting
+
+    @property
+    def generating(self) -> bool:
+        """A reply is being written, or /compact's summary: the conversation takes no other message now."""
+        return self._reply is not None or self.compacting
+
+    @property
+    def inspecting_live(self) -> bool:
+        """The inspector follows the reply being written (not a reply chosen on screen)."""
+        return self._inspecting_live
+
+    def writing(self, view: AssistantMessageView | None) -> None:
+        """`view` is the reply being written from now on (None: none is, the screen is final)."""
+        self._reply = view
+
+    # ---- sending
+
+    @on(PromptInput.Submitted)
+    async def _submitted(self, event: PromptInput.Submitted) -> None:
+        # The box is empty already (PromptInput.submit): whatever is refused here is given back.
+        typed = event.text.strip()
+        text = slash_commands.parse(typed)
+        if not isinstance(text, str):
+            await self.commands.run(text, typed)
+            return
+        if not text:
+            return
+        if self.generating:
+            self._queue(typed)
+            return
+        await self._send(text, typed)
+
+    @on(PromptInput.Refused)
+    def _refused(self, event: PromptInput.Refused) -> None:
+        self.tell_at_box(event.sentence)
+
+    @on(TextArea.Changed, "#prompt")
+    def _box_edited(self, event: TextArea.Changed) -> None:
+        self.query_one(BoxNotice).box_changed(event.text_area.text)
+
+    def can_send(self, text: str | None = None) -> bool:
+        """Can a message be sent now? If not, say why. `text` (a message typed while the model loads
+        or the conversation opens) is sent by itself once the session is ready, if still in the box."""
+        if self.compacting:
+            self.notify("The conversation is being compacted; press Esc to stop it.", severity="warning")
+        elif self.generating:
+            self.notify("A reply is still being written; press Esc to stop it.", severity="warning")
+        else:
+            return self.host.ready_to_send(text)
+        return False
+
+    async def _send(self, text: str, typed: str) -> None:
+        if not self.can_send(typed):
+            self.give_back(typed)
+            return
+        session, editing = self.host.session, self.editing
+        try:
+            events = session.send(text) if editing is None else session.edit(editing, text)
+        except ConversationChanged:
+            self.give_back(typed)
+            await self.reload_changed()
+            return
+        except ConversationTooLong as exc:  # it would fit after fewer turns: the ways on (overflow.py)
+            self.give_back(typed)
+            self.ways_on.offer(exc)
+            return
+        except ContextWindowError as exc:
+            self.give_back(typed, f"{exc} Ctrl+L clears the box; /clear starts a new chat.", "error")
+            return
+        except (*USER_FACING_ERRORS, ValueError) as exc:
+            self.give_back(typed, str(exc), "error")
+            return
+        self.query_one(PromptInput).remember(typed)
+        self.branches.stop_editing()
+        chat = self.query_one(ChatView)
+        if editing is not None:
+            await chat.truncate(editing)
+        await chat.add(session.messages[-1])
+        await self.start_reply(events)
+
+    def give_back(self, typed: str, sentence: str = "", severity: str = "warning") -> None:
+        """`typed` was not taken: back in the box if it is still empty, with `sentence` (if any) under the
+        box until it is edited; else kept in the Up history, and a toast says why and where it went (the box's
+        new text is not what the sentence is about)."""
+        if self.query_one(PromptInput).give_back(typed):
+            if sentence:
+                self.tell_at_box(sentence)
+            return
+        kept = f"“{clip(typed, 40)}” is not put back, as the box has new text; Up recalls it."
+        self.notify(f"{sentence} {kept}" if sentence else kept, severity=severity, timeout=10)
+
+    def tell_at_box(self, sentence: str) -> None:
+        """Say why what was just typed was not taken, under the message box (not in a toast, where a later
+        notice would hide it); it stays until the box is edited."""
+        self.query_one(BoxNotice).say(sentence, self.query_one(PromptInput).text)
+
+    # ---- the message queued while a reply is written (sent when it ends; see PromptInput.queue)
+
+    def _queue(self, typed: str) -> None:
+        prompt = self.query_one(PromptInput)
+        if prompt.queued is not None:  # one at a time: the first is shown, this one stays in the box
+            self.give_back(typed, "A message is already queued; Backspace in the empty box takes it back.")
+            return
+        prompt.queue(typed)
+
+    def _take_back_queued(self) -> None:
+        """The queued message returns to the box to be edited (or, if the box has new text, to the history)."""
+        text = self.query_one(PromptInput).take_queued()
+        if text is not None:
+            self.give_back(text)
+
+    async def reply_ended(self, clean: bool) -> None:
+        """A reply (or N alternatives) ended: the queued message goes out if it ended by itself; one stopped
+        or failed gives it back to the box instead."""
+        if self.generating or self.query_one(PromptInput).queued is None:
+            return
+        if not clean:
+            self._take_back_queued()
+            return
+        typed = self.query_one(PromptInput).take_queued()
+        text = slash_commands.parse(typed)
+        await self._send(text if isinstance(text, str) else typed, typed)
+
+    async def reload_changed(self) -> None:
+        """Another kvchat added to the conversation shown: show what it is now instead of forking it."""
+        await self.host.open_conversation(self.host.conversation_id)
+        self.notify("This conversation got new messages in another kvchat; they are shown now. Send yours again.",
+                    severity="warning", timeout=10)
+
+    # ---- the reply, streamed
+
+    async def start_reply(self, events) -> None:
+        view = await self.query_one(ChatView).add(ChatMessage("assistant", "", status="streaming"))
+        self._reply = view
+        view.thinking.begin(expanded=not self.host.config.collapse_thinking)
+        self._stream = Markdown.get_stream(view.body)
+        self.app.query_one(StatusBar).begin_reply(prefill_tokens=self._chunked_prefill())
+        engine, opens_thinking = self.host.engine, self.host.session.opens_thinking
+        self.host.engine_thread.submit(lambda: stream_reply(events, engine, self.post_message, opens_thinking))
+
+    def _chunked_prefill(self) -> int | None:
+        """The tokens the reply just sent prefills, if they take more than one chunk (the engine reports on
+        those after each chunk; the bar shows 0 of them meanwhile); None otherwise, or for a server."""
+        engine, session = self.host.engine, self.host.session
+        if engine is None or session is None or is_remote(engine):
+            return None
+        tokens, options = session.unseen_prompt_tokens, getattr(engine, "options", None)
+        return tokens if options is not None and tokens > options.prefill_chunk else None
+
+    async def on_reply_text(self, message: ReplyText) -> None:
+        reply = self._reply
+        if reply is not None and (message.thinking or message.tokens is not None):
+            block = reply.thinking
+            block.tokens = message.tokens[0] if message.tokens else block.tokens
+            block.add(message.thinking)
+            if message.text and not block.ended:
+                block.answer_began()
+        if message.tokens is not None:
+            bar = self.app.query_one(StatusBar)
+            bar.thinking_tokens = message.tokens
+            bar.refresh_text()
+        if self._stream is not None and message.text:
+            await self._stream.write(message.text)
+
+    def on_reply_stats(self, message: ReplyStats) -> None:
+        bar = self.app.query_one(StatusBar)
+        bar.kv_cache = message.kv_cache or bar.kv_cache
+        bar.show(message.stats.phase, stats=message.stats)
+        inspector = self.app.query_one(Inspector)
+        if inspector.display and self._inspecting_live:
+            inspector.show(ReplyNumbers.from_request(message.stats), "the reply being written")
+
+    async def on_reply_done(self, message: ReplyDone) -> None:
+        # The reply is cleared only when the screen is final, so "generating" covers all of this.
+        try:
+            await self._show_reply_end(message)
+        finally:
+            self._reply = None
+        await self.reply_ended(message.done is not None and message.done.finish_reason != "stopped")
+        self.query_one(PromptInput).refresh_meter()  # the reply took room in the context window
+
+    async def _show_reply_end(self, message: ReplyDone) -> None:
+        if self._stream is not None:
+            await self._stream.stop()
+            self._stream = None
+        reply, bar, session = self._reply, self.app.query_one(StatusBar), self.host.session
+        bar.kv_cache = message.kv_cache or bar.kv_cache
+        if message.done is None:
+            bar.show("idle", "failed")
+            self.notify(message.error or "The reply failed.", severity="error", timeout=10)
+            kept = session.messages[-1] if session and session.messages else None
+            if reply is not None and kept is not None and kept.status == "interrupted":
+                await self.show_final(reply, kept)  # what it said is part of the conversation now
+            elif reply is not None:  # nothing was said: the empty reply is shown as interrupted
+                reply.message.status = "interrupted"
+                reply.refresh_header()
+            await self.host.conversation_saved()  # the user's message was, whatever happened after it
+            if reply is not None:
+                self._reply = None  # so the inspector shows the interrupted reply, not "the reply being written"
+                self.inspect(reply)
+            return
+        stored = session.messages[-1] if session and session.messages[-1].role == "assistant" else None
+        if reply is not None and stored is not None:
+            await self.show_final(reply, stored)
+        bar.thinking_tokens = thinking_counts(stored.stats if stored else None) or bar.thinking_tokens
+        bar.show("idle", FINISH_NOTES.get(message.done.finish_reason, message.done.finish_reason), message.done.stats)
+        await self.host.conversation_saved()
+        if reply is not None and stored is not None:
+            self._reply = None  # so the inspector shows the finished reply, not the live one
+            self.inspect(reply)
+
+    async def show_final(self, reply: AssistantMessageView, message: ChatMessage) -> None:
+        """The streamed reply's view becomes the session's message (its id, status and numbers)."""
+        self.query_one(ChatView).messages[reply.index] = message
+        await reply.finish(message, self.host.alternatives_of(message) if message.id else [])
+
+    # ---- the events of Regenerate N and of /compact, posted here by the engine thread
+
+    async def on_alternatives_progress(self, message: AlternativesProgress) -> None:
+        await self.alternatives_writer.progress(message)
+
+    async def on_alternative_ended(self, message: AlternativeEnded) -> None:
+        await self.alternatives_writer.ended(message)
+
+    async def on_alternatives_done(self, message: AlternativesDone) -> None:
+        await self.alternatives_writer.done(message)
+
+    def on_summary_pass(self, message: SummaryPass) -> None:
+        self.ways_on.summary_pass(message)
+
+    async def on_summary_done(self, message: SummaryDone) -> None:
+        await self.ways_on.summary_done(message)
+
+    def on_overflow_report(self, message: OverflowReport) -> None:
+        self.notify(message.text, timeout=10)
+
+    # ---- stop; regenerate, edit and switch branches (Branches)
+
+    def interrupting(self) -> bool:
+        """Ctrl+C: stop the reply (or the compacting) as Esc does; False (the key is not for this) when
+        nothing is being written."""
+        if not self.generating:
+            return False
+        self.stop()
+        return True
+
+    def stop(self) -> None:
+        """Esc: stop the reply or the compacting (a message queued meanwhile comes back), else the edit."""
+        session = self.host.session
+        if self.compacting:
+            self._take_back_queued()
+            self.ways_on.stop_compacting()
+        elif self.generating and session is not None:
+            self._take_back_queued()  # a stopped reply sends nothing after it
+            session.cancel()
+        elif self.editing is not None:
+            self.branches.stop_editing()
+            self.query_one(PromptInput).clear()
+
+    async def on_assistant_message_view_regenerate_requested(
+            self, event: AssistantMessageView.RegenerateRequested) -> None:
+        if self.branches.last_reply_asked(event.view):
+            await self.branches.regenerate()
+
+    async def on_assistant_message_view_alternatives_requested(
+            self, event: AssistantMessageView.AlternativesRequested) -> None:
+        if self.branches.last_reply_asked(event.view):
+            await self.alternatives_writer.start()
+
+    def on_user_message_view_edit_requested(self, event: UserMessageView.EditRequested) -> None:
+        self.branches.start_editing(event.view.index, event.view.text)
+
+    async def on_message_view_branch_requested(self, event: MessageView.BranchRequested) -> None:
+        if not await self.alternatives_writer.browse(event):  # ‹ › on the alternatives being written, else:
+            await self.branches.switch(event)
+
+    # ---- the inspector: the reply being written, or one chosen
+
+    def inspect(self, view: AssistantMessageView | None) -> None:
+        """The inspector shows `view`'s numbers (None, or the reply being written: it follows that one)."""
+        inspector = self.app.query_one(Inspector)
+        self._inspecting_live = view is None or view is self._reply
+        if self._inspecting_live:
+            inspector.show(None)
+        else:
+            inspector.show(view.message.stats, f"reply {view.index + 1}")
+
+    # ---- the message box's token meter (set up once the session is ready)
+
+    def meter_ready(self) -> None:
+        """The model's tokenizer and the conversation's tokens are known now: the meter can count."""
+        prompt = self.query_one(PromptInput)
+        prompt.meter = self.meter_reading
+        prompt.refresh_meter()
+
+    def meter_reading(self, text: str) -> tuple[str, bool]:
+        """The meter of the message box holding `text`, and whether it is over the context window (see
+        token_meter.box_reading). Runs on a worker thread (it tokenizes)."""
+        return box_reading(text, self.host.session, self.host.engine, self.editing)
+
+    def context_used(self) -> int:
+        """Tokens of the conversation the next message follows (see token_meter.conversation_used). May
+        tokenize: a worker thread's call."""
+        return conversation_used(self.host.session, self.host.engine, self.editing)
