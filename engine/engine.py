@@ -33,7 +33,7 @@ from engine.errors import ContextWindowError, EngineError, ModelError
 from engine.kv.budget import host_tier_bytes, kv_pool_bytes
 from engine.kv.pool import KVPool
 from engine.kv.prefix_cache import KVCacheFullError, PrefixCache
-from engine.kv.snapshot import KVSnapshot
+from engine.kv.exported import ExportedKV
 from engine.model.causal_lm import CausalLM
 from engine.request.generation import Generation
 from engine.request.loop import StepLoop
@@ -251,7 +251,7 @@ class Engine:
         with self._loop.lock:
             return self.prefix_cache.cached_length(token_ids)
 
-    def export_kv(self, token_ids: list[int], first_block: int = 0) -> KVSnapshot | None:
+    def export_kv(self, token_ids: list[int], first_block: int = 0) -> ExportedKV | None:
         """A copy of the cached K/V of the longest cached prefix of `token_ids` (None: nothing cached),
         from block `first_block` on (the blocks before it are already on disk). Only final tokens are
         ever in the cache (kv/sequence.py), so a snapshot never holds a draft."""
@@ -263,7 +263,7 @@ class Engine:
         if exported is None:
             return None
         length, blocks = exported
-        return KVSnapshot(tuple(token_ids[:length]), blocks, fingerprint, first_block)
+        return ExportedKV(tuple(token_ids[:length]), blocks, fingerprint, first_block)
 
     @property
     def kv_block_size(self) -> int:

@@ -53,7 +53,7 @@ from storage.kv.index import BlockRow, KVIndex
 if TYPE_CHECKING:  # not at run time: `kvchat list` and `delete` use the store without loading torch
     import torch
 
-    from engine.kv.snapshot import KVSnapshot
+    from engine.kv.exported import ExportedKV
 
 log = logging.getLogger("kvchat")
 
@@ -204,7 +204,7 @@ class KVBlockStore:
         present = self.index.present(keys)
         return next((i for i, key in enumerate(keys) if key not in present), len(keys))
 
-    def save(self, conversation_id: str | None, snapshot: "KVSnapshot", wanted: Callable[[], bool] | None = None) -> int:
+    def save(self, conversation_id: str | None, snapshot: "ExportedKV", wanted: Callable[[], bool] | None = None) -> int:
         """Write the blocks of `snapshot` the store lacks and make its chain one of the conversation's
         (`conversation_id` None: blocks only, no head). Returns the bytes written. OSError (a full disk)
         leaves the old state in place; StorageError: the index could not be written (the same)."""

@@ -1,6 +1,6 @@
 """KVWriter: writes K/V blocks on one background thread, so the chat never waits for the disk.
 
-`submit` hands over a conversation's K/V to store (the engine's KVSnapshot), copied out of the KV
+`submit` hands over a conversation's K/V to store (the engine's ExportedKV), copied out of the KV
 cache by the thread that generates (torch work on a second thread would make
 the engine's OpenMP thread pools fight: decode ran at half speed afterwards).
 This thread only checksums and writes. A newer submission for the same
@@ -21,7 +21,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from engine.kv.snapshot import KVSnapshot
+from engine.kv.exported import ExportedKV
 from storage.kv.store import KVBlockStore
 
 log = logging.getLogger("kvchat")
@@ -30,7 +30,7 @@ log = logging.getLogger("kvchat")
 class KVWriter:
     def __init__(self, store: KVBlockStore):
         self.store = store
-        self._pending: dict[str, tuple[KVSnapshot, Callable[[], bool] | None]] = {}
+        self._pending: dict[str, tuple[ExportedKV, Callable[[], bool] | None]] = {}
         self._jobs: list[Callable[[], object]] = []
         self._busy = False
         self._closed = False
@@ -38,7 +38,7 @@ class KVWriter:
         self._thread = threading.Thread(target=self._run, name="kvchat-kv-writer", daemon=True)
         self._thread.start()
 
-    def submit(self, conversation_id: str, snapshot: KVSnapshot, wanted: Callable[[], bool] | None = None) -> None:
+    def submit(self, conversation_id: str, snapshot: ExportedKV, wanted: Callable[[], bool] | None = None) -> None:
         """Write `snapshot` in the background, unless `wanted` (asked on the writer thread) says no by then."""
         with self._cond:
             self._pending.pop(conversation_id, None)  # re-queued at the end: first come, first written
@@ -89,7 +89,7 @@ class KVWriter:
                     self._busy = False
                     self._cond.notify_all()
 
-    def _write(self, conversation_id: str, snapshot: KVSnapshot, wanted: Callable[[], bool] | None) -> None:
+    def _write(self, conversation_id: str, snapshot: ExportedKV, wanted: Callable[[], bool] | None) -> None:
         try:
             self.store.save(conversation_id, snapshot, wanted=wanted)
         except Exception as exc:  # stored K/V is an optimisation: never let it take the chat down

@@ -8,7 +8,7 @@ import torch
 from safetensors import safe_open
 
 import storage.kv.legacy.snapshots as snapshots
-from engine.kv.snapshot import KVSnapshot
+from engine.kv.exported import ExportedKV
 from storage.kv.legacy.snapshot_dir import SnapshotRejected
 from storage.kv.legacy.snapshots import SnapshotStore
 from tests.storage.legacy_snapshots import write_legacy_snapshot
@@ -17,11 +17,11 @@ FINGERPRINT = "f" * 64
 CONVERSATION = "0123456789ab"
 
 
-def make_snapshot(tokens: int = 37, seed: int = 0, block_size: int = 16) -> KVSnapshot:
+def make_snapshot(tokens: int = 37, seed: int = 0, block_size: int = 16) -> ExportedKV:
     g = torch.Generator().manual_seed(seed)
     ids = tuple(torch.randint(0, 50_000, (tokens,), generator=g).tolist())
     kv = torch.randn(-(-tokens // block_size), 2, 3, 2, block_size, 8, generator=g)
-    return KVSnapshot(ids, kv, FINGERPRINT)
+    return ExportedKV(ids, kv, FINGERPRINT)
 
 
 @pytest.fixture
@@ -29,7 +29,7 @@ def store(tmp_path) -> SnapshotStore:
     return SnapshotStore(tmp_path / "home")
 
 
-def assert_same(a: KVSnapshot, b: KVSnapshot) -> None:
+def assert_same(a: ExportedKV, b: ExportedKV) -> None:
     assert a.token_ids == b.token_ids and a.fingerprint == b.fingerprint
     assert a.kv.dtype == b.kv.dtype and torch.equal(a.kv, b.kv)
 
@@ -47,7 +47,7 @@ def test_a_snapshot_file_loads_back_bit_for_bit_and_is_a_plain_safetensors_file(
 
 def test_bfloat16_snapshots_round_trip(store):
     snapshot = make_snapshot()
-    snapshot = KVSnapshot(snapshot.token_ids, snapshot.kv.bfloat16(), FINGERPRINT)
+    snapshot = ExportedKV(snapshot.token_ids, snapshot.kv.bfloat16(), FINGERPRINT)
     write_legacy_snapshot(store.home, CONVERSATION, snapshot)
     assert_same(store.load(CONVERSATION, FINGERPRINT, snapshot.token_ids), snapshot)
 

@@ -1,4 +1,4 @@
-"""KVSnapshot: the K/V of one cached token sequence, as it leaves or re-enters the prefix cache.
+"""ExportedKV: the K/V of one cached token sequence, as it leaves or re-enters the prefix cache.
 
 Plain data, so storage can write and read it without knowing the engine.
 `kv` is laid out as the KV pool's blocks, [blocks, 2 (K, V), layers, kv_heads,
@@ -18,7 +18,7 @@ import torch
 
 
 @dataclass(frozen=True)
-class KVSnapshot:
+class ExportedKV:
     token_ids: tuple[int, ...]
     kv: torch.Tensor
     fingerprint: str  # Engine.fingerprint of the engine that computed it
