@@ -223,7 +223,7 @@ class Engine:
         return self.runner.prefix_cache
 
     @property
-    def keeps_kv_snapshots(self) -> bool:
+    def can_store_kv(self) -> bool:
         """Whether K/V can be exported (`export_kv`) and imported (`import_blocks`): the prefix cache is on."""
         return self.runner.prefix_cache is not None
 

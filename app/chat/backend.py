@@ -41,7 +41,7 @@ class Backend(Protocol):
         ...
 
     @property
-    def keeps_kv_snapshots(self) -> bool:
+    def can_store_kv(self) -> bool:
         """Whether a conversation's K/V can be exported and imported (`export_kv`, `import_blocks`)."""
         ...
 

@@ -231,7 +231,7 @@ class SavedConversation:
         """Put the stored K/V blocks that `token_ids` start with into the prefix cache, where the cache
         lacks them: this conversation's own, or any other's with the same beginning (a shared system
         prompt). Returns a sentence for the user when stored K/V had to be discarded."""
-        if not engine.keeps_kv_snapshots or engine.cached_length(token_ids) >= len(token_ids) - 1:
+        if not engine.can_store_kv or engine.cached_length(token_ids) >= len(token_ids) - 1:
             return None
         if self.conversation is not None:
             self.storage.migration.migrate_one(self.id)  # an older kvchat's snapshot file, if it has one
@@ -262,7 +262,7 @@ class SavedConversation:
     def save_kv(self, engine: Engine, token_ids: list[int]) -> None:
         """Copy the K/V blocks of the conversation the block store lacks out of the cache (in the calling,
         generating thread) and write them to disk in the background."""
-        if not engine.keeps_kv_snapshots or self.storage.kv.cap_bytes == 0 or not self.storage.kv.writable:
+        if not engine.can_store_kv or self.storage.kv.cap_bytes == 0 or not self.storage.kv.writable:
             return
         store, conversation_id = self.store, self.id
         if not store.exists(conversation_id):  # deleted by another kvchat: nothing of it is written any more

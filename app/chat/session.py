@@ -77,7 +77,7 @@ class ChatSession:
             self._load_history()
             if self.seen_ids:
                 self.notice = saved.restore_kv(engine, self.seen_ids)
-                if engine.keeps_kv_snapshots:  # the first reply's gather of the history, now: the user is writing
+                if engine.can_store_kv:  # the first reply's gather of the history, now: the user is writing
                     engine.prewarm(self.seen_ids)
 
     @property

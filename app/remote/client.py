@@ -77,7 +77,7 @@ class RemoteEngine:
     text every time, and the server owns its cache, so there is nothing to snapshot or restore here."""
 
     token_fingerprint = None  # it takes text, not token ids
-    keeps_kv_snapshots = False
+    can_store_kv = False
 
     def __init__(self, client: httpx.Client, info: RemoteInfo, models: list[str]):
         self.client = client

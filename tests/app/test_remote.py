@@ -72,7 +72,7 @@ def test_connect_picks_the_servers_first_model_and_its_context_window(fake, remo
     assert remote.context_window == 4096
     assert remote.info.device == f"remote 127.0.0.1:{fake.url.rsplit(':', 1)[1]}"
     assert remote.cache_stats() == {"enabled": False}
-    assert remote.token_fingerprint is None and not remote.keeps_kv_snapshots  # text in, nothing to snapshot
+    assert remote.token_fingerprint is None and not remote.can_store_kv  # text in, nothing to snapshot
 
 
 def test_connect_refuses_an_unknown_model_a_wrong_key_no_server_and_a_non_openai_server(fake):
