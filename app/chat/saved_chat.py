@@ -275,7 +275,7 @@ class SavedConversation:
         if snapshot is not None:  # the index refuses a deleted conversation's head, in the writer's transaction
             self.storage.writer.submit(conversation_id, snapshot, wanted=lambda: store.exists(conversation_id))
 
-    def drop_snapshot(self, engine: Engine, reason: str, token_ids: list[int]) -> None:
+    def drop_stored_kv(self, engine: Engine, reason: str, token_ids: list[int]) -> None:
         """Delete the stored K/V blocks a prompt of `token_ids` reads (they produced `reason`), with one
         log line."""
         kv = self.storage.kv

@@ -351,7 +351,7 @@ class ChatSession:
             except NonFiniteLogitsError:
                 stream.close()
                 if self.saved is not None:
-                    self.saved.drop_snapshot(self.engine, "the model computed non-finite scores from it", prompt)
+                    self.saved.drop_stored_kv(self.engine, "the model computed non-finite scores from it", prompt)
                 self.generation = generation = self.engine.generate(prompt, self.reply_params,
                                                                        generation.use_prefix_cache)
                 stream = iter(generation)
