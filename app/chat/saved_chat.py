@@ -69,13 +69,13 @@ class Storage:
     migration: SnapshotMigration
 
     @classmethod
-    def open(cls, snapshot_gb: float | None = None) -> "Storage":
-        if snapshot_gb is not None and snapshot_gb < 0:
+    def open(cls, kv_disk_gb: float | None = None) -> "Storage":
+        if kv_disk_gb is not None and kv_disk_gb < 0:
             raise ValueError("--snapshot-gb must be 0 (no KV kept on disk) or more")
         home = data_dir()
         conversations = ConversationStore.open(home)
         try:
-            kv = KVBlockStore(home, conversations.database, int((DEFAULT_KV_DISK_GB if snapshot_gb is None else snapshot_gb) * 1e9))
+            kv = KVBlockStore(home, conversations.database, int((DEFAULT_KV_DISK_GB if kv_disk_gb is None else kv_disk_gb) * 1e9))
             if conversations.read_only_reason is None:
                 empty_trash(conversations, home, kv)  # conversations deleted over 30 days ago go for good
             migration = SnapshotMigration(home, kv, conversations.exists)

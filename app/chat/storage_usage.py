@@ -71,7 +71,7 @@ def _block_files(folder: Path) -> int:
         return 0
 
 
-def usage(snapshot_gb: float | None = None) -> Usage:
+def usage(kv_disk_gb: float | None = None) -> Usage:
     home, cache = data_dir(), cache_dir()
     database = sum(_size(home / f"kvchat.db{suffix}")[0] for suffix in ("", "-wal", "-shm"))
     backup_bytes, backups = _size(home / "backups")
@@ -89,7 +89,7 @@ def usage(snapshot_gb: float | None = None) -> Usage:
                 conversations, shared, saved = stats.conversations, stats.shared_bytes, stats.saved_bytes
             except StorageError:  # a database an older kvchat made, not migrated yet: no block store in it
                 pass
-    cap = int((DEFAULT_KV_DISK_GB if snapshot_gb is None else snapshot_gb) * 1e9)
+    cap = int((DEFAULT_KV_DISK_GB if kv_disk_gb is None else kv_disk_gb) * 1e9)
     return Usage(database, backup_bytes, backups, kv_bytes, kv_blocks, conversations, shared, saved, cap,
                  model_bytes, models, trashed, str(home), str(cache))
 
@@ -134,6 +134,6 @@ def report(u: Usage) -> str:
 
 
 def run_storage(args: argparse.Namespace) -> int:
-    u = usage(args.snapshot_gb)
+    u = usage(args.kv_disk_gb)
     print(json.dumps({**asdict(u), "total_bytes": u.total_bytes}) if args.json else report(u))
     return 0

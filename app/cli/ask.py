@@ -159,7 +159,7 @@ def run_ask(args: argparse.Namespace) -> int:
     from app.chat.saved_chat import SavedConversation, Storage, reply_stats
 
     progress = lambda step: print(f"kvchat: {step}…", file=sys.stderr)  # noqa: E731
-    storage = Storage.open(args.snapshot_gb)
+    storage = Storage.open(args.kv_disk_gb)
     try:
         if storage.conversations.read_only_reason:  # a damaged file, a read-only folder: say so before loading
             raise StorageError(storage.conversations.read_only_reason)

@@ -71,7 +71,7 @@ def _remote_options(parser: argparse.ArgumentParser, top_level: bool) -> None:
 
 def _storage_options(parser: argparse.ArgumentParser, top_level: bool) -> None:
     group = parser.add_argument_group("storage")
-    group.add_argument("--snapshot-gb", type=non_negative_float, default=None if top_level else argparse.SUPPRESS,
+    group.add_argument("--snapshot-gb", dest="kv_disk_gb", type=non_negative_float, default=None if top_level else argparse.SUPPRESS,
                        help="disk space for the KV block store; least recently used blocks go first (default: 4)")
 
 

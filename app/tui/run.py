@@ -22,7 +22,7 @@ def run_tui(args: argparse.Namespace, load: LoadBackend) -> NoReturn:
     the app's exit code once everything is written (see end_process)."""
     sampling_params(args)  # bad flags fail before anything starts
     system = clean_input(args.system, "The system prompt")
-    storage = Storage.open(args.snapshot_gb)
+    storage = Storage.open(args.kv_disk_gb)
     app = None
     try:
         app = KvchatApp(load, storage, overrides={name: getattr(args, name, None) for name in SAMPLING_FIELDS},
