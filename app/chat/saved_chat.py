@@ -71,7 +71,7 @@ class Storage:
     @classmethod
     def open(cls, kv_disk_gb: float | None = None) -> "Storage":
         if kv_disk_gb is not None and kv_disk_gb < 0:
-            raise ValueError("--snapshot-gb must be 0 (no KV kept on disk) or more")
+            raise ValueError("--kv-disk-gb must be 0 (no KV kept on disk) or more")
         home = data_dir()
         conversations = ConversationStore.open(home)
         try:

@@ -71,8 +71,12 @@ def _remote_options(parser: argparse.ArgumentParser, top_level: bool) -> None:
 
 def _storage_options(parser: argparse.ArgumentParser, top_level: bool) -> None:
     group = parser.add_argument_group("storage")
-    group.add_argument("--snapshot-gb", dest="kv_disk_gb", type=non_negative_float, default=None if top_level else argparse.SUPPRESS,
-                       help="disk space for the KV block store; least recently used blocks go first (default: 4)")
+    group.add_argument("--kv-disk-gb", type=non_negative_float, default=None if top_level else argparse.SUPPRESS,
+                       help="disk budget for stored K/V blocks (the block store), in GB; least recently used "
+                            "blocks go first; 0: none kept (default: 4)")
+    # The flag's name before the block store: still accepted, no longer shown.
+    group.add_argument("--snapshot-gb", dest="kv_disk_gb", type=non_negative_float, default=argparse.SUPPRESS,
+                       help=argparse.SUPPRESS)
 
 
 def _sampling_options(parser: argparse.ArgumentParser, top_level: bool) -> None:

@@ -57,7 +57,7 @@ def test_a_reply_saved_at_every_token_fits_where_the_old_saves_filled_the_disk(e
     conversation = first_turn(endless_model_dir)
     env = {**nearly_full_disk(kvchat_home, 300_000, tmp_path), "TEST_PARTIAL_SAVE_S": "0"}
     run = child("ask", "more please", "--conversation", conversation, "--model", str(endless_model_dir), *GREEDY,
-                "--max-tokens", "400", "--snapshot-gb", "0", env=env, stdout=subprocess.PIPE,
+                "--max-tokens", "400", "--kv-disk-gb", "0", env=env, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, text=True)
     out, err = run.communicate(timeout=300)
     assert run.returncode == 0, err
@@ -75,7 +75,7 @@ def test_a_disk_that_fills_mid_reply_keeps_what_fit_says_so_once_and_exits_1(end
     full = tmp_path / "the-disk-is-full-now"
     env = {**nearly_full_disk(kvchat_home, 10_000_000, tmp_path, fills_when=full), "TEST_PARTIAL_SAVE_S": "0"}
     run = child("ask", "more please", "--conversation", conversation, "--model", str(endless_model_dir), *GREEDY,
-                "--max-tokens", "600", "--snapshot-gb", "0", env=env, stdout=subprocess.PIPE,
+                "--max-tokens", "600", "--kv-disk-gb", "0", env=env, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE)
     shown = os.read(run.stdout.fileno(), 200)  # the reply streams and is being saved
     full.touch()
