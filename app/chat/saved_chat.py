@@ -268,12 +268,12 @@ class SavedConversation:
         if not store.exists(conversation_id):  # deleted by another kvchat: nothing of it is written any more
             return
         try:
-            snapshot = new_blocks(engine, self.storage.kv, token_ids)
+            exported = new_blocks(engine, self.storage.kv, token_ids)
         except StorageError as exc:
             log.warning("kvchat: the K/V of conversation %s were not saved (%s)", conversation_id, exc)
             return
-        if snapshot is not None:  # the index refuses a deleted conversation's head, in the writer's transaction
-            self.storage.writer.submit(conversation_id, snapshot, wanted=lambda: store.exists(conversation_id))
+        if exported is not None:  # the index refuses a deleted conversation's head, in the writer's transaction
+            self.storage.writer.submit(conversation_id, exported, wanted=lambda: store.exists(conversation_id))
 
     def drop_stored_kv(self, engine: Engine, reason: str, token_ids: list[int]) -> None:
         """Delete the stored K/V blocks a prompt of `token_ids` reads (they produced `reason`), with one

@@ -38,11 +38,11 @@ class KVWriter:
         self._thread = threading.Thread(target=self._run, name="kvchat-kv-writer", daemon=True)
         self._thread.start()
 
-    def submit(self, conversation_id: str, snapshot: ExportedKV, wanted: Callable[[], bool] | None = None) -> None:
-        """Write `snapshot` in the background, unless `wanted` (asked on the writer thread) says no by then."""
+    def submit(self, conversation_id: str, exported: ExportedKV, wanted: Callable[[], bool] | None = None) -> None:
+        """Write `exported` in the background, unless `wanted` (asked on the writer thread) says no by then."""
         with self._cond:
             self._pending.pop(conversation_id, None)  # re-queued at the end: first come, first written
-            self._pending[conversation_id] = (snapshot, wanted)
+            self._pending[conversation_id] = (exported, wanted)
             self._cond.notify_all()
 
     def run_job(self, job: Callable[[], object]) -> None:
@@ -75,7 +75,7 @@ class KVWriter:
                 job = None
                 if self._pending:
                     conversation_id = next(iter(self._pending))
-                    snapshot, wanted = self._pending.pop(conversation_id)
+                    exported, wanted = self._pending.pop(conversation_id)
                 else:
                     job = self._jobs.pop(0)
                 self._busy = True
@@ -83,15 +83,15 @@ class KVWriter:
                 if job is not None:
                     self._run_job(job)
                 else:
-                    self._write(conversation_id, snapshot, wanted)
+                    self._write(conversation_id, exported, wanted)
             finally:
                 with self._cond:
                     self._busy = False
                     self._cond.notify_all()
 
-    def _write(self, conversation_id: str, snapshot: ExportedKV, wanted: Callable[[], bool] | None) -> None:
+    def _write(self, conversation_id: str, exported: ExportedKV, wanted: Callable[[], bool] | None) -> None:
         try:
-            self.store.save(conversation_id, snapshot, wanted=wanted)
+            self.store.save(conversation_id, exported, wanted=wanted)
         except Exception as exc:  # stored K/V is an optimisation: never let it take the chat down
             # An OSError by its cause alone: its file names are the block files' temp files.
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc

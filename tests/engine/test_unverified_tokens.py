@@ -37,8 +37,8 @@ def test_draft_tokens_never_enter_the_tree_or_a_snapshot(engine):
     kv = computed_with_drafts(engine)
     try:
         assert engine.cached_length(PROMPT + DRAFTS) <= len(PROMPT)
-        snapshot = engine.export_kv(PROMPT + DRAFTS)
-        assert snapshot is None or len(snapshot.token_ids) <= len(PROMPT)
+        exported = engine.export_kv(PROMPT + DRAFTS)
+        assert exported is None or len(exported.token_ids) <= len(PROMPT)
     finally:
         kv.close()  # closed with drafts still unfinalised: they are dropped, not filed
     assert engine.cached_length(PROMPT + DRAFTS) == (len(PROMPT) if engine.prefix_cache else 0)

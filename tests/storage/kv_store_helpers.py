@@ -34,8 +34,8 @@ def kv_of(token_ids: Sequence[int], dtype=torch.float32) -> torch.Tensor:
     return kv
 
 
-def snapshot(token_ids: Sequence[int], first_block: int = 0, fingerprint: str = FINGERPRINT,
-             dtype=torch.float32) -> ExportedKV:
+def exported_kv(token_ids: Sequence[int], first_block: int = 0, fingerprint: str = FINGERPRINT,
+                dtype=torch.float32) -> ExportedKV:
     return ExportedKV(tuple(token_ids), kv_of(token_ids, dtype)[first_block:], fingerprint, first_block)
 
 
