@@ -241,7 +241,7 @@ class Engine:
     @functools.cached_property
     def token_fingerprint(self) -> str:
         """Identifies the token ids this engine's tokenizer and chat template make (see weights/fingerprint.py):
-        a conversation's stored ids are reused under another dtype or device, its K/V snapshot is not."""
+        a conversation's stored ids are reused under another dtype or device, its stored K/V are not."""
         return tokenizer_fingerprint(Path(self.info.model_dir))
 
     def cached_length(self, token_ids: list[int]) -> int:
@@ -254,7 +254,7 @@ class Engine:
     def export_kv(self, token_ids: list[int], first_block: int = 0) -> ExportedKV | None:
         """A copy of the cached K/V of the longest cached prefix of `token_ids` (None: nothing cached),
         from block `first_block` on (the blocks before it are already on disk). Only final tokens are
-        ever in the cache (kv/sequence.py), so a snapshot never holds a draft."""
+        ever in the cache (kv/sequence.py), so exported K/V never hold a draft."""
         if self.prefix_cache is None:
             return None
         fingerprint = self.fingerprint

@@ -95,7 +95,7 @@ class Storage:
         return self.kv.home
 
     def close(self) -> None:
-        """Finish writing pending snapshots (so the next start finds them), then close the database."""
+        """Finish writing pending K/V blocks (so the next start finds them), then close the database."""
         self.writer.close()
         self.conversations.close()
 
@@ -225,7 +225,7 @@ class SavedConversation:
             self.store.update_settings(self.id, **changes)
         self.conversation = self.store.get(self.id)
 
-    # ---- the K/V snapshot -------------------------------------------------------------
+    # ---- the stored K/V --------------------------------------------------------------
 
     def restore_kv(self, engine: Engine, token_ids: list[int]) -> str | None:
         """Put the stored K/V blocks that `token_ids` start with into the prefix cache, where the cache

@@ -46,7 +46,7 @@ class ChatSession:
     def __init__(self, engine: Backend, system: str | None = None, params: SamplingParams = SamplingParams(),
                  saved: SavedConversation | None = None, limits: ReplyLimits = NO_LIMITS):
         """`saved`: where the conversation is kept (None: in memory only). A saved conversation with
-        messages resumes: its history is loaded, and its K/V snapshot if the cache lacks it. `limits`:
+        messages resumes: its history is loaded, and its stored K/V if the cache lacks them. `limits`:
         the chat's own guards on every reply (app/chat/reply_limits.py), never stored with the conversation."""
         # Events carry token ids, kept to extend the next prompt; a remote server's carry text only.
         self.token_ids = takes_token_ids(engine)
@@ -322,7 +322,7 @@ class ChatSession:
                          kept: ChatMessage | None, token_ids: list[int] | None) -> None:
         """Called by AlternativeReplies when its replies have ended (on the engine's thread): the conversation
         shows `kept` after `before` (`token_ids`: its ids, when it ended with them), or, with none kept, the
-        messages `previous`, shown before. Its K/V are snapshotted and the turn ends. StorageError if the branch
+        messages `previous`, shown before. Its K/V are stored and the turn ends. StorageError if the branch
         could not be chosen (the turn ends all the same)."""
         saved, self.alternatives = self.saved, None
         try:
@@ -342,7 +342,7 @@ class ChatSession:
 
     def _events(self, generation: Generation, prompt: list[int]) -> Iterator[Event]:
         """`generation`'s events. If its first logits were not finite (K/V poisoned, e.g. by a forged or
-        damaged snapshot; the engine has forgotten those blocks), the conversation's snapshot is deleted
+        damaged block file; the engine has forgotten those blocks), the stored K/V it read are deleted
         and the reply is computed once more, from scratch."""
         stream = iter(generation)
         try:

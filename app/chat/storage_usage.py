@@ -1,6 +1,6 @@
 """`kvchat storage`: what kvchat keeps on disk, how big it is, and how to free space.
 
-Disk use was invisible: 13 small chats held 571 MB of KV snapshots next to a 623 MB converted model.
+Disk use was invisible: 13 small chats held 571 MB of stored K/V next to a 623 MB converted model.
 Sizes are read from the file system; the database is read (read-only) for the trash count and for how
 much of the KV block store conversations share (blocks stored once, referenced by several).
 """

@@ -57,7 +57,7 @@ from storage.preferences import Preferences
 STATUS_TICK_S = 0.25  # the status bar is redrawn 4 times a second while a reply is generated
 NARROW_BELOW = 100  # columns: narrower, the chat keeps the whole width (see on_resize)
 # Closing the terminal window (SIGHUP) or `kill` (SIGTERM) quit like Ctrl+Q: the reply being written is
-# stopped and kept, its KV snapshot written; the exit code is 128 + the signal.
+# stopped and kept, its K/V blocks written; the exit code is 128 + the signal.
 QUIT_SIGNALS = [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)]
 
 

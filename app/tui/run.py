@@ -32,7 +32,7 @@ def run_tui(args: argparse.Namespace, load: LoadBackend) -> NoReturn:
     finally:
         if app is not None:
             app.engine_thread.stop()  # the reply it stopped, or the model it was loading, ends first
-        storage.close()  # pending KV snapshots are written before the process ends
+        storage.close()  # pending K/V blocks are written before the process ends
     end_process(app.return_code or 0)
 
 

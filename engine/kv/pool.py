@@ -2,7 +2,7 @@
 
 One tensor [blocks, 2 (K, V), layers, kv_heads, block_size, head_dim]: a block
 holds `block_size` consecutive positions of one sequence for every layer, so
-moving a block (copy-on-write, spill to host, a snapshot) is one copy.
+moving a block (copy-on-write, spill to host, an export) is one copy.
 Ownership (who may free a block) is tracked by PrefixCache, not here.
 """
 

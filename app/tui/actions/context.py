@@ -171,7 +171,7 @@ class ContextActions:
                 if isinstance(event, Done):
                     self.post_message(OverflowReport(report(event.stats)))
         finally:
-            events.close()  # the reply's own ending: its K/V snapshot, the conversation's turn
+            events.close()  # the reply's own ending: its stored K/V, the conversation's turn
 
     def on_overflow_report(self, message: OverflowReport) -> None:
         self.notify(message.text, timeout=10)
