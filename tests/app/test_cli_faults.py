@@ -102,9 +102,9 @@ def streaming_ask(model_dir, *extra, stdout=subprocess.PIPE):
 
 @pytest.mark.usefixtures("endless_replies")
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
-def test_a_stop_signal_keeps_the_reply_as_stopped_with_its_snapshot(endless_model_dir, kvchat_home, sig):
+def test_a_stop_signal_keeps_the_reply_as_stopped_with_its_kv_blocks(endless_model_dir, kvchat_home, sig):
     # SIGTERM and SIGHUP (a closed terminal) used to kill the process: exit 143/129, the row left
-    # `streaming`, the last 0.5 s of text and the KV snapshot lost. Now they act as Ctrl+C does.
+    # `streaming`, the last 0.5 s of text and the K/V blocks lost. Now they act as Ctrl+C does.
     run = streaming_ask(endless_model_dir)
     shown = os.read(run.stdout.fileno(), 64)  # the reply has started streaming
     run.send_signal(sig)

@@ -98,7 +98,7 @@ def test_follow_ups_reuse_the_cache_across_the_window_and_equal_a_fresh_computat
         prompt = prompt + list(ours.token_ids) + tokens(5, seed=10 + turn)
 
 
-def test_a_conversation_resumed_from_its_snapshot_equals_recomputing_it(gemma_dir, reference):
+def test_a_conversation_resumed_from_its_stored_kv_equals_recomputing_it(gemma_dir, reference):
     first = load(gemma_dir, speculative="off")
     history = tokens(30, seed=2)
     reply = greedy(first, history)
@@ -117,7 +117,7 @@ def test_a_conversation_resumed_from_its_snapshot_equals_recomputing_it(gemma_di
     ours = greedy(resumed, follow_up)
     assert ours.stats.cached_tokens == len(exported.token_ids)
     assert_same_greedy(reference, follow_up, ours.token_ids, greedy(reference, follow_up).token_ids,
-                       what="resuming from the snapshot")
+                       what="resuming from the exported K/V")
 
 
 @pytest.mark.parametrize("options", [{}, {"fused_decode": False}, {"paged_kv": True}], ids=["fused", "eager", "paged"])
