@@ -273,7 +273,7 @@ class Engine:
     def import_blocks(self, token_ids: list[int], fill: Callable[[int, list[torch.Tensor]], int]) -> int:
         """Put K/V read from disk into the prefix cache: `token_ids` are the tokens of the blocks the reader
         holds, and `fill(first, dests)` writes blocks first, first + 1, ... into `dests` (CPU tensors laid
-        out as one pool block each) and returns how many it filled (see PrefixCache.load). The reader
+        out as one pool block each) and returns how many it filled (see PrefixCache.import_blocks). The reader
         vouches for the K/V (the block store checks each block's hash, and wrote only finite K/V). Returns
         how many tokens were added; the next request that starts with them reports `cache_source` "disk".
 
@@ -285,7 +285,7 @@ class Engine:
             raise EngineError("The K/V on disk are for token ids outside the model's vocabulary.")
         with self._loop.lock:
             try:
-                return self.prefix_cache.load(list(token_ids), fill)
+                return self.prefix_cache.import_blocks(list(token_ids), fill)
             except KVCacheFullError as exc:
                 raise EngineError(f"The K/V of {len(token_ids)} tokens from disk do not fit: {exc}") from None
 

@@ -246,7 +246,7 @@ class PrefixCache:
             blocks[-1, :, :, :, lent:] = 0  # the lender's later tokens are not part of this sequence
         return len(chain) * self.block_size + lent, blocks
 
-    def load(self, tokens: list[int], fill: Callable[[int, list[torch.Tensor]], int]) -> int:
+    def import_blocks(self, tokens: list[int], fill: Callable[[int, list[torch.Tensor]], int]) -> int:
         """File the K/V of `tokens` that the tree lacks, marked as read from disk; blocks it already holds
         are kept, not replaced. `fill(first, dests)` writes the K/V of blocks first, first + 1, ... of
         `tokens` into the tensors `dests` (each [2, layers, kv_heads, block_size, head_dim], on the CPU:

@@ -35,7 +35,7 @@ def exported_blocks(tokens: list[int]) -> torch.Tensor:
 
 
 def load_blocks(cache: PrefixCache, tokens: list[int]) -> int:
-    """File the K/V of `tokens` as the block store does (PrefixCache.load), from `exported_blocks`."""
+    """File the K/V of `tokens` as the block store does (PrefixCache.import_blocks), from `exported_blocks`."""
     blocks = exported_blocks(tokens)
 
     def fill(first: int, dests: list[torch.Tensor]) -> int:
@@ -43,7 +43,7 @@ def load_blocks(cache: PrefixCache, tokens: list[int]) -> int:
             dest.copy_(blocks[first + i])
         return len(dests)
 
-    return cache.load(tokens, fill)
+    return cache.import_blocks(tokens, fill)
 
 
 def open_request(cache: PrefixCache, prompt: list[int], publish: bool = True) -> WorkingCopyKV:
