@@ -72,7 +72,7 @@ class KVPool:
             self.data[blocks[block], 1, :, :, offset : offset + take] = v[:, :, pos : pos + take]
             pos += take
 
-    def load(self, blocks: list[int], start: int, end: int, k: torch.Tensor, v: torch.Tensor) -> None:
+    def read_into(self, blocks: list[int], start: int, end: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Read positions start..end of a sequence into the same positions of k/v [layers, kv_heads, >= end, head_dim]."""
         size, pos = self.block_size, start
         while pos < end:

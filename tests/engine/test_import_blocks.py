@@ -80,12 +80,12 @@ def test_prewarm_gathers_the_history_before_the_request_and_changes_nothing_it_a
     resumed.prewarm(tokens)
     gathered = []
     pool = resumed.prefix_cache.pool
-    original = pool.load
-    pool.load = lambda *args: (gathered.append(args[2] - args[1]), original(*args))[1]
+    original = pool.read_into
+    pool.read_into = lambda *args: (gathered.append(args[2] - args[1]), original(*args))[1]
     try:
         first = list(resumed.generate(prompt, PARAMS))[-1]
     finally:
-        pool.load = original
+        pool.read_into = original
     assert first.token_ids == expected.token_ids
     assert first.stats.cache_source == "disk"  # the prewarm is not a request: the first real one says disk
     assert sum(gathered) == 0  # the history was in the working copy already: nothing gathered from the pool
