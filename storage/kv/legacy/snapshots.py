@@ -4,7 +4,7 @@ An older kvchat kept each conversation's cached token ids and their K/V (see
 engine.kv.exported) in one safetensors file, snapshots/<conversation id>.safetensors,
 always written whole (temp file, fsync, rename). This kvchat keeps K/V in the
 block store (storage/kv/store.py) and never writes such a file: migration.py reads
-each one with SnapshotStore.load, saves its K/V as blocks, and deletes it.
+each one with SnapshotStore.read, saves its K/V as blocks, and deletes it.
 
 Reading trusts nothing in the file. The header is parsed by hand and checked
 field by field (format, version, fingerprint, dtypes, shapes, offsets that
@@ -62,7 +62,7 @@ def _checksum(token_ids_digest: bytes, kv_digest: bytes) -> str:
 class SnapshotStore(SnapshotDir):
     """Reads an older kvchat's snapshot files in a SnapshotDir (nothing here writes one)."""
 
-    def load(self, conversation_id: str, fingerprint: str | None, history: Sequence[int] | None) -> ExportedKV | None:
+    def read(self, conversation_id: str, fingerprint: str | None, history: Sequence[int] | None) -> ExportedKV | None:
         """The conversation's snapshot, verified, if it was made by an engine with `fingerprint` (None: any)
         and its tokens start `history` (None: any). None when there is none; SnapshotRejected when it
         cannot be used (a damaged file is removed as well)."""
