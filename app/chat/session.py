@@ -3,7 +3,7 @@
 No UI and no torch math here: this module renders the model's chat template
 (or, for a model without one, the standard format chosen for it: format_choice.py),
 hands token ids to the engine and keeps the conversation's messages (and,
-through SavedConversation, stores them and the conversation's K/V snapshot).
+through SavedConversation, stores them and the conversation's K/V blocks).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 A command is a slash and a word at the start of the box, then a space, a new line or the end:
 `/temperature 0.3`. Anything else is a message, sent as typed: `/etc/hosts is empty`, `/ 2`,
 `3/4`. A message that must start with a command's shape is sent by doubling its slash: `//help me`
-sends "/help me". parse() only reads the text; the app carries the command out (reply_actions.py).
+sends "/help me". parse() only reads the text; the app carries the command out (actions/commands.py).
 """
 
 from __future__ import annotations
