@@ -1,7 +1,7 @@
 """kvchat's inference engine: a Llama-family decoder in plain PyTorch with a KV cache.
 
 Imports neither `app` nor `storage`. The names below are loaded on first use, so
-importing a light module (engine.errors, engine.kv.snapshot) does not pull in
+importing a light module (engine.errors, engine.kv.exported) does not pull in
 torch's model stack and transformers: `kvchat list` starts at once.
 """
 

@@ -33,7 +33,7 @@ from engine.errors import ContextWindowError, EngineError, ModelError
 from engine.kv.budget import host_tier_bytes, kv_pool_bytes
 from engine.kv.pool import KVPool
 from engine.kv.prefix_cache import KVCacheFullError, PrefixCache
-from engine.kv.snapshot import KVSnapshot
+from engine.kv.exported import ExportedKV
 from engine.model.causal_lm import CausalLM
 from engine.request.generation import Generation
 from engine.request.loop import StepLoop
@@ -223,7 +223,7 @@ class Engine:
         return self.runner.prefix_cache
 
     @property
-    def keeps_kv_snapshots(self) -> bool:
+    def can_store_kv(self) -> bool:
         """Whether K/V can be exported (`export_kv`) and imported (`import_blocks`): the prefix cache is on."""
         return self.runner.prefix_cache is not None
 
@@ -241,7 +241,7 @@ class Engine:
     @functools.cached_property
     def token_fingerprint(self) -> str:
         """Identifies the token ids this engine's tokenizer and chat template make (see weights/fingerprint.py):
-        a conversation's stored ids are reused under another dtype or device, its K/V snapshot is not."""
+        a conversation's stored ids are reused under another dtype or device, its stored K/V are not."""
         return tokenizer_fingerprint(Path(self.info.model_dir))
 
     def cached_length(self, token_ids: list[int]) -> int:
@@ -251,10 +251,10 @@ class Engine:
         with self._loop.lock:
             return self.prefix_cache.cached_length(token_ids)
 
-    def export_kv(self, token_ids: list[int], first_block: int = 0) -> KVSnapshot | None:
+    def export_kv(self, token_ids: list[int], first_block: int = 0) -> ExportedKV | None:
         """A copy of the cached K/V of the longest cached prefix of `token_ids` (None: nothing cached),
         from block `first_block` on (the blocks before it are already on disk). Only final tokens are
-        ever in the cache (kv/sequence.py), so a snapshot never holds a draft."""
+        ever in the cache (kv/sequence.py), so exported K/V never hold a draft."""
         if self.prefix_cache is None:
             return None
         fingerprint = self.fingerprint
@@ -263,7 +263,7 @@ class Engine:
         if exported is None:
             return None
         length, blocks = exported
-        return KVSnapshot(tuple(token_ids[:length]), blocks, fingerprint, first_block)
+        return ExportedKV(tuple(token_ids[:length]), blocks, fingerprint, first_block)
 
     @property
     def kv_block_size(self) -> int:
@@ -273,7 +273,7 @@ class Engine:
     def import_blocks(self, token_ids: list[int], fill: Callable[[int, list[torch.Tensor]], int]) -> int:
         """Put K/V read from disk into the prefix cache: `token_ids` are the tokens of the blocks the reader
         holds, and `fill(first, dests)` writes blocks first, first + 1, ... into `dests` (CPU tensors laid
-        out as one pool block each) and returns how many it filled (see PrefixCache.load). The reader
+        out as one pool block each) and returns how many it filled (see PrefixCache.import_blocks). The reader
         vouches for the K/V (the block store checks each block's hash, and wrote only finite K/V). Returns
         how many tokens were added; the next request that starts with them reports `cache_source` "disk".
 
@@ -285,7 +285,7 @@ class Engine:
             raise EngineError("The K/V on disk are for token ids outside the model's vocabulary.")
         with self._loop.lock:
             try:
-                return self.prefix_cache.load(list(token_ids), fill)
+                return self.prefix_cache.import_blocks(list(token_ids), fill)
             except KVCacheFullError as exc:
                 raise EngineError(f"The K/V of {len(token_ids)} tokens from disk do not fit: {exc}") from None
 

@@ -1,4 +1,5 @@
-"""Where kvchat keeps what the user made: the conversation database and the K/V block store."""
+"""Where kvchat keeps what the user made and chose (the data dir): the conversation database and its
+backups, the K/V block store, the turn locks, the preferences file."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ import os
 import re
 from pathlib import Path
 
-DEFAULT_KV_DISK_GB = 4.0  # the K/V block store's size cap unless --snapshot-gb says otherwise
+DEFAULT_KV_DISK_GB = 4.0  # the K/V block store's size cap unless --kv-disk-gb says otherwise
 STALE_TEMP_S = 600  # a temp file this old belongs to a writer that died (or whose pid was reused)
 TEMP_NAME = re.compile(r"\.[0-9a-f]{4,64}\.(\d+)\.[0-9a-f]+\.tmp")
 

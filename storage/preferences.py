@@ -19,7 +19,7 @@ class Preferences:
     def __init__(self, path: Path | None = None):
         self.path = path or data_dir() / FILE_NAME
 
-    def load(self) -> dict:
+    def read(self) -> dict:
         try:
             value = json.loads(self.path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -27,12 +27,12 @@ class Preferences:
         return value if isinstance(value, dict) else {}
 
     def get(self, key: str, default=None):
-        return self.load().get(key, default)
+        return self.read().get(key, default)
 
     def set(self, key: str, value) -> None:
         """Write the preferences with `key` changed: a temp file renamed over the old one, so a crash
         leaves the old file or the new one. Raises OSError if it cannot be written."""
-        values = {**self.load(), key: value}
+        values = {**self.read(), key: value}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         temp = self.path.with_name(f".{FILE_NAME}.{os.getpid()}.tmp")
         temp.write_text(json.dumps(values, indent=1, sort_keys=True), encoding="utf-8")

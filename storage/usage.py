@@ -2,7 +2,7 @@
 store, and the converted models. `kvchat storage` prints it (app/cli/storage_usage.py), the chat's settings
 panel shows its one line.
 
-Disk use was invisible: 13 small chats held 571 MB of KV snapshots next to a 623 MB converted model.
+Disk use was invisible: 13 small chats held 571 MB of stored K/V next to a 623 MB converted model.
 Sizes are read from the file system; the database is read (read-only) for the trash count and for how
 much of the KV block store conversations share (blocks stored once, referenced by several).
 """
@@ -70,7 +70,7 @@ def _block_files(folder: Path) -> int:
         return 0
 
 
-def usage(snapshot_gb: float | None = None) -> Usage:
+def usage(kv_disk_gb: float | None = None) -> Usage:
     home, cache = data_dir(), cache_dir()
     database = sum(_size(home / f"kvchat.db{suffix}")[0] for suffix in ("", "-wal", "-shm"))
     backup_bytes, backups = _size(home / "backups")
@@ -88,7 +88,7 @@ def usage(snapshot_gb: float | None = None) -> Usage:
                 conversations, shared, saved = stats.conversations, stats.shared_bytes, stats.saved_bytes
             except StorageError:  # a database an older kvchat made, not migrated yet: no block store in it
                 pass
-    cap = int((DEFAULT_KV_DISK_GB if snapshot_gb is None else snapshot_gb) * 1e9)
+    cap = int((DEFAULT_KV_DISK_GB if kv_disk_gb is None else kv_disk_gb) * 1e9)
     return Usage(database, backup_bytes, backups, kv_bytes, kv_blocks, conversations, shared, saved, cap,
                  model_bytes, models, trashed, str(home), str(cache))
 

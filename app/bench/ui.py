@@ -170,7 +170,7 @@ def run_ui_bench(args: argparse.Namespace) -> dict:
         runs = 1 if args.quick else max(1, min(args.repeat, 3))
         with tempfile.TemporaryDirectory() as home:
             os.environ["KVCHAT_HOME"] = home
-            storage = Storage.open(snapshot_gb=0)
+            storage = Storage.open(kv_disk_gb=0)
             try:
                 return {"ui": bench_streaming(engine, thread, storage, 200 if args.quick else 2000, runs),
                         "open": bench_open(engine, thread, storage, 500, 3 if args.quick else 7)}

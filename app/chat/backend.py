@@ -4,7 +4,7 @@ RemoteEngine (app/remote/client.py, a remote OpenAI-compatible server).
 Replies come as the engine's typed events (TokenDelta, Stats, exactly one Done) from a stream with
 `cancel()`. The embedded engine is asked in token ids (`Engine.generate`) through a ChatSession; a
 remote server in chat messages (`RemoteEngine.chat`) through a RemoteChatSession, and it keeps its
-own cache, so there is no K/V to snapshot.
+own cache, so there is no K/V to store.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class Backend(Protocol):
         ...
 
     @property
-    def keeps_kv_snapshots(self) -> bool:
+    def can_store_kv(self) -> bool:
         """Whether a conversation's K/V can be exported and imported (`export_kv`, `import_blocks`)."""
         ...
 

@@ -1,7 +1,7 @@
 """Which backend answers: the embedded engine, or a remote OpenAI-compatible server (`--remote URL`);
 both keep the Backend protocol (app/chat/backend.py). How one is loaded (LoadBackend; the command line
 makes it from its flags, app/cli/options.py), and the session a conversation gets on it: a ChatSession
-(token ids, the prefix cache, KV snapshots) or a RemoteChatSession (text only)."""
+(token ids, the prefix cache, stored K/V) or a RemoteChatSession (text only)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 The same messages, branches, settings and storage as ChatSession, but each reply
 is asked for with the conversation's messages as text: the server renders its
 chat template and reuses its own prefix cache. There are no token ids to keep
-and no K/V to snapshot; the history is saved as text (and, opened later with the
+and no K/V to store; the history is saved as text (and, opened later with the
 embedded engine, tokenized afresh).
 """
 

@@ -3,7 +3,7 @@
 No UI and no torch math here: this module asks prompt/ for each turn's prompt ids
 (ConversationPrompt: the model's chat template, or the standard format chosen for a
 model without one), hands them to the engine and keeps the conversation's messages
-(and, through SavedConversation, stores them and the conversation's K/V snapshot).
+(and, through SavedConversation, stores them and the conversation's K/V blocks).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class ChatSession:
     def __init__(self, engine: Backend, system: str | None = None, params: SamplingParams = SamplingParams(),
                  saved: SavedConversation | None = None, limits: ReplyLimits = NO_LIMITS):
         """`saved`: where the conversation is kept (None: in memory only). A saved conversation with
-        messages resumes: its history is loaded, and its K/V snapshot if the cache lacks it. `limits`:
+        messages resumes: its history is loaded, and its stored K/V if the cache lacks them. `limits`:
         the chat's own guards on every reply (app/chat/reply/limits.py), never stored with the conversation."""
         # Events carry token ids, kept to extend the next prompt; a remote server's carry text only.
         self.token_ids = takes_token_ids(engine)
@@ -67,7 +67,7 @@ class ChatSession:
             self._load_history()
             if self.seen_ids:
                 self.notice = saved.restore_kv(engine, self.seen_ids)
-                if engine.keeps_kv_snapshots:  # the first reply's gather of the history, now: the user is writing
+                if engine.can_store_kv:  # the first reply's gather of the history, now: the user is writing
                     engine.prewarm(self.seen_ids)
 
     @property
@@ -310,7 +310,7 @@ class ChatSession:
                          kept: ChatMessage | None, token_ids: list[int] | None) -> None:
         """Called by AlternativeReplies when its replies have ended (on the engine's thread): the conversation
         shows `kept` after `before` (`token_ids`: its ids, when it ended with them), or, with none kept, the
-        messages `previous`, shown before. Its K/V are snapshotted and the turn ends. StorageError if the branch
+        messages `previous`, shown before. Its K/V are stored and the turn ends. StorageError if the branch
         could not be chosen (the turn ends all the same)."""
         saved, self.alternatives = self.saved, None
         try:
@@ -330,7 +330,7 @@ class ChatSession:
 
     def _events(self, generation: Generation, prompt: list[int]) -> Iterator[Event]:
         """`generation`'s events. If its first logits were not finite (K/V poisoned, e.g. by a forged or
-        damaged snapshot; the engine has forgotten those blocks), the conversation's snapshot is deleted
+        damaged block file; the engine has forgotten those blocks), the stored K/V it read are deleted
         and the reply is computed once more, from scratch."""
         stream = iter(generation)
         try:
@@ -339,7 +339,7 @@ class ChatSession:
             except NonFiniteLogitsError:
                 stream.close()
                 if self.saved is not None:
-                    self.saved.drop_snapshot(self.engine, "the model computed non-finite scores from it", prompt)
+                    self.saved.drop_stored_kv(self.engine, "the model computed non-finite scores from it", prompt)
                 self.generation = generation = self.engine.generate(prompt, self.reply_params,
                                                                        generation.use_prefix_cache)
                 stream = iter(generation)

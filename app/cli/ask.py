@@ -1,8 +1,8 @@
 """`kvchat ask`: answer one message in a saved conversation, streaming to stdout (or one JSON line with --json).
 
 Stopping: Ctrl+C, SIGTERM and SIGHUP (a closed terminal window, a logout)
-all stop the reply the same way: what it said is kept as `stopped`, its KV
-snapshot is written, and the exit code is 128 + the signal (130, 143, 129). A
+all stop the reply the same way: what it said is kept as `stopped`, its K/V
+blocks are written, and the exit code is 128 + the signal (130, 143, 129). A
 reader of stdout that goes away (`| head`) stops it too, exit 141. A second
 signal quits at once (the reply is then kept as interrupted).
 """
@@ -159,7 +159,7 @@ def run_ask(args: argparse.Namespace) -> int:
     from app.chat.saved.conversation import SavedConversation, Storage, reply_stats
 
     progress = lambda step: print(f"kvchat: {step}…", file=sys.stderr)  # noqa: E731
-    storage = Storage.open(args.snapshot_gb)
+    storage = Storage.open(args.kv_disk_gb)
     try:
         if storage.conversations.read_only_reason:  # a damaged file, a read-only folder: say so before loading
             raise StorageError(storage.conversations.read_only_reason)
@@ -169,7 +169,7 @@ def run_ask(args: argparse.Namespace) -> int:
         if saved is not None:  # one turn at a time: wait for another kvchat's reply, then read what it added
             saved.begin_turn(TURN_WAIT_S, on_wait=lambda: say("waiting for the reply another kvchat is writing "
                                                               "in this conversation…"), reload=True)
-        session = open_session(args, engine, storage, saved)  # a discarded snapshot was logged to stderr
+        session = open_session(args, engine, storage, saved)  # discarded stored K/V were logged to stderr
         overflow = OverflowWay(args)  # --drop-oldest / --compact, for a conversation that outgrew the window
         if session.format_notice:  # a model without a chat template: never a silent guess
             say(session.format_notice)
@@ -190,7 +190,7 @@ def run_ask(args: argparse.Namespace) -> int:
         say(f"conversation {session.saved.id} (continue it with --conversation {session.saved.id})")
         return code
     finally:
-        storage.close()  # waits for the KV snapshot, so the next `ask --conversation` resumes from it
+        storage.close()  # waits for the K/V blocks, so the next `ask --conversation` resumes from it
 
 
 def run_raw(args: argparse.Namespace, message: str) -> int:

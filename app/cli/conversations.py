@@ -1,4 +1,4 @@
-"""`kvchat list | show | export | delete | search | rename`: saved conversations, without loading a model."""
+"""`kvchat list | show | export | delete | restore | search | rename`: saved conversations, without loading a model."""
 
 from __future__ import annotations
 

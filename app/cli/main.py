@@ -72,8 +72,12 @@ def _remote_options(parser: argparse.ArgumentParser, top_level: bool) -> None:
 
 def _storage_options(parser: argparse.ArgumentParser, top_level: bool) -> None:
     group = parser.add_argument_group("storage")
-    group.add_argument("--snapshot-gb", type=non_negative_float, default=None if top_level else argparse.SUPPRESS,
-                       help="disk space for the KV block store; least recently used blocks go first (default: 4)")
+    group.add_argument("--kv-disk-gb", type=non_negative_float, default=None if top_level else argparse.SUPPRESS,
+                       help="disk budget for stored K/V blocks (the block store), in GB; least recently used "
+                            "blocks go first; 0: none kept (default: 4)")
+    # The flag's name before the block store: still accepted, no longer shown.
+    group.add_argument("--snapshot-gb", dest="kv_disk_gb", type=non_negative_float, default=argparse.SUPPRESS,
+                       help=argparse.SUPPRESS)
 
 
 def _sampling_options(parser: argparse.ArgumentParser, top_level: bool) -> None:
@@ -101,6 +105,18 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="kvchat", description="Chat with a local LLM in the terminal.")
+    _chat_arguments(parser)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    _add_ask(commands)
+    _add_library_commands(commands)
+    _add_disk_commands(commands)
+    _add_serve(commands)
+    _add_bench(commands)
+    return parser
+
+
+def _chat_arguments(parser: argparse.ArgumentParser) -> None:
+    """The top level's own: the chat app's (no command), and the shared groups' defaults for every command."""
     _engine_options(parser, top_level=True)
     _remote_options(parser, top_level=True)
     _storage_options(parser, top_level=True)
@@ -109,8 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-c", "--continue", dest="continue_last", action="store_true",
                         help="open the most recent conversation")
     _sampling_options(parser, top_level=True)
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
+
+def _add_ask(commands) -> None:
     ask = commands.add_parser("ask", help="answer one message (in a new or a saved conversation) and exit")
     ask.add_argument("message", help="the message; '-' reads it from stdin")
     ask.add_argument("--conversation", metavar="ID", default=argparse.SUPPRESS,
@@ -137,6 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
     _storage_options(ask, top_level=False)
     _sampling_options(ask, top_level=False)
 
+
+def _add_library_commands(commands) -> None:
+    """The saved conversations' commands (app/cli/conversations.py): no model is loaded."""
     listing = commands.add_parser("list", help="saved conversations, newest first")
     listing.add_argument("--limit", type=positive_int, default=None)
     listing.add_argument("--json", action="store_true", help="print one JSON array")
@@ -161,17 +181,24 @@ def build_parser() -> argparse.ArgumentParser:
     rename = commands.add_parser("rename", help="give a saved conversation a new title")
     rename.add_argument("id", help="conversation id or unique prefix")
     rename.add_argument("title")
+    for sub in (listing, show, export, delete, restore, search, rename):
+        _storage_options(sub, top_level=False)
+
+
+def _add_disk_commands(commands) -> None:
+    """What kvchat keeps on disk (`storage`) and the conversation database's care (`db`)."""
     storage = commands.add_parser("storage", help="what kvchat keeps on disk, how big it is, and how to free space")
     storage.add_argument("--json", action="store_true", help="print one JSON object")
+    _storage_options(storage, top_level=False)
     db = commands.add_parser("db", help="check, back up, restore or recover the conversation database")
     db.add_argument("action", choices=["check", "backup", "restore", "recover"],
                     help="check: verify it; backup [FILE]: copy it now (default: the backups folder); "
                          "restore [FILE]: put a backup in its place (default: the newest), the current file "
                          "moved aside; recover: salvage what a damaged file still holds into a new database")
     db.add_argument("file", nargs="?", metavar="FILE", help="the backup to write or to restore")
-    for sub in (listing, show, export, delete, restore, search, rename, storage):
-        _storage_options(sub, top_level=False)
 
+
+def _add_serve(commands) -> None:
     serve = commands.add_parser("serve", help="serve the model through an OpenAI-compatible HTTP API")
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (default: 127.0.0.1, this machine only)")
@@ -184,6 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "its address and localhost are answered, against DNS rebinding)")
     _engine_options(serve, top_level=False)
 
+
+def _add_bench(commands) -> None:
     bench = commands.add_parser("bench", help="measure prefill and decode against transformers")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
     bench.add_argument("--repeat", type=positive_int, default=None,
@@ -207,7 +236,6 @@ def build_parser() -> argparse.ArgumentParser:
     synthetic_arguments(bench)
     serve_arguments(bench)
     _engine_options(bench, top_level=False)
-    return parser
 
 
 # Flags of the embedded engine, with their defaults: given with --remote they would be silently ignored.

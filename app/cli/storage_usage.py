@@ -27,7 +27,7 @@ def report(u: Usage) -> str:
         lines.append(f"\nConversations that begin alike share KV blocks: {human(u.kv_shared_bytes)} of them are stored once, "
                      f"saving {human(u.kv_saved_bytes)}.")
     lines += ["", "To free space:",
-              "  The KV cache only saves recomputing a history: `--snapshot-gb N` (or 0) caps it, least recently",
+              "  The KV cache only saves recomputing a history: `--kv-disk-gb N` (or 0) caps it, least recently",
               "  used blocks first; what is missing is recomputed when a conversation is resumed.",
               "  `kvchat delete ID --permanently` removes a conversation and the KV blocks it shares with no other",
               "  now (plain `delete` keeps them 30 days in the trash).",
@@ -37,6 +37,6 @@ def report(u: Usage) -> str:
 
 
 def run_storage(args: argparse.Namespace) -> int:
-    u = usage(args.snapshot_gb)
+    u = usage(args.kv_disk_gb)
     print(json.dumps({**asdict(u), "total_bytes": u.total_bytes}) if args.json else report(u))
     return 0

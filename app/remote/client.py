@@ -7,7 +7,7 @@
 The chat app and `kvchat ask` use it the way they use Engine: `info`,
 `context_window`, `cache_stats()`, and replies as the same typed events. It sends
 chat messages, not token ids: the server applies the chat template and keeps its
-own prefix cache. So it has no token ids to reuse and no K/V to snapshot, and
+own prefix cache. So it has no token ids to reuse and no K/V to store, and
 the conversation keeps only its text.
 """
 
@@ -74,10 +74,10 @@ def request_body(model: str, turns: list[dict], params: SamplingParams) -> dict:
 
 class RemoteEngine:
     """A Backend (app/chat/backend.py) that takes chat messages: a conversation's history is sent as
-    text every time, and the server owns its cache, so there is nothing to snapshot or restore here."""
+    text every time, and the server owns its cache, so there is nothing to store or restore here."""
 
     token_fingerprint = None  # it takes text, not token ids
-    keeps_kv_snapshots = False
+    can_store_kv = False
 
     def __init__(self, client: httpx.Client, info: RemoteInfo, models: list[str]):
         self.client = client

@@ -55,16 +55,19 @@ def create_app(engine: Engine, api_key: str | None = None, model_name: str | Non
     """`runner`: the engine thread, if the engine was loaded on it (see run_serve); the app closes it.
     `host_names`: the Host header values (names, without port) it answers to (guards.allowed_host_names);
     None: any."""
-    model_name = model_name or engine.info.model_name
-    created = int(time.time())
     runner = runner or EngineRunner()
     runner.attach(engine)
-    window = engine.context_window
-    # A model without a chat template: chat messages are written in its family's standard format (or as a
-    # transcript), whose end-of-turn token and stop strings end each reply; run_serve says which at start.
-    chat_format = model_chat_format(engine)
-    chat_stops = () if chat_format is None else (*chat_format.stops, *filter(None, [chat_format.end_of_turn]))
+    served = ServedModel(engine, runner, model_name or engine.info.model_name)
+    app = FastAPI(title="kvchat", lifespan=_closes(runner), docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.runner = runner
+    _add_guards(app, body_limit(engine.context_window), api_key, host_names)
+    _add_error_handlers(app)
+    _add_routes(app, served)
+    return app
 
+
+def _closes(runner: EngineRunner):
+    """The app's lifespan: the engine thread is closed when the app stops."""
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
         try:
@@ -72,14 +75,20 @@ def create_app(engine: Engine, api_key: str | None = None, model_name: str | Non
         finally:
             runner.close()
 
-    app = FastAPI(title="kvchat", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.runner = runner
-    app.add_middleware(BodyLimit, limit=body_limit(window))
+    return lifespan
+
+
+def _add_guards(app: FastAPI, limit: int, api_key: str | None, host_names: frozenset[str] | None) -> None:
+    """The middleware around every request; the one added last runs first."""
+    app.add_middleware(BodyLimit, limit=limit)
     if api_key:  # added late, so it runs early: a request without the key is refused before its body is read
         app.add_middleware(BearerAuth, api_key=api_key)
     if host_names is not None:  # added last, so it runs first: a page on another site learns nothing
         app.add_middleware(HostCheck, names=host_names)
 
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every refusal in OpenAI's error shape."""
     @app.exception_handler(APIError)
     async def api_error(_request: Request, exc: APIError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status)
@@ -103,59 +112,87 @@ def create_app(engine: Engine, api_key: str | None = None, model_name: str | Non
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return JSONResponse(error_body(str(exc.detail), type=kind), status_code=exc.status_code)
 
-    def check_model(request: SamplingRequest) -> None:
-        if request.model != model_name:
-            raise APIError(404, f"The model '{request.model}' does not exist; this server serves '{model_name}'.",
-                           param="model", code="model_not_found")
 
-    def sampling(request: SamplingRequest, max_tokens: int | None = None) -> SamplingParams:
-        try:
-            return request.sampling_params(window, max_tokens)
-        except ValueError as exc:
-            raise APIError(400, f"{str(exc).capitalize()}.") from None
-
-    def check_length(characters: int, param: str) -> None:
-        """Refuse, before tokenizing it, a prompt longer than any context window of tokens could hold."""
-        if characters > MAX_CHARS_PER_TOKEN * window:
-            raise APIError(400, f"The prompt is {characters:,} characters, far more than the model's context "
-                                f"window of {window} tokens can hold.", param=param, code="context_length_exceeded")
-
+def _add_routes(app: FastAPI, served: "ServedModel") -> None:
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
-                                            "owned_by": "kvchat", "max_model_len": engine.context_window}]}
+        return served.models()
 
-    # Templates and tokenizing run on the runner's tokenizer thread (engine.generate only checks the ids).
     @app.post("/v1/chat/completions")
     async def chat_completions(request: ChatCompletionRequest, http: Request):
-        check_model(request)
-        params = format_params(engine.tokenizer, chat_format, sampling(request, request.max_completion_tokens))
-        n = request.candidates(engine.options.max_batch)
-        turns = [message.turn() for message in request.messages]
-        check_length(sum(len(turn["content"]) for turn in turns), "messages")
-        prompt = lambda: engine.tokenizer.encode(render_chat(engine.tokenizer, turns, chat_format))  # noqa: E731
-        generations = await runner.prepare(lambda: candidates(engine, prompt(), params, n))
-        return await respond(request, generations, http, chat=True, format_stops=chat_stops)
+        return await served.chat_completions(request, http)
 
     @app.post("/v1/completions")
     async def completions(request: CompletionRequest, http: Request):
-        check_model(request)
-        params = sampling(request)
+        return await served.completions(request, http)
+
+
+class ServedModel:
+    """The one model a server serves: its engine, the engine thread, and the answers to its three routes.
+    Templates and tokenizing run on the runner's tokenizer thread (engine.generate only checks the ids)."""
+
+    def __init__(self, engine: Engine, runner: EngineRunner, name: str):
+        self.engine, self.runner, self.name = engine, runner, name
+        self.created = int(time.time())
+        self.window = engine.context_window
+        # A model without a chat template: chat messages are written in its family's standard format (or as
+        # a transcript), whose end-of-turn token and stop strings end each reply; run_serve says which at start.
+        self.chat_format = chat_format = model_chat_format(engine)
+        self.chat_stops = () if chat_format is None else (*chat_format.stops, *filter(None, [chat_format.end_of_turn]))
+
+    def models(self) -> dict:
+        return {"object": "list", "data": [{"id": self.name, "object": "model", "created": self.created,
+                                            "owned_by": "kvchat", "max_model_len": self.engine.context_window}]}
+
+    async def chat_completions(self, request: ChatCompletionRequest, http: Request):
+        engine = self.engine
+        self.check_model(request)
+        sampling = self.sampling(request, request.max_completion_tokens)
+        params = format_params(engine.tokenizer, self.chat_format, sampling)
+        n = request.candidates(engine.options.max_batch)
+        turns = [message.turn() for message in request.messages]
+        self.check_length(sum(len(turn["content"]) for turn in turns), "messages")
+        prompt = lambda: engine.tokenizer.encode(render_chat(engine.tokenizer, turns, self.chat_format))  # noqa: E731
+        generations = await self.runner.prepare(lambda: candidates(engine, prompt(), params, n))
+        return await self.respond(request, generations, http, chat=True, format_stops=self.chat_stops)
+
+    async def completions(self, request: CompletionRequest, http: Request):
+        engine = self.engine
+        self.check_model(request)
+        params = self.sampling(request)
         n = request.candidates(engine.options.max_batch)
         prompt = request.text_or_ids()
         if isinstance(prompt, str):
-            check_length(len(prompt), "prompt")
-        generations = await runner.prepare(
+            self.check_length(len(prompt), "prompt")
+        generations = await self.runner.prepare(
             lambda: candidates(engine, engine.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt,
                                params, n))
-        return await respond(request, generations, http, chat=False)
+        return await self.respond(request, generations, http, chat=False)
 
-    async def respond(request: SamplingRequest, generations: list[Generation], http: Request, chat: bool,
+    def check_model(self, request: SamplingRequest) -> None:
+        if request.model != self.name:
+            raise APIError(404, f"The model '{request.model}' does not exist; this server serves '{self.name}'.",
+                           param="model", code="model_not_found")
+
+    def sampling(self, request: SamplingRequest, max_tokens: int | None = None) -> SamplingParams:
+        try:
+            return request.sampling_params(self.window, max_tokens)
+        except ValueError as exc:
+            raise APIError(400, f"{str(exc).capitalize()}.") from None
+
+    def check_length(self, characters: int, param: str) -> None:
+        """Refuse, before tokenizing it, a prompt longer than any context window of tokens could hold."""
+        if characters > MAX_CHARS_PER_TOKEN * self.window:
+            raise APIError(400, f"The prompt is {characters:,} characters, far more than the model's context "
+                                f"window of {self.window} tokens can hold.", param=param,
+                           code="context_length_exceeded")
+
+    async def respond(self, request: SamplingRequest, generations: list[Generation], http: Request, chat: bool,
                       format_stops: tuple[str, ...] = ()):
         base = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
                 "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-                "model": model_name}
-        pieces = replies(runner, generations, [*request.stop_strings(), *format_stops])
+                "model": self.name}
+        pieces = replies(self.runner, generations, [*request.stop_strings(), *format_stops])
         if request.stream:
             return StreamingResponse(stream(base, pieces, chat, request.include_usage, len(generations)),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
@@ -169,8 +206,6 @@ def create_app(engine: Engine, api_key: str | None = None, model_name: str | Non
             choice.update(logprobs=None, finish_reason=finish.finish_reason)
             choices.append(choice)
         return {**base, "choices": choices, "usage": usage(*(finish.stats for _, finish in whole))}
-
-    return app
 
 
 def candidates(engine: Engine, prompt_ids: list[int], params: SamplingParams, n: int) -> list[Generation]:

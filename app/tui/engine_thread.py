@@ -8,7 +8,7 @@ regions) pays dearly for: on this 2-core machine decode on a second thread ran
 at 38 tokens/s against 75 on the first. With a worker thread per reply the TUI
 decoded at 48-57 tokens/s against 72 headless; with every job here it decodes
 at 64 against 71.5 (medians of 4, 200 tokens). So loading the model, restoring
-a snapshot and every reply run on this one thread, in the order submitted.
+stored K/V and every reply run on this one thread, in the order submitted.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ def run_tui(args: argparse.Namespace, load: LoadBackend) -> int:
     code once everything is written."""
     sampling_params(args)  # bad flags fail before anything starts
     system = clean_input(args.system, "The system prompt")
-    storage = Storage.open(args.snapshot_gb)
+    storage = Storage.open(args.kv_disk_gb)
     app = None
     try:
         app = KvchatApp(load, storage, overrides={name: getattr(args, name, None) for name in SAMPLING_FIELDS},
@@ -28,5 +28,5 @@ def run_tui(args: argparse.Namespace, load: LoadBackend) -> int:
     finally:
         if app is not None:
             app.engine_thread.stop()  # the reply it stopped, or the model it was loading, ends first
-        storage.close()  # pending KV snapshots are written before the process ends
+        storage.close()  # pending K/V blocks are written before the process ends
     return app.return_code or 0

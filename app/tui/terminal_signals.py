@@ -19,7 +19,7 @@ QUIT_SIGNALS = [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasat
 
 class QuitSignals:
     """The quit signals, caught on the running event loop while the chat runs: the reply being written is
-    stopped and kept, its KV snapshot written; `quit(signal)` exits with 128 + the signal."""
+    stopped and kept, its K/V blocks written; `quit(signal)` exits with 128 + the signal."""
 
     def __init__(self, quit: Callable[[int], None]):
         self.quit = quit

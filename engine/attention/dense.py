@@ -10,7 +10,7 @@ Three cases, each the fastest SDPA form measured on CPU:
 
 A sliding-window layer (Gemma 3) keeps every token's K/V and applies its window here: a decode
 token attends over the last `window` keys (a view, nothing copied), a chunk through a banded mask.
-So the KV cache, the prefix cache and snapshots never need to know a layer slides, and a prefix
+So the KV cache, the prefix cache and exported K/V never need to know a layer slides, and a prefix
 reused from the cache or from disk is exactly the one a fresh prefill computes.
 """
 

@@ -14,4 +14,4 @@ class Node:
     children: dict[tuple[int, ...], "Node"] = field(default_factory=dict)
     refs: int = 0
     last_used: int = 0
-    from_disk: bool = False  # loaded from disk (PrefixCache.load) and not used by a request yet
+    from_disk: bool = False  # loaded from disk (PrefixCache.import_blocks) and not used by a request yet

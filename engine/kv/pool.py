@@ -2,7 +2,7 @@
 
 One tensor [blocks, 2 (K, V), layers, kv_heads, block_size, head_dim]: a block
 holds `block_size` consecutive positions of one sequence for every layer, so
-moving a block (copy-on-write, spill to host, a snapshot) is one copy.
+moving a block (copy-on-write, spill to host, an export) is one copy.
 Ownership (who may free a block) is tracked by PrefixCache, not here.
 """
 
@@ -72,7 +72,7 @@ class KVPool:
             self.data[blocks[block], 1, :, :, offset : offset + take] = v[:, :, pos : pos + take]
             pos += take
 
-    def load(self, blocks: list[int], start: int, end: int, k: torch.Tensor, v: torch.Tensor) -> None:
+    def read_into(self, blocks: list[int], start: int, end: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Read positions start..end of a sequence into the same positions of k/v [layers, kv_heads, >= end, head_dim]."""
         size, pos = self.block_size, start
         while pos < end:

@@ -240,13 +240,13 @@ class PrefixCache:
             return None
         blocks = torch.empty((max(0, len(nodes) - first_block), *self.pool.data.shape[1:]), dtype=self.pool.data.dtype)
         self.tier_copy.host_readable()
-        for i, node in enumerate(nodes[first_block:]):  # block by block: no temporary of the snapshot's size on the device
+        for i, node in enumerate(nodes[first_block:]):  # block by block: no temporary of the export's size on the device
             blocks[i].copy_(self.pool.data[node.block] if node.block is not None else self.host.data[node.host_block])
         if lender is not None and len(nodes) > first_block:
             blocks[-1, :, :, :, lent:] = 0  # the lender's later tokens are not part of this sequence
         return len(chain) * self.block_size + lent, blocks
 
-    def load(self, tokens: list[int], fill: Callable[[int, list[torch.Tensor]], int]) -> int:
+    def import_blocks(self, tokens: list[int], fill: Callable[[int, list[torch.Tensor]], int]) -> int:
         """File the K/V of `tokens` that the tree lacks, marked as read from disk; blocks it already holds
         are kept, not replaced. `fill(first, dests)` writes the K/V of blocks first, first + 1, ... of
         `tokens` into the tensors `dests` (each [2, layers, kv_heads, block_size, head_dim], on the CPU:

@@ -14,7 +14,7 @@ Rules:
 - Only final tokens are shared. A full block of final tokens joins the prefix cache's tree when
   `finalize` completes it (if the request publishes); the last, partial block of final tokens joins at
   `close`. Computed positions that are not final (the draft tokens of a speculative step) never
-  enter the tree, so no other request and no snapshot (`export` reads the tree) ever sees them.
+  enter the tree, so no other request and no export (`export` reads the tree) ever sees them.
 - `truncate(n)` drops positions n.. ; only positions that are not final may go (n >= num_final).
 - `num_final <= num_tokens`; `final_tokens` are the ids of positions 0..num_final.
 - `close` gives everything back (final blocks to the tree or the pool, the rest to the pool);

@@ -24,7 +24,7 @@ class WorkingCopyKV(PooledKV):
         `spare`: where the copy goes at close, for the next request (None: it is dropped)."""
         super().__init__(cache, match, prompt_ids, publish)
         self.working, self._spare = working, spare
-        working.fill(match.cached_tokens, lambda start, end, k, v: cache.pool.load(self.blocks, start, end, k, v))
+        working.fill(match.cached_tokens, lambda start, end, k, v: cache.pool.read_into(self.blocks, start, end, k, v))
 
     @classmethod
     def open(cls, cache: PrefixCache, spare: SpareBuffer, prompt_ids: list[int],

@@ -21,7 +21,7 @@ one by one, exactly as one-at-a-time steps would take them: each input position 
 becomes final, the sampled token is emitted (and may end the reply: EOS, a stop string, max tokens, the
 context window, a cancel), and the step goes on only while the sampled token equals the next draft. The
 positions after that are truncated from the request's KV: they never become final, so they never reach
-the prefix cache or a snapshot.
+the prefix cache or exported K/V.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Is a reply stuck repeating itself? A greedy small model can loop on one phrase for thousands of tokens
-(SmolLM2 asked for a haiku about bread: 6,960 tokens of it, 10 minutes, a 300 MB snapshot).
+(SmolLM2 asked for a haiku about bread: 6,960 tokens of it, 10 minutes, 300 MB of stored K/V).
 
 A reply is stuck when its last tokens are one block of `period` tokens (1 to MAX_PERIOD) said over and
 over: at least MIN_REPEATS times in a row and at least MIN_SPAN tokens in all. Prose, lists and code

@@ -1,7 +1,7 @@
 """Seeded random weights for a ModelConfig, served by Hugging Face tensor name.
 
 SyntheticWeights is a weight source like a safetensors checkpoint (see
-weights.py), but each tensor is drawn from a generator seeded by (seed, tensor
+checkpoint.py), but each tensor is drawn from a generator seeded by (seed, tensor
 name), directly on the target device in the target dtype: an 8B model appears
 in GPU memory in seconds and nothing is written to disk. The same seed, name,
 device type and dtype always give the same tensor, so the transformers

@@ -53,7 +53,7 @@ from storage.kv.index import BlockRow, KVIndex
 if TYPE_CHECKING:  # not at run time: `kvchat list` and `delete` use the store without loading torch
     import torch
 
-    from engine.kv.snapshot import KVSnapshot
+    from engine.kv.exported import ExportedKV
 
 log = logging.getLogger("kvchat")
 
@@ -204,30 +204,30 @@ class KVBlockStore:
         present = self.index.present(keys)
         return next((i for i, key in enumerate(keys) if key not in present), len(keys))
 
-    def save(self, conversation_id: str | None, snapshot: "KVSnapshot", wanted: Callable[[], bool] | None = None) -> int:
-        """Write the blocks of `snapshot` the store lacks and make its chain one of the conversation's
+    def save(self, conversation_id: str | None, exported: "ExportedKV", wanted: Callable[[], bool] | None = None) -> int:
+        """Write the blocks of `exported` the store lacks and make its chain one of the conversation's
         (`conversation_id` None: blocks only, no head). Returns the bytes written. OSError (a full disk)
         leaves the old state in place; StorageError: the index could not be written (the same)."""
         if self.cap_bytes == 0 or not self.writable or (wanted is not None and not wanted()):
             return 0
-        tokens, kv = snapshot.token_ids, snapshot.kv
+        tokens, kv = exported.token_ids, exported.kv
         if not tokens:
             return 0
-        size = snapshot.block_size  # the tensor's shape says it even when it holds no blocks
-        keys = chain_keys(snapshot.fingerprint, tokens, size)
+        size = exported.block_size  # the tensor's shape says it even when it holds no blocks
+        keys = chain_keys(exported.fingerprint, tokens, size)
         present = self.index.present(keys)
-        if any(key not in present for key in keys[: snapshot.first_block]):
+        if any(key not in present for key in keys[: exported.first_block]):
             # Evicted since the caller asked first_missing: the blocks it sent would hang under a gap,
             # unreachable. The next turn's first_missing starts at the gap.
             return 0
-        end, written = snapshot.first_block, []
+        end, written = exported.first_block, []
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path(keys[0])  # refuses a directory that leads out of the data dir
         try:
-            for i in range(snapshot.first_block, len(keys)):
+            for i in range(exported.first_block, len(keys)):
                 piece = tuple(tokens[i * size : (i + 1) * size])
                 if keys[i] not in present:
-                    block = kv[i - snapshot.first_block]
+                    block = kv[i - exported.first_block]
                     payload = payload_of(block, len(piece))
                     if not is_finite(payload, block.dtype):
                         log.warning("kvchat: K/V that are not finite were not saved (block %d of conversation %s)",
@@ -245,7 +245,7 @@ class KVBlockStore:
                 end = i + 1
             if written:
                 fsync_dir(self.dir)
-            extended = self._extended_partials(conversation_id, snapshot.fingerprint, tokens, keys, end, size)
+            extended = self._extended_partials(conversation_id, exported.fingerprint, tokens, keys, end, size)
             replaced = self.index.commit(written, conversation_id, keys[:end], min(len(tokens), end * size),
                                             extended)
         except BaseException:

@@ -1,6 +1,6 @@
 """KVWriter: writes K/V blocks on one background thread, so the chat never waits for the disk.
 
-`submit` hands over a conversation's K/V to store (the engine's KVSnapshot), copied out of the KV
+`submit` hands over a conversation's K/V to store (the engine's ExportedKV), copied out of the KV
 cache by the thread that generates (torch work on a second thread would make
 the engine's OpenMP thread pools fight: decode ran at half speed afterwards).
 This thread only checksums and writes. A newer submission for the same
@@ -21,7 +21,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from engine.kv.snapshot import KVSnapshot
+from engine.kv.exported import ExportedKV
 from storage.kv.store import KVBlockStore
 
 log = logging.getLogger("kvchat")
@@ -30,7 +30,7 @@ log = logging.getLogger("kvchat")
 class KVWriter:
     def __init__(self, store: KVBlockStore):
         self.store = store
-        self._pending: dict[str, tuple[KVSnapshot, Callable[[], bool] | None]] = {}
+        self._pending: dict[str, tuple[ExportedKV, Callable[[], bool] | None]] = {}
         self._jobs: list[Callable[[], object]] = []
         self._busy = False
         self._closed = False
@@ -38,11 +38,11 @@ class KVWriter:
         self._thread = threading.Thread(target=self._run, name="kvchat-kv-writer", daemon=True)
         self._thread.start()
 
-    def submit(self, conversation_id: str, snapshot: KVSnapshot, wanted: Callable[[], bool] | None = None) -> None:
-        """Write `snapshot` in the background, unless `wanted` (asked on the writer thread) says no by then."""
+    def submit(self, conversation_id: str, exported: ExportedKV, wanted: Callable[[], bool] | None = None) -> None:
+        """Write `exported` in the background, unless `wanted` (asked on the writer thread) says no by then."""
         with self._cond:
             self._pending.pop(conversation_id, None)  # re-queued at the end: first come, first written
-            self._pending[conversation_id] = (snapshot, wanted)
+            self._pending[conversation_id] = (exported, wanted)
             self._cond.notify_all()
 
     def run_job(self, job: Callable[[], object]) -> None:
@@ -78,7 +78,7 @@ class KVWriter:
                 job = None
                 if self._pending:
                     conversation_id = next(iter(self._pending))
-                    snapshot, wanted = self._pending.pop(conversation_id)
+                    exported, wanted = self._pending.pop(conversation_id)
                 else:
                     job = self._jobs.pop(0)
                 self._busy = True
@@ -86,7 +86,7 @@ class KVWriter:
                 if job is not None:
                     self._run_job(job)
                 else:
-                    self._write(conversation_id, snapshot, wanted)
+                    self._write(conversation_id, exported, wanted)
             finally:
                 # The thread holds no tensor while it waits: the last one written would otherwise be freed
                 # whenever the thread ends, maybe inside torch while the interpreter tears down.
@@ -95,9 +95,9 @@ class KVWriter:
                     self._busy = False
                     self._cond.notify_all()
 
-    def _write(self, conversation_id: str, snapshot: KVSnapshot, wanted: Callable[[], bool] | None) -> None:
+    def _write(self, conversation_id: str, exported: ExportedKV, wanted: Callable[[], bool] | None) -> None:
         try:
-            self.store.save(conversation_id, snapshot, wanted=wanted)
+            self.store.save(conversation_id, exported, wanted=wanted)
         except Exception as exc:  # stored K/V is an optimisation: never let it take the chat down
             # An OSError by its cause alone: its file names are the block files' temp files.
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc

@@ -97,6 +97,32 @@ def test_the_speculation_flags_reach_the_engine_options_before_or_after_the_comm
     assert (unset.speculative, unset.draft_tokens) == (EngineOptions().speculative, EngineOptions().draft_tokens)
 
 
+# Every command that opens the data dir takes the block store's disk budget, before or after its name.
+KV_DISK_COMMANDS = [[], ["ask", "hi"], ["list"], ["show", "x"], ["export", "x"], ["delete", "x"], ["restore", "x"],
+                    ["search", "x"], ["rename", "x", "t"], ["storage"]]
+
+
+@pytest.mark.parametrize("command", KV_DISK_COMMANDS, ids=lambda command: command[0] if command else "chat")
+@pytest.mark.parametrize("flag", ["--kv-disk-gb", "--snapshot-gb"])
+def test_the_kv_disk_budget_is_kv_disk_gb_and_its_old_name_still_works(command, flag):
+    from app.cli.main import build_parser
+
+    assert build_parser().parse_args([*command, flag, "1.5"]).kv_disk_gb == 1.5
+    assert build_parser().parse_args([flag, "2", *command]).kv_disk_gb == 2.0
+    assert build_parser().parse_args(command).kv_disk_gb is None  # unset: the store's default (4 GB)
+
+
+@pytest.mark.parametrize("command", KV_DISK_COMMANDS, ids=lambda command: command[0] if command else "chat")
+def test_help_names_kv_disk_gb_and_not_its_old_name(command, capsys):
+    from app.cli.main import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*command[:1], "--help"])
+    shown = capsys.readouterr().out
+    assert "--kv-disk-gb" in shown and "disk budget for stored K/V blocks" in " ".join(shown.split())
+    assert "--snapshot-gb" not in shown
+
+
 def test_ask_json_counts_the_drafts_and_speculative_off_makes_one_token_a_step(tiny_model_dir):
     args = ("ask", "hello", "--model", str(tiny_model_dir), "--json", "--temperature", "0", "--max-tokens", "40")
     on, off = (json.loads(kvchat(*args, *extra).stdout) for extra in ((), ("--speculative", "off")))

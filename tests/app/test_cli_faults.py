@@ -57,7 +57,7 @@ def test_a_reply_saved_at_every_token_fits_where_the_old_saves_filled_the_disk(e
     conversation = first_turn(endless_model_dir)
     env = {**nearly_full_disk(kvchat_home, 300_000, tmp_path), "TEST_PARTIAL_SAVE_S": "0"}
     run = child("ask", "more please", "--conversation", conversation, "--model", str(endless_model_dir), *GREEDY,
-                "--max-tokens", "400", "--snapshot-gb", "0", env=env, stdout=subprocess.PIPE,
+                "--max-tokens", "400", "--kv-disk-gb", "0", env=env, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, text=True)
     out, err = run.communicate(timeout=300)
     assert run.returncode == 0, err
@@ -75,7 +75,7 @@ def test_a_disk_that_fills_mid_reply_keeps_what_fit_says_so_once_and_exits_1(end
     full = tmp_path / "the-disk-is-full-now"
     env = {**nearly_full_disk(kvchat_home, 10_000_000, tmp_path, fills_when=full), "TEST_PARTIAL_SAVE_S": "0"}
     run = child("ask", "more please", "--conversation", conversation, "--model", str(endless_model_dir), *GREEDY,
-                "--max-tokens", "600", "--snapshot-gb", "0", env=env, stdout=subprocess.PIPE,
+                "--max-tokens", "600", "--kv-disk-gb", "0", env=env, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE)
     shown = os.read(run.stdout.fileno(), 200)  # the reply streams and is being saved
     full.touch()
@@ -102,9 +102,9 @@ def streaming_ask(model_dir, *extra, stdout=subprocess.PIPE):
 
 @pytest.mark.usefixtures("endless_replies")
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
-def test_a_stop_signal_keeps_the_reply_as_stopped_with_its_snapshot(endless_model_dir, kvchat_home, sig):
+def test_a_stop_signal_keeps_the_reply_as_stopped_with_its_kv_blocks(endless_model_dir, kvchat_home, sig):
     # SIGTERM and SIGHUP (a closed terminal) used to kill the process: exit 143/129, the row left
-    # `streaming`, the last 0.5 s of text and the KV snapshot lost. Now they act as Ctrl+C does.
+    # `streaming`, the last 0.5 s of text and the K/V blocks lost. Now they act as Ctrl+C does.
     run = streaming_ask(endless_model_dir)
     shown = os.read(run.stdout.fileno(), 64)  # the reply has started streaming
     run.send_signal(sig)

@@ -226,7 +226,7 @@ def test_the_trash_is_emptied_of_conversations_deleted_over_30_days_ago(tiny_mod
     assert conversation_kv(kvchat_home, old) == (0, []) and all(block.exists() for block in recent_blocks)
 
 
-def test_delete_permanently_removes_it_and_its_snapshot_at_once(tiny_model_dir, kvchat_home):
+def test_delete_permanently_removes_it_and_its_kv_blocks_at_once(tiny_model_dir, kvchat_home):
     gone = ask(tiny_model_dir, "hello", "--max-tokens", "2")["conversation_id"]
     assert conversation_kv(kvchat_home, gone)[0] > 0 and block_files(kvchat_home)
     result = kvchat("delete", gone, "--permanently")
@@ -247,7 +247,7 @@ def test_storage_shows_each_place_with_its_size_and_how_to_free_space(tiny_model
     ask(tiny_model_dir, "hello", "--max-tokens", "2")
     text = kvchat("storage")
     assert text.returncode == 0
-    for words in ("conversations", "KV cache", "converted models", "To free space", "--snapshot-gb",
+    for words in ("conversations", "KV cache", "converted models", "To free space", "--kv-disk-gb",
                   "delete ID --permanently"):
         assert words in text.stdout
     numbers = json.loads(kvchat("storage", "--json").stdout)

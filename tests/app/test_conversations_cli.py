@@ -30,7 +30,7 @@ def export_json(conversation_id):
 
 def test_a_conversation_resumed_in_a_new_process_comes_from_disk_and_matches_a_full_recompute(tiny_model_dir):
     # Two identical conversations (greedy), then the same third message: one resumed from its
-    # snapshot, the other with the prefix cache off.
+    # stored K/V, the other with the prefix cache off.
     first = ask(tiny_model_dir, "tell me a story")
     twin = ask(tiny_model_dir, "tell me a story")
     for conversation in (first, twin):
@@ -68,7 +68,7 @@ def test_list_show_export_search_rename_delete(tiny_model_dir):
 
     assert kvchat("rename", a, "Fruit").returncode == 0
     assert "Fruit" in kvchat("list").stdout
-    assert kvchat("delete", b).returncode == 0  # to the trash, with its snapshot
+    assert kvchat("delete", b).returncode == 0  # to the trash, with its K/V blocks
     assert [line.split()[0] for line in kvchat("list").stdout.splitlines()] == [a]
     home = os.environ["KVCHAT_HOME"]
     tokens, blocks = conversation_kv(home, b)
@@ -99,7 +99,7 @@ def test_an_unknown_conversation_is_one_sentence(command):
     assert_one_clear_error(kvchat(*command), 1, "No conversation matches 'abcdef'")
 
 
-def test_a_damaged_snapshot_costs_a_recompute_and_one_line_not_the_answer(tiny_model_dir):
+def test_a_damaged_kv_block_costs_a_recompute_and_one_line_not_the_answer(tiny_model_dir):
     conversation = ask(tiny_model_dir, "hello")["conversation_id"]
     twin = ask(tiny_model_dir, "hello")["conversation_id"]
     path = conversation_chain(os.environ["KVCHAT_HOME"], conversation)[0]  # its first block (the twin's too)

@@ -183,7 +183,7 @@ def test_blocks_that_make_the_model_compute_non_finite_scores_are_dropped_and_st
     monkeypatch.setattr(storage.kv, "remove", lambda keys: (removed.append(list(keys)), remove(keys)))
     with caplog.at_level("WARNING", logger="kvchat"):
         done = reply(again.send("more"))
-    assert removed[0] == read  # drop_snapshot: every block that prompt read
+    assert removed[0] == read  # drop_stored_kv: every block that prompt read
     assert any("non-finite" in record.getMessage() for record in caplog.records)
     assert done.token_ids == uncached(tiny_engine, prompt).token_ids  # recomputed from scratch
     storage.writer.flush()  # and stored again, finite this time

@@ -1,4 +1,4 @@
-"""The bundled SmolLM2-135M-Instruct with the block kernels: a conversation resumed from its disk snapshot
+"""The bundled SmolLM2-135M-Instruct with the block kernels: a conversation resumed from its stored K/V
 continues token for token as a full recompute does."""
 
 import pytest

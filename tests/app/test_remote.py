@@ -73,7 +73,7 @@ def test_connect_picks_the_servers_first_model_and_its_context_window(fake, remo
     assert remote.context_window == 4096
     assert remote.info.device == f"remote 127.0.0.1:{fake.url.rsplit(':', 1)[1]}"
     assert remote.cache_stats() == {"enabled": False}
-    assert remote.token_fingerprint is None and not remote.keeps_kv_snapshots  # text in, nothing to snapshot
+    assert remote.token_fingerprint is None and not remote.can_store_kv  # text in, nothing to store
 
 
 def test_connect_refuses_an_unknown_model_a_wrong_key_no_server_and_a_non_openai_server(fake):
@@ -116,10 +116,10 @@ def test_a_reply_streams_with_client_side_numbers_and_the_servers_usage(fake, re
         {"role": "user", "content": "And again"}]
 
 
-def test_a_remote_conversation_keeps_its_text_and_no_kv_snapshot(fake, remote, storage, kvchat_home):
+def test_a_remote_conversation_keeps_its_text_and_no_stored_kv(fake, remote, storage, kvchat_home):
     session = saved_session(remote, storage)
     run(session.send("Hi there"))
-    storage.writer.close()  # any snapshot would be written by now
+    storage.writer.close()  # any K/V blocks would be written by now
     branch = storage.conversations.branch(session.saved.id)
     assert [(m.role, m.text, m.status, m.token_ids) for m in branch] == [
         ("user", "Hi there", "complete", []), ("assistant", "Hello from the server.", "complete", [])]
@@ -309,7 +309,7 @@ def test_a_local_conversation_continues_on_a_server_with_its_history_as_text(fak
     _, first, _ = run(local.send("Hi there"))
     saved = SavedConversation.open(storage, local.saved.id)
     resumed = chat_session(remote, saved.conversation.system, GREEDY, saved)
-    assert resumed.notice is None  # no KV snapshot is looked for: the server has its own cache
+    assert resumed.notice is None  # no stored K/V are looked for: the server has its own cache
     run(resumed.send("Go on"))
     assert fake.requests[-1]["messages"] == [
         {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"},

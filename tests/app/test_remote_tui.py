@@ -72,7 +72,7 @@ async def test_the_chat_app_on_kvchat_serve_chats_saves_and_resumes(tiny_engine,
     stored = storage.conversations.branch(conversation)
     assert [m.role for m in stored] == ["user", "assistant"] * 3 and all(m.status == "complete" for m in stored)
     storage.writer.close()
-    # No KV snapshot: the server owns its cache (the data dir holds the database, its backups, turn locks).
+    # No stored K/V: the server owns its cache (the data dir holds the database, its backups, turn locks).
     assert not list(kvchat_home.glob("snapshots/*")) and block_files(kvchat_home) == {}
     assert storage.kv.stats().blocks == 0 and storage.kv.index.heads_of(conversation) == {}
 

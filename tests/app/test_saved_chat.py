@@ -1,4 +1,4 @@
-"""ChatSession with storage: what is committed when, and resuming from a KV snapshot on disk."""
+"""ChatSession with storage: what is committed when, and resuming from its K/V blocks on disk."""
 
 import pytest
 
@@ -86,7 +86,7 @@ def test_a_resumed_conversation_continues_exactly_as_a_full_recompute(tiny_engin
     assert from_disk.stats.prefilled_tokens == from_disk.stats.prompt_tokens - from_disk.stats.cached_tokens
 
 
-def test_a_damaged_snapshot_is_discarded_with_a_notice_and_the_history_recomputed(tiny_engine, storage, caplog):
+def test_damaged_stored_kv_is_discarded_with_a_notice_and_the_history_recomputed(tiny_engine, storage, caplog):
     session = new_session(tiny_engine, storage)
     reply(session.send("first question"))
     storage.writer.flush()
@@ -135,13 +135,13 @@ def test_another_model_with_the_same_tokenizer_reuses_the_ids_but_not_the_kv(tin
     other = Engine.load(EngineOptions(model=str(make_tiny_model(tmp_path / "other", "llama", seed=3)), device="cpu"))
     resumed = ChatSession(other, None, GREEDY, SavedConversation.open(storage, session.saved.id))
     assert resumed.seen_ids == session.seen_ids  # the same tokenizer made them
-    assert "computed by another model" in resumed.notice  # the snapshot was tried, refused and said so
+    assert "computed by another model" in resumed.notice  # the stored K/V were tried, refused and said so
     done = reply(resumed.send("more"))
     assert done.stats.cached_tokens == 0
     assert storage.conversations.get(session.saved.id).token_fingerprint == other.token_fingerprint
 
 
-def test_a_conversation_opened_in_another_dtype_says_why_its_snapshot_is_not_used(tiny_model_dir, tiny_engine,
+def test_a_conversation_opened_in_another_dtype_says_why_its_stored_kv_is_not_used(tiny_model_dir, tiny_engine,
                                                                                   storage, caplog):
     from engine import Engine, EngineOptions
 
@@ -151,7 +151,7 @@ def test_a_conversation_opened_in_another_dtype_says_why_its_snapshot_is_not_use
     bf16 = Engine.load(EngineOptions(model=str(tiny_model_dir), device="cpu", dtype="bfloat16"))
     with caplog.at_level("WARNING", logger="kvchat"):
         resumed = ChatSession(bf16, None, GREEDY, SavedConversation.open(storage, session.saved.id))
-    # Switching --dtype used to drop the snapshot silently: the ids were thought unusable, so no load was tried.
+    # Switching --dtype used to drop the stored K/V silently: the ids were thought unusable, so no load was tried.
     assert resumed.seen_ids == session.seen_ids
     assert "another model, dtype, device or KV layout" in resumed.notice
     assert any("was not used" in record.getMessage() for record in caplog.records)
@@ -172,7 +172,7 @@ def test_ids_of_another_tokenizer_are_not_reused(tiny_engine, storage, tmp_path)
     (other_dir / "chat_template.jinja").unlink(missing_ok=True)
     other = Engine.load(EngineOptions(model=str(other_dir), device="cpu"))
     resumed = ChatSession(other, None, GREEDY, SavedConversation.open(storage, session.saved.id))
-    assert resumed.seen_ids == [] and resumed.notice is None  # re-tokenized from the text, no snapshot tried
+    assert resumed.seen_ids == [] and resumed.notice is None  # re-tokenized from the text, no stored K/V tried
     assert reply(resumed.send("more")).stats.cached_tokens == 0
     assert storage.conversations.get(session.saved.id).token_fingerprint == other.token_fingerprint
 
@@ -288,7 +288,7 @@ def test_what_cannot_be_edited_or_regenerated_is_one_sentence(tiny_engine, stora
         session.edit(1, "not mine")
 
 
-def test_a_snapshot_that_makes_the_model_compute_non_finite_scores_is_dropped_and_the_reply_recomputed(
+def test_stored_kv_that_makes_the_model_compute_non_finite_scores_is_dropped_and_the_reply_recomputed(
         tiny_engine, storage, monkeypatch, caplog):
     from engine.errors import NonFiniteLogitsError
 

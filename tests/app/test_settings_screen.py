@@ -295,10 +295,10 @@ async def test_the_whole_dialog_fits_an_80_by_24_terminal_even_with_an_error():
 
 async def test_an_empty_max_tokens_says_the_chats_ceiling_applies_and_the_disk_line_is_shown():
     app = SettingsApp(ChatSettings(system=None, params=SamplingParams(), model=None), MODELS, 8192)
-    app.screen_args += (2048, "disk: snapshots 571 MB/4.0 GB")
+    app.screen_args += (2048, "disk: KV 571 MB/4.0 GB")
     async with app.run_test(size=(100, 40)) as pilot:
         screen = await opened(pilot)
         max_tokens = screen.query_one("#max-tokens", Input)
         assert max_tokens.value == "" and max_tokens.placeholder == "the chat's 2,048"  # not "until the model stops"
         disk = str(screen.query_one("#disk", Static).render())
-        assert disk == "disk: snapshots 571 MB/4.0 GB"
+        assert disk == "disk: KV 571 MB/4.0 GB"

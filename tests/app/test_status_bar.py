@@ -70,7 +70,7 @@ def bar_parts(stats: RequestStats = REPLY, detail: str = "") -> dict[str, list[s
 
 
 @pytest.mark.parametrize("width", [200, 160, 140, 120, 100, 80, 60, 40, 20, 10])
-@pytest.mark.parametrize("detail", ["", "the conversation could not be opened because its snapshot was old"])
+@pytest.mark.parametrize("detail", ["", "the conversation could not be opened because its block file was old"])
 def test_fit_never_cuts_a_part_mid_word_at_any_width(width, detail):
     parts = bar_parts(SPECULATED, detail)
     for order, steps in ((ONE_LINE, ONE_LINE_STEPS), (FIRST_LINE, FIRST_LINE_STEPS), (SECOND_LINE, SECOND_LINE_STEPS)):
@@ -91,7 +91,7 @@ async def test_a_wide_bar_is_one_line_with_everything(width):
 
 
 async def test_at_160_columns_a_long_phase_detail_is_cut_before_the_model_name_goes():
-    detail = "the conversation could not be opened because its snapshot was written by another model"
+    detail = "the conversation could not be opened because its block file was written by another model"
     [line] = await bar_lines(160, "idle", detail)
     assert line.startswith(f"idle: {clip(detail, 24)} · ")
     for part in (*NUMBERS, "KV 80/2048 MiB", "SmolLM2-135M-Instruct"):

@@ -1,10 +1,10 @@
 """The real `kvchat` in a real terminal (a detached tmux pane): load the bundled model, chat, quit with
-ctrl+q; then reopen the saved conversation and continue it from its KV snapshot on disk.
+ctrl+q; then reopen the saved conversation and continue it from its K/V blocks on disk.
 
 Only the screen is read, as a user sees it. What the status bar must keep for these tests:
 - a line that begins with the phase word (`idle` once the model is loaded and after each reply);
 - after a reply: `TTFT <n> ms` (or `<x> s`), `<x> tok/s`, `prompt <n>`, `<n> cached` (`<n> cached from disk` when the
-  history's K/V came from the snapshot) and `<n> computed`.
+  history's K/V came from the block store) and `<n> computed`.
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ def test_a_question_in_the_real_tui_gets_a_reply_with_its_numbers_and_ctrl_q_exi
     assert "Traceback" not in chat.after_exit, context
 
 
-def test_the_saved_conversation_reopens_in_the_tui_and_continues_from_its_disk_snapshot(first_chat, tmp_path):
+def test_the_saved_conversation_reopens_in_the_tui_and_continues_from_its_stored_kv(first_chat, tmp_path):
     first_reply = first_chat.messages[1]["text"]
     terminal = Terminal(first_chat.home, tmp_path)
     try:
@@ -161,7 +161,7 @@ def test_the_saved_conversation_reopens_in_the_tui_and_continues_from_its_disk_s
         assert FROM_DISK.search(status), context
         cached, computed = number(FROM_DISK, status), number(COMPUTED, status)
         # The history (the templated question, 37 tokens, and the 8-token reply: 44 of its 45 tokens are
-        # cached) comes from the snapshot; only the follow-up (16 tokens with its template) is computed.
+        # cached) comes from the block store; only the follow-up (16 tokens with its template) is computed.
         first_prompt = number(CACHED, first_chat.status) + number(COMPUTED, first_chat.status)
         assert cached >= first_prompt and cached > 20, context
         assert computed < 40 and computed < cached, context

@@ -102,7 +102,7 @@ async def saved_chat(engine, storage, text: str) -> str:
     return conversation
 
 
-async def test_a_chat_is_saved_and_reopens_with_its_history_from_the_disk_snapshot(tiny_engine):
+async def test_a_chat_is_saved_and_reopens_with_its_history_from_the_block_store(tiny_engine):
     storage = Storage.open()
     conversation = await saved_chat(tiny_engine, storage, "remember me")
     assert storage.conversations.get(conversation).title == "remember me"
@@ -121,12 +121,12 @@ async def test_a_chat_is_saved_and_reopens_with_its_history_from_the_disk_snapsh
     assert len(Storage.open().conversations.branch(conversation)) == 4
 
 
-async def test_a_damaged_snapshot_is_a_notification_and_the_chat_goes_on(tiny_engine):
+async def test_a_damaged_kv_block_is_a_notification_and_the_chat_goes_on(tiny_engine):
     storage = Storage.open()
     conversation = await saved_chat(tiny_engine, storage, "hello")
     history = SavedConversation.open(storage, conversation).history(tiny_engine).token_ids
     first_block = chain_paths(storage, tiny_engine, history)[0]
-    first_block.write_bytes(b"not a snapshot at all")
+    first_block.write_bytes(b"not a block at all")
 
     reopened = RecordingApp(lambda spec, progress: with_fresh_cache(tiny_engine), storage,
                             conversation_id=conversation)

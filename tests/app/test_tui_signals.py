@@ -1,6 +1,6 @@
 """The chat app in a real terminal (a tmux pane), ended mid-reply by `kill` (SIGTERM) or by its terminal going
 away (`tmux kill-server` hangs up on it, as closing a window does): the reply is kept as stopped, with its
-snapshot, instead of being left `streaming` with its last half second of text lost."""
+K/V blocks, instead of being left `streaming` with its last half second of text lost."""
 
 import os
 import shutil
@@ -49,7 +49,7 @@ def gone(pid: int, timeout: float = 60.0) -> bool:
 
 @pytest.mark.usefixtures("endless_replies")  # no loop check: the reply must still stream when it is ended
 @pytest.mark.parametrize("end", ["sigterm", "hangup"])
-def test_the_chat_ended_mid_reply_keeps_the_reply_as_stopped_with_its_snapshot(endless_model_dir, kvchat_home,
+def test_the_chat_ended_mid_reply_keeps_the_reply_as_stopped_with_its_kv_blocks(endless_model_dir, kvchat_home,
                                                                               tmp_path, end):
     terminal = Terminal(kvchat_home, tmp_path)
     try:

@@ -70,7 +70,7 @@ def test_two_asks_on_one_conversation_at_once_take_turns(endless_model_dir):
     # One branch, alternating: the second ask waited, then answered after the first one's reply.
     assert len(messages) == 6 and exported["active_branch"] == [m["id"] for m in exported["messages"]]
     assert [messages[i]["role"] for i in exported["active_branch"]] == ["user", "assistant"] * 3
-    # The later turn's prompt held the earlier turn, so its snapshot covers the whole conversation.
+    # The later turn's prompt held the earlier turn, so its stored K/V cover the whole conversation.
     second = max((json.loads(out) for out, _ in results), key=lambda r: r["prompt_tokens"])
     assert second["cached_tokens"] > 0
 
@@ -100,7 +100,7 @@ def test_a_conversation_deleted_while_its_reply_streams_leaves_nothing_behind(ti
     assert storage.conversations.db.execute("SELECT count(*) FROM messages").fetchone()[0] == 0
 
 
-def test_a_snapshot_of_a_conversation_deleted_before_it_is_written_is_not_kept(tiny_engine, storage, kvchat_home):
+def test_the_kv_of_a_conversation_deleted_before_it_is_written_is_not_kept(tiny_engine, storage, kvchat_home):
     session = saved_chat(tiny_engine, storage)
     storage.writer.flush()
     gate = threading.Event()

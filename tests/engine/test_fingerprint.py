@@ -1,4 +1,4 @@
-"""The model fingerprint decides whether a KV snapshot may be reused: it must see every difference."""
+"""The model fingerprint decides whether stored K/V may be reused: it must see every difference."""
 
 import json
 import shutil

@@ -12,8 +12,8 @@ PARAMS = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 
 def history_blocks(engine, tokens):
     list(engine.generate(tokens, SamplingParams(temperature=0, max_tokens=1), use_prefix_cache=True))
-    snapshot = engine.export_kv(tokens)
-    return snapshot
+    exported = engine.export_kv(tokens)
+    return exported
 
 
 def filler(kv, calls):
@@ -27,11 +27,11 @@ def filler(kv, calls):
 
 def test_blocks_filled_in_place_answer_as_a_recompute_and_report_disk_once(tiny_engine):
     tokens = list(range(5, 5 + 3 * tiny_engine.kv_block_size + 5))  # three full blocks and a partial one
-    snapshot = history_blocks(tiny_engine, tokens)
+    exported = history_blocks(tiny_engine, tokens)
     prompt = tokens + [7, 8, 9]
     expected = list(with_fresh_cache(tiny_engine).generate(prompt, PARAMS, use_prefix_cache=False))[-1]
     resumed, calls = with_fresh_cache(tiny_engine), []
-    assert resumed.import_blocks(list(snapshot.token_ids), filler(snapshot.kv, calls)) == len(tokens)
+    assert resumed.import_blocks(list(exported.token_ids), filler(exported.kv, calls)) == len(tokens)
     assert calls == [(0, 4)]
     first = list(resumed.generate(prompt, PARAMS))[-1]
     assert first.token_ids == expected.token_ids
@@ -43,16 +43,16 @@ def test_blocks_filled_in_place_answer_as_a_recompute_and_report_disk_once(tiny_
 def test_a_reader_that_stops_early_leaves_only_the_blocks_it_filled(tiny_engine):
     size = tiny_engine.kv_block_size
     tokens = list(range(40, 40 + 4 * size))
-    snapshot = history_blocks(tiny_engine, tokens)
+    exported = history_blocks(tiny_engine, tokens)
     resumed = with_fresh_cache(tiny_engine)
     free = resumed.prefix_cache.pool.num_free
 
     def two_then_damaged(first, dests):
         for i in range(2):
-            dests[i].copy_(snapshot.kv[first + i])
+            dests[i].copy_(exported.kv[first + i])
         return 2
 
-    assert resumed.import_blocks(list(snapshot.token_ids), two_then_damaged) == 2 * size
+    assert resumed.import_blocks(list(exported.token_ids), two_then_damaged) == 2 * size
     assert resumed.cached_length(tokens + [1]) == 2 * size
     assert resumed.prefix_cache.pool.num_free == free - 2  # the blocks it did not fill went back
     resumed.prefix_cache.check_invariants()
@@ -63,29 +63,29 @@ def test_a_reader_that_stops_early_leaves_only_the_blocks_it_filled(tiny_engine)
 def test_blocks_the_cache_holds_are_not_read_again(tiny_engine):
     size = tiny_engine.kv_block_size
     tokens = list(range(90, 90 + 3 * size))
-    snapshot = history_blocks(tiny_engine, tokens)
+    exported = history_blocks(tiny_engine, tokens)
     resumed, calls = with_fresh_cache(tiny_engine), []
-    resumed.import_blocks(list(snapshot.token_ids[: size]), filler(snapshot.kv, calls))
-    resumed.import_blocks(list(snapshot.token_ids), filler(snapshot.kv, calls))
+    resumed.import_blocks(list(exported.token_ids[: size]), filler(exported.kv, calls))
+    resumed.import_blocks(list(exported.token_ids), filler(exported.kv, calls))
     assert calls == [(0, 1), (1, 2)]
 
 
 def test_prewarm_gathers_the_history_before_the_request_and_changes_nothing_it_answers(tiny_engine):
     tokens = list(range(200, 200 + 2 * tiny_engine.kv_block_size + 3))
-    snapshot = history_blocks(tiny_engine, tokens)
+    exported = history_blocks(tiny_engine, tokens)
     prompt = tokens + [11, 12]
     expected = list(with_fresh_cache(tiny_engine).generate(prompt, PARAMS, use_prefix_cache=False))[-1]
     resumed = with_fresh_cache(tiny_engine)
-    resumed.import_blocks(list(snapshot.token_ids), filler(snapshot.kv, []))
+    resumed.import_blocks(list(exported.token_ids), filler(exported.kv, []))
     resumed.prewarm(tokens)
     gathered = []
     pool = resumed.prefix_cache.pool
-    original = pool.load
-    pool.load = lambda *args: (gathered.append(args[2] - args[1]), original(*args))[1]
+    original = pool.read_into
+    pool.read_into = lambda *args: (gathered.append(args[2] - args[1]), original(*args))[1]
     try:
         first = list(resumed.generate(prompt, PARAMS))[-1]
     finally:
-        pool.load = original
+        pool.read_into = original
     assert first.token_ids == expected.token_ids
     assert first.stats.cache_source == "disk"  # the prewarm is not a request: the first real one says disk
     assert sum(gathered) == 0  # the history was in the working copy already: nothing gathered from the pool

@@ -1,4 +1,4 @@
-"""Paged decode attention against dense SDPA over the same context gathered by KVPool.load.
+"""Paged decode attention against dense SDPA over the same context gathered by KVPool.read_into.
 
 The torch reference is tested in this process. The Triton kernels are tested
 under Triton's interpreter on CPU tensors, in a child pytest process of this
@@ -68,14 +68,14 @@ def make_case(group: int, head_dim: int, dtype: torch.dtype, lens=LENS, kv_heads
 
 
 def dense_expected(case: Case) -> torch.Tensor:
-    """fp64 SDPA per sequence over K/V copied out of the pool with KVPool.load."""
+    """fp64 SDPA per sequence over K/V copied out of the pool with KVPool.read_into."""
     _, heads, dim = case.q.shape
     kv_heads = case.pool.data.shape[3]
     outs = []
     for row, n in enumerate(case.lens.tolist()):
         k = torch.empty(LAYERS, kv_heads, n, dim, dtype=case.q.dtype)
         v = torch.empty_like(k)
-        case.pool.load(case.blocks[row], 0, n, k, v)
+        case.pool.read_into(case.blocks[row], 0, n, k, v)
         k = k[LAYER].double().repeat_interleave(heads // kv_heads, dim=0)
         v = v[LAYER].double().repeat_interleave(heads // kv_heads, dim=0)
         out = F.scaled_dot_product_attention(case.q[row].double()[:, None], k, v, scale=case.scale)
@@ -128,7 +128,7 @@ def check_window(attention, lens=LENS, window=BLOCK + 3, **kwargs) -> None:
     for row, n in enumerate(case.lens.tolist()):
         k = torch.empty(LAYERS, kv_heads, n, dim)
         v = torch.empty_like(k)
-        case.pool.load(case.blocks[row], 0, n, k, v)
+        case.pool.read_into(case.blocks[row], 0, n, k, v)
         start = max(0, n - window)
         k = k[LAYER, :, start:].double().repeat_interleave(heads // kv_heads, dim=0)
         v = v[LAYER, :, start:].double().repeat_interleave(heads // kv_heads, dim=0)

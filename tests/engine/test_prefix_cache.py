@@ -24,7 +24,7 @@ def kv_value(token: int, position: int, layer: int) -> float:
     return token * 1000.0 + position + layer / 10
 
 
-def snapshot_blocks(tokens: list[int]) -> torch.Tensor:
+def exported_blocks(tokens: list[int]) -> torch.Tensor:
     """K/V of `tokens` laid out as PrefixCache.export returns them (what `compute` would have written)."""
     blocks = torch.zeros(-(-len(tokens) // SIZE), 2, LAYERS, HEADS, SIZE, DIM)
     for i, t in enumerate(tokens):
@@ -35,15 +35,15 @@ def snapshot_blocks(tokens: list[int]) -> torch.Tensor:
 
 
 def load_blocks(cache: PrefixCache, tokens: list[int]) -> int:
-    """File the K/V of `tokens` as the block store does (PrefixCache.load), from `snapshot_blocks`."""
-    blocks = snapshot_blocks(tokens)
+    """File the K/V of `tokens` as the block store does (PrefixCache.import_blocks), from `exported_blocks`."""
+    blocks = exported_blocks(tokens)
 
     def fill(first: int, dests: list[torch.Tensor]) -> int:
         for i, dest in enumerate(dests):
             dest.copy_(blocks[first + i])
         return len(dests)
 
-    return cache.load(tokens, fill)
+    return cache.import_blocks(tokens, fill)
 
 
 def open_request(cache: PrefixCache, prompt: list[int], publish: bool = True) -> WorkingCopyKV:
@@ -293,7 +293,7 @@ def test_export_copies_the_cached_prefix_exactly_and_zeroes_the_rest():
     serve(cache, [1, 2, 3, 4, 5, 9, 9, 9, 9])  # a sibling lends 5, then diverges
     length, blocks = cache.export([1, 2, 3, 4, 5, 6, 8, 8])
     assert length == 6
-    assert torch.equal(blocks, snapshot_blocks([1, 2, 3, 4, 5, 6]))
+    assert torch.equal(blocks, exported_blocks([1, 2, 3, 4, 5, 6]))
     assert cache.export([8, 8]) is None
 
 
@@ -333,7 +333,7 @@ def test_load_below_a_spilled_block_brings_the_path_back_to_the_device():
     cache.check_invariants()
     assert all(n.block is not None for n in cache.nodes() if n.tokens[0] in (1, 2, 5))
     length, blocks = cache.export(tokens)
-    assert length == len(tokens) and torch.equal(blocks, snapshot_blocks(tokens))
+    assert length == len(tokens) and torch.equal(blocks, exported_blocks(tokens))
 
 
 def test_loading_more_blocks_than_the_pool_holds_is_refused_and_the_cache_stays_usable():

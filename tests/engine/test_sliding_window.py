@@ -98,26 +98,26 @@ def test_follow_ups_reuse_the_cache_across_the_window_and_equal_a_fresh_computat
         prompt = prompt + list(ours.token_ids) + tokens(5, seed=10 + turn)
 
 
-def test_a_conversation_resumed_from_its_snapshot_equals_recomputing_it(gemma_dir, reference):
+def test_a_conversation_resumed_from_its_stored_kv_equals_recomputing_it(gemma_dir, reference):
     first = load(gemma_dir, speculative="off")
     history = tokens(30, seed=2)
     reply = greedy(first, history)
     conversation = history + list(reply.token_ids)
-    snapshot = first.export_kv(conversation)
-    assert snapshot is not None and len(snapshot.token_ids) >= len(conversation) - 1
+    exported = first.export_kv(conversation)
+    assert exported is not None and len(exported.token_ids) >= len(conversation) - 1
     resumed = load(gemma_dir, speculative="off")  # a new process's engine, its pool empty
 
     def fill(first, dests):  # as the block store reads its files into the pool's blocks
         for i, dest in enumerate(dests):
-            dest.copy_(snapshot.kv[first + i])
+            dest.copy_(exported.kv[first + i])
         return len(dests)
 
-    assert resumed.import_blocks(list(snapshot.token_ids), fill) == len(snapshot.token_ids)
+    assert resumed.import_blocks(list(exported.token_ids), fill) == len(exported.token_ids)
     follow_up = conversation + tokens(6, seed=3)
     ours = greedy(resumed, follow_up)
-    assert ours.stats.cached_tokens == len(snapshot.token_ids)
+    assert ours.stats.cached_tokens == len(exported.token_ids)
     assert_same_greedy(reference, follow_up, ours.token_ids, greedy(reference, follow_up).token_ids,
-                       what="resuming from the snapshot")
+                       what="resuming from the exported K/V")
 
 
 @pytest.mark.parametrize("options", [{}, {"fused_decode": False}, {"paged_kv": True}], ids=["fused", "eager", "paged"])

@@ -1,7 +1,7 @@
 """The rule for tokens that are not final (kv/sequence.py), for each KV strategy.
 
 K/V a step computes but the loop has not finalised (a speculative step's draft tokens) never enter the
-radix tree or a snapshot; a request can truncate them, and what it computes after that matches a
+radix tree or an export; a request can truncate them, and what it computes after that matches a
 fresh, uncached run over the tokens it kept.
 """
 
@@ -33,12 +33,12 @@ def computed_with_drafts(engine, prompt=PROMPT, drafts=DRAFTS):
     return kv
 
 
-def test_draft_tokens_never_enter_the_tree_or_a_snapshot(engine):
+def test_draft_tokens_never_enter_the_tree_or_the_exported_kv(engine):
     kv = computed_with_drafts(engine)
     try:
         assert engine.cached_length(PROMPT + DRAFTS) <= len(PROMPT)
-        snapshot = engine.export_kv(PROMPT + DRAFTS)
-        assert snapshot is None or len(snapshot.token_ids) <= len(PROMPT)
+        exported = engine.export_kv(PROMPT + DRAFTS)
+        assert exported is None or len(exported.token_ids) <= len(PROMPT)
     finally:
         kv.close()  # closed with drafts still unfinalised: they are dropped, not filed
     assert engine.cached_length(PROMPT + DRAFTS) == (len(PROMPT) if engine.prefix_cache else 0)

@@ -17,7 +17,7 @@ import torch
 
 from storage.db.conversations import ConversationStore
 from storage.kv.store import KVBlockStore
-from tests.storage.kv_store_helpers import BLOCK_SIZE, FINGERPRINT, snapshot
+from tests.storage.kv_store_helpers import BLOCK_SIZE, FINGERPRINT, exported_kv
 
 SEQUENCE = [(j * 7919) % 50_000 for j in range(120)]
 
@@ -37,7 +37,7 @@ def write_forever(home: Path, conversation_id: str, i: int, acks: Path) -> None:
     while True:
         ids = tokens_of(i)
         first = kv.first_missing(FINGERPRINT, BLOCK_SIZE, ids) if i % 2 else 0  # as the chat sends them, or whole
-        kv.save(conversation_id, snapshot(ids, first_block=first))
+        kv.save(conversation_id, exported_kv(ids, first_block=first))
         os.write(fd, f"ack {i}\n".encode())
         i += 1
 

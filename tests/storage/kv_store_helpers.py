@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import torch
 
-from engine.kv.snapshot import KVSnapshot
+from engine.kv.exported import ExportedKV
 from storage.kv.block_file import chain_keys, read_block
 
 FINGERPRINT = "f" * 64
@@ -34,9 +34,9 @@ def kv_of(token_ids: Sequence[int], dtype=torch.float32) -> torch.Tensor:
     return kv
 
 
-def snapshot(token_ids: Sequence[int], first_block: int = 0, fingerprint: str = FINGERPRINT,
-             dtype=torch.float32) -> KVSnapshot:
-    return KVSnapshot(tuple(token_ids), kv_of(token_ids, dtype)[first_block:], fingerprint, first_block)
+def exported_kv(token_ids: Sequence[int], first_block: int = 0, fingerprint: str = FINGERPRINT,
+                dtype=torch.float32) -> ExportedKV:
+    return ExportedKV(tuple(token_ids), kv_of(token_ids, dtype)[first_block:], fingerprint, first_block)
 
 
 def fresh_dests(count: int, dtype=torch.float32) -> torch.Tensor:

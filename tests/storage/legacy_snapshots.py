@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from engine.kv.snapshot import KVSnapshot
+from engine.kv.exported import ExportedKV
 
 FORMAT = "kvchat-kv-snapshot"
 VERSION = 1
@@ -35,7 +35,7 @@ def legacy_snapshot_path(home: Path, conversation_id: str) -> Path:
     return home / "snapshots" / f"{conversation_id}.safetensors"
 
 
-def write_legacy_snapshot(home: Path, conversation_id: str, snapshot: KVSnapshot, version: int = VERSION) -> int:
+def write_legacy_snapshot(home: Path, conversation_id: str, snapshot: ExportedKV, version: int = VERSION) -> int:
     """Write `snapshot` as the older kvchat's file of the conversation in the data dir `home`
     (over any there); returns the file's size."""
     path = legacy_snapshot_path(home, conversation_id)

@@ -7,7 +7,7 @@ import pytest
 
 from storage.kv.block_file import SUFFIX
 from storage.kv.writer import KVWriter
-from tests.storage.kv_store_helpers import assert_loads, check_index_matches_files, keys_of, load, snapshot, tokens
+from tests.storage.kv_store_helpers import assert_loads, check_index_matches_files, keys_of, load, exported_kv, tokens
 
 IDS = tokens(1, 12)  # three blocks
 
@@ -25,7 +25,7 @@ def folder_in_place_of(kv, key: str, holding: bool):
 def a_turn(kv, writer, conversation_id) -> int:
     """What the chat does each turn: load what the store has, then save the conversation's K/V."""
     read = load(kv, IDS)[0]
-    writer.submit(conversation_id, snapshot(IDS))
+    writer.submit(conversation_id, exported_kv(IDS))
     assert writer.flush(timeout=60)
     return read
 
@@ -41,7 +41,7 @@ def writer(kv):
 def test_a_folder_in_place_of_a_stored_block_is_cleared_said_once_and_the_block_stored_again(
         tmp_path, kv, conversations, writer, caplog, holding):
     conversation = conversations.create("m")
-    kv.save(conversation.id, snapshot(IDS))
+    kv.save(conversation.id, exported_kv(IDS))
     middle = keys_of(IDS)[1]
     folder = folder_in_place_of(kv, middle, holding)
 
@@ -70,7 +70,7 @@ def test_a_folder_where_a_new_block_goes_is_cleared_and_the_block_written(kv, co
     kv.dir.mkdir()
     folder = folder_in_place_of(kv, keys_of(IDS)[2], holding=True)
     with caplog.at_level(logging.WARNING, logger="kvchat"):
-        assert kv.save(conversation.id, snapshot(IDS)) > 0
+        assert kv.save(conversation.id, exported_kv(IDS)) > 0
     assert [record.getMessage() for record in caplog.records] == [
         f"kvchat: a folder stood where the KV block {keys_of(IDS)[2][:12]} belongs; it holds files, so it is renamed "
         f"kv/{folder.name}.moved-aside with them"]
@@ -87,7 +87,7 @@ def test_a_save_that_fails_on_the_disk_is_said_without_the_temp_files_path(tmp_p
 
     monkeypatch.setattr("storage.kv.store.write_block", full_disk)
     with caplog.at_level(logging.WARNING, logger="kvchat"):
-        writer.submit(conversation.id, snapshot(IDS))
+        writer.submit(conversation.id, exported_kv(IDS))
         assert writer.flush(timeout=60)
     assert [record.getMessage() for record in caplog.records] == [
         f"kvchat: the K/V of conversation {conversation.id} were not saved (No space left on device); what is "

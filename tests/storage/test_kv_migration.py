@@ -5,7 +5,7 @@ import logging
 import torch
 
 import storage.kv.store as kv_store
-from engine.kv.snapshot import KVSnapshot
+from engine.kv.exported import ExportedKV
 from storage.db.conversations import ConversationStore
 from storage.kv.legacy.migration import SnapshotMigration
 from storage.kv.legacy.snapshots import SnapshotStore
@@ -17,8 +17,8 @@ LEGACY_FINGERPRINT = "e" * 64
 
 
 
-def legacy_snapshot(ids) -> KVSnapshot:
-    return KVSnapshot(tuple(ids), kv_of(ids), LEGACY_FINGERPRINT)
+def legacy_snapshot(ids) -> ExportedKV:
+    return ExportedKV(tuple(ids), kv_of(ids), LEGACY_FINGERPRINT)
 
 
 def migrate(migration: SnapshotMigration) -> int:
@@ -102,7 +102,7 @@ def test_a_file_already_partly_in_the_block_store_writes_only_the_rest(tmp_path,
     token_ids = list(range(1, 13))
     snapshot = legacy_snapshot(token_ids)
     write_legacy_snapshot(tmp_path, conversation.id, snapshot)
-    first_two = KVSnapshot(tuple(token_ids[:8]), kv_of(token_ids[:8]), LEGACY_FINGERPRINT)
+    first_two = ExportedKV(tuple(token_ids[:8]), kv_of(token_ids[:8]), LEGACY_FINGERPRINT)
     kv.save(conversation.id, first_two)
     before = {p.name: p.stat().st_ino for p in kv.dir.iterdir()}
     assert migrate(SnapshotMigration(tmp_path, kv, conversations.exists)) == 1

@@ -6,7 +6,7 @@ import storage.kv.store as kv_store
 from storage.kv.block_file import SUFFIX
 from storage.kv.store import KVBlockStore
 from tests.storage.kv_store_helpers import (CAP, BLOCK_SIZE, FINGERPRINT, assert_loads, check_heads_loadable,
-                                            check_index_matches_files, kvb_files, load, snapshot)
+                                            check_index_matches_files, kvb_files, load, exported_kv)
 from tests.storage.kv_store_helpers import keys_of, tokens
 
 
@@ -16,8 +16,8 @@ from tests.storage.kv_store_helpers import keys_of, tokens
 def test_the_cap_evicts_unreferenced_blocks_first_then_referenced_ones_from_the_chain_end(kv, conversations):
     a, b = conversations.create("m"), conversations.create("m")
     a_ids, b_ids = tokens(1, 16), tokens(5000, 12)  # full blocks only: all the same size
-    kv.save(a.id, snapshot(a_ids))
-    kv.save(b.id, snapshot(b_ids))
+    kv.save(a.id, exported_kv(a_ids))
+    kv.save(b.id, exported_kv(b_ids))
     one = kv.path(keys_of(a_ids)[0]).stat().st_size
     conversations.delete(b.id)  # its head goes (cascade); its blocks stay until something removes them
     assert kv.index.heads_of(b.id) == {} and len(kvb_files(kv)) == 7
@@ -42,8 +42,8 @@ def test_the_cap_evicts_unreferenced_blocks_first_then_referenced_ones_from_the_
 def test_the_cap_takes_the_least_recently_used_chain_end_first(kv, conversations):
     a, b = conversations.create("m"), conversations.create("m")
     a_ids, b_ids = tokens(1, 8), tokens(5000, 8)
-    kv.save(a.id, snapshot(a_ids))
-    kv.save(b.id, snapshot(b_ids))
+    kv.save(a.id, exported_kv(a_ids))
+    kv.save(b.id, exported_kv(b_ids))
     one = kv.path(keys_of(a_ids)[0]).stat().st_size
     load(kv, a_ids)  # a is used again: b's end is now the least recently used
     kv.cap_bytes = 3 * one
@@ -54,12 +54,12 @@ def test_the_cap_takes_the_least_recently_used_chain_end_first(kv, conversations
 
 def test_a_save_enforces_the_cap(tmp_path, conversations):
     probe = KVBlockStore(tmp_path, conversations.database, CAP)
-    one_block = probe.save(None, snapshot(tokens(1, 4)))
+    one_block = probe.save(None, exported_kv(tokens(1, 4)))
     probe.remove(keys_of(tokens(1, 4)))
     kv = KVBlockStore(tmp_path, conversations.database, cap_bytes=2 * one_block)
     conversation = conversations.create("m")
     ids = tokens(1, 16)
-    kv.save(conversation.id, snapshot(ids))
+    kv.save(conversation.id, exported_kv(ids))
     assert kvb_files(kv) == {f"{k}{SUFFIX}" for k in keys_of(ids)[:2]}
     check_heads_loadable(kv, conversation.id)
 
@@ -68,8 +68,8 @@ def test_removing_what_a_deleted_conversation_does_not_share(kv, conversations):
     a, b = conversations.create("m"), conversations.create("m")
     prefix = tokens(1, 12)
     a_ids, b_ids = prefix + tokens(100, 6), prefix + tokens(200, 9)
-    kv.save(a.id, snapshot(a_ids))
-    kv.save(b.id, snapshot(b_ids))
+    kv.save(a.id, exported_kv(a_ids))
+    kv.save(b.id, exported_kv(b_ids))
     b_chain = kv.index.chain(b.id)
     assert b_chain == set(keys_of(b_ids))
     conversations.delete(b.id)
@@ -93,7 +93,7 @@ def test_a_conversation_deleted_before_the_commit_gets_no_head(kv, conversations
             conversations.trash(conversation.id)
 
     monkeypatch.setattr(kv_store, "fsync_dir", delete_meanwhile)
-    assert kv.save(conversation.id, snapshot(ids)) > 0
+    assert kv.save(conversation.id, exported_kv(ids)) > 0
     assert kv.index.heads_of(conversation.id) == {}
     assert kv.index.present(keys_of(ids)) == set(keys_of(ids))  # stored, but no one's
     assert kv.index.references() == {}
@@ -104,7 +104,7 @@ def test_a_conversation_deleted_before_the_commit_gets_no_head(kv, conversations
 def test_a_save_for_a_trashed_conversation_keeps_no_head(kv, conversations):
     conversation = conversations.create("m")
     conversations.trash(conversation.id)
-    kv.save(conversation.id, snapshot(tokens(1, 6)))
+    kv.save(conversation.id, exported_kv(tokens(1, 6)))
     assert kv.index.heads_of(conversation.id) == {} and kv.index.references() == {}
 
 
@@ -117,12 +117,12 @@ def test_a_save_whose_earlier_blocks_were_evicted_meanwhile_leaves_no_broken_cha
     conversation's save) evicts the block before them in between, they cannot hang under it."""
     conversation = conversations.create("m")
     first = tokens(1, 12)
-    kv.save(conversation.id, snapshot(first))
+    kv.save(conversation.id, exported_kv(first))
     longer = first + tokens(400, 6)
     start = kv.first_missing(FINGERPRINT, BLOCK_SIZE, longer)
     assert start == 3
     kv.remove([keys_of(first)[2]])  # what the cap does to the chain's end
-    kv.save(conversation.id, snapshot(longer, first_block=start))
+    kv.save(conversation.id, exported_kv(longer, first_block=start))
     check_index_matches_files(kv)
     check_heads_loadable(kv, conversation.id)
     assert set(kv.index.references()) >= set(keys_of(first)[:2])
@@ -130,7 +130,7 @@ def test_a_save_whose_earlier_blocks_were_evicted_meanwhile_leaves_no_broken_cha
     # The next turn starts from the gap and completes the chain.
     start = kv.first_missing(FINGERPRINT, BLOCK_SIZE, longer)
     assert start == 2
-    kv.save(conversation.id, snapshot(longer, first_block=start))
+    kv.save(conversation.id, exported_kv(longer, first_block=start))
     assert_loads(kv, longer, 5)
     check_heads_loadable(kv, conversation.id)
 
@@ -140,7 +140,7 @@ def test_a_chain_another_kvchat_evicted_part_of_before_the_commit_gets_no_head(k
     block of the chain is in the index before it names the chain as the conversation's."""
     conversation = conversations.create("m")
     first = tokens(1, 12)
-    kv.save(conversation.id, snapshot(first))
+    kv.save(conversation.id, exported_kv(first))
     heads_before = kv.index.heads_of(conversation.id)
     longer = first + tokens(400, 6)
     start = kv.first_missing(FINGERPRINT, BLOCK_SIZE, longer)
@@ -151,7 +151,7 @@ def test_a_chain_another_kvchat_evicted_part_of_before_the_commit_gets_no_head(k
         return commit(*args, **kwargs)
 
     monkeypatch.setattr(kv.index, "commit", evicted_first)
-    kv.save(conversation.id, snapshot(longer, first_block=start))
+    kv.save(conversation.id, exported_kv(longer, first_block=start))
     heads = kv.index.heads_of(conversation.id)
     assert keys_of(longer)[-1] not in heads  # the chain past the gap is not the conversation's
     assert set(heads) == {keys_of(first)[0]} and heads != heads_before  # what is left of the old chain

@@ -14,7 +14,7 @@ from storage.errors import StorageError
 from storage.kv.block_file import SUFFIX
 from storage.kv.store import KVBlockStore
 from tests.storage.kv_store_helpers import (CAP, assert_loads, check_index_matches_files, kvb_files, load,
-                                            snapshot)
+                                            exported_kv)
 from tests.storage.kv_store_helpers import dead_pid, keys_of, tokens
 
 
@@ -24,7 +24,7 @@ from tests.storage.kv_store_helpers import dead_pid, keys_of, tokens
 def test_opening_removes_stale_temp_files_and_old_orphans_only(tmp_path, conversations, kv):
     conversation = conversations.create("m")
     ids = tokens(1, 8)
-    kv.save(conversation.id, snapshot(ids))
+    kv.save(conversation.id, exported_kv(ids))
     known = [kv.path(k) for k in keys_of(ids)]
     d = kv.dir
     old = os.path.getmtime(known[0]) - STALE_TEMP_S - 60
@@ -75,7 +75,7 @@ def test_a_read_only_store_does_not_clean(tmp_path, conversations, kv):
 def test_a_full_disk_mid_save_keeps_the_old_state_and_leaves_no_file(kv, conversations, monkeypatch, fail_at):
     conversation = conversations.create("m")
     old = tokens(1, 6)
-    kv.save(conversation.id, snapshot(old))
+    kv.save(conversation.id, exported_kv(old))
     before_files, before_rows = kvb_files(kv), kv.index.blocks()
     new = old + tokens(300, 12)
     calls = []
@@ -98,7 +98,7 @@ def test_a_full_disk_mid_save_keeps_the_old_state_and_leaves_no_file(kv, convers
             calls.append(None)  # fails at once: all the new blocks are written, the directory's fsync is not
             patch.setattr(kv_store, "fsync_dir", disk_full)
         with pytest.raises(OSError, match="No space"):
-            kv.save(conversation.id, snapshot(new))
+            kv.save(conversation.id, exported_kv(new))
     assert len(calls) >= 2
     assert kvb_files(kv) == before_files
     assert sorted(p.name for p in kv.dir.iterdir()) == sorted(before_files)  # no temp file either
@@ -107,14 +107,14 @@ def test_a_full_disk_mid_save_keeps_the_old_state_and_leaves_no_file(kv, convers
     check_index_matches_files(kv)
     assert_loads(kv, old, 2)
     # Space again: the save goes through.
-    kv.save(conversation.id, snapshot(new))
+    kv.save(conversation.id, exported_kv(new))
     assert_loads(kv, new, 5)
 
 
 def test_an_index_that_cannot_be_written_leaves_no_new_file(kv, conversations, monkeypatch):
     conversation = conversations.create("m")
     old = tokens(1, 4)
-    kv.save(conversation.id, snapshot(old))
+    kv.save(conversation.id, exported_kv(old))
     before = kvb_files(kv)
 
     def busy(*args, **kwargs):
@@ -122,7 +122,7 @@ def test_an_index_that_cannot_be_written_leaves_no_new_file(kv, conversations, m
 
     monkeypatch.setattr(kv.index, "commit", busy)
     with pytest.raises(StorageError):
-        kv.save(conversation.id, snapshot(old + tokens(50, 9)))
+        kv.save(conversation.id, exported_kv(old + tokens(50, 9)))
     assert kvb_files(kv) == before
     assert_loads(kv, old, 1)
 
@@ -142,7 +142,7 @@ def test_a_kv_directory_that_leads_outside_the_data_dir_is_refused(tmp_path, con
     kv = KVBlockStore(home, conversations.database, CAP)
     conversation = conversations.create("m")
     with pytest.raises(StorageError, match="outside the data directory"):
-        kv.save(conversation.id, snapshot(tokens(1, 8)))
+        kv.save(conversation.id, exported_kv(tokens(1, 8)))
     assert [p.name for p in outside.iterdir()] == [old.name]
     assert kv.index.blocks() == []
     with pytest.raises(StorageError):
@@ -162,7 +162,7 @@ def test_a_read_only_index_never_writes(tmp_path, conversations, kv, caplog):
     conversation = conversations.create("m")
     ids = tokens(1, 12)
     keys = keys_of(ids)
-    kv.save(conversation.id, snapshot(ids))
+    kv.save(conversation.id, exported_kv(ids))
     data = bytearray(kv.path(keys[1]).read_bytes())
     data[-1] ^= 1
     kv.path(keys[1]).write_bytes(bytes(data))  # damaged: a writable store would delete it
@@ -178,7 +178,7 @@ def test_a_read_only_index_never_writes(tmp_path, conversations, kv, caplog):
             ro = KVBlockStore(tmp_path, reader.database, cap_bytes=1)  # a cap it would have to evict for
             assert not ro.writable
             other = conversations.create("m")
-            assert ro.save(other.id, snapshot(tokens(900, 8))) == 0
+            assert ro.save(other.id, exported_kv(tokens(900, 8))) == 0
             with caplog.at_level(logging.WARNING, logger="kvchat"):
                 assert load(ro, ids)[0] == 1
             ro.enforce_cap()

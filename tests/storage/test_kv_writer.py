@@ -9,7 +9,7 @@ import pytest
 import storage.kv.store as kv_store
 from storage.kv.block_file import chain_keys
 from storage.kv.writer import KVWriter
-from tests.storage.kv_store_helpers import BLOCK_SIZE, FINGERPRINT, assert_loads, kvb_files, snapshot
+from tests.storage.kv_store_helpers import BLOCK_SIZE, FINGERPRINT, assert_loads, kvb_files, exported_kv
 
 WAIT_S = 10
 
@@ -63,11 +63,11 @@ def test_only_the_newest_pending_state_of_a_conversation_is_written(kv, conversa
     a, b = conversations.create("m"), conversations.create("m")
     a1 = tokens(1, 4)
     a2, a3, b1 = a1 + tokens(100, 4), a1 + tokens(200, 4), tokens(1000, 4)
-    writer.submit(a.id, snapshot(a1))
+    writer.submit(a.id, exported_kv(a1))
     assert gate.started.wait(WAIT_S)  # a1 is being written; the rest queue up
-    writer.submit(b.id, snapshot(b1))
-    writer.submit(a.id, snapshot(a2))
-    writer.submit(a.id, snapshot(a3))  # replaces a2, which was never started
+    writer.submit(b.id, exported_kv(b1))
+    writer.submit(a.id, exported_kv(a2))
+    writer.submit(a.id, exported_kv(a3))  # replaces a2, which was never started
     gate.release.set()
     assert writer.flush(WAIT_S)
     assert gate.events == [keys_of(a1)[0], keys_of(b1)[0], keys_of(a3)[1]]
@@ -86,8 +86,8 @@ def test_a_failing_save_is_one_log_line_and_the_writer_goes_on(kv, conversations
     writer = KVWriter(kv)
     try:
         with caplog.at_level(logging.WARNING, logger="kvchat"):
-            writer.submit(a.id, snapshot(a_ids))  # raises OSError on the writer thread: logged, not raised
-            writer.submit(b.id, snapshot(b_ids))
+            writer.submit(a.id, exported_kv(a_ids))  # raises OSError on the writer thread: logged, not raised
+            writer.submit(b.id, exported_kv(b_ids))
             assert writer.flush(WAIT_S)
     finally:
         writer.close(WAIT_S)
@@ -100,10 +100,10 @@ def test_a_failing_save_is_one_log_line_and_the_writer_goes_on(kv, conversations
 def test_a_job_runs_after_the_writes_pending_when_it_is_its_turn(conversations, gate, writer):
     a, b = conversations.create("m"), conversations.create("m")
     a_ids, b_ids = tokens(1, 4), tokens(500, 4)
-    writer.submit(a.id, snapshot(a_ids))
+    writer.submit(a.id, exported_kv(a_ids))
     assert gate.started.wait(WAIT_S)
     writer.run_job(lambda: gate.events.append("job"))
-    writer.submit(b.id, snapshot(b_ids))  # submitted after the job, written before it
+    writer.submit(b.id, exported_kv(b_ids))  # submitted after the job, written before it
     gate.release.set()
     assert writer.flush(WAIT_S)
     assert gate.events == [keys_of(a_ids)[0], keys_of(b_ids)[0], "job"]
@@ -111,7 +111,7 @@ def test_a_job_runs_after_the_writes_pending_when_it_is_its_turn(conversations, 
 
 def test_flush_times_out_while_a_write_is_stuck(kv, conversations, gate, writer):
     conversation = conversations.create("m")
-    writer.submit(conversation.id, snapshot(tokens(1, 4)))
+    writer.submit(conversation.id, exported_kv(tokens(1, 4)))
     assert gate.started.wait(WAIT_S)
     assert not writer.flush(0.2)
     gate.release.set()
@@ -121,11 +121,11 @@ def test_flush_times_out_while_a_write_is_stuck(kv, conversations, gate, writer)
 
 def test_a_conversation_deleted_before_its_turn_keeps_no_blocks(kv, conversations, gate, writer):
     first, deleted, unwanted, kept = (conversations.create("m") for _ in range(4))
-    writer.submit(first.id, snapshot(tokens(1, 4)))
+    writer.submit(first.id, exported_kv(tokens(1, 4)))
     assert gate.started.wait(WAIT_S)
-    writer.submit(deleted.id, snapshot(tokens(100, 4)), wanted=lambda: conversations.exists(deleted.id))
-    writer.submit(unwanted.id, snapshot(tokens(200, 4)), wanted=lambda: False)
-    writer.submit(kept.id, snapshot(tokens(300, 4)), wanted=lambda: conversations.exists(kept.id))
+    writer.submit(deleted.id, exported_kv(tokens(100, 4)), wanted=lambda: conversations.exists(deleted.id))
+    writer.submit(unwanted.id, exported_kv(tokens(200, 4)), wanted=lambda: False)
+    writer.submit(kept.id, exported_kv(tokens(300, 4)), wanted=lambda: conversations.exists(kept.id))
     conversations.delete(deleted.id)  # wanted is asked on the writer thread, when its turn comes
     gate.release.set()
     assert writer.flush(WAIT_S)
@@ -139,7 +139,7 @@ def test_close_writes_what_is_pending_and_ends_the_thread_holding_no_tensor(kv, 
     import weakref
 
     conversation = conversations.create("m")
-    written = snapshot(tokens(1, 8))
+    written = exported_kv(tokens(1, 8))
     tensor = weakref.ref(written.kv)
     writer = KVWriter(kv)
     writer.submit(conversation.id, written)

@@ -69,13 +69,13 @@ class Storage:
     migration: SnapshotMigration
 
     @classmethod
-    def open(cls, snapshot_gb: float | None = None) -> "Storage":
-        if snapshot_gb is not None and snapshot_gb < 0:
-            raise ValueError("--snapshot-gb must be 0 (no KV kept on disk) or more")
+    def open(cls, kv_disk_gb: float | None = None) -> "Storage":
+        if kv_disk_gb is not None and kv_disk_gb < 0:
+            raise ValueError("--kv-disk-gb must be 0 (no KV kept on disk) or more")
         home = data_dir()
         conversations = ConversationStore.open(home)
         try:
-            kv = KVBlockStore(home, conversations.database, int((DEFAULT_KV_DISK_GB if snapshot_gb is None else snapshot_gb) * 1e9))
+            kv = KVBlockStore(home, conversations.database, int((DEFAULT_KV_DISK_GB if kv_disk_gb is None else kv_disk_gb) * 1e9))
             if conversations.read_only_reason is None:
                 empty_trash(conversations, home, kv)  # conversations deleted over 30 days ago go for good
             migration = SnapshotMigration(home, kv, conversations.exists)
@@ -95,7 +95,7 @@ class Storage:
         return self.kv.home
 
     def close(self) -> None:
-        """Finish writing pending snapshots (so the next start finds them), then close the database."""
+        """Finish writing pending K/V blocks (so the next start finds them), then close the database."""
         self.writer.close()
         self.conversations.close()
 
@@ -225,13 +225,13 @@ class SavedConversation:
             self.store.update_settings(self.id, **changes)
         self.conversation = self.store.get(self.id)
 
-    # ---- the K/V snapshot -------------------------------------------------------------
+    # ---- the stored K/V --------------------------------------------------------------
 
     def restore_kv(self, engine: Engine, token_ids: list[int]) -> str | None:
         """Put the stored K/V blocks that `token_ids` start with into the prefix cache, where the cache
         lacks them: this conversation's own, or any other's with the same beginning (a shared system
         prompt). Returns a sentence for the user when stored K/V had to be discarded."""
-        if not engine.keeps_kv_snapshots or engine.cached_length(token_ids) >= len(token_ids) - 1:
+        if not engine.can_store_kv or engine.cached_length(token_ids) >= len(token_ids) - 1:
             return None
         if self.conversation is not None:
             self.storage.migration.migrate_one(self.id)  # an older kvchat's snapshot file, if it has one
@@ -262,20 +262,20 @@ class SavedConversation:
     def save_kv(self, engine: Engine, token_ids: list[int]) -> None:
         """Copy the K/V blocks of the conversation the block store lacks out of the cache (in the calling,
         generating thread) and write them to disk in the background."""
-        if not engine.keeps_kv_snapshots or self.storage.kv.cap_bytes == 0 or not self.storage.kv.writable:
+        if not engine.can_store_kv or self.storage.kv.cap_bytes == 0 or not self.storage.kv.writable:
             return
         store, conversation_id = self.store, self.id
         if not store.exists(conversation_id):  # deleted by another kvchat: nothing of it is written any more
             return
         try:
-            snapshot = new_blocks(engine, self.storage.kv, token_ids)
+            exported = new_blocks(engine, self.storage.kv, token_ids)
         except StorageError as exc:
             log.warning("kvchat: the K/V of conversation %s were not saved (%s)", conversation_id, exc)
             return
-        if snapshot is not None:  # the index refuses a deleted conversation's head, in the writer's transaction
-            self.storage.writer.submit(conversation_id, snapshot, wanted=lambda: store.exists(conversation_id))
+        if exported is not None:  # the index refuses a deleted conversation's head, in the writer's transaction
+            self.storage.writer.submit(conversation_id, exported, wanted=lambda: store.exists(conversation_id))
 
-    def drop_snapshot(self, engine: Engine, reason: str, token_ids: list[int]) -> None:
+    def drop_stored_kv(self, engine: Engine, reason: str, token_ids: list[int]) -> None:
         """Delete the stored K/V blocks a prompt of `token_ids` reads (they produced `reason`), with one
         log line."""
         kv = self.storage.kv

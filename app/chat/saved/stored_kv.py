@@ -13,14 +13,14 @@ import logging
 
 from app.chat.wording import clause, sentence
 from engine import Engine, EngineError
-from engine.kv.snapshot import KVSnapshot
+from engine.kv.exported import ExportedKV
 from storage.errors import StorageError
 from storage.kv.store import KVBlockStore
 
 log = logging.getLogger("kvchat")
 
 
-def new_blocks(engine: Engine, kv: KVBlockStore, token_ids: list[int]) -> KVSnapshot | None:
+def new_blocks(engine: Engine, kv: KVBlockStore, token_ids: list[int]) -> ExportedKV | None:
     """A copy of the cached K/V of `token_ids` from the first block the store lacks on (None: nothing
     cached): what a turn's save writes. StorageError if the index cannot be read."""
     cached = token_ids[: engine.cached_length(token_ids)]

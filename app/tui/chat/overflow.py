@@ -210,4 +210,4 @@ class WaysOn:
                 if isinstance(event, Done):
                     self.pane.post_message(OverflowReport(report(event.stats)))
         finally:
-            events.close()  # the reply's own ending: its K/V snapshot, the conversation's turn
+            events.close()  # the reply's own ending: its stored K/V, the conversation's turn

@@ -68,7 +68,7 @@ def prompt_text(s: RequestStats) -> str:
     return ReplyNumbers.from_request(s).prompt_text()
 
 
-WORD_ENDS = " -_/."  # where a name or a sentence may be cut ("SmolLM2-135M…", "the snapshot…")
+WORD_ENDS = " -_/."  # where a name or a sentence may be cut ("SmolLM2-135M…", "the block store…")
 
 
 def clip(text: str, cells: int) -> str:

@@ -54,7 +54,7 @@ class SnapshotMigration:
             return False
         with self._lock:
             try:
-                snapshot = self.legacy.load(conversation_id, None, None)
+                snapshot = self.legacy.read(conversation_id, None, None)
             except SnapshotRejected as exc:  # a damaged file is removed by load; any other unusable one here
                 log.warning("kvchat: the old KV snapshot of conversation %s was discarded: %s", conversation_id, exc)
                 self.legacy.delete(conversation_id)

@@ -1,10 +1,10 @@
 """The KV snapshot files of an older kvchat: read, verified, only to move them into the block store.
 
 An older kvchat kept each conversation's cached token ids and their K/V (see
-engine.kv.snapshot) in one safetensors file, snapshots/<conversation id>.safetensors,
+engine.kv.exported) in one safetensors file, snapshots/<conversation id>.safetensors,
 always written whole (temp file, fsync, rename). This kvchat keeps K/V in the
 block store (storage/kv/store.py) and never writes such a file: migration.py reads
-each one with SnapshotStore.load, saves its K/V as blocks, and deletes it.
+each one with SnapshotStore.read, saves its K/V as blocks, and deletes it.
 
 Reading trusts nothing in the file. The header is parsed by hand and checked
 field by field (format, version, fingerprint, dtypes, shapes, offsets that
@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from engine.kv.snapshot import KVSnapshot
+from engine.kv.exported import ExportedKV
 from storage.kv.legacy.snapshot_dir import SnapshotDir, SnapshotRejected
 
 FORMAT = "kvchat-kv-snapshot"
@@ -62,7 +62,7 @@ def _checksum(token_ids_digest: bytes, kv_digest: bytes) -> str:
 class SnapshotStore(SnapshotDir):
     """Reads an older kvchat's snapshot files in a SnapshotDir (nothing here writes one)."""
 
-    def load(self, conversation_id: str, fingerprint: str | None, history: Sequence[int] | None) -> KVSnapshot | None:
+    def read(self, conversation_id: str, fingerprint: str | None, history: Sequence[int] | None) -> ExportedKV | None:
         """The conversation's snapshot, verified, if it was made by an engine with `fingerprint` (None: any)
         and its tokens start `history` (None: any). None when there is none; SnapshotRejected when it
         cannot be used (a damaged file is removed as well)."""
@@ -99,7 +99,7 @@ class _Damaged(Exception):
     """The file is not a whole, intact snapshot."""
 
 
-def _read(f, fingerprint: str | None) -> KVSnapshot:
+def _read(f, fingerprint: str | None) -> ExportedKV:
     size = os.fstat(f.fileno()).st_size
     prefix = f.read(8)
     if len(prefix) < 8:
@@ -135,7 +135,7 @@ def _read(f, fingerprint: str | None) -> KVSnapshot:
     token_ids, kv = (_tensor(data, *tensors[name]) for name in ("token_ids", "kv"))
     if _checksum(_digest(token_ids), _digest(kv)) != metadata.get("sha256"):
         raise _Damaged("its bytes do not match the checksum")
-    return KVSnapshot(tuple(token_ids.tolist()), kv, str(metadata.get("fingerprint")))
+    return ExportedKV(tuple(token_ids.tolist()), kv, str(metadata.get("fingerprint")))
 
 
 def _layout(header: dict, data_len: int) -> dict[str, tuple[torch.dtype, list[int], int, int]]:

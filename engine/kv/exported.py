@@ -1,13 +1,14 @@
-"""KVSnapshot: the K/V of one cached token sequence, as it leaves or re-enters the prefix cache.
+"""ExportedKV: the K/V of one cached token sequence, copied out of the prefix cache (Engine.export_kv)
+for the block store.
 
 Plain data, so storage can write and read it without knowing the engine.
 `kv` is laid out as the KV pool's blocks, [blocks, 2 (K, V), layers, kv_heads,
 block_size, head_dim], on the CPU, positions past the last token zeroed; going
-back into the pool is then one copy per snapshot, not one per token. A
-snapshot for the block store may hold only the blocks from `first_block` on:
-the ones before it are on disk already. A loaded
-snapshot's `kv` may be a read-only mapping of its file: copy from it, never
-write to it.
+back into the pool is then one copy, not one per token. An
+export for the block store may hold only the blocks from `first_block` on:
+the ones before it are on disk already. One read from an older kvchat's file
+(storage/kv/legacy/) may have a read-only mapping of that file as `kv`: copy
+from it, never write to it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 
 
 @dataclass(frozen=True)
-class KVSnapshot:
+class ExportedKV:
     token_ids: tuple[int, ...]
     kv: torch.Tensor
     fingerprint: str  # Engine.fingerprint of the engine that computed it

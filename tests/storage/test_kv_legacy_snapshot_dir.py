@@ -9,7 +9,7 @@ import pytest
 from storage.disk_files import STALE_TEMP_S
 from storage.kv.legacy.snapshot_dir import SnapshotRejected
 from storage.kv.legacy.snapshots import SnapshotStore
-from tests.storage.test_snapshots import CONVERSATION, FINGERPRINT
+from tests.storage.test_kv_legacy_snapshots import CONVERSATION, FINGERPRINT
 from tests.storage.fifo_guard import outcome_on_fifo
 
 
@@ -27,7 +27,7 @@ def temp_name(conversation: str, pid: int) -> str:
 
 def load_with_hang_guard(store: SnapshotStore, fifo) -> BaseException | None:
     """store.load, failing the test if it blocks on the FIFO."""
-    return outcome_on_fifo(lambda: store.load(CONVERSATION, FINGERPRINT, [1, 2, 3]), fifo)
+    return outcome_on_fifo(lambda: store.read(CONVERSATION, FINGERPRINT, [1, 2, 3]), fifo)
 
 
 def test_a_fifo_in_place_of_a_snapshot_is_refused_without_blocking(tmp_path):
@@ -44,7 +44,7 @@ def test_a_directory_in_place_of_a_snapshot_is_refused(tmp_path):
     store = SnapshotStore(tmp_path / "home")
     store.path(CONVERSATION).mkdir(parents=True)
     with pytest.raises(SnapshotRejected, match="not a regular file"):
-        store.load(CONVERSATION, FINGERPRINT, [1, 2, 3])
+        store.read(CONVERSATION, FINGERPRINT, [1, 2, 3])
 
 
 def test_entries_that_are_not_regular_files_are_not_removed_by_the_clean_up(tmp_path):
