@@ -90,7 +90,7 @@ class KVWriter:
             finally:
                 # The thread holds no tensor while it waits: the last one written would otherwise be freed
                 # whenever the thread ends, maybe inside torch while the interpreter tears down.
-                job = snapshot = wanted = None
+                job = exported = wanted = None
                 with self._cond:
                     self._busy = False
                     self._cond.notify_all()
