@@ -2,6 +2,13 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Hypothesis profiles (tests/examples.py scales each property's count by them): `ci`, the default, runs
+# every property's full count; `dev`, chosen with HYPOTHESIS_PROFILE=dev (`make check` does), a tenth.
+settings.register_profile("ci", max_examples=100)
+settings.register_profile("dev", max_examples=10)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # Tests never touch the network; keep transformers quiet.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -25,8 +25,8 @@ def child(*args, env=None, **popen):
                             env={**os.environ, **(env or {})}, **popen)
 
 
-def first_turn(model_dir) -> str:
-    result = kvchat("ask", "hello", "--model", str(model_dir), *GREEDY, "--max-tokens", "4", "--json")
+def first_turn(model_dir, env=None) -> str:
+    result = kvchat("ask", "hello", "--model", str(model_dir), *GREEDY, "--max-tokens", "4", "--json", env=env)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)["conversation_id"]
 
@@ -136,15 +136,22 @@ def test_a_reader_that_goes_away_stops_the_reply_quietly_and_keeps_it(endless_mo
     assert reply["status"] == "stopped" and len(reply["token_ids"]) < 3000
 
 
+@pytest.fixture(scope="module")
+def four_conversations(tiny_model_dir, tmp_path_factory):
+    """A data dir with four saved conversations and the first one's id, made once: the listing commands
+    only read it, and each `ask` child imports torch (seconds)."""
+    home = {"KVCHAT_HOME": str(tmp_path_factory.mktemp("four-conversations"))}
+    ids = [first_turn(tiny_model_dir, env=home) for _ in range(4)]
+    return home, ids[0]
+
+
 @pytest.mark.parametrize("command", [["list"], ["show", "{id}"], ["search", "hello"], ["export", "{id}"]])
-def test_listing_commands_into_a_closed_pipe_exit_quietly(tiny_model_dir, command):
-    conversation = first_turn(tiny_model_dir)
-    for _ in range(3):
-        first_turn(tiny_model_dir)
+def test_listing_commands_into_a_closed_pipe_exit_quietly(four_conversations, command):
+    home, conversation = four_conversations
     args = [a.replace("{id}", conversation) for a in command]
     pipeline = subprocess.run(f"{sys.executable} -m app.cli {' '.join(args)} | head -c 1 >/dev/null",
                               shell=True, cwd=REPO, capture_output=True, text=True, timeout=120,
-                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                              env={**os.environ, **home, "PYTHONUNBUFFERED": "1"})
     assert "Traceback" not in pipeline.stderr and "Exception ignored" not in pipeline.stderr, pipeline.stderr
 
 
