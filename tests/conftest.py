@@ -18,6 +18,16 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 from tests.tiny_models import make_endless_model, make_tiny_model  # noqa: E402
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (`make test` runs two workers) each worker takes its share of the cores for torch's
+    intra-op threads: two workers of 2 threads each on 2 cores wait on each other's descheduled threads."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
 @pytest.fixture(autouse=True)
 def kvchat_home(tmp_path_factory, monkeypatch) -> Path:
     """Every test gets its own data dir, so no test reads or writes the user's conversations."""

@@ -20,7 +20,7 @@ JSON_FIELDS = {"conversation_id", "reply", "finish_reason", "prompt_tokens", "ca
 def kvchat(*args, stdin=None, env=None) -> subprocess.CompletedProcess:
     """`kvchat ARGS` run in this process (app.cli.main.main), its output captured as a child's would be: a
     child that imports torch costs seconds. Tests of the process itself (signals, pipes, what a start
-    imports, a resume from disk alone) start one: kvchat_process."""
+    imports) start one."""
     from app.cli.main import main
 
     out, err = io.StringIO(), io.StringIO()
@@ -42,11 +42,6 @@ def kvchat(*args, stdin=None, env=None) -> subprocess.CompletedProcess:
         err.write(f"{code}\n")
         code = 1
     return subprocess.CompletedProcess(["kvchat", *args], code or 0, out.getvalue(), err.getvalue())
-
-
-def kvchat_process(*args, stdin=None, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "app.cli", *args], input=stdin, capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=300)
 
 
 def assert_one_clear_error(result, code, words):
@@ -146,6 +141,7 @@ def test_a_prompt_over_the_context_window_names_both_numbers(tiny_model_dir):
     assert_one_clear_error(result, 1, "context window is 256 tokens")
 
 
+@pytest.mark.slow  # two benches
 def test_bench_profile_takes_a_decode_step_apart(tiny_model_dir):
     result = kvchat("bench", "--profile", "--quick", "--json", "--model", str(tiny_model_dir))
     assert result.returncode == 0, result.stderr
@@ -162,6 +158,7 @@ def test_bench_profile_takes_a_decode_step_apart(tiny_model_dir):
         assert row["quant_linear_calls"] == 0  # the tiny model's weights are dense
 
 
+@pytest.mark.slow  # a whole bench, transformers' reference too
 def test_bench_quick_json_has_every_section(tiny_model_dir):
     result = kvchat("bench", "--quick", "--json", "--model", str(tiny_model_dir))
     assert result.returncode == 0, result.stderr

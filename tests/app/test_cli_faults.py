@@ -49,6 +49,7 @@ needs_cc = pytest.mark.skipif(compiler() is None, reason="the disk-full shim is 
 
 @pytest.mark.usefixtures("endless_replies")
 @needs_cc
+@pytest.mark.slow  # a `kvchat ask` process under a full disk
 def test_a_reply_saved_at_every_token_fits_where_the_old_saves_filled_the_disk(endless_model_dir, kvchat_home,
                                                                                 tmp_path):
     # 300 KB free and a save at every one of 400 tokens: each save used to append ~26 KB to the
@@ -69,6 +70,7 @@ def test_a_reply_saved_at_every_token_fits_where_the_old_saves_filled_the_disk(e
 
 @pytest.mark.usefixtures("endless_replies")
 @needs_cc
+@pytest.mark.slow  # a `kvchat ask` process under a full disk
 def test_a_disk_that_fills_mid_reply_keeps_what_fit_says_so_once_and_exits_1(endless_model_dir, kvchat_home,
                                                                               tmp_path):
     conversation = first_turn(endless_model_dir)
@@ -102,6 +104,7 @@ def streaming_ask(model_dir, *extra, stdout=subprocess.PIPE):
 
 @pytest.mark.usefixtures("endless_replies")
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+@pytest.mark.slow  # a `kvchat ask` process, signalled
 def test_a_stop_signal_keeps_the_reply_as_stopped_with_its_snapshot(endless_model_dir, kvchat_home, sig):
     # SIGTERM and SIGHUP (a closed terminal) used to kill the process: exit 143/129, the row left
     # `streaming`, the last 0.5 s of text and the KV snapshot lost. Now they act as Ctrl+C does.
@@ -122,6 +125,7 @@ def test_a_stop_signal_keeps_the_reply_as_stopped_with_its_snapshot(endless_mode
 
 
 @pytest.mark.usefixtures("endless_replies")
+@pytest.mark.slow  # a `kvchat ask` process whose reader goes away
 def test_a_reader_that_goes_away_stops_the_reply_quietly_and_keeps_it(endless_model_dir, kvchat_home):
     reader = subprocess.Popen(["head", "-c", "20"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
     run = streaming_ask(endless_model_dir, stdout=reader.stdin)
@@ -158,6 +162,7 @@ def test_listing_commands_into_a_closed_pipe_exit_quietly(four_conversations, co
 # ---- bytes that are not UTF-8 -----------------------------------------------------------------
 
 
+@pytest.mark.slow  # a `kvchat ask` process: its argv and stdin as bytes
 def test_a_message_with_bytes_that_are_not_utf8_is_answered_with_one_notice(tiny_model_dir):
     # It used to be a 35-line TypeError from the tokenizer, after the model had loaded.
     run = subprocess.run([sys.executable, "-m", "app.cli", "ask", "-", "--model", str(tiny_model_dir), *GREEDY,
