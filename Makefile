@@ -34,11 +34,12 @@ run: setup
 	$(BIN)/kvchat
 
 # Two workers (pytest-xdist): the suite waits on child processes and sleeps as much as it computes.
+# loadgroup: tests one by one, except that an xdist_group (a costly module fixture) stays on one worker.
 test: setup-test
-	$(BIN)/python -m pytest -n 2
+	$(BIN)/python -m pytest -n 2 --dist loadgroup
 
 check: setup-test
-	HYPOTHESIS_PROFILE=dev $(BIN)/python -m pytest -n 2 -m "not slow and not real_model"
+	HYPOTHESIS_PROFILE=dev $(BIN)/python -m pytest -n 2 --dist loadgroup -m "not slow and not real_model"
 
 bench: setup-test
 	$(BIN)/kvchat bench

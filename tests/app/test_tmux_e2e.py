@@ -22,7 +22,7 @@ import pytest
 
 from tests.app.tmux_terminal import KVCHAT, REPO, Terminal
 
-pytestmark = [pytest.mark.real_model, pytest.mark.slow,
+pytestmark = [pytest.mark.real_model, pytest.mark.slow, pytest.mark.xdist_group("tmux-e2e"),  # first_chat once
               pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")]
 
 GREEDY = ["--temperature", "0", "--max-tokens", "24"]

@@ -13,6 +13,7 @@ from engine.bench.report import format_report, target_checks
 from engine.bench.synthetic_bench import QUICK_PLAN, measure_synthetic
 
 REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.xdist_group("device-check")  # one xdist worker runs the check (make test: --dist loadgroup)
 # What the lent GPU machine lacks: importing any of these there fails.
 BLOCKED = ("gguf", "textual", "platformdirs", "sqlite_utils")
 RUN_WITHOUT_APP_LIBRARIES = f"""
