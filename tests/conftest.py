@@ -2,6 +2,13 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Hypothesis profiles (tests/examples.py scales each property's count by them): `ci`, the default, runs
+# every property's full count; `dev`, chosen with HYPOTHESIS_PROFILE=dev (`make check` does), a tenth.
+settings.register_profile("ci", max_examples=100)
+settings.register_profile("dev", max_examples=10)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # Tests never touch the network; keep transformers quiet.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -9,6 +16,16 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 from tests.tiny_models import make_endless_model, make_tiny_model  # noqa: E402
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (`make test` runs two workers) each worker takes its share of the cores for torch's
+    intra-op threads: two workers of 2 threads each on 2 cores wait on each other's descheduled threads."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
 @pytest.fixture(autouse=True)

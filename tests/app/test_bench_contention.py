@@ -2,6 +2,8 @@
 
 import os
 
+import pytest
+
 from app.bench.contention import contention_rows
 
 
@@ -20,6 +22,7 @@ def children() -> set[int]:
     return found
 
 
+@pytest.mark.slow  # decode next to busy cores and a second kvchat
 def test_each_competitor_is_measured_and_stopped(tiny_engine):
     before = children()
     rows = contention_rows(tiny_engine, steps=4, runs=1, threads=None)

@@ -2,12 +2,15 @@
 
 import json
 
+import pytest
+
 from tests.app.test_cli import assert_one_clear_error, kvchat
 
 TINY = ("--quick", "--device", "cpu", "--dtype", "float32", "--contexts", "8,16", "--steps", "2",
         "--prefill-tokens", "16", "--new-tokens", "4", "--hf-tokens", "3", "--repeat", "1")
 
 
+@pytest.mark.slow  # a bench, transformers' reference too
 def test_json_has_every_number_at_the_lengths_asked_for():
     result = kvchat("bench", "--synthetic", "smollm2-135m", *TINY, "--json")
     assert result.returncode == 0, result.stderr
@@ -23,6 +26,7 @@ def test_json_has_every_number_at_the_lengths_asked_for():
     assert out["logits_rel_error"] < 1e-4
 
 
+@pytest.mark.slow  # a bench
 def test_the_table_names_each_measurement_and_skips_transformers_when_asked():
     result = kvchat("bench", "--synthetic", "smollm2-135m", *TINY, "--no-hf", "--layers", "2")
     assert result.returncode == 0, result.stderr

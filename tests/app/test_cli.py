@@ -1,10 +1,14 @@
 """`kvchat` as a user runs it: exit codes, one-sentence errors, the JSON contract."""
 
+import contextlib
+import io
 import json
+import logging
 import os
 import re
 import subprocess
 import sys
+from unittest import mock
 
 import pytest
 
@@ -13,9 +17,31 @@ JSON_FIELDS = {"conversation_id", "reply", "finish_reason", "prompt_tokens", "ca
                "accepted_tokens", "speculative"}
 
 
-def kvchat(*args, stdin=None, env=None):
-    return subprocess.run([sys.executable, "-m", "app.cli", *args], input=stdin, capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=300)
+def kvchat(*args, stdin=None, env=None) -> subprocess.CompletedProcess:
+    """`kvchat ARGS` run in this process (app.cli.main.main), its output captured as a child's would be: a
+    child that imports torch costs seconds. Tests of the process itself (signals, pipes, what a start
+    imports) start one."""
+    from app.cli.main import main
+
+    out, err = io.StringIO(), io.StringIO()
+    given = io.TextIOWrapper(io.BytesIO((stdin or "").encode()), encoding="utf-8")  # `ask -` reads its bytes
+    # A child has no logging handler: its warnings reach stderr bare (logging.lastResort), but pytest's own
+    # handlers would take them here.
+    warnings = logging.StreamHandler(err)
+    warnings.setLevel(logging.WARNING)
+    logging.getLogger().addHandler(warnings)
+    with (mock.patch.dict(os.environ, env or {}), mock.patch.object(sys, "stdin", given),
+          contextlib.redirect_stdout(out), contextlib.redirect_stderr(err)):
+        try:
+            code = main(list(args))
+        except SystemExit as exit:  # argparse's mistakes and --version end so
+            code = exit.code
+        finally:
+            logging.getLogger().removeHandler(warnings)
+    if code is not None and not isinstance(code, int):  # as the interpreter ends on sys.exit("words")
+        err.write(f"{code}\n")
+        code = 1
+    return subprocess.CompletedProcess(["kvchat", *args], code or 0, out.getvalue(), err.getvalue())
 
 
 def assert_one_clear_error(result, code, words):
@@ -141,6 +167,7 @@ def test_a_prompt_over_the_context_window_names_both_numbers(tiny_model_dir):
     assert_one_clear_error(result, 1, "context window is 256 tokens")
 
 
+@pytest.mark.slow  # two benches
 def test_bench_profile_takes_a_decode_step_apart(tiny_model_dir):
     result = kvchat("bench", "--profile", "--quick", "--json", "--model", str(tiny_model_dir))
     assert result.returncode == 0, result.stderr
@@ -157,6 +184,7 @@ def test_bench_profile_takes_a_decode_step_apart(tiny_model_dir):
         assert row["quant_linear_calls"] == 0  # the tiny model's weights are dense
 
 
+@pytest.mark.slow  # a whole bench, transformers' reference too
 def test_bench_quick_json_has_every_section(tiny_model_dir):
     result = kvchat("bench", "--quick", "--json", "--model", str(tiny_model_dir))
     assert result.returncode == 0, result.stderr

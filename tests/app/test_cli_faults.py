@@ -25,8 +25,8 @@ def child(*args, env=None, **popen):
                             env={**os.environ, **(env or {})}, **popen)
 
 
-def first_turn(model_dir) -> str:
-    result = kvchat("ask", "hello", "--model", str(model_dir), *GREEDY, "--max-tokens", "4", "--json")
+def first_turn(model_dir, env=None) -> str:
+    result = kvchat("ask", "hello", "--model", str(model_dir), *GREEDY, "--max-tokens", "4", "--json", env=env)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)["conversation_id"]
 
@@ -49,6 +49,7 @@ needs_cc = pytest.mark.skipif(compiler() is None, reason="the disk-full shim is 
 
 @pytest.mark.usefixtures("endless_replies")
 @needs_cc
+@pytest.mark.slow  # a `kvchat ask` process under a full disk
 def test_a_reply_saved_at_every_token_fits_where_the_old_saves_filled_the_disk(endless_model_dir, kvchat_home,
                                                                                 tmp_path):
     # 300 KB free and a save at every one of 400 tokens: each save used to append ~26 KB to the
@@ -69,6 +70,7 @@ def test_a_reply_saved_at_every_token_fits_where_the_old_saves_filled_the_disk(e
 
 @pytest.mark.usefixtures("endless_replies")
 @needs_cc
+@pytest.mark.slow  # a `kvchat ask` process under a full disk
 def test_a_disk_that_fills_mid_reply_keeps_what_fit_says_so_once_and_exits_1(endless_model_dir, kvchat_home,
                                                                               tmp_path):
     conversation = first_turn(endless_model_dir)
@@ -102,6 +104,7 @@ def streaming_ask(model_dir, *extra, stdout=subprocess.PIPE):
 
 @pytest.mark.usefixtures("endless_replies")
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+@pytest.mark.slow  # a `kvchat ask` process, signalled
 def test_a_stop_signal_keeps_the_reply_as_stopped_with_its_kv_blocks(endless_model_dir, kvchat_home, sig):
     # SIGTERM and SIGHUP (a closed terminal) used to kill the process: exit 143/129, the row left
     # `streaming`, the last 0.5 s of text and the K/V blocks lost. Now they act as Ctrl+C does.
@@ -122,6 +125,7 @@ def test_a_stop_signal_keeps_the_reply_as_stopped_with_its_kv_blocks(endless_mod
 
 
 @pytest.mark.usefixtures("endless_replies")
+@pytest.mark.slow  # a `kvchat ask` process whose reader goes away
 def test_a_reader_that_goes_away_stops_the_reply_quietly_and_keeps_it(endless_model_dir, kvchat_home):
     reader = subprocess.Popen(["head", "-c", "20"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
     run = streaming_ask(endless_model_dir, stdout=reader.stdin)
@@ -136,21 +140,29 @@ def test_a_reader_that_goes_away_stops_the_reply_quietly_and_keeps_it(endless_mo
     assert reply["status"] == "stopped" and len(reply["token_ids"]) < 3000
 
 
+@pytest.fixture(scope="module")
+def four_conversations(tiny_model_dir, tmp_path_factory):
+    """A data dir with four saved conversations and the first one's id, made once: the listing commands
+    only read it, and each `ask` child imports torch (seconds)."""
+    home = {"KVCHAT_HOME": str(tmp_path_factory.mktemp("four-conversations"))}
+    ids = [first_turn(tiny_model_dir, env=home) for _ in range(4)]
+    return home, ids[0]
+
+
 @pytest.mark.parametrize("command", [["list"], ["show", "{id}"], ["search", "hello"], ["export", "{id}"]])
-def test_listing_commands_into_a_closed_pipe_exit_quietly(tiny_model_dir, command):
-    conversation = first_turn(tiny_model_dir)
-    for _ in range(3):
-        first_turn(tiny_model_dir)
+def test_listing_commands_into_a_closed_pipe_exit_quietly(four_conversations, command):
+    home, conversation = four_conversations
     args = [a.replace("{id}", conversation) for a in command]
     pipeline = subprocess.run(f"{sys.executable} -m app.cli {' '.join(args)} | head -c 1 >/dev/null",
                               shell=True, cwd=REPO, capture_output=True, text=True, timeout=120,
-                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                              env={**os.environ, **home, "PYTHONUNBUFFERED": "1"})
     assert "Traceback" not in pipeline.stderr and "Exception ignored" not in pipeline.stderr, pipeline.stderr
 
 
 # ---- bytes that are not UTF-8 -----------------------------------------------------------------
 
 
+@pytest.mark.slow  # a `kvchat ask` process: its argv and stdin as bytes
 def test_a_message_with_bytes_that_are_not_utf8_is_answered_with_one_notice(tiny_model_dir):
     # It used to be a 35-line TypeError from the tokenizer, after the model had loaded.
     run = subprocess.run([sys.executable, "-m", "app.cli", "ask", "-", "--model", str(tiny_model_dir), *GREEDY,

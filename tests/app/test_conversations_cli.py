@@ -117,6 +117,7 @@ def test_a_damaged_kv_block_costs_a_recompute_and_one_line_not_the_answer(tiny_m
     assert out["reply"] == ask(tiny_model_dir, "more", "--conversation", twin)["reply"]
 
 
+@pytest.mark.slow  # a `kvchat ask` process, killed
 def test_a_reply_cut_by_kill_9_is_recovered_as_interrupted_with_its_text(tiny_model_dir):
     # The child streams a reply and kills itself with SIGKILL after 30 tokens, mid-stream.
     child = textwrap.dedent(f"""
@@ -149,6 +150,7 @@ def test_a_reply_cut_by_kill_9_is_recovered_as_interrupted_with_its_text(tiny_mo
 
 
 @pytest.mark.real_model
+@pytest.mark.slow
 def test_ctrl_c_stops_the_reply_keeps_it_as_stopped_and_exits_130():
     child = subprocess.Popen([sys.executable, "-m", "app.cli", "ask", "Write a long essay about rivers.",
                               "--temperature", "0", "--max-tokens", "400"],

@@ -108,6 +108,7 @@ def assert_stream_told_of_the_shutdown(reader: StreamReader) -> None:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.slow  # a `kvchat serve` process, signalled
 def test_sigterm_and_sighup_end_open_streams_with_a_shutdown_event_and_exit_128_plus_the_signal(
         long_model_dir, tmp_path, sig):
     with ServeChild(long_model_dir, tmp_path / "stderr") as child:

@@ -10,6 +10,7 @@ from app.server.guards import allowed_host_names, host_name
 from tests.app.serve_child import ServeChild
 
 API_KEY = "k"
+pytestmark = pytest.mark.xdist_group("serve-host")  # one xdist worker starts the server (make test: --dist loadgroup)
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +31,7 @@ def authorized(host: str) -> list[tuple[str, str]]:
     return [("Host", host), ("Authorization", f"Bearer {API_KEY}")]
 
 
+@pytest.mark.slow  # a `kvchat serve` process
 def test_a_host_naming_another_site_is_refused_on_loopback_in_one_sentence(child):
     response = get_models(child, authorized(f"rebound.example:{child.port}"))
     assert response.status_code == 403
@@ -41,10 +43,12 @@ def test_a_host_naming_another_site_is_refused_on_loopback_in_one_sentence(child
 
 @pytest.mark.parametrize("host", ["127.0.0.1:{port}", "127.0.0.1", "localhost:{port}", "LocalHost", "my.box:{port}",
                                   "my.box"])
+@pytest.mark.slow  # a `kvchat serve` process
 def test_the_bound_address_localhost_and_allowed_hosts_are_answered(child, host):
     assert get_models(child, authorized(host.format(port=child.port))).status_code == 200
 
 
+@pytest.mark.slow  # a `kvchat serve` process
 def test_two_authorization_headers_are_refused_even_when_one_is_right(child):
     for pair in (["Bearer wrong", f"Bearer {API_KEY}"], [f"Bearer {API_KEY}", "Bearer wrong"]):
         response = get_models(child, [("Host", "127.0.0.1")] + [("Authorization", value) for value in pair])

@@ -200,6 +200,7 @@ def solo_replies(server: Server, requests: list[tuple[str, dict]]) -> dict[str, 
     return solo
 
 
+@pytest.mark.slow  # a soak: SOAK_S of random clients
 def test_random_clients_that_cancel_and_disconnect_leave_no_block_held_and_greedy_replies_exact(engine, monkeypatch):
     preempted, preempt = [], Scheduler.preempt
 

@@ -22,7 +22,7 @@ import pytest
 
 from tests.app.tmux_terminal import KVCHAT, REPO, Terminal
 
-pytestmark = [pytest.mark.real_model,
+pytestmark = [pytest.mark.real_model, pytest.mark.slow, pytest.mark.xdist_group("tmux-e2e"),  # first_chat once
               pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")]
 
 GREEDY = ["--temperature", "0", "--max-tokens", "24"]
@@ -36,6 +36,7 @@ TOK_S = re.compile(r"([\d.]+) tok/s")
 PROMPT = re.compile(r"prompt (\d+)")
 CACHED = re.compile(r"(\d+) cached\b")
 FROM_DISK = re.compile(r"(\d+) cached from disk")
+FROM_DISK_HEADER = re.compile(r"(\d+) cached \(disk\)")  # a reply's header
 COMPUTED = re.compile(r"(\d+) computed")
 
 
@@ -158,8 +159,11 @@ def test_the_saved_conversation_reopens_in_the_tui_and_continues_from_its_stored
                                    lambda s: reply_stats(s) != before and reply_stats(s), REPLY_S)
         screen = terminal.last_screen
         context = f"status {status!r}\n{terminal.report()}"
-        assert FROM_DISK.search(status), context
-        cached, computed = number(FROM_DISK, status), number(COMPUTED, status)
+        # The status bar says "from disk" where its line has room; on a busy CPU (make test's two workers)
+        # the engine may pause drafting, "spec paused" takes that room, and the reply's header says "(disk)".
+        from_disk = FROM_DISK.search(status) or FROM_DISK_HEADER.search(screen)
+        assert from_disk, context
+        cached, computed = float(from_disk.group(1)), number(COMPUTED, status)
         # The history (the templated question, 37 tokens, and the 8-token reply: 44 of its 45 tokens are
         # cached) comes from the block store; only the follow-up (16 tokens with its template) is computed.
         first_prompt = number(CACHED, first_chat.status) + number(COMPUTED, first_chat.status)

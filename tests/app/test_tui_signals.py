@@ -13,7 +13,7 @@ from storage.db.conversations import ConversationStore
 from tests.app.kv_blocks import conversation_kv
 from tests.app.tmux_terminal import Terminal
 
-pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")]
 
 LOADED = "cpu float32"  # the status bar names the device and dtype once the model has loaded
 

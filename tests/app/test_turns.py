@@ -55,6 +55,7 @@ def test_a_refused_turn_is_given_back(tiny_engine, storage):
     list(reopened(tiny_engine, storage, session.saved.id).send("next"))  # the turn was released
 
 
+@pytest.mark.slow  # two `kvchat ask` processes
 def test_two_asks_on_one_conversation_at_once_take_turns(endless_model_dir):
     first = kvchat("ask", "hello", "--model", str(endless_model_dir), "--temperature", "0", "--max-tokens", "3",
                    "--json")

@@ -20,6 +20,7 @@ from engine.cpu.kernels import load_quant_kernels
 from engine.kv.cache import ContiguousKVCache
 from engine.request.scheduler import MIXED_PREFILL_CHUNK
 from engine.weights.checkpoint import load_model
+from tests.examples import examples
 from tests.greedy_ties import assert_same_greedy
 from tests.tiny_models import VOCAB, make_tiny_model
 
@@ -126,7 +127,7 @@ request = st.tuples(st.lists(st.integers(0, 255), min_size=1, max_size=40), st.i
                     st.integers(0, 12), st.one_of(st.none(), st.integers(1, 10)))
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(10), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(prefix=shared, requests=st.lists(request, min_size=2, max_size=5))
 def test_requests_decoded_together_give_their_solo_greedy_tokens(engine, strategy, prefix, requests):
     requests = [(prefix + prompt, n, arrival, cancel) for prompt, n, arrival, cancel in requests]

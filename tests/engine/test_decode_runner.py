@@ -101,6 +101,7 @@ def test_the_scratch_block_for_graph_capture_is_never_given_to_a_sequence(long_m
     paged.prefix_cache.check_invariants()
 
 
+@pytest.mark.slow  # inductor compiles C++ on a CPU
 def test_the_compiled_decode_step_gives_the_eager_tokens(tiny_model_dir):
     """torch.compile (inductor) of the paged step, traced as one graph: eager's greedy tokens."""
     eager = Engine.load(EngineOptions(model=str(tiny_model_dir), dtype="float32"))

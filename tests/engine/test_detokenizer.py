@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 
 from engine.request.detokenizer import REPLACEMENT, IncrementalDetokenizer
 from engine.weights.tokenizer import Tokenizer
+from tests.examples import examples
 
 SAMPLES = [
     "北京到上海有多少公里？大约1200公里。",
@@ -51,7 +52,7 @@ def test_real_tokenizer_pieces_join_to_decode(smollm_tokenizer, text):
     assert not any(REPLACEMENT in p for p in pieces)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.text(min_size=1, max_size=40))
 def test_any_text_streams_back_exactly(byte_tokenizer, text):
     ids = byte_tokenizer.encode(text)
@@ -61,7 +62,7 @@ def test_any_text_streams_back_exactly(byte_tokenizer, text):
         assert not any(REPLACEMENT in p for p in pieces)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.integers(min_value=0, max_value=257), min_size=1, max_size=30))
 def test_arbitrary_token_ids_stream_back_exactly(byte_tokenizer, ids):
     # Random bytes are often invalid UTF-8: the contract still holds.

@@ -13,6 +13,7 @@ from engine.bench.report import format_report, target_checks
 from engine.bench.synthetic_bench import QUICK_PLAN, measure_synthetic
 
 REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.xdist_group("device-check")  # one xdist worker runs the check (make test: --dist loadgroup)
 # What the lent GPU machine lacks: importing any of these there fails.
 BLOCKED = ("gguf", "textual", "platformdirs", "sqlite_utils")
 RUN_WITHOUT_APP_LIBRARIES = f"""
@@ -39,6 +40,7 @@ def report(tmp_path_factory):
     return json.loads(out.read_text()), result.stdout
 
 
+@pytest.mark.slow  # the device check in a child process, transformers' reference too
 def test_the_check_runs_without_the_apps_libraries_and_nothing_fails(report):
     data, _ = report
     (model,) = data["models"]
@@ -47,6 +49,7 @@ def test_the_check_runs_without_the_apps_libraries_and_nothing_fails(report):
     assert data["versions"]["torch"] and data["versions"]["transformers"]
 
 
+@pytest.mark.slow  # the device check in a child process, transformers' reference too
 def test_the_report_has_every_number(report):
     (model,) = report[0]["models"]
     assert model["bandwidth_bytes_per_s"] > 0 and model["weight_bytes_per_token"] > 0
@@ -59,12 +62,14 @@ def test_the_report_has_every_number(report):
     assert model["hf_decode"]["tokens_per_s"] > 0
 
 
+@pytest.mark.slow  # the device check in a child process, transformers' reference too
 def test_fp32_logits_and_greedy_tokens_match_transformers(report):
     (model,) = report[0]["models"]
     assert model["logits_rel_error"] < 1e-4
     assert model["greedy_vs_hf"]["equal"]
 
 
+@pytest.mark.slow  # the device check in a child process, transformers' reference too
 def test_every_fast_path_configuration_is_reported_against_eager(report):
     (model,) = report[0]["models"]
     rows = {row["name"]: row for row in model["configs"]}
@@ -77,6 +82,7 @@ def test_every_fast_path_configuration_is_reported_against_eager(report):
     assert speculative["equal"] is True and speculative["draft_tokens"] >= speculative["accepted_tokens"] >= 0
 
 
+@pytest.mark.slow  # the device check in a child process, transformers' reference too
 def test_the_table_is_printed_last(report):
     _, stdout = report
     lines = stdout.strip().splitlines()
@@ -85,6 +91,7 @@ def test_the_table_is_printed_last(report):
     assert lines[-1].startswith("elapsed ")
 
 
+@pytest.mark.slow  # a quick device check, in-process
 def test_a_failed_measurement_is_recorded_and_the_run_goes_on(monkeypatch):
     def broken(*args):
         raise RuntimeError("kernel exploded")

@@ -46,6 +46,7 @@ def test_rows_that_are_not_whole_blocks_are_one_model_error_naming_the_tensor(tm
         convert_gguf(broken, tmp_path / "out")
 
 
+@pytest.mark.slow  # a `kvchat ask` process
 def test_kvchat_exits_1_with_that_one_sentence(tmp_path, q8_gguf_bytes):
     broken = tmp_path / "cut.gguf"
     broken.write_bytes(q8_gguf_bytes[:-100])

@@ -19,8 +19,9 @@ def done(engine, prompt, **kwargs):
 
 @pytest.fixture(params=["working-copy", "paged"])
 def engine(request, tiny_model_dir):
+    # A small pool: a test reads all of it (the default is 2 GiB on a CPU, seconds to scan).
     return Engine.load(EngineOptions(model=str(tiny_model_dir), device="cpu", dtype="float32",
-                                     paged_kv=request.param == "paged"))
+                                     paged_kv=request.param == "paged", kv_cache_gb=0.05))
 
 
 def plant_nan(engine, prompt, block_index=1):

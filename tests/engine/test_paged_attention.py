@@ -174,6 +174,7 @@ if not INTERPRETING:
         case = make_case(group=3, head_dim=64, dtype=torch.float32)
         assert torch.equal(paged_decode_attention(*case.args()), paged_decode_reference(*case.args()))
 
+    @pytest.mark.slow  # a child pytest under Triton's interpreter
     def test_triton_kernel_under_interpreter():
         """Runs the interpreted_* tests below in a child pytest with TRITON_INTERPRET=1."""
         triton = pytest.importorskip("triton")

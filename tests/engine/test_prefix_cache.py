@@ -9,6 +9,7 @@ from engine.kv.cache import ContiguousKVCache
 from engine.kv.pool import KVPool
 from engine.kv.prefix_cache import KVCacheFullError, PrefixCache
 from engine.kv.working_copy import WorkingCopyKV
+from tests.examples import examples
 
 LAYERS, HEADS, DIM, SIZE = 2, 1, 2, 4
 CPU = torch.device("cpu")
@@ -240,7 +241,7 @@ operation = st.one_of(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(operation, min_size=1, max_size=25), st.sampled_from([0, 6]))
 def test_invariants_hold_after_every_operation(operations, host_blocks):
     """Every block is free, in one node or owned by one request; refs never go negative; data stays right.

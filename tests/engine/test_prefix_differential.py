@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from engine import Engine, EngineError, EngineOptions, SamplingParams
 from engine.weights.gguf import convert_gguf
+from tests.examples import examples
 from tests.tiny_gguf import write_gguf
 from tests.greedy_ties import assert_same_greedy
 from tests.tiny_models import load_reference, make_tiny_model
@@ -94,7 +95,7 @@ class Scenario:
         self.chats[chat] = base + [(user, reply)]
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(operation, min_size=2, max_size=12), st.sampled_from([0, 1]))
 def test_prefix_cache_never_changes_greedy_tokens(engines, operations, shared_system):
     cached, reference = engines

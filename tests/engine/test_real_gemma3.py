@@ -6,7 +6,8 @@ import torch
 
 from engine import Engine, EngineOptions, SamplingParams
 
-pytestmark = pytest.mark.real_model
+# xdist_group: one worker builds the module fixtures (make test runs --dist loadgroup).
+pytestmark = [pytest.mark.real_model, pytest.mark.xdist_group("real-gemma3")]
 
 STORY = "Once upon a time, in a small village by the sea, there lived an old fisherman who "
 

@@ -5,7 +5,8 @@ import torch
 
 from engine import SamplingParams
 
-pytestmark = pytest.mark.real_model
+# xdist_group: one worker builds the module fixtures (make test runs --dist loadgroup).
+pytestmark = [pytest.mark.real_model, pytest.mark.xdist_group("real-model")]
 
 PROMPTS = [
     "What is the capital of France?",

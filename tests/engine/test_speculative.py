@@ -19,6 +19,7 @@ from engine import Engine, EngineOptions, SamplingParams
 from engine.events import Done, TokenDelta
 from engine.request.ngram_draft import MAX_N, MIN_N, NGramDrafter
 from engine.request.speculation import Acceptance, Speculator, StepCosts
+from tests.examples import examples
 from tests.greedy_ties import assert_same_greedy
 from tests.tiny_models import IM_END, make_tiny_model
 
@@ -183,7 +184,7 @@ prompts = st.builds(repeated_span_prompt, st.lists(st.integers(0, 255), min_size
                     st.integers(1, 4), st.lists(st.integers(0, 255), min_size=1, max_size=5))
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(12), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(prompt=prompts, max_tokens=st.integers(1, 60), draft_tokens=st.sampled_from([1, 3, 8]))
 def test_speculation_never_changes_greedy_tokens(engine, strategy, reference, prompt, max_tokens, draft_tokens):
     off, _ = reply(engine, prompt, 0, max_tokens=max_tokens)

@@ -118,6 +118,7 @@ def test_smollm2_logits_equal_transformers_on_the_same_weights(smollm2):
 
 
 @torch.inference_mode()
+@pytest.mark.slow  # transformers' Qwen3 as the reference
 def test_qwen3_qk_norm_shape_equals_transformers_with_two_layers():
     model_dir = synthetic_model_dir("qwen3-0.6b", layers=2)
     engine = Engine.load(EngineOptions(model=str(model_dir), device="cpu", dtype="float32", kv_cache_gb=0.01))

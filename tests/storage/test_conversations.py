@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from storage.db.conversations import ConversationStore
 from storage.errors import StorageError
+from tests.examples import examples
 
 
 @pytest.fixture
@@ -344,7 +345,7 @@ def test_search_words_are_words_not_operators(store):
 
 
 # One store serves every example: searching does not change it.
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(query=st.text())
 def test_search_never_fails_on_any_text(store, query):
     if not store.list():

@@ -7,8 +7,12 @@ import signal
 import sqlite3
 import time
 
+import pytest
+
 from storage.db.conversations import ConversationStore
 from tests.storage.conversation_writer import spawn, start_together, text_hash
+
+pytestmark = pytest.mark.slow  # writer processes killed at random moments, in loops
 
 KILLS = 15
 

@@ -13,12 +13,14 @@ from hypothesis import strategies as st
 import storage.kv.block_file as kv_block_file
 from storage.kv.block_file import (CHECK, HEADER, ROOT, SUFFIX, BlockDamaged, BlockLayout, BlockUnreadable, block_key,
                                    payload_of, read_block, write_block)
+from tests.examples import examples
 
 FINGERPRINT = "f" * 64
 BLOCK_SIZE = 4
 PARENT = block_key(ROOT, FINGERPRINT, (7, 7, 7, 7))
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FUZZ = settings(max_examples=examples(200), deadline=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture])
 SLOW_S = 2.0  # one read of a 400-byte file takes well under a millisecond
 
 

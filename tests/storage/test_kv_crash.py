@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from storage.db.conversations import ConversationStore
 from storage.disk_files import STALE_TEMP_S, TEMP_NAME, temp_is_stale
 from storage.kv.block_file import SUFFIX
@@ -20,6 +22,8 @@ from tests.storage.kv_store_helpers import (BLOCK_SIZE, check_heads_loadable, ch
 ROOT = Path(__file__).resolve().parents[2]
 KILLS = 10
 KEY_NAME = set("0123456789abcdef")
+
+pytestmark = pytest.mark.slow  # writer processes killed with SIGKILL mid-save, in a loop
 
 
 def test_kill_9_mid_save_never_leaves_the_index_naming_a_torn_block(tmp_path):
