@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -152,9 +152,10 @@ def _describe_speculation(draft_tokens: int) -> str:
 class Engine:
     """A loaded model and its KV cache behind `generate`; the step loop (request/loop.py) does the work."""
 
-    def __init__(self, model: CausalLM, tokenizer: Tokenizer, info: LoadInfo, options: EngineOptions,
+    def __init__(self, model: CausalLM, tokenizer: Tokenizer, info: LoadInfo | None, options: EngineOptions,
                  prefix_cache: PrefixCache | None, fingerprint: str | None = None):
-        """An engine over a loaded model. `fingerprint`: the model's, when already known (weights/fingerprint.py)."""
+        """An engine over a loaded model. `info`: what was loaded (None: `load` fills it in once the runner has
+        chosen the decode path). `fingerprint`: the model's, when already known (weights/fingerprint.py)."""
         self.model = model
         self.tokenizer = tokenizer
         self.info = info
@@ -176,7 +177,8 @@ class Engine:
         dtype = pick_dtype(options.dtype, device)
         if options.threads:
             torch.set_num_threads(options.threads)
-        path = decode_path(options.paged_kv, options.cuda_graphs, options.compile, device, options.prefix_caching)
+        # A bad combination of decode flags fails now, not after the model has loaded; the runner picks the path.
+        decode_path(options.paged_kv, options.cuda_graphs, options.compile, device, options.prefix_caching)
         source = resolve_model(options.model, progress)
         kernels = _quant_kernels(options.weights, device, dtype, progress)
         try:
@@ -187,7 +189,8 @@ class Engine:
             source = reconvert(source, f"it cannot be loaded: {str(exc).rstrip('.')}", progress)
             model, tokenizer = _load_model_dir(source, device, dtype, kernels, progress)
         prefix_cache = new_prefix_cache(options, model) if options.prefix_caching else None
-        info = LoadInfo(
+        engine = cls(model, tokenizer, None, options, prefix_cache)
+        engine.info = LoadInfo(
             model_name=source.name,
             model_dir=str(source.path),
             device=str(device),
@@ -198,11 +201,9 @@ class Engine:
             host_cache_bytes=prefix_cache.host.data.nbytes if prefix_cache and prefix_cache.host else 0,
             converted=source.converted,
             load_ms=(time.perf_counter() - start) * 1e3,
-            decode=path.describe(),
+            decode=engine.runner.decode_description,
+            speculative=_describe_speculation(engine._loop.draft_tokens),
         )
-        engine = cls(model, tokenizer, info, options, prefix_cache)
-        engine.info = replace(info, decode=engine.runner.decode_description,
-                              speculative=_describe_speculation(engine._loop.draft_tokens))
         return engine
 
     @property

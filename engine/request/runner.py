@@ -124,11 +124,16 @@ class ModelRunner:
         if decode_batch is None or len(batched) < 2 or sum(len(w.token_ids) for w in batched) > MAX_ROWS:
             batched = []
         together = dict(zip(map(id, batched), decode_batch(batched))) if batched else {}
-        return [together[id(w)] if id(w) in together
-                else self.prefill(w.request.kv, w.token_ids) if w.prefill
-                else self.decode(w.request.kv, w.token_ids[0]) if len(w.token_ids) == 1
-                else self.prefill(w.request.kv, w.token_ids, all_logits=True)
-                for w in step]
+        return [together[id(w)] if id(w) in together else self._forward_alone(w) for w in step]
+
+    def _forward_alone(self, w: Work) -> torch.Tensor:
+        """One request's work in a forward of its own: a prompt chunk, a decode token, or a decode token and
+        its drafts (the logits after each, to verify the drafts)."""
+        if w.prefill:
+            return self.prefill(w.request.kv, w.token_ids)
+        if len(w.token_ids) == 1:
+            return self.decode(w.request.kv, w.token_ids[0])
+        return self.prefill(w.request.kv, w.token_ids, all_logits=True)
 
     def _paged_batch(self, work: list[Work]) -> list[torch.Tensor]:
         """Each request's decode token in one paged step (from a CUDA graph per batch bucket where there are
