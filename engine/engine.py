@@ -189,6 +189,7 @@ class Engine:
             source = reconvert(source, f"it cannot be loaded: {str(exc).rstrip('.')}", progress)
             model, tokenizer = _load_model_dir(source, device, dtype, kernels, progress)
         prefix_cache = new_prefix_cache(options, model) if options.prefix_caching else None
+        load_ms = (time.perf_counter() - start) * 1e3  # the model and its cache: the runner is not counted, as before
         engine = cls(model, tokenizer, None, options, prefix_cache)
         engine.info = LoadInfo(
             model_name=source.name,
@@ -200,7 +201,7 @@ class Engine:
             kv_cache_bytes=prefix_cache.pool.data.nbytes if prefix_cache else 0,
             host_cache_bytes=prefix_cache.host.data.nbytes if prefix_cache and prefix_cache.host else 0,
             converted=source.converted,
-            load_ms=(time.perf_counter() - start) * 1e3,
+            load_ms=load_ms,
             decode=engine.runner.decode_description,
             speculative=_describe_speculation(engine._loop.draft_tokens),
         )
