@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from app.chat.session import ChatSession
     from app.tui.chat.settings import ConversationSettings
     from app.tui.engine_thread import EngineThread
+    from app.tui.model_session import ModelSession
 
 FINISH_NOTES = {"stop": "", "length": "stopped at the length limit (max tokens: Ctrl+O)", "stopped": "stopped by you",
                 "repetition": "stopped: it kept repeating itself"}
@@ -68,8 +69,7 @@ class ChatHost(Protocol):
     conversation_id: str | None
     alternatives: int  # how many replies "regenerate N" writes
     settings: ConversationSettings
-
-    def ready_to_send(self, text: str | None = None) -> bool: ...
+    model_session: ModelSession  # says whether the model and the session are ready for a message
 
     async def open_conversation(self, conversation_id: str | None) -> None: ...
 
@@ -171,7 +171,7 @@ class ChatPane(Vertical):
         elif self.generating:
             self.notify("A reply is still being written; press Esc to stop it.", severity="warning")
         else:
-            return self.host.ready_to_send(text)
+            return self.host.model_session.ready_to_send(text)
         return False
 
     async def _send(self, text: str, typed: str) -> None:
