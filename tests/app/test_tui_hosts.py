@@ -10,6 +10,7 @@ from app.tui.chat.commands import CommandsPane
 from app.tui.chat.overflow import WaysOnPane
 from app.tui.chat.pane import ChatHost
 from app.tui.chat.settings import SettingsHost
+from app.tui.chat.stream import StreamPane
 from app.tui.library import LibraryHost
 from app.tui.model_session import ModelSessionHost
 
@@ -18,11 +19,13 @@ def built_app() -> KvchatApp:
     return KvchatApp(lambda spec, progress: None, storage=None)  # built, never run: nothing is opened
 
 
-@pytest.mark.parametrize("host", [ChatHost, SettingsHost, LibraryHost, ModelSessionHost], ids=lambda host: host.__name__)
+@pytest.mark.parametrize("host", [ChatHost, SettingsHost, LibraryHost, ModelSessionHost],
+                         ids=lambda host: host.__name__)
 def test_the_app_has_everything_its_objects_need(host):
     assert isinstance(built_app(), host)
 
 
-@pytest.mark.parametrize("host", [AlternativesPane, BranchesPane, CommandsPane, WaysOnPane], ids=lambda host: host.__name__)
+@pytest.mark.parametrize("host", [AlternativesPane, BranchesPane, CommandsPane, StreamPane, WaysOnPane],
+                         ids=lambda host: host.__name__)
 def test_the_chat_pane_has_everything_its_objects_need(host):
     assert isinstance(built_app().chat, host)
