@@ -4,7 +4,7 @@ The engine loads, reads stored K/V and generates on one engine thread (see
 engine_thread.py) and reports through typed messages (engine_events.py); the UI
 never blocks on the model. Conversations can be browsed while the model loads:
 their history comes from the database, and a conversation takes messages once
-its session (and its K/V) is ready on the engine thread.
+its session (and its K/V) is ready on the engine thread (model_session.py).
 """
 
 from __future__ import annotations

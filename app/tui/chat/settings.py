@@ -81,7 +81,7 @@ class ConversationSettings:
                 system, saved = conversation.system, conversation.params
             except StorageError:
                 pass  # opening it says why; the defaults stand in meanwhile
-        config = getattr(app, "config", None)  # the config file's [sampling], as the app's _open_session layers it
+        config = getattr(app, "config", None)  # the config file's [sampling], layered as ModelSession does
         params = sampling_params(argparse.Namespace(**app.overrides), saved, config)
         return ChatSettings(system, params, app.model_session.spec, app.alternatives)
 
