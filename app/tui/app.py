@@ -4,12 +4,10 @@ The engine loads, reads stored K/V and generates on one engine thread (see
 engine_thread.py) and reports through typed messages (engine_events.py); the UI
 never blocks on the model. Conversations can be browsed while the model loads:
 their history comes from the database, and a conversation takes messages once
-its session (and its K/V) is ready on the engine thread.
+its session (and its K/V) is ready on the engine thread (model_session.py).
 """
 
 from __future__ import annotations
-
-import argparse
 
 from textual import events, on
 from textual.actions import SkipAction
@@ -19,25 +17,22 @@ from textual.containers import Horizontal
 from textual.widgets import TextArea
 
 from app.chat.backend import Backend
-from app.chat.backend_loader import LoadBackend, chat_session, is_remote
-from app.chat.errors import USER_FACING_ERRORS
-from app.chat.message_length import MAX_CHARS_PER_TOKEN
+from app.chat.backend_loader import LoadBackend
 from app.chat.session import ChatMessage, ChatSession
 from app.tui.palette import palette_commands
 from app.tui.styles import stylesheet
 from app.tui.terminal_signals import QuitSignals
 from app.tui.engine_events import EngineFailed, EngineReady, LoadProgress, SessionFailed, SessionReady
 from app.tui.engine_thread import EngineThread
-from app.tui.chat.alternatives import PREFERENCE, alternatives_count
+from app.tui.model_session import ModelSession
+from app.tui.chat.alternatives import alternatives_count
 from app.tui.chat.pane import ChatPane
 from app.tui.chat.settings import ConversationSettings
 from app.tui.library import Library
 from app.tui.navigation import Navigation
-from app.remote.stream import RemoteError
 from app.chat.config import Config
-from app.chat.reply.limits import reply_limits
-from app.chat.sampling_settings import SAMPLING_FIELDS, sampling_params
-from app.chat.saved.conversation import SavedConversation, Storage
+from app.chat.sampling_settings import SAMPLING_FIELDS
+from app.chat.saved.conversation import Storage
 from app.tui.screens.help import chat_help
 from app.tui.widgets.chat_view import ChatView
 from app.tui.widgets.inspector import Inspector
@@ -45,9 +40,7 @@ from app.tui.widgets.key_bar import KeyBar
 from app.tui.widgets.messages import AssistantMessageView
 from app.tui.widgets.prompt_input import PromptInput
 from app.tui.widgets.sidebar import Sidebar
-from app.tui.context_meter import conversation_tokens
 from app.tui.widgets.status_bar import StatusBar
-from engine import EngineError
 from storage.errors import StorageError
 from storage.preferences import Preferences
 
@@ -57,8 +50,9 @@ NARROW_BELOW = 100  # columns: narrower, the chat keeps the whole width (see on_
 
 class KvchatApp(App):
     """The chat screen: the conversation list (Library), the chat pane (ChatPane, which owns the reply being
-    written) and the inspector. The app loads the engine, opens the shown conversation's session, and routes
-    the keys; each concern is an object it composes (settings, library, navigation)."""
+    written) and the inspector. The app shows a conversation and routes the keys; each concern is an object
+    it composes: the model and the shown conversation's session (ModelSession), the settings, the library
+    and navigation."""
 
     CSS_PATH = str(stylesheet())
     TITLE = "kvchat"
@@ -94,25 +88,16 @@ class KvchatApp(App):
         sampling settings given on the command line (they win over a conversation's own, and are not
         stored with it); `conversation_id`: a saved conversation to open; `config`: the config file."""
         super().__init__()
-        self._load_engine = load_engine
         self.storage = storage
         self.overrides = {k: v for k, v in (overrides or {}).items() if k in SAMPLING_FIELDS and v is not None}
         self.config = config
         self.system = config.system if system is None else system  # of new conversations
-        self.model_spec = model
         self.engine_thread = engine_thread or EngineThread()
         self._owns_engine_thread = engine_thread is None  # a shared one (benchmarks) outlives the app
         self.preferences = Preferences()
         self.alternatives = alternatives_count(self.preferences, config)  # replies "regenerate N" writes
         self.conversation_id = conversation_id  # the conversation shown (None: a new one)
-        self.engine: Backend | None = None  # the UI's view of the engine: set when EngineReady arrives
-        self._loaded: Backend | None = None  # the engine thread's: set as soon as a load ends
-        self.session: ChatSession | None = None  # the shown conversation's, once it is ready
-        self._ticket = 0  # which conversation opening the next SessionReady must belong to
-        self._queued_text: str | None = None  # typed before the session was ready: sent when it is
-        self.retry_load = False  # the last load failed in a way that trying again may fix (written here only)
-        self._format_told: str | None = None  # the chat format notice shown for the loaded model (once)
-        self._closing = False
+        self.model_session = ModelSession(self, load_engine, model)  # the engine and the shown one's session
         self._signals = QuitSignals(self._quit_on_signal)  # closing the terminal, or `kill`, quits as Ctrl+Q
         self.chat = ChatPane(self, self._recent_prompts, id="chat")  # owns the reply being written
         self.settings = ConversationSettings(self)
@@ -147,7 +132,7 @@ class KvchatApp(App):
         if self.storage.conversations.read_only_reason:  # browsing works; sending would fail later
             self.notify(self.storage.conversations.read_only_reason, title="Read-only", severity="warning",
                         timeout=30)
-        self.engine_thread.submit(lambda: self._load(self.model_spec))
+        self.model_session.start()
         await self.open_conversation(self.conversation_id)
 
     def _quit_on_signal(self, sig: int) -> None:
@@ -155,12 +140,9 @@ class KvchatApp(App):
             self.exit(return_code=128 + sig)
 
     def on_unmount(self) -> None:
-        # Quitting mid-reply stops it (kept as stopped); a model still loading finishes loading and then
-        # does nothing more. run_tui waits for the engine thread before it closes storage.
+        # run_tui waits for the engine thread before it closes storage.
         self._signals.release()
-        self._closing = True
-        if self.session is not None:
-            self.session.cancel()
+        self.model_session.close()
         if self._owns_engine_thread:
             self.engine_thread.stop(timeout=0)
 
@@ -214,77 +196,29 @@ class KvchatApp(App):
         """A reply is being written, or /compact's summary: the conversation takes no other message now."""
         return self.chat.generating
 
-    def _load(self, spec: str | None) -> None:
-        """Engine thread: load the model (replacing any loaded one)."""
-        self._loaded = None
-        try:
-            engine = self._load_engine(spec, lambda step: self.post_message(LoadProgress(step)))
-        except EngineError as exc:
-            self.post_message(EngineFailed(str(exc), retry=isinstance(exc, RemoteError)))
-            return
-        if not self._closing:
-            self._loaded = engine
-            self.post_message(EngineReady(engine))
+    @property
+    def engine(self) -> Backend | None:
+        return self.model_session.engine
 
-    def _open_session(self, ticket: int, conversation_id: str | None) -> None:
-        """Engine thread: the ChatSession of a conversation (restoring its K/V), or of a new one."""
-        engine = self._loaded
-        if engine is None or self._closing or ticket != self._ticket:
-            return  # no model (already reported), quitting, or another conversation was opened since
-        try:
-            overrides = argparse.Namespace(**self.overrides)
-            if conversation_id is None:  # it keeps no settings of its own until the user sets some
-                saved = SavedConversation.new(self.storage, engine, self.system,
-                                              sampling_params(overrides, None, self.config), settings={})
-            else:
-                saved = SavedConversation.open(self.storage, conversation_id)
-            conversation = saved.conversation
-            system = conversation.system if conversation else self.system
-            params = sampling_params(overrides, conversation.params if conversation else None, self.config)
-            session = chat_session(engine, system, params, saved, reply_limits(self.config))
-        except USER_FACING_ERRORS as exc:
-            self.post_message(SessionFailed(ticket, str(exc)))
-            return
-        self.post_message(SessionReady(ticket, session))
+    @property
+    def session(self) -> ChatSession | None:
+        return self.model_session.session
 
+    # The engine thread's news of the model and the session, for ModelSession:
     def on_load_progress(self, message: LoadProgress) -> None:
-        self.query_one(StatusBar).show("loading", message.step)
+        self.model_session.load_progress(message)
 
     def on_engine_ready(self, message: EngineReady) -> None:
-        self.engine = engine = message.engine
-        info = engine.info
-        bar = self.query_one(StatusBar)
-        bar.context_window = info.context_window
-        bar.model, bar.device = info.model_name, f"{info.device} {info.dtype}".strip()
-        bar.kv_cache = engine.cache_stats()
-        bar.clear_reply()  # a reply's numbers from the model loaded before are not this one's
-        self._format_told = None  # a new model: its chat format (if it has no template) is told again
-        prompt = self.query_one(PromptInput)
-        window = info.context_window or None  # a server may not say
-        prompt.context_window, prompt.max_chars = window, window and MAX_CHARS_PER_TOKEN * window
-        bar.show("idle", f"{'connected' if is_remote(engine) else 'loaded'} in {info.load_ms / 1e3:.1f} s")
+        self.model_session.engine_ready(message)
 
     def on_engine_failed(self, message: EngineFailed) -> None:
-        self.retry_load = message.retry
-        self.query_one(StatusBar).show("no model", message.error)
-        title = "The server could not be used" if message.retry else "The model could not be loaded"
-        self.notify(message.error, title=title, severity="error", timeout=30)
+        self.model_session.engine_failed(message)
 
-    def load_model(self, spec: str | None) -> None:
-        """Another model chosen in the settings (or the same one, to try again): it loads now, and the
-        conversation shown opens again with it."""
-        self.model_spec = spec
-        self.engine = self.session = None
-        self._reload()
+    def on_session_ready(self, message: SessionReady) -> None:
+        self.model_session.session_ready(message)
 
-    def _reload(self) -> None:
-        """Load self.model_spec again (a new model, or a server that may be up now), then open the
-        conversation shown with it."""
-        self.retry_load = False
-        self.query_one(StatusBar).show("loading", "")
-        ticket, target = self._ticket, self.conversation_id
-        self.engine_thread.submit(lambda: self._load(self.model_spec))
-        self.engine_thread.submit(lambda: self._open_session(ticket, target))
+    def on_session_failed(self, message: SessionFailed) -> None:
+        self.model_session.session_failed(message)
 
     async def open_conversation(self, conversation_id: str | None) -> None:
         """Show a saved conversation (None: a new one) at once; it takes messages when its session is ready."""
@@ -298,76 +232,15 @@ class KvchatApp(App):
         except StorageError as exc:
             self.notify(str(exc), severity="error", timeout=10)
             conversation, branch = None, []
-        self._ticket += 1
-        self._queued_text = None  # it was meant for the conversation shown before
+        self.model_session.leave()
         self.query_one(StatusBar).clear_reply()  # the last reply's numbers were the other conversation's
-        self.session, self.conversation_id = None, conversation.id if conversation else None
+        self.conversation_id = conversation.id if conversation else None
         self.chat.branches.stop_editing()
         await self.query_one(ChatView).show(
             [ChatMessage(m.role, m.text, 0, m.id, m.status, m.stats) for m in branch])
         self.query_one(Sidebar).highlight(self.conversation_id)
         self.query_one(Inspector).show(None)
-        if self._loaded is not None or self.engine is not None:
-            self.query_one(StatusBar).show("opening", "restoring the KV cache" if conversation else "")
-        ticket, target = self._ticket, self.conversation_id
-        self.engine_thread.submit(lambda: self._open_session(ticket, target))
-
-    def on_session_ready(self, message: SessionReady) -> None:
-        if message.ticket != self._ticket:
-            return
-        session = self.session = message.session
-        if session.notice:
-            self.notify(session.notice, severity="warning", timeout=10)
-        conversation = session.saved.conversation if session.saved else None
-        bar = self.query_one(StatusBar)
-        # A model without a chat template: which format kvchat writes it in, said once (not again for each
-        # conversation opened in the same one); the inspector names it with each reply.
-        told = session.format_notice
-        if told and told != self._format_told:
-            self._format_told = told
-            self.notify(told, title="No chat template", timeout=10)
-        if conversation and self.engine and conversation.model != self.engine.info.model_name:
-            self.notify(f"This conversation was made with {conversation.model}; replies now come from "
-                        f"{self.engine.info.model_name}.", timeout=10)
-        replies = [m for m in session.messages if m.role == "assistant"]
-        bar.context_used = conversation_tokens(session.seen_ids, replies[-1].stats if replies else None)
-        bar.show("idle", session.chat_format.short if session.chat_format else "")
-        self._send_queued()
-        self.settings.session_ready(session)
-        self.chat.meter_ready()
-
-    def on_session_failed(self, message: SessionFailed) -> None:
-        if message.ticket == self._ticket:
-            self.query_one(StatusBar).show("idle", "the conversation could not be opened")
-            self.notify(message.error, severity="error", timeout=10)
-
-    def ready_to_send(self, text: str | None = None) -> bool:
-        """Are the model and the conversation ready for a message? If not, say why. `text` (a message typed
-        while the model loads or the conversation opens) is sent by itself once the session is ready, if
-        still in the box."""
-        no_model = self.engine is None and self.query_one(StatusBar).phase == "no model"
-        if no_model and self.retry_load:
-            self._queued_text = text
-            self._reload()
-            self.notify("Trying the server again" + ("; your message is sent once it answers." if text else "."),
-                        severity="warning")
-        elif no_model:
-            self.notify("No model is loaded; choose one in the settings (Ctrl+O) or with /model NAME.",
-                        severity="warning")
-        elif self.engine is None or self.session is None:
-            self._queued_text = text
-            waiting = "The model is still loading" if self.engine is None else "The conversation is still opening"
-            self.notify(waiting + ("; your message is sent as soon as it is ready." if text else "."),
-                        severity="warning")
-        else:
-            return True
-        return False
-
-    def _send_queued(self) -> None:
-        text, self._queued_text = self._queued_text, None
-        prompt = self.query_one(PromptInput)
-        if text and prompt.text.strip() == text and self.chat.editing is None:
-            prompt.submit()
+        self.model_session.open(restoring=conversation is not None)
 
     async def conversation_saved(self) -> None:
         """The sidebar lists the conversation as it now is (the first message created it)."""
@@ -384,15 +257,6 @@ class KvchatApp(App):
             return self.storage.conversations.sibling_ids(message.id)
         except StorageError:
             return []
-
-    def set_alternatives(self, count: int) -> None:
-        """The settings screen's new number of alternatives: used from now on, and remembered."""
-        self.alternatives = count
-        try:
-            self.preferences.set(PREFERENCE, count)
-        except OSError as exc:
-            self.notify(f"The number of alternatives could not be saved ({exc.strerror or exc}); it holds until "
-                        "kvchat quits.", severity="warning")
 
     # ---- the keys: the app's bindings, carried out by the object each is about
 

@@ -1,13 +1,13 @@
 """The chat pane: the conversation's messages, the message box, and the reply being written.
 
-`ChatPane` owns the reply's state: the reply streaming (its view, its Markdown stream, its prefill
-progress), whether the inspector follows it, the message queued meanwhile, and stopping it (Esc, Ctrl+C).
-The engine thread posts the reply's events to it (engine_events.py), and the message box's Enter reaches
-it first, slash commands going through SlashCommands (commands.py). Objects it owns do the rest, each
-stating what it uses of the pane as a Protocol: Branches (regenerate, edit, switch: branches.py),
-AlternativesWriter (Regenerate N: alternatives.py) and WaysOn (a conversation that no longer fits:
-overflow.py). The conversation's session and the engine are the app's, which loads and opens them
-(ChatHost); the chat logic is ChatSession's.
+`ChatPane` owns the reply's state: the view of the reply being written, whether the inspector follows it,
+the message queued meanwhile, and stopping it (Esc, Ctrl+C). The engine thread posts the reply's events to
+it (engine_events.py), and the message box's Enter reaches it first, slash commands going through
+SlashCommands (commands.py). Objects it owns do the rest, each stating what it uses of the pane as a
+Protocol: ReplyStream (a reply streamed, with its prefill progress: stream.py), Branches (regenerate, edit,
+switch: branches.py), AlternativesWriter (Regenerate N: alternatives.py) and WaysOn (a conversation that no
+longer fits: overflow.py). The conversation's session and the engine are the app's, whose ModelSession loads
+and opens them (ChatHost); the chat logic is ChatSession's.
 """
 
 from __future__ import annotations
@@ -18,20 +18,19 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from textual import on
 from textual.app import ComposeResult
 from textual.containers import Vertical
-from textual.widgets import Markdown, Static, TextArea
+from textual.widgets import Static, TextArea
 
 from app.tui import slash_commands
-from app.chat.backend_loader import is_remote
 from app.chat.prompt.context_room import ConversationTooLong
 from app.chat.errors import USER_FACING_ERRORS
-from app.chat.reply.stats import ReplyNumbers
 from app.chat.session import ChatMessage
 from app.tui.alternative_events import AlternativeEnded, AlternativesDone, AlternativesProgress
 from app.tui.chat.alternatives import AlternativesWriter
 from app.tui.chat.branches import Branches
 from app.tui.chat.commands import SlashCommands
 from app.tui.chat.overflow import OverflowReport, SummaryDone, SummaryPass, WaysOn
-from app.tui.engine_events import ReplyDone, ReplyStats, ReplyText, stream_reply
+from app.tui.chat.stream import ReplyStream
+from app.tui.engine_events import ReplyDone, ReplyStats, ReplyText
 from app.chat.saved.conversation import ConversationChanged
 from app.tui.token_meter import box_reading, conversation_used
 from app.tui.widgets.box_notice import BoxNotice
@@ -39,20 +38,17 @@ from app.tui.widgets.chat_view import ChatView
 from app.tui.widgets.inspector import Inspector
 from app.tui.widgets.messages import AssistantMessageView, MessageView, UserMessageView
 from app.tui.widgets.prompt_input import PromptInput
-from app.tui.widgets.status_bar import StatusBar, clip, thinking_counts
+from app.tui.widgets.status_bar import clip
 from engine import ContextWindowError
 
 if TYPE_CHECKING:
-    from textual.widgets.markdown import MarkdownStream
-
     from app.chat.backend import Backend
     from app.chat.config import Config
     from app.chat.session import ChatSession
     from app.tui.chat.settings import ConversationSettings
     from app.tui.engine_thread import EngineThread
+    from app.tui.model_session import ModelSession
 
-FINISH_NOTES = {"stop": "", "length": "stopped at the length limit (max tokens: Ctrl+O)", "stopped": "stopped by you",
-                "repetition": "stopped: it kept repeating itself"}
 PLACEHOLDER = "Message · Enter sends · Ctrl+J new line · Esc stops the reply"
 
 
@@ -68,8 +64,7 @@ class ChatHost(Protocol):
     conversation_id: str | None
     alternatives: int  # how many replies "regenerate N" writes
     settings: ConversationSettings
-
-    def ready_to_send(self, text: str | None = None) -> bool: ...
+    model_session: ModelSession  # says whether the model and the session are ready for a message
 
     async def open_conversation(self, conversation_id: str | None) -> None: ...
 
@@ -92,8 +87,8 @@ class ChatPane(Vertical):
         self.host = host
         self._history = history
         self._reply: AssistantMessageView | None = None  # the reply (or alternatives) being written
-        self._stream: MarkdownStream | None = None  # the reply's answer, streamed into its view
         self._inspecting_live = True  # the inspector follows the reply being written
+        self.stream = ReplyStream(self)
         self.alternatives_writer = AlternativesWriter(self)
         self.ways_on = WaysOn(self)
         self.commands = SlashCommands(self)
@@ -171,7 +166,7 @@ class ChatPane(Vertical):
         elif self.generating:
             self.notify("A reply is still being written; press Esc to stop it.", severity="warning")
         else:
-            return self.host.ready_to_send(text)
+            return self.host.model_session.ready_to_send(text)
         return False
 
     async def _send(self, text: str, typed: str) -> None:
@@ -252,87 +247,20 @@ class ChatPane(Vertical):
         self.notify("This conversation got new messages in another kvchat; they are shown now. Send yours again.",
                     severity="warning", timeout=10)
 
-    # ---- the reply, streamed
+    # ---- the reply, streamed (ReplyStream); the engine thread posts its events here
 
     async def start_reply(self, events) -> None:
-        view = await self.query_one(ChatView).add(ChatMessage("assistant", "", status="streaming"))
-        self._reply = view
-        view.thinking.begin(expanded=not self.host.config.collapse_thinking)
-        self._stream = Markdown.get_stream(view.body)
-        self.app.query_one(StatusBar).begin_reply(prefill_tokens=self._chunked_prefill())
-        engine, opens_thinking = self.host.engine, self.host.session.opens_thinking
-        self.host.engine_thread.submit(lambda: stream_reply(events, engine, self.post_message, opens_thinking))
-
-    def _chunked_prefill(self) -> int | None:
-        """The tokens the reply just sent prefills, if they take more than one chunk (the engine reports on
-        those after each chunk; the bar shows 0 of them meanwhile); None otherwise, or for a server."""
-        engine, session = self.host.engine, self.host.session
-        if engine is None or session is None or is_remote(engine):
-            return None
-        tokens, options = session.unseen_prompt_tokens, getattr(engine, "options", None)
-        return tokens if options is not None and tokens > options.prefill_chunk else None
+        """Stream `events` (a ChatSession's send, edit or regenerate) as the reply being written."""
+        await self.stream.start(events)
 
     async def on_reply_text(self, message: ReplyText) -> None:
-        reply = self._reply
-        if reply is not None and (message.thinking or message.tokens is not None):
-            block = reply.thinking
-            block.tokens = message.tokens[0] if message.tokens else block.tokens
-            block.add(message.thinking)
-            if message.text and not block.ended:
-                block.answer_began()
-        if message.tokens is not None:
-            bar = self.app.query_one(StatusBar)
-            bar.thinking_tokens = message.tokens
-            bar.refresh_text()
-        if self._stream is not None and message.text:
-            await self._stream.write(message.text)
+        await self.stream.text(message)
 
     def on_reply_stats(self, message: ReplyStats) -> None:
-        bar = self.app.query_one(StatusBar)
-        bar.kv_cache = message.kv_cache or bar.kv_cache
-        bar.show(message.stats.phase, stats=message.stats)
-        inspector = self.app.query_one(Inspector)
-        if inspector.display and self._inspecting_live:
-            inspector.show(ReplyNumbers.from_request(message.stats), "the reply being written")
+        self.stream.stats(message)
 
     async def on_reply_done(self, message: ReplyDone) -> None:
-        # The reply is cleared only when the screen is final, so "generating" covers all of this.
-        try:
-            await self._show_reply_end(message)
-        finally:
-            self._reply = None
-        await self.reply_ended(message.done is not None and message.done.finish_reason != "stopped")
-        self.query_one(PromptInput).refresh_meter()  # the reply took room in the context window
-
-    async def _show_reply_end(self, message: ReplyDone) -> None:
-        if self._stream is not None:
-            await self._stream.stop()
-            self._stream = None
-        reply, bar, session = self._reply, self.app.query_one(StatusBar), self.host.session
-        bar.kv_cache = message.kv_cache or bar.kv_cache
-        if message.done is None:
-            bar.show("idle", "failed")
-            self.notify(message.error or "The reply failed.", severity="error", timeout=10)
-            kept = session.messages[-1] if session and session.messages else None
-            if reply is not None and kept is not None and kept.status == "interrupted":
-                await self.show_final(reply, kept)  # what it said is part of the conversation now
-            elif reply is not None:  # nothing was said: the empty reply is shown as interrupted
-                reply.message.status = "interrupted"
-                reply.refresh_header()
-            await self.host.conversation_saved()  # the user's message was, whatever happened after it
-            if reply is not None:
-                self._reply = None  # so the inspector shows the interrupted reply, not "the reply being written"
-                self.inspect(reply)
-            return
-        stored = session.messages[-1] if session and session.messages[-1].role == "assistant" else None
-        if reply is not None and stored is not None:
-            await self.show_final(reply, stored)
-        bar.thinking_tokens = thinking_counts(stored.stats if stored else None) or bar.thinking_tokens
-        bar.show("idle", FINISH_NOTES.get(message.done.finish_reason, message.done.finish_reason), message.done.stats)
-        await self.host.conversation_saved()
-        if reply is not None and stored is not None:
-            self._reply = None  # so the inspector shows the finished reply, not the live one
-            self.inspect(reply)
+        await self.stream.done(message)
 
     async def show_final(self, reply: AssistantMessageView, message: ChatMessage) -> None:
         """The streamed reply's view becomes the session's message (its id, status and numbers)."""

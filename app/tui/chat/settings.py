@@ -12,6 +12,7 @@ from app.chat.backend_loader import is_remote, remote_models
 from app.chat.local_models import LocalModel, find_local_models
 from app.chat.sampling_settings import sampling_params
 from storage.usage import one_line, usage
+from app.tui.chat.alternatives import PREFERENCE
 from app.tui.screens.settings import ChatSettings, SettingsScreen
 from app.tui.widgets.chat_view import ChatView
 from app.tui.widgets.status_bar import StatusBar
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
     from app.chat.config import Config
     from app.chat.saved.conversation import Storage
     from app.chat.session import ChatSession
+    from app.tui.model_session import ModelSession
+    from storage.preferences import Preferences
 
 
 @runtime_checkable  # so a test can check that KvchatApp keeps it
@@ -35,18 +38,14 @@ class SettingsHost(Protocol):
     overrides: dict  # sampling settings from the command line
     alternatives: int  # how many replies "regenerate N" writes at once
     system: str | None  # the system prompt of new conversations
-    model_spec: str | None
     engine: Backend | None
     session: ChatSession | None
     conversation_id: str | None
-    retry_load: bool  # the last load failed in a way that trying again may fix
+    model_session: ModelSession  # loads the model chosen
+    preferences: Preferences  # where the number of alternatives is remembered
 
     @property
     def generating(self) -> bool: ...
-
-    def load_model(self, spec: str | None) -> None: ...
-
-    def set_alternatives(self, count: int) -> None: ...
 
 
 if TYPE_CHECKING:
@@ -72,9 +71,9 @@ class ConversationSettings:
         those it will open with."""
         app = self.app
         if app.session is not None:
-            return ChatSettings(app.session.system, app.session.params, app.model_spec, app.alternatives)
+            return ChatSettings(app.session.system, app.session.params, app.model_session.spec, app.alternatives)
         if self._pending is not None and self._pending[0] == app.conversation_id:
-            return dataclasses.replace(self._pending[1], model=app.model_spec, alternatives=app.alternatives)
+            return dataclasses.replace(self._pending[1], model=app.model_session.spec, alternatives=app.alternatives)
         system, saved = app.system, None
         if app.conversation_id is not None:
             try:
@@ -82,18 +81,18 @@ class ConversationSettings:
                 system, saved = conversation.system, conversation.params
             except StorageError:
                 pass  # opening it says why; the defaults stand in meanwhile
-        config = getattr(app, "config", None)  # the config file's [sampling], as the app's _open_session layers it
+        config = getattr(app, "config", None)  # the config file's [sampling], layered as ModelSession does
         params = sampling_params(argparse.Namespace(**app.overrides), saved, config)
-        return ChatSettings(system, params, app.model_spec, app.alternatives)
+        return ChatSettings(system, params, app.model_session.spec, app.alternatives)
 
     def model_choices(self) -> list[LocalModel]:
         """The models the settings screen and /model offer: the server's, or those on this machine."""
         app = self.app
         if is_remote(app.engine):
-            return remote_models(app.engine, app.model_spec)
-        if app.engine is None and app.retry_load:  # the server was unreachable: it lists none
+            return remote_models(app.engine, app.model_session.spec)
+        if app.engine is None and app.model_session.retry_load:  # the server was unreachable: it lists none
             return []
-        return find_local_models(app.model_spec)
+        return find_local_models(app.model_session.spec)
 
     def open(self) -> None:
         """Ctrl+O. Also while no model is loaded (it failed), so that another one can be chosen and loaded."""
@@ -120,7 +119,7 @@ class ConversationSettings:
         False if they could not be (said why)."""
         app = self.app
         if new is not None and new.alternatives != old.alternatives:  # the chat's: taken at once, even mid-reply
-            app.set_alternatives(new.alternatives)
+            self._set_alternatives(new.alternatives)
             old = dataclasses.replace(old, alternatives=new.alternatives)
         if new is None or new == old and app.session is not None:
             return new is not None
@@ -141,8 +140,17 @@ class ConversationSettings:
         if new.model != old.model:
             await chat.add_note(f"Model changed to {new.model or 'the default model'}: it loads now, and the "
                                 "next reply recomputes the conversation with it.")
-            app.load_model(new.model)
+            app.model_session.load_model(new.model)
         return True
+
+    def _set_alternatives(self, count: int) -> None:
+        """The new number of alternatives: used from now on, and remembered."""
+        self.app.alternatives = count
+        try:
+            self.app.preferences.set(PREFERENCE, count)
+        except OSError as exc:
+            self.app.notify(f"The number of alternatives could not be saved ({exc.strerror or exc}); it holds "
+                            "until kvchat quits.", severity="warning")
 
     async def _without_session(self, old: ChatSettings, new: ChatSettings, load_again: bool) -> bool:
         """No session: the model failed to load (another model chosen loads now; with `load_again`, the same
@@ -154,7 +162,7 @@ class ConversationSettings:
         self._pending = (app.conversation_id, new)
         if no_model and (load_again or new.model != old.model):
             await app.query_one(ChatView).add_note(f"Loading {new.model or 'the default model'}.")
-            app.load_model(new.model)
+            app.model_session.load_model(new.model)
         elif (new.system, new.params) != (old.system, old.params):
             app.notify("Kept for this conversation: it applies once a model is loaded and the conversation "
                        "is open.", timeout=6)
