@@ -14,7 +14,7 @@ from storage.db.conversations import ConversationStore
 from storage.db.backup import backups
 from storage.db.files import database_path
 from storage.db.turn_lock import TurnLock
-from tests.storage.damaged_db import damage, fill
+from tests.storage.db.damaged_db import damage, fill
 
 
 def run(capsys, *args) -> tuple[int, str, str]:

@@ -196,7 +196,7 @@ def test_blocks_that_make_the_model_compute_non_finite_scores_are_dropped_and_st
 
 def test_an_older_kvchats_snapshot_file_moves_into_the_block_store_in_the_background(tiny_engine, kvchat_home):
     from app.chat.saved.conversation import Storage
-    from tests.storage.legacy_snapshots import legacy_snapshot_path, write_legacy_snapshot
+    from tests.storage.kv.legacy.legacy_snapshots import legacy_snapshot_path, write_legacy_snapshot
 
     storage = Storage.open()
     session = new_session(tiny_engine, storage, SHORT)
@@ -228,7 +228,7 @@ def test_quitting_does_not_wait_for_the_migration_of_every_old_file(tiny_engine,
 
     from app.chat.saved.conversation import Storage
     from storage.kv.legacy.migration import SnapshotMigration
-    from tests.storage.legacy_snapshots import legacy_snapshot_path, write_legacy_snapshot
+    from tests.storage.kv.legacy.legacy_snapshots import legacy_snapshot_path, write_legacy_snapshot
 
     storage = Storage.open()
     ids = []

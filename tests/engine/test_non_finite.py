@@ -1,6 +1,6 @@
 """Non-finite K/V never poison later replies: a request whose first logits are NaN ends with
 NonFiniteLogitsError after dropping the cached blocks it reused. (The block store writes only finite
-K/V, so what it reads back is finite: tests/storage/test_kv_store.py.)"""
+K/V, so what it reads back is finite: tests/storage/kv/test_kv_store.py.)"""
 
 import pytest
 import torch

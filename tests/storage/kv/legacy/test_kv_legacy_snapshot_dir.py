@@ -9,8 +9,8 @@ import pytest
 from storage.disk_files import STALE_TEMP_S
 from storage.kv.legacy.snapshot_dir import SnapshotRejected
 from storage.kv.legacy.snapshots import SnapshotStore
-from tests.storage.test_kv_legacy_snapshots import CONVERSATION, FINGERPRINT
-from tests.storage.fifo_guard import outcome_on_fifo
+from tests.storage.kv.fifo_guard import outcome_on_fifo
+from tests.storage.kv.legacy.legacy_snapshots import CONVERSATION, FINGERPRINT
 
 
 

@@ -15,11 +15,11 @@ from storage.db.conversations import ConversationStore
 from storage.disk_files import STALE_TEMP_S, TEMP_NAME, temp_is_stale
 from storage.kv.block_file import SUFFIX
 from storage.kv.store import KVBlockStore
-from tests.storage.kv_crash_child import tokens_of
-from tests.storage.kv_store_helpers import (BLOCK_SIZE, check_heads_loadable, check_index_matches_files,
+from tests.storage.kv.kv_crash_child import tokens_of
+from tests.storage.kv.kv_store_helpers import (BLOCK_SIZE, check_heads_loadable, check_index_matches_files,
                                             kv_of, load, plan_tokens)
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 KILLS = 10
 KEY_NAME = set("0123456789abcdef")
 
@@ -33,7 +33,7 @@ def test_kill_9_mid_save_never_leaves_the_index_naming_a_torn_block(tmp_path):
         conversation_id = conversations.create("m").id
     rng = random.Random(3)
     acked, leftovers = -1, 0
-    server = subprocess.Popen([sys.executable, "-m", "tests.storage.kv_crash_child", str(home), conversation_id],
+    server = subprocess.Popen([sys.executable, "-m", "tests.storage.kv.kv_crash_child", str(home), conversation_id],
                               cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         for round_ in range(KILLS):

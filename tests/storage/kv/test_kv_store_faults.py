@@ -13,9 +13,9 @@ from storage.disk_files import STALE_TEMP_S
 from storage.errors import StorageError
 from storage.kv.block_file import SUFFIX
 from storage.kv.store import KVBlockStore
-from tests.storage.kv_store_helpers import (CAP, assert_loads, check_index_matches_files, kvb_files, load,
+from tests.storage.kv.kv_store_helpers import (CAP, assert_loads, check_index_matches_files, kvb_files, load,
                                             exported_kv)
-from tests.storage.kv_store_helpers import dead_pid, keys_of, tokens
+from tests.storage.kv.kv_store_helpers import dead_pid, keys_of, tokens
 
 
 # ---- clean-up at open -------------------------------------------------------------------------

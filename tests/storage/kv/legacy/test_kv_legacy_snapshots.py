@@ -11,10 +11,7 @@ import storage.kv.legacy.snapshots as snapshots
 from engine.kv.exported import ExportedKV
 from storage.kv.legacy.snapshot_dir import SnapshotRejected
 from storage.kv.legacy.snapshots import SnapshotStore
-from tests.storage.legacy_snapshots import write_legacy_snapshot
-
-FINGERPRINT = "f" * 64
-CONVERSATION = "0123456789ab"
+from tests.storage.kv.legacy.legacy_snapshots import CONVERSATION, FINGERPRINT, write_legacy_snapshot
 
 
 def make_snapshot(tokens: int = 37, seed: int = 0, block_size: int = 16) -> ExportedKV:

@@ -9,7 +9,7 @@ from storage.db.conversations import ConversationStore
 from storage.db.files import database_path
 from storage.db.recover import RECOVERED_TITLE, recover
 from storage.errors import StorageError
-from tests.storage.damaged_db import damage, fill, pages_of
+from tests.storage.db.damaged_db import damage, fill, pages_of
 
 
 def all_ids(home) -> set[str]:

@@ -10,8 +10,8 @@ from storage.db.conversations import ConversationStore
 from storage.kv.legacy.migration import SnapshotMigration
 from storage.kv.legacy.snapshots import SnapshotStore
 from storage.kv.store import KVBlockStore
-from tests.storage.kv_store_helpers import CAP, BLOCK_SIZE, kv_of, kvb_files, load
-from tests.storage.legacy_snapshots import write_legacy_snapshot
+from tests.storage.kv.kv_store_helpers import CAP, BLOCK_SIZE, kv_of, kvb_files, load
+from tests.storage.kv.legacy.legacy_snapshots import write_legacy_snapshot
 
 LEGACY_FINGERPRINT = "e" * 64
 

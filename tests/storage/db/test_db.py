@@ -20,7 +20,7 @@ from storage.db.open import open_database
 from storage.db.records import encode_token_ids
 from storage.db.transaction import transaction
 from storage.errors import StorageError
-from tests.storage.conversation_writer import spawn, start_together
+from tests.storage.db.conversation_writer import spawn, start_together
 
 ALL_STEPS = [name for name, _ in MIGRATIONS]
 

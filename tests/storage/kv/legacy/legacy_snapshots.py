@@ -24,6 +24,10 @@ FORMAT = "kvchat-kv-snapshot"
 VERSION = 1
 HASH_PIECE = 4 << 20
 
+# The model fingerprint and conversation id the reader's tests write their snapshots under.
+FINGERPRINT = "f" * 64
+CONVERSATION = "0123456789ab"
+
 
 def _digest(tensor: torch.Tensor) -> bytes:
     data = tensor.contiguous().view(torch.uint8).numpy().tobytes()

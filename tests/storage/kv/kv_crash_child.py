@@ -17,7 +17,7 @@ import torch
 
 from storage.db.conversations import ConversationStore
 from storage.kv.store import KVBlockStore
-from tests.storage.kv_store_helpers import BLOCK_SIZE, FINGERPRINT, exported_kv
+from tests.storage.kv.kv_store_helpers import BLOCK_SIZE, FINGERPRINT, exported_kv
 
 SEQUENCE = [(j * 7919) % 50_000 for j in range(120)]
 

@@ -5,9 +5,9 @@ import pytest
 import storage.kv.store as kv_store
 from storage.kv.block_file import SUFFIX
 from storage.kv.store import KVBlockStore
-from tests.storage.kv_store_helpers import (CAP, BLOCK_SIZE, FINGERPRINT, assert_loads, check_heads_loadable,
+from tests.storage.kv.kv_store_helpers import (CAP, BLOCK_SIZE, FINGERPRINT, assert_loads, check_heads_loadable,
                                             check_index_matches_files, kvb_files, load, exported_kv)
-from tests.storage.kv_store_helpers import keys_of, tokens
+from tests.storage.kv.kv_store_helpers import keys_of, tokens
 
 
 # ---- the cap and removal ------------------------------------------------------------------

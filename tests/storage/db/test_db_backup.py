@@ -11,7 +11,7 @@ from storage.db.backup import KEEP, backup_folder, backup_now, backups, restore
 from storage.db.conversations import ConversationStore
 from storage.db.files import database_path, move_aside
 from storage.errors import StorageError
-from tests.storage.damaged_db import damage, fill
+from tests.storage.db.damaged_db import damage, fill
 
 
 def titles(path) -> list[str]:

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from storage.db.conversations import ConversationStore
-from tests.storage.conversation_writer import spawn, start_together, text_hash
+from tests.storage.db.conversation_writer import spawn, start_together, text_hash
 
 pytestmark = pytest.mark.slow  # writer processes killed at random moments, in loops
 

@@ -7,7 +7,7 @@ import storage.db.health
 from storage.db.conversations import ConversationStore
 from storage.db.files import database_path
 from storage.errors import StorageError
-from tests.storage.damaged_db import damage, fill
+from tests.storage.db.damaged_db import damage, fill
 
 
 def damaged_sentence(home) -> str:

@@ -19,13 +19,13 @@ import sys
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 def spawn(home: Path, *args: str, stdout=subprocess.PIPE) -> subprocess.Popen:
     """Start this script in a subprocess on the store in `home`."""
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.storage.conversation_writer", *args],
+        [sys.executable, "-m", "tests.storage.db.conversation_writer", *args],
         cwd=REPO_ROOT, env={**os.environ, "KVCHAT_HOME": str(home)},
         stdin=subprocess.PIPE, stdout=stdout, stderr=subprocess.PIPE, text=True,
     )

@@ -9,7 +9,7 @@ import pytest
 import storage.kv.store as kv_store
 from storage.kv.block_file import chain_keys
 from storage.kv.writer import KVWriter
-from tests.storage.kv_store_helpers import BLOCK_SIZE, FINGERPRINT, assert_loads, kvb_files, exported_kv
+from tests.storage.kv.kv_store_helpers import BLOCK_SIZE, FINGERPRINT, assert_loads, kvb_files, exported_kv
 
 WAIT_S = 10
 

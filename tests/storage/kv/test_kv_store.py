@@ -10,10 +10,10 @@ import torch
 
 from storage.kv.block_file import SUFFIX
 from storage.kv.store import KVBlockStore
-from tests.storage.kv_store_helpers import (BLOCK_SIZE, FINGERPRINT, assert_loads, check_heads_loadable,
+from tests.storage.kv.kv_store_helpers import (BLOCK_SIZE, FINGERPRINT, assert_loads, check_heads_loadable,
                                             check_index_matches_files, fresh_dests, kv_of, kvb_files, load,
                                             exported_kv)
-from tests.storage.kv_store_helpers import file_bytes, keys_of, tokens
+from tests.storage.kv.kv_store_helpers import file_bytes, keys_of, tokens
 
 
 # ---- round trip ---------------------------------------------------------------------

@@ -9,7 +9,7 @@ import torch
 
 from storage.kv.block_file import (CHECK, HEADER, ROOT, SUFFIX, BlockDamaged, BlockLayout, BlockUnreadable, block_key,
                                    chain_keys, is_finite, payload_of, read_block, write_block)
-from tests.storage.fifo_guard import outcome_on_fifo
+from tests.storage.kv.fifo_guard import outcome_on_fifo
 
 FINGERPRINT = "f" * 64
 BLOCK_SIZE = 4
