@@ -11,9 +11,7 @@ from safetensors.torch import load_file
 from engine import Engine, EngineError, EngineOptions, SamplingParams
 from engine.cpu import kernels as quant_kernels
 from engine.cpu.linear import QuantLinear
-from engine.weights.gguf import QUANT_WEIGHTS_FILE, convert_gguf
-from tests.tiny_gguf import write_gguf
-from tests.tiny_models import load_reference, make_tiny_model
+from engine.weights.gguf import QUANT_WEIGHTS_FILE
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
                                 reason="the block kernels need a C compiler")
@@ -64,14 +62,6 @@ def test_leading_dimensions_are_kept(kernels):
     x = torch.randn(2, 3, 64)
     assert linear(x).shape == (2, 3, 64)
     torch.testing.assert_close(linear(x), x @ dense.T, atol=1e-4, rtol=1e-5)
-
-
-@pytest.fixture(scope="module")
-def q4_gguf_model(tmp_path_factory):
-    """A tiny Llama written as a Q4_1 GGUF (embeddings Q4_1 too) and converted."""
-    root = tmp_path_factory.mktemp("q4")
-    hf_model = load_reference(make_tiny_model(root / "hf", "llama", tie_word_embeddings=True))
-    return convert_gguf(write_gguf(hf_model, root / "tiny-q4.gguf", quant="Q4_1"), root / "converted")
 
 
 def test_conversion_keeps_blocks_that_rebuild_the_dense_weights_exactly(kernels, q4_gguf_model):

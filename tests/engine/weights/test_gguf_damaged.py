@@ -51,7 +51,7 @@ def test_kvchat_exits_1_with_that_one_sentence(tmp_path, q8_gguf_bytes):
     broken = tmp_path / "cut.gguf"
     broken.write_bytes(q8_gguf_bytes[:-100])
     result = subprocess.run([sys.executable, "-m", "app.cli", "ask", "hi", "--model", str(broken)],
-                            capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[2],
+                            capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[3],
                             env={**os.environ, "KVCHAT_CACHE_DIR": str(tmp_path / "cache")})
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 1 and "Traceback" not in result.stderr

@@ -6,7 +6,7 @@ on a pool small enough that requests are preempted and resume from the prefix ca
 equal the same request's reply decoded alone. On the fused CPU step a row's logits are the bits it gets
 alone, so the replies must be equal; the eager paths run each request's forward on its own (equal too,
 but a preempted request recomputes its K/V through a prefill, so a divergence is accepted where the
-reference's top two logits tie to 1e-4, as tests/engine/test_prefix_differential.py does).
+reference's top two logits tie to 1e-4, as tests/engine/kv/test_prefix_differential.py does).
 """
 
 import pytest

@@ -5,7 +5,7 @@ Differential: every reply is generated with speculation off and on, on each KV s
 path, and compared token for token. The fused CPU step verifies drafts with the sums a plain step
 uses (bit-identical logits), so there the replies must be equal; the eager paths verify through a
 forward over several rows, which may round differently in the last bit, so a divergence is accepted
-only where the reference's top two logits tie to 1e-4 (as tests/engine/test_prefix_differential.py does).
+only where the reference's top two logits tie to 1e-4 (as tests/engine/kv/test_prefix_differential.py does).
 """
 
 import math

@@ -8,11 +8,10 @@ from engine.bench.decode_profile import decode_profile
 from engine.bench.perf import random_prompt
 from engine.cpu.decode_step import PHASES
 from engine.cpu.linear import QuantLinear
-from tests.engine.test_block_quant import q4_gguf_model  # noqa: F401  (a fixture)
 
 
 @pytest.fixture(scope="module", params=[None, False], ids=["fused", "eager"])
-def quantized(request, q4_gguf_model):  # noqa: F811
+def quantized(request, q4_gguf_model):
     engine = Engine.load(EngineOptions(model=str(q4_gguf_model), dtype="float32", weights="blocks",
                                        fused_decode=request.param))
     assert "blocks" in engine.info.weights
