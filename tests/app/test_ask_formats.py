@@ -6,7 +6,7 @@ import pytest
 
 from app.chat.prompt.template import raw_prompt_ids
 from engine import Engine, EngineOptions, SamplingParams
-from tests.app.test_cli import assert_one_clear_error, kvchat
+from tests.app.in_process_cli import assert_one_clear_error, kvchat
 from tests.formatless_models import make_formatless_model
 
 NOTICE = "kvchat: This model has no chat template: using plain completion (a User:/Assistant: transcript)."

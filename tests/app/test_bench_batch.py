@@ -2,7 +2,7 @@
 
 import json
 
-from tests.app.test_cli import kvchat
+from tests.app.in_process_cli import kvchat
 
 
 def test_bench_batch_reports_batched_next_to_one_at_a_time(tiny_model_dir):

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tests.app.test_cli import assert_one_clear_error, kvchat
+from tests.app.in_process_cli import assert_one_clear_error, kvchat
 
 TINY = ("--quick", "--device", "cpu", "--dtype", "float32", "--contexts", "8,16", "--steps", "2",
         "--prefill-tokens", "16", "--new-tokens", "4", "--hf-tokens", "3", "--repeat", "1")

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from tests.app.kv_blocks import conversation_kv
-from tests.app.test_cli import assert_one_clear_error, kvchat
+from tests.app.in_process_cli import assert_one_clear_error, kvchat
 from tests.disk_full import compiler, nearly_full_disk
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -11,8 +11,7 @@ import time
 import pytest
 
 from tests.app.kv_blocks import block_files, conversation_kv
-from tests.app.test_cli import assert_one_clear_error, kvchat
-from tests.app.test_conversations_cli import export_json as conversation
+from tests.app.in_process_cli import assert_one_clear_error, export_json as conversation, kvchat
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -6,7 +6,7 @@ import resource
 import subprocess
 import sys
 
-from tests.app.test_cli import assert_one_clear_error
+from tests.app.in_process_cli import assert_one_clear_error
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HANG_GUARD_S = 60  # `kvchat list` answers in about a second; a child blocked on a FIFO is killed here

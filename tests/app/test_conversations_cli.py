@@ -11,19 +11,13 @@ import textwrap
 import pytest
 
 from tests.app.kv_blocks import conversation_chain, conversation_kv
-from tests.app.test_cli import assert_one_clear_error, kvchat
+from tests.app.in_process_cli import assert_one_clear_error, export_json, kvchat
 
 GREEDY = ("--json", "--temperature", "0", "--max-tokens", "8")
 
 
 def ask(model_dir, message, *args):
     result = kvchat("ask", message, "--model", str(model_dir), *GREEDY, *args)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
-
-
-def export_json(conversation_id):
-    result = kvchat("export", conversation_id, "--format", "json")
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 

@@ -22,26 +22,12 @@ from app.remote.stream import RemoteError, sse_data
 from app.chat.saved.conversation import SavedConversation, Storage, reply_stats
 from app.tui.widgets.status_bar import prompt_text
 from engine import Done, SamplingParams, Stats, TokenDelta
-from tests.app.fake_openai_server import MODEL, FakeServer
+from tests.app.fake_openai_server import MODEL
 from tests.app.serve_harness import Server, wait_until
 from engine.bench.fresh import with_fresh_cache
+from tests.app.remote_fixtures import fake, remote  # noqa: F401 (fixtures)
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12)
-
-
-@pytest.fixture
-def fake():
-    fake = FakeServer(api_key="sk-fake")
-    with Server(fake.app, log_level="critical") as server:  # "drop" makes uvicorn log the scripted error
-        fake.url = server.url
-        yield fake
-
-
-@pytest.fixture
-def remote(fake):
-    engine = RemoteEngine.connect(fake.url, api_key="sk-fake")
-    yield engine
-    engine.close()
 
 
 def run(events) -> tuple[str, Done | None, list]:

@@ -11,7 +11,6 @@ from textual.widgets import Select
 from app.chat.session import ChatSession
 from app.server.api import create_app
 from app.remote.client import RemoteEngine
-from app.chat.saved.conversation import Storage
 from app.tui.screens.settings import SettingsScreen
 from app.tui.widgets.chat_view import ChatView
 from app.tui.widgets.messages import AssistantMessageView
@@ -21,8 +20,9 @@ from tests.app.fake_openai_server import FakeServer
 from tests.app.kv_blocks import block_files
 from tests.app.pilot import wait_until
 from tests.app.serve_harness import Server
-from tests.app.tui_harness import RecordingApp, exchange, ready, send
+from tests.app.tui_harness import exchange, ready, send
 from engine.bench.fresh import with_fresh_cache
+from tests.app.remote_fixtures import remote_app
 
 
 @pytest.fixture
@@ -32,14 +32,6 @@ def remotes():
     yield made
     for remote in made:
         remote.close()
-
-
-def remote_app(url: str, api_key: str | None, remotes: list, storage: Storage, **kwargs) -> RecordingApp:
-    def connect(spec, progress):
-        remotes.append(RemoteEngine.connect(url, api_key, spec, progress))
-        return remotes[-1]
-
-    return RecordingApp(connect, storage, overrides={"temperature": 0, "max_tokens": 12}, **kwargs)
 
 
 def status(app) -> str:

@@ -15,6 +15,7 @@ from app.server.reply import StopText
 from app.server.schema import ChatCompletionRequest, usage
 from engine import Done, RequestStats, SamplingParams
 from tests.app.serve_harness import Server, wait_until
+from tests.app.serve_requests import no_request_holds_blocks
 from engine.bench.fresh import with_fresh_cache
 
 API_KEY = "test-key"
@@ -58,15 +59,6 @@ def generations(engine, monkeypatch) -> list:
 
     monkeypatch.setattr(engine, "generate", recorded)
     return made
-
-
-def no_request_holds_blocks(engine) -> bool:
-    cache = engine.prefix_cache
-    try:
-        cache.check_invariants()  # every device block is free or in the tree: none owned by a request
-    except AssertionError:
-        return False
-    return all(node.refs == 0 for node in cache.nodes())
 
 
 def test_models_lists_the_loaded_model(client, engine):

@@ -23,11 +23,9 @@ from app.server.serve_thread import Server as SignalServer
 from engine import Engine
 from tests.app.serve_child import ServeChild, StreamReader
 from tests.app.serve_harness import Server, wait_until
-from tests.app.test_serve import no_request_holds_blocks
+from tests.app.serve_requests import HANG_GUARD_S, chat, no_request_holds_blocks, post
 from tests.tiny_models import make_tiny_model
 from engine.bench.fresh import with_fresh_cache
-
-HANG_GUARD_S = 10  # far above what any of these takes; only there so a regression fails instead of hanging
 
 
 @pytest.fixture
@@ -62,17 +60,6 @@ def slow_decode(engine, seconds: float) -> None:
         return decode(kv, token)
 
     engine.runner.decode = slow
-
-
-def chat(engine, content: str = "hi", **fields) -> dict:
-    return {"model": engine.info.model_name, "messages": [{"role": "user", "content": content}], **fields}
-
-
-def post(server, path: str, body: dict | bytes, timeout: float = HANG_GUARD_S) -> httpx.Response:
-    """POST `body` to /v1/`path`; a dict goes as ASCII JSON, so a lone surrogate travels as its escape."""
-    content = body if isinstance(body, bytes) else json.dumps(body)
-    return httpx.post(f"{server.url}/v1/{path}", content=content, timeout=timeout,
-                      headers={"Content-Type": "application/json"})
 
 
 def read_response(sock: socket.socket) -> tuple[int, dict]:

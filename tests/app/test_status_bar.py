@@ -6,44 +6,17 @@ import time
 
 import pytest
 from rich.cells import cell_len
-from textual.app import App, ComposeResult
 
 from app.chat.stats_text import MIN_PREFILL_TOKENS_FOR_RATE
-from app.tui.styles import stylesheet
 from app.tui.widgets.status_bar import (FIRST_LINE, FIRST_LINE_STEPS, ONE_LINE_STEPS, SECOND_LINE, SECOND_LINE_STEPS,
                                         SEPARATOR, StatusBar, clip, fit)
 from engine import RequestStats
 from tests.app.screen_text import screen_lines
+from tests.app.status_bar_lines import REPLY, BarApp, bar_lines
 
-REPLY = RequestStats(prompt_tokens=1036, cached_tokens=1024, prefilled_tokens=12, prefill_done_tokens=12,
-                     generated_tokens=180, cache_source="disk", ttft_ms=48.0, prefill_ms=46.5, decode_ms=3400.0,
-                     phase="done")
 NUMBERS = ("TTFT 48 ms", "52.6 tok/s", "1,024 cached", "12 computed")
 SPECULATED = dataclasses.replace(REPLY, decode_steps=70, draft_tokens=150, accepted_tokens=109)  # 179 in 70 steps
 ONE_LINE = FIRST_LINE + SECOND_LINE
-
-
-class BarApp(App):
-    CSS_PATH = str(stylesheet())
-
-    def compose(self) -> ComposeResult:
-        yield StatusBar()
-
-    def on_mount(self) -> None:
-        bar = self.query_one(StatusBar)
-        bar.context_window, bar.model, bar.device = 8192, "SmolLM2-135M-Instruct", "cpu float32"
-        bar.kv_cache = {"enabled": True, "bytes_used": 80 * 2**20, "bytes_total": 2048 * 2**20}
-
-
-async def bar_lines(width: int, phase: str, detail: str = "", stats: RequestStats | None = REPLY,
-                    thinking_tokens: tuple[int, int] | None = None) -> list[str]:
-    app = BarApp()
-    async with app.run_test(size=(width, 4)) as pilot:
-        app.query_one(StatusBar).thinking_tokens = thinking_tokens
-        app.query_one(StatusBar).show(phase, detail, stats)
-        await pilot.pause()
-        bar = app.query_one(StatusBar)
-        return [line.strip() for line in screen_lines(app)[bar.region.y : bar.region.bottom]]
 
 
 def test_fit_shortens_the_parts_in_the_order_given_until_the_line_fits():

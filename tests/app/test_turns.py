@@ -14,7 +14,7 @@ from app.chat.saved.reply_writer import ConversationDeleted
 from app.chat.saved.conversation import ConversationBusy, ConversationChanged, SavedConversation, Storage
 from engine import Done, SamplingParams, TokenDelta
 from tests.app.kv_blocks import block_files, conversation_kv
-from tests.app.test_cli import kvchat
+from tests.app.in_process_cli import kvchat
 
 GREEDY = SamplingParams(temperature=0, max_tokens=6)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
