@@ -11,7 +11,7 @@ import pytest
 from app.server.api import create_app
 from engine.bench.fresh import with_fresh_cache
 from tests.app.serve_harness import Server
-from tests.app.serve_requests import chat, post
+from tests.app.server.serve_requests import chat, post
 
 
 @pytest.fixture

@@ -30,7 +30,7 @@ from engine.engine import new_prefix_cache
 from engine.kv.pool import KVPool
 from engine.request.scheduler import Scheduler
 from tests.app.serve_harness import Server, wait_until
-from tests.app.serve_requests import no_request_holds_blocks
+from tests.app.server.serve_requests import no_request_holds_blocks
 
 SOAK_S = 20  # of random load; the whole test stays under a minute on two cores
 CLIENTS = 6

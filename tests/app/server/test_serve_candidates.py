@@ -8,7 +8,7 @@ import pytest
 from app.server.api import create_app
 from engine.bench.fresh import with_fresh_cache
 from tests.app.serve_harness import Server
-from tests.app.serve_requests import no_request_holds_blocks
+from tests.app.server.serve_requests import no_request_holds_blocks
 
 MESSAGES = [{"role": "user", "content": "Give me a few ideas"}]
 

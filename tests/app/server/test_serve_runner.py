@@ -13,7 +13,7 @@ from app.server.runner import EngineRunner, ShuttingDown
 from engine import Done, EngineError, SamplingParams, TokenDelta
 from engine.bench.fresh import with_fresh_cache
 from tests.app.serve_harness import wait_until
-from tests.app.serve_requests import no_request_holds_blocks
+from tests.app.server.serve_requests import no_request_holds_blocks
 
 STEP_S = 0.004  # each forward pass takes this much more: two replies surely overlap
 

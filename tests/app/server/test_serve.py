@@ -15,7 +15,7 @@ from app.server.reply import StopText
 from app.server.schema import ChatCompletionRequest, usage
 from engine import Done, RequestStats, SamplingParams
 from tests.app.serve_harness import Server, wait_until
-from tests.app.serve_requests import no_request_holds_blocks
+from tests.app.server.serve_requests import no_request_holds_blocks
 from engine.bench.fresh import with_fresh_cache
 
 API_KEY = "test-key"

@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from app.server.guards import allowed_host_names, host_name
-from tests.app.serve_child import ServeChild
+from tests.app.server.serve_child import ServeChild
 
 API_KEY = "k"
 pytestmark = pytest.mark.xdist_group("serve-host")  # one xdist worker starts the server (make test: --dist loadgroup)

@@ -21,9 +21,9 @@ from app.server.runner import EngineRunner, ShuttingDown
 from app.server.schema import MIN_BODY_BYTES, body_limit
 from app.server.serve_thread import Server as SignalServer
 from engine import Engine
-from tests.app.serve_child import ServeChild, StreamReader
+from tests.app.server.serve_child import ServeChild, StreamReader
 from tests.app.serve_harness import Server, wait_until
-from tests.app.serve_requests import HANG_GUARD_S, chat, no_request_holds_blocks, post
+from tests.app.server.serve_requests import HANG_GUARD_S, chat, no_request_holds_blocks, post
 from tests.tiny_models import make_tiny_model
 from engine.bench.fresh import with_fresh_cache
 
