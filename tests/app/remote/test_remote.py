@@ -22,10 +22,10 @@ from app.remote.stream import RemoteError, sse_data
 from app.chat.saved.conversation import SavedConversation, Storage, reply_stats
 from app.tui.widgets.status_bar import prompt_text
 from engine import Done, SamplingParams, Stats, TokenDelta
-from tests.app.fake_openai_server import MODEL
+from tests.app.remote.fake_openai_server import MODEL
 from tests.app.serve_harness import Server, wait_until
 from engine.bench.fresh import with_fresh_cache
-from tests.app.remote_fixtures import fake, remote  # noqa: F401 (fixtures)
+from tests.app.remote.remote_fixtures import fake, remote  # noqa: F401 (fixtures)
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12)
 

@@ -5,7 +5,7 @@ import pytest
 
 from app.chat.saved.conversation import Storage
 from app.remote.client import RemoteEngine
-from tests.app.fake_openai_server import FakeServer
+from tests.app.remote.fake_openai_server import FakeServer
 from tests.app.serve_harness import Server
 from tests.app.tui_harness import RecordingApp
 
