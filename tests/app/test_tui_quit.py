@@ -1,6 +1,6 @@
 """Quitting the chat: run_tui returns the app's exit code only once the engine thread has ended and
 storage is closed (every K/V block and message written); the process then ends at once
-(tests/app/test_process_end.py)."""
+(tests/app/cli/test_process_end.py)."""
 
 from app.chat.saved.conversation import Storage
 from app.cli.main import build_parser

@@ -13,8 +13,8 @@ from app.chat.session import ChatSession
 from app.chat.saved.reply_writer import ConversationDeleted
 from app.chat.saved.conversation import ConversationBusy, ConversationChanged, SavedConversation, Storage
 from engine import Done, SamplingParams, TokenDelta
-from tests.app.kv_blocks import block_files, conversation_kv
 from tests.app.in_process_cli import kvchat
+from tests.app.kv_blocks import block_files, conversation_kv
 
 GREEDY = SamplingParams(temperature=0, max_tokens=6)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-KVCHAT = [sys.executable, "-m", "tests.app.cli_child"]  # kvchat, with the test knobs of tests/app/cli_child.py
+KVCHAT = [sys.executable, "-m", "tests.app.cli.cli_child"]  # kvchat, with the test knobs of tests/app/cli/cli_child.py
 EXIT_S = 30.0  # a deadline for a slow CI machine
 POLL_S = 0.2
 

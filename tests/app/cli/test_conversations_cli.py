@@ -10,8 +10,8 @@ import textwrap
 
 import pytest
 
-from tests.app.kv_blocks import conversation_chain, conversation_kv
 from tests.app.in_process_cli import assert_one_clear_error, export_json, kvchat
+from tests.app.kv_blocks import conversation_chain, conversation_kv
 
 GREEDY = ("--json", "--temperature", "0", "--max-tokens", "8")
 

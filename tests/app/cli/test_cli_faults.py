@@ -7,21 +7,22 @@ import re
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from tests.app.kv_blocks import conversation_kv
 from tests.app.in_process_cli import assert_one_clear_error, kvchat
+from tests.app.kv_blocks import conversation_kv
 from tests.disk_full import compiler, nearly_full_disk
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = Path(__file__).resolve().parents[3]
 GREEDY = ("--temperature", "0")
 STREAMING = {"TEST_STEP_S": "0.005"}  # a 3,000-token reply takes 15 s: still streaming when a test ends it
 
 
 def child(*args, env=None, **popen):
-    """kvchat in a child process (tests/app/cli_child.py), its save interval from TEST_PARTIAL_SAVE_S."""
-    return subprocess.Popen([sys.executable, "-m", "tests.app.cli_child", *args], cwd=REPO,
+    """kvchat in a child process (tests/app/cli/cli_child.py), its save interval from TEST_PARTIAL_SAVE_S."""
+    return subprocess.Popen([sys.executable, "-m", "tests.app.cli.cli_child", *args], cwd=REPO,
                             env={**os.environ, **(env or {})}, **popen)
 
 

@@ -4,7 +4,7 @@
 - TEST_STEP_S: each engine step lasts at least this long, so a reply of a tiny model is still
   streaming when a test ends it (the fused decode step runs thousands of its tokens a second).
 
-    python -m tests.app.cli_child ask MESSAGE ...
+    python -m tests.app.cli.cli_child ask MESSAGE ...
 """
 
 import os

@@ -5,10 +5,11 @@ import os
 import resource
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.app.in_process_cli import assert_one_clear_error
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = Path(__file__).resolve().parents[3]
 HANG_GUARD_S = 60  # `kvchat list` answers in about a second; a child blocked on a FIFO is killed here
 MEMORY_GUARD_BYTES = 2 << 30  # far above what `kvchat list` uses; reading /dev/zero whole hits it in a second
 

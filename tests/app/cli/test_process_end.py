@@ -6,12 +6,13 @@ import logging
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from app.cli import process_end
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = Path(__file__).resolve().parents[3]
 
 # A command that returns 7 while a daemon thread is busy in torch, as a K/V writer or a reader could be.
 BUSY_DAEMON_THEN_RUN = """

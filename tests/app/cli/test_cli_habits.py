@@ -3,17 +3,17 @@ config file, one-off flags that do not stick, a ceiling on replies, the trash, `
 mistakes reported before torch or a model loads."""
 
 import json
-import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from tests.app.kv_blocks import block_files, conversation_kv
 from tests.app.in_process_cli import assert_one_clear_error, export_json as conversation, kvchat
+from tests.app.kv_blocks import block_files, conversation_kv
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = Path(__file__).resolve().parents[3]
 
 
 def ask(model_dir, message, *args, env=None):
