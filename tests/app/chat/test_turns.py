@@ -1,10 +1,10 @@
 """A conversation takes one turn at a time, across processes, and a delete by another kvchat wins."""
 
 import json
-import os
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +17,7 @@ from tests.app.in_process_cli import kvchat
 from tests.app.kv_blocks import block_files, conversation_kv
 
 GREEDY = SamplingParams(temperature=0, max_tokens=6)
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = Path(__file__).resolve().parents[3]
 
 
 def saved_chat(engine, storage, params=GREEDY) -> ChatSession:
