@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from app.chat.reply.stats import ReplyNumbers
 from engine import RequestStats
 from tests.app.serve_harness import Server
-from tests.app.status_bar_lines import REPLY, bar_lines
+from tests.app.tui.widgets.status_bar_lines import REPLY, bar_lines
 
 LONG = RequestStats(prompt_tokens=8192, cached_tokens=8000, prefilled_tokens=192, prefill_done_tokens=192,
                     generated_tokens=1500, cache_source="disk", ttft_ms=78602.0, prefill_ms=78000.0,

@@ -7,7 +7,7 @@ from app.chat.saved.conversation import Storage
 from app.remote.client import RemoteEngine
 from tests.app.remote.fake_openai_server import FakeServer
 from tests.app.serve_harness import Server
-from tests.app.tui_harness import RecordingApp
+from tests.app.tui.tui_harness import RecordingApp
 
 
 @pytest.fixture

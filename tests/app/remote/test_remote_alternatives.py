@@ -3,9 +3,9 @@
 from app.chat.backend_loader import chat_session
 from app.chat.saved.conversation import SavedConversation
 from engine import Done, SamplingParams, TokenDelta
-from tests.app.pilot import wait_until
+from tests.app.tui.pilot import wait_until
 from tests.app.remote.remote_fixtures import fake, remote, remote_app  # noqa: F401 (fixtures)
-from tests.app.tui_harness import exchange, ready
+from tests.app.tui.tui_harness import exchange, ready
 
 GREEDY_SEEDED = SamplingParams(temperature=0, max_tokens=20, seed=7)
 

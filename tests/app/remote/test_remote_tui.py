@@ -18,9 +18,9 @@ from app.tui.widgets.status_bar import StatusBar
 from engine import Done, SamplingParams
 from tests.app.remote.fake_openai_server import FakeServer
 from tests.app.kv_blocks import block_files
-from tests.app.pilot import wait_until
+from tests.app.tui.pilot import wait_until
 from tests.app.serve_harness import Server
-from tests.app.tui_harness import exchange, ready, send
+from tests.app.tui.tui_harness import exchange, ready, send
 from engine.bench.fresh import with_fresh_cache
 from tests.app.remote.remote_fixtures import remote_app
 

@@ -12,7 +12,7 @@ from app.cli.main import main
 from app.remote.client import RemoteEngine
 from app.tui.widgets.status_bar import prompt_text
 from engine import Done, RequestStats, SamplingParams
-from tests.app.status_bar_lines import bar_lines
+from tests.app.tui.widgets.status_bar_lines import bar_lines
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12)
 
