@@ -12,7 +12,7 @@ from app.tui.widgets.inspector import HINT, Inspector
 from app.tui.widgets.messages import AssistantMessageView
 from app.tui.widgets.sidebar import Sidebar
 from tests.app.tui.pilot import wait_until
-from tests.app.tui.screen_text import screen_lines
+from tests.app.tui.widgets.screen_text import screen_lines
 from tests.app.tui.tui_harness import RecordingApp, app_with, ready
 from engine.bench.fresh import with_fresh_cache
 

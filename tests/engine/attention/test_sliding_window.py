@@ -2,7 +2,7 @@
 resumed, batched, paged and speculative replies all equal a fresh eager computation, across the window.
 
 The tiny Gemma (tests/tiny_models.py) has a window of 8 keys on two of its three layers, so every prompt
-here runs far past it. Its parity with transformers' Gemma 3 is in test_model_parity.py.
+here runs far past it. Its parity with transformers' Gemma 3 is in tests/engine/model/test_model_parity.py.
 """
 
 import pytest

@@ -7,7 +7,8 @@ import pytest
 
 from storage.kv.block_file import SUFFIX
 from storage.kv.writer import KVWriter
-from tests.storage.kv.kv_store_helpers import assert_loads, check_index_matches_files, keys_of, load, exported_kv, tokens
+from tests.storage.kv.kv_store_helpers import (assert_loads, check_index_matches_files, exported_kv, keys_of, load,
+                                              tokens)
 
 IDS = tokens(1, 12)  # three blocks
 

@@ -5,7 +5,7 @@ from textual.app import App, ComposeResult
 from app.tui.styles import stylesheet
 from app.tui.widgets.status_bar import StatusBar
 from engine import RequestStats
-from tests.app.tui.screen_text import screen_lines
+from tests.app.tui.widgets.screen_text import screen_lines
 
 REPLY = RequestStats(prompt_tokens=1036, cached_tokens=1024, prefilled_tokens=12, prefill_done_tokens=12,
                      generated_tokens=180, cache_source="disk", ttft_ms=48.0, prefill_ms=46.5, decode_ms=3400.0,

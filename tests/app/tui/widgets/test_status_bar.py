@@ -11,7 +11,7 @@ from app.chat.stats_text import MIN_PREFILL_TOKENS_FOR_RATE
 from app.tui.widgets.status_bar import (FIRST_LINE, FIRST_LINE_STEPS, ONE_LINE_STEPS, SECOND_LINE, SECOND_LINE_STEPS,
                                         SEPARATOR, StatusBar, clip, fit)
 from engine import RequestStats
-from tests.app.tui.screen_text import screen_lines
+from tests.app.tui.widgets.screen_text import screen_lines
 from tests.app.tui.widgets.status_bar_lines import REPLY, BarApp, bar_lines
 
 NUMBERS = ("TTFT 48 ms", "52.6 tok/s", "1,024 cached", "12 computed")

@@ -8,7 +8,7 @@ from textual.widgets._toast import Toast, ToastRack
 from app.tui.widgets.box_notice import BoxNotice
 from app.tui.widgets.status_bar import StatusBar
 from tests.app.tui.pilot import wait_until
-from tests.app.tui.screen_text import screen_lines
+from tests.app.tui.widgets.screen_text import screen_lines
 from tests.app.tui.tui_harness import app_with, ready, send
 
 REFUSED = "Temperature must be from 0 (greedy) to 5; 9 is not."
