@@ -5,7 +5,7 @@ fp32): the eager step spends more of a token in ~1,400 small torch ops and ~120 
 in arithmetic. `step` is a decode token; `forward` takes up to MAX_ROWS tokens (a follow-up message,
 the end of a prompt; longer chunks go to the eager model, whose GEMMs win there). The eager model stays
 the reference: `ModelRunner.logits` runs it, and the tests compare the two (logits, K/V, greedy tokens).
-The C structs are mirrored here field for field (tests/engine/test_c_struct_mirrors.py holds the sizes equal).
+The C structs are mirrored here field for field (tests/engine/cpu/test_c_struct_mirrors.py holds the sizes equal).
 """
 
 from __future__ import annotations
