@@ -253,14 +253,20 @@ class ChatPane(Vertical):
         """Stream `events` (a ChatSession's send, edit or regenerate) as the reply being written."""
         await self.stream.start(events)
 
+    # While the app shuts down (Ctrl+Q, a signal mid-reply) its screen is torn down before the engine thread's
+    # last messages are handled: the session has kept the reply by then, and nothing is left to show it on.
+
     async def on_reply_text(self, message: ReplyText) -> None:
-        await self.stream.text(message)
+        if self.app.is_running:
+            await self.stream.text(message)
 
     def on_reply_stats(self, message: ReplyStats) -> None:
-        self.stream.stats(message)
+        if self.app.is_running:
+            self.stream.stats(message)
 
     async def on_reply_done(self, message: ReplyDone) -> None:
-        await self.stream.done(message)
+        if self.app.is_running:
+            await self.stream.done(message)
 
     async def show_final(self, reply: AssistantMessageView, message: ChatMessage) -> None:
         """The streamed reply's view becomes the session's message (its id, status and numbers)."""
