@@ -2,9 +2,12 @@
 
 import json
 
+import pytest
+
 from tests.app.in_process_cli import kvchat
 
 
+@pytest.mark.slow  # over 2 s in the fast tier (make check)
 def test_bench_batch_reports_batched_next_to_one_at_a_time(tiny_model_dir):
     result = kvchat("bench", "--batch", "--quick", "--json", "--model", str(tiny_model_dir), "--max-batch", "4")
     assert result.returncode == 0, result.stderr

@@ -2,9 +2,12 @@
 
 import json
 
+import pytest
+
 from app.cli.main import main
 
 
+@pytest.mark.slow  # over 2 s in the fast tier (make check)
 def test_bench_serve_measures_both_paths_and_the_load_test(tiny_model_dir, capsys):
     argv = ["bench", "--serve", "--quick", "--repeat", "1", "--model", str(tiny_model_dir), "--device", "cpu",
             "--clients", "1,3", "--requests", "4"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import time
 
+import pytest
+
 from app.bench.load_test import compare_batching
 from app.remote.client import RemoteEngine
 from app.server.api import create_app
@@ -13,6 +15,7 @@ from engine.bench.fresh import with_fresh_cache
 from tests.app.serve_harness import Server
 
 
+@pytest.mark.slow  # over 2 s in the fast tier (make check)
 def test_each_client_count_runs_one_at_a_time_then_batched_with_prompts_of_their_own(tiny_engine, monkeypatch):
     engine = with_fresh_cache(tiny_engine)
     mode, widest, prompts = [None], {}, []  # the batch in force; the most requests one step computed, per batch

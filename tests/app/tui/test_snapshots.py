@@ -82,6 +82,7 @@ def test_settings_at_80_by_24(snap_compare, saved_app):
     assert snap_compare(saved_app, terminal_size=(80, 24), run_before=open_settings)
 
 
+@pytest.mark.slow  # over 2 s in the fast tier (make check)
 def test_the_token_meter_under_the_message_box(snap_compare, saved_app):
     async def type_a_message(pilot):
         await settle(pilot)

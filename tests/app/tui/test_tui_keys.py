@@ -1,6 +1,8 @@
 """Where keys go in the chat app: typing reaches the message box wherever the focus happens to be,
 single-letter keys act only where the user navigated with the arrow keys, Esc comes back to the box."""
 
+import pytest
+
 from app.tui.screens.confirm import ConfirmScreen
 from app.tui.screens.text_prompt import TextPromptScreen
 from app.tui.widgets.messages import AssistantMessageView, UserMessageView
@@ -71,6 +73,7 @@ async def test_ctrl_up_goes_to_the_last_message_with_its_letters_acting(tiny_eng
         assert prompt_text(app) == ""
 
 
+@pytest.mark.slow  # over 2 s in the fast tier (make check)
 async def test_after_an_arrow_key_the_lists_letters_act_and_leaving_it_ends_that(tiny_engine):
     app = app_with(tiny_engine, overrides={"max_tokens": 3})
     async with app.run_test(size=(120, 40)) as pilot:
@@ -106,6 +109,7 @@ async def test_the_footer_dims_the_lists_letters_until_the_user_navigates(tiny_e
         assert sidebar.check_action("rename", ()) is True
 
 
+@pytest.mark.slow  # over 2 s in the fast tier (make check)
 async def test_escape_brings_the_focus_back_to_the_message_box_from_anywhere(tiny_engine):
     app = app_with(tiny_engine, overrides={"max_tokens": 3})
     async with app.run_test(size=(120, 40)) as pilot:

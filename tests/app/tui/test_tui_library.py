@@ -42,6 +42,7 @@ async def test_switching_conversations_shows_each_ones_history_and_continues_it(
         assert len(app.storage.conversations.branch(second)) == 2
 
 
+@pytest.mark.slow  # over 2 s in the fast tier (make check)
 async def test_search_filters_the_list_by_message_text(tiny_engine):
     app = app_with(tiny_engine, overrides={"max_tokens": 3})
     async with app.run_test(size=(120, 40)) as pilot:

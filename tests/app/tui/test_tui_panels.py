@@ -4,6 +4,8 @@ import dataclasses
 import json
 import threading
 
+import pytest
+
 from textual.widgets import Select
 
 from app.chat.saved.conversation import Storage
@@ -171,6 +173,7 @@ async def test_a_huge_paste_is_refused_with_a_notice_naming_the_context_window(t
         assert prompt.text == ""
 
 
+@pytest.mark.slow  # over 2 s in the fast tier (make check)
 async def test_conversations_can_be_browsed_while_the_model_loads(tiny_engine):
     storage = Storage.open()
     first = RecordingApp(lambda spec, progress: tiny_engine, storage, overrides={"temperature": 0, "max_tokens": 3})

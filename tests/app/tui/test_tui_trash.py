@@ -34,6 +34,7 @@ async def test_ctrl_z_while_the_trash_notice_is_up_restores_the_conversation(tin
         assert any(notice.startswith("Restored “") for notice in app.notices)
 
 
+@pytest.mark.slow  # over 2 s in the fast tier (make check)
 async def test_ctrl_z_with_no_trash_notice_up_is_the_message_boxs_undo(tiny_engine):
     app = app_with(tiny_engine, overrides={"max_tokens": 3})
     async with app.run_test(size=(120, 40)) as pilot:
@@ -48,6 +49,7 @@ async def test_ctrl_z_with_no_trash_notice_up_is_the_message_boxs_undo(tiny_engi
         assert listed(app) == [second, first]
 
 
+@pytest.mark.slow  # over 2 s in the fast tier (make check)
 async def test_ctrl_z_after_typing_since_the_trash_notice_undoes_the_typing_not_the_delete(tiny_engine):
     app = app_with(tiny_engine, overrides={"max_tokens": 3})
     async with app.run_test(size=(120, 40)) as pilot:
@@ -93,6 +95,7 @@ async def test_t_in_the_list_switches_between_the_saved_conversations_and_the_tr
         await wait_until(pilot, lambda: not sidebar.showing_trash and listed(app) == [second])
 
 
+@pytest.mark.slow  # over 2 s in the fast tier (make check)
 async def test_the_list_follows_a_delete_and_a_restore_made_by_another_process(tiny_engine):
     app = app_with(tiny_engine, overrides={"max_tokens": 3})
     async with app.run_test(size=(120, 40)) as pilot:

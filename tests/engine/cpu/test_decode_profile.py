@@ -18,6 +18,7 @@ def quantized(request, q4_gguf_model):
     return engine
 
 
+@pytest.mark.slow  # over 2 s in the fast tier (make check)
 def test_the_profile_accounts_for_a_decode_step(quantized):
     # 48 steps: a tiny model's step is ~40 us, so a few steps' sums were at the mercy of one stall
     row = decode_profile(quantized, 32, 48, random_prompt(quantized, 32))

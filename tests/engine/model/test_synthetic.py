@@ -107,6 +107,7 @@ def test_a_layers_override_changes_only_the_depth():
         synthetic_config("qwen3-8b", layers=0)
 
 
+@pytest.mark.slow  # over 2 s in the fast tier (make check)
 @torch.inference_mode()
 def test_smollm2_logits_equal_transformers_on_the_same_weights(smollm2):
     prompt = torch.randint(0, 49152, (24,), generator=torch.Generator().manual_seed(5)).tolist()

@@ -1,5 +1,7 @@
 """Regenerate N in the chat app: N alternatives written at once, browsed as they grow, stopped with Esc."""
 
+import pytest
+
 from textual import events
 
 from app.chat.reply.stream_rates import stream_rates
@@ -47,6 +49,7 @@ async def test_alt_r_writes_n_alternatives_as_sibling_branches_with_different_te
         assert "3 alternatives written" in app.query_one(StatusBar).status_text()
 
 
+@pytest.mark.slow  # over 2 s in the fast tier (make check)
 async def test_the_alternative_browsed_streams_and_esc_keeps_what_each_wrote(tiny_engine, monkeypatch):
     engine = with_fresh_cache(tiny_engine)
     app = app_with(engine, overrides=SAMPLED)

@@ -1,5 +1,7 @@
 """Regenerate, edit-and-resend and switching branches in the chat app, on the tiny engine."""
 
+import pytest
+
 from app.tui.widgets.chat_view import ChatView
 from app.tui.widgets.messages import AssistantMessageView, UserMessageView
 from tests.app.tui.pilot import wait_until
@@ -38,6 +40,7 @@ async def test_regenerate_with_nothing_to_regenerate_says_so(tiny_engine):
         assert any("no reply to regenerate" in n for n in app.notices)
 
 
+@pytest.mark.slow  # over 2 s in the fast tier (make check)
 async def test_editing_a_message_makes_a_branch_and_the_old_one_stays_reachable(tiny_engine):
     app = app_with(tiny_engine, overrides={"max_tokens": 4})
     async with app.run_test() as pilot:

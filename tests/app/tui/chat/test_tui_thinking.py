@@ -44,6 +44,7 @@ async def watch_reply(pilot, app) -> list[tuple[bool, str, str]]:
     return seen
 
 
+@pytest.mark.slow  # over 2 s in the fast tier (make check)
 async def test_the_thinking_streams_expanded_above_the_answer_then_collapses(qwen3_engine):
     app = app_with(ForcedReplies(qwen3_engine, [REPLY], token_s=0.02))
     async with app.run_test(size=(160, 40)) as pilot:
@@ -82,6 +83,7 @@ async def test_t_on_a_reply_shows_and_hides_its_thinking(qwen3_engine):
         assert "This reply has no thinking." in app.notices
 
 
+@pytest.mark.slow  # over 2 s in the fast tier (make check)
 async def test_collapse_thinking_keeps_it_collapsed_while_it_streams(qwen3_engine):
     app = app_with(ForcedReplies(qwen3_engine, [REPLY], token_s=0.02), config=Config(collapse_thinking=True))
     async with app.run_test(size=(160, 40)) as pilot:
@@ -133,6 +135,7 @@ async def test_slash_thinking_on_a_template_without_the_switch_says_so(tiny_engi
         assert app.session.thinking is True
 
 
+@pytest.mark.slow  # over 2 s in the fast tier (make check)
 async def test_alternatives_show_their_thinking_apart_from_their_answers(qwen3_engine, monkeypatch):
     engine = ForcedReplies(qwen3_engine, [REPLY, "<think>\nOne way.\n</think>\n\nHi!", "<think>\nAnother.\n</think>\n\nHey!"],
                            token_s=0.01)

@@ -71,6 +71,7 @@ async def queue_behind_a_reply(pilot, *more: str) -> PromptInput:
     return prompt
 
 
+@pytest.mark.slow  # over 2 s in the fast tier (make check)
 async def test_a_message_sent_while_a_reply_streams_is_queued_and_sent_when_it_ends(slow_engine):
     app = app_with(slow_engine, overrides={"max_tokens": 40})
     async with app.run_test(size=(120, 40)) as pilot:

@@ -59,6 +59,7 @@ async def test_enter_submits_the_whole_text_without_adding_a_newline():
         assert prompt.text == "hello"
 
 
+@pytest.mark.slow  # over 2 s in the fast tier (make check)
 async def test_keys_typed_right_after_enter_start_a_fresh_message_and_a_refused_one_is_not_joined_to_them():
     app = InputApp()
     async with app.run_test() as pilot:
@@ -97,6 +98,7 @@ async def test_shift_enter_and_ctrl_j_insert_a_newline_that_is_sent(newline_key)
         assert app.submitted[0].text == "a\nb\n\nc"
 
 
+@pytest.mark.slow  # over 2 s in the fast tier (make check)
 async def test_the_input_grows_with_its_lines_up_to_its_max_height():
     app = InputApp()
     async with app.run_test() as pilot:

@@ -219,6 +219,7 @@ async def test_the_filter_matches_titles_ignoring_case_and_clearing_it_shows_all
         await wait_until(pilot, lambda: shown_ids(app) == [more_herons.id, kestrels.id, herons.id])
 
 
+@pytest.mark.slow  # over 2 s in the fast tier (make check)
 async def test_the_filter_finds_message_text_too_and_lists_each_conversation_once(store):
     by_text = chat(store, "Birds", "where do swifts sleep", "swifts sleep while flying")  # two matching messages
     by_title = chat(store, "Swifts sleep")

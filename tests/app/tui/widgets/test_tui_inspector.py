@@ -1,6 +1,8 @@
 """The inspector in the running chat: a reply that kept no numbers says so (instead of the hint to
 select a reply), and the reply being prefilled shows no TTFT or decode numbers before it has any."""
 
+import pytest
+
 from app.chat.saved.conversation import Storage
 from app.tui.widgets.inspector import NONE_KEPT, Inspector
 from tests.app.tui.pilot import wait_until
@@ -51,6 +53,7 @@ async def test_a_reopened_interrupted_reply_says_it_kept_no_numbers(tiny_engine)
     storage.close()
 
 
+@pytest.mark.slow  # over 2 s in the fast tier (make check)
 async def test_the_reply_being_prefilled_shows_no_ttft_before_its_first_token(endless_model_dir, monkeypatch):
     app = app_with(slow_endless_engine(endless_model_dir, monkeypatch), overrides={"max_tokens": 3})
     async with app.run_test(size=(160, 45)) as pilot:

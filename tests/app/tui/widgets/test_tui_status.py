@@ -17,6 +17,7 @@ def slow_engine(endless_model_dir, monkeypatch):
     return slow_endless_engine(endless_model_dir, monkeypatch)
 
 
+@pytest.mark.slow  # over 2 s in the fast tier (make check)
 async def test_the_kv_figure_moves_while_the_first_reply_is_written(slow_engine):
     app = app_with(slow_engine, overrides={"max_tokens": 400})
     async with app.run_test() as pilot:
@@ -46,6 +47,7 @@ async def test_a_new_chat_does_not_show_the_last_replys_numbers(tiny_engine):
         assert "computed" not in status and "KV " in status  # the cache is still the engine's
 
 
+@pytest.mark.slow  # over 2 s in the fast tier (make check)
 async def test_a_long_prompt_shows_its_progress_from_the_start_then_after_each_chunk(slow_engine, monkeypatch):
     first_chunk = threading.Event()  # the first chunk waits for the test: as long as it takes on a busy machine
     forward = slow_engine.runner.run
