@@ -45,9 +45,19 @@ class ConversationDatabase:
         # One connection serves all threads; a transaction must not interleave with another
         # thread's statements.
         self.lock = threading.RLock()
+        self.closed = False
 
     def close(self) -> None:
-        self.db.close()
+        # Under the lock: Python's sqlite3 does not guard a connection closed while another thread is
+        # inside a statement on it, and that crashed the process (a chat quitting while its engine
+        # thread still read a conversation's history). After this, every read or write says so.
+        with self.lock:
+            self.closed = True
+            self.db.close()
+
+    def _require_open(self) -> None:
+        if self.closed:
+            raise StorageError("The conversation database was closed: kvchat is shutting down.")
 
     @contextmanager
     def write(self, what: str) -> Iterator[None]:
@@ -55,11 +65,14 @@ class ConversationDatabase:
         for the error sentence. Refused with `read_only_reason` on a read-only database."""
         if self.read_only_reason is not None:
             raise StorageError(self.read_only_reason)
-        with self.lock, transaction(self.db, what):
-            yield
+        with self.lock:
+            self._require_open()
+            with transaction(self.db, what):
+                yield
 
     def rows(self, sql: str, params: Sequence | dict = ()) -> list[dict]:
         with self.lock, sqlite_errors("the conversations could not be read"):
+            self._require_open()
             return list(self.db.query(sql, params))
 
     def write_retrying(self, what: str, body: Callable[[], T]) -> T:
@@ -79,6 +92,8 @@ class ConversationDatabase:
         beginning, so it reuses the space the log already holds instead of growing it. False if that
         could not be done now (another process is reading an older state, or the disk is full)."""
         with self.lock:
+            if self.closed:
+                return False
             try:
                 busy, _, _ = self.db.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
             except sqlite3.Error:

@@ -382,3 +382,39 @@ def test_a_write_ahead_log_removed_under_another_kvchat_is_its_own_sentence_and_
         other.communicate("quit\n", timeout=30)
     with ConversationStore.open() as store:  # as the sentence says
         assert store.get(conversation.id).title == "written by the other kvchat"
+
+
+# Run in a child process: before the fix, closing the database while another thread read it crashed the
+# whole process (a segmentation fault in the sqlite3 module), as a chat quitting while its engine thread
+# still read a conversation's history did in CI.
+_CLOSE_UNDER_A_READER = """
+import sys, tempfile, threading
+from pathlib import Path
+from storage.db.conversations import ConversationStore
+from storage.errors import StorageError
+folder = Path(tempfile.mkdtemp())
+outcomes = set()
+for _ in range(40):
+    store = ConversationStore.open(folder)
+    conversation = store.create("m")
+    store.add_message(conversation.id, None, "user", "hi" * 50, 0, [1, 2, 3])
+    def read():
+        try:
+            while True:
+                store.list()
+                store.branch(conversation.id)
+        except StorageError as error:
+            outcomes.add(str(error))
+    reader = threading.Thread(target=read)
+    reader.start()
+    store.close()
+    reader.join()
+print(sorted(outcomes))
+"""
+
+
+def test_closing_the_database_under_a_reading_thread_stops_the_reader_with_a_sentence(tmp_path):
+    result = subprocess.run([sys.executable, "-c", _CLOSE_UNDER_A_READER], capture_output=True, text=True,
+                            timeout=120, cwd=os.getcwd())
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "['The conversation database was closed: kvchat is shutting down.']"
