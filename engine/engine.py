@@ -30,7 +30,7 @@ from engine.cpu.kernels import QuantKernels, load_quant_kernels
 from engine.cpu.linear import QuantLinear
 from engine.decode.path import decode_path
 from engine.errors import ContextWindowError, EngineError, ModelError
-from engine.kv.budget import host_tier_bytes, kv_pool_bytes
+from engine.kv.budget import check_ram, host_tier_bytes, kv_pool_bytes
 from engine.kv.pool import KVPool
 from engine.kv.prefix_cache import KVCacheFullError, PrefixCache
 from engine.kv.exported import ExportedKV
@@ -45,7 +45,7 @@ from engine.sampling_params import SamplingParams
 from engine.weights.checkpoint import load_model
 from engine.weights.device import pick_device, pick_dtype
 from engine.weights.fingerprint import model_fingerprint, tokenizer_fingerprint
-from engine.weights.model_source import ModelSource, reconvert, resolve_model
+from engine.weights.model_source import ModelSource, rebuild_tokenizer_cache, resolve_model
 from engine.weights.tokenizer import Tokenizer
 
 log = logging.getLogger("kvchat")
@@ -84,10 +84,11 @@ class LoadInfo:
     weights: str  # "dense", or e.g. "q4_1/q8_0 blocks (avx512)"
     kv_cache_bytes: int  # device KV pool (0: prefix cache off)
     host_cache_bytes: int  # host tier (0: none)
-    converted: bool  # this start converted a GGUF file
-    load_ms: float  # resolve (+ convert) + weights + tokenizer
+    converted: bool  # this start read a GGUF file's tokenizer into its cache (weights/gguf_cache.py)
+    load_ms: float  # resolve (+ tokenizer cache) + weights + tokenizer
     decode: str = "eager"  # the decode path: "eager", or "paged" + what makes it fast (decode/path.py)
     speculative: str = "off"  # e.g. "ngram, up to 8 draft tokens", or "off"
+    gguf_file: str | None = None  # the GGUF file the weights are read from (model_dir: its tokenizer cache)
 
 
 def _quant_kernels(mode: str, device: torch.device, dtype: torch.dtype,
@@ -111,15 +112,33 @@ def _quant_kernels(mode: str, device: torch.device, dtype: torch.dtype,
     return kernels
 
 
-def _load_model_dir(source: ModelSource, device: torch.device, dtype: torch.dtype, kernels: QuantKernels | None,
-                    progress: Callable[[str], None]) -> tuple[CausalLM, Tokenizer]:
-    """The model and tokenizer of `source`'s directory; ModelError if its files are wrong."""
+def _load_source(source: ModelSource, device: torch.device, dtype: torch.dtype, kernels: QuantKernels | None,
+                 progress: Callable[[str], None]) -> tuple[CausalLM, Tokenizer, ModelSource]:
+    """The model and tokenizer of `source` (and the source, its tokenizer cache rewritten once if that cache
+    would not load); ModelError if its files are wrong."""
     progress("loading weights")
     try:
-        model = load_model(source.path, device, dtype, kernels)
+        model = load_model(source.weights, device, dtype, kernels)
     except torch.OutOfMemoryError:
         raise EngineError(f"Not enough {device.type} memory to load {source.name} in {dtype}.") from None
-    return model, Tokenizer(source.path, model.cfg.eos_token_ids)
+    try:
+        return model, Tokenizer(source.path, model.cfg.eos_token_ids), source
+    except ModelError as exc:
+        if source.gguf is None or source.converted:
+            raise  # not our cache, or written just now: writing it again would give the same
+        source = rebuild_tokenizer_cache(source, f"it cannot be loaded: {str(exc).rstrip('.')}", progress)
+        return model, Tokenizer(source.path, model.cfg.eos_token_ids), source
+
+
+def _check_ram(source: ModelSource, options: EngineOptions, device: torch.device) -> None:
+    """The GGUF file (mapped, so in RAM as it is read) and the K/V kept in RAM must fit in what is available."""
+    if source.gguf is None:
+        return
+    if device.type == "cpu":
+        pool = kv_pool_bytes(options.kv_cache_gb, device) if options.prefix_caching else 0
+    else:
+        pool = host_tier_bytes(options.host_cache_gb, device) if options.prefix_caching else 0
+    check_ram(source.gguf.stat().st_size, pool, source.name)
 
 
 def _describe_weights(model: CausalLM) -> str:
@@ -170,8 +189,8 @@ class Engine:
     @classmethod
     def load(cls, options: EngineOptions = EngineOptions(),
              progress: Callable[[str], None] = lambda _: None) -> "Engine":
-        """Resolve, (convert,) and load the model; raises EngineError with one clear sentence.
-        A converted GGUF cache that fails to load (ModelError) is converted again once (weights/model_source.py)."""
+        """Resolve and load the model; raises EngineError with one clear sentence. A GGUF file's tokenizer
+        cache that fails to load (ModelError) is written again once (weights/model_source.py)."""
         start = time.perf_counter()
         device = pick_device(options.device)
         dtype = pick_dtype(options.dtype, device)
@@ -180,14 +199,9 @@ class Engine:
         # A bad combination of decode flags fails now, not after the model has loaded; the runner picks the path.
         decode_path(options.paged_kv, options.cuda_graphs, options.compile, device, options.prefix_caching)
         source = resolve_model(options.model, progress)
+        _check_ram(source, options, device)
         kernels = _quant_kernels(options.weights, device, dtype, progress)
-        try:
-            model, tokenizer = _load_model_dir(source, device, dtype, kernels, progress)
-        except ModelError as exc:
-            if source.gguf is None or source.converted:
-                raise  # not our cache, or converted just now: converting again would give the same
-            source = reconvert(source, f"it cannot be loaded: {str(exc).rstrip('.')}", progress)
-            model, tokenizer = _load_model_dir(source, device, dtype, kernels, progress)
+        model, tokenizer, source = _load_source(source, device, dtype, kernels, progress)
         prefix_cache = new_prefix_cache(options, model) if options.prefix_caching else None
         load_ms = (time.perf_counter() - start) * 1e3  # the model and its cache: the runner is not counted, as before
         engine = cls(model, tokenizer, None, options, prefix_cache)
@@ -204,6 +218,7 @@ class Engine:
             load_ms=load_ms,
             decode=engine.runner.decode_description,
             speculative=_describe_speculation(engine._loop.draft_tokens),
+            gguf_file=None if source.gguf is None else str(source.gguf),
         )
         return engine
 
@@ -343,7 +358,7 @@ class Engine:
 
 def new_prefix_cache(options: EngineOptions, model: CausalLM) -> PrefixCache:
     """An empty prefix cache for `model`, sized by the options (kv/budget.py when unset)."""
-    device, dtype = model.embed_tokens.weight.device, model.embed_tokens.weight.dtype
+    device, dtype = model.device, model.dtype
     cfg, size = model.cfg, options.kv_block_size
     block_bytes = KVPool.block_bytes(size, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype)
     shape = (size, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)

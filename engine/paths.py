@@ -1,4 +1,4 @@
-"""Where the engine keeps what it derives once: converted models, synthetic models and compiled kernels."""
+"""Where the engine keeps what it derives once: GGUF tokenizer caches, synthetic models and compiled kernels."""
 
 from __future__ import annotations
 
@@ -21,3 +21,7 @@ def cache_dir() -> Path:
     except ImportError:
         return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvchat"
     return Path(platformdirs.user_cache_dir("kvchat"))
+
+
+# cache_dir()'s folder of GGUF files' tokenizer caches (weights/gguf_cache.py; counted by storage/usage.py).
+GGUF_TOKENIZERS_FOLDER = "gguf-tokenizers"

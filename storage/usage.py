@@ -1,8 +1,9 @@
 """What kvchat keeps on disk and how big it is: the conversation database and its backups, the K/V block
-store, and the converted models. `kvchat storage` prints it (app/cli/storage_usage.py), the chat's settings
+store, and the model caches (GGUF tokenizers, synthetic models, file hashes, compiled kernels). `kvchat storage` prints it (app/cli/storage_usage.py), the chat's settings
 panel shows its one line.
 
-Disk use was invisible: 13 small chats held 571 MB of stored K/V next to a 623 MB converted model.
+Disk use was invisible: 13 small chats held 571 MB of stored K/V next to a 623 MB converted model (GGUF
+files are now read in place: no converted model is kept).
 Sizes are read from the file system; the database is read (read-only) for the trash count and for how
 much of the KV block store conversations share (blocks stored once, referenced by several).
 """
@@ -13,6 +14,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.paths import GGUF_TOKENIZERS_FOLDER as GGUF_TOKENIZERS
 from engine.paths import cache_dir
 from storage.data_dir import data_dir
 from storage.db.conversations import ConversationStore
@@ -33,8 +35,8 @@ class Usage:
     kv_shared_bytes: int  # blocks two or more conversations (or branches' conversations) reference
     kv_saved_bytes: int  # what storing those once saves over a copy per conversation
     kv_cap_bytes: int
-    model_cache_bytes: int  # converted models (GGUF -> safetensors), their hashes and compiled kernels
-    models: int
+    model_cache_bytes: int  # GGUF tokenizer caches, synthetic models, file hashes and compiled kernels
+    models: int  # models with a cache: GGUF tokenizer caches and synthetic models
     trashed: int  # conversations in the trash
     data_dir: str
     cache_dir: str
@@ -78,7 +80,9 @@ def usage(kv_disk_gb: float | None = None) -> Usage:
     kv_blocks = _block_files(home / KV_DIR)
     kv_bytes += _size(home / "snapshots")[0]  # an older kvchat's snapshot files, until they are migrated
     model_bytes, models = _size(cache / "models")
-    model_bytes += sum(_size(cache / name)[0] for name in ("file-hashes", "kernels"))
+    tokenizer_bytes, tokenizers = _size(cache / GGUF_TOKENIZERS)
+    model_bytes += tokenizer_bytes + sum(_size(cache / name)[0] for name in ("file-hashes", "kernels"))
+    models += tokenizers
     trashed, conversations, shared, saved = 0, 0, 0, 0
     if (home / "kvchat.db").is_file():
         with ConversationStore.open(home, write=False) as store:

@@ -35,7 +35,7 @@ while True:
 def _competitor(kind: str, engine: Engine, threads: int | None) -> subprocess.Popen:
     if kind == "busy loop":
         return subprocess.Popen([sys.executable, "-c", BUSY_LOOP])
-    process = subprocess.Popen([sys.executable, "-c", SECOND_ENGINE, engine.info.model_dir, str(threads or 0)],
+    process = subprocess.Popen([sys.executable, "-c", SECOND_ENGINE, engine.info.gguf_file or engine.info.model_dir, str(threads or 0)],
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     if process.stdout.readline().strip() != "decoding":
         process.kill()

@@ -11,6 +11,7 @@ import argparse
 import copy
 import itertools
 import json
+import os
 import subprocess
 import sys
 import time
@@ -33,7 +34,12 @@ class HFBaseline:
     def __init__(self, engine: Engine, dtype: torch.dtype | None = None):
         from transformers import AutoModelForCausalLM
 
-        self.model = AutoModelForCausalLM.from_pretrained(engine.info.model_dir, dtype=dtype or engine.dtype)
+        gguf = engine.info.gguf_file
+        if gguf is None:
+            self.model = AutoModelForCausalLM.from_pretrained(engine.info.model_dir, dtype=dtype or engine.dtype)
+        else:  # transformers reads (and dequantizes) the GGUF file itself
+            parent, name = os.path.split(gguf)
+            self.model = AutoModelForCausalLM.from_pretrained(parent, gguf_file=name, dtype=dtype or engine.dtype)
         self.model.to(engine.device).eval()
         self.device = engine.device
 

@@ -18,7 +18,7 @@ def report(u: Usage) -> str:
         ("backups", f"{human(u.backup_bytes)}", f"{u.data_dir}/backups ({u.backups}, the last 3 kept)"),
         ("KV cache", f"{human(u.kv_bytes)}", f"{u.data_dir}/{KV_DIR} ({u.kv_blocks} block{'' if u.kv_blocks == 1 else 's'} of "
          f"{u.kv_conversations} conversation{'' if u.kv_conversations == 1 else 's'}, cap {human(u.kv_cap_bytes)})"),
-        ("converted models", f"{human(u.model_cache_bytes)}", f"{u.cache_dir} ({counted(u.models, 'model')})"),
+        ("model caches", f"{human(u.model_cache_bytes)}", f"{u.cache_dir} ({counted(u.models, 'model')})"),
     ]
     width = max(len(name) for name, _, _ in rows)
     lines = [f"{name:<{width}}  {size:>9}  {where}" for name, size, where in rows]
@@ -31,8 +31,8 @@ def report(u: Usage) -> str:
               "  used blocks first; what is missing is recomputed when a conversation is resumed.",
               "  `kvchat delete ID --permanently` removes a conversation and the KV blocks it shares with no other",
               "  now (plain `delete` keeps them 30 days in the trash).",
-              f"  Converted models in {u.cache_dir}/models can be removed; a model is converted again (once)",
-              "  when it is next used."]
+              f"  Model caches in {u.cache_dir} (GGUF tokenizers, compiled kernels) can be removed; each is",
+              "  made again (once) when it is next needed."]
     return "\n".join(lines)
 
 

@@ -60,8 +60,11 @@ def weight_bytes_per_token(engine: Engine) -> int:
     model = engine.model
     tensors = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
     total = sum(t.numel() * t.element_size() for t in tensors.values())
-    embed = model.embed_tokens.weight
-    if getattr(model.lm_head, "weight", None) is not embed:
+    # A quantized embedding (cpu/embedding.py) is its table's blocks; a tied one is lm_head's own.
+    table = getattr(model.embed_tokens, "table", None)
+    embed = model.embed_tokens.weight if table is None else table.qs
+    head = getattr(model.lm_head, "weight", None) if table is None else model.lm_head
+    if head is not (embed if table is None else table):
         total -= (embed.shape[0] - 1) * embed.shape[1] * embed.element_size()  # all rows but the one looked up
     return total
 

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from engine.cpu.embedding import QuantEmbedding
 from engine.cpu.kernels import FORMAT_CODES, LinearDesc, QuantKernels
 from engine.cpu.linear import KERNEL_MAX_ROWS
 from engine.kv.cache import ContiguousKVCache
@@ -113,7 +114,7 @@ class FusedCPUDecode:
             raise Unfusable(f"its MLP activation {cfg.hidden_act} is not in the C step")
         if cfg.final_logit_softcapping is not None:
             raise Unfusable("it soft-caps its logits")
-        if model.embed_tokens.weight.device.type != "cpu" or model.embed_tokens.weight.dtype != torch.float32:
+        if model.device.type != "cpu" or model.dtype != torch.float32:
             raise Unfusable("the model is not fp32 on the CPU")
         if cfg.head_dim > MAX_HEAD_DIM or cfg.head_dim % 2 or cfg.num_heads % cfg.num_kv_heads:
             raise Unfusable(f"its attention shape ({cfg.num_heads} heads / {cfg.num_kv_heads}, {cfg.head_dim}) is unusual")
@@ -144,14 +145,19 @@ class FusedCPUDecode:
         self._scratch = torch.empty(lib.kc_decode_scratch_floats(ctypes.byref(self._desc)), dtype=torch.float32)
         self._desc.scratch = self._scratch.data_ptr()
         self._logits = torch.empty(1, cfg.vocab_size, dtype=torch.float32)
-        self._embed = _fp32(model.embed_tokens.weight, "the embedding")
+        embedding = model.embed_tokens
+        if isinstance(embedding, QuantEmbedding):  # a token's row is dequantized into a buffer of its own
+            row = torch.empty(cfg.hidden_size, dtype=torch.float32)
+            self._row_of = lambda token: embedding.row_into(token, row)
+        else:  # read in place
+            table, row_bytes = _fp32(embedding.weight, "the embedding"), cfg.hidden_size * 4
+            self._row_of = lambda token: table + token * row_bytes
         self._cos, self._sin = _fp32(model.rotary.cos, "RoPE"), _fp32(model.rotary.sin_signed, "RoPE")
         local = model.rope_table(cfg.local_rope) if cfg.local_rope is not None else model.rotary
         self._cos_local, self._sin_local = _fp32(local.cos, "RoPE"), _fp32(local.sin_signed, "RoPE")
         # Gemma scales its embeddings (sqrt(hidden)) and has local RoPE tables: its rows go through
         # forward_batch, which scales them and passes both tables.
         self._plain_step = not cfg.embed_scale and local is model.rotary
-        self._row = cfg.hidden_size * 4  # bytes per embedding row
         self._rope_row = cfg.head_dim * 4
         self._forward = lib.kc_forward_tokens
         self._batch = lib.kc_forward_batch
@@ -183,7 +189,7 @@ class FusedCPUDecode:
         if not self._plain_step:
             self._logits = self.forward_batch([([token], buffer, False)], threads)[0]
             return self._logits
-        self._run(1, self._embed + token * self._row, buffer, self._logits, False, threads)
+        self._run(1, self._row_of(token), buffer, self._logits, False, threads)
         return self._logits
 
     def forward(self, token_ids: list[int], buffer: ContiguousKVCache, threads: int,

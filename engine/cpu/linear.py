@@ -42,22 +42,20 @@ def _scratch_buffer(numel: int) -> torch.Tensor:
 
 
 class QuantLinear(nn.Module):
-    def __init__(self, kernels: QuantKernels, fmt: str, qs: torch.Tensor, d: torch.Tensor | None = None,
-                 m: torch.Tensor | None = None, bias: torch.Tensor | None = None):
-        """`qs`, `d`, `m`: the weight as formats.py stores `fmt`; `bias` [out] or None."""
+    def __init__(self, kernels: QuantKernels, fmt: str, qs: torch.Tensor, bias: torch.Tensor | None = None):
+        """`qs`: the weight as formats.py stores `fmt` (kept, not copied: it may view a mapped GGUF file);
+        `bias` [out] or None."""
         super().__init__()
         if fmt not in FORMATS:
             raise ValueError(f"unknown block format {fmt!r}")
         self.kernels, self.fmt = kernels, fmt
         self.out_features = qs.shape[0]
-        self.in_features = in_features(fmt, qs, d)
+        self.in_features = in_features(fmt, qs)
         if self.in_features % BLOCK:
             raise ValueError(f"{fmt} rows of {self.in_features} weights are not whole {BLOCK}-weight blocks")
         if qs.is_floating_point():  # bf16/f16: kept as their bits, so a model-wide .to(dtype) leaves them alone
             qs = qs.contiguous().view(torch.int16)
         self.register_buffer("qs", qs.contiguous())
-        self.register_buffer("d", None if d is None else d.to(torch.float32).contiguous())
-        self.register_buffer("m", None if m is None else m.to(torch.float32).contiguous())
         self.register_buffer("bias", None if bias is None else bias.to(torch.float32))
         self._bind_kernels()
 
@@ -79,8 +77,7 @@ class QuantLinear(nn.Module):
 
     def kernel_desc(self, with_bias: bool = True) -> LinearDesc:
         """The weight as csrc/block_quant.h's kc_linear (addresses of this module's buffers: keep it)."""
-        return LinearDesc(FORMAT_CODES[self.fmt], self.out_features, self.in_features, 0, self.qs.data_ptr(),
-                          0 if self.d is None else self.d.data_ptr(), 0 if self.m is None else self.m.data_ptr(),
+        return LinearDesc(FORMAT_CODES[self.fmt], self.out_features, self.in_features, 0, self.qs.data_ptr(), 0, 0,
                           self.bias.data_ptr() if with_bias and self.bias is not None else 0)
 
     def kernel_descs(self) -> list[tuple[LinearDesc, int]]:

@@ -64,7 +64,7 @@ class _Bucket:
 
 class DecodeRunner:
     def __init__(self, model: CausalLM, cache: PrefixCache, cuda_graphs: bool, compile: bool):
-        device = model.embed_tokens.weight.device
+        device = model.device
         if cuda_graphs and device.type != "cuda":
             raise ValueError("CUDA graphs need the model on a CUDA device")
         self.model, self.pool, self.cuda_graphs = model, cache.pool, cuda_graphs

@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from engine.errors import EngineError
+from engine.errors import EngineError, ModelError
 
 GIB = 2**30
 CPU_POOL_MAX = 2 * GIB  # ~45k tokens of SmolLM2-135M in fp32: several full 8k-token conversations
@@ -44,3 +44,27 @@ def host_tier_bytes(gb: float | None, device: torch.device) -> int:
     if device.type == "cuda":
         return min(HOST_TIER_MAX, total_ram_bytes() // 4)
     return 0  # on a CPU the pool already lives in host memory
+
+
+def available_ram_bytes(meminfo: str = "/proc/meminfo") -> int | None:
+    """MemAvailable: what can be used without swapping (page cache counted as reclaimable); None where the
+    system does not say (no /proc/meminfo)."""
+    try:
+        with open(meminfo, encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_ram(model_bytes: int, pool_bytes: int, model_name: str) -> None:
+    """ModelError (one sentence, with the numbers) if the model file and the K/V kept in RAM cannot both fit
+    in the RAM available now: said before anything is read, not as an out-of-memory kill halfway."""
+    available = available_ram_bytes()
+    if available is None or model_bytes + pool_bytes <= available:
+        return
+    raise ModelError(f"{model_name} needs {model_bytes / GIB:.1f} GiB for its weights and {pool_bytes / GIB:.1f} GiB "
+                     f"for the K/V cache, but only {available / GIB:.1f} GiB of RAM is available; close other "
+                     "programs, pick a smaller model or lower --kv-cache-gb.")

@@ -36,9 +36,18 @@ class CausalLM(nn.Module):
         self._kinds = [(cfg.rope_for(i), cfg.window(i)) for i in range(cfg.num_layers)]
         self._embed_scale: torch.Tensor | None = None
 
+    @property
+    def device(self) -> torch.device:
+        """Where the weights are (read from the final norm: the embedding may be a cpu/embedding.py table)."""
+        return self.norm.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.norm.weight.dtype
+
     def prepare(self) -> None:
         """Build the RoPE tables on the weights' device and dtype; call after loading weights."""
-        weight = self.embed_tokens.weight
+        weight = self.norm.weight
         for rope in {rope for rope, _ in self._kinds} | {self.cfg.rope}:
             self._ropes[rope] = RotaryEmbedding(rope, self.cfg.head_dim, self.cfg.context_window,
                                                 weight.device, weight.dtype)

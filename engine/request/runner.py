@@ -53,8 +53,8 @@ class ModelRunner:
                  cuda_graphs: bool | None = None, compile: bool | None = None, fused_decode: bool | None = None):
         self.model = model
         self.prefix_cache = prefix_cache
-        self.device = model.embed_tokens.weight.device
-        self.dtype = model.embed_tokens.weight.dtype
+        self.device = model.device
+        self.dtype = model.dtype
         self.decode_path = decode_path(paged_kv, cuda_graphs, compile, self.device, prefix_cache is not None)
         self.graphs = (DecodeRunner(model, prefix_cache, self.decode_path.cuda_graphs, self.decode_path.compile)
                        if self.decode_path.paged else None)

@@ -1,15 +1,17 @@
-"""Load a model's weights into CausalLM, from a Hugging Face safetensors checkpoint or a synthetic source.
+"""Load a model's weights into CausalLM, from a GGUF file, a Hugging Face safetensors checkpoint or a synthetic source.
 
-Tensors are read through a small name -> tensor interface (WeightSource): the
-safetensors files are one source, a synthetic model's seeded generator
-(synthetic_weights.py) another, and all fusing and validation below is shared.
-q/k/v and gate/up are fused into one matmul each. With block kernels, every
-linear layer whose parts are all stored in a kernel format (cpu/formats.py)
-becomes a QuantLinear, and its dense copy is never read: a converted GGUF's
-blocks from blocks.safetensors, a bf16/f16 checkpoint's own 2-byte weights
-(the kernels widen them exactly, so the model is the fp32 one). Fused parts in
-different formats (a Q4_K_M file's q/k in Q4_K, v in Q6_K) become a
-MixedQuantLinear of one QuantLinear per run of parts that share a format.
+Tensors are read through a small name -> tensor interface (WeightSource): a
+GGUF file mapped in place (gguf_weights.py) is one source, safetensors files
+another, a synthetic model's seeded generator (synthetic_weights.py) a third,
+and all fusing and validation below is shared. q/k/v and gate/up are fused
+into one matmul each. With block kernels, every linear layer whose parts are
+all stored in a kernel format (cpu/formats.py) becomes a QuantLinear, and its
+dense copy is never made: a GGUF's blocks where the file is mapped, a
+bf16/f16 checkpoint's own 2-byte weights (the kernels widen them exactly, so
+the model is the fp32 one). Fused parts in different formats (a Q4_K_M file's
+q/k in Q4_K, v in Q6_K), or read in place (which concatenating would copy),
+become a MixedQuantLinear of one QuantLinear per part or run of parts. An
+embedding in a kernel format stays in it (cpu/embedding.py).
 """
 
 from __future__ import annotations
@@ -24,13 +26,15 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from engine.cpu.formats import BLOCK, FORMATS, stored_parts
+from engine.cpu.embedding import QuantEmbedding
+from engine.cpu.formats import BLOCK, FORMATS
 from engine.cpu.kernels import QuantKernels
 from engine.cpu.linear import QuantLinear
 from engine.cpu.mixed_linear import MixedQuantLinear
 from engine.model.config import ModelConfig
 from engine.errors import ModelError
-from engine.weights.gguf import QUANT_WEIGHTS_FILE
+from engine.weights.gguf import gguf_config, open_gguf
+from engine.weights.gguf_weights import GGUFWeights, log_dense_matrices
 from engine.model.causal_lm import CausalLM
 from engine.weights.synthetic import read_marker, synthetic_weights
 
@@ -45,7 +49,7 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
             raise ModelError(f"The model's safetensors index cannot be read ({exc}).") from None
         files = [model_dir / name for name in sorted(set(weight_map.values()))]
     else:
-        files = sorted(p for p in model_dir.glob("*.safetensors") if p.name != QUANT_WEIGHTS_FILE)
+        files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise ModelError(f"The model directory {model_dir} has no .safetensors weights.")
     return files
@@ -173,15 +177,30 @@ def _quant_linear(kernels: QuantKernels, blocks: WeightSource, names: list[str],
     formats = [blocks.block_format(f"{n}.weight") for n in names]
     if None in formats:
         return None  # a part is dense only: the whole layer stays dense
+    in_place = getattr(blocks, "IN_PLACE", False)
     parts, first = [], 0
-    for fmt, run in groupby(zip(names, formats), key=lambda named: named[1]):
-        weights = [f"{n}.weight" for n, _ in run]
-        stored = {part: _joined(blocks, weights, f".{fmt}.{part}") for part in stored_parts(fmt)}
-        rows = stored["qs"].shape[0]
+    runs = groupby(enumerate(zip(names, formats)), key=lambda item: item[0] if in_place else item[1][1])
+    for _, run in runs:
+        run = [named for _, named in run]
+        fmt = run[0][1]
+        qs = _joined(blocks, [f"{n}.weight" for n, _ in run], f".{fmt}.qs")
+        rows = qs.shape[0]
         part_bias = None if bias is None else bias[first : first + rows]
-        parts.append(QuantLinear(kernels, fmt, stored["qs"], stored.get("d"), stored.get("m"), part_bias))
+        parts.append(QuantLinear(kernels, fmt, qs, part_bias))
         first += rows
     return parts[0] if len(parts) == 1 else MixedQuantLinear(parts)
+
+
+def _quant_embedding(kernels: QuantKernels | None, blocks: WeightSource | None,
+                     tied_head: nn.Module | None) -> QuantEmbedding | None:
+    """The embedding in its stored format (a tied lm_head's QuantLinear shared), or None: dense."""
+    name = "model.embed_tokens.weight"
+    fmt = blocks.block_format(name) if blocks is not None and kernels is not None else None
+    if fmt is None:
+        return None
+    if isinstance(tied_head, QuantLinear):
+        return QuantEmbedding(tied_head)
+    return QuantEmbedding(QuantLinear(kernels, fmt, blocks.get(f"{name}.{fmt}.qs")))
 
 
 def _joined(ckpt: WeightSource, names: list[str], suffix: str) -> torch.Tensor:
@@ -190,21 +209,32 @@ def _joined(ckpt: WeightSource, names: list[str], suffix: str) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
-def load_model(model_dir: Path, device: torch.device, dtype: torch.dtype,
+def load_model(path: Path, device: torch.device, dtype: torch.dtype,
                kernels: QuantKernels | None = None) -> CausalLM:
-    """Build CausalLM from config.json and fill it from the directory's safetensors
+    """Build CausalLM from a .gguf file (load_gguf), or from a directory's config.json and safetensors
     (a synthetic model's directory: from its seeded generator, on `device` in `dtype`)."""
-    cfg = ModelConfig.from_file(model_dir / "config.json")
-    if read_marker(model_dir) is not None:
-        return load_from(cfg, synthetic_weights(model_dir, cfg, device, dtype), device, dtype)
+    if path.is_file():
+        return load_gguf(path, device, dtype, kernels)
+    cfg = ModelConfig.from_file(path / "config.json")
+    if read_marker(path) is not None:
+        return load_from(cfg, synthetic_weights(path, cfg, device, dtype), device, dtype)
     with ExitStack() as stack:
-        ckpt = _Checkpoint(checkpoint_files(model_dir), stack)
-        blocks = None
-        if kernels is not None and (model_dir / QUANT_WEIGHTS_FILE).exists():
-            blocks = _Checkpoint([model_dir / QUANT_WEIGHTS_FILE], stack)
-        elif kernels is not None:
-            blocks = _HalfPrecisionLinears(ckpt)
+        ckpt = _Checkpoint(checkpoint_files(path), stack)
+        blocks = _HalfPrecisionLinears(ckpt) if kernels is not None else None
         return load_from(cfg, ckpt, device, dtype, kernels, blocks)
+
+
+def load_gguf(path: Path, device: torch.device, dtype: torch.dtype, kernels: QuantKernels | None = None) -> CausalLM:
+    """CausalLM of a GGUF file, its config from the file's metadata. With `kernels`, every matrix they read
+    stays in the file's mapping (gguf_weights.py); without (dense, CUDA, a non-fp32 dtype), every tensor is
+    dequantized in memory to `dtype`, one at a time. Nothing is written to disk."""
+    reader = open_gguf(path)
+    config = gguf_config(reader)
+    weights = GGUFWeights(reader, config, blocks=kernels is not None)
+    if kernels is not None:
+        log_dense_matrices(weights)
+    return load_from(ModelConfig.from_dict(config), weights, device, dtype, kernels,
+                     weights if kernels is not None else None)
 
 
 def load_from(cfg: ModelConfig, ckpt: WeightSource, device: torch.device, dtype: torch.dtype,
@@ -221,7 +251,6 @@ def load_from(cfg: ModelConfig, ckpt: WeightSource, device: torch.device, dtype:
                              f"but config.json implies {tuple(expected[name].shape)}.")
         state[name] = tensor.to(device=device, dtype=dtype)
 
-    put("embed_tokens.weight", ckpt.get("model.embed_tokens.weight"))
     put("norm.weight", ckpt.get("model.norm.weight"))
     for i in range(cfg.num_layers):
         for norm in type(model.layers[i]).NORMS:
@@ -240,6 +269,14 @@ def load_from(cfg: ModelConfig, ckpt: WeightSource, device: torch.device, dtype:
         put(f"{module}.weight", _joined(ckpt, names, ".weight"))
         if bias is not None:
             put(f"{module}.bias", bias)
+    embedding = _quant_embedding(kernels, blocks, model.lm_head if cfg.tie_word_embeddings else None)
+    if embedding is not None:
+        if (embedding.num_embeddings, embedding.embedding_dim) != (cfg.vocab_size, cfg.hidden_size):
+            raise ModelError(f"The embedding has shape {(embedding.num_embeddings, embedding.embedding_dim)}, "
+                             f"but config.json implies {(cfg.vocab_size, cfg.hidden_size)}.")
+        model.embed_tokens = embedding
+    else:
+        put("embed_tokens.weight", ckpt.get("model.embed_tokens.weight"))
     model.load_state_dict(state, strict=False, assign=True)
     if cfg.tie_word_embeddings and not isinstance(model.lm_head, QuantLinear):
         model.lm_head.weight = model.embed_tokens.weight

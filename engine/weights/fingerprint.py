@@ -8,8 +8,11 @@ shapes but other weights differs here, not in any shape check.
 
 Hashing a model's files takes a while (0.3 s for 0.5 GB), so each file's hash
 is kept in the cache dir, keyed by its path, size and modification time. The
-same memo makes verifying a converted model (gguf.converted_damage)
-cost a few stats when nothing changed.
+same memo makes verifying a GGUF file's tokenizer cache (gguf_cache.cache_damage)
+cost a few stats when nothing changed. A GGUF file is known by its own sha256
+(gguf_sha256, remembered by its size, mtime and inode), which its tokenizer
+cache holds in a file (gguf_cache.WEIGHTS_ID_FILE): the cache directory is the
+model directory the fingerprint hashes, and the weights are in it by that hash.
 """
 
 from __future__ import annotations
@@ -30,6 +33,30 @@ def file_sha256(path: Path) -> str:
         while chunk := f.read(1 << 23):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def gguf_sha256(path: Path) -> str:
+    """sha256 hex of a (GGUF) file, hashed once and remembered by its path, size, mtime and inode: a second
+    start stats the file instead of reading gigabytes."""
+    path = path.resolve()
+    st = path.stat()
+    key = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
+    memo_path = cache_dir() / "file-hashes" / "files" / f"{hashlib.sha256(str(path).encode()).hexdigest()[:24]}.json"
+    try:
+        memo = json.loads(memo_path.read_text())
+        if memo["key"] == key and isinstance(memo["sha256"], str):
+            return memo["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    digest = file_sha256(path)
+    try:  # a best effort: without it the next start hashes again
+        memo_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo_path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"file": str(path), "key": key, "sha256": digest}))
+        os.replace(tmp, memo_path)
+    except OSError:
+        pass
+    return digest
 
 
 def model_files_digest(model_dir: Path, trusted: dict[str, str] | None = None) -> dict[str, str]:

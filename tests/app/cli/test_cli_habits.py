@@ -246,7 +246,7 @@ def test_storage_shows_each_place_with_its_size_and_how_to_free_space(tiny_model
     ask(tiny_model_dir, "hello", "--max-tokens", "2")
     text = kvchat("storage")
     assert text.returncode == 0
-    for words in ("conversations", "KV cache", "converted models", "To free space", "--kv-disk-gb",
+    for words in ("conversations", "KV cache", "model caches", "To free space", "--kv-disk-gb",
                   "delete ID --permanently"):
         assert words in text.stdout
     numbers = json.loads(kvchat("storage", "--json").stdout)

@@ -1,0 +1,164 @@
+"""The small directory a GGUF file is run with: its config, generation config and tokenizer files, no weights.
+
+The weights are read from the GGUF file itself (gguf_weights.py). transformers
+rebuilds a GGUF's tokenizer slowly for big vocabularies, so its files are kept
+in cache_dir()/gguf-tokenizers, keyed by the GGUF file's sha256, which a file
+of the directory holds too (WEIGHTS_ID_FILE: the model fingerprint hashes the
+directory, so the weights count by their hash without being read again).
+
+Each file's sha256 is recorded when the directory is written (RECORD_FILE,
+hidden) and `cache_damage` checks the directory against it before use,
+through fingerprint.py's stat-keyed memo (a few stats when nothing changed).
+
+An older kvchat converted a GGUF file into cache_dir()/models/gguf-*: a
+dequantized fp32 copy of its weights (7x the file). `remove_old_conversions`
+deletes those once and says how much it freed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from engine.errors import ModelError
+from engine.paths import GGUF_TOKENIZERS_FOLDER, cache_dir
+from engine.weights.fingerprint import file_sha256, model_files_digest
+from engine.weights.gguf import gguf_config, open_gguf
+
+log = logging.getLogger("kvchat")
+
+COMPLETE_MARKER = "kvchat-tokenizer-complete"
+RECORD_FILE = ".kvchat-sha256.json"  # {"sha256": {file name: hex}} of every file written here
+WEIGHTS_ID_FILE = "gguf-sha256.txt"  # the GGUF file's own sha256: its weights, as the fingerprint knows them
+CACHE_VERSION = 1  # part of the directory's name: bump when its contents change
+
+
+def tokenizer_cache_dir(gguf_sha256: str) -> Path:
+    return cache_dir() / GGUF_TOKENIZERS_FOLDER / f"{gguf_sha256[:24]}-v{CACHE_VERSION}"
+
+
+def _export_tokenizer(gguf_path: Path, out_dir: Path, config: dict[str, Any]) -> None:
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    except Exception as exc:
+        raise ModelError(f"The tokenizer in {gguf_path.name} cannot be read ({exc}).") from None
+    # The GGUF metadata names the special tokens; transformers versions disagree on how they
+    # carry them over (5.17 makes the BOS token the EOS token too), so set them from it.
+    for role in ("bos", "eos"):
+        token_id = config.get(f"{role}_token_id")
+        if isinstance(token_id, int) and 0 <= token_id < len(tokenizer):
+            setattr(tokenizer, f"{role}_token", tokenizer.convert_ids_to_tokens(token_id))
+    tokenizer.save_pretrained(str(out_dir))
+
+
+def write_tokenizer_cache(gguf_path: Path, gguf_sha256: str, out_dir: Path,
+                          progress: Callable[[str], None] = lambda _: None) -> Path:
+    """Write `out_dir` for `gguf_path` (atomically) and return it; a complete one (another process's) is kept.
+    ModelError if the file is not a GGUF model kvchat runs, or the directory cannot be written."""
+    if (out_dir / COMPLETE_MARKER).exists():
+        return out_dir
+    config = gguf_config(open_gguf(gguf_path))
+    try:
+        _write(gguf_path, gguf_sha256, config, out_dir, progress)
+    except OSError as exc:  # read-only cache, disk full...
+        raise ModelError(f"The model's tokenizer cannot be cached in {out_dir.parent} ({exc.strerror or exc}); "
+                         "free some space or set KVCHAT_CACHE_DIR to a writable directory.") from None
+    return out_dir
+
+
+def _write(gguf_path: Path, gguf_sha256: str, config: dict[str, Any], out_dir: Path,
+           progress: Callable[[str], None]) -> None:
+    if out_dir.exists():  # a directory without the marker is not ours to trust
+        shutil.rmtree(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=out_dir.name + ".tmp-", dir=out_dir.parent))
+    try:
+        (staging / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+        generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}
+        (staging / "generation_config.json").write_text(json.dumps(generation, indent=2), encoding="utf-8")
+        (staging / WEIGHTS_ID_FILE).write_text(gguf_sha256 + "\n", encoding="utf-8")
+        progress(f"reading the tokenizer of {gguf_path.name} (first start only)")
+        _export_tokenizer(gguf_path, staging, config)
+        (staging / COMPLETE_MARKER).write_text(gguf_path.name, encoding="utf-8")
+        digests = _write_record(staging, {p.name: file_sha256(p) for p in _recorded_files(staging)})
+        try:
+            os.rename(staging, out_dir)
+        except OSError:
+            if not (out_dir / COMPLETE_MARKER).exists():
+                raise
+            return  # another process finished the same directory first; its result is identical
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    model_files_digest(out_dir, trusted=digests)  # the fingerprint and the next check need not hash again
+
+
+def _recorded_files(model_dir: Path) -> list[Path]:
+    # The files model_files_digest hashes: regular, top level, not hidden.
+    return sorted(p for p in model_dir.iterdir() if p.is_file() and not p.name.startswith("."))
+
+
+def _write_record(model_dir: Path, digests: dict[str, str]) -> dict[str, str]:
+    tmp = model_dir / f"{RECORD_FILE}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps({"sha256": digests}, indent=1, sort_keys=True), encoding="utf-8")
+    os.replace(tmp, model_dir / RECORD_FILE)
+    return digests
+
+
+def cache_damage(model_dir: Path) -> str | None:
+    """What is wrong with a complete tokenizer cache (a short phrase), or None if every file is the one
+    written there."""
+    try:
+        current = model_files_digest(model_dir)
+    except OSError as exc:
+        return f"it cannot be read ({exc.strerror or exc})"
+    try:
+        recorded = json.loads((model_dir / RECORD_FILE).read_text(encoding="utf-8"))["sha256"]
+        if not isinstance(recorded, dict) or not all(isinstance(v, str) for v in recorded.values()):
+            raise ValueError
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        return f"its record {RECORD_FILE} is missing or unreadable"
+    for name, digest in sorted(recorded.items()):
+        if name not in current:
+            return f"{name} is missing"
+        if current[name] != digest:
+            return f"the sha256 of {name} is not the one recorded when it was written"
+    extra = sorted(set(current) - set(recorded))
+    if extra:
+        return f"it holds {extra[0]}, which kvchat did not write"
+    return None
+
+
+def _size(path: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def remove_old_conversions() -> int:
+    """Delete the GGUF conversions an older kvchat left in cache_dir()/models (dequantized weights, no longer
+    read); logs one line with the bytes freed when there were any. Returns them."""
+    old = [p for p in (cache_dir() / "models").glob("gguf-*") if p.is_dir() and not p.is_symlink()]
+    freed = 0
+    for path in old:
+        size = _size(path)
+        shutil.rmtree(path, ignore_errors=True)
+        if not path.exists():
+            freed += size
+    if freed:
+        amount = f"{freed / 1e9:.1f} GB" if freed >= 1e9 else f"{freed / 1e6:.1f} MB"
+        log.warning("kvchat: removed %d GGUF conversion%s an older kvchat made (%s freed); GGUF files are now "
+                    "read in place", len(old), "" if len(old) == 1 else "s", amount)
+    return freed
