@@ -25,6 +25,7 @@ import torch
 
 from engine.cpu.decode_step import PHASES
 from engine.cpu.linear import QuantLinear
+from engine.cpu.mixed_linear import MixedQuantLinear
 from engine.engine import Engine
 
 TOP_OPS = 8  # torch ops listed by self time
@@ -53,25 +54,30 @@ def _decode(engine: Engine, prompt: list[int], steps: int, on_prefilled=lambda: 
 
 
 def _timed_quant_linears(engine: Engine, prompt: list[int], steps: int) -> tuple[float, float]:
-    """(seconds per token in QuantLinear calls, calls per token), over the decode steps only."""
+    """(seconds per token in QuantLinear and MixedQuantLinear calls, calls per token), over the decode steps
+    only (a MixedQuantLinear's parts run in its one kernel call: one call)."""
     spent, calls = [0.0], [0]
 
     def reset() -> None:
         spent[0], calls[0] = 0.0, 0
-    original = QuantLinear.forward
 
-    def timed(self, x):
-        start = time.perf_counter()
-        out = original(self, x)
-        spent[0] += time.perf_counter() - start
-        calls[0] += 1
-        return out
+    def timed(original):
+        def forward(self, x):
+            start = time.perf_counter()
+            out = original(self, x)
+            spent[0] += time.perf_counter() - start
+            calls[0] += 1
+            return out
+        return forward
 
-    QuantLinear.forward = timed
+    originals = {cls: cls.forward for cls in (QuantLinear, MixedQuantLinear)}
+    for cls, original in originals.items():
+        cls.forward = timed(original)
     try:
         _decode(engine, prompt, steps, on_prefilled=reset)
     finally:
-        QuantLinear.forward = original
+        for cls, original in originals.items():
+            cls.forward = original
     return spent[0] / steps, calls[0] / steps
 
 

@@ -6,12 +6,11 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
 
 from engine import Engine, EngineError, EngineOptions, SamplingParams
 from engine.cpu import kernels as quant_kernels
 from engine.cpu.linear import QuantLinear
-from engine.weights.gguf import QUANT_WEIGHTS_FILE
+from engine.weights.checkpoint import load_model
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
                                 reason="the block kernels need a C compiler")
@@ -25,55 +24,58 @@ def kernels():
 
 
 def quantized(fmt, rows, cols, seed=0):
-    """(QuantLinear parts, the dense fp32 weight gguf's own dequantizer gives)."""
+    """(GGUF's raw blocks [rows, bytes], the dense fp32 weight gguf's own dequantizer gives)."""
     import gguf
     from gguf.quants import dequantize, quantize
-
-    from engine.weights.gguf import _block_arrays
 
     qtype = getattr(gguf.GGMLQuantizationType, fmt.upper())
     w = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
     raw = quantize(w, qtype)
-    fake = type("T", (), {"data": raw, "tensor_type": qtype, "shape": (cols, rows)})  # GGUF's order
-    _, parts = _block_arrays(fake)
-    return {k: torch.from_numpy(v) for k, v in parts.items()}, torch.from_numpy(dequantize(raw, qtype))
+    return torch.from_numpy(raw), torch.from_numpy(dequantize(raw, qtype))
 
 
 @pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
 def test_dequantized_weights_are_bit_identical_to_ggufs_own_dequantizer(kernels, fmt):
-    parts, dense = quantized(fmt, 77, 96)
-    linear = QuantLinear(kernels, fmt, parts["qs"], parts["d"], parts.get("m"), None)
+    qs, dense = quantized(fmt, 77, 96)
+    linear = QuantLinear(kernels, fmt, qs)
     assert torch.equal(linear.dequantized(), dense)
 
 
 @pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 23, 128, 129, 300])
 def test_products_match_a_dense_matmul_of_the_same_weights(kernels, fmt, rows):
-    parts, dense = quantized(fmt, 130, 160, seed=rows)
+    qs, dense = quantized(fmt, 130, 160, seed=rows)
     bias = torch.randn(130)
-    linear = QuantLinear(kernels, fmt, parts["qs"], parts["d"], parts.get("m"), bias)
+    linear = QuantLinear(kernels, fmt, qs, bias)
     x = torch.randn(rows, 160)
     torch.testing.assert_close(linear(x), F.linear(x, dense, bias), atol=1e-4, rtol=1e-5)
 
 
 def test_leading_dimensions_are_kept(kernels):
-    parts, dense = quantized("q4_1", 64, 64)
-    linear = QuantLinear(kernels, "q4_1", parts["qs"], parts["d"], parts["m"], None)
+    qs, dense = quantized("q4_1", 64, 64)
+    linear = QuantLinear(kernels, "q4_1", qs)
     x = torch.randn(2, 3, 64)
     assert linear(x).shape == (2, 3, 64)
     torch.testing.assert_close(linear(x), x @ dense.T, atol=1e-4, rtol=1e-5)
 
 
-def test_conversion_keeps_blocks_that_rebuild_the_dense_weights_exactly(kernels, q4_gguf_model):
-    dense = load_file(str(q4_gguf_model / "model.safetensors"))
-    blocks = load_file(str(q4_gguf_model / QUANT_WEIGHTS_FILE))
-    names = sorted({k.rsplit(".", 2)[0] for k in blocks})
-    assert "model.layers.0.self_attn.q_proj.weight" in names and "model.embed_tokens.weight" in names
-    for name in names:
-        fmt = next(k.rsplit(".", 2)[1] for k in blocks if k.startswith(name + "."))
-        parts = {p: blocks.get(f"{name}.{fmt}.{p}") for p in ("qs", "d", "m")}
-        linear = QuantLinear(kernels, fmt, parts["qs"], parts["d"], parts["m"], None)
-        assert torch.equal(linear.dequantized(), dense[name]), name  # q/k rows un-permuted like the dense ones
+def fused_weight(module):
+    """The fp32 weight a (Mixed)QuantLinear runs, its parts stacked."""
+    parts = getattr(module, "parts", [module])
+    return torch.cat([part.dequantized().clone() for part in parts])
+
+
+def test_the_block_linears_rebuild_the_dense_weights_exactly(kernels, q4_gguf_model):
+    cpu = torch.device("cpu")
+    packed = load_model(q4_gguf_model, cpu, torch.float32, kernels)
+    dense = load_model(q4_gguf_model, cpu, torch.float32)
+    attn, dense_attn = packed.layers[0].self_attn, dense.layers[0].self_attn
+    for ours, theirs in [(attn.qkv_proj, dense_attn.qkv_proj), (attn.o_proj, dense_attn.o_proj),
+                         (packed.layers[1].mlp.gate_up_proj, dense.layers[1].mlp.gate_up_proj),
+                         (packed.lm_head, dense.lm_head)]:
+        assert torch.equal(fused_weight(ours), theirs.weight)  # q/k rows un-permuted like the dense ones
+    everything = torch.arange(packed.cfg.vocab_size)
+    assert torch.equal(packed.embed_tokens(everything), dense.embed_tokens.weight)
 
 
 def test_block_weights_give_the_dense_models_logits_and_greedy_tokens(kernels, q4_gguf_model):
@@ -111,8 +113,8 @@ def test_a_model_without_blocks_loads_dense_weights(tiny_engine):
 def test_wide_matrices_are_multiplied_in_row_slices_with_the_same_result(kernels):
     from engine.cpu.linear import GEMM_ROWS, KERNEL_MAX_ROWS
 
-    parts, dense = quantized("q4_1", 2 * GEMM_ROWS + 37, 64, seed=11)
-    linear = QuantLinear(kernels, "q4_1", parts["qs"], parts["d"], parts["m"], None)
+    qs, dense = quantized("q4_1", 2 * GEMM_ROWS + 37, 64, seed=11)
+    linear = QuantLinear(kernels, "q4_1", qs)
     x = torch.randn(KERNEL_MAX_ROWS + 20, 64)
     torch.testing.assert_close(linear(x), x @ dense.T, atol=1e-4, rtol=1e-5)
     assert torch.equal(linear.dequantized(GEMM_ROWS, 37), dense[GEMM_ROWS : GEMM_ROWS + 37])

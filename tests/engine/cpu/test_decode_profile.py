@@ -8,6 +8,7 @@ from engine.bench.decode_profile import decode_profile
 from engine.bench.perf import random_prompt
 from engine.cpu.decode_step import PHASES
 from engine.cpu.linear import QuantLinear
+from engine.cpu.mixed_linear import MixedQuantLinear
 
 
 @pytest.fixture(scope="module", params=[None, False], ids=["fused", "eager"])
@@ -34,7 +35,9 @@ def test_the_profile_accounts_for_a_decode_step(quantized):
         assert in_c > 0
         assert row["phases"][-1]["ms"] == pytest.approx(max(0.0, row["ms_per_token"] - in_c), abs=0.01)  # rounding: 3 decimals a phase
         return
-    layers = sum(isinstance(m, QuantLinear) for m in quantized.model.modules())
+    parts = {id(part) for m in quantized.model.modules() if isinstance(m, MixedQuantLinear) for part in m.parts}
+    layers = sum(isinstance(m, (QuantLinear, MixedQuantLinear)) and id(m) not in parts
+                 for m in quantized.model.modules())
     assert row["quant_linear_calls"] == layers  # the prompt's prefill is not counted
     assert 0 < row["quant_linear_share"] <= 1 and 0 < row["torch_op_share"] <= 1
     assert row["torch_ops_per_token"] > 0

@@ -11,7 +11,6 @@ from engine.cpu.decode_step import FusedCPUDecode
 from engine.cpu.kernels import kernels_for, load_quant_kernels
 from engine.kv.cache import ContiguousKVCache
 from engine.weights.checkpoint import load_model
-from engine.weights.gguf import convert_gguf
 from tests.tiny_gguf import write_gguf
 from tests.tiny_models import FUSED_ARCHITECTURES, VOCAB, load_reference, make_tiny_model
 
@@ -84,7 +83,7 @@ def test_fused_step_matches_transformers_too(kernels, tmp_path):
 def q4_model_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("fused-q4")
     hf_model = load_reference(make_tiny_model(root / "hf", "llama", tie_word_embeddings=True, seed=4))
-    return convert_gguf(write_gguf(hf_model, root / "tiny-q4.gguf", quant="Q4_1"), root / "converted")
+    return write_gguf(hf_model, root / "tiny-q4.gguf", quant="Q4_1")
 
 
 @pytest.mark.parametrize("prefix_caching", [True, False])

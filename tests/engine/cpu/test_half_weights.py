@@ -1,5 +1,5 @@
-"""A bf16 or f16 Hugging Face checkpoint run in float32 on the CPU keeps its linears 2 bytes a weight
-(QuantLinear "bf16"/"f16", widened exactly in the kernel): the fp32 model's logits and greedy tokens."""
+"""A bf16 or f16 Hugging Face checkpoint run in float32 on the CPU keeps its linears and its embedding 2 bytes
+a weight (QuantLinear "bf16"/"f16", widened exactly in the kernel): the fp32 model's logits and greedy tokens."""
 
 import shutil
 
@@ -33,9 +33,12 @@ def test_half_precision_linears_stay_half_and_give_the_fp32_models_logits(tmp_pa
     dense = Engine.load(EngineOptions(model=str(model_dir), device="cpu", dtype="float32", weights="dense"))
     model = packed.model
     linears = [m for m in model.modules() if isinstance(m, QuantLinear)]
-    assert len(linears) == 4 * model.cfg.num_layers + 1 and {m.fmt for m in linears} == {fmt}
-    assert model.lm_head.qs.element_size() == 2 and model.embed_tokens.weight.dtype == torch.float32
+    untied_embedding = 0 if model.cfg.tie_word_embeddings else 1  # a tied one is lm_head's own QuantLinear
+    assert len(linears) == 4 * model.cfg.num_layers + 1 + untied_embedding and {m.fmt for m in linears} == {fmt}
+    assert model.lm_head.qs.element_size() == 2 and model.embed_tokens.table.qs.element_size() == 2
     assert torch.equal(model.lm_head.qs.view(dtype).float(), dense.model.lm_head.weight)
+    everything = torch.arange(model.cfg.vocab_size)
+    assert torch.equal(model.embed_tokens(everything), dense.model.embed_tokens.weight)
     assert packed.info.weights.startswith(f"{fmt} blocks") and dense.info.weights == "dense"
     for rows in (list(range(120)), PROMPT[:7]):  # the dequantize+GEMM path and the kernel
         torch.testing.assert_close(packed.runner.logits(rows, all_logits=True),

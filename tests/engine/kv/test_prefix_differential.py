@@ -13,7 +13,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine import Engine, EngineError, EngineOptions, SamplingParams
-from engine.weights.gguf import convert_gguf
 from tests.examples import examples
 from tests.tiny_gguf import write_gguf
 from tests.greedy_ties import assert_same_greedy
@@ -48,7 +47,7 @@ def engines(request, tmp_path_factory):
     if request.param.startswith("dense"):
         return engines_for(hf_dir, paged_kv=request.param == "dense-paged")
     gguf = write_gguf(load_reference(hf_dir), root / "tiny.gguf", quant="Q4_1")
-    return engines_for(convert_gguf(gguf, root / "converted"))
+    return engines_for(gguf)
 
 
 def greedy(engine, prompt, n, use_cache=True):
