@@ -75,7 +75,7 @@ def gemma3_gguf(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def default_engine():
-    """The real bundled SmolLM2-135M-Instruct in fp32 (converted on first use)."""
+    """The real bundled SmolLM2-135M-Instruct in fp32 (its GGUF file read in place)."""
     from engine import Engine, EngineOptions
 
     return Engine.load(EngineOptions(device="cpu", dtype="float32"))

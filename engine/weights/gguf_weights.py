@@ -37,6 +37,10 @@ class GGUFWeights:
         self._tensors = {hf_name(t.name, self._arch): t for t in reader.tensors}
         self._blocks = blocks
 
+    def names(self) -> list[str]:
+        """The Hugging Face names of the file's tensors (dense ones; block names are derived from them)."""
+        return list(self._tensors)
+
     def __contains__(self, name: str) -> bool:
         return name in self._tensors or self._block_base(name) is not None
 
