@@ -17,3 +17,18 @@ def test_storage_counts_only_block_files_as_blocks(kvchat_home, tmp_path, monkey
     (kv / f".{'e' * 64}.1.00.tmp").write_bytes(b"z" * 5)
     u = usage()
     assert (u.kv_blocks, u.kv_bytes) == (2, 215)  # what the folder holds is still disk kvchat's folder uses
+
+
+def test_storage_counts_gguf_tokenizer_caches_and_synthetic_models_as_model_caches(kvchat_home, tmp_path,
+                                                                                   monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("KVCHAT_CACHE_DIR", str(cache))
+    assert (usage().models, usage().model_cache_bytes) == (0, 0)  # no converted model is counted that is not there
+    (cache / "gguf-tokenizers" / "abc-v1").mkdir(parents=True)
+    (cache / "gguf-tokenizers" / "abc-v1" / "tokenizer.json").write_bytes(b"t" * 300)
+    (cache / "models" / "synthetic-smollm2-135m-s0-v1").mkdir(parents=True)
+    (cache / "models" / "synthetic-smollm2-135m-s0-v1" / "config.json").write_bytes(b"c" * 20)
+    (cache / "kernels").mkdir()
+    (cache / "kernels" / "block_quant.so").write_bytes(b"k" * 7)
+    u = usage()
+    assert (u.models, u.model_cache_bytes) == (2, 327)

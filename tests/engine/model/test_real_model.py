@@ -1,5 +1,7 @@
 """The bundled SmolLM2-135M-Instruct: our greedy replies == transformers' greedy `generate` (fp32)."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -22,7 +24,8 @@ PROMPTS = [
 def reference(default_engine):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(default_engine.info.model_dir, dtype=torch.float32).eval()
+    gguf = Path(default_engine.info.gguf_file)  # transformers dequantizes the GGUF file itself
+    return AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval()
 
 
 def chat_ids(engine, text):
