@@ -51,6 +51,7 @@ def gguf_sha256(path: Path) -> str:
     digest = file_sha256(path)
     try:  # a best effort: without it the next start hashes again
         memo_path.parent.mkdir(parents=True, exist_ok=True)
+        _forget_removed_files(memo_path.parent)
         tmp = memo_path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps({"file": str(path), "key": key, "sha256": digest}))
         os.replace(tmp, memo_path)
@@ -95,6 +96,16 @@ def model_files_digest(model_dir: Path, trusted: dict[str, str] | None = None) -
         except OSError:
             pass
     return digests
+
+
+def _forget_removed_files(memo_dir: Path) -> None:
+    """Drop the memos of files that are gone (a deleted GGUF file, a test's temporary one)."""
+    for memo in memo_dir.glob("*.json"):
+        try:
+            if not Path(json.loads(memo.read_text())["file"]).is_file():
+                memo.unlink()
+        except (OSError, ValueError, KeyError, TypeError):
+            memo.unlink(missing_ok=True)  # unreadable: it is only a cache
 
 
 def _forget_removed_models(memo_dir: Path) -> None:

@@ -101,7 +101,7 @@ def gguf_config(reader) -> dict[str, Any]:
     """The Hugging Face config.json a GGUF file's metadata describes."""
     arch = _field(reader, "general.architecture")
     if arch not in _MODEL_TYPE:
-        raise ModelError(f"Unsupported GGUF architecture {arch!r}: kvchat converts llama, qwen2, qwen3 and gemma3.")
+        raise ModelError(f"Unsupported GGUF architecture {arch!r}: kvchat reads llama, qwen2, qwen3 and gemma3.")
     if any(t.name == "rope_freqs.weight" for t in reader.tensors):
         raise ModelError("This GGUF stores Llama 3.1 RoPE frequency factors; use the Hugging Face model directory instead.")
 

@@ -1,4 +1,4 @@
-"""What converting a `gemma3` GGUF file needs beyond the Llama-family conversion (weights/gguf.py).
+"""What reading a `gemma3` GGUF file needs beyond the Llama family's (weights/gguf.py).
 
 llama.cpp's converter stores Gemma's norm weights as 1 + w (its RMSNorm multiplies by the weight as
 is); the Hugging Face layout keeps w, so 1 is taken off again here, as transformers' own GGUF loader

@@ -51,7 +51,6 @@ class ModelSource:
 
 def _from_gguf(path: Path, name: str, progress: Callable[[str], None]) -> ModelSource:
     progress("checking the model file")
-    remove_old_conversions()
     digest = gguf_sha256(path)
     out_dir = tokenizer_cache_dir(digest)
     if (out_dir / COMPLETE_MARKER).exists():
@@ -96,6 +95,7 @@ def _from_hf_cache(model_id: str) -> Path:
 def resolve_model(spec: str | None = None, progress: Callable[[str], None] = lambda _: None) -> ModelSource:
     """Turn a model spec (None: $KVCHAT_MODEL, else the default) into a model directory."""
     spec = spec or os.environ.get("KVCHAT_MODEL") or None
+    remove_old_conversions()  # an older kvchat's dequantized copies (a few stats when there are none)
     if spec is None:
         return _from_gguf(default_gguf(), DEFAULT_MODEL_NAME, progress)
     name = synthetic_name(spec)

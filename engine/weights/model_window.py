@@ -1,9 +1,9 @@
 """A model's context window read from its files, before it is loaded: what `resolve_model` would open,
-without importing torch, converting a GGUF or reading any weights (a few ms, not the seconds of a load).
+without importing torch, opening a GGUF's tensors or reading any weights (a few ms, not the seconds of a load).
 
 None where that is not cheap to know (a synthetic shape, a model id in the Hugging Face cache) or the
 files do not say; the caller then waits for the load. The number is never below the loaded engine's
-`context_window` (a GGUF's context length is its converted config's max_position_embeddings), so a
+`context_window` (a GGUF's context length is its config's max_position_embeddings), so a
 bound computed from it refuses nothing the engine would take.
 """
 

@@ -48,3 +48,21 @@ def test_the_memo_of_a_model_directory_that_is_gone_is_forgotten(tmp_path, tiny_
     shutil.rmtree(gone)
     fingerprint.model_files_digest(tiny_model_dir)  # writing a memo tidies the others
     assert [json.loads(m.read_text())["dir"] for m in memos.glob("*.json")] == [str(tiny_model_dir.resolve())]
+
+
+def test_a_gguf_file_is_hashed_once_and_its_memo_forgotten_when_it_is_gone(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVCHAT_CACHE_DIR", str(tmp_path / "cache"))
+    first, second = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    first.write_bytes(b"a" * 1000)
+    second.write_bytes(b"b" * 1000)
+    calls = []
+    real = fingerprint.file_sha256
+    monkeypatch.setattr(fingerprint, "file_sha256", lambda path: calls.append(path) or real(path))
+    digest = fingerprint.gguf_sha256(first)
+    assert fingerprint.gguf_sha256(first) == digest == real(first) and len(calls) == 1
+    first.write_bytes(b"c" * 1000)  # the same size, another mtime
+    assert fingerprint.gguf_sha256(first) == real(first) != digest and len(calls) == 2
+    first.unlink()
+    fingerprint.gguf_sha256(second)  # writing a memo tidies the others
+    memos = list((tmp_path / "cache" / "file-hashes" / "files").glob("*.json"))
+    assert [json.loads(m.read_text())["file"] for m in memos] == [str(second.resolve())]
