@@ -1,7 +1,7 @@
 """Read a GGUF file (llama, qwen2, qwen3, gemma3 architectures) as a Hugging Face model: its config, its
 tensors under Hugging Face names.
 
-The file is memory-mapped copy-on-write (never written): weights/gguf_weights.py runs the matrices the CPU
+The file is memory-mapped copy-on-write (never written; gguf_file.py): weights/gguf_weights.py runs the matrices the CPU
 kernels read (cpu/formats.py) where they lie in the mapping, and dequantizes the rest. llama.cpp stores
 Llama's q/k projections with the rows of each head interleaved for its RoPE kernel; they are put back in
 Hugging Face's rotate-half order (`unpermute`, on whole rows, so on raw blocks too).
@@ -17,6 +17,7 @@ import torch
 
 from engine.errors import ModelError
 from engine.weights import gguf_gemma3
+from engine.weights.gguf_file import GGUFFile, GGUFFormatError, TensorTableDamage
 
 # GGUF architectures whose q/k rows llama.cpp permuted at conversion time.
 _PERMUTED_QK = {"llama"}
@@ -45,45 +46,14 @@ _GLOBAL_TENSORS = {
 }
 
 
-def open_gguf(path: Path):
-    """A GGUFReader over `path`, or ModelError naming what is wrong with the file."""
-    from gguf import GGUFReader
-
-    class CheckedReader(GGUFReader):
-        def _build_tensors(self, start_offs: int, fields: list) -> None:
-            damage = _tensor_data_damage(fields, start_offs, len(self.data))
-            if damage:
-                raise ModelError(f"The GGUF file {path.name} is damaged: {damage}.")
-            super()._build_tensors(start_offs, fields)
-
+def open_gguf(path: Path) -> GGUFFile:
+    """The GGUF file at `path`, mapped (gguf_file.py), or ModelError naming what is wrong with it."""
     try:
-        return CheckedReader(str(path), mode="c")  # copy-on-write: tensors may view it, the file is never written
-    except ModelError:
-        raise
-    except Exception as exc:  # the reader raises ValueError, struct errors, IndexError...
+        return GGUFFile(path)
+    except TensorTableDamage as exc:
+        raise ModelError(f"The GGUF file {path.name} is damaged: {exc}.") from None
+    except (GGUFFormatError, OSError, ValueError) as exc:  # ValueError: numpy cannot map an empty file
         raise ModelError(f"The GGUF file {path.name} is corrupt or not a GGUF model ({exc}).") from None
-
-
-def _tensor_data_damage(fields: list, start: int, size: int) -> str | None:
-    """What is wrong with the tensor table (truncated data, rows that are not whole blocks), or None.
-    Read from the reader's own tensor fields; a layout this code does not know is left to the reader."""
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    for field in fields:
-        try:
-            _, name_data, _, dims, raw_type, offset = field.parts
-            name, qtype = bytes(name_data).decode("utf-8", "replace"), GGMLQuantizationType(int(raw_type[0]))
-            block, type_size = GGML_QUANT_SIZES[qtype]
-            dims = [int(d) for d in dims]
-            end = start + int(offset[0]) + int(np.prod(dims)) // block * type_size
-        except (ValueError, TypeError, KeyError, IndexError):
-            return None
-        if dims and dims[0] % block:
-            return (f"its tensor {name} has rows of {dims[0]} weights, which {qtype.name}'s {block}-weight blocks "
-                    "do not divide")
-        if end > size:
-            return f"its tensor {name} ends at byte {end:,}, but the file has {size:,} bytes (truncated?)"
-    return None
 
 
 def architecture(reader) -> str:
@@ -91,10 +61,8 @@ def architecture(reader) -> str:
 
 
 def _field(reader, key: str, default: Any = None) -> Any:
-    field = reader.fields.get(key)
-    if field is None:
-        return default
-    return field.contents()
+    value = reader.fields.get(key)
+    return default if value is None else value
 
 
 def gguf_config(reader) -> dict[str, Any]:
