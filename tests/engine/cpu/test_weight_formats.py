@@ -21,9 +21,9 @@ from tests.kquant_blocks import finite_halves, random_blocks
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
                                 reason="the block kernels need a C compiler")
 
-FORMATS = ["q4_0", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "bf16", "f16"]
+FORMATS = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "bf16", "f16"]
 # fp16 scales small enough that weights stay about 1 (products then compare at atol 1e-4)
-PRODUCT_SCALE = {"q4_0": 0.1, "q5_0": 0.05, "q5_1": 0.03, "q2_k": 0.02, "q3_k": 0.005, "q4_k": 1e-3,
+PRODUCT_SCALE = {"q4_0": 0.1, "q4_1": 0.05, "q8_0": 0.005, "q5_0": 0.05, "q5_1": 0.03, "q2_k": 0.02, "q3_k": 0.005, "q4_k": 1e-3,
                  "q5_k": 5e-4, "q6_k": 2.5e-4}
 # ISA -> (gcc -march for it, the CPU flags it needs)
 ISAS = {"native": (None, ()), "avx2": ("haswell", ("avx2", "fma", "f16c")), "portable": ("x86-64", ())}
@@ -91,7 +91,7 @@ def test_dequantized_weights_are_bit_identical_to_ggufs_dequantizer_for_any_vali
     assert torch.equal(bits(linear.dequantized(5, 20)), bits(dense[5:25]))
 
 
-@pytest.mark.parametrize("fmt", ["q4_0", "q5_0", "q5_1", "bf16", "f16"])
+@pytest.mark.parametrize("fmt", ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "bf16", "f16"])
 def test_weights_quantized_by_gguf_come_back_as_ggufs_dequantizer_gives_them(kernels, fmt):
     import gguf
     from gguf.quants import dequantize, quantize
