@@ -59,6 +59,9 @@ class EngineOptions:
     threads: int | None = None  # CPU threads for torch; None: torch's default
     prefill_chunk: int = 2048  # prompts longer than this are prefilled in chunks of this many tokens
     weights: str = "auto"  # auto | dense | blocks (GGUF Q4_1/Q8_0 blocks through the CPU kernels)
+    # Quantized weights on the CPU multiply int8 activations by their blocks in integers (cpu/kernels.py);
+    # True: fp32 products of the exact weights instead, the transformers-exact reference.
+    exact_fp32: bool = False
     prefix_caching: bool = True  # keep a prefix cache: K/V of finished requests, reused by matching prefixes
     kv_cache_gb: float | None = None  # device KV pool; None: see kv/budget.py
     host_cache_gb: float | None = None  # host-RAM tier for blocks evicted from a GPU; None: see kv/budget.py
@@ -181,6 +184,8 @@ class Engine:
         decode_path(options.paged_kv, options.cuda_graphs, options.compile, device, options.prefix_caching)
         source = resolve_model(options.model, progress)
         kernels = _quant_kernels(options.weights, device, dtype, progress)
+        if kernels is not None:
+            kernels = kernels.with_integer_products(not options.exact_fp32)
         try:
             model, tokenizer = _load_model_dir(source, device, dtype, kernels, progress)
         except ModelError as exc:

@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from engine.paths import cache_dir
@@ -49,6 +49,12 @@ class LinearDesc(ctypes.Structure):
 class QuantKernels:
     lib: ctypes.CDLL
     isa: str  # avx512 | avx2 | portable
+    # Quantized weights times int8-quantized activations, summed in integers (csrc/int8_dot.c), instead of
+    # fp32 products of the exact weights. Off until the engine asks (EngineOptions.exact_fp32).
+    integer: bool = False
+
+    def with_integer_products(self, integer: bool) -> "QuantKernels":
+        return replace(self, integer=integer)
 
 
 def _cpu_identity() -> str:
