@@ -35,7 +35,7 @@ def mixed_gguf(request, tmp_path_factory):
 @pytest.fixture(scope="module")
 def engines(mixed_gguf):
     _, model_dir = mixed_gguf
-    return (Engine.load(EngineOptions(model=str(model_dir), dtype="float32")),
+    return (Engine.load(EngineOptions(model=str(model_dir), dtype="float32", exact_fp32=True)),
             Engine.load(EngineOptions(model=str(model_dir), dtype="float32", weights="dense")))
 
 
@@ -97,7 +97,7 @@ def test_a_type_without_a_kernel_runs_dense_and_says_so_in_one_log_line(tmp_path
         model_dir = convert_gguf(gguf_path, tmp_path / "converted")
     lines = [r.getMessage() for r in caplog.records if "MXFP4" in r.getMessage()]
     assert len(lines) == 1 and "2 in MXFP4" in lines[0], caplog.text
-    packed = Engine.load(EngineOptions(model=str(model_dir), dtype="float32"))
+    packed = Engine.load(EngineOptions(model=str(model_dir), dtype="float32", exact_fp32=True))
     layers = packed.model.layers
     assert type(layers[0].self_attn.qkv_proj) is torch.nn.Linear and type(layers[1].mlp.gate_up_proj) is torch.nn.Linear
     assert isinstance(layers[1].self_attn.qkv_proj, QuantLinear) and layers[1].self_attn.qkv_proj.fmt == "q8_0"

@@ -45,7 +45,7 @@ def test_a_quantized_gemma3_gguf_runs_its_blocks_and_matches_its_dequantized_wei
     assert (out / "blocks.safetensors").exists()
     hf_model.load_state_dict(dequantized_state(hf_model, "Q8_0"))
     ids = torch.randint(0, VOCAB, (30,), generator=torch.Generator().manual_seed(1))
-    engine = Engine.load(EngineOptions(model=str(out), dtype="float32", prefix_caching=False))
+    engine = Engine.load(EngineOptions(model=str(out), dtype="float32", prefix_caching=False, exact_fp32=True))
     assert "q8_0" in engine.info.weights
     torch.testing.assert_close(engine.runner.logits(ids.tolist(), all_logits=True), reference_logits(hf_model, ids),
                                atol=1e-4, rtol=0)
