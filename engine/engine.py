@@ -84,7 +84,7 @@ class LoadInfo:
     device: str
     dtype: str
     context_window: int
-    weights: str  # "dense", or e.g. "q4_1/q8_0 blocks (avx512)"
+    weights: str  # "dense", or e.g. "q4_k/q6_k blocks, int8 products (avx512)"
     kv_cache_bytes: int  # device KV pool (0: prefix cache off)
     host_cache_bytes: int  # host tier (0: none)
     converted: bool  # this start converted a GGUF file
@@ -129,8 +129,10 @@ def _describe_weights(model: CausalLM) -> str:
     formats = sorted({m.fmt for m in model.modules() if isinstance(m, QuantLinear)})
     if not formats:
         return "dense"
-    isa = next(m.kernels.isa for m in model.modules() if isinstance(m, QuantLinear))
-    return f"{'/'.join(formats)} blocks ({isa})"
+    kernels = next(m.kernels for m in model.modules() if isinstance(m, QuantLinear))
+    # Which arithmetic runs is part of the K/V fingerprint: K/V of integer products never serves fp32 ones.
+    products = "int8" if kernels.integer else "fp32"
+    return f"{'/'.join(formats)} blocks, {products} products ({kernels.isa})"
 
 
 def _draft_tokens(options: EngineOptions) -> int:

@@ -36,6 +36,10 @@ def _engine_options(parser: argparse.ArgumentParser, top_level: bool) -> None:
                        help="CPU threads (default: torch's choice)")
     group.add_argument("--kv-cache-gb", type=positive_float, default=default(None),
                        help="memory for cached K/V (default: 80%% of free GPU memory, or min(2, RAM/4) GiB on a CPU)")
+    group.add_argument("--exact-fp32", action=argparse.BooleanOptionalAction, default=default(None),
+                       help="multiply quantized weights in fp32, exactly as transformers does, instead of int8 "
+                            "activations times the blocks in integers (faster; the default unless the config "
+                            "file says exact_fp32 = true). With --remote the server's own flag decides")
     group.add_argument("--no-prefix-cache", action="store_true", default=default(False),
                        help="compute every prompt in full (for baselines and checks)")
     # The decode path (engine/decode/path.py); unset: the measured default for the device.
@@ -241,7 +245,7 @@ def _add_bench(commands) -> None:
 # Flags of the embedded engine, with their defaults: given with --remote they would be silently ignored.
 ENGINE_ONLY = {"device": "auto", "dtype": "auto", "threads": None, "kv_cache_gb": None, "no_prefix_cache": False,
                "paged_kv": None, "cuda_graphs": None, "compile": None, "fused_decode": None, "speculative": None,
-               "draft_tokens": None, "max_batch": None}
+               "draft_tokens": None, "max_batch": None, "exact_fp32": None}
 
 
 def check_backend_args(args: argparse.Namespace) -> None:
