@@ -234,9 +234,11 @@ def _add_bench(commands) -> None:
                        help="only the speculative section: greedy replies with n-gram drafting off and on")
     bench.add_argument("--contention", action="store_true",
                        help="only decode next to a competing process (a busy loop, a second kvchat decoding)")
+    from app.bench.arithmetic import add_arguments as arithmetic_arguments
     from app.bench.serve import add_arguments as serve_arguments
     from app.bench.synthetic import add_arguments as synthetic_arguments
 
+    arithmetic_arguments(bench)
     synthetic_arguments(bench)
     serve_arguments(bench)
     _engine_options(bench, top_level=False)
@@ -320,6 +322,10 @@ def main(argv: list[str] | None = None) -> int:
             from app.bench.serve import run_serve_bench
 
             return run_serve_bench(args)
+        if args.command == "bench" and (args.arithmetic or args.roofline or args.agreement):
+            from app.bench.arithmetic import run_arithmetic_bench
+
+            return run_arithmetic_bench(args)
         if args.command == "bench" and args.synthetic:
             from app.bench.synthetic import run_synthetic_bench
 

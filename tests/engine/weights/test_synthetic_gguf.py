@@ -10,20 +10,17 @@ import torch
 from engine import Engine, EngineOptions, ModelError, SamplingParams
 from engine.weights import synthetic, synthetic_gguf
 from engine.weights.gguf import open_gguf
-from engine.weights.synthetic import MODELS, synthetic_config, synthetic_gguf as synthetic_file
+from engine.weights.synthetic import synthetic_config, synthetic_gguf as synthetic_file
 from engine.weights.synthetic_gguf import tensor_type, use_more_bits
 from engine.weights.synthetic_weights import STD
+from tests.tiny_synthetic import TINY, add_tiny_shape
 
-TINY = "tiny-qwen2"
-TINY_SHAPE = {**MODELS["qwen2.5-1.5b"][1], "hidden_size": 256, "num_hidden_layers": 8, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "head_dim": 64, "intermediate_size": 512, "vocab_size": 600,
-              "bos_token_id": 597, "eos_token_id": 598}
 SPEC = f"synthetic:{TINY}@q4_k_m"
 
 
 @pytest.fixture(autouse=True)
 def tiny_shape(monkeypatch, tmp_path_factory):
-    monkeypatch.setitem(MODELS, TINY, ("a test-only shape", TINY_SHAPE))
+    add_tiny_shape(monkeypatch)
     # The GGUF files in a cache of the test's own; conversions and kernels stay in the shared one.
     files = tmp_path_factory.mktemp("synthetic-gguf")
     monkeypatch.setattr(synthetic, "cache_dir", lambda: files)
