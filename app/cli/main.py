@@ -37,9 +37,9 @@ def _engine_options(parser: argparse.ArgumentParser, top_level: bool) -> None:
     group.add_argument("--kv-cache-gb", type=positive_float, default=default(None),
                        help="memory for cached K/V (default: 80%% of free GPU memory, or min(2, RAM/4) GiB on a CPU)")
     group.add_argument("--exact-fp32", action=argparse.BooleanOptionalAction, default=default(None),
-                       help="multiply quantized weights in fp32, exactly as transformers does, instead of int8 "
-                            "activations times the blocks in integers (faster; the default unless the config "
-                            "file says exact_fp32 = true). With --remote the server's own flag decides")
+                       help="multiply quantized weights in fp32, exactly as transformers does (default: int8 "
+                            "activations times the blocks in integers, faster; exact_fp32 = true in the config "
+                            "file turns this on). With --remote the server's own flag decides")
     group.add_argument("--no-prefix-cache", action="store_true", default=default(False),
                        help="compute every prompt in full (for baselines and checks)")
     # The decode path (engine/decode/path.py); unset: the measured default for the device.
