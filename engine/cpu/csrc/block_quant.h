@@ -19,7 +19,8 @@ enum kc_format {
 
 /* Mirrored by engine/cpu/kernels.py (LinearDesc): keep the two in step. */
 typedef struct {
-    int32_t format, N, K, reserved; /* weight [N rows, K columns], K a multiple of 32 (of 256 for K-quants) */
+    int32_t format, N, K;           /* weight [N rows, K columns], K a multiple of 32 (of 256 for K-quants) */
+    int32_t flags;                  /* KC_FLAG_INTEGER (int8_dot.h): integer products */
     const void *q;                  /* F32: the weights [N, K]; otherwise the format's bytes, row after row */
     const float *d, *m;             /* Q4_1/Q8_0 only, per 32-weight block: scale, minimum (Q4_1) [N, K/32] */
     const float *bias;              /* [N] or NULL */
