@@ -129,10 +129,13 @@ def _describe_weights(model: CausalLM) -> str:
     formats = sorted({m.fmt for m in model.modules() if isinstance(m, QuantLinear)})
     if not formats:
         return "dense"
-    kernels = next(m.kernels for m in model.modules() if isinstance(m, QuantLinear))
+    layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    kernels = layers[0].kernels
     # Which arithmetic runs is part of the K/V fingerprint: K/V of integer products never serves fp32 ones.
-    products = "int8" if kernels.integer else "fp32"
-    return f"{'/'.join(formats)} blocks, {products} products ({kernels.isa})"
+    # Formats without integer products (bf16, f16) run fp32 whatever was asked, and say so.
+    if any(layer.integer for layer in layers):
+        return f"{'/'.join(formats)} blocks, int8 products ({kernels.integer_isa})"
+    return f"{'/'.join(formats)} blocks, fp32 products ({kernels.isa})"
 
 
 def _draft_tokens(options: EngineOptions) -> int:

@@ -5,9 +5,8 @@ the same texts teacher-forced: each text's prompt and then its fixed
 continuation, whatever either would have said. At every continuation position
 we compare the next-token distributions: whether their greedy top-1 tokens
 agree, and KL(fp32 || integer). The tokens go through the model in chunks of
-CHUNK, so every product runs in the block kernels as decoding and short
-follow-ups do (a longer forward would dequantize into a GEMM on both sides and
-compare nothing).
+CHUNK, so the fp32 side too runs its products in the block kernels, as decoding
+and short follow-ups do (a longer forward would dequantize into torch's GEMM).
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import torch
 from engine.engine import Engine
 from engine.kv.cache import ContiguousKVCache
 
-CHUNK = 16  # tokens per forward: under linear.KERNEL_MAX_ROWS, so the kernels run every product
+CHUNK = 16  # tokens per forward: under linear.KERNEL_MAX_ROWS, so the kernels run every fp32 product too
 
 # A dozen short texts of different kinds (prose, dialogue, code, numbers, lists, another language), each a
 # prompt and the continuation that is forced after it. Written for this check; nothing is downloaded.
