@@ -84,7 +84,7 @@ class LoadInfo:
     device: str
     dtype: str
     context_window: int
-    weights: str  # "dense", or e.g. "q4_1/q8_0 blocks (avx512)"
+    weights: str  # "dense", or e.g. "q4_k/q6_k blocks, int8 products (avx512)"
     kv_cache_bytes: int  # device KV pool (0: prefix cache off)
     host_cache_bytes: int  # host tier (0: none)
     converted: bool  # this start converted a GGUF file
@@ -129,8 +129,13 @@ def _describe_weights(model: CausalLM) -> str:
     formats = sorted({m.fmt for m in model.modules() if isinstance(m, QuantLinear)})
     if not formats:
         return "dense"
-    isa = next(m.kernels.isa for m in model.modules() if isinstance(m, QuantLinear))
-    return f"{'/'.join(formats)} blocks ({isa})"
+    layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    kernels = layers[0].kernels
+    # Which arithmetic runs is part of the K/V fingerprint: K/V of integer products never serves fp32 ones.
+    # Formats without integer products (bf16, f16) run fp32 whatever was asked, and say so.
+    if any(layer.integer for layer in layers):
+        return f"{'/'.join(formats)} blocks, int8 products ({kernels.integer_isa})"
+    return f"{'/'.join(formats)} blocks, fp32 products ({kernels.isa})"
 
 
 def _draft_tokens(options: EngineOptions) -> int:

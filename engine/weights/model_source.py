@@ -29,7 +29,7 @@ from engine.weights.default_model import DEFAULT_MODEL_NAME, default_gguf  # noq
 from engine.weights.fingerprint import file_sha256
 from engine.weights.gguf import COMPLETE_MARKER, CONVERSION_VERSION, convert_gguf, converted_damage
 from engine.weights.synthetic import PREFIX as SYNTHETIC_PREFIX
-from engine.weights.synthetic import synthetic_model_dir, synthetic_name
+from engine.weights.synthetic import synthetic_gguf, synthetic_model_dir, synthetic_name
 
 _HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -97,6 +97,9 @@ def resolve_model(spec: str | None = None, progress: Callable[[str], None] = lam
     spec = spec or os.environ.get("KVCHAT_MODEL") or None
     if spec is None:
         return _from_gguf(default_gguf(), DEFAULT_MODEL_NAME, progress)
+    synthetic_file = synthetic_gguf(spec, progress)  # synthetic:NAME@QUANT: a GGUF file, written once
+    if synthetic_file is not None:
+        return _from_gguf(synthetic_file, spec, progress)
     name = synthetic_name(spec)
     if name is not None:
         progress(f"preparing the synthetic model {name}")
