@@ -114,6 +114,18 @@ def _quant_kernels(mode: str, device: torch.device, dtype: torch.dtype,
     return kernels
 
 
+def _integer_products(options: EngineOptions, kernels: QuantKernels) -> bool:
+    """Whether quantized weights multiply in integers: unless --exact-fp32, where the CPU has a vector
+    integer kernel. Without one (no AVX-512 VNNI) the integer definition runs as plain C, slower than
+    the fp32 vector kernels, so fp32 products stay the default there (one log line says so)."""
+    if options.exact_fp32:
+        return False
+    if kernels.integer_isa == "portable":
+        log.info("kvchat: fp32 products: this CPU has no vector kernel for integer products")
+        return False
+    return True
+
+
 def _load_model_dir(source: ModelSource, device: torch.device, dtype: torch.dtype, kernels: QuantKernels | None,
                     progress: Callable[[str], None]) -> tuple[CausalLM, Tokenizer]:
     """The model and tokenizer of `source`'s directory; ModelError if its files are wrong."""
@@ -190,7 +202,7 @@ class Engine:
         source = resolve_model(options.model, progress)
         kernels = _quant_kernels(options.weights, device, dtype, progress)
         if kernels is not None:
-            kernels = kernels.with_integer_products(not options.exact_fp32)
+            kernels = kernels.with_integer_products(_integer_products(options, kernels))
         try:
             model, tokenizer = _load_model_dir(source, device, dtype, kernels, progress)
         except ModelError as exc:

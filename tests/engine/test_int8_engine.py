@@ -131,3 +131,16 @@ def test_integer_products_stay_close_to_the_fp32_reference(engine, gguf_path):
     kl = (log_p.exp() * (log_p - log_q)).sum(-1)
     assert kl.mean() < 1e-3  # ...about the same distributions
     assert (fp32.argmax(-1) == int8.argmax(-1)).double().mean() > 0.9
+
+
+def test_without_a_vector_integer_kernel_the_cpu_keeps_fp32_products(gguf_path, monkeypatch):
+    """The integer definition as plain C is slower than the fp32 vector kernels: not the default there."""
+    import dataclasses
+
+    import engine.engine as engine_module
+
+    loaded = engine_module.load_quant_kernels()
+    monkeypatch.setattr(engine_module, "load_quant_kernels", lambda: dataclasses.replace(loaded, integer_isa="portable"))
+    plain = Engine.load(EngineOptions(model=str(gguf_path), dtype="float32"))
+    assert not any(getattr(m, "integer", False) for m in plain.model.modules())
+    assert "fp32 products" in plain.info.weights
