@@ -59,6 +59,9 @@ class EngineOptions:
     threads: int | None = None  # CPU threads for torch; None: torch's default
     prefill_chunk: int = 2048  # prompts longer than this are prefilled in chunks of this many tokens
     weights: str = "auto"  # auto | dense | blocks (GGUF Q4_1/Q8_0 blocks through the CPU kernels)
+    # Quantized weights on the CPU multiply int8 activations by their blocks in integers (cpu/kernels.py);
+    # True: fp32 products of the exact weights instead, the transformers-exact reference.
+    exact_fp32: bool = False
     prefix_caching: bool = True  # keep a prefix cache: K/V of finished requests, reused by matching prefixes
     kv_cache_gb: float | None = None  # device KV pool; None: see kv/budget.py
     host_cache_gb: float | None = None  # host-RAM tier for blocks evicted from a GPU; None: see kv/budget.py
@@ -81,7 +84,7 @@ class LoadInfo:
     device: str
     dtype: str
     context_window: int
-    weights: str  # "dense", or e.g. "q4_1/q8_0 blocks (avx512)"
+    weights: str  # "dense", or e.g. "q4_k/q6_k blocks, int8 products (avx512)"
     kv_cache_bytes: int  # device KV pool (0: prefix cache off)
     host_cache_bytes: int  # host tier (0: none)
     converted: bool  # this start read a GGUF file's tokenizer into its cache (weights/gguf_cache.py)
@@ -110,6 +113,18 @@ def _quant_kernels(mode: str, device: torch.device, dtype: torch.dtype,
         log.warning("kvchat: using dense weights because %s", kernels)
         return None
     return kernels
+
+
+def _integer_products(options: EngineOptions, kernels: QuantKernels) -> bool:
+    """Whether quantized weights multiply in integers: unless --exact-fp32, where the CPU has a vector
+    integer kernel. Without one (no AVX-512 VNNI) the integer definition runs as plain C, slower than
+    the fp32 vector kernels, so fp32 products stay the default there (one log line says so)."""
+    if options.exact_fp32:
+        return False
+    if kernels.integer_isa == "portable":
+        log.info("kvchat: fp32 products: this CPU has no vector kernel for integer products")
+        return False
+    return True
 
 
 def _load_source(source: ModelSource, device: torch.device, dtype: torch.dtype, kernels: QuantKernels | None,
@@ -145,8 +160,13 @@ def _describe_weights(model: CausalLM) -> str:
     formats = sorted({m.fmt for m in model.modules() if isinstance(m, QuantLinear)})
     if not formats:
         return "dense"
-    isa = next(m.kernels.isa for m in model.modules() if isinstance(m, QuantLinear))
-    return f"{'/'.join(formats)} blocks ({isa})"
+    layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    kernels = layers[0].kernels
+    # Which arithmetic runs is part of the K/V fingerprint: K/V of integer products never serves fp32 ones.
+    # Formats without integer products (bf16, f16) run fp32 whatever was asked, and say so.
+    if any(layer.integer for layer in layers):
+        return f"{'/'.join(formats)} blocks, int8 products ({kernels.integer_isa})"
+    return f"{'/'.join(formats)} blocks, fp32 products ({kernels.isa})"
 
 
 def _draft_tokens(options: EngineOptions) -> int:
@@ -201,6 +221,8 @@ class Engine:
         source = resolve_model(options.model, progress)
         _check_ram(source, options, device)
         kernels = _quant_kernels(options.weights, device, dtype, progress)
+        if kernels is not None:
+            kernels = kernels.with_integer_products(_integer_products(options, kernels))
         model, tokenizer, source = _load_source(source, device, dtype, kernels, progress)
         prefix_cache = new_prefix_cache(options, model) if options.prefix_caching else None
         load_ms = (time.perf_counter() - start) * 1e3  # the model and its cache: the runner is not counted, as before

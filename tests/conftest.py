@@ -75,10 +75,11 @@ def gemma3_gguf(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def default_engine():
-    """The real bundled SmolLM2-135M-Instruct in fp32 (its GGUF file read in place)."""
+    """The real bundled SmolLM2-135M-Instruct with fp32 products of its exact weights (--exact-fp32): the
+    transformers-exact reference the model tests compare with (its GGUF file read in place)."""
     from engine import Engine, EngineOptions
 
-    return Engine.load(EngineOptions(device="cpu", dtype="float32"))
+    return Engine.load(EngineOptions(device="cpu", dtype="float32", exact_fp32=True))
 
 
 @pytest.fixture(autouse=True)

@@ -200,6 +200,8 @@ def ui_section(args: argparse.Namespace) -> dict:
     for name in ("model", "device", "dtype", "threads", "kv_cache_gb"):
         if getattr(args, name, None) is not None:
             flags += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    if getattr(args, "exact_fp32", None) is not None:
+        flags.append("--exact-fp32" if args.exact_fp32 else "--no-exact-fp32")
     result = subprocess.run([sys.executable, "-m", "app.cli", "bench", "--ui", *flags], capture_output=True,
                             text=True)
     if result.returncode != 0:

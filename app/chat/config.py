@@ -14,6 +14,8 @@
                                               # streams too (t on a reply shows it)
     export_dir = "~/Documents/kvchat"         # where the chat's exports (Ctrl+S) go by default
                                               # (else the folder kvchat was started in)
+    exact_fp32 = false                        # quantized weights in fp32 products, the exact
+                                              # reference (--exact-fp32); false: int8 products, faster
 
     [sampling]                                # what a conversation has not set itself
     temperature = 0.7
@@ -67,6 +69,7 @@ class Config:
     sampling: dict = field(default_factory=dict)  # SamplingParams field -> value
     collapse_thinking: bool = False  # else a reply's thinking is expanded while it streams in
     export_dir: str | None = None  # the chat's exports' folder ("~" allowed); None: the current folder
+    exact_fp32: bool = False  # the engine's fp32 products for quantized weights (--exact-fp32's default)
 
 
 def config_path() -> Path:
@@ -119,7 +122,7 @@ def _parse(raw: dict, path: Path) -> Config:
         raise ConfigError(f"in the config file {path}, {key} {rule}")
 
     known = {"model", "system", "theme", "max_reply_tokens", "stop_repetition", "alternatives", "sampling",
-             "collapse_thinking", "export_dir"}
+             "collapse_thinking", "export_dir", "exact_fp32"}
     for key in raw:
         if key not in known:
             fail(repr(key), f"is not a setting (known: {', '.join(sorted(known))})")
@@ -134,7 +137,7 @@ def _parse(raw: dict, path: Path) -> Config:
     max_reply = raw.get("max_reply_tokens", DEFAULT_MAX_REPLY_TOKENS)
     if not isinstance(max_reply, int) or isinstance(max_reply, bool) or max_reply < 0:
         fail("max_reply_tokens", "must be a whole number, 0 (no ceiling) or more")
-    for key in ("stop_repetition", "collapse_thinking"):
+    for key in ("stop_repetition", "collapse_thinking", "exact_fp32"):
         if key in raw and not isinstance(raw[key], bool):
             fail(key, "must be true or false")
     if "alternatives" in raw and alternatives_problem(raw["alternatives"]):
@@ -151,4 +154,4 @@ def _parse(raw: dict, path: Path) -> Config:
             fail(f"sampling.{key} = {value!r}", f"is refused: {exc}")
     return Config(path, raw.get("model"), raw.get("system"), raw.get("theme"), max_reply,
                   raw.get("stop_repetition", True), raw.get("alternatives"), dict(sampling),
-                  raw.get("collapse_thinking", False), raw.get("export_dir"))
+                  raw.get("collapse_thinking", False), raw.get("export_dir"), raw.get("exact_fp32", False))

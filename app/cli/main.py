@@ -36,6 +36,10 @@ def _engine_options(parser: argparse.ArgumentParser, top_level: bool) -> None:
                        help="CPU threads (default: torch's choice)")
     group.add_argument("--kv-cache-gb", type=positive_float, default=default(None),
                        help="memory for cached K/V (default: 80%% of free GPU memory, or min(2, RAM/4) GiB on a CPU)")
+    group.add_argument("--exact-fp32", action=argparse.BooleanOptionalAction, default=default(None),
+                       help="multiply quantized weights in fp32, exactly as transformers does (default: int8 "
+                            "activations times the blocks in integers, faster; exact_fp32 = true in the config "
+                            "file turns this on). With --remote the server's own flag decides")
     group.add_argument("--no-prefix-cache", action="store_true", default=default(False),
                        help="compute every prompt in full (for baselines and checks)")
     # The decode path (engine/decode/path.py); unset: the measured default for the device.
@@ -230,9 +234,11 @@ def _add_bench(commands) -> None:
                        help="only the speculative section: greedy replies with n-gram drafting off and on")
     bench.add_argument("--contention", action="store_true",
                        help="only decode next to a competing process (a busy loop, a second kvchat decoding)")
+    from app.bench.arithmetic import add_arguments as arithmetic_arguments
     from app.bench.serve import add_arguments as serve_arguments
     from app.bench.synthetic import add_arguments as synthetic_arguments
 
+    arithmetic_arguments(bench)
     synthetic_arguments(bench)
     serve_arguments(bench)
     _engine_options(bench, top_level=False)
@@ -241,7 +247,7 @@ def _add_bench(commands) -> None:
 # Flags of the embedded engine, with their defaults: given with --remote they would be silently ignored.
 ENGINE_ONLY = {"device": "auto", "dtype": "auto", "threads": None, "kv_cache_gb": None, "no_prefix_cache": False,
                "paged_kv": None, "cuda_graphs": None, "compile": None, "fused_decode": None, "speculative": None,
-               "draft_tokens": None, "max_batch": None}
+               "draft_tokens": None, "max_batch": None, "exact_fp32": None}
 
 
 def check_backend_args(args: argparse.Namespace) -> None:
@@ -316,6 +322,10 @@ def main(argv: list[str] | None = None) -> int:
             from app.bench.serve import run_serve_bench
 
             return run_serve_bench(args)
+        if args.command == "bench" and (args.arithmetic or args.roofline or args.agreement):
+            from app.bench.arithmetic import run_arithmetic_bench
+
+            return run_arithmetic_bench(args)
         if args.command == "bench" and args.synthetic:
             from app.bench.synthetic import run_synthetic_bench
 

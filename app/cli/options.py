@@ -22,7 +22,15 @@ def engine_options(args: argparse.Namespace) -> EngineOptions:
     return EngineOptions(model=args.model, device=args.device, dtype=args.dtype, threads=args.threads,
                          kv_cache_gb=args.kv_cache_gb, prefix_caching=not args.no_prefix_cache,
                          paged_kv=args.paged_kv, cuda_graphs=args.cuda_graphs, compile=args.compile,
-                         fused_decode=args.fused_decode, **speculation)
+                         fused_decode=args.fused_decode, exact_fp32=exact_fp32(args), **speculation)
+
+
+def exact_fp32(args: argparse.Namespace) -> bool:
+    """--exact-fp32 if given, else the config file's exact_fp32 (apply_config), else False: integer products."""
+    if getattr(args, "exact_fp32", None) is not None:
+        return args.exact_fp32
+    config = getattr(args, "config", None)
+    return bool(config is not None and config.exact_fp32)
 
 
 def backend_loader(args: argparse.Namespace) -> LoadBackend:

@@ -54,6 +54,21 @@ def copy_bandwidth(device: torch.device, nbytes: int | None = None, runs: int = 
     return 2 * nbytes / median_of(runs, seconds)
 
 
+def read_bandwidth(device: torch.device, nbytes: int | None = None, runs: int = 5) -> float:
+    """Bytes read per second by one sum over a large fp32 buffer (median): the streaming read a decode step
+    does, without copy_bandwidth's writes. Default size: 2 GiB on a GPU, 1 GiB on a CPU (far past the caches)."""
+    nbytes = nbytes or (1 << 31 if device.type == "cuda" else 1 << 30)
+    buffer = torch.ones(nbytes // 4, dtype=torch.float32, device=device)  # ones: every page is touched
+
+    def seconds() -> float:
+        synchronize(device)
+        start = time.perf_counter()
+        float(buffer.sum())  # the result back on the host: the sum has finished
+        return time.perf_counter() - start
+
+    return buffer.nbytes / median_of(runs, seconds)
+
+
 def weight_bytes_per_token(engine: Engine) -> int:
     """Bytes of weights one decode step reads: every parameter once, the embedding table as one row
     unless lm_head shares it (a tied lm_head reads the whole table anyway)."""

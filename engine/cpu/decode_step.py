@@ -52,7 +52,7 @@ class _Model(ctypes.Structure):
                 ("intermediate", _i32), ("vocab", _i32), ("max_tokens", _i32), ("eps", ctypes.c_float),
                 ("scale", ctypes.c_float), ("max_threads", _i32), ("max_rows", _i32),
                 ("layer", ctypes.POINTER(_Layer)), ("final_norm", ctypes.c_void_p), ("lm_head", _Parts),
-                ("scratch", ctypes.c_void_p), ("profile", ctypes.c_void_p), ("activation", _i32), ("pad", _i32)]
+                ("scratch", ctypes.c_void_p), ("profile", ctypes.c_void_p), ("activation", _i32), ("row_invariant", _i32)]
 
 
 class _Sequence(ctypes.Structure):
@@ -134,13 +134,17 @@ class FusedCPUDecode:
                 post_attn_norm=_norm(layer.post_attention_layernorm) if gemma else 0,
                 post_mlp_norm=_norm(layer.post_feedforward_layernorm) if gemma else 0,
                 window=attn.window or 0, local_rope=int(cfg.rope_for(i) != cfg.rope))
+        # Integer products (cpu/kernels.py): then every token takes a decode step's own attention, whatever
+        # the call, so the engine's results are bit-identical across batching, chunking and caching.
+        self.integer = any(getattr(module, "integer", False) for module in model.modules())
         self._threads = max(os.cpu_count() or 1, torch.get_num_threads())
         self._desc = _Model(
             layers=cfg.num_layers, hidden=cfg.hidden_size, heads=cfg.num_heads, kv_heads=cfg.num_kv_heads,
             head_dim=cfg.head_dim, intermediate=cfg.intermediate_size, vocab=cfg.vocab_size,
             max_tokens=cfg.context_window, eps=cfg.rms_norm_eps, scale=cfg.q_scale,
             max_threads=self._threads, max_rows=MAX_ROWS, layer=self._layers, final_norm=_norm(model.norm),
-            lm_head=_parts(model.lm_head, "lm_head"), activation=ACTIVATIONS[cfg.hidden_act])
+            lm_head=_parts(model.lm_head, "lm_head"), activation=ACTIVATIONS[cfg.hidden_act],
+            row_invariant=int(self.integer))
         lib = kernels.lib
         self._scratch = torch.empty(lib.kc_decode_scratch_floats(ctypes.byref(self._desc)), dtype=torch.float32)
         self._desc.scratch = self._scratch.data_ptr()

@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from engine.paths import cache_dir
@@ -32,6 +32,7 @@ _lock = threading.Lock()
 _loaded: "QuantKernels | str | None" = None  # the kernels, or why there are none
 
 
+FLAG_INTEGER = 1  # kc_linear.flags: KC_FLAG_INTEGER of csrc/int8_dot.h
 # enum kc_format in csrc/block_quant.h
 FORMAT_CODES = {"f32": 0, "q4_1": 1, "q8_0": 2, "q4_0": 3, "q5_0": 4, "q5_1": 5, "q2_k": 6, "q3_k": 7,
                 "q4_k": 8, "q5_k": 9, "q6_k": 10, "bf16": 11, "f16": 12}
@@ -41,7 +42,7 @@ class LinearDesc(ctypes.Structure):
     """kc_linear of csrc/block_quant.h: one weight matrix as the kernels read it."""
 
     _fields_ = [("format", ctypes.c_int32), ("N", ctypes.c_int32), ("K", ctypes.c_int32),
-                ("reserved", ctypes.c_int32), ("q", ctypes.c_void_p), ("d", ctypes.c_void_p),
+                ("flags", ctypes.c_int32), ("q", ctypes.c_void_p), ("d", ctypes.c_void_p),
                 ("m", ctypes.c_void_p), ("bias", ctypes.c_void_p)]
 
 
@@ -49,6 +50,13 @@ class LinearDesc(ctypes.Structure):
 class QuantKernels:
     lib: ctypes.CDLL
     isa: str  # avx512 | avx2 | portable
+    # Quantized weights times int8-quantized activations, summed in integers (csrc/int8_dot.c), instead of
+    # fp32 products of the exact weights. Off until the engine asks (EngineOptions.exact_fp32).
+    integer: bool = False
+    integer_isa: str = "portable"  # avx512-vnni | portable: what runs the integer products
+
+    def with_integer_products(self, integer: bool) -> "QuantKernels":
+        return replace(self, integer=integer)
 
 
 def _cpu_identity() -> str:
@@ -91,11 +99,16 @@ def _bind(lib: ctypes.CDLL) -> QuantKernels:
     lib.kc_forward_tokens.argtypes = [p, i, i, p, p, p, p, p, i, p, i, i]  # cpu/decode_step.py
     lib.kc_forward_batch.argtypes = [p, p, i, p, p, i]
     lib.kc_decode_scratch_floats.argtypes = [p]
+    lib.kc_int8_columns_defined.argtypes = [p, p, i, p, i, i, i]
+    lib.kc_int8_columns_defined.restype = None
+    lib.kc_int8_supported.argtypes = [i]
+    lib.kc_int8_supported.restype = i
+    lib.kc_int8_isa.restype = ctypes.c_char_p
     for fn in (lib.kc_matmul, lib.kc_matmul_parts, lib.kc_dequantize, lib.kc_forward_tokens, lib.kc_forward_batch):
         fn.restype = None
     lib.kc_isa.restype = ctypes.c_char_p
     lib.kc_decode_scratch_floats.restype = ctypes.c_int64
-    return QuantKernels(lib, lib.kc_isa().decode())
+    return QuantKernels(lib, lib.kc_isa().decode(), integer_isa=lib.kc_int8_isa().decode())
 
 
 def load_quant_kernels() -> QuantKernels | str:

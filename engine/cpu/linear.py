@@ -3,8 +3,8 @@
 The weight values are the dense fp32 model's, bit for bit (the kernels rebuild
 each weight exactly as gguf.quants.dequantize does), so outputs differ from a
 dense fp32 matmul only in summation order. The stored tensor is kept as given:
-a GGUF file's blocks stay views of its mapping (weights/gguf_weights.py). A decode step reads what the format
-costs per weight (Q4_K 0.5625 bytes, Q8_0 1.125, bf16 2) instead of 4.
+a GGUF file's blocks stay views of its mapping (weights/gguf.py). A decode step
+reads what the format costs per weight (Q4_K 0.5625 bytes, Q8_0 1.125, bf16 2) instead of 4.
 engine/cpu/formats.py lists the formats and how each is stored.
 
 Up to KERNEL_MAX_ROWS rows (decode, follow-up messages, short prompts) go
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.cpu.formats import BLOCK, FORMATS, in_features
-from engine.cpu.kernels import FORMAT_CODES, LinearDesc, QuantKernels
+from engine.cpu.kernels import FLAG_INTEGER, FORMAT_CODES, LinearDesc, QuantKernels
 
 # Measured on a 2-core AVX-512 CPU, whole SmolLM2-135M forward, interleaved medians of 5
 # (kernel / dequantize+GEMM / transformers' dense fp32): 24 tokens 74 / 116 / 110 ms,
@@ -50,6 +50,9 @@ class QuantLinear(nn.Module):
         if fmt not in FORMATS:
             raise ValueError(f"unknown block format {fmt!r}")
         self.kernels, self.fmt = kernels, fmt
+        # Integer products (csrc/int8_dot.h) where the kernels are asked for them and the format has them
+        # (bf16/f16 weights always multiply in fp32).
+        self.integer = kernels.integer and bool(kernels.lib.kc_int8_supported(FORMAT_CODES[fmt]))
         self.out_features = qs.shape[0]
         self.in_features = in_features(fmt, qs)
         if self.in_features % BLOCK:
@@ -61,7 +64,8 @@ class QuantLinear(nn.Module):
         self._bind_kernels()
 
     def extra_repr(self) -> str:
-        return f"{self.in_features} -> {self.out_features}, {self.fmt} blocks, {self.kernels.isa}"
+        products = f"int8 products ({self.kernels.integer_isa})" if self.integer else f"fp32 products ({self.kernels.isa})"
+        return f"{self.in_features} -> {self.out_features}, {self.fmt} blocks, {products}"
 
     def _apply(self, fn, recurse=True):
         module = super()._apply(fn, recurse)
@@ -78,7 +82,8 @@ class QuantLinear(nn.Module):
 
     def kernel_desc(self, with_bias: bool = True) -> LinearDesc:
         """The weight as csrc/block_quant.h's kc_linear (addresses of this module's buffers: keep it)."""
-        return LinearDesc(FORMAT_CODES[self.fmt], self.out_features, self.in_features, 0, self.qs.data_ptr(), 0, 0,
+        return LinearDesc(FORMAT_CODES[self.fmt], self.out_features, self.in_features,
+                          FLAG_INTEGER if self.integer else 0, self.qs.data_ptr(), 0, 0,
                           self.bias.data_ptr() if with_bias and self.bias is not None else 0)
 
     def kernel_descs(self) -> list[tuple[LinearDesc, int]]:
@@ -109,12 +114,13 @@ class QuantLinear(nn.Module):
 
 def kernel_forward(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """x [..., in] -> [..., out] through `layer`'s kernel (_matmul) up to KERNEL_MAX_ROWS rows, else its
-    dequantized_matmul, plus its _bias: the forward of QuantLinear and MixedQuantLinear."""
+    dequantized_matmul, plus its _bias: the forward of QuantLinear and MixedQuantLinear. Integer products
+    take every row count through the kernel: a row's result must not depend on the chunk it is in."""
     rows = x.reshape(-1, layer.in_features)
     if rows.dtype != torch.float32 or not rows.is_contiguous():
         rows = rows.to(torch.float32).contiguous()
     count = rows.shape[0]
-    if count > KERNEL_MAX_ROWS:
+    if count > KERNEL_MAX_ROWS and not layer.integer:
         y = layer.dequantized_matmul(rows)
     else:
         y = torch.empty(count, layer.out_features, dtype=torch.float32)

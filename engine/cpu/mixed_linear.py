@@ -28,6 +28,9 @@ class MixedQuantLinear(nn.Module):
         self.kernels = parts[0].kernels
         self.in_features = parts[0].in_features
         self.out_features = sum(part.out_features for part in parts)
+        # Integer products if any part has them (kernel_forward then sends every row count to the kernel,
+        # which runs each part the way it is asked to).
+        self.integer = any(part.integer for part in parts)
         self._bind_kernels()
 
     def extra_repr(self) -> str:

@@ -21,7 +21,7 @@ from engine.cpu.thread_choice import DecodeThreads
 from engine.decode.graph_runner import DecodeRunner
 from engine.decode.path import decode_path
 from engine.errors import EngineError
-from engine.kv.cache import ContiguousKVCache
+from engine.kv.cache import ContiguousKVCache, KVCache
 from engine.kv.contiguous import ContiguousKV
 from engine.kv.paged import PagedKV
 from engine.kv.prefix_cache import PrefixCache
@@ -162,13 +162,27 @@ class ModelRunner:
         each if `all_logits` (a speculative step's verification). A few tokens (a follow-up message, the
         end of a prompt, drafts) go through the fused C step where there is one."""
         threads = self.decode_threads.current  # what decode measured free: a busy core stalls prefill too
-        if self.fused is not None and kv.contiguous is not None and len(token_ids) <= MAX_ROWS:
-            kv.reserve(len(token_ids))
-            logits = self.fused.forward(token_ids, kv.contiguous, threads, all_logits)
-            kv.commit(len(token_ids))
-            return logits
+        if self.fused is not None and kv.contiguous is not None and (len(token_ids) <= MAX_ROWS or self.fused.integer):
+            # Integer products: every chunk in pieces of the fused step (a token's bits must not depend on
+            # the chunk it came in, and the eager model's fp32 attention would give other bits).
+            return self._fused_pieces(token_ids, kv, lambda: kv.contiguous, threads, all_logits)
         with torch_threads(threads if self.device.type == "cpu" else None):
             return self.model(torch.tensor(token_ids, dtype=torch.long, device=self.device), kv, all_logits)
+
+    def _fused_pieces(self, token_ids: list[int], kv: KVCache, buffer: Callable[[], ContiguousKVCache], threads: int,
+                      all_logits: bool) -> torch.Tensor:
+        """The fused step over `token_ids` after `kv`'s tokens, MAX_ROWS tokens a call, each committed to `kv`
+        (whose buffer() the step writes)."""
+        pieces = []
+        for first in range(0, len(token_ids), MAX_ROWS):
+            piece = token_ids[first:first + MAX_ROWS]
+            last = first + MAX_ROWS >= len(token_ids)
+            kv.reserve(len(piece))
+            logits = self.fused.forward(piece, buffer(), threads, all_logits)
+            kv.commit(len(piece))
+            if all_logits or last:
+                pieces.append(logits)
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
 
     def decode(self, kv: SequenceKV, token: int) -> torch.Tensor:
         """One decode step: logits [1, vocab] of `token` after `kv`'s tokens, through the fused C step or
@@ -192,5 +206,8 @@ class ModelRunner:
         """Logits of `token_ids` computed alone, in a buffer of their own (nothing cached or reused):
         [T, vocab] if `all_logits`, else [1, vocab] of the last token. For references and checks."""
         with torch.inference_mode():
+            if self.fused is not None and self.fused.integer:  # the arithmetic the engine runs (prefill above)
+                buffer = self._new_buffer()
+                return self._fused_pieces(token_ids, buffer, lambda: buffer, self.decode_threads.current, all_logits)
             ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
             return self.model(ids, self._new_buffer(), all_logits=all_logits)

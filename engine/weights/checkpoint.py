@@ -1,7 +1,7 @@
 """Load a model's weights into CausalLM, from a GGUF file, a Hugging Face safetensors checkpoint or a synthetic source.
 
 Tensors are read through a small name -> tensor interface (WeightSource): a
-GGUF file mapped in place (gguf_weights.py) is one source, safetensors files
+GGUF file mapped in place (gguf.py) is one source, safetensors files
 another, a synthetic model's seeded generator (synthetic_weights.py) a third,
 and all fusing and validation below is shared. q/k/v and gate/up are fused
 into one matmul each. With block kernels, every linear layer whose parts are
@@ -33,8 +33,7 @@ from engine.cpu.linear import QuantLinear
 from engine.cpu.mixed_linear import MixedQuantLinear
 from engine.model.config import ModelConfig
 from engine.errors import ModelError
-from engine.weights.gguf import gguf_config, open_gguf
-from engine.weights.gguf_weights import GGUFWeights, log_dense_matrices
+from engine.weights.gguf import GGUFWeights, gguf_config, log_dense_matrices, open_gguf
 from engine.model.causal_lm import CausalLM
 from engine.weights.synthetic import read_marker, synthetic_weights
 
@@ -226,7 +225,7 @@ def load_model(path: Path, device: torch.device, dtype: torch.dtype,
 
 def load_gguf(path: Path, device: torch.device, dtype: torch.dtype, kernels: QuantKernels | None = None) -> CausalLM:
     """CausalLM of a GGUF file, its config from the file's metadata. With `kernels`, every matrix they read
-    stays in the file's mapping (gguf_weights.py); without (dense, CUDA, a non-fp32 dtype), every tensor is
+    stays in the file's mapping (gguf.py); without (dense, CUDA, a non-fp32 dtype), every tensor is
     dequantized in memory to `dtype`, one at a time. Nothing is written to disk."""
     reader = open_gguf(path)
     config = gguf_config(reader)

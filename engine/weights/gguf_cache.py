@@ -1,6 +1,6 @@
 """The small directory a GGUF file is run with: its config, generation config and tokenizer files, no weights.
 
-The weights are read from the GGUF file itself (gguf_weights.py). transformers
+The weights are read from the GGUF file itself (gguf.py). transformers
 rebuilds a GGUF's tokenizer slowly for big vocabularies, so its files are kept
 in cache_dir()/gguf-tokenizers, keyed by the GGUF file's sha256, which a file
 of the directory holds too (WEIGHTS_ID_FILE: the model fingerprint hashes the

@@ -29,7 +29,7 @@ from engine.weights.fingerprint import gguf_sha256
 from engine.weights.gguf_cache import (COMPLETE_MARKER, cache_damage, remove_old_conversions, tokenizer_cache_dir,
                                        write_tokenizer_cache)
 from engine.weights.synthetic import PREFIX as SYNTHETIC_PREFIX
-from engine.weights.synthetic import synthetic_model_dir, synthetic_name
+from engine.weights.synthetic import synthetic_gguf, synthetic_model_dir, synthetic_name
 
 _HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -98,6 +98,9 @@ def resolve_model(spec: str | None = None, progress: Callable[[str], None] = lam
     remove_old_conversions()  # an older kvchat's dequantized copies (a few stats when there are none)
     if spec is None:
         return _from_gguf(default_gguf(), DEFAULT_MODEL_NAME, progress)
+    synthetic_file = synthetic_gguf(spec, progress)  # synthetic:NAME@QUANT: a GGUF file, written once
+    if synthetic_file is not None:
+        return _from_gguf(synthetic_file, spec, progress)
     name = synthetic_name(spec)
     if name is not None:
         progress(f"preparing the synthetic model {name}")

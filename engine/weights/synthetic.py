@@ -1,7 +1,9 @@
 """Synthetic models: the exact shapes of well-known checkpoints, with seeded random weights.
 
 The model spec `synthetic:NAME` (like a directory or a .gguf file) measures
-speed on the shape of a real model without downloading anything.
+speed on the shape of a real model without downloading anything;
+`synthetic:NAME@QUANT` is the same shape as a quantized GGUF file of random
+blocks (synthetic_gguf.py), for the quantized CPU kernels.
 resolve_model turns it into a cached model directory holding config.json, a
 tokenizer over the whole vocabulary (token i is the word "t<i>", so any id
 decodes) and synthetic.json (name, seed), but no weights file: load_model sees
@@ -15,6 +17,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -27,6 +30,7 @@ from engine.weights.synthetic_weights import SyntheticWeights
 PREFIX = "synthetic:"
 MARKER = "synthetic.json"  # its presence makes load_model draw the weights instead of reading them
 FORMAT_VERSION = 1  # part of the cache key: bump when the directory's contents change
+GGUF_FORMAT_VERSION = 1  # part of a synthetic GGUF file's name: bump when what synthetic_gguf.py writes changes
 
 _LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
           "attention_bias": False, "mlp_bias": False, "rms_norm_eps": 1e-5}
@@ -39,6 +43,9 @@ _QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_
           "use_sliding_window": False, "sliding_window": None, "bos_token_id": 151643, "eos_token_id": 151645}
 
 
+_QWEN2 = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_act": "silu", "rms_norm_eps": 1e-6,
+          "head_dim": 128, "max_position_embeddings": 32768, "rope_theta": 1000000.0, "use_sliding_window": False,
+          "sliding_window": None, "bos_token_id": 151643, "eos_token_id": 151645}
 _GEMMA3 = {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
            "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6, "vocab_size": 262144, "head_dim": 256,
            "max_position_embeddings": 32768, "sliding_window": 512, "query_pre_attn_scalar": 256,
@@ -72,12 +79,38 @@ MODELS: dict[str, tuple[str, dict]] = {
     "gemma3-1b": ("google/gemma-3-1b-it", {
         **_GEMMA3, "hidden_size": 1152, "num_hidden_layers": 26, "num_attention_heads": 4, "num_key_value_heads": 1,
         "intermediate_size": 6912}),
+    "qwen2.5-1.5b": ("Qwen/Qwen2.5-1.5B-Instruct", {
+        **_QWEN2, "hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
+        "intermediate_size": 8960, "vocab_size": 151936, "tie_word_embeddings": True}),
+    "qwen2.5-7b": ("Qwen/Qwen2.5-7B-Instruct", {
+        **_QWEN2, "hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+        "intermediate_size": 18944, "vocab_size": 152064, "tie_word_embeddings": False}),
     "qwen3-8b": ("Qwen/Qwen3-8B", {
         **_QWEN3, "hidden_size": 4096, "num_hidden_layers": 36, "num_attention_heads": 32,
         "intermediate_size": 12288, "tie_word_embeddings": False}),
 }
 # A minimal template so `kvchat ask --model synthetic:...` runs; words outside "t<i>" all become token 0.
 _CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+
+
+def synthetic_gguf(spec: str | None, progress: Callable[[str], None] = lambda _: None, seed: int = 0) -> Path | None:
+    """The GGUF file of a `synthetic:NAME@QUANT` spec (e.g. synthetic:qwen2.5-1.5b@q4_k_m): NAME's shape with
+    seeded random blocks in QUANT's mix (synthetic_gguf.py), written into the cache on first use; it then
+    loads like any GGUF. None for any other spec. ModelError for an unknown name or quantization."""
+    name = synthetic_name(spec)
+    if name is None or "@" not in name:
+        return None
+    from engine.weights.synthetic_gguf import QUANTS, write_synthetic_gguf
+
+    base, quant = name.split("@", 1)
+    config = synthetic_config(base)
+    if quant not in QUANTS:
+        raise ModelError(f"Unknown synthetic quantization {quant!r}: use {', '.join(QUANTS)}.")
+    path = cache_dir() / "models" / f"synthetic-{base}-{quant}-s{seed}-v{GGUF_FORMAT_VERSION}.gguf"
+    if not path.is_file():  # written whole under another name and renamed: a file here is complete
+        progress(f"writing the synthetic model {name} (first use only)")
+        write_synthetic_gguf(path, config, quant, seed, _CHAT_TEMPLATE, progress)
+    return path
 
 
 def synthetic_name(spec: str | None) -> str | None:

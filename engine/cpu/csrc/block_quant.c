@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "columns.h"
+#include "int8_dot.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -129,7 +130,9 @@ static const struct {
 static inline int known(const kc_linear *L) { return L->format >= 0 && L->format < KC_FORMATS; }
 
 void kc_linear_columns(const kc_linear *L, const float *x, int rows, float *y, int ldy, int n0, int n1) {
-    if (known(L)) FORMATS[L->format].columns(L, x, rows, y, ldy, n0, n1);
+    if (!known(L)) return;
+    if ((L->flags & KC_FLAG_INTEGER) && kc_int8_supported(L->format)) kc_int8_columns(L, x, rows, y, ldy, n0, n1);
+    else FORMATS[L->format].columns(L, x, rows, y, ldy, n0, n1);
 }
 
 /* The columns [n0, n1) thread `t` of `threads` computes: contiguous, in multiples of SIDE_BY_SIDE. */

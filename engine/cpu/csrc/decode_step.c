@@ -91,7 +91,9 @@ typedef struct {
     kc_parts lm_head;
     float *scratch; /* kc_decode_scratch_floats(model) floats */
     double *profile; /* NULL, or [max_threads][PHASES] seconds each thread spent per phase, added to */
-    int32_t activation, pad; /* the gated MLP's: ACT_SILU or ACT_GELU_TANH */
+    int32_t activation;      /* the gated MLP's: ACT_SILU or ACT_GELU_TANH */
+    int32_t row_invariant;   /* 1: every token's attention as a decode step's (integer products: a token's
+                              * bits must not depend on how many tokens one call takes) */
 } kc_model;
 
 enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };
@@ -288,7 +290,7 @@ void kc_forward_batch(const kc_model *M, const kc_sequence *seqs, int count, con
                 const float *vc = q->v_cache + layer_offset * q->capacity + (int64_t)g * q->capacity * dim;
                 const float *qs = S.qkv + (int64_t)B.first[s] * qkv_size + g * group * dim;
                 float *part = S.parts + B.parts_first[s] + (int64_t)local * item_floats;
-                if (R > PER_ROW_ATTENTION) {
+                if (R > PER_ROW_ATTENTION && !M->row_invariant) {
                     /* Many tokens (a follow-up message): one flash-style pass over tiles of transposed K. */
                     const int context = q->position + R, lo = window_start(q->position, L->window), span = context - lo;
                     const int t0 = lo + (int)((int64_t)span * c / chunks), t1 = lo + (int)((int64_t)span * (c + 1) / chunks);
@@ -313,7 +315,7 @@ void kc_forward_batch(const kc_model *M, const kc_sequence *seqs, int count, con
             for (int r = 0; r < rows; r++) {
                 const int s = B.row_seq[r], j = r - B.first[s], R = seqs[s].rows, item_floats = R * group * stride;
                 const int seen = seqs[s].position + j + 1;
-                const int used = R > PER_ROW_ATTENTION ? B.chunks[s]
+                const int used = R > PER_ROW_ATTENTION && !M->row_invariant ? B.chunks[s]
                                                        : chunks_for(seen - window_start(seen - 1, L->window), kv_heads,
                                                                     M->max_threads);
                 for (int h = 0; h < heads; h++) {

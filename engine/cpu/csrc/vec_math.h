@@ -89,13 +89,25 @@ static inline void silu_mul(const float *gate, const float *up, int n, float *ou
     int i = 0;
 #if VEC > 1
     const vec one = vset1(1.0f);
-    for (; i + VEC <= n; i += VEC) {
-        const vec g = vload(gate + i);
+    for (; i < n; i += VEC) {
+        /* The last few through the vector code too (padded copies): an element's bits must not depend on
+         * where a thread's share of the columns ends (integer products: bit-identical across splits). */
+        float g_[VEC] = {0}, u_[VEC] = {0}, o_[VEC];
+        const int m = n - i < VEC ? n - i : VEC;
+        const float *gp = gate + i, *upp = up + i;
+        if (m < VEC) {
+            memcpy(g_, gp, sizeof(float) * m);
+            memcpy(u_, upp, sizeof(float) * m);
+            gp = g_, upp = u_;
+        }
+        const vec g = vload(gp);
         const vec e = vexp(vsub(vzero(), g));
-        vstore(out + i, vmul(vdiv(g, vadd(one, e)), vload(up + i)));
+        vstore(m < VEC ? o_ : out + i, vmul(vdiv(g, vadd(one, e)), vload(upp)));
+        if (m < VEC) memcpy(out + i, o_, sizeof(float) * m);
     }
-#endif
+#else
     for (; i < n; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+#endif
 }
 
 #define GELU_C 0.7978845608028654f /* sqrt(2 / pi) */
@@ -106,17 +118,27 @@ static inline void gelu_tanh_mul(const float *gate, const float *up, int n, floa
     int i = 0;
 #if VEC > 1
     const vec one = vset1(1.0f), two = vset1(2.0f), half = vset1(0.5f), c = vset1(GELU_C), k = vset1(0.044715f);
-    for (; i + VEC <= n; i += VEC) {
-        const vec g = vload(gate + i);
+    for (; i < n; i += VEC) {
+        float g_[VEC] = {0}, u_[VEC] = {0}, o_[VEC]; /* a padded last vector, as silu_mul */
+        const int m = n - i < VEC ? n - i : VEC;
+        const float *gp = gate + i, *upp = up + i;
+        if (m < VEC) {
+            memcpy(g_, gp, sizeof(float) * m);
+            memcpy(u_, upp, sizeof(float) * m);
+            gp = g_, upp = u_;
+        }
+        const vec g = vload(gp);
         const vec u = vmul(c, vfma(vmul(k, vmul(g, g)), g, g));
         const vec t = vsub(one, vdiv(two, vadd(vexp(vmul(two, u)), one)));
-        vstore(out + i, vmul(vmul(vmul(half, g), vadd(one, t)), vload(up + i)));
+        vstore(m < VEC ? o_ : out + i, vmul(vmul(vmul(half, g), vadd(one, t)), vload(upp)));
+        if (m < VEC) memcpy(out + i, o_, sizeof(float) * m);
     }
-#endif
+#else
     for (; i < n; i++) {
         const float g = gate[i];
         out[i] = 0.5f * g * (1.0f + tanhf(GELU_C * (g + 0.044715f * g * g * g))) * up[i];
     }
+#endif
 }
 
 #endif

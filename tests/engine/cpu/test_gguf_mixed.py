@@ -33,7 +33,7 @@ def mixed_gguf(request, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engines(mixed_gguf):
-    return (Engine.load(EngineOptions(model=str(mixed_gguf), dtype="float32")),
+    return (Engine.load(EngineOptions(model=str(mixed_gguf), dtype="float32", exact_fp32=True)),
             Engine.load(EngineOptions(model=str(mixed_gguf), dtype="float32", weights="dense")))
 
 
@@ -100,7 +100,7 @@ def test_a_type_without_a_kernel_runs_dense_and_says_so_in_one_log_line(tmp_path
     quant.update({"blk.0.attn_q.weight": "MXFP4", "blk.1.ffn_up.weight": "MXFP4"})
     gguf_path = write_gguf(hf_model, tmp_path / "mxfp4.gguf", quant=quant)
     with caplog.at_level(logging.WARNING, logger="kvchat"):
-        packed = Engine.load(EngineOptions(model=str(gguf_path), dtype="float32"))
+        packed = Engine.load(EngineOptions(model=str(gguf_path), dtype="float32", exact_fp32=True))
     lines = [r.getMessage() for r in caplog.records if "MXFP4" in r.getMessage()]
     assert len(lines) == 1 and "2 in MXFP4" in lines[0], caplog.text
     layers = packed.model.layers

@@ -14,7 +14,7 @@ STORY = "Once upon a time, in a small village by the sea, there lived an old fis
 
 @pytest.fixture(scope="module")
 def engine(gemma3_gguf):
-    return Engine.load(EngineOptions(model=str(gemma3_gguf), device="cpu", dtype="float32"))
+    return Engine.load(EngineOptions(model=str(gemma3_gguf), device="cpu", dtype="float32", exact_fp32=True))
 
 
 @pytest.fixture(scope="module")

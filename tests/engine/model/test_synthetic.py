@@ -19,7 +19,8 @@ CPU, FP32 = torch.device("cpu"), torch.float32
 # Parameter counts and context windows of the real checkpoints the synthetic models copy.
 REAL = {"smollm2-135m": (134_515_008, 8192), "llama-3.2-1b": (1_235_814_400, 131072),
         "llama-3.1-8b": (8_030_261_248, 131072), "qwen3-0.6b": (596_049_920, 40960),
-        "qwen3-8b": (8_190_735_360, 40960), "gemma3-270m": (268_098_176, 32768), "gemma3-1b": (999_885_952, 32768)}
+        "qwen3-8b": (8_190_735_360, 40960), "gemma3-270m": (268_098_176, 32768), "gemma3-1b": (999_885_952, 32768),
+        "qwen2.5-1.5b": (1_543_714_304, 32768), "qwen2.5-7b": (7_615_616_512, 32768)}
 
 
 @pytest.fixture(scope="module", autouse=True)

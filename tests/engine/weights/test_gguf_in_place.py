@@ -53,7 +53,8 @@ def linears(model) -> dict[str, QuantLinear]:
 def test_block_matrices_are_views_of_the_files_mapping(tmp_path, quant, arch):
     hf_model = load_reference(make_tiny_model(tmp_path / "hf", arch, **K_QUANT_SIZES))
     gguf_path = write_gguf(hf_model, tmp_path / "m.gguf", arch=arch, quant=quant)
-    engine = Engine.load(EngineOptions(model=str(gguf_path), dtype="float32", prefix_caching=False))
+    # fp32 products of the exact weights (not integer ones): the logits below compare with transformers'
+    engine = Engine.load(EngineOptions(model=str(gguf_path), dtype="float32", prefix_caching=False, exact_fp32=True))
     ranges = mappings_of(gguf_path)
     assert ranges, "the file is not mapped"
     found = linears(engine.model)

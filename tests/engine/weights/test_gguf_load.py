@@ -10,9 +10,8 @@ from engine import Engine, EngineOptions, ModelError
 from engine.kv.cache import ContiguousKVCache
 from engine.weights.checkpoint import load_model
 from engine.weights.fingerprint import gguf_sha256
-from engine.weights.gguf import gguf_config, open_gguf
+from engine.weights.gguf import GGUFWeights, gguf_config, open_gguf
 from engine.weights.gguf_cache import COMPLETE_MARKER, tokenizer_cache_dir, write_tokenizer_cache
-from engine.weights.gguf_weights import GGUFWeights
 from tests.tiny_gguf import dequantized_state, write_gguf
 from tests.tiny_models import VOCAB, load_reference, make_tiny_model
 
@@ -49,7 +48,7 @@ def test_a_quantized_gemma3_gguf_runs_its_blocks_and_matches_its_dequantized_wei
     out = write_gguf(hf_model, tmp_path / "q.gguf", arch="gemma3", quant="Q8_0")
     hf_model.load_state_dict(dequantized_state(hf_model, "Q8_0"))
     ids = torch.randint(0, VOCAB, (30,), generator=torch.Generator().manual_seed(1))
-    engine = Engine.load(EngineOptions(model=str(out), dtype="float32", prefix_caching=False))
+    engine = Engine.load(EngineOptions(model=str(out), dtype="float32", prefix_caching=False, exact_fp32=True))
     assert "q8_0" in engine.info.weights
     torch.testing.assert_close(engine.runner.logits(ids.tolist(), all_logits=True), reference_logits(hf_model, ids),
                                atol=1e-4, rtol=0)

@@ -1,0 +1,167 @@
+"""Integer products (csrc/int8_dot.h): quantized weights times int8 activations, summed in int32.
+
+What must hold: every vector path gives the definition's bits (the portable code, also compiled for a plain
+x86-64); a row's result does not depend on the rows it is multiplied with or on the thread split; and the
+result is the product of the quantized activations with the exact weights up to fp32 rounding, which a
+numpy reimplementation of the activation quantization checks independently of the C code."""
+
+import ctypes
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from engine.cpu import kernels as quant_kernels
+from engine.cpu.linear import QuantLinear
+from engine.cpu.mixed_linear import MixedQuantLinear
+from tests.kquant_blocks import random_blocks
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
+                                reason="the block kernels need a C compiler")
+
+K_QUANTS = ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k"]
+LEGACY = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0"]
+FORMATS = LEGACY + K_QUANTS
+SCALE = {"q4_0": 0.1, "q5_0": 0.05, "q5_1": 0.03, "q2_k": 0.02, "q3_k": 0.005, "q4_k": 1e-3, "q5_k": 5e-4,
+         "q6_k": 2.5e-4}
+
+
+@pytest.fixture(scope="module")
+def native():
+    loaded = quant_kernels.load_quant_kernels()
+    assert not isinstance(loaded, str), loaded
+    return loaded.with_integer_products(True)
+
+
+def weights(fmt, rows, cols, seed):
+    """(QuantLinear's stored blocks, the exact weights as fp64) of a random matrix."""
+    import gguf
+    from gguf.quants import dequantize, quantize
+
+    rng = np.random.default_rng(seed)
+    qtype = gguf.GGMLQuantizationType[fmt.upper()]
+    if fmt in ("q4_1", "q8_0"):  # quantized by gguf from N(0, 1) weights (no random_blocks scale for them)
+        raw = quantize(rng.standard_normal((rows, cols)).astype(np.float32), qtype)
+    else:
+        raw = random_blocks(fmt.upper(), rows, cols, rng, SCALE[fmt])
+    return torch.from_numpy(raw), np.asarray(dequantize(raw, qtype), dtype=np.float64)
+
+
+def int8_linear(kernels, fmt, rows=40, cols=None, seed=0, bias=None):
+    cols = cols or (512 if fmt in K_QUANTS else 544)  # 544: an odd count of 32-weight blocks
+    qs, dense = weights(fmt, rows, cols, seed)
+    return QuantLinear(kernels, fmt, qs, bias), dense
+
+
+def quantized_activations(x, fmt):
+    """numpy's own int8 quantization of x's rows (int8_act.h), dequantized: d * q per block, fp64."""
+    block = 256 if fmt in K_QUANTS else 32
+    x = x.astype(np.float32).reshape(x.shape[0], -1, block)
+    amax = np.abs(x).max(axis=2, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inverse = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.rint(x * inverse)  # float32 multiply, then round half to even
+    d = (amax / np.float32(127)).astype(np.float32)
+    return (q.astype(np.float64) * d.astype(np.float64)).reshape(x.shape[0], -1)
+
+
+def bits(t):
+    return t.contiguous().view(torch.int32)
+
+
+def defined(linear, x):
+    """The definition's result (the portable loops, whatever this CPU has)."""
+    y = torch.empty(x.shape[0], linear.out_features)
+    linear.kernels.lib.kc_int8_columns_defined(ctypes.byref(linear.desc), x.data_ptr(), x.shape[0], y.data_ptr(),
+                                               linear.out_features, 0, linear.out_features)
+    return y
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_product_is_the_quantized_activations_times_the_exact_weights(native, fmt):
+    linear, dense = int8_linear(native, fmt)
+    x = torch.randn(5, linear.in_features)
+    expected = quantized_activations(x.numpy(), fmt) @ dense.T
+    got = linear(x).double().numpy()
+    # Only fp32 rounding separates them: the integer sums are exact.
+    np.testing.assert_allclose(got, expected, rtol=2e-5, atol=2e-5 * np.abs(expected).max())
+    # and int8 activations cost about 1% against the fp32 product
+    exact = x.double().numpy() @ dense.T
+    assert np.linalg.norm(got - exact) / np.linalg.norm(exact) < 0.02
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_vector_path_gives_the_definitions_bits(native, fmt):
+    linear, _ = int8_linear(native, fmt, bias=torch.randn(40))
+    x = torch.randn(7, linear.in_features) * 3
+    assert torch.equal(bits(linear(x)), bits(defined(linear, x) + linear.bias))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("march", ["x86-64", "haswell"])
+def test_every_instruction_set_gives_the_same_bits(native, march):
+    """The portable C (x86-64) and an AVX2 build run the definition; AVX-512 VNNI runs its vector code."""
+    other = quant_kernels.kernels_for(march).with_integer_products(True)
+    for fmt in FORMATS:
+        here, _ = int8_linear(native, fmt, seed=3)
+        there = QuantLinear(other, fmt, here.qs)
+        x = torch.randn(6, here.in_features)
+        assert torch.equal(bits(here(x)), bits(there(x))), fmt
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_row_gets_the_same_bits_alone_or_among_any_number_of_rows(native, fmt):
+    linear, _ = int8_linear(native, fmt)
+    x = torch.randn(61, linear.in_features)
+    together = linear(x)  # 61 rows: past the fp32 path's kernel limit, integer products stay in the kernel
+    for count in (1, 2, 3, 4, 5, 9, 48):
+        assert torch.equal(bits(linear(x[:count])), bits(together[:count])), count
+    assert torch.equal(bits(linear(x[30:31])), bits(together[30:31]))
+
+
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k", "q4_1", "q8_0"])
+def test_the_thread_split_does_not_change_a_bit(native, fmt):
+    linear, _ = int8_linear(native, fmt, rows=70)
+    x = torch.randn(3, linear.in_features)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = linear(x)
+        torch.set_num_threads(max(2, threads))
+        split = linear(x)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(bits(alone), bits(split))
+
+
+def test_a_row_with_a_nan_gives_nan_and_leaves_the_other_rows_alone(native):
+    linear, _ = int8_linear(native, "q4_k")
+    x = torch.randn(3, linear.in_features)
+    clean = linear(x)
+    x[1, 7] = float("nan")
+    y = linear(x)
+    assert torch.isnan(y[1]).all()
+    assert torch.equal(bits(y[0]), bits(clean[0])) and torch.equal(bits(y[2]), bits(clean[2]))
+
+
+def test_a_zero_row_gives_zeros(native):
+    linear, _ = int8_linear(native, "q6_k")
+    assert torch.equal(linear(torch.zeros(2, linear.in_features)), torch.zeros(2, linear.out_features))
+
+
+def test_a_fused_linear_in_two_formats_gives_each_parts_integer_columns(native):
+    q, _ = int8_linear(native, "q4_k", rows=24, seed=5)
+    v, _ = int8_linear(native, "q6_k", rows=8, seed=6)
+    fused = MixedQuantLinear([q, v])
+    assert fused.integer
+    x = torch.randn(50, q.in_features)
+    assert torch.equal(bits(fused(x)), bits(torch.cat([q(x), v(x)], dim=1)))
+
+
+def test_half_precision_weights_keep_fp32_products(native):
+    w = torch.randn(16, 64).to(torch.bfloat16)
+    linear = QuantLinear(native, "bf16", w)
+    assert not linear.integer
+    x = torch.randn(2, 64)
+    torch.testing.assert_close(linear(x), x @ w.float().T, atol=1e-4, rtol=1e-5)

@@ -1,0 +1,124 @@
+"""synthetic:NAME@QUANT: a known shape as a GGUF file of seeded random blocks, written once, loaded like any GGUF.
+On a tiny Qwen2 shape (a test-only entry of MODELS); the real shapes' mixes are checked without writing them."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from engine import Engine, EngineOptions, ModelError, SamplingParams
+from engine.weights import synthetic, synthetic_gguf
+from engine.weights.gguf import open_gguf
+from engine.weights.synthetic import synthetic_config, synthetic_gguf as synthetic_file
+from engine.weights.synthetic_gguf import tensor_type, use_more_bits
+from engine.weights.synthetic_weights import STD
+from tests.tiny_synthetic import TINY, add_tiny_shape
+
+SPEC = f"synthetic:{TINY}@q4_k_m"
+
+
+@pytest.fixture(autouse=True)
+def tiny_shape(monkeypatch, tmp_path_factory):
+    add_tiny_shape(monkeypatch)
+    # The GGUF files in a cache of the test's own; conversions and kernels stay in the shared one.
+    files = tmp_path_factory.mktemp("synthetic-gguf")
+    monkeypatch.setattr(synthetic, "cache_dir", lambda: files)
+
+
+def q4_k_m_types(path):
+    return {t.name: t.tensor_type.name for t in open_gguf(path).tensors}
+
+
+def test_the_file_is_a_valid_gguf_in_llama_cpps_q4_k_m_mix():
+    types = q4_k_m_types(synthetic_file(SPEC))
+    assert types["token_embd.weight"] == "Q6_K" and "output.weight" not in types  # tied: the embedding is the output
+    for layer in range(8):
+        more = "Q6_K" if use_more_bits(layer, 8) else "Q4_K"
+        assert (types[f"blk.{layer}.attn_v.weight"], types[f"blk.{layer}.ffn_down.weight"]) == (more, more)
+        for name in ("attn_q", "attn_k", "attn_output", "ffn_gate", "ffn_up"):
+            assert types[f"blk.{layer}.{name}.weight"] == "Q4_K"
+        for name in ("attn_norm.weight", "ffn_norm.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias"):
+            assert types[f"blk.{layer}.{name}"] == "F32"
+    assert [use_more_bits(layer, 8) for layer in range(8)] == [True, False, False, True, False, False, True, True]
+
+
+def test_every_scale_is_finite_and_the_weights_have_a_realistic_size():
+    from gguf.quants import dequantize
+
+    for tensor in open_gguf(synthetic_file(SPEC)).tensors:
+        if tensor.tensor_type.name not in ("Q4_K", "Q6_K"):
+            continue
+        raw = np.asarray(tensor.data)
+        blocks = raw.reshape(-1, 144 if tensor.tensor_type.name == "Q4_K" else 210)
+        halves = blocks[:, :4] if tensor.tensor_type.name == "Q4_K" else blocks[:, 208:210]
+        scales = np.ascontiguousarray(halves).view(np.float16).astype(np.float32)
+        assert np.isfinite(scales).all() and (scales > 0).all(), tensor.name
+        weights = dequantize(raw, tensor.tensor_type)
+        assert np.isfinite(weights).all(), tensor.name
+        assert 0.5 * STD < weights.std() < 2 * STD, (tensor.name, weights.std())  # as the fp32 synthetic weights
+
+
+def test_the_same_seed_writes_the_same_bytes_and_another_seed_others(monkeypatch, tmp_path):
+    first = synthetic_file(SPEC)
+    other = synthetic_file(SPEC, seed=1).read_bytes()
+    monkeypatch.setattr(synthetic, "cache_dir", lambda: tmp_path)  # another machine's cache, say
+    again = synthetic_file(SPEC)
+    assert again != first and again.read_bytes() == first.read_bytes()
+    assert len(other) == len(first.read_bytes()) and other != first.read_bytes()
+
+
+def test_the_file_is_written_once(monkeypatch):
+    path = synthetic_file(SPEC)
+    stamp = path.stat().st_mtime_ns
+
+    def must_not_write(*args, **kwargs):
+        raise AssertionError("written again")
+
+    monkeypatch.setattr(synthetic_gguf, "write_synthetic_gguf", must_not_write)
+    assert synthetic_file(SPEC) == path and path.stat().st_mtime_ns == stamp
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left behind
+
+
+@pytest.mark.slow  # a conversion and two engines
+def test_the_model_loads_like_any_gguf_and_generates():
+    engine = Engine.load(EngineOptions(model=SPEC, device="cpu", dtype="float32", kv_cache_gb=0.05))
+    assert engine.info.model_name == SPEC and engine.info.context_window == 32768
+    assert engine.info.weights.startswith("q4_k/q6_k blocks")
+    prompt = list(range(300, 340))
+    logits = engine.runner.logits(prompt, all_logits=True)
+    assert logits.shape == (40, 600) and torch.isfinite(logits).all() and logits.std() > 0.01
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    done = list(engine.generate(prompt, params))[-1]
+    assert len(done.token_ids) == 8 and all(0 <= t < 600 for t in done.token_ids)
+    exact = Engine.load(EngineOptions(model=SPEC, device="cpu", dtype="float32", kv_cache_gb=0.05, exact_fp32=True))
+    assert exact.info.model_dir == engine.info.model_dir  # one file, one conversion, either arithmetic
+
+
+def test_an_unknown_quantization_or_a_shape_a_gguf_cannot_hold_is_one_sentence():
+    with pytest.raises(ModelError, match="Unknown synthetic quantization 'q3_xs': use q4_k_m"):
+        synthetic_file(f"synthetic:{TINY}@q3_xs")
+    with pytest.raises(ModelError, match="Unknown synthetic model 'gpt-17'"):
+        synthetic_file("synthetic:gpt-17@q4_k_m")
+    with pytest.raises(ModelError, match="without RoPE scaling"):  # Llama 3's frequency factors
+        synthetic_file("synthetic:llama-3.2-1b@q4_k_m")
+    assert synthetic_file("synthetic:qwen2.5-1.5b") is None and synthetic_file("model.gguf") is None
+
+
+@pytest.mark.parametrize("name, embedding", [("qwen2.5-1.5b", "Q6_K"), ("qwen2.5-7b", "Q4_K")])
+def test_the_real_shapes_take_the_q4_k_m_mix_in_whole_super_blocks(name, embedding):
+    from engine.model.config import ModelConfig
+    from engine.weights.synthetic_weights import tensor_shapes
+
+    config = synthetic_config(name)
+    cfg = ModelConfig.from_dict(config)
+    shapes = {synthetic_gguf.gguf_tensor_name(n): s for n, s in tensor_shapes(cfg).items()}
+    types = {n: tensor_type("q4_k_m", n, s, cfg.num_layers, cfg.tie_word_embeddings) for n, s in shapes.items()}
+    assert types["token_embd.weight"] == embedding and types.get("output.weight", "Q6_K") == "Q6_K"
+    matrices = [n for n, t in types.items() if t is not None]
+    assert {types[n] for n in matrices} == {"Q4_K", "Q6_K"}  # no fallback: every row is whole super-blocks
+    v_down_q6 = sum(types[n] == "Q6_K" for n in matrices if n.endswith(("attn_v.weight", "ffn_down.weight")))
+    assert v_down_q6 == 2 * 14  # 14 of the 28 layers, as llama.cpp picks them
+    block_bytes = {"Q4_K": 144 / 256, "Q6_K": 210 / 256}
+    gigabytes = sum(math.prod(shapes[n]) * block_bytes[types[n]] for n in matrices) / 1e9
+    assert {"qwen2.5-1.5b": 0.98, "qwen2.5-7b": 4.68}[name] == pytest.approx(gigabytes, abs=0.02)

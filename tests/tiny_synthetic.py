@@ -1,0 +1,15 @@
+"""A test-only synthetic shape: a tiny Qwen2 whose matrices are whole 256-weight super-blocks, so
+`synthetic:tiny-qwen2@q4_k_m` is a quantized GGUF of a few MB that runs the CPU block kernels."""
+
+from engine.weights.synthetic import MODELS
+
+TINY = "tiny-qwen2"
+TINY_SHAPE = {**MODELS["qwen2.5-1.5b"][1], "hidden_size": 256, "num_hidden_layers": 8, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "head_dim": 64, "intermediate_size": 512, "vocab_size": 600,
+              "bos_token_id": 597, "eos_token_id": 598}
+
+
+def add_tiny_shape(monkeypatch) -> str:
+    """Make TINY a known synthetic shape for one test; returns its name."""
+    monkeypatch.setitem(MODELS, TINY, ("a test-only shape", TINY_SHAPE))
+    return TINY
