@@ -24,11 +24,13 @@ import json
 import statistics
 import time
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from app.bench.timing import interleaved_medians
-from engine import Engine, EngineOptions, SamplingParams
+
+if TYPE_CHECKING:
+    from engine import Engine, EngineOptions
+# The engine (torch) is imported inside the functions: add_arguments runs on every `kvchat` start.
 
 ARITHMETIC = ("int8", "fp32")  # the keys of every row: integer products, then --exact-fp32's
 
@@ -63,6 +65,8 @@ def _options(options: EngineOptions) -> dict[str, EngineOptions]:
 
 def load_engines(options: EngineOptions) -> dict[str, Engine]:
     """The model loaded once each way (int8, fp32)."""
+    from engine import Engine
+
     return {key: Engine.load(each) for key, each in _options(options).items()}
 
 
@@ -70,6 +74,8 @@ def load_times(options: EngineOptions, runs: int) -> tuple[dict, dict[str, Engin
     """Seconds to load the model each way, interleaved medians of `runs` after a first load each (which may
     convert a GGUF and compile the kernels: reported apart), and the last engines loaded. One model is
     dropped before the next load, so at most two are held."""
+    from engine import Engine
+
     engines = load_engines(options)
     row = {f"{key}_first_load_s": round(engine.info.load_ms / 1e3, 2) for key, engine in engines.items()}
     samples: dict[str, list[float]] = {key: [] for key in engines}
@@ -91,6 +97,8 @@ def _prompt(engine: Engine, length: int, seed: int) -> list[int]:
 
 
 def _greedy(engine: Engine, prompt: list[int], tokens: int, use_prefix_cache: bool = False):
+    from engine import SamplingParams
+
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
     return list(engine.generate(prompt, params, use_prefix_cache=use_prefix_cache))[-1]
 
@@ -159,6 +167,8 @@ def roofline(engines: dict[str, Engine], decode: dict, bandwidth: float) -> dict
 
 def measure(options: EngineOptions, args: argparse.Namespace, lengths: Lengths, runs: int) -> dict:
     """The parts the flags ask for, as one JSON object."""
+    import torch
+
     from engine.bench.perf import read_bandwidth
 
     result: dict = {}
