@@ -1,79 +1,125 @@
-"""A GGUF file's context length, read from its metadata header alone: no numpy, torch or `gguf` package.
+"""A GGUF file's metadata header, read with struct alone (no numpy, torch or `gguf` package).
 
-gguf.GGUFReader parses every field and tensor entry (1.9 s for SmolLM2's 49K-token vocabulary); the
-command line wants one number before it decides to load the model at all. Only little-endian GGUF
-version 2 and 3 headers are read; anything else is None (the full reader reports a damaged file).
+gguf.GGUFReader builds a numpy view for every element of every metadata array: 2 s for SmolLM2's
+49K-token vocabulary, far more for a 152K one, on every start. The command line wants one number (the
+context length) before it decides to load a model at all, and the loader (gguf_file.py) wants the scalar
+fields; the vocabulary is transformers' business (gguf_cache.py), so long arrays are stepped over here
+and only their length is kept (SkippedArray). Only little-endian GGUF versions 2 and 3 are read.
 
-    magic "GGUF", u32 version, u64 tensor count, u64 key count,
-    then per key: string key, u32 value type, value   (string = u64 length + UTF-8 bytes)
+    magic "GGUF", u32 version (2, 3), u64 tensor count, u64 key count,
+    per key: string, u32 type, value (string: u64 length + bytes; array: u32 type, u64 count, elements)
 """
 
 from __future__ import annotations
 
+import mmap
 import struct
+from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
-_MAX_KEYS = 1 << 16  # a real header has a few dozen; a damaged count must not mean a long scan
+_MAX_ARRAY_KEPT = 4096  # longer arrays (a vocabulary, its merges and scores) are stepped over
 
 
-class _Damaged(Exception):
-    pass
+class GGUFFormatError(Exception):
+    """The file is not a GGUF file this parser reads, or is cut short (one phrase)."""
 
 
-def _unpack(f: BinaryIO, fmt: str):
-    size = struct.calcsize(fmt)
-    data = f.read(size)
-    if len(data) != size:
-        raise _Damaged
-    return struct.unpack("<" + fmt, data)[0]
+@dataclass(frozen=True)
+class SkippedArray:
+    """A long metadata array stepped over: only its length is known."""
+
+    count: int
+
+    def __len__(self) -> int:
+        return self.count
 
 
-def _string(f: BinaryIO) -> bytes:
-    length = _unpack(f, "Q")
-    data = f.read(length)
-    if len(data) != length:
-        raise _Damaged
-    return data
+class HeaderCursor:
+    """Reads a GGUF header from a buffer (a mapped file), `at` bytes in."""
 
+    def __init__(self, buffer: memoryview | bytes | mmap.mmap, at: int = 0):
+        self.buffer, self.at = buffer, at
 
-def _value(f: BinaryIO, kind: int):
-    """The value of type `kind` (an array is skipped: None)."""
-    if kind in _SCALARS:
-        return _unpack(f, _SCALARS[kind])
-    if kind == _STRING:
-        return _string(f).decode("utf-8", "replace")
-    if kind != _ARRAY:
-        raise _Damaged
-    element, count = _unpack(f, "I"), _unpack(f, "Q")
-    if element in _SCALARS:
-        f.seek(struct.calcsize(_SCALARS[element]) * count, 1)
-    else:
-        for _ in range(count):  # strings (a vocabulary): each has its own length
-            _value(f, element)
-    return None
+    def take(self, fmt: str):
+        try:
+            value = struct.unpack_from("<" + fmt, self.buffer, self.at)[0]
+        except struct.error:
+            raise GGUFFormatError("it ends inside its header") from None
+        self.at += struct.calcsize("<" + fmt)
+        return value
+
+    def string(self) -> str:
+        length = self.take("Q")
+        if self.at + length > len(self.buffer):
+            raise GGUFFormatError("it ends inside its header")
+        text = bytes(self.buffer[self.at : self.at + length]).decode("utf-8", "replace")
+        self.at += length
+        return text
+
+    def skip_string(self) -> None:
+        length = self.take("Q")  # read first: `self.at += self.take(...)` would add to the old position
+        self.at += length
+
+    def value(self, kind: int):
+        if kind in _SCALARS:
+            return self.take(_SCALARS[kind])
+        if kind == _STRING:
+            return self.string()
+        if kind != _ARRAY:
+            raise GGUFFormatError(f"a metadata value has the unknown type {kind}")
+        element, count = self.take("I"), self.take("Q")
+        if count <= _MAX_ARRAY_KEPT:
+            return [self.value(element) for _ in range(count)]
+        if element in _SCALARS:
+            self.at += struct.calcsize("<" + _SCALARS[element]) * count
+        elif element == _STRING:
+            for _ in range(count):  # each string has its own length
+                self.skip_string()
+        else:
+            for _ in range(count):
+                self.value(element)
+        if self.at > len(self.buffer):
+            raise GGUFFormatError("it ends inside its header")
+        return SkippedArray(count)
+
+    def preamble(self) -> tuple[int, int]:
+        """(tensor count, key count) after the magic and the version, from the buffer's start."""
+        if len(self.buffer) < 24 or bytes(self.buffer[:4]) != b"GGUF":
+            raise GGUFFormatError("it does not start with the GGUF magic")
+        self.at = 4
+        version = self.take("I")
+        if version not in (2, 3):
+            raise GGUFFormatError(f"its version {version} is not 2 or 3")
+        tensor_count, key_count = self.take("Q"), self.take("Q")
+        if tensor_count > len(self.buffer) or key_count > len(self.buffer):
+            raise GGUFFormatError("its counts are larger than the file")
+        return tensor_count, key_count
+
+    def fields(self, key_count: int, stop=lambda fields: False) -> dict:
+        """The next `key_count` metadata fields (fewer once `stop(fields)` is true)."""
+        fields: dict = {}
+        for _ in range(key_count):
+            key = self.string()
+            fields[key] = self.value(self.take("I"))
+            if stop(fields):
+                break
+        return fields
 
 
 def gguf_context_length(path: Path) -> int | None:
     """`<architecture>.context_length` from the file's header, or None if the header does not say."""
+
+    def known(fields: dict) -> bool:  # both found: the vocabulary that follows is not read
+        return f"{fields.get('general.architecture')}.context_length" in fields
+
     try:
-        with open(path, "rb") as f:
-            if f.read(4) != b"GGUF" or _unpack(f, "I") not in (2, 3):
-                return None
-            _unpack(f, "Q")  # tensors
-            lengths, arch = {}, None
-            for _ in range(min(_unpack(f, "Q"), _MAX_KEYS)):
-                key = _string(f).decode("utf-8", "replace")
-                value = _value(f, _unpack(f, "I"))
-                if key == "general.architecture":
-                    arch = value
-                elif key.endswith(".context_length"):
-                    lengths[key] = value
-                if arch is not None and f"{arch}.context_length" in lengths:
-                    break  # both known: the vocabulary that follows is not read
-    except (OSError, _Damaged, struct.error, OverflowError):
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            cursor = HeaderCursor(mapped)
+            _, key_count = cursor.preamble()
+            fields = cursor.fields(key_count, stop=known)
+    except (OSError, ValueError, GGUFFormatError):  # ValueError: an empty file cannot be mapped
         return None
-    length = lengths.get(f"{arch}.context_length")
+    length = fields.get(f"{fields.get('general.architecture')}.context_length")
     return length if isinstance(length, int) and not isinstance(length, bool) and length > 0 else None
