@@ -17,6 +17,7 @@
 
 #include "int8_act.h"
 #include "int8_dot.h"
+#include "kquant_scales.h"
 #include "simd.h"
 
 #define SUPER 256
@@ -125,24 +126,6 @@ static void define_legacy_block(const kc_linear *L, int n, int b, int nb, const 
         lane[8 * (b & 1) + g] = fmaf((float)s, scale, lane[8 * (b & 1) + g]);
     }
     if (L->format == KC_Q4_1 || L->format == KC_Q5_1) extra[b & 7] = fmaf(m, x->s[b], extra[b & 7]);
-}
-
-/* Q4_K/Q5_K: sub-block j's 6-bit scale and minimum (kquant.c). */
-static inline void k4_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *mn = s[j + 4] & 63;
-    } else {
-        *sc = (s[j + 4] & 0x0F) | (s[j - 4] >> 6) << 4;
-        *mn = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
-    }
-}
-
-/* Q3_K: scale i of 16 (kquant.c). */
-static inline int k3_scale(const uint8_t *s, int i) {
-    const int low = i < 8 ? s[i] & 0x0F : s[i - 8] >> 4;
-    const int high = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
-    return (low | high << 4) - 32;
 }
 
 /* A K-quant super-block as the integers the products use: unsigned quants u[256], the integer scale of

@@ -15,29 +15,12 @@
  * scale products rounded to fp32 first, then one rounding per multiply and per subtract.
  */
 #include "columns.h"
+#include "kquant_scales.h"
 
 #define SUPER 256
 #define SUBS (SUPER / BLOCK)
 
-/* ---- scales ---- */
-
-/* Q4_K/Q5_K: sub-block j's 6-bit scale and minimum, packed in 12 bytes. */
-static inline void k4_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *mn = s[j + 4] & 63;
-    } else {
-        *sc = (s[j + 4] & 0x0F) | (s[j - 4] >> 6) << 4;
-        *mn = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
-    }
-}
-
-/* Q3_K: scale i (of 16), packed in 12 bytes: low nibbles in bytes 0..7, 2 high bits in bytes 8..11. */
-static inline int k3_scale(const uint8_t *s, int i) {
-    const int low = i < 8 ? s[i] & 0x0F : s[i - 8] >> 4;
-    const int high = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
-    return (low | high << 4) - 32;
-}
+/* ---- scales: kquant_scales.h ---- */
 
 /* ---- the definition of a weight's value (portable) ---- */
 

@@ -84,57 +84,56 @@ static inline void rms_norm(const float *x, const float *w, int n, float eps, fl
     for (int i = 0; i < n; i++) out[i] = (x[i] * inv) * w[i];
 }
 
+#if VEC > 1
+/* out = f(gate, up), a vector at a time; the last few values through the vector code too (padded
+ * copies): an element's bits must not depend on where a thread's share of the columns ends (integer
+ * products: bit-identical across thread splits). */
+typedef vec kc_gated_fn(vec gate, vec up);
+static inline __attribute__((always_inline)) void gated_map(const float *gate, const float *up, int n, float *out,
+                                                             kc_gated_fn *f) {
+    int i = 0;
+    for (; i + VEC <= n; i += VEC) vstore(out + i, f(vload(gate + i), vload(up + i)));
+    if (i < n) {
+        float g[VEC] = {0}, u[VEC] = {0}, o[VEC];
+        memcpy(g, gate + i, sizeof(float) * (n - i));
+        memcpy(u, up + i, sizeof(float) * (n - i));
+        vstore(o, f(vload(g), vload(u)));
+        memcpy(out + i, o, sizeof(float) * (n - i));
+    }
+}
+
+static inline __attribute__((always_inline)) vec silu_times(vec g, vec up) {
+    return vmul(vdiv(g, vadd(vset1(1.0f), vexp(vsub(vzero(), g)))), up);
+}
+#endif
+
 /* x / (1 + exp(-x)), the SiLU of the gated MLP, times the up projection. */
 static inline void silu_mul(const float *gate, const float *up, int n, float *out) {
-    int i = 0;
 #if VEC > 1
-    const vec one = vset1(1.0f);
-    for (; i < n; i += VEC) {
-        /* The last few through the vector code too (padded copies): an element's bits must not depend on
-         * where a thread's share of the columns ends (integer products: bit-identical across splits). */
-        float g_[VEC] = {0}, u_[VEC] = {0}, o_[VEC];
-        const int m = n - i < VEC ? n - i : VEC;
-        const float *gp = gate + i, *upp = up + i;
-        if (m < VEC) {
-            memcpy(g_, gp, sizeof(float) * m);
-            memcpy(u_, upp, sizeof(float) * m);
-            gp = g_, upp = u_;
-        }
-        const vec g = vload(gp);
-        const vec e = vexp(vsub(vzero(), g));
-        vstore(m < VEC ? o_ : out + i, vmul(vdiv(g, vadd(one, e)), vload(upp)));
-        if (m < VEC) memcpy(out + i, o_, sizeof(float) * m);
-    }
+    gated_map(gate, up, n, out, silu_times);
 #else
-    for (; i < n; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+    for (int i = 0; i < n; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 #endif
 }
 
 #define GELU_C 0.7978845608028654f /* sqrt(2 / pi) */
 
+#if VEC > 1
+static inline __attribute__((always_inline)) vec gelu_tanh_times(vec g, vec up) {
+    const vec one = vset1(1.0f), two = vset1(2.0f);
+    const vec u = vmul(vset1(GELU_C), vfma(vmul(vset1(0.044715f), vmul(g, g)), g, g));
+    const vec t = vsub(one, vdiv(two, vadd(vexp(vmul(two, u)), one)));
+    return vmul(vmul(vmul(vset1(0.5f), g), vadd(one, t)), up);
+}
+#endif
+
 /* gelu_tanh(gate) * up: 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))), Gemma's MLP. tanh(u) as
  * 1 - 2 / (exp(2u) + 1), exact at both ends (exp clamps at 88: tanh 1; exp underflows: tanh -1). */
 static inline void gelu_tanh_mul(const float *gate, const float *up, int n, float *out) {
-    int i = 0;
 #if VEC > 1
-    const vec one = vset1(1.0f), two = vset1(2.0f), half = vset1(0.5f), c = vset1(GELU_C), k = vset1(0.044715f);
-    for (; i < n; i += VEC) {
-        float g_[VEC] = {0}, u_[VEC] = {0}, o_[VEC]; /* a padded last vector, as silu_mul */
-        const int m = n - i < VEC ? n - i : VEC;
-        const float *gp = gate + i, *upp = up + i;
-        if (m < VEC) {
-            memcpy(g_, gp, sizeof(float) * m);
-            memcpy(u_, upp, sizeof(float) * m);
-            gp = g_, upp = u_;
-        }
-        const vec g = vload(gp);
-        const vec u = vmul(c, vfma(vmul(k, vmul(g, g)), g, g));
-        const vec t = vsub(one, vdiv(two, vadd(vexp(vmul(two, u)), one)));
-        vstore(m < VEC ? o_ : out + i, vmul(vmul(vmul(half, g), vadd(one, t)), vload(upp)));
-        if (m < VEC) memcpy(out + i, o_, sizeof(float) * m);
-    }
+    gated_map(gate, up, n, out, gelu_tanh_times);
 #else
-    for (; i < n; i++) {
+    for (int i = 0; i < n; i++) {
         const float g = gate[i];
         out[i] = 0.5f * g * (1.0f + tanhf(GELU_C * (g + 0.044715f * g * g * g))) * up[i];
     }

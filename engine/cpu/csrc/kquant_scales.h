@@ -1,0 +1,27 @@
+/*
+ * The K-quants' packed sub-block scales, unpacked: shared by the fp32 kernels (kquant.c) and the
+ * integer products (int8_dot.c), which must read a super-block the same way.
+ */
+#ifndef KVCHAT_KQUANT_SCALES_H
+#define KVCHAT_KQUANT_SCALES_H
+#include <stdint.h>
+
+/* Q4_K/Q5_K: sub-block j's 6-bit scale and minimum, packed in 12 bytes. */
+static inline void k4_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *mn = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0x0F) | (s[j - 4] >> 6) << 4;
+        *mn = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
+    }
+}
+
+/* Q3_K: scale i (of 16), packed in 12 bytes: low nibbles in bytes 0..7, 2 high bits in bytes 8..11. */
+static inline int k3_scale(const uint8_t *s, int i) {
+    const int low = i < 8 ? s[i] & 0x0F : s[i - 8] >> 4;
+    const int high = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+    return (low | high << 4) - 32;
+}
+
+#endif
