@@ -293,13 +293,7 @@ static inline __attribute__((always_inline)) void k45_decode(const uint8_t *blk,
         }
     }
     uint32_t u[4];
-    memcpy(u, blk + 4, 12);
-    /* bytes 0..7: the 8 scales, 8..15: the 8 minimums (k4_scale_min for j = 0..7) */
-    u[3] = ((u[2] >> 4) & 0x0F0F0F0F) | (((u[1] >> 6) & 0x03030303) << 4);
-    const uint32_t mins_low = u[1] & 0x3F3F3F3F;
-    u[1] = (u[2] & 0x0F0F0F0F) | (((u[0] >> 6) & 0x03030303) << 4);
-    u[2] = mins_low;
-    u[0] &= 0x3F3F3F3F;
+    k4_scales_and_mins(blk + 4, u); /* bytes 0..7: the 8 scales, 8..15: the 8 minimums */
     const __m512i sm = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)u)));
     for (int v = 0; v < 4; v++) {
         const __m512i idx = _mm512_mask_blend_epi16(0xFFFF0000u, _mm512_set1_epi16((short)(2 * v)),

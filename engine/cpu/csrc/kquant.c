@@ -210,13 +210,7 @@ static void q4_k_one_row(const kc_linear *L, const float *x, float *y, int n, in
         for (int c = 0; c < SIDE_BY_SIDE; c++) {
             const uint8_t *blk = row[c] + (int64_t)s * 144;
             uint32_t u[4];
-            memcpy(u, blk + 4, 12);
-            /* bytes 0..7: the 8 scales, 8..15: the 8 minimums (k4_scale_min for j = 0..7) */
-            u[3] = ((u[2] >> 4) & 0x0F0F0F0F) | (((u[1] >> 6) & 0x03030303) << 4);
-            const uint32_t mins_low = u[1] & 0x3F3F3F3F;
-            u[1] = (u[2] & 0x0F0F0F0F) | (((u[0] >> 6) & 0x03030303) << 4);
-            u[2] = mins_low;
-            u[0] &= 0x3F3F3F3F;
+            k4_scales_and_mins(blk + 4, u); /* bytes 0..7: the 8 scales, 8..15: the 8 minimums */
             const vec ints = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)u)));
             const vec dd = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128((int)high_halves(blk)))));
             /* d * sc and dmin * mn, each one rounding; negating the minimums' products is exact */

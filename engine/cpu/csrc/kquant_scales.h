@@ -5,6 +5,7 @@
 #ifndef KVCHAT_KQUANT_SCALES_H
 #define KVCHAT_KQUANT_SCALES_H
 #include <stdint.h>
+#include <string.h>
 
 /* Q4_K/Q5_K: sub-block j's 6-bit scale and minimum, packed in 12 bytes. */
 static inline void k4_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
@@ -22,6 +23,17 @@ static inline int k3_scale(const uint8_t *s, int i) {
     const int low = i < 8 ? s[i] & 0x0F : s[i - 8] >> 4;
     const int high = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
     return (low | high << 4) - 32;
+}
+
+/* Q4_K/Q5_K: all 8 scales (bytes 0..7) and 8 minimums (bytes 8..15) of a super-block at once, the values
+ * k4_scale_min gives for j = 0..7, unpacked from the 12 packed bytes with a few 32-bit operations. */
+static inline void k4_scales_and_mins(const uint8_t *packed, uint32_t out[4]) {
+    memcpy(out, packed, 12);
+    out[3] = ((out[2] >> 4) & 0x0F0F0F0F) | (((out[1] >> 6) & 0x03030303) << 4);
+    const uint32_t mins_low = out[1] & 0x3F3F3F3F;
+    out[1] = (out[2] & 0x0F0F0F0F) | (((out[0] >> 6) & 0x03030303) << 4);
+    out[2] = mins_low;
+    out[0] &= 0x3F3F3F3F;
 }
 
 #endif
