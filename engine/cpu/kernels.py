@@ -103,6 +103,8 @@ def _bind(lib: ctypes.CDLL) -> QuantKernels:
     lib.kc_int8_columns_defined.restype = None
     lib.kc_int8_supported.argtypes = [i]
     lib.kc_int8_supported.restype = i
+    lib.kc_int8_vector.argtypes = [i]
+    lib.kc_int8_vector.restype = i
     lib.kc_int8_isa.restype = ctypes.c_char_p
     for fn in (lib.kc_matmul, lib.kc_matmul_parts, lib.kc_dequantize, lib.kc_forward_tokens, lib.kc_forward_batch):
         fn.restype = None

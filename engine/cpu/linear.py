@@ -42,6 +42,16 @@ def _scratch_buffer(numel: int) -> torch.Tensor:
     return buffer[:numel]
 
 
+def _integer_format(kernels: QuantKernels, code: int) -> bool:
+    """Whether a weight in format `code` multiplies in integers when they are asked for: where this build
+    has their vector code (Q2_K and Q3_K have none: their definition in plain C is slower than their fp32
+    kernels, so they keep fp32 products); a build with no vector integer code at all (integer_isa
+    "portable", built for the tests of the definition) runs the definition for every format."""
+    if not kernels.lib.kc_int8_supported(code):
+        return False
+    return kernels.integer_isa == "portable" or bool(kernels.lib.kc_int8_vector(code))
+
+
 class QuantLinear(nn.Module):
     def __init__(self, kernels: QuantKernels, fmt: str, qs: torch.Tensor, bias: torch.Tensor | None = None):
         """`qs`: the weight as formats.py stores `fmt` (kept, not copied: it may view a mapped GGUF file);
@@ -52,7 +62,7 @@ class QuantLinear(nn.Module):
         self.kernels, self.fmt = kernels, fmt
         # Integer products (csrc/int8_dot.h) where the kernels are asked for them and the format has them
         # (bf16/f16 weights always multiply in fp32).
-        self.integer = kernels.integer and bool(kernels.lib.kc_int8_supported(FORMAT_CODES[fmt]))
+        self.integer = kernels.integer and _integer_format(kernels, FORMAT_CODES[fmt])
         self.out_features = qs.shape[0]
         self.in_features = in_features(fmt, qs)
         if self.in_features % BLOCK:

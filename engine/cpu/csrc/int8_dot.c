@@ -520,6 +520,8 @@ static int_columns_fn *vector_columns(int format) {
     return define_columns;
 }
 
+int kc_int8_vector(int format) { return kc_int8_supported(format) && vector_columns(format) != define_columns; }
+
 /* This thread's quantized activation rows: grown as needed, kept for the next call. */
 static __thread void *act_buffer;
 static __thread int64_t act_capacity;

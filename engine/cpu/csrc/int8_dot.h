@@ -23,8 +23,10 @@
 /* Bit 0 of kc_linear.flags: multiply in integers when the format has an integer kernel. */
 #define KC_FLAG_INTEGER 1
 
-/* Whether `format` has integer products. */
+/* Whether `format` has integer products (the definition), and whether this build has vector code for them
+ * (Q2_K and Q3_K do not: their integer products run the definition, slower than their fp32 kernels). */
 int kc_int8_supported(int format);
+int kc_int8_vector(int format);
 /* kc_linear_columns in integers (the caller checked kc_int8_supported): quantizes x's rows (on this
  * thread: each thread of a split does it for itself; it costs a small fraction of the product). */
 void kc_int8_columns(const kc_linear *L, const float *x, int rows, float *y, int ldy, int n0, int n1);

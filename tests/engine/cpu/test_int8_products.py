@@ -23,6 +23,8 @@ pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc
 K_QUANTS = ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k"]
 LEGACY = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0"]
 FORMATS = LEGACY + K_QUANTS
+DEFINITION_ONLY = ["q2_k", "q3_k"]  # no vector code: integer products only where the definition runs
+VECTOR = [fmt for fmt in FORMATS if fmt not in DEFINITION_ONLY]
 SCALE = {"q4_0": 0.1, "q5_0": 0.05, "q5_1": 0.03, "q2_k": 0.02, "q3_k": 0.005, "q4_k": 1e-3, "q5_k": 5e-4,
          "q6_k": 2.5e-4}
 
@@ -32,6 +34,20 @@ def native():
     loaded = quant_kernels.load_quant_kernels()
     assert not isinstance(loaded, str), loaded
     return loaded.with_integer_products(True)
+
+
+@pytest.fixture(scope="module")
+def portable():
+    """The definition alone: the kernels built for a plain x86-64, every format in integers."""
+    loaded = quant_kernels.kernels_for("x86-64").with_integer_products(True)
+    assert loaded.integer_isa == "portable"
+    return loaded
+
+
+@pytest.fixture
+def integer_kernels(request, native, portable):
+    """The kernels that run `fmt` in integers: this CPU's vector code, or the definition for Q2_K/Q3_K."""
+    return portable if request.getfixturevalue("fmt") in DEFINITION_ONLY else native
 
 
 def weights(fmt, rows, cols, seed):
@@ -79,8 +95,9 @@ def defined(linear, x):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_the_product_is_the_quantized_activations_times_the_exact_weights(native, fmt):
-    linear, dense = int8_linear(native, fmt)
+def test_the_product_is_the_quantized_activations_times_the_exact_weights(integer_kernels, fmt):
+    linear, dense = int8_linear(integer_kernels, fmt)
+    assert linear.integer
     x = torch.randn(5, linear.in_features)
     expected = quantized_activations(x.numpy(), fmt) @ dense.T
     got = linear(x).double().numpy()
@@ -91,7 +108,7 @@ def test_the_product_is_the_quantized_activations_times_the_exact_weights(native
     assert np.linalg.norm(got - exact) / np.linalg.norm(exact) < 0.02
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", VECTOR)
 def test_the_vector_path_gives_the_definitions_bits(native, fmt):
     linear, _ = int8_linear(native, fmt, bias=torch.randn(40))
     x = torch.randn(7, linear.in_features) * 3
@@ -103,7 +120,7 @@ def test_the_vector_path_gives_the_definitions_bits(native, fmt):
 def test_every_instruction_set_gives_the_same_bits(native, march):
     """The portable C (x86-64) and an AVX2 build run the definition; AVX-512 VNNI runs its vector code."""
     other = quant_kernels.kernels_for(march).with_integer_products(True)
-    for fmt in FORMATS:
+    for fmt in VECTOR:
         here, _ = int8_linear(native, fmt, seed=3)
         there = QuantLinear(other, fmt, here.qs)
         x = torch.randn(6, here.in_features)
@@ -111,8 +128,8 @@ def test_every_instruction_set_gives_the_same_bits(native, march):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_a_row_gets_the_same_bits_alone_or_among_any_number_of_rows(native, fmt):
-    linear, _ = int8_linear(native, fmt)
+def test_a_row_gets_the_same_bits_alone_or_among_any_number_of_rows(integer_kernels, fmt):
+    linear, _ = int8_linear(integer_kernels, fmt)
     x = torch.randn(61, linear.in_features)
     together = linear(x)  # 61 rows: past the fp32 path's kernel limit, integer products stay in the kernel
     for count in (1, 2, 3, 4, 5, 9, 48):
@@ -157,6 +174,15 @@ def test_a_fused_linear_in_two_formats_gives_each_parts_integer_columns(native):
     assert fused.integer
     x = torch.randn(50, q.in_features)
     assert torch.equal(bits(fused(x)), bits(torch.cat([q(x), v(x)], dim=1)))
+
+
+@pytest.mark.parametrize("fmt", DEFINITION_ONLY)
+def test_a_format_without_vector_code_keeps_fp32_products_where_others_have_integer_ones(native, fmt):
+    """Its integer definition in plain C would be slower than its fp32 kernel."""
+    linear, dense = int8_linear(native, fmt)
+    assert not linear.integer and int8_linear(native, "q4_k")[0].integer
+    x = torch.randn(3, linear.in_features)
+    np.testing.assert_allclose(linear(x).double().numpy(), x.double().numpy() @ dense.T, rtol=1e-4, atol=1e-4)
 
 
 def test_half_precision_weights_keep_fp32_products(native):
