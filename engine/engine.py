@@ -157,11 +157,10 @@ def _check_ram(source: ModelSource, options: EngineOptions, device: torch.device
 
 
 def _describe_weights(model: CausalLM) -> str:
-    formats = sorted({m.fmt for m in model.modules() if isinstance(m, QuantLinear)})
-    if not formats:
-        return "dense"
     layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
-    kernels = layers[0].kernels
+    if not layers:
+        return "dense"
+    formats, kernels = sorted({m.fmt for m in layers}), layers[0].kernels
     # Which arithmetic runs is part of the K/V fingerprint: K/V of integer products never serves fp32 ones.
     # Formats without integer products (bf16, f16) run fp32 whatever was asked, and say so.
     if any(layer.integer for layer in layers):

@@ -354,6 +354,16 @@ static inline __attribute__((always_inline)) void k_vec_of(int format, const uin
     else k45_decode(blk, format == KC_Q5_K, k);
 }
 
+/* The rows r0.. of one group (R of them, at most ROWS_TOGETHER) and their lanes, zeroed (int8_dot.h). */
+#define ROW_GROUP(R, lane, extra)                                                  \
+    const int R = rows - r0 < ROWS_TOGETHER ? rows - r0 : ROWS_TOGETHER;           \
+    __m512 lane[ROWS_TOGETHER];                                                    \
+    __m256 extra[ROWS_TOGETHER];                                                   \
+    for (int r_ = 0; r_ < ROWS_TOGETHER; r_++) {                                   \
+        lane[r_] = _mm512_setzero_ps();                                            \
+        extra[r_] = _mm256_setzero_ps();                                           \
+    }
+
 /* Columns n0..n1 of a Q4_K/Q5_K/Q6_K weight (FORMAT a constant in each expansion). */
 #define K_COLUMNS(NAME, FORMAT, BYTES)                                             \
     static void NAME(const kc_linear *L, const kc_act_row *xs, int rows, float *y, int ldy, int n0, int n1) { \
@@ -361,13 +371,7 @@ static inline __attribute__((always_inline)) void k_vec_of(int format, const uin
         for (int n = n0; n < n1; n++) {                                            \
             const uint8_t *row = (const uint8_t *)L->q + (int64_t)n * supers * (BYTES); \
             for (int r0 = 0; r0 < rows; r0 += ROWS_TOGETHER) {                     \
-                const int R = rows - r0 < ROWS_TOGETHER ? rows - r0 : ROWS_TOGETHER; \
-                __m512 lane[ROWS_TOGETHER];                                        \
-                __m256 extra[ROWS_TOGETHER];                                       \
-                for (int r = 0; r < ROWS_TOGETHER; r++) {                          \
-                    lane[r] = _mm512_setzero_ps();                                 \
-                    extra[r] = _mm256_setzero_ps();                                \
-                }                                                                  \
+                ROW_GROUP(R, lane, extra);                                         \
                 for (int s = 0; s < supers; s++) {                                 \
                     k_vec k;                                                       \
                     k_vec_of(FORMAT, row + (int64_t)s * (BYTES), &k);              \
@@ -462,13 +466,7 @@ static inline __attribute__((always_inline)) void pair_dot(const pair_vec *p, in
         const int nb = L->K / 32;                                                  \
         for (int n = n0; n < n1; n++) {                                            \
             for (int r0 = 0; r0 < rows; r0 += ROWS_TOGETHER) {                     \
-                const int R = rows - r0 < ROWS_TOGETHER ? rows - r0 : ROWS_TOGETHER; \
-                __m512 lane[ROWS_TOGETHER];                                        \
-                __m256 extra[ROWS_TOGETHER];                                       \
-                for (int r = 0; r < ROWS_TOGETHER; r++) {                          \
-                    lane[r] = _mm512_setzero_ps();                                 \
-                    extra[r] = _mm256_setzero_ps();                                \
-                }                                                                  \
+                ROW_GROUP(R, lane, extra);                                         \
                 for (int b = 0; b + 2 <= nb; b += 2) {                             \
                     pair_vec p;                                                    \
                     pair_of(L, FORMAT, n, b, nb, &p);                              \
