@@ -84,7 +84,7 @@ class LoadInfo:
     device: str
     dtype: str
     context_window: int
-    weights: str  # "dense", or e.g. "q4_k/q6_k blocks, int8 products (avx512)"
+    weights: str  # "dense", or e.g. "q4_k/q6_k blocks, int8 products v2 (avx512-vnni)"
     kv_cache_bytes: int  # device KV pool (0: prefix cache off)
     host_cache_bytes: int  # host tier (0: none)
     converted: bool  # this start read a GGUF file's tokenizer into its cache (weights/gguf_cache.py)
@@ -164,7 +164,7 @@ def _describe_weights(model: CausalLM) -> str:
     # Which arithmetic runs is part of the K/V fingerprint: K/V of integer products never serves fp32 ones.
     # Formats without integer products (bf16, f16) run fp32 whatever was asked, and say so.
     if any(layer.integer for layer in layers):
-        return f"{'/'.join(formats)} blocks, int8 products ({kernels.integer_isa})"
+        return f"{'/'.join(formats)} blocks, int8 products v{kernels.integer_definition} ({kernels.integer_isa})"
     return f"{'/'.join(formats)} blocks, fp32 products ({kernels.isa})"
 
 

@@ -91,7 +91,7 @@ def _parts(module: nn.Module, what: str) -> _Parts:
         weight, bias = module.weight, module.bias
         if weight.shape[1] % 32:
             raise Unfusable(f"{what} has {weight.shape[1]} inputs, not a multiple of 32")
-        found = [(LinearDesc(FORMAT_CODES["f32"], weight.shape[0], weight.shape[1], 0, _fp32(weight, what), 0, 0,
+        found = [(LinearDesc(FORMAT_CODES["f32"], weight.shape[0], weight.shape[1], 0, _fp32(weight, what), 0,
                              0 if bias is None else _fp32(bias, what)), 0)]
     else:
         raise Unfusable(f"{what} is a {type(module).__name__}")

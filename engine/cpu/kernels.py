@@ -42,8 +42,8 @@ class LinearDesc(ctypes.Structure):
     """kc_linear of csrc/block_quant.h: one weight matrix as the kernels read it."""
 
     _fields_ = [("format", ctypes.c_int32), ("N", ctypes.c_int32), ("K", ctypes.c_int32),
-                ("flags", ctypes.c_int32), ("q", ctypes.c_void_p), ("d", ctypes.c_void_p),
-                ("m", ctypes.c_void_p), ("bias", ctypes.c_void_p)]
+                ("flags", ctypes.c_int32), ("q", ctypes.c_void_p), ("tiles", ctypes.c_void_p),
+                ("bias", ctypes.c_void_p)]
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,7 @@ class QuantKernels:
     # fp32 products of the exact weights. Off until the engine asks (EngineOptions.exact_fp32).
     integer: bool = False
     integer_isa: str = "portable"  # avx512-vnni | portable: what runs the integer products
+    integer_definition: int = 0  # csrc/int8_dot.h's KC_INT8_DEFINITION: which bits integer products give
 
     def with_integer_products(self, integer: bool) -> "QuantKernels":
         return replace(self, integer=integer)
@@ -106,11 +107,17 @@ def _bind(lib: ctypes.CDLL) -> QuantKernels:
     lib.kc_int8_vector.argtypes = [i]
     lib.kc_int8_vector.restype = i
     lib.kc_int8_isa.restype = ctypes.c_char_p
+    lib.kc_int8_tile_bytes.argtypes = [p]
+    lib.kc_int8_tile_bytes.restype = ctypes.c_int64
+    lib.kc_int8_tile_pack.argtypes = [p, p, i]
+    lib.kc_int8_tile_pack.restype = None
     for fn in (lib.kc_matmul, lib.kc_matmul_parts, lib.kc_dequantize, lib.kc_forward_tokens, lib.kc_forward_batch):
         fn.restype = None
     lib.kc_isa.restype = ctypes.c_char_p
     lib.kc_decode_scratch_floats.restype = ctypes.c_int64
-    return QuantKernels(lib, lib.kc_isa().decode(), integer_isa=lib.kc_int8_isa().decode())
+    lib.kc_int8_definition.restype = i
+    return QuantKernels(lib, lib.kc_isa().decode(), integer_isa=lib.kc_int8_isa().decode(),
+                        integer_definition=lib.kc_int8_definition())
 
 
 def load_quant_kernels() -> QuantKernels | str:

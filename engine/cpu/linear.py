@@ -71,6 +71,9 @@ class QuantLinear(nn.Module):
             qs = qs.contiguous().view(torch.int16)
         self.register_buffer("qs", qs.contiguous())
         self.register_buffer("bias", None if bias is None else bias.to(torch.float32))
+        # Integer products read the weight repacked into tiles (csrc/int8_tiles.h: the same bytes as its
+        # blocks, laid out 16 output columns a vector), made once here; not saved with the module.
+        self.register_buffer("tiles", self._tiles() if self.integer else None, persistent=False)
         self._bind_kernels()
 
     def extra_repr(self) -> str:
@@ -90,10 +93,22 @@ class QuantLinear(nn.Module):
         self._dequantize = lambda w, first, count, t: lib.kc_dequantize(desc, first, count, w, t)
         self._bias = self.bias
 
+    def _tiles(self) -> torch.Tensor | None:
+        desc = LinearDesc(FORMAT_CODES[self.fmt], self.out_features, self.in_features, FLAG_INTEGER,
+                          self.qs.data_ptr(), 0, 0)
+        size = self.kernels.lib.kc_int8_tile_bytes(ctypes.byref(desc))
+        if size <= 0:  # this build has no tiles for the format: the definition reads the blocks
+            return None
+        tiles = torch.empty(size, dtype=torch.uint8)
+        self.kernels.lib.kc_int8_tile_pack(ctypes.byref(desc), tiles.data_ptr(), torch.get_num_threads())
+        return tiles
+
     def kernel_desc(self, with_bias: bool = True) -> LinearDesc:
         """The weight as csrc/block_quant.h's kc_linear (addresses of this module's buffers: keep it)."""
+        tiles = getattr(self, "tiles", None)
         return LinearDesc(FORMAT_CODES[self.fmt], self.out_features, self.in_features,
-                          FLAG_INTEGER if self.integer else 0, self.qs.data_ptr(), 0, 0,
+                          FLAG_INTEGER if self.integer else 0, self.qs.data_ptr(),
+                          0 if tiles is None else tiles.data_ptr(),
                           self.bias.data_ptr() if with_bias and self.bias is not None else 0)
 
     def kernel_descs(self) -> list[tuple[LinearDesc, int]]:

@@ -185,7 +185,10 @@ def _quant_linear(kernels: QuantKernels, blocks: WeightSource, names: list[str],
         qs = _joined(blocks, [f"{n}.weight" for n, _ in run], f".{fmt}.qs")
         rows = qs.shape[0]
         part_bias = None if bias is None else bias[first : first + rows]
-        parts.append(QuantLinear(kernels, fmt, qs, part_bias))
+        part = QuantLinear(kernels, fmt, qs, part_bias)
+        if in_place and part.tiles is not None:
+            blocks.release(qs)  # read once into the tiles: the mapped pages need not stay resident
+        parts.append(part)
         first += rows
     return parts[0] if len(parts) == 1 else MixedQuantLinear(parts)
 
@@ -199,7 +202,8 @@ def _quant_embedding(kernels: QuantKernels | None, blocks: WeightSource | None,
         return None
     if isinstance(tied_head, QuantLinear):
         return QuantEmbedding(tied_head)
-    return QuantEmbedding(QuantLinear(kernels, fmt, blocks.get(f"{name}.{fmt}.qs")))
+    # Only looked up, never multiplied: no integer tiles (they would be a second copy of the table).
+    return QuantEmbedding(QuantLinear(kernels.with_integer_products(False), fmt, blocks.get(f"{name}.{fmt}.qs")))
 
 
 def _joined(ckpt: WeightSource, names: list[str], suffix: str) -> torch.Tensor:

@@ -178,6 +178,7 @@ class GGUFWeights:
     IN_PLACE = True  # its block tensors view the file: fusing two of them (torch.cat) would copy them
 
     def __init__(self, reader, config: dict[str, Any], blocks: bool):
+        self._reader = reader
         self._config = config
         self._arch = architecture(reader)
         self._tensors = {hf_name(t.name, self._arch): t for t in reader.tensors}
@@ -215,6 +216,13 @@ class GGUFWeights:
             if len(tensor.shape) == 2 and tensor.tensor_type.name != "F32" and self.block_format(name) is None:
                 types[tensor.tensor_type.name] = types.get(tensor.tensor_type.name, 0) + 1
         return types
+
+    def release(self, blocks: torch.Tensor) -> None:
+        """`blocks` (from get) has been copied into the kernels' own layout: the file's pages under it
+        may leave resident memory (GGUFFile.release; a RAM copy such as unpermuted q/k is left alone)."""
+        release = getattr(self._reader, "release", None)
+        if release is not None:
+            release(blocks.data_ptr(), blocks.numel() * blocks.element_size())
 
     def _block_base(self, name: str) -> str | None:
         """The tensor "<base>.<format>.qs" stands for, if `base` is stored in that format."""

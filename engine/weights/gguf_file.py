@@ -11,6 +11,7 @@ gguf.quants.dequantize reads them.
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,18 @@ class GGUFFile:
         start = -(-cursor.at // alignment) * alignment
         self.tensors = [self._tensor(name, dims, qtype, start + offset, GGML_QUANT_SIZES[qtype])
                         for name, dims, qtype, offset in table]
+
+    def release(self, address: int, nbytes: int) -> None:
+        """Drops this process's pages of bytes [address, address + nbytes) of the mapping, where they are
+        whole pages of it: a copy of them (the integer products' tiles) serves from now on, so the file's
+        pages need not count twice in the resident memory. A later read (an embedding row) faults them back
+        in from the file, unchanged: nothing of the mapping is ever written."""
+        base, size = self.data.ctypes.data, len(self.data)
+        page = mmap.PAGESIZE
+        lo, hi = max(address, base), min(address + nbytes, base + size)
+        lo, hi = -(-(lo - base) // page) * page, (hi - base) // page * page
+        if hi > lo:
+            self.data._mmap.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
     def _tensor(self, name: str, dims: tuple[int, ...], qtype, at: int, sizes: tuple[int, int]) -> GGUFTensor:
         block, type_size = sizes

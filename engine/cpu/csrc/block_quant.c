@@ -31,6 +31,7 @@
 
 #include "columns.h"
 #include "int8_dot.h"
+#include "int8_tiles.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -135,12 +136,13 @@ void kc_linear_columns(const kc_linear *L, const float *x, int rows, float *y, i
     else FORMATS[L->format].columns(L, x, rows, y, ldy, n0, n1);
 }
 
-/* The columns [n0, n1) thread `t` of `threads` computes: contiguous, in multiples of SIDE_BY_SIDE. */
+/* The columns [n0, n1) thread `t` of `threads` computes: contiguous, in whole tiles (int8_tiles.h: 16
+ * columns, a multiple of the fp32 kernels' SIDE_BY_SIDE), so no tile is multiplied by two threads. */
 void kc_thread_columns(int N, int t, int threads, int *n0, int *n1) {
-    const int groups = (N + SIDE_BY_SIDE - 1) / SIDE_BY_SIDE;
+    const int groups = (N + KC_TILE - 1) / KC_TILE;
     const int lo = (int)((int64_t)groups * t / threads), hi = (int)((int64_t)groups * (t + 1) / threads);
-    *n0 = lo * SIDE_BY_SIDE;
-    *n1 = hi * SIDE_BY_SIDE < N ? hi * SIDE_BY_SIDE : N;
+    *n0 = lo * KC_TILE < N ? lo * KC_TILE : N;
+    *n1 = hi * KC_TILE < N ? hi * KC_TILE : N;
 }
 
 /* ---- entry points (called through ctypes) ---- */

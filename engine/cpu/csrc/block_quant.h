@@ -22,7 +22,7 @@ typedef struct {
     int32_t format, N, K;           /* weight [N rows, K columns], K a multiple of 32 (of 256 for K-quants) */
     int32_t flags;                  /* KC_FLAG_INTEGER (int8_dot.h): integer products */
     const void *q;                  /* F32: the weights [N, K]; otherwise the format's bytes, row after row */
-    const float *d, *m;             /* unused (every format keeps its scales in its blocks): NULL */
+    const void *tiles;              /* the integer products' repacked copy of q (int8_tiles.h), or NULL */
     const float *bias;              /* [N] or NULL */
 } kc_linear;
 

@@ -17,8 +17,8 @@
 static inline int64_t up64(int64_t bytes) { return (bytes + 63) & ~(int64_t)63; }
 
 int64_t kc_act_row_bytes(int kind, int K) {
-    if (kind == KC_ACT_Q8_K) return up64(K) + up64(K / 256 * 4) + up64(K / 16 * 2);
-    return up64(K) + 2 * up64(K / 32 * 4);
+    if (kind == KC_ACT_Q8_K) return up64(K) + up64(K / 256 * 4) + up64(K / 16 * 2) + up64(K / 32 * 2);
+    return up64(K) + 2 * up64(K / 32 * 4) + up64(K / 32 * 2);
 }
 
 /* The scale and inverse scale of a block whose largest |x| is amax (bad: it holds a NaN or an infinity). */
@@ -80,16 +80,22 @@ void kc_act_quantize(int kind, const float *x, int K, void *row_buffer, kc_act_r
     if (kind == KC_ACT_Q8_K) {
         int16_t *bsums = (int16_t *)(base + up64(K) + up64(K / 256 * 4));
         for (int b = 0; b < K / 256; b++) d[b] = quantize_block(x + 256 * b, 256, q + 256 * b);
+        int16_t *bsums32 = (int16_t *)((uint8_t *)bsums + up64(K / 16 * 2));
         for (int g = 0; g < K / 16; g++) bsums[g] = (int16_t)sum16(q + 16 * g);
+        for (int b = 0; b < K / 32; b++) bsums32[b] = (int16_t)(bsums[2 * b] + bsums[2 * b + 1]);
         row->s = NULL;
         row->bsums = bsums;
+        row->bsums32 = bsums32;
     } else {
         float *s = (float *)(base + up64(K) + up64(K / 32 * 4));
+        int16_t *bsums32 = (int16_t *)(base + up64(K) + 2 * up64(K / 32 * 4));
         for (int b = 0; b < K / 32; b++) {
             d[b] = quantize_block(x + 32 * b, 32, q + 32 * b);
-            s[b] = d[b] * (float)(sum16(q + 32 * b) + sum16(q + 32 * b + 16));
+            bsums32[b] = (int16_t)(sum16(q + 32 * b) + sum16(q + 32 * b + 16));
+            s[b] = d[b] * (float)bsums32[b];
         }
         row->s = s;
         row->bsums = NULL;
+        row->bsums32 = bsums32;
     }
 }

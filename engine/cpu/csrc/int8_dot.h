@@ -1,15 +1,17 @@
 /*
  * Integer products: quantized weights times int8-quantized activations (int8_act.h), summed in int32.
  *
- * What a product IS (the portable code in int8_dot.c is this definition; every vector path computes its
- * bits): for one input row and one output column, 16 float lanes and 8 float "extra" lanes start at 0.
- * Weight i of the row falls in lane (i / 4) % 16. Per weight block (32 weights: Q4_0..Q8_0) or
- * super-block (256: the K-quants) the exact int32 sum of each lane's products (weight quant x activation
- * quant, times the K-quants' integer sub-scales) is converted to float and added to its lane with one
- * fused multiply-add by the block's float scale (weight scale x activation scale, one rounding). Minimums
- * and offsets (Q4_1/Q5_1's m, the K-quants' mins and their -32/-4 offsets) go the same way into the
- * extra lanes, from the activations' block sums. The result is a fixed tree over the lanes:
- * ((l + l8) + (l + l4)...) then the extra lanes' tree, then their sum (+ bias).
+ * What a product IS (the portable code in int8_dot.c is this definition; the tiles' vector code in
+ * int8_tiles.c computes its bits): for one input row and one output column, two floats, acc and ext,
+ * start at 0. Per weight block b in order (32 weights: Q4_0..Q8_0; 256: the K-quants), with the block's
+ * integers as int8_quants.h reads them and the activation block's int8 q and scale dx:
+ *   main = sum over the block of sc(i) * (u_i - offset) * q_i       exact, in int32
+ *   acc  = fmaf((float)main, dx * d, acc)                           one rounding for dx * d, one for the fma
+ * and the minimums:
+ *   Q4_1, Q5_1:        ext = fmaf(m, s, ext)                        s = dx * (sum of q), int8_act.h
+ *   Q2_K, Q4_K, Q5_K:  low = sum over 16s of low_g * (sum of q over g), exact
+ *                      ext = fmaf(-(float)low, dx * dmin, ext)
+ * The result is acc + ext (+ bias).
  *
  * Integer sums are exact in any order, and every float operation above is fixed by the definition,
  * so a product's bits do not depend on how many rows are multiplied together, how the columns are split
@@ -20,15 +22,22 @@
 #define KVCHAT_INT8_DOT_H
 #include "block_quant.h"
 
+/* The definition's number: a change of any bit it gives is a new number (it is in the K/V fingerprint, so
+ * K/V computed by an older definition is never reused). 1: 16 float lanes per column; 2: one. */
+#define KC_INT8_DEFINITION 2
+int kc_int8_definition(void);
+
 /* Bit 0 of kc_linear.flags: multiply in integers when the format has an integer kernel. */
 #define KC_FLAG_INTEGER 1
 
 /* Whether `format` has integer products (the definition), and whether this build has vector code for them
- * (Q2_K and Q3_K do not: their integer products run the definition, slower than their fp32 kernels). */
+ * (tiles, int8_tiles.h; Q2_K and Q3_K have none: their integer products run the definition, slower than
+ * their fp32 kernels). */
 int kc_int8_supported(int format);
 int kc_int8_vector(int format);
 /* kc_linear_columns in integers (the caller checked kc_int8_supported): quantizes x's rows (on this
- * thread: each thread of a split does it for itself; it costs a small fraction of the product). */
+ * thread: each thread of a split does it for itself; it costs a small fraction of the product), then
+ * multiplies L's tiles where it has them, else runs the definition on GGUF's blocks. */
 void kc_int8_columns(const kc_linear *L, const float *x, int rows, float *y, int ldy, int n0, int n1);
 
 #endif

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc
 def test_integer_and_fp32_products_are_named_and_fingerprinted_apart(q4_gguf_model):
     integer = Engine.load(EngineOptions(model=str(q4_gguf_model), dtype="float32"))
     exact = Engine.load(EngineOptions(model=str(q4_gguf_model), dtype="float32", exact_fp32=True))
-    assert integer.info.weights.startswith("q4_1 blocks, int8 products (")
+    assert integer.info.weights.startswith("q4_1 blocks, int8 products v2 (")
     assert exact.info.weights.startswith("q4_1 blocks, fp32 products (")
     assert integer.fingerprint != exact.fingerprint
     again = Engine.load(EngineOptions(model=str(q4_gguf_model), dtype="float32", exact_fp32=True))

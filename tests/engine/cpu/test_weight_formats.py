@@ -183,4 +183,6 @@ def test_a_single_format_linear_describes_itself_as_one_part_at_column_zero(kern
     linear = QuantLinear(kernels, "q4_k", qs)
     (desc, first), = linear.kernel_descs()
     assert first == 0 and desc.format == quant_kernels.FORMAT_CODES["q4_k"] and (desc.N, desc.K) == (8, 256)
-    assert desc.q == qs.data_ptr() and not desc.d and not desc.m
+    assert desc.q == qs.data_ptr()
+    # fp32 products read the blocks alone; integer ones also the tiles repacked from them
+    assert desc.tiles == (linear.tiles.data_ptr() if linear.tiles is not None else None)

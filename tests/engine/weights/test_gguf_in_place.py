@@ -5,6 +5,7 @@ the RAM available is refused before anything is read."""
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -70,6 +71,41 @@ def test_block_matrices_are_views_of_the_files_mapping(tmp_path, quant, arch):
     with torch.no_grad():
         torch.testing.assert_close(engine.runner.logits(ids.tolist(), all_logits=True), hf_model(ids[None]).logits[0],
                                    atol=1e-4, rtol=1e-5)
+
+
+def resident_bytes(path: Path) -> int:
+    """Bytes of `path`'s mappings resident in this process (/proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split()
+        if "-" in fields[0] and len(fields) >= 5 and ":" in fields[3]:  # a mapping's first line
+            inside = len(fields) == 6 and fields[5] == str(path.resolve())
+        elif inside and fields[0] == "Rss:":
+            total += int(fields[1]) * 1024
+    return total
+
+
+def test_with_integer_products_the_files_pages_leave_resident_memory_once_tiled(tmp_path):
+    """The tiles are a copy of the blocks: the file's pages under them are dropped, so the model costs its
+    size once, not twice; the untied embedding is looked up in the file and the logits are unchanged."""
+    hf_model = load_reference(make_tiny_model(tmp_path / "hf", "qwen2", tie_word_embeddings=False, **K_QUANT_SIZES))
+    gguf_path = write_gguf(hf_model, tmp_path / "m.gguf", arch="qwen2", quant="Q4_K")
+    engine = Engine.load(EngineOptions(model=str(gguf_path), dtype="float32", prefix_caching=False))
+    found = linears(engine.model)
+    table = found.pop("embed_tokens.table")
+    assert table.tiles is None  # looked up, never multiplied: no second copy of it
+    if any(m.tiles is None for m in found.values()):
+        pytest.skip("this CPU has no integer tiles (AVX-512 VNNI)")
+    tiled = sum(m.qs.numel() for m in found.values())
+    size = gguf_path.stat().st_size
+    assert tiled > 0.5 * size
+    assert resident_bytes(gguf_path) < size - 0.9 * tiled
+    # a dropped page read again is the file's own bytes (the mapping was never written)
+    start = min(begin for begin, _ in mappings_of(gguf_path))
+    on_disk = torch.from_numpy(np.fromfile(gguf_path, dtype=np.uint8))
+    for module in found.values():
+        at = module.qs.data_ptr() - start
+        assert torch.equal(module.qs.flatten(), on_disk[at : at + module.qs.numel()])
 
 
 @pytest.mark.parametrize("tied", [True, False])

@@ -1,0 +1,130 @@
+/* Weight blocks as integers (int8_quants.h): GGUF's layouts, as gguf.quants reads them. */
+#include <string.h>
+
+#include "int8_quants.h"
+#include "kquant_scales.h"
+#include "simd.h"
+
+int kc_block_bytes(int format) {
+    switch (format) {
+    case KC_Q4_0: return 18;
+    case KC_Q4_1: return 20;
+    case KC_Q5_0: return 22;
+    case KC_Q5_1: return 24;
+    case KC_Q8_0: return 34;
+    case KC_Q2_K: return 84;
+    case KC_Q3_K: return 110;
+    case KC_Q4_K: return 144;
+    case KC_Q5_K: return 176;
+    case KC_Q6_K: return 210;
+    default: return 0;
+    }
+}
+
+static inline uint32_t u32_at(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+void kc_legacy_of(int format, const uint8_t *blk, kc_legacy *b) {
+    const uint8_t *qs;
+    uint32_t qh = 0;
+    b->d = kc_half_at(blk);
+    b->m = 0.0f;
+    b->offset = 0;
+    switch (format) {
+    case KC_Q8_0: /* int8 q stored as u = q + 128 */
+        for (int j = 0; j < 32; j++) b->u[j] = blk[2 + j] ^ 0x80;
+        b->offset = 128;
+        return;
+    case KC_Q4_1:
+        b->m = kc_half_at(blk + 2);
+        qs = blk + 4;
+        break;
+    case KC_Q4_0:
+        qs = blk + 2;
+        b->offset = 8;
+        break;
+    case KC_Q5_0:
+        qh = u32_at(blk + 2);
+        qs = blk + 6;
+        b->offset = 16;
+        break;
+    default: /* KC_Q5_1 */
+        b->m = kc_half_at(blk + 2);
+        qh = u32_at(blk + 4);
+        qs = blk + 8;
+        break;
+    }
+    for (int j = 0; j < 16; j++) {
+        b->u[j] = (uint8_t)((qs[j] & 0x0F) | ((qh >> j) & 1) << 4);
+        b->u[j + 16] = (uint8_t)((qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4);
+    }
+}
+
+void kc_k_super_of(int format, const uint8_t *blk, kc_k_super *k) {
+    k->offset = 0;
+    k->dmin = 0.0f;
+    k->has_min = format == KC_Q2_K || format == KC_Q4_K || format == KC_Q5_K;
+    switch (format) {
+    case KC_Q2_K:
+        k->d = kc_half_at(blk + 80);
+        k->dmin = kc_half_at(blk + 82);
+        for (int g = 0; g < 16; g++) {
+            k->scale[g] = blk[g] & 0x0F;
+            k->low[g] = blk[g] >> 4;
+        }
+        for (int j = 0; j < 8; j++)
+            for (int l = 0; l < 32; l++) k->u[32 * j + l] = (blk[16 + 32 * (j / 4) + l] >> (2 * (j % 4))) & 3;
+        return;
+    case KC_Q3_K:
+        k->d = kc_half_at(blk + 108);
+        k->offset = 4;
+        for (int g = 0; g < 16; g++) {
+            k->scale[g] = k3_scale(blk + 96, g);
+            k->low[g] = 0;
+        }
+        for (int j = 0; j < 8; j++)
+            for (int l = 0; l < 32; l++)
+                k->u[32 * j + l] = (uint8_t)(((blk[32 + 32 * (j / 4) + l] >> (2 * (j % 4))) & 3) | ((blk[l] >> j) & 1) << 2);
+        return;
+    case KC_Q4_K:
+    case KC_Q5_K: {
+        const int five = format == KC_Q5_K;
+        const uint8_t *qh = blk + 16, *qs = blk + (five ? 48 : 16);
+        k->d = kc_half_at(blk);
+        k->dmin = kc_half_at(blk + 2);
+        for (int j = 0; j < 8; j++) {
+            int sc, mn;
+            k4_scale_min(blk + 4, j, &sc, &mn);
+            k->scale[2 * j] = k->scale[2 * j + 1] = sc;
+            k->low[2 * j] = k->low[2 * j + 1] = mn;
+        }
+        for (int p = 0; p < 4; p++)
+            for (int l = 0; l < 32; l++) {
+                k->u[64 * p + l] = qs[32 * p + l] & 0x0F;
+                k->u[64 * p + 32 + l] = qs[32 * p + l] >> 4;
+            }
+        if (five)
+            for (int j = 0; j < 8; j++)
+                for (int l = 0; l < 32; l++) k->u[32 * j + l] |= (uint8_t)(((qh[l] >> j) & 1) << 4);
+        return;
+    }
+    default: /* KC_Q6_K */
+        k->d = kc_half_at(blk + 208);
+        k->offset = 32;
+        for (int g = 0; g < 16; g++) {
+            k->scale[g] = (int8_t)blk[192 + g];
+            k->low[g] = 0;
+        }
+        for (int j = 0; j < 8; j++) {
+            const int c = j / 4, s = j % 4;
+            for (int l = 0; l < 32; l++) {
+                const int low = (blk[64 * c + 32 * (s & 1) + l] >> (4 * (s >> 1))) & 0x0F;
+                k->u[32 * j + l] = (uint8_t)(low | ((blk[128 + 32 * c + l] >> (2 * s)) & 3) << 4);
+            }
+        }
+        return;
+    }
+}
