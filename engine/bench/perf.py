@@ -74,6 +74,9 @@ def weight_bytes_per_token(engine: Engine) -> int:
     unless lm_head shares it (a tied lm_head reads the whole table anyway)."""
     model = engine.model
     tensors = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
+    for module in model.modules():  # integer products read a matrix's tiles (cpu/linear.py), not its blocks
+        if getattr(module, "tiles", None) is not None:
+            tensors.pop(id(module.qs), None)
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     # A quantized embedding (cpu/embedding.py) is its table's blocks; a tied one is lm_head's own.
     table = getattr(model.embed_tokens, "table", None)
