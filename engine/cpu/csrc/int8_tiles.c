@@ -130,7 +130,7 @@ static void pack_unit(const kc_linear *L, int t, int b, uint8_t *unit) {
     uint8_t *g = unit + header_bytes(format);
     for (int k0 = 0; k0 < W; k0 += 8, g += group_bytes(bits)) {
         const uint8_t *at[KC_TILE];
-        for (int c = 0; c < KC_TILE; c++) at[c] = u[c] + (u[c] == zeros ? 0 : k0);
+        for (int c = 0; c < KC_TILE; c++) at[c] = u[c] + k0; /* zeros is a whole block long */
         pack_group(at, bits, g);
     }
 }

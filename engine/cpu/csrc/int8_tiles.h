@@ -2,7 +2,7 @@
  * Tiles: a quantized weight repacked at load so the integer products (int8_dot.h) keep 16 output columns
  * in the 16 int32 lanes of one AVX-512 register. vpdpbusd then adds 4 weights of each of 16 columns at
  * once, and a block's float work (its scale, its minimum) is one vector operation per 16 columns instead
- * of one per column: prefill (many rows) goes from ~20 to ~40 multiply-accumulates a cycle a core. The
+ * of one per column (measured: a 1.5B Q4_K_M prefill of 512 tokens 74 -> 158 tok/s on 2 cores). The
  * arithmetic is the definition's (int8_dot.h), so the bits are the same as on GGUF's own blocks.
  *
  * Layout. Output columns in groups of 16 (a tile; the last one padded with zero columns). A unit is one
