@@ -26,9 +26,12 @@ def kernels():
     return loaded
 
 
-@pytest.fixture(scope="module", params=["native", "haswell", "x86-64"], ids=["this-cpu", "avx2", "portable"])
+@pytest.fixture(scope="module", ids=["this-cpu", "avx2", "portable"],
+                params=["native", pytest.param("haswell", marks=pytest.mark.slow),
+                        pytest.param("x86-64", marks=pytest.mark.slow)])
 def every_isa(request, kernels):
-    """The fused step built for this CPU, for AVX2 and as portable C: each path against the eager model."""
+    """The fused step built for this CPU, for AVX2 and as portable C: each path against the eager model (the
+    other CPUs' builds in the full run only: up to 3.6 s a case, they took make check past 3 minutes)."""
     return kernels if request.param == "native" else kernels_for(request.param)
 
 
