@@ -94,8 +94,7 @@ class QuantLinear(nn.Module):
         self._bias = self.bias
 
     def _tiles(self) -> torch.Tensor | None:
-        desc = LinearDesc(FORMAT_CODES[self.fmt], self.out_features, self.in_features, FLAG_INTEGER,
-                          self.qs.data_ptr(), 0, 0)
+        desc = self.kernel_desc(with_bias=False)  # the blocks alone: no tiles yet
         size = self.kernels.lib.kc_int8_tile_bytes(ctypes.byref(desc))
         if size <= 0:  # this build has no tiles for the format: the definition reads the blocks
             return None

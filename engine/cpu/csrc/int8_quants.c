@@ -1,5 +1,4 @@
 /* Weight blocks as integers (int8_quants.h): GGUF's layouts, as gguf.quants reads them. */
-#include <string.h>
 
 #include "int8_quants.h"
 #include "kquant_scales.h"
@@ -19,12 +18,6 @@ int kc_block_bytes(int format) {
     case KC_Q6_K: return 210;
     default: return 0;
     }
-}
-
-static inline uint32_t u32_at(const uint8_t *p) {
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
 }
 
 void kc_legacy_of(int format, const uint8_t *blk, kc_legacy *b) {
@@ -47,13 +40,13 @@ void kc_legacy_of(int format, const uint8_t *blk, kc_legacy *b) {
         b->offset = 8;
         break;
     case KC_Q5_0:
-        qh = u32_at(blk + 2);
+        qh = kc_u32_at(blk + 2);
         qs = blk + 6;
         b->offset = 16;
         break;
     default: /* KC_Q5_1 */
         b->m = kc_half_at(blk + 2);
-        qh = u32_at(blk + 4);
+        qh = kc_u32_at(blk + 4);
         qs = blk + 8;
         break;
     }

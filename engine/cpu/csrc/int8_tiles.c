@@ -53,12 +53,6 @@ int64_t kc_int8_tile_bytes(const kc_linear *L) {
 /* GGUF's fp16 bytes of a block's scale (and minimum), copied as they are. */
 static inline void copy_half(uint8_t *to, const uint8_t *from) { memcpy(to, from, 2); }
 
-static inline uint32_t u32_of(const uint8_t *p) {
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
 /* Bit `bit` of each of 4 bytes as 4 bits (byte i's in bit i): a multiply gathers them in the top byte. */
 static inline uint64_t bits_of(uint32_t four, int bit) {
     return (uint64_t)((((four >> bit) & 0x01010101u) * 0x01020408u) >> 24);
@@ -75,7 +69,7 @@ static void pack_group(const uint8_t *const u[KC_TILE], int bits, uint8_t *g) {
     }
     uint64_t masks[4] = {0, 0, 0, 0}; /* bit 4 of the first and second nibbles, then bit 5 of each */
     for (int c = 0; c < KC_TILE; c++) {
-        const uint32_t a = u32_of(u[c]), b = u32_of(u[c] + 4);
+        const uint32_t a = kc_u32_at(u[c]), b = kc_u32_at(u[c] + 4);
         const uint32_t nibbles = (a & 0x0F0F0F0Fu) | (b & 0x0F0F0F0Fu) << 4;
         memcpy(g + 4 * c, &nibbles, 4);
         if (bits >= 5) {
@@ -96,7 +90,7 @@ static const uint8_t zeros[KC_SUPER];
 /* A 4-bit group's 4 bytes for one column, straight from GGUF's packing (no quant array between): byte
  * `at + i` holds weight i's nibble in its low half and, 16 or 32 weights on, another's in its high half. */
 static inline uint32_t nibble_word(const uint8_t *qs, int at, int high) {
-    const uint32_t a = u32_of(qs + at), b = u32_of(qs + at + 4);
+    const uint32_t a = kc_u32_at(qs + at), b = kc_u32_at(qs + at + 4);
     return high ? ((a >> 4) & 0x0F0F0F0Fu) | (b & 0xF0F0F0F0u) : (a & 0x0F0F0F0Fu) | (b & 0x0F0F0F0Fu) << 4;
 }
 

@@ -182,13 +182,6 @@ static inline __attribute__((always_inline)) void q6_k_decode(const uint8_t *blk
 DEFINE_FORMAT(q2_k, DECODE_Q2_K)
 DEFINE_FORMAT(q3_k, DECODE_Q3_K)
 #if VEC == 16
-/* d and dmin, the 4 bytes at p. */
-static inline uint32_t high_halves(const uint8_t *p) {
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
 /* One row, SIDE_BY_SIDE columns from n, walking whole Q4_K super-blocks: COLUMNS_OF_ONE_ROW(DECODE_Q4_K)'s
  * sums in its order (so its bits). Per super-block and column the 8 scales and minimums are unpacked
  * at once and their products with d and dmin rounded as the definition rounds them (ds = d * sc,
@@ -212,7 +205,7 @@ static void q4_k_one_row(const kc_linear *L, const float *x, float *y, int n, in
             uint32_t u[4];
             k4_scales_and_mins(blk + 4, u); /* bytes 0..7: the 8 scales, 8..15: the 8 minimums */
             const vec ints = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)u)));
-            const vec dd = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128((int)high_halves(blk)))));
+            const vec dd = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128((int)kc_u32_at(blk)))));
             /* d * sc and dmin * mn, each one rounding; negating the minimums' products is exact */
             _mm512_store_ps(sm[c], _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(vmul(dd, ints)), negate_mins)));
         }

@@ -12,12 +12,6 @@
 
 /* ---- the definition of a weight's value (portable) ---- */
 
-static inline uint32_t high_bits(const uint8_t *p) {
-    uint32_t qh;
-    memcpy(&qh, p, 4);
-    return qh;
-}
-
 static inline void q4_0_block(const uint8_t *blk, float *w) {
     const float d = kc_half_at(blk);
     const uint8_t *qs = blk + 2;
@@ -29,7 +23,7 @@ static inline void q4_0_block(const uint8_t *blk, float *w) {
 
 static inline void q5_0_block(const uint8_t *blk, float *w) {
     const float d = kc_half_at(blk);
-    const uint32_t qh = high_bits(blk + 2);
+    const uint32_t qh = kc_u32_at(blk + 2);
     const uint8_t *qs = blk + 6;
     for (int j = 0; j < HALF; j++) {
         const int lo = (qs[j] & 0x0F) | (int)((qh >> j) & 1) << 4, hi = (qs[j] >> 4) | (int)((qh >> (j + HALF)) & 1) << 4;
@@ -40,7 +34,7 @@ static inline void q5_0_block(const uint8_t *blk, float *w) {
 
 static inline void q5_1_block(const uint8_t *blk, float *w) {
     const float d = kc_half_at(blk), m = kc_half_at(blk + 2);
-    const uint32_t qh = high_bits(blk + 4);
+    const uint32_t qh = kc_u32_at(blk + 4);
     const uint8_t *qs = blk + 8;
     for (int j = 0; j < HALF; j++) {
         const float lo = d * (float)((qs[j] & 0x0F) | (int)((qh >> j) & 1) << 4);
@@ -108,11 +102,11 @@ static inline __attribute__((always_inline)) void q5_0_decode(const uint8_t *blk
     nibbles(blk + 6, &lo, &hi);
 #if defined(__AVX512BW__) && defined(__AVX512VL__)
     /* q - 16 = nibble - 16 where the fifth bit is clear, the nibble where it is set: one masked op. */
-    const uint32_t qh = high_bits(blk + 2);
+    const uint32_t qh = kc_u32_at(blk + 2);
     lo = _mm_mask_sub_epi8(lo, (__mmask16)~qh, lo, sixteen);
     hi = _mm_mask_sub_epi8(hi, (__mmask16)~(qh >> 16), hi, sixteen);
 #else
-    fifth_bits(high_bits(blk + 2), &lo, &hi);
+    fifth_bits(kc_u32_at(blk + 2), &lo, &hi);
     lo = _mm_sub_epi8(lo, sixteen);
     hi = _mm_sub_epi8(hi, sixteen);
 #endif
@@ -129,11 +123,11 @@ static inline __attribute__((always_inline)) void q5_1_decode(const uint8_t *blk
     nibbles(blk + 8, &lo, &hi);
 #if defined(__AVX512BW__) && defined(__AVX512VL__)
     const __m128i sixteen = _mm_set1_epi8(16);
-    const uint32_t qh = high_bits(blk + 4);
+    const uint32_t qh = kc_u32_at(blk + 4);
     lo = _mm_mask_add_epi8(lo, (__mmask16)qh, lo, sixteen);
     hi = _mm_mask_add_epi8(hi, (__mmask16)(qh >> 16), hi, sixteen);
 #else
-    fifth_bits(high_bits(blk + 4), &lo, &hi);
+    fifth_bits(kc_u32_at(blk + 4), &lo, &hi);
 #endif
     widen16(lo, w);
     widen16(hi, w + VEC_PER_HALF);

@@ -41,6 +41,13 @@ static inline float kc_half(uint16_t h) {
 #endif
 }
 
+/* The little-endian uint32 at p (GGUF blocks' bit fields and nibble runs sit at any byte offset). */
+static inline uint32_t kc_u32_at(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
 /* The little-endian fp16 at p (GGUF block scales sit at any byte offset). */
 static inline float kc_half_at(const uint8_t *p) {
     uint16_t h;
