@@ -198,11 +198,7 @@ static inline uint64_t u64_at(const uint8_t *p) {
     return v;
 }
 
-static inline int32_t i32_at(const void *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
+static inline int32_t i32_at(const void *p) { return (int32_t)kc_u32_at((const uint8_t *)p); }
 
 /* A group's two vectors: 4 unsigned quants of each of 16 columns, weights k0..k0+3 and k0+4..k0+7. */
 static inline __attribute__((always_inline)) void group_vecs(const uint8_t *g, int bits, __m512i *A, __m512i *B) {
