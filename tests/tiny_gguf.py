@@ -53,6 +53,23 @@ def permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+# transformers 5's stacked experts (mlp.experts.gate_up_proj [experts, 2 * I, H], mlp.experts.down_proj) and
+# router, under the names llama.cpp gives them.
+EXPERT_NAMES = {"mlp.gate.weight": "ffn_gate_inp.weight", "mlp.experts.gate_proj": "ffn_gate_exps.weight",
+                "mlp.experts.up_proj": "ffn_up_exps.weight", "mlp.experts.down_proj": "ffn_down_exps.weight"}
+
+
+def _gguf_layout(state: dict[str, torch.Tensor], cfg):
+    """(name, tensor) of a state dict with a mixture's gate_up stack split into llama.cpp's gate and up."""
+    for name, tensor in state.items():
+        if name.endswith("mlp.experts.gate_up_proj"):
+            base = name.removesuffix("gate_up_proj")
+            yield base + "gate_proj", tensor[:, : cfg.moe_intermediate_size]
+            yield base + "up_proj", tensor[:, cfg.moe_intermediate_size :]
+        else:
+            yield name, tensor
+
+
 def gguf_name(hf_name: str, arch: str = "llama") -> str:
     if hf_name == "model.embed_tokens.weight":
         return "token_embd.weight"
@@ -61,17 +78,20 @@ def gguf_name(hf_name: str, arch: str = "llama") -> str:
     if hf_name == "lm_head.weight":
         return "output.weight"
     _, _, layer, rest = hf_name.split(".", 3)
-    return f"blk.{layer}.{(GEMMA3_LAYER_NAMES if arch == 'gemma3' else LAYER_NAMES)[rest]}"
+    return f"blk.{layer}.{({**LAYER_NAMES, **EXPERT_NAMES} if arch != 'gemma3' else GEMMA3_LAYER_NAMES)[rest]}"
 
 
 def quantize(w: np.ndarray, type_name: str) -> np.ndarray:
     """w in the GGUF type `type_name`, as the writer takes it (gguf's quantizer, or tests/kquant_blocks.py's
-    for the K-quants gguf cannot make)."""
+    for the K-quants gguf cannot make); a 3-D stack of experts' matrices stays one."""
     import gguf
     from gguf import quants
 
     from tests.kquant_blocks import quantize_k
 
+    if w.ndim == 3:
+        flat = quantize(w.reshape(-1, w.shape[-1]), type_name)
+        return flat.reshape(*w.shape[:2], flat.shape[-1])
     if type_name in ("Q4_K", "Q5_K", "Q6_K"):
         return quantize_k(w, type_name)
     return quants.quantize(w, gguf.GGMLQuantizationType[type_name])
@@ -84,7 +104,7 @@ def tensor_type(gguf_tensor: str, w: np.ndarray, quant: str | dict[str, str] | N
 
     if isinstance(quant, dict):
         return quant.get(gguf_tensor)
-    if quant and w.ndim == 2 and w.shape[1] % GGML_QUANT_SIZES[GGMLQuantizationType[quant]][0] == 0:
+    if quant and w.ndim in (2, 3) and w.shape[-1] % GGML_QUANT_SIZES[GGMLQuantizationType[quant]][0] == 0:
         return quant
     return None
 
@@ -108,9 +128,11 @@ def write_gguf(hf_model, path: Path, arch: str = "llama", quant: str | dict[str,
     writer.add_head_count_kv(cfg.num_key_value_heads)
     rope = cfg.rope_parameters["full_attention"] if arch == "gemma3" else cfg.rope_parameters
     writer.add_rope_freq_base(float(rope["rope_theta"]))
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    if head_dim != cfg.hidden_size // cfg.num_attention_heads:
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
     if arch == "gemma3":  # what llama.cpp's converter writes for Gemma 3 (a per-layer pattern: newer files)
-        writer.add_key_length(cfg.head_dim)
-        writer.add_value_length(cfg.head_dim)
         writer.add_sliding_window(cfg.sliding_window)
         writer.add_array("gemma3.attention.sliding_window_pattern",
                          [kind == "sliding_attention" for kind in cfg.layer_types])
@@ -128,7 +150,11 @@ def write_gguf(hf_model, path: Path, arch: str = "llama", quant: str | dict[str,
     writer.add_bos_token_id(IM_START)
     writer.add_eos_token_id(IM_END)
     writer.add_chat_template(CHATML)
-    for name, tensor in hf_model.state_dict().items():
+    if arch == "qwen3moe":
+        writer.add_expert_count(cfg.num_experts)
+        writer.add_expert_used_count(cfg.num_experts_per_tok)
+        writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    for name, tensor in _gguf_layout(hf_model.state_dict(), cfg):
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
         w = tensor.detach().float().numpy()
@@ -138,7 +164,7 @@ def write_gguf(hf_model, path: Path, arch: str = "llama", quant: str | dict[str,
             w = permute(w, cfg.num_attention_heads)
         elif arch == "llama" and name.endswith("k_proj.weight"):
             w = permute(w, cfg.num_key_value_heads)
-        qtype = tensor_type(gguf_name(name, arch), w, quant)
+        qtype = None if name.endswith("mlp.gate.weight") else tensor_type(gguf_name(name, arch), w, quant)
         if qtype == "F16":
             writer.add_tensor(gguf_name(name, arch), w.astype(np.float16))
         elif qtype:

@@ -39,6 +39,11 @@ ARCHITECTURES = {
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None)),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32)),
+    # Qwen3-MoE: 8 experts, 3 routed per token, probabilities renormalised over them; the first layer
+    # dense (mlp_only_layers), as some MoE models have it.
+    "qwen3-moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        head_dim=32, num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32, norm_topk_prob=True,
+        mlp_only_layers=[0])),
     # Gemma 3 as the 270M is shaped (one KV head, sliding layers then a global one), with a window of 8
     # so a few dozen tokens cross it.
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", GEMMA3),
@@ -49,9 +54,10 @@ ARCHITECTURES = {
         rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}})),
 }
-# The Llama-family architectures, and those the fused CPU decode step runs (not a soft-capped Gemma).
+# The Llama-family architectures, and those the fused CPU decode step runs (not a soft-capped Gemma, not a
+# mixture of experts).
 LLAMA_FAMILY = sorted(name for name, (config, _, _) in ARCHITECTURES.items() if not config.startswith("Gemma"))
-FUSED_ARCHITECTURES = LLAMA_FAMILY + ["gemma3"]
+FUSED_ARCHITECTURES = [name for name in LLAMA_FAMILY if "moe" not in name] + ["gemma3"]
 
 
 def save_byte_tokenizer(path: Path) -> None:

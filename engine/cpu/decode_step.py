@@ -110,6 +110,8 @@ class FusedCPUDecode:
         if type(model) is not CausalLM or any(type(layer) not in (DecoderLayer, Gemma3DecoderLayer)
                                               for layer in model.layers):
             raise Unfusable("the model is not the Llama-family or Gemma 3 decoder")
+        if cfg.moe is not None:
+            raise Unfusable("its MLPs are mixtures of experts, which the C step does not route")
         if cfg.hidden_act not in ACTIVATIONS:
             raise Unfusable(f"its MLP activation {cfg.hidden_act} is not in the C step")
         if cfg.final_logit_softcapping is not None:

@@ -21,6 +21,7 @@ SUPPORTED_ARCHITECTURES = {
     "qwen2": {"qkv_bias": True, "qk_norm": False},
     "qwen3": {"qkv_bias": None, "qk_norm": True},
     "gemma3_text": {"qkv_bias": None, "qk_norm": True},
+    "qwen3_moe": {"qkv_bias": None, "qk_norm": True},
 }
 # A multimodal config whose text model kvchat runs (its text_config).
 MULTIMODAL_WRAPPERS = {"gemma3": "gemma3_text"}
@@ -36,6 +37,33 @@ class RopeConfig:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """A mixture-of-experts MLP: `experts` gated MLPs of `intermediate_size`, of which a router picks
+    `per_token` for each token, weighted by their softmax probabilities (renormalised over the chosen
+    ones when `normalize`); `layers[i]` says whether layer i has it (else a dense MLP)."""
+
+    experts: int
+    per_token: int
+    intermediate_size: int
+    normalize: bool
+    layers: tuple[bool, ...]
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], num_layers: int) -> "MoEConfig":
+        # transformers 5 writes num_local_experts; the models' own configs say num_experts.
+        experts = int(raw.get("num_experts") or raw.get("num_local_experts") or 0)
+        per_token = int(raw.get("num_experts_per_tok") or 0)
+        if not 1 <= per_token <= experts:
+            raise ModelError(f"The model routes each token to {per_token} of {experts} experts, which is not "
+                             "a mixture kvchat can run.")
+        step = int(raw.get("decoder_sparse_step") or 1)
+        dense = {int(i) for i in raw.get("mlp_only_layers") or ()}
+        return cls(experts=experts, per_token=per_token, intermediate_size=int(raw["moe_intermediate_size"]),
+                   normalize=bool(raw.get("norm_topk_prob", False)),
+                   layers=tuple(i not in dense and (i + 1) % step == 0 for i in range(num_layers)))
 
 
 @dataclass(frozen=True)
@@ -67,11 +95,16 @@ class ModelConfig:
     hidden_act: str = "silu"
     embed_scale: bool = False
     final_logit_softcapping: float | None = None
+    # Mixture of experts (Qwen3-MoE): per layer, whether its MLP is the routed experts (model/moe.py).
+    moe: MoEConfig | None = None
 
     @property
     def family(self) -> str:
         """The decoder's layer structure: "gemma3" (four norms a layer, (1 + w) norm weights) or "llama"."""
         return "gemma3" if self.model_type == "gemma3_text" else "llama"
+
+    def is_moe(self, layer: int) -> bool:
+        return self.moe is not None and self.moe.layers[layer]
 
     def window(self, layer: int) -> int | None:
         """Keys a query of `layer` sees at most (itself included), or None: all earlier ones."""
@@ -136,6 +169,8 @@ class ModelConfig:
             )
             if model_type == "gemma3_text":
                 fields.update(_gemma3_fields(raw))
+            if model_type == "qwen3_moe":
+                fields["moe"] = MoEConfig.from_dict(raw, fields["num_layers"])
             return cls(**fields)
         except (KeyError, TypeError, ValueError) as exc:
             raise ModelError(f"The model's config.json is incomplete or malformed ({exc!r}).") from None
@@ -188,7 +223,7 @@ def _gemma3_fields(raw: dict[str, Any]) -> dict[str, Any]:
 def _sliding_window(raw: dict[str, Any]) -> int | None:
     window = raw.get("sliding_window")
     # Qwen2/Qwen3 configs carry a window that is off unless use_sliding_window is set.
-    if raw.get("model_type") in ("qwen2", "qwen3") and not raw.get("use_sliding_window", False):
+    if raw.get("model_type") in ("qwen2", "qwen3", "qwen3_moe") and not raw.get("use_sliding_window", False):
         return None
     return int(window) if window else None
 

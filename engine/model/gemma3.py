@@ -16,7 +16,8 @@ from torch import nn
 
 from engine.kv.cache import KVAttention
 from engine.model.config import ModelConfig
-from engine.model.layers import Attention, GatedMLP
+from engine.model.layers import Attention
+from engine.model.mlp import GatedMLP
 
 
 class OffsetRMSNorm(nn.Module):

@@ -1,4 +1,4 @@
-"""The blocks of a Llama-family decoder: RMSNorm, attention, gated MLP, one layer."""
+"""The blocks of a Llama-family decoder: RMSNorm, attention, one layer (its MLP: model/mlp.py, model/moe.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from torch import nn
 
 from engine.model.config import ModelConfig
 from engine.kv.cache import KVAttention
+from engine.model.mlp import GatedMLP
+from engine.model.moe import SparseMoE
 from engine.model.rope import apply_rotary
 
 
@@ -56,29 +58,6 @@ class Attention(nn.Module):
         return self.o_proj(out)
 
 
-ACTIVATIONS = {
-    "silu": F.silu,
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu": F.gelu,
-}
-
-
-class GatedMLP(nn.Module):
-    """down(act(gate(x)) * up(x)), gate and up fused into one matmul: SwiGLU (silu), GeGLU (Gemma's
-    GELU-tanh)."""
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.act = ACTIVATIONS[cfg.hidden_act]
-        self.intermediate = cfg.intermediate_size
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(self.act(gate) * up)
-
-
 class DecoderLayer(nn.Module):
     NORMS = ("input_layernorm", "post_attention_layernorm")  # checkpoint names of its norms
 
@@ -87,9 +66,10 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg, layer)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = GatedMLP(cfg)
+        self.mlp = SparseMoE(cfg) if cfg.is_moe(layer) else GatedMLP(cfg)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVAttention,
                 mask: torch.Tensor | None) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
+

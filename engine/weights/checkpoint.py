@@ -158,16 +158,26 @@ def _linears(cfg: ModelConfig) -> list[tuple[str, list[str], list[str] | None]]:
     for i in range(cfg.num_layers):
         attn, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
         qkv = [f"{attn}{p}_proj" for p in "qkv"]
-        gate_up = [mlp + "gate_proj", mlp + "up_proj"]
         specs += [
             (f"layers.{i}.self_attn.qkv_proj", qkv, qkv if cfg.qkv_bias else None),
             (f"layers.{i}.self_attn.o_proj", [attn + "o_proj"], [attn + "o_proj"] if cfg.o_bias else None),
-            (f"layers.{i}.mlp.gate_up_proj", gate_up, gate_up if cfg.mlp_bias else None),
-            (f"layers.{i}.mlp.down_proj", [mlp + "down_proj"], [mlp + "down_proj"] if cfg.mlp_bias else None),
         ]
+        if cfg.is_moe(i):  # the router, then each expert's gated MLP
+            specs.append((f"layers.{i}.mlp.gate", [mlp + "gate"], None))
+            for e in range(cfg.moe.experts):
+                specs += _mlp_linears(cfg, f"layers.{i}.mlp.experts.{e}.", f"{mlp}experts.{e}.")
+            continue
+        specs += _mlp_linears(cfg, f"layers.{i}.mlp.", mlp)
     head = "model.embed_tokens" if cfg.tie_word_embeddings else "lm_head"
     specs.append(("lm_head", [head], None))
     return specs
+
+
+def _mlp_linears(cfg: ModelConfig, module: str, stored: str) -> list[tuple[str, list[str], list[str] | None]]:
+    """A gated MLP's two linears: gate and up fused, then down (module path, checkpoint prefix)."""
+    gate_up, down = [stored + "gate_proj", stored + "up_proj"], [stored + "down_proj"]
+    return [(module + "gate_up_proj", gate_up, gate_up if cfg.mlp_bias else None),
+            (module + "down_proj", down, down if cfg.mlp_bias else None)]
 
 
 def _quant_linear(kernels: QuantKernels, blocks: WeightSource, names: list[str],

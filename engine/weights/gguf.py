@@ -1,4 +1,4 @@
-"""Read a GGUF file (llama, qwen2, qwen3, gemma3 architectures) as a Hugging Face model: its config, and
+"""Read a GGUF file (llama, qwen2, qwen3, qwen3moe, gemma3 architectures) as a Hugging Face model: its config, and
 its tensors under Hugging Face names (GGUFWeights, the loader's WeightSource: weights/checkpoint.py).
 
 The file is memory-mapped copy-on-write (gguf_file.py) and nothing is written to disk. A matrix in a
@@ -24,13 +24,15 @@ import torch
 from engine.cpu.formats import BLOCK, FORMATS
 from engine.errors import ModelError
 from engine.weights import gguf_gemma3
-from engine.weights.gguf_file import GGUFFile, GGUFFormatError, TensorTableDamage
+from engine.weights.gguf_file import GGUFFile, GGUFFormatError, GGUFTensor, TensorTableDamage
 
 log = logging.getLogger("kvchat")
 
 # GGUF architectures whose q/k rows llama.cpp permuted at conversion time.
 _PERMUTED_QK = {"llama"}
-_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
+_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe", "gemma3": "gemma3_text"}
+_HF_ARCHITECTURE = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                    "qwen3moe": "Qwen3MoeForCausalLM", "gemma3": "Gemma3ForCausalLM"}
 _LAYER_TENSORS = {
     "attn_norm.weight": "input_layernorm.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
@@ -46,7 +48,11 @@ _LAYER_TENSORS = {
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
+    "ffn_gate_inp.weight": "mlp.gate.weight",  # a mixture of experts' router
 }
+# A mixture's experts, stacked in one 3-D tensor each ([experts, rows, K]): one Hugging Face matrix an expert.
+_EXPERT_TENSORS = {"ffn_gate_exps.weight": "gate_proj", "ffn_up_exps.weight": "up_proj",
+                   "ffn_down_exps.weight": "down_proj"}
 _GEMMA3_LAYER_TENSORS = {**_LAYER_TENSORS, **gguf_gemma3.LAYER_TENSORS}
 _GLOBAL_TENSORS = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -78,7 +84,8 @@ def gguf_config(reader) -> dict[str, Any]:
     """The Hugging Face config.json a GGUF file's metadata describes."""
     arch = _field(reader, "general.architecture")
     if arch not in _MODEL_TYPE:
-        raise ModelError(f"Unsupported GGUF architecture {arch!r}: kvchat reads llama, qwen2, qwen3 and gemma3.")
+        raise ModelError(f"Unsupported GGUF architecture {arch!r}: kvchat reads llama, qwen2, qwen3, qwen3moe "
+                         "and gemma3.")
     if any(t.name == "rope_freqs.weight" for t in reader.tensors):
         raise ModelError("This GGUF stores Llama 3.1 RoPE frequency factors; use the Hugging Face model directory instead.")
 
@@ -93,12 +100,12 @@ def gguf_config(reader) -> dict[str, Any]:
     names = {t.name for t in reader.tensors}
     tokens = _field(reader, "tokenizer.ggml.tokens") or []
     config: dict[str, Any] = {
-        "architectures": [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                           "gemma3": "Gemma3ForCausalLM"}[arch]],
+        "architectures": [_HF_ARCHITECTURE[arch]],
         "model_type": _MODEL_TYPE[arch],
         "vocab_size": int(_field(reader, f"{arch}.vocab_size", len(tokens))),
         "hidden_size": hidden,
-        "intermediate_size": int(need("feed_forward_length")),
+        "intermediate_size": int(_field(reader, f"{arch}.feed_forward_length") or 0) or int(
+            need("expert_feed_forward_length" if arch == "qwen3moe" else "feed_forward_length")),
         "num_hidden_layers": int(need("block_count")),
         "num_attention_heads": heads,
         "num_key_value_heads": int(_field(reader, f"{arch}.attention.head_count_kv", heads)),
@@ -112,6 +119,8 @@ def gguf_config(reader) -> dict[str, Any]:
         "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
         "torch_dtype": "float32",
     }
+    if arch == "qwen3moe":
+        config.update(_moe_fields(reader, arch, need, names, config["num_hidden_layers"]))
     if arch == "gemma3":
         config.update(gguf_gemma3.config_fields(lambda key, default: _field(reader, f"{arch}.{key}", default),
                                                 need, config["num_hidden_layers"]))
@@ -122,6 +131,39 @@ def gguf_config(reader) -> dict[str, Any]:
     elif scaling not in (None, "none"):
         raise ModelError(f"Unsupported RoPE scaling {scaling!r} in the GGUF file.")
     return config
+
+
+def _moe_fields(reader, arch: str, need, names: set[str], num_layers: int) -> dict[str, Any]:
+    """A mixture of experts' config fields. llama.cpp always renormalises Qwen3-MoE's chosen experts'
+    weights (as its config's norm_topk_prob says); a layer without a router is a dense one."""
+    return {
+        "num_experts": int(need("expert_count")),
+        "num_experts_per_tok": int(need("expert_used_count")),
+        "moe_intermediate_size": int(need("expert_feed_forward_length")),
+        "norm_topk_prob": bool(_field(reader, f"{arch}.expert_weights_norm", True)),
+        "mlp_only_layers": [i for i in range(num_layers) if f"blk.{i}.ffn_gate_inp.weight" not in names],
+    }
+
+
+def _expert_slices(tensor) -> list[GGUFTensor]:
+    """A stacked experts tensor as one 2-D tensor an expert, each viewing its part of the mapping."""
+    return [GGUFTensor(f"{tensor.name}[{e}]", tensor.shape[:2], tensor.tensor_type, tensor.data[e])
+            for e in range(tensor.data.shape[0])]
+
+
+def _hf_tensors(reader, arch: str) -> dict[str, Any]:
+    """The file's tensors by Hugging Face name; a stacked experts tensor as one matrix an expert."""
+    tensors = {}
+    for tensor in reader.tensors:
+        parts = tensor.name.split(".", 2)
+        if len(parts) == 3 and parts[0] == "blk" and parts[2] in _EXPERT_TENSORS:
+            if len(tensor.shape) != 3:
+                raise ModelError(f"The GGUF tensor {tensor.name} is not one matrix an expert.")
+            for e, expert in enumerate(_expert_slices(tensor)):
+                tensors[f"model.layers.{parts[1]}.mlp.experts.{e}.{_EXPERT_TENSORS[parts[2]]}.weight"] = expert
+        else:
+            tensors[hf_name(tensor.name, arch)] = tensor
+    return tensors
 
 
 def unpermute(weight: np.ndarray, heads: int) -> np.ndarray:
@@ -181,7 +223,7 @@ class GGUFWeights:
         self._reader = reader
         self._config = config
         self._arch = architecture(reader)
-        self._tensors = {hf_name(t.name, self._arch): t for t in reader.tensors}
+        self._tensors = _hf_tensors(reader, self._arch)
         self._blocks = blocks
 
     def names(self) -> list[str]:

@@ -1,0 +1,184 @@
+"""Qwen3-MoE: the routed mixture of experts against transformers, from a Hugging Face directory and from
+GGUF (stacked expert tensors read in place), and the engine's fast paths on it (cached, batched, paged,
+speculative) against its plain eager path."""
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from engine import Engine, EngineOptions, SamplingParams
+from engine.cpu.kernels import load_quant_kernels
+from engine.cpu.linear import QuantLinear
+from engine.errors import ModelError
+from engine.kv.cache import ContiguousKVCache
+from engine.model.config import ModelConfig
+from engine.model.moe import SparseMoE
+from engine.weights.checkpoint import load_model
+from engine.weights.gguf import open_gguf
+from tests.engine.weights.test_gguf_in_place import in_mapping, mappings_of
+from tests.greedy_ties import assert_same_greedy
+from tests.tiny_gguf import write_gguf
+from tests.tiny_models import VOCAB, load_reference, make_tiny_model
+
+ATOL = 1e-4
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("moe"), "qwen3-moe", seed=11)
+
+
+@pytest.fixture(scope="module")
+def reference(moe_dir):
+    return load_reference(moe_dir)
+
+
+def tokens(n, seed=1):
+    return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def new_cache(model):
+    cfg = model.cfg
+    return ContiguousKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.context_window, CPU, torch.float32)
+
+
+def config(**overrides):
+    raw = dict(model_type="qwen3_moe", vocab_size=8, hidden_size=8, intermediate_size=16, num_hidden_layers=4,
+               num_attention_heads=2, num_key_value_heads=1, num_experts=4, num_experts_per_tok=2,
+               moe_intermediate_size=4)
+    return ModelConfig.from_dict({**raw, **overrides})
+
+
+def test_the_config_says_which_layers_route_and_how():
+    cfg = config(decoder_sparse_step=2, mlp_only_layers=[3], norm_topk_prob=True)
+    assert [cfg.is_moe(i) for i in range(4)] == [False, True, False, False]
+    assert (cfg.moe.experts, cfg.moe.per_token, cfg.moe.intermediate_size, cfg.moe.normalize) == (4, 2, 4, True)
+    assert config(num_experts=None, num_local_experts=6).moe.experts == 6  # transformers 5's spelling
+    assert config().moe.layers == (True,) * 4
+    with pytest.raises(ModelError, match="routes each token to 5 of 4 experts"):
+        config(num_experts_per_tok=5)
+
+
+def test_a_decode_token_runs_only_the_experts_its_router_chose(moe_dir):
+    model = load_model(moe_dir, CPU, torch.float32)
+    cache = new_cache(model)
+    model(tokens(12), cache)
+    calls = []
+    hooks = [expert.register_forward_hook(lambda module, args, out, i=(layer, e): calls.append(i))
+             for layer, block in enumerate(model.layers) if isinstance(block.mlp, SparseMoE)
+             for e, expert in enumerate(block.mlp.experts)]
+    model(tokens(1, seed=5), cache)
+    for hook in hooks:
+        hook.remove()
+    moe_layers = [i for i in range(model.cfg.num_layers) if model.cfg.is_moe(i)]
+    assert moe_layers == [1]  # layer 0 is dense (mlp_only_layers)
+    assert len(calls) == model.cfg.moe.per_token  # 3 of 8 experts read, in ascending order
+    assert [e for _, e in calls] == sorted(e for _, e in calls)
+
+
+def test_router_ties_pick_the_experts_transformers_picks(tmp_path):
+    # A router of zeros scores every expert alike: the choice is torch.topk's among equal probabilities.
+    path = make_tiny_model(tmp_path, "qwen3-moe", seed=4)
+    weights = load_file(str(path / "model.safetensors"))
+    weights["model.layers.1.mlp.gate.weight"].zero_()
+    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
+    ours, ref = load_model(path, CPU, torch.float32), load_reference(path)
+    ids = tokens(24, seed=3)
+    torch.testing.assert_close(ours(ids, new_cache(ours), all_logits=True), ref(ids[None]).logits[0],
+                               atol=ATOL, rtol=0)
+
+
+def test_an_f32_gguf_gives_transformers_logits_at_every_position(reference, tmp_path):
+    gguf = write_gguf(reference, tmp_path / "moe.gguf", arch="qwen3moe")
+    ours = load_model(gguf, CPU, torch.float32)
+    assert ours.cfg.moe.normalize and [ours.cfg.is_moe(i) for i in range(2)] == [False, True]
+    ids = tokens(30, seed=6)
+    expected = ref_logits = reference(ids[None]).logits[0]
+    cache = new_cache(ours)
+    out = [ours(ids[:20], cache, all_logits=True)] + [ours(ids[i : i + 1], cache) for i in range(20, 30)]
+    torch.testing.assert_close(torch.cat(out), expected, atol=ATOL, rtol=0)
+    assert ref_logits.shape == (30, VOCAB)
+
+
+def test_quantized_experts_are_read_where_the_file_maps_them_and_match_the_dequantized_model(reference, tmp_path):
+    kernels = load_quant_kernels()
+    assert not isinstance(kernels, str), kernels
+    gguf = write_gguf(reference, tmp_path / "moe-q8.gguf", arch="qwen3moe", quant="Q8_0")
+    blocks = load_model(gguf, CPU, torch.float32, kernels.with_integer_products(False))
+    dense = load_model(gguf, CPU, torch.float32)  # every tensor dequantized: the fp32 reference
+    moe = blocks.layers[1].mlp
+    assert all(isinstance(expert.gate_up_proj.parts[0] if hasattr(expert.gate_up_proj, "parts")
+                          else expert.gate_up_proj, QuantLinear) for expert in moe.experts)
+    assert not isinstance(moe.gate, QuantLinear)  # the router stays F32, as llama.cpp keeps it
+    # An expert's blocks view its slice of the stacked tensor in the file's mapping, not a copy.
+    down = moe.experts[5].down_proj
+    assert in_mapping(down.qs, mappings_of(gguf))
+    stacked = next(t for t in open_gguf(gguf).tensors if t.name == "blk.1.ffn_down_exps.weight")
+    assert np.array_equal(down.qs.numpy(), stacked.data[5])
+    ids = tokens(20, seed=8)
+    torch.testing.assert_close(blocks(ids, new_cache(blocks), all_logits=True),
+                               dense(ids, new_cache(dense), all_logits=True), atol=ATOL, rtol=0)
+
+
+# ---- the engine's fast paths against its plain one
+
+
+def test_the_fused_cpu_step_declines_a_mixture_and_the_engine_runs_it_eagerly(moe_dir):
+    from engine.cpu.decode_step import FusedCPUDecode
+
+    kernels = load_quant_kernels()
+    why = FusedCPUDecode.build(load_model(moe_dir, CPU, torch.float32), kernels)
+    assert why == "its MLPs are mixtures of experts, which the C step does not route"
+
+
+@pytest.fixture(scope="module")
+def plain(moe_dir):
+    return Engine.load(EngineOptions(model=str(moe_dir), dtype="float32", prefix_caching=False,
+                                     fused_decode=False, speculative="off"))
+
+
+def greedy(engine, prompt, n=12, **kwargs):
+    params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+    return list(engine.generate(prompt, params, **kwargs))[-1]
+
+
+PROMPTS = [tokens(n, seed=20 + n).tolist() for n in (5, 17, 40)]
+
+
+@pytest.mark.parametrize("options", [{}, {"paged_kv": True}], ids=["working copy", "paged"])
+def test_a_cached_follow_up_gives_the_tokens_of_a_fresh_prefill(moe_dir, plain, options):
+    engine = Engine.load(EngineOptions(model=str(moe_dir), dtype="float32", kv_block_size=4, **options))
+    first = greedy(engine, PROMPTS[1])
+    follow_up = PROMPTS[1] + list(first.token_ids) + PROMPTS[0]
+    ours = greedy(engine, follow_up)
+    assert ours.stats.cached_tokens >= len(PROMPTS[1])
+    assert_same_greedy(plain, follow_up, ours.token_ids, greedy(plain, follow_up).token_ids, what="the prefix cache")
+
+
+def test_requests_batched_together_give_their_solo_tokens(moe_dir, plain):
+    engine = Engine.load(EngineOptions(model=str(moe_dir), dtype="float32", max_batch=4, prefix_caching=False))
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    generations = [engine.generate(prompt, params) for prompt in PROMPTS]
+    events = [[] for _ in PROMPTS]
+    for g in generations:
+        g.submit()
+    for steps in range(200):
+        for g, taken in zip(generations, events):
+            taken += g.take()
+        if all(g.done for g in generations):
+            break
+        engine.step()
+    assert steps < 2 * 10  # decoded side by side: far fewer steps than the 30 tokens one at a time
+    for prompt, taken in zip(PROMPTS, events):
+        assert_same_greedy(plain, prompt, taken[-1].token_ids, greedy(plain, prompt, 10).token_ids, what="batching")
+
+
+def test_speculation_never_changes_the_greedy_tokens(moe_dir, plain):
+    engine = Engine.load(EngineOptions(model=str(moe_dir), dtype="float32"))
+    prompt = (PROMPTS[0] * 4)[:30]  # a repeated span: the drafter finds proposals
+    with engine.speculating(4):
+        on = greedy(engine, prompt, 30)
+    assert on.stats.draft_tokens > 0
+    assert_same_greedy(plain, prompt, on.token_ids, greedy(plain, prompt, 30).token_ids, what="speculation")
