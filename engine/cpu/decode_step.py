@@ -25,6 +25,7 @@ from engine.kv.cache import ContiguousKVCache
 from engine.model.causal_lm import CausalLM
 from engine.model.gemma3 import Gemma3DecoderLayer
 from engine.model.layers import DecoderLayer
+from engine.model.moe import SparseMoE
 
 MAX_PARTS = 3
 MAX_ROWS = KERNEL_MAX_ROWS  # new tokens per call: past this, a GEMM over dequantized weights is faster
@@ -44,7 +45,12 @@ class _Layer(ctypes.Structure):
     _fields_ = [("attn_norm", ctypes.c_void_p), ("mlp_norm", ctypes.c_void_p), ("q_norm", ctypes.c_void_p),
                 ("k_norm", ctypes.c_void_p), ("qkv", _Parts), ("o", _Parts), ("gate_up", _Parts), ("down", _Parts),
                 ("post_attn_norm", ctypes.c_void_p), ("post_mlp_norm", ctypes.c_void_p), ("window", _i32),
-                ("local_rope", _i32)]
+                ("local_rope", _i32), ("moe", ctypes.c_void_p)]
+
+
+class _Moe(ctypes.Structure):  # csrc/moe.h's kc_moe
+    _fields_ = [("experts", _i32), ("per_token", _i32), ("intermediate", _i32), ("normalize", _i32),
+                ("router", _Parts), ("gate_up", ctypes.POINTER(_Parts)), ("down", ctypes.POINTER(_Parts))]
 
 
 class _Model(ctypes.Structure):
@@ -52,7 +58,8 @@ class _Model(ctypes.Structure):
                 ("intermediate", _i32), ("vocab", _i32), ("max_tokens", _i32), ("eps", ctypes.c_float),
                 ("scale", ctypes.c_float), ("max_threads", _i32), ("max_rows", _i32),
                 ("layer", ctypes.POINTER(_Layer)), ("final_norm", ctypes.c_void_p), ("lm_head", _Parts),
-                ("scratch", ctypes.c_void_p), ("profile", ctypes.c_void_p), ("activation", _i32), ("row_invariant", _i32)]
+                ("scratch", ctypes.c_void_p), ("profile", ctypes.c_void_p), ("activation", _i32), ("row_invariant", _i32),
+                ("moe_scratch", ctypes.c_void_p)]
 
 
 class _Sequence(ctypes.Structure):
@@ -63,6 +70,7 @@ class _Sequence(ctypes.Structure):
 
 ACTIVATIONS = {"silu": 0, "gelu_pytorch_tanh": 1}  # decode_step.c's ACT_*
 MAX_SEQUENCES = 64  # decode_step.c's bound on sequences per call (>= MAX_ROWS: each has a row)
+MOE_MAX_EXPERTS, MOE_MAX_PER_TOKEN = 512, 16  # csrc/moe.h's KC_MOE_MAX_EXPERTS, KC_MOE_MAX_PER_TOKEN
 
 
 class Unfusable(Exception):
@@ -110,8 +118,8 @@ class FusedCPUDecode:
         if type(model) is not CausalLM or any(type(layer) not in (DecoderLayer, Gemma3DecoderLayer)
                                               for layer in model.layers):
             raise Unfusable("the model is not the Llama-family or Gemma 3 decoder")
-        if cfg.moe is not None:
-            raise Unfusable("its MLPs are mixtures of experts, which the C step does not route")
+        if cfg.moe is not None and not (cfg.moe.experts <= MOE_MAX_EXPERTS and cfg.moe.per_token <= MOE_MAX_PER_TOKEN):
+            raise Unfusable(f"its mixture ({cfg.moe.per_token} of {cfg.moe.experts} experts) is wider than the C step's")
         if cfg.hidden_act not in ACTIVATIONS:
             raise Unfusable(f"its MLP activation {cfg.hidden_act} is not in the C step")
         if cfg.final_logit_softcapping is not None:
@@ -121,18 +129,22 @@ class FusedCPUDecode:
         if cfg.head_dim > MAX_HEAD_DIM or cfg.head_dim % 2 or cfg.num_heads % cfg.num_kv_heads:
             raise Unfusable(f"its attention shape ({cfg.num_heads} heads / {cfg.num_kv_heads}, {cfg.head_dim}) is unusual")
         self.model = model
+        self._keep: list[ctypes.Structure] = []  # the mixtures' structs and arrays the layers point at
         self._layers = (_Layer * cfg.num_layers)()
         gemma = cfg.family == "gemma3"
         for i, layer in enumerate(model.layers):
             attn = layer.self_attn
             # Gemma's norms scale by 1 + w: its `scale`, the weight the C norm multiplies by.
             mlp_norm = layer.pre_feedforward_layernorm if gemma else layer.post_attention_layernorm
+            moe = self._moe(layer.mlp) if isinstance(layer.mlp, SparseMoE) else None
             self._layers[i] = _Layer(
                 attn_norm=_norm(layer.input_layernorm), mlp_norm=_norm(mlp_norm),
                 q_norm=0 if attn.q_norm is None else _norm(attn.q_norm),
                 k_norm=0 if attn.k_norm is None else _norm(attn.k_norm),
                 qkv=_parts(attn.qkv_proj, "qkv_proj"), o=_parts(attn.o_proj, "o_proj"),
-                gate_up=_parts(layer.mlp.gate_up_proj, "gate_up_proj"), down=_parts(layer.mlp.down_proj, "down_proj"),
+                gate_up=_Parts() if moe else _parts(layer.mlp.gate_up_proj, "gate_up_proj"),
+                down=_Parts() if moe else _parts(layer.mlp.down_proj, "down_proj"),
+                moe=ctypes.addressof(moe) if moe else None,
                 post_attn_norm=_norm(layer.post_attention_layernorm) if gemma else 0,
                 post_mlp_norm=_norm(layer.post_feedforward_layernorm) if gemma else 0,
                 window=attn.window or 0, local_rope=int(cfg.rope_for(i) != cfg.rope))
@@ -150,6 +162,11 @@ class FusedCPUDecode:
         lib = kernels.lib
         self._scratch = torch.empty(lib.kc_decode_scratch_floats(ctypes.byref(self._desc)), dtype=torch.float32)
         self._desc.scratch = self._scratch.data_ptr()
+        if cfg.moe is not None:
+            moe = cfg.moe
+            self._moe_scratch = torch.empty(lib.kc_moe_scratch_floats(MAX_ROWS, cfg.hidden_size, moe.experts,
+                                                                      moe.per_token, moe.intermediate_size))
+            self._desc.moe_scratch = self._moe_scratch.data_ptr()
         self._logits = torch.empty(1, cfg.vocab_size, dtype=torch.float32)
         embedding = model.embed_tokens
         if isinstance(embedding, QuantEmbedding):  # a token's row is dequantized into a buffer of its own
@@ -168,6 +185,18 @@ class FusedCPUDecode:
         self._forward = lib.kc_forward_tokens
         self._batch = lib.kc_forward_batch
         self._desc_ref = ctypes.byref(self._desc)
+
+    def _moe(self, mlp: SparseMoE) -> _Moe:
+        """The C view of a mixture: its router and every expert's two linears (kept alive by self)."""
+        experts = len(mlp.experts)
+        gate_up, down = (_Parts * experts)(), (_Parts * experts)()
+        for e, expert in enumerate(mlp.experts):
+            gate_up[e] = _parts(expert.gate_up_proj, f"expert {e}'s gate_up_proj")
+            down[e] = _parts(expert.down_proj, f"expert {e}'s down_proj")
+        moe = _Moe(experts=experts, per_token=mlp.per_token, intermediate=mlp.experts[0].intermediate,
+                   normalize=int(mlp.normalize), router=_parts(mlp.gate, "the router"), gate_up=gate_up, down=down)
+        self._keep += [gate_up, down, moe]
+        return moe
 
     @contextlib.contextmanager
     def profiled(self) -> Iterator[torch.Tensor]:

@@ -100,6 +100,8 @@ def _bind(lib: ctypes.CDLL) -> QuantKernels:
     lib.kc_forward_tokens.argtypes = [p, i, i, p, p, p, p, p, i, p, i, i]  # cpu/decode_step.py
     lib.kc_forward_batch.argtypes = [p, p, i, p, p, i]
     lib.kc_decode_scratch_floats.argtypes = [p]
+    lib.kc_moe_scratch_floats.argtypes = [i, i, i, i, i]
+    lib.kc_moe_scratch_floats.restype = ctypes.c_int64
     lib.kc_int8_columns_defined.argtypes = [p, p, i, p, i, i, i]
     lib.kc_int8_columns_defined.restype = None
     lib.kc_int8_supported.argtypes = [i]

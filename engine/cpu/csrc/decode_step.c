@@ -15,6 +15,8 @@
  * with a vector exp accurate to about 1 ulp. engine/cpu/decode_step.py checks its inputs; tests compare
  * it with the eager step (logits per position, greedy tokens).
  *
+ * A mixture-of-experts layer (Qwen3-MoE) runs its MLP in moe.c: the router, then only the chosen experts.
+ *
  * Gemma 3 adds, per layer, norms of the attention's and the MLP's outputs before each joins the residual
  * (post_attn_norm, post_mlp_norm), a sliding window (only the last `window` positions are attended) and
  * the local RoPE tables for its sliding layers, and GELU-tanh in place of SiLU. Its (1 + w) norm weights
@@ -32,13 +34,13 @@
 
 #include "attention.h"
 #include "block_quant.h"
+#include "moe.h"
+#include "parts.h"
 #include "simd.h"
 #include "vec_math.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-
-#define MAX_PARTS 3
 
 static inline double now_seconds(void) {
     struct timespec ts;
@@ -64,15 +66,6 @@ enum { PHASE_QKV, PHASE_ROPE, PHASE_ATTENTION, PHASE_O, PHASE_GATE_UP, PHASE_DOW
         MARK(PHASE_WAIT);                                                          \
     } while (0)
 
-/* A linear layer stored as up to MAX_PARTS matrices whose outputs lie side by side (q, k, v kept in
- * different formats in one GGUF, for instance). Mirrored by engine/cpu/decode_step.py. */
-typedef struct {
-    int32_t count, N, reserved[2];
-    int32_t first[MAX_PARTS]; /* output column of each part's first row */
-    int32_t pad;
-    kc_linear part[MAX_PARTS];
-} kc_parts;
-
 typedef struct {
     const float *attn_norm, *mlp_norm; /* [hidden] */
     const float *q_norm, *k_norm;      /* [head_dim], or NULL (Qwen3 has them) */
@@ -80,6 +73,7 @@ typedef struct {
     const float *post_attn_norm, *post_mlp_norm; /* [hidden], or NULL (Gemma 3 has them) */
     int32_t window;                              /* positions a query sees, itself included; 0: all */
     int32_t local_rope;                          /* 1: the sequence's cos_local/sin_local tables */
+    const kc_moe *moe;                           /* a mixture of experts in place of gate_up/down, or NULL */
 } kc_layer;
 
 typedef struct {
@@ -94,20 +88,10 @@ typedef struct {
     int32_t activation;      /* the gated MLP's: ACT_SILU or ACT_GELU_TANH */
     int32_t row_invariant;   /* 1: every token's attention as a decode step's (integer products: a token's
                               * bits must not depend on how many tokens one call takes) */
+    float *moe_scratch;      /* kc_moe_scratch_floats(...) floats when a layer is a mixture, else NULL */
 } kc_model;
 
 enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };
-
-/* Columns [n0, n1) of a multi-part linear for `rows` inputs x [rows, K]: y [rows, P->N]. */
-static void parts_columns(const kc_parts *P, const float *x, int rows, float *y, int n0, int n1) {
-    for (int p = 0; p < P->count; p++) {
-        const int first = P->first[p], last = first + P->part[p].N;
-        const int lo = n0 > first ? n0 : first, hi = n1 < last ? n1 : last;
-        if (lo < hi) kc_linear_columns(&P->part[p], x, rows, y + first, P->N, lo - first, hi - first);
-    }
-}
-
-void kc_thread_columns(int N, int t, int threads, int *n0, int *n1);
 
 /* x [rows, N] += y for columns n0..n1 of a linear of `in` computed into y [rows, N]. */
 static void add_columns(const kc_parts *P, const float *in, int rows, float *y, float *x, int n0, int n1) {
@@ -336,6 +320,12 @@ void kc_forward_batch(const kc_model *M, const kc_sequence *seqs, int count, con
             MARK(PHASE_O);
             BARRIER();
             for (int r = 0; r < rows; r++) rms_norm(S.x + r * hidden, L->mlp_norm, hidden, M->eps, normed + r * hidden);
+            if (L->moe) { /* a mixture (Qwen3-MoE, never with Gemma's post-MLP norm): x += its weighted experts */
+                kc_moe_rows(L->moe, normed, rows, hidden, S.x, M->moe_scratch, M->activation == ACT_GELU_TANH, t, T);
+                MARK(PHASE_DOWN);
+                BARRIER();
+                continue;
+            }
             kc_thread_columns(inter, t, T, &n0, &n1);
             parts_columns(&L->gate_up, normed, rows, S.h, n0, n1);
             parts_columns(&L->gate_up, normed, rows, S.h, inter + n0, inter + n1);
@@ -386,3 +376,4 @@ int64_t kc_sizeof_parts(void) { return sizeof(kc_parts); }
 int64_t kc_sizeof_layer(void) { return sizeof(kc_layer); }
 int64_t kc_sizeof_model(void) { return sizeof(kc_model); }
 int64_t kc_sizeof_sequence(void) { return sizeof(kc_sequence); }
+int64_t kc_sizeof_moe(void) { return sizeof(kc_moe); }

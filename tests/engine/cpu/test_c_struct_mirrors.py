@@ -1,4 +1,4 @@
-"""The C structs the kernels read (csrc/block_quant.h, csrc/decode_step.c) and their ctypes mirrors
+"""The C structs the kernels read (csrc/block_quant.h, csrc/decode_step.c, csrc/moe.h) and their ctypes mirrors
 (engine/cpu/kernels.py, engine/cpu/decode_step.py) have the same size: a field added, removed or
 resized on one side only fails here, not as a misread model in the fused step."""
 
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc
                                 reason="the kernels are C code built on this machine")
 
 MIRRORS = {"linear": LinearDesc, "parts": decode_step._Parts, "layer": decode_step._Layer,
-           "model": decode_step._Model, "sequence": decode_step._Sequence}
+           "model": decode_step._Model, "sequence": decode_step._Sequence, "moe": decode_step._Moe}
 
 
 @pytest.mark.parametrize("name", sorted(MIRRORS))

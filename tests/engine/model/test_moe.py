@@ -125,12 +125,50 @@ def test_quantized_experts_are_read_where_the_file_maps_them_and_match_the_dequa
 # ---- the engine's fast paths against its plain one
 
 
-def test_the_fused_cpu_step_declines_a_mixture_and_the_engine_runs_it_eagerly(moe_dir):
+def test_the_fused_cpu_step_routes_like_the_eager_model_and_reads_only_the_chosen_experts(moe_dir, monkeypatch):
     from engine.cpu.decode_step import FusedCPUDecode
 
-    kernels = load_quant_kernels()
-    why = FusedCPUDecode.build(load_model(moe_dir, CPU, torch.float32), kernels)
-    assert why == "its MLPs are mixtures of experts, which the C step does not route"
+    model = load_model(moe_dir, CPU, torch.float32)
+    fused = FusedCPUDecode(model, load_quant_kernels())
+    ids = tokens(30, seed=9).tolist()
+    cache, reference = new_cache(model), new_cache(model)
+    cache.reserve(20)
+    prefill = fused.forward(ids[:20], cache, 2, all_logits=True)
+    cache.commit(20)
+    steps = []
+    for token in ids[20:]:
+        cache.reserve(1)
+        steps.append(fused.step(token, cache, 2).clone())
+        cache.commit(1)
+    eager = model(torch.tensor(ids), reference, all_logits=True)
+    torch.testing.assert_close(torch.cat([prefill, *steps]), eager, atol=ATOL, rtol=0)
+
+
+def test_the_fused_step_never_reads_an_expert_the_token_did_not_choose(moe_dir):
+    from engine.cpu.decode_step import FusedCPUDecode
+
+    model = load_model(moe_dir, CPU, torch.float32)
+    fused = FusedCPUDecode(model, load_quant_kernels())
+    ids = tokens(13, seed=10).tolist()
+    routes = []
+    handle = model.layers[1].mlp.register_forward_hook(lambda m, args, out: routes.append(m.route(args[0])[1]))
+    model(torch.tensor(ids), new_cache(model), all_logits=True)
+    handle.remove()
+    chosen = set(routes[0][-1].tolist())  # the last token's experts in the mixture layer
+    cache = new_cache(model)
+    cache.reserve(12)
+    fused.forward(ids[:12], cache, 2)
+    cache.commit(12)
+    cache.reserve(1)
+    clean = fused.step(ids[12], cache, 2).clone()
+    with torch.no_grad():  # NaN in every other expert: the step's result must not see them
+        for e, expert in enumerate(model.layers[1].mlp.experts):
+            if e not in chosen:
+                expert.gate_up_proj.weight.fill_(float("nan"))
+                expert.down_proj.weight.fill_(float("nan"))
+    poisoned = fused.step(ids[12], cache, 2)
+    assert len(chosen) == model.cfg.moe.per_token
+    assert torch.equal(poisoned, clean)
 
 
 @pytest.fixture(scope="module")
