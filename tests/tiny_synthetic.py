@@ -9,7 +9,15 @@ TINY_SHAPE = {**MODELS["qwen2.5-1.5b"][1], "hidden_size": 256, "num_hidden_layer
               "bos_token_id": 597, "eos_token_id": 598}
 
 
+TINY_MOE = "tiny-qwen3-moe"
+# Qwen3-30B-A3B's switches (8 of 16 experts here, renormalised) at the tiny shape's size.
+TINY_MOE_SHAPE = {**MODELS["qwen3-30b-a3b"][1], "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+                  "num_key_value_heads": 2, "head_dim": 64, "intermediate_size": 512, "vocab_size": 600,
+                  "bos_token_id": 597, "eos_token_id": 598, "num_experts": 16, "moe_intermediate_size": 256}
+
+
 def add_tiny_shape(monkeypatch) -> str:
     """Make TINY a known synthetic shape for one test; returns its name."""
     monkeypatch.setitem(MODELS, TINY, ("a test-only shape", TINY_SHAPE))
+    monkeypatch.setitem(MODELS, TINY_MOE, ("a test-only mixture", TINY_MOE_SHAPE))
     return TINY

@@ -53,6 +53,15 @@ _GEMMA3 = {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
            "bos_token_id": 2, "eos_token_id": [1, 106]}
 
 
+_MOE_FIELDS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
+               "decoder_sparse_step", "mlp_only_layers")
+_QWEN3_30B_A3B = {**_QWEN3, "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+                  "hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4,
+                  "intermediate_size": 6144, "tie_word_embeddings": False, "num_experts": 128,
+                  "num_experts_per_tok": 8, "moe_intermediate_size": 768, "norm_topk_prob": True,
+                  "decoder_sparse_step": 1, "mlp_only_layers": []}
+
+
 def _llama3_rope(factor: float) -> dict:
     return {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
             "original_max_position_embeddings": 8192}
@@ -88,6 +97,12 @@ MODELS: dict[str, tuple[str, dict]] = {
     "qwen3-8b": ("Qwen/Qwen3-8B", {
         **_QWEN3, "hidden_size": 4096, "num_hidden_layers": 36, "num_attention_heads": 32,
         "intermediate_size": 12288, "tie_word_embeddings": False}),
+    "qwen3-30b-a3b": ("Qwen/Qwen3-30B-A3B", _QWEN3_30B_A3B),
+    # Its twin with the same active parameters: the 8 routed experts' 768 rows as one dense MLP of 6,144,
+    # what a mixture's decode is measured against (it reads the same bytes a token, without a router).
+    "qwen3-30b-a3b-dense": ("Qwen/Qwen3-30B-A3B, its active parameters as a dense model", {
+        key: value for key, value in _QWEN3_30B_A3B.items() if key not in _MOE_FIELDS} | {
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}),
 }
 # A minimal template so `kvchat ask --model synthetic:...` runs; words outside "t<i>" all become token 0.
 _CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"

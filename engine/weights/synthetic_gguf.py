@@ -46,7 +46,7 @@ _HALF_FIELDS = {"Q4_0": (0,), "Q5_0": (0,), "Q8_0": (0,), "Q4_K": (0, 2), "Q6_K"
 _UNIT_D = {"Q4_0": 4.76, "Q5_0": 9.70, "Q8_0": 76.8, "Q4_K": 269.0, "Q6_K": 1443.0}
 _DMIN_PER_D = 7.5
 _FALLBACK = {"Q4_K": "Q5_0", "Q6_K": "Q8_0"}  # for rows that are not whole super-blocks, as llama.cpp
-_ARCH = {"qwen2": "qwen2", "qwen3": "qwen3", "llama": "llama"}
+_ARCH = {"qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "llama": "llama"}
 _LAYER_NAMES = {
     "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
     "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
@@ -55,7 +55,11 @@ _LAYER_NAMES = {
     "self_attn.o_proj.weight": "attn_output.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight",
     "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "mlp.gate.weight": "ffn_gate_inp.weight",  # a mixture's router: F32, as llama.cpp keeps it
 }
+# A mixture's experts: one 3-D tensor [experts, rows, K] a projection, as llama.cpp stores them.
+_EXPERT_NAMES = {"gate_proj.weight": "ffn_gate_exps.weight", "up_proj.weight": "ffn_up_exps.weight",
+                 "down_proj.weight": "ffn_down_exps.weight"}
 _GLOBAL_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
                  "lm_head.weight": "output.weight"}
 
@@ -64,7 +68,20 @@ def gguf_tensor_name(hf_name: str) -> str:
     if hf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[hf_name]
     _, _, layer, rest = hf_name.split(".", 3)
+    if rest.startswith("mlp.experts."):  # mlp.experts.<e>.<projection>: the layer's stacked tensor
+        return f"blk.{layer}.{_EXPERT_NAMES[rest.split('.', 3)[3]]}"
     return f"blk.{layer}.{_LAYER_NAMES[rest]}"
+
+
+def gguf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """GGUF tensor name -> shape (rows first); a mixture's experts stacked: (experts, rows, K)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name, shape in tensor_shapes(cfg).items():
+        gguf_name = gguf_tensor_name(name)
+        if gguf_name.endswith("_exps.weight"):
+            shape = (cfg.moe.experts, *shape)
+        shapes[gguf_name] = shape
+    return shapes
 
 
 def use_more_bits(layer: int, layers: int) -> bool:
@@ -73,13 +90,13 @@ def use_more_bits(layer: int, layers: int) -> bool:
 
 
 def tensor_type(quant: str, name: str, shape: tuple[int, ...], layers: int, tied: bool) -> str | None:
-    """The GGML type `quant` gives a GGUF tensor (None: F32, for norms and biases)."""
-    if len(shape) != 2:
+    """The GGML type `quant` gives a GGUF tensor (None: F32, for norms, biases and a mixture's router)."""
+    if len(shape) not in (2, 3) or name.endswith("ffn_gate_inp.weight"):
         return None
     if quant == "q4_k_m":
         if name == "output.weight" or (tied and name == "token_embd.weight"):
             qtype = "Q6_K"
-        elif name.endswith(("attn_v.weight", "ffn_down.weight")) and use_more_bits(int(name.split(".")[1]), layers):
+        elif name.endswith(("attn_v.weight", "ffn_down.weight", "ffn_down_exps.weight")) and use_more_bits(int(name.split(".")[1]), layers):
             qtype = "Q6_K"
         else:
             qtype = "Q4_K"
@@ -87,10 +104,10 @@ def tensor_type(quant: str, name: str, shape: tuple[int, ...], layers: int, tied
         qtype = quant.upper()
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    if shape[1] % GGML_QUANT_SIZES[GGMLQuantizationType[qtype]][0]:
+    if shape[-1] % GGML_QUANT_SIZES[GGMLQuantizationType[qtype]][0]:
         qtype = _FALLBACK.get(qtype, qtype)
-    if shape[1] % GGML_QUANT_SIZES[GGMLQuantizationType[qtype]][0]:
-        raise ModelError(f"A synthetic {quant} model needs rows of whole blocks; {name} has {shape[1]} weights a row.")
+    if shape[-1] % GGML_QUANT_SIZES[GGMLQuantizationType[qtype]][0]:
+        raise ModelError(f"A synthetic {quant} model needs rows of whole blocks; {name} has {shape[-1]} weights a row.")
     return qtype
 
 
@@ -112,8 +129,8 @@ def random_blocks(qtype: str, rows: int, cols: int, rng: np.random.Generator) ->
 
 def _tensor_bytes(name: str, shape: tuple[int, ...], qtype: str | None, seed: int) -> np.ndarray:
     rng = np.random.Generator(np.random.PCG64(tensor_seed(seed, name)))
-    if qtype is not None:
-        return random_blocks(qtype, shape[0], shape[1], rng)
+    if qtype is not None:  # a stack of experts' matrices: their rows one after another
+        return random_blocks(qtype, int(np.prod(shape[:-1])), shape[-1], rng).reshape(*shape[:-1], -1)
     if name.endswith("norm.weight"):
         return np.ones(shape, dtype=np.float32)
     return (rng.standard_normal(shape, dtype=np.float32) * np.float32(STD))  # a bias
@@ -167,6 +184,10 @@ def _add_metadata(writer, config: dict, arch: str, quant: str, chat_template: st
     writer.add_bos_token_id(bos)
     writer.add_eos_token_id(eos[-1])
     writer.add_chat_template(chat_template)
+    if arch == "qwen3moe":
+        writer.add_expert_count(config["num_experts"])
+        writer.add_expert_used_count(config["num_experts_per_tok"])
+        writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
 
 
 def write_synthetic_gguf(path: Path, config: dict, quant: str, seed: int, chat_template: str,
@@ -179,10 +200,10 @@ def write_synthetic_gguf(path: Path, config: dict, quant: str, seed: int, chat_t
         raise ModelError(f"Unknown synthetic quantization {quant!r}: use {', '.join(QUANTS)}.")
     arch = _ARCH.get(config.get("model_type"))
     if arch is None or config.get("rope_scaling"):
-        raise ModelError("Synthetic GGUF files are written for Qwen2, Qwen3 and Llama shapes without RoPE "
+        raise ModelError("Synthetic GGUF files are written for Qwen2, Qwen3, Qwen3-MoE and Llama shapes without RoPE "
                          "scaling (a GGUF stores Llama 3's as frequency factors kvchat does not load).")
     cfg = ModelConfig.from_dict(config)
-    shapes = {gguf_tensor_name(name): shape for name, shape in tensor_shapes(cfg).items()}
+    shapes = gguf_shapes(cfg)
     tied, layers = cfg.tie_word_embeddings, cfg.num_layers
     types = {name: tensor_type(quant, name, shape, layers, tied) for name, shape in shapes.items()}
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -198,8 +219,8 @@ def write_synthetic_gguf(path: Path, config: dict, quant: str, seed: int, chat_t
                 writer.add_tensor_info(name, shape, np.dtype(np.float32), int(np.prod(shape)) * 4)
             else:
                 block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]]
-                byte_shape = (shape[0], shape[1] // block * size)
-                writer.add_tensor_info(name, byte_shape, np.dtype(np.uint8), byte_shape[0] * byte_shape[1],
+                byte_shape = (*shape[:-1], shape[-1] // block * size)
+                writer.add_tensor_info(name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)),
                                        raw_dtype=gguf.GGMLQuantizationType[qtype])
         writer.write_header_to_file()
         writer.write_kv_data_to_file()

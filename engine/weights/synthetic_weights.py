@@ -41,10 +41,13 @@ def tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         linears = [("self_attn.q_proj", q_size, hidden, cfg.qkv_bias),
                    ("self_attn.k_proj", kv_size, hidden, cfg.qkv_bias),
                    ("self_attn.v_proj", kv_size, hidden, cfg.qkv_bias),
-                   ("self_attn.o_proj", hidden, q_size, cfg.o_bias),
-                   ("mlp.gate_proj", inter, hidden, cfg.mlp_bias),
-                   ("mlp.up_proj", inter, hidden, cfg.mlp_bias),
-                   ("mlp.down_proj", hidden, inter, cfg.mlp_bias)]
+                   ("self_attn.o_proj", hidden, q_size, cfg.o_bias)]
+        if cfg.is_moe(i):  # the router, then every expert's gated MLP
+            linears.append(("mlp.gate", cfg.moe.experts, hidden, False))
+            linears += [(f"mlp.experts.{e}.{name}", rows, cols, cfg.mlp_bias)
+                        for e in range(cfg.moe.experts) for name, rows, cols in _mlp(cfg.moe.intermediate_size, hidden)]
+        else:
+            linears += [(f"mlp.{name}", rows, cols, cfg.mlp_bias) for name, rows, cols in _mlp(inter, hidden)]
         for name, out_features, in_features, bias in linears:
             shapes[f"{prefix}{name}.weight"] = (out_features, in_features)
             if bias:
@@ -53,6 +56,10 @@ def tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes[prefix + "self_attn.q_norm.weight"] = (cfg.head_dim,)
             shapes[prefix + "self_attn.k_norm.weight"] = (cfg.head_dim,)
     return shapes
+
+
+def _mlp(inter: int, hidden: int) -> list[tuple[str, int, int]]:
+    return [("gate_proj", inter, hidden), ("up_proj", inter, hidden), ("down_proj", hidden, inter)]
 
 
 def norm_names(cfg: ModelConfig) -> tuple[str, ...]:

@@ -13,7 +13,8 @@ from engine.weights.gguf import open_gguf
 from engine.weights.synthetic import synthetic_config, synthetic_gguf as synthetic_file
 from engine.weights.synthetic_gguf import tensor_type, use_more_bits
 from engine.weights.synthetic_weights import STD
-from tests.tiny_synthetic import TINY, add_tiny_shape
+from tests.engine.weights.test_gguf_in_place import in_mapping, mappings_of
+from tests.tiny_synthetic import TINY, TINY_MOE, add_tiny_shape
 
 SPEC = f"synthetic:{TINY}@q4_k_m"
 
@@ -122,3 +123,36 @@ def test_the_real_shapes_take_the_q4_k_m_mix_in_whole_super_blocks(name, embeddi
     block_bytes = {"Q4_K": 144 / 256, "Q6_K": 210 / 256}
     gigabytes = sum(math.prod(shapes[n]) * block_bytes[types[n]] for n in matrices) / 1e9
     assert {"qwen2.5-1.5b": 0.98, "qwen2.5-7b": 4.68}[name] == pytest.approx(gigabytes, abs=0.02)
+
+
+def test_a_mixture_is_written_as_llama_cpp_stacks_its_experts_and_runs_them_from_the_mapping():
+    path = synthetic_file(f"synthetic:{TINY_MOE}@q4_k_m")
+    tensors = {t.name: t for t in open_gguf(path).tensors}
+    gate = tensors["blk.1.ffn_gate_exps.weight"]
+    assert gate.shape == (256, 256, 16) and gate.tensor_type.name == "Q4_K"  # GGUF's order: K, rows, experts
+    assert tensors["blk.1.ffn_down_exps.weight"].tensor_type.name == "Q6_K"  # the last layer: more bits
+    assert tensors["blk.0.ffn_gate_inp.weight"].tensor_type.name == "F32"  # the router
+    engine = Engine.load(EngineOptions(model=f"synthetic:{TINY_MOE}@q4_k_m", device="cpu", dtype="float32",
+                                       kv_cache_gb=0.05))
+    moe = engine.model.layers[1].mlp
+    assert engine.model.cfg.moe.per_token == 8 and len(moe.experts) == 16
+    # The experts stay in the file's mapping without integer tiles (a token reads only its experts' pages);
+    # the attention's matrices get tiles as in a dense model.
+    assert all(in_mapping(expert.down_proj.qs, mappings_of(path)) and expert.down_proj.tiles is None
+               for expert in moe.experts)
+    assert engine.model.layers[1].self_attn.o_proj.tiles is not None
+    done = list(engine.generate(list(range(300, 340)), SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)))[-1]
+    assert len(done.token_ids) == 8
+
+
+def test_the_30b_a3b_shape_and_its_dense_twin_read_the_same_bytes_a_token():
+    from engine.model.config import ModelConfig
+
+    moe, dense = (ModelConfig.from_dict(synthetic_config(name)) for name in ("qwen3-30b-a3b", "qwen3-30b-a3b-dense"))
+    assert moe.moe.per_token * moe.moe.intermediate_size == dense.intermediate_size == 6144
+    shapes = synthetic_gguf.gguf_shapes(moe)
+    assert shapes["blk.47.ffn_up_exps.weight"] == (128, 768, 2048)
+    types = {n: tensor_type("q4_k_m", n, s, 48, False) for n, s in shapes.items()}
+    block_bytes = {"Q4_K": 144 / 256, "Q6_K": 210 / 256}
+    gigabytes = sum(math.prod(shapes[n]) * block_bytes[t] for n, t in types.items() if t is not None) / 1e9
+    assert gigabytes == pytest.approx(18.5, abs=0.1)  # the file as written: 18.55 GB with norms and header
