@@ -45,7 +45,7 @@ from engine.sampling_params import SamplingParams
 from engine.weights.checkpoint import load_model
 from engine.weights.device import pick_device, pick_dtype
 from engine.weights.fingerprint import model_fingerprint, tokenizer_fingerprint
-from engine.weights.model_source import ModelSource, rebuild_tokenizer_cache, resolve_model
+from engine.sources.model_source import ModelSource, rebuild_tokenizer_cache, resolve_model
 from engine.weights.tokenizer import Tokenizer
 
 log = logging.getLogger("kvchat")
@@ -209,7 +209,7 @@ class Engine:
     def load(cls, options: EngineOptions = EngineOptions(),
              progress: Callable[[str], None] = lambda _: None) -> "Engine":
         """Resolve and load the model; raises EngineError with one clear sentence. A GGUF file's tokenizer
-        cache that fails to load (ModelError) is written again once (weights/model_source.py)."""
+        cache that fails to load (ModelError) is written again once (sources/model_source.py)."""
         start = time.perf_counter()
         device = pick_device(options.device)
         dtype = pick_dtype(options.dtype, device)

@@ -1,8 +1,12 @@
-"""The models already on this machine, as the settings screen's model picker offers them.
+"""The models already on this machine: those the settings screen's model picker offers (find_local_models),
+and every one `kvchat models` lists, runnable or not (stored_models).
 
-Only directory listings and small config.json reads: nothing is downloaded,
-converted or hashed, so the list can be rebuilt every time the screen opens.
-Directories that are missing or unreadable simply contribute nothing.
+Looked for where kvchat and other apps keep them: the bundled default, $KVCHAT_MODEL, kvchat's models folder,
+ollama's store, LM Studio's folders, llama.cpp's download cache and the Hugging Face cache (engine/sources).
+Only directory listings, small config.json and manifest reads, and the header of another app's GGUF file
+(read once a file: engine/sources/model_summary.py): nothing is downloaded, converted, copied or hashed, so
+the list can be rebuilt every time the screen opens. Directories that are missing or unreadable simply
+contribute nothing.
 """
 
 from __future__ import annotations
@@ -13,11 +17,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import huggingface_hub.constants
-
-from engine.model.config import SUPPORTED_ARCHITECTURES
 from engine.errors import ModelError
-from engine.weights.model_source import DEFAULT_MODEL_NAME, default_gguf
+from engine.model.config import SUPPORTED_ARCHITECTURES
+from engine.sources.app_stores import app_store_ggufs, gguf_models, hf_cache_folder
+from engine.sources.model_summary import summarize
+from engine.sources.ollama import PREFIX as OLLAMA_PREFIX
+from engine.sources.ollama import is_ollama, ollama_models, parse_name
+from engine.weights.default_model import DEFAULT_MODEL_NAME, default_gguf
 from storage.data_dir import data_dir
 
 
@@ -28,11 +34,30 @@ class LocalModel:
     detail: str  # where it comes from, in a few words
 
 
+@dataclass(frozen=True)
+class FoundModel:
+    """A model as `kvchat models` lists it: its picker entry and the files it loads."""
+
+    model: LocalModel
+    path: Path | None  # the GGUF file or model directory; None: not found (`problem` says why), or synthetic
+    parts: tuple[Path, ...] = ()  # a split model's files
+    problem: str | None = None  # why its files cannot be found (a broken ollama manifest, a missing blob)
+
+
 def find_local_models(current: str | None = None) -> list[LocalModel]:
-    """The bundled model, $KVCHAT_MODEL, `current`, then the HF cache and kvchat's models folder."""
+    """The bundled model, $KVCHAT_MODEL, `current`, then kvchat's models folder and the stores: those that run."""
     found: dict[str, LocalModel] = {}
-    for model in _candidates(current):
-        found.setdefault(_identity(model.spec), model)
+    for item in _found(current, picker=True):
+        found.setdefault(_identity(item.model.spec), item.model)
+    return list(found.values())
+
+
+def stored_models() -> list[FoundModel]:
+    """Every model found, runnable or not, each with its files: the bundled model, $KVCHAT_MODEL, the models
+    folder, ollama, LM Studio, llama.cpp's cache, the Hugging Face cache (its GGUF files, its model folders)."""
+    found: dict[str, FoundModel] = {}
+    for item in _found(None, picker=False):
+        found.setdefault(_identity(item.model.spec), item)
     return list(found.values())
 
 
@@ -41,6 +66,11 @@ def model_from_spec(spec: str | None, detail: str) -> LocalModel:
     if spec is None:
         from_env = _env_model()
         return LocalModel(model_from_spec(from_env, detail).name if from_env else DEFAULT_MODEL_NAME, None, detail)
+    if is_ollama(spec):
+        try:
+            return LocalModel(parse_name(spec).shown(with_host=True), spec, detail)  # as ollama names it
+        except ModelError:
+            return LocalModel(spec, spec, detail)  # loading it says what is wrong with the name
     path = Path(spec).expanduser()
     if path.suffix.lower() == ".gguf":
         name = path.stem
@@ -56,19 +86,37 @@ def models_dir() -> Path:
     return data_dir() / "models"
 
 
-def _candidates(current: str | None) -> Iterator[LocalModel]:
+def _found(current: str | None, picker: bool) -> Iterator[FoundModel]:
+    """The models in the order they are offered. `picker`: only those kvchat runs, by what is cheap to know
+    (another app's GGUF by its header; the models folder's files as the user put them there), and with no
+    files looked up for the specs named (the picker loads by spec)."""
     from_env = _env_model()
     bundled = _bundled_gguf()
     if bundled is not None:
         # resolve_model(None) loads $KVCHAT_MODEL when that is set, so only its path then
         # still selects the bundled model.
-        yield LocalModel(DEFAULT_MODEL_NAME, str(bundled) if from_env else None, "bundled GGUF")
+        yield FoundModel(LocalModel(DEFAULT_MODEL_NAME, str(bundled) if from_env else None, "bundled GGUF"), bundled)
     if from_env:
-        yield model_from_spec(None, "$KVCHAT_MODEL")
+        yield _located(model_from_spec(None, "$KVCHAT_MODEL"), from_env, picker)
     if current:
-        yield model_from_spec(current, "this conversation's model")
-    yield from _hf_cache_models()
-    yield from _models_dir_models()
+        yield _located(model_from_spec(current, "this conversation's model"), current, picker)
+    yield from _models_dir_models(picker)
+    for item in [*_ollama_models(), *_app_store_models()]:
+        if not picker or (item.path is not None and item.problem is None and summarize(item.path, item.parts).runs):
+            yield item
+    yield from _hf_cache_models(picker)
+
+
+def _located(model: LocalModel, spec: str, picker: bool) -> FoundModel:
+    """`model` with the files `spec` loads (not looked up for the picker)."""
+    if picker:
+        return FoundModel(model, None)
+    from engine.sources.model_source import model_files  # the GGUF reader and torch: only when listing
+
+    try:
+        return FoundModel(model, model_files(spec))
+    except ModelError as exc:
+        return FoundModel(model, None, problem=str(exc))
 
 
 def _env_model() -> str | None:
@@ -77,10 +125,16 @@ def _env_model() -> str | None:
 
 
 def _identity(spec: str | None) -> str:
-    """Specs that load the same model count as one: None by what it stands for, paths by where they lead."""
+    """Specs that load the same model count as one: None by what it stands for, paths by where they lead,
+    ollama names by the full name (`ollama:qwen3` is `ollama:library/qwen3:latest`)."""
     spec = spec or _env_model()
     if spec is None:
         return ""  # the bundled model
+    if is_ollama(spec):
+        try:
+            return parse_name(spec).key()
+        except ModelError:
+            return spec
     path = Path(spec).expanduser()
     try:
         if path.exists():
@@ -97,17 +151,31 @@ def _bundled_gguf() -> Path | None:
         return None
 
 
-def _hf_cache_models() -> Iterator[LocalModel]:
-    # Read at call time, not imported by name, so a changed HF_HUB_CACHE (and tests) take effect.
-    cache = Path(huggingface_hub.constants.HF_HUB_CACHE)
-    for repo in _sorted_entries(cache):
+def _ollama_models() -> Iterator[FoundModel]:
+    for model in ollama_models():
+        try:
+            blob, problem = model.blob(), None  # reads its manifest (a few hundred bytes)
+        except ModelError as exc:
+            blob, problem = None, str(exc)
+        yield FoundModel(LocalModel(model.spec.removeprefix(OLLAMA_PREFIX), model.spec, "ollama"), blob,
+                         problem=problem)
+
+
+def _app_store_models() -> Iterator[FoundModel]:
+    for stored in app_store_ggufs():
+        yield FoundModel(LocalModel(stored.path.stem, str(stored.path), stored.store), stored.path, stored.parts)
+
+
+def _hf_cache_models(picker: bool) -> Iterator[FoundModel]:
+    for repo in _sorted_entries(hf_cache_folder()):
         if not repo.name.startswith("models--"):
             continue  # datasets--, spaces--, .locks
         # resolve_model only takes "org/name" ids, so an id without an org could not be loaded.
         org, sep, name = repo.name.removeprefix("models--").partition("--")
         snapshot = _current_snapshot(repo)
-        if sep and snapshot is not None and _is_supported_model_dir(snapshot):
-            yield LocalModel(f"{org}/{name}", f"{org}/{name}", "Hugging Face cache")
+        if sep and snapshot is not None and (_is_supported_model_dir(snapshot) if picker
+                                             else (snapshot / "config.json").is_file()):
+            yield FoundModel(LocalModel(f"{org}/{name}", f"{org}/{name}", "Hugging Face cache"), snapshot)
 
 
 def _current_snapshot(repo: Path) -> Path | None:
@@ -125,12 +193,14 @@ def _current_snapshot(repo: Path) -> Path | None:
         return None
 
 
-def _models_dir_models() -> Iterator[LocalModel]:
+def _models_dir_models(picker: bool) -> Iterator[FoundModel]:
     for path in _sorted_entries(models_dir()):
-        if path.suffix.lower() == ".gguf" and path.is_file():
-            yield LocalModel(path.stem, str(path), "GGUF file")
-        elif path.is_dir() and _is_supported_model_dir(path):
-            yield LocalModel(path.name, str(path), "model directory")
+        if path.is_dir():
+            if _is_supported_model_dir(path) if picker else (path / "config.json").is_file():
+                yield FoundModel(LocalModel(path.name, str(path), "model directory"), path)
+            continue
+        for stored in gguf_models("GGUF file", [path]):  # not a projector, nor a split model's later part
+            yield FoundModel(LocalModel(path.stem, str(path), "GGUF file"), path, stored.parts)
 
 
 def _is_supported_model_dir(path: Path) -> bool:

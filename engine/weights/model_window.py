@@ -21,7 +21,7 @@ from engine.weights.gguf_header import gguf_context_length
 
 def context_window_before_loading(spec: str | None) -> int | None:
     """The context window (tokens) of the model `spec` names (None: $KVCHAT_MODEL, else the default),
-    as model_source.resolve_model reads `spec`; None if it is not known without loading."""
+    as sources/model_source.resolve_model reads `spec`; None if it is not known without loading."""
     spec = spec or os.environ.get("KVCHAT_MODEL") or None
     try:
         path = default_gguf() if spec is None else Path(spec).expanduser()

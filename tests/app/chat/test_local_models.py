@@ -8,7 +8,10 @@ import pytest
 from app.chat import local_models
 from app.chat.local_models import LocalModel, find_local_models, model_from_spec, models_dir
 from engine.errors import ModelError
-from engine.weights.model_source import DEFAULT_MODEL_NAME
+from engine.weights.default_model import DEFAULT_MODEL_NAME
+from tests.model_stores import add_ollama_model, isolate_stores, write_header_gguf
+from tests.tiny_gguf import write_gguf
+from tests.tiny_models import load_reference, make_tiny_model
 
 LLAMA_CONFIG = {"model_type": "llama"}
 BUNDLED = LocalModel(DEFAULT_MODEL_NAME, None, "bundled GGUF")
@@ -16,11 +19,10 @@ BUNDLED = LocalModel(DEFAULT_MODEL_NAME, None, "bundled GGUF")
 
 @pytest.fixture(autouse=True)
 def hf_cache(tmp_path, monkeypatch) -> Path:
-    """An empty Hugging Face hub cache of the test's own, and no $KVCHAT_MODEL from the caller."""
-    cache = tmp_path / "hf-hub"
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
-    monkeypatch.delenv("KVCHAT_MODEL", raising=False)
-    return cache
+    """An empty Hugging Face hub cache of the test's own, no other app's store (a home folder of the test's
+    own), and no $KVCHAT_MODEL from the caller."""
+    isolate_stores(tmp_path, monkeypatch)
+    return Path(huggingface_hub.constants.HF_HUB_CACHE)
 
 
 @pytest.fixture
@@ -181,3 +183,35 @@ def test_model_from_spec_names_paths_ids_and_the_default(tmp_path, monkeypatch):
     assert model_from_spec(None, "default") == LocalModel(DEFAULT_MODEL_NAME, None, "default")
     monkeypatch.setenv("KVCHAT_MODEL", "org/env-model")
     assert model_from_spec(None, "default") == LocalModel("org/env-model", None, "default")
+
+
+@pytest.fixture(scope="module")
+def runnable_gguf(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("picker-gguf")
+    return write_gguf(load_reference(make_tiny_model(root / "hf", "llama")), root / "tiny.gguf", quant="Q8_0")
+
+
+def test_other_apps_models_are_offered_with_the_spec_that_loads_them(not_bundled, runnable_gguf, tmp_path):
+    home = tmp_path / "home"
+    add_ollama_model(home / ".ollama" / "models", "qwen3", "4b", gguf=runnable_gguf)
+    add_ollama_model(home / ".ollama" / "models", "gpt-oss", "20b",  # kvchat cannot run it: not offered
+                     gguf=write_header_gguf(tmp_path / "oss.gguf", "gpt-oss", {"blk.0.attn_q.weight": "Q8_0"}))
+    lm_studio = home / ".lmstudio" / "models" / "pub" / "Tiny-GGUF"
+    lm_studio.mkdir(parents=True)
+    (lm_studio / "tiny-Q8_0.gguf").write_bytes(runnable_gguf.read_bytes())
+    (lm_studio / "mmproj-tiny-f16.gguf").write_bytes(runnable_gguf.read_bytes())  # a projector: never offered
+    (lm_studio / "tiny-Q8_0-00001-of-00002.gguf").write_bytes(runnable_gguf.read_bytes())  # split: not yet
+    cache = home / ".cache" / "llama.cpp"
+    cache.mkdir(parents=True)
+    (cache / "org_Tiny-GGUF_tiny.gguf").write_bytes(runnable_gguf.read_bytes())
+    assert find_local_models() == [
+        LocalModel("qwen3:4b", "ollama:qwen3:4b", "ollama"),
+        LocalModel("tiny-Q8_0", str(lm_studio / "tiny-Q8_0.gguf"), "LM Studio"),
+        LocalModel("org_Tiny-GGUF_tiny", str(cache / "org_Tiny-GGUF_tiny.gguf"), "llama.cpp cache"),
+    ]
+
+
+def test_an_ollama_model_named_by_the_conversation_is_listed_once(not_bundled, runnable_gguf, tmp_path):
+    add_ollama_model(tmp_path / "home" / ".ollama" / "models", "qwen3", gguf=runnable_gguf)
+    assert find_local_models(current="ollama:qwen3") == [
+        LocalModel("qwen3:latest", "ollama:qwen3", "this conversation's model")]

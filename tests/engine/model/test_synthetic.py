@@ -9,7 +9,7 @@ import torch
 from engine import Engine, EngineOptions, ModelError, SamplingParams
 from engine.model.config import ModelConfig
 from engine.kv.cache import ContiguousKVCache
-from engine.weights.model_source import resolve_model
+from engine.sources.model_source import resolve_model
 from engine.bench.hf_reference import reference_model
 from engine.weights.synthetic import MODELS, synthetic_config, synthetic_model_dir
 from engine.weights.synthetic_weights import STD, SyntheticWeights, tensor_shapes
@@ -20,7 +20,10 @@ CPU, FP32 = torch.device("cpu"), torch.float32
 REAL = {"smollm2-135m": (134_515_008, 8192), "llama-3.2-1b": (1_235_814_400, 131072),
         "llama-3.1-8b": (8_030_261_248, 131072), "qwen3-0.6b": (596_049_920, 40960),
         "qwen3-8b": (8_190_735_360, 40960), "gemma3-270m": (268_098_176, 32768), "gemma3-1b": (999_885_952, 32768),
-        "qwen2.5-1.5b": (1_543_714_304, 32768), "qwen2.5-7b": (7_615_616_512, 32768)}
+        "qwen2.5-1.5b": (1_543_714_304, 32768), "qwen2.5-7b": (7_615_616_512, 32768),
+        "qwen3-30b-a3b": (30_532_122_624, 40960),
+        # the 30B without what a token does not read: per layer 120 of 128 experts and the router
+        "qwen3-30b-a3b-dense": (30_532_122_624 - 48 * (120 * 3 * 768 * 2048 + 128 * 2048), 40960)}
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -115,7 +115,7 @@ def test_default_models_weights_match_transformers_gguf_loader():
     """Our dequantization + q/k un-permutation == transformers' own GGUF loading."""
     from transformers import AutoModelForCausalLM
 
-    from engine.weights.model_source import default_gguf
+    from engine.sources.model_source import default_gguf
 
     gguf_path = default_gguf()
     reference = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,

@@ -8,7 +8,7 @@ from safetensors.torch import load_file, save_file
 
 from engine import Engine, EngineOptions, ModelError
 from engine.weights import default_model
-from engine.weights.model_source import resolve_model
+from engine.sources.model_source import resolve_model
 
 
 def copy_model(src, dst):

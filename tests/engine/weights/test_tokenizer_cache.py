@@ -9,7 +9,7 @@ import pytest
 
 import engine.weights.fingerprint as fingerprint
 from engine import Engine, EngineOptions, ModelError, SamplingParams
-from engine.weights import model_source
+from engine.sources import model_source
 from engine.weights.gguf_cache import COMPLETE_MARKER, RECORD_FILE, cache_damage, tokenizer_cache_dir
 from tests.tiny_gguf import write_gguf
 from tests.tiny_models import load_reference, make_tiny_model

