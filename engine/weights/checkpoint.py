@@ -271,13 +271,9 @@ def load_from(cfg: ModelConfig, ckpt: WeightSource, device: torch.device, dtype:
         if cfg.qk_norm:
             for norm in ("q_norm", "k_norm"):
                 put(f"layers.{i}.self_attn.{norm}.weight", ckpt.get(f"model.layers.{i}.self_attn.{norm}.weight"))
-    # A mixture's experts stay where the file maps them, without integer tiles: a token reads only its
-    # routed experts' pages, and a 30B-A3B file's 18 GB are not copied into RAM (tiles are a second copy).
-    expert_kernels = kernels.with_integer_products(False) if kernels is not None else None
     for module, names, bias_names in _linears(cfg):
         bias = _joined(ckpt, bias_names, ".bias") if bias_names else None
-        chosen = expert_kernels if ".experts." in module else kernels
-        packed = _quant_linear(chosen, blocks, names, bias) if blocks is not None and kernels is not None else None
+        packed = _quant_linear(kernels, blocks, names, bias) if blocks is not None and kernels is not None else None
         if packed is not None:
             model.set_submodule(module, packed)
             continue
