@@ -182,6 +182,7 @@ class Inspector(Widget):
         super().__init__(id=id, classes=classes)
         self.stats: ReplyNumbers | None = None
         self.label = ""
+        self._composed = False  # its children exist (on_mount): before, show() only keeps what to show
 
     def compose(self) -> ComposeResult:
         yield Static("", id="heading", markup=False)
@@ -206,6 +207,9 @@ class Inspector(Widget):
             yield Static("", id="step-legend", classes="legend", markup=False)
 
     def on_mount(self) -> None:
+        # A show() before this point only kept its stats: Textual may call it on a widget that is mounted
+        # but whose composed children are not yet (seen when a suspended chat resumes on SIGCONT).
+        self._composed = True
         self._refresh_content()
 
     def show(self, stats: ReplyNumbers | dict | None, label: str = "") -> None:
@@ -214,7 +218,7 @@ class Inspector(Widget):
         if not isinstance(stats, ReplyNumbers):  # a stored row that is not a dict is damaged: none kept
             stats = ReplyNumbers.from_saved(stats) if isinstance(stats, dict) else None
         self.stats, self.label = stats, label
-        if self.is_mounted:
+        if self._composed:
             self._refresh_content()
 
     def _refresh_content(self) -> None:
