@@ -108,5 +108,22 @@ def reference_model(name_or_dir: str | Path, device: torch.device | str, dtype: 
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     with torch.no_grad():
         for param_name, param in model.named_parameters():  # a tied lm_head is listed once, as the embedding
-            param.copy_(source.get(param_name))
+            param.copy_(_reference_tensor(source, param_name))
     return model.eval()
+
+
+def _reference_tensor(source, param_name: str) -> torch.Tensor:
+    """transformers' parameter `param_name` from the engine's weights: a checkpoint's names, except that
+    transformers 5 keeps a mixture's experts stacked ([experts, 2 * I, H] gate and up; [experts, H, I] down)
+    where checkpoints hold one matrix an expert."""
+    stacked = {"mlp.experts.gate_up_proj": ("gate_proj", "up_proj"), "mlp.experts.down_proj": ("down_proj",)}
+    for suffix, parts in stacked.items():
+        if param_name.endswith(suffix):
+            prefix = param_name.removesuffix("gate_up_proj").removesuffix("down_proj")
+            experts = []
+            for e in range(1 << 30):
+                if f"{prefix}{e}.{parts[0]}.weight" not in source:
+                    break
+                experts.append(torch.cat([source.get(f"{prefix}{e}.{part}.weight") for part in parts]))
+            return torch.stack(experts)
+    return source.get(param_name)

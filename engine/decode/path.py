@@ -33,11 +33,15 @@ class DecodePath:
 
 
 def decode_path(paged_kv: bool | None, cuda_graphs: bool | None, compile: bool | None,
-                device: torch.device, prefix_cache: bool) -> DecodePath:
-    """The path for these switches (None: the default); a one-sentence EngineError when impossible."""
+                device: torch.device, prefix_cache: bool, routed: bool = False) -> DecodePath:
+    """The path for these switches (None: the default); a one-sentence EngineError when impossible.
+    `routed`: the model is a mixture of experts, whose step picks experts by value (model/moe.py), which a
+    CUDA graph cannot capture: its default is the paged step without graphs."""
     on_cuda = device.type == "cuda"
     if cuda_graphs and not on_cuda:
         raise EngineError("--cuda-graphs needs a CUDA device; this engine runs on the CPU.")
+    if cuda_graphs and routed:
+        raise EngineError("--cuda-graphs cannot capture a mixture of experts' routing; drop --cuda-graphs.")
     if paged_kv is False and (cuda_graphs or compile):
         raise EngineError("--cuda-graphs and --compile run the paged decode step; drop --no-paged-kv.")
     if not prefix_cache:
@@ -46,7 +50,7 @@ def decode_path(paged_kv: bool | None, cuda_graphs: bool | None, compile: bool |
             raise EngineError("--paged-kv, --cuda-graphs and --compile need the prefix cache; "
                               "drop --no-prefix-cache.")
         return DecodePath(paged=False, cuda_graphs=False, compile=False)
-    graphs = on_cuda and paged_kv is not False if cuda_graphs is None else cuda_graphs
+    graphs = on_cuda and paged_kv is not False and not routed if cuda_graphs is None else cuda_graphs
     compiled = bool(compile)
     paged = paged_kv if paged_kv is not None else (on_cuda or graphs or compiled)
     return DecodePath(paged=paged, cuda_graphs=graphs, compile=compiled)

@@ -55,7 +55,8 @@ class ModelRunner:
         self.prefix_cache = prefix_cache
         self.device = model.device
         self.dtype = model.dtype
-        self.decode_path = decode_path(paged_kv, cuda_graphs, compile, self.device, prefix_cache is not None)
+        self.decode_path = decode_path(paged_kv, cuda_graphs, compile, self.device, prefix_cache is not None,
+                                       routed=model.cfg.moe is not None)
         self.graphs = (DecodeRunner(model, prefix_cache, self.decode_path.cuda_graphs, self.decode_path.compile)
                        if self.decode_path.paged else None)
         self.fused = self._fused_step(fused_decode)

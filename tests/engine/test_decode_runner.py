@@ -55,6 +55,14 @@ def test_the_default_path_is_eager_on_a_cpu_and_paged_with_graphs_on_cuda():
     assert decode_path(None, None, None, CUDA, False).describe() == "eager"  # no pool without the prefix cache
 
 
+def test_a_mixture_of_experts_runs_the_paged_step_without_graphs_on_cuda():
+    # Its step picks experts by value (torch.unique, then Python indices): nothing a CUDA graph can replay.
+    assert decode_path(None, None, None, CUDA, True, routed=True).describe() == "paged"
+    assert decode_path(None, None, True, CUDA, True, routed=True).describe() == "paged + compiled"
+    with pytest.raises(EngineError, match="cannot capture a mixture of experts' routing"):
+        decode_path(None, True, None, CUDA, True, routed=True)
+
+
 @pytest.mark.parametrize("switches, message", [
     (dict(cuda_graphs=True), "needs a CUDA device"),
     (dict(paged_kv=False, compile=True), "drop --no-paged-kv"),

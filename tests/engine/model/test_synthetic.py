@@ -133,6 +133,20 @@ def test_qwen3_qk_norm_shape_equals_transformers_with_two_layers():
     assert relative_error(ours, theirs) < 1e-5
 
 
+def test_a_mixture_equals_transformers_on_the_same_weights_its_experts_stacked_as_transformers_keeps_them(monkeypatch):
+    from tests.tiny_synthetic import TINY_MOE, add_tiny_shape
+
+    add_tiny_shape(monkeypatch)
+    model_dir = synthetic_model_dir(TINY_MOE)
+    engine = Engine.load(EngineOptions(model=str(model_dir), device="cpu", dtype="float32", kv_cache_gb=0.01))
+    assert engine.model.cfg.moe.experts == 16
+    prompt = torch.randint(0, 600, (12,), generator=torch.Generator().manual_seed(7)).tolist()
+    ours = engine.runner.logits(prompt, all_logits=True)
+    with torch.inference_mode():
+        theirs = reference_model(model_dir, "cpu", FP32)(torch.tensor([prompt])).logits[0]
+    assert relative_error(ours, theirs) < 1e-5
+
+
 @torch.inference_mode()
 def test_bf16_logits_stay_finite_and_distinct_through_every_layer():
     model = load_model(synthetic_model_dir("smollm2-135m"), CPU, torch.bfloat16)
