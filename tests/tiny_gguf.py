@@ -160,9 +160,9 @@ def write_gguf(hf_model, path: Path, arch: str = "llama", quant: str | dict[str,
         w = tensor.detach().float().numpy()
         if arch == "gemma3" and name.endswith("norm.weight"):
             w = w + np.float32(1.0)  # llama.cpp stores Gemma's norms as 1 + w
-        if arch == "llama" and name.endswith("q_proj.weight"):
+        if arch in ("llama", "smollm3") and name.endswith("q_proj.weight"):
             w = permute(w, cfg.num_attention_heads)
-        elif arch == "llama" and name.endswith("k_proj.weight"):
+        elif arch in ("llama", "smollm3") and name.endswith("k_proj.weight"):
             w = permute(w, cfg.num_key_value_heads)
         qtype = None if name.endswith("mlp.gate.weight") else tensor_type(gguf_name(name, arch), w, quant)
         if qtype == "F16":

@@ -44,6 +44,9 @@ ARCHITECTURES = {
     "qwen3-moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
         head_dim=32, num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32, norm_topk_prob=True,
         mlp_only_layers=[0])),
+    # SmolLM3: Llama's layers, every fourth without RoPE (its NoPE layers), tied embeddings.
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(num_hidden_layers=4, tie_word_embeddings=True,
+                                                            pad_token_id=0)),
     # Gemma 3 as the 270M is shaped (one KV head, sliding layers then a global one), with a window of 8
     # so a few dozen tokens cross it.
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", GEMMA3),

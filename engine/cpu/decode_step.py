@@ -45,7 +45,7 @@ class _Layer(ctypes.Structure):
     _fields_ = [("attn_norm", ctypes.c_void_p), ("mlp_norm", ctypes.c_void_p), ("q_norm", ctypes.c_void_p),
                 ("k_norm", ctypes.c_void_p), ("qkv", _Parts), ("o", _Parts), ("gate_up", _Parts), ("down", _Parts),
                 ("post_attn_norm", ctypes.c_void_p), ("post_mlp_norm", ctypes.c_void_p), ("window", _i32),
-                ("local_rope", _i32), ("moe", ctypes.c_void_p)]
+                ("local_rope", _i32), ("moe", ctypes.c_void_p), ("no_rope", _i32), ("pad", _i32)]
 
 
 class _Moe(ctypes.Structure):  # csrc/moe.h's kc_moe
@@ -147,7 +147,7 @@ class FusedCPUDecode:
                 moe=ctypes.addressof(moe) if moe else None,
                 post_attn_norm=_norm(layer.post_attention_layernorm) if gemma else 0,
                 post_mlp_norm=_norm(layer.post_feedforward_layernorm) if gemma else 0,
-                window=attn.window or 0, local_rope=int(cfg.rope_for(i) != cfg.rope))
+                window=attn.window or 0, local_rope=int(cfg.rope_for(i) != cfg.rope), no_rope=int(not attn.rope))
         # Integer products (cpu/kernels.py): then every token takes a decode step's own attention, whatever
         # the call, so the engine's results are bit-identical across batching, chunking and caching.
         self.integer = any(getattr(module, "integer", False) for module in model.modules())

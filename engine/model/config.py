@@ -22,6 +22,7 @@ SUPPORTED_ARCHITECTURES = {
     "qwen3": {"qkv_bias": None, "qk_norm": True},
     "gemma3_text": {"qkv_bias": None, "qk_norm": True},
     "qwen3_moe": {"qkv_bias": None, "qk_norm": True},
+    "smollm3": {"qkv_bias": None, "qk_norm": False},
 }
 # A multimodal config whose text model kvchat runs (its text_config).
 MULTIMODAL_WRAPPERS = {"gemma3": "gemma3_text"}
@@ -97,11 +98,16 @@ class ModelConfig:
     final_logit_softcapping: float | None = None
     # Mixture of experts (Qwen3-MoE): per layer, whether its MLP is the routed experts (model/moe.py).
     moe: MoEConfig | None = None
+    # SmolLM3: per layer, whether its q/k are rotated (its NoPE layers are not); empty: every layer's are.
+    rope_layers: tuple[bool, ...] = ()
 
     @property
     def family(self) -> str:
         """The decoder's layer structure: "gemma3" (four norms a layer, (1 + w) norm weights) or "llama"."""
         return "gemma3" if self.model_type == "gemma3_text" else "llama"
+
+    def uses_rope(self, layer: int) -> bool:
+        return not self.rope_layers or self.rope_layers[layer]
 
     def is_moe(self, layer: int) -> bool:
         return self.moe is not None and self.moe.layers[layer]
@@ -171,6 +177,8 @@ class ModelConfig:
                 fields.update(_gemma3_fields(raw))
             if model_type == "qwen3_moe":
                 fields["moe"] = MoEConfig.from_dict(raw, fields["num_layers"])
+            if model_type == "smollm3":
+                fields["rope_layers"] = _smollm3_rope_layers(raw, fields["num_layers"])
             return cls(**fields)
         except (KeyError, TypeError, ValueError) as exc:
             raise ModelError(f"The model's config.json is incomplete or malformed ({exc!r}).") from None
@@ -220,10 +228,23 @@ def _gemma3_fields(raw: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _smollm3_rope_layers(raw: dict[str, Any], layers: int) -> tuple[bool, ...]:
+    """SmolLM3's no_rope_layers (1: the layer uses RoPE), else one NoPE layer every no_rope_layer_interval."""
+    if raw.get("use_sliding_window"):
+        raise ModelError("This SmolLM3 model uses sliding-window layers, which kvchat does not run.")
+    listed = raw.get("no_rope_layers")
+    if listed is None:
+        interval = int(raw.get("no_rope_layer_interval") or 4)
+        return tuple((i + 1) % interval != 0 for i in range(layers))
+    if len(listed) != layers:
+        raise ModelError(f"The model's no_rope_layers lists {len(listed)} layers, not its {layers}.")
+    return tuple(bool(flag) for flag in listed)
+
+
 def _sliding_window(raw: dict[str, Any]) -> int | None:
     window = raw.get("sliding_window")
     # Qwen2/Qwen3 configs carry a window that is off unless use_sliding_window is set.
-    if raw.get("model_type") in ("qwen2", "qwen3", "qwen3_moe") and not raw.get("use_sliding_window", False):
+    if raw.get("model_type") in ("qwen2", "qwen3", "qwen3_moe", "smollm3") and not raw.get("use_sliding_window", False):
         return None
     return int(window) if window else None
 

@@ -40,6 +40,7 @@ class Attention(nn.Module):
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
         self.scale = cfg.q_scale
         self.window = cfg.window(layer)
+        self.rope = cfg.uses_rope(layer)  # SmolLM3's NoPE layers attend without positions in q/k
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
         self.q_norm = norm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
@@ -52,7 +53,8 @@ class Attention(nn.Module):
         qk, v = qkv[:, : heads + kv_heads], qkv[:, heads + kv_heads :]
         if self.q_norm is not None:
             qk = torch.cat((self.q_norm(qk[:, :heads]), self.k_norm(qk[:, heads:])), dim=1)
-        qk = apply_rotary(qk, cos, sin)  # q and k heads rotated together: one set of ops
+        if self.rope:
+            qk = apply_rotary(qk, cos, sin)  # q and k heads rotated together: one set of ops
         q, k = qk[:, :heads], qk[:, heads:]
         out = cache.attention(self.layer, q, k.transpose(0, 1), v.transpose(0, 1), mask, self.scale, self.window)
         return self.o_proj(out)

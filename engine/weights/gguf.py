@@ -1,4 +1,4 @@
-"""Read a GGUF file (llama, qwen2, qwen3, qwen3moe, gemma3 architectures) as a Hugging Face model: its config, and
+"""Read a GGUF file (llama, qwen2, qwen3, qwen3moe, smollm3, gemma3 architectures) as a Hugging Face model: its config, and
 its tensors under Hugging Face names (GGUFWeights, the loader's WeightSource: weights/checkpoint.py).
 
 The file is memory-mapped copy-on-write (gguf_file.py) and nothing is written to disk. A matrix in a
@@ -29,11 +29,13 @@ from engine.weights.gguf_file import GGUFFile, GGUFFormatError, GGUFTensor, Tens
 log = logging.getLogger("kvchat")
 
 # GGUF architectures whose q/k rows llama.cpp permuted at conversion time.
-_PERMUTED_QK = {"llama"}
+_PERMUTED_QK = {"llama", "smollm3"}
 # GGUF general.architecture -> the Hugging Face model_type it is read as (also what `kvchat models` runs).
-MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe", "gemma3": "gemma3_text"}
+MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe", "gemma3": "gemma3_text",
+               "smollm3": "smollm3"}
 _HF_ARCHITECTURE = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                    "qwen3moe": "Qwen3MoeForCausalLM", "gemma3": "Gemma3ForCausalLM"}
+                    "qwen3moe": "Qwen3MoeForCausalLM", "gemma3": "Gemma3ForCausalLM",
+                    "smollm3": "SmolLM3ForCausalLM"}
 _LAYER_TENSORS = {
     "attn_norm.weight": "input_layernorm.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
@@ -85,8 +87,8 @@ def gguf_config(reader) -> dict[str, Any]:
     """The Hugging Face config.json a GGUF file's metadata describes."""
     arch = _field(reader, "general.architecture")
     if arch not in MODEL_TYPES:
-        raise ModelError(f"Unsupported GGUF architecture {arch!r}: kvchat reads llama, qwen2, qwen3, qwen3moe "
-                         "and gemma3.")
+        raise ModelError(f"Unsupported GGUF architecture {arch!r}: kvchat reads llama, qwen2, qwen3, qwen3moe, "
+                         "smollm3 and gemma3.")
     if any(t.name == "rope_freqs.weight" for t in reader.tensors):
         raise ModelError("This GGUF stores Llama 3.1 RoPE frequency factors; use the Hugging Face model directory instead.")
 
@@ -122,6 +124,8 @@ def gguf_config(reader) -> dict[str, Any]:
     }
     if arch == "qwen3moe":
         config.update(_moe_fields(reader, arch, need, names, config["num_hidden_layers"]))
+    if arch == "smollm3":  # llama.cpp fixes its NoPE layers in code (every fourth), with no metadata key
+        config["no_rope_layer_interval"] = 4
     if arch == "gemma3":
         config.update(gguf_gemma3.config_fields(lambda key, default: _field(reader, f"{arch}.{key}", default),
                                                 need, config["num_hidden_layers"]))

@@ -74,6 +74,7 @@ typedef struct {
     int32_t window;                              /* positions a query sees, itself included; 0: all */
     int32_t local_rope;                          /* 1: the sequence's cos_local/sin_local tables */
     const kc_moe *moe;                           /* a mixture of experts in place of gate_up/down, or NULL */
+    int32_t no_rope, pad;                        /* 1: q/k are not rotated (SmolLM3's NoPE layers) */
 } kc_layer;
 
 typedef struct {
@@ -252,6 +253,7 @@ void kc_forward_batch(const kc_model *M, const kc_sequence *seqs, int count, con
                     float *x = row + h * dim;
                     const float *w = h < heads ? L->q_norm : L->k_norm;
                     if (w) rms_norm(x, w, dim, M->eps, x);
+                    if (L->no_rope) continue;
                     const float *cos = L->local_rope ? q->cos_local : q->cos, *sin = L->local_rope ? q->sin_local : q->sin;
                     rotate(x, cos + (int64_t)j * dim, sin + (int64_t)j * dim, dim);
                 }
