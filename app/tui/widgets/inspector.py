@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from rich.text import Text
 from textual.app import ComposeResult
+from textual.css.query import NoMatches
 from textual.containers import Vertical
 from textual.widget import Widget
 from textual.widgets import Sparkline, Static
@@ -123,6 +124,8 @@ class SplitBar(Static):
             self.call_after_refresh(self._draw)
 
     def _draw(self) -> None:
+        if not self.is_attached:  # removed (the app closing) before a queued redraw: no styles to draw with
+            return
         first, second = self.cells()
         text = Text(no_wrap=True, overflow="crop")
         text.append(self.chars[0] * first, self.get_component_rich_style("split-bar--first", partial=True))
@@ -182,7 +185,6 @@ class Inspector(Widget):
         super().__init__(id=id, classes=classes)
         self.stats: ReplyNumbers | None = None
         self.label = ""
-        self._composed = False  # its children exist (on_mount): before, show() only keeps what to show
 
     def compose(self) -> ComposeResult:
         yield Static("", id="heading", markup=False)
@@ -207,9 +209,6 @@ class Inspector(Widget):
             yield Static("", id="step-legend", classes="legend", markup=False)
 
     def on_mount(self) -> None:
-        # A show() before this point only kept its stats: Textual may call it on a widget that is mounted
-        # but whose composed children are not yet (seen when a suspended chat resumes on SIGCONT).
-        self._composed = True
         self._refresh_content()
 
     def show(self, stats: ReplyNumbers | dict | None, label: str = "") -> None:
@@ -218,12 +217,16 @@ class Inspector(Widget):
         if not isinstance(stats, ReplyNumbers):  # a stored row that is not a dict is damaged: none kept
             stats = ReplyNumbers.from_saved(stats) if isinstance(stats, dict) else None
         self.stats, self.label = stats, label
-        if self._composed:
+        if self.is_mounted:
             self._refresh_content()
 
     def _refresh_content(self) -> None:
         stats = self.stats
-        self.query_one("#heading", Static).update(self.label or ("Inspector" if stats is None else "Reply"))
+        try:
+            heading = self.query_one("#heading", Static)
+        except NoMatches:  # its children are being removed: the app is closing (a reply saved as the user quit)
+            return
+        heading.update(self.label or ("Inspector" if stats is None else "Reply"))
         numbers = stats if stats is not None else ReplyNumbers()  # no reply: every part hidden
         shown = [self._show_time(numbers), self._show_prompt(numbers), self._show_numbers(numbers),
                  self._show_rates(numbers), self._show_steps(numbers)]

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from textual import on
 from textual.app import ComposeResult
+from textual.css.query import NoMatches
 from textual.await_complete import AwaitComplete
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -206,7 +207,10 @@ class Sidebar(Vertical):
     def highlight(self, conversation_id: str | None) -> None:
         """Mark `conversation_id` as the open conversation (None: none is) and put the cursor on it."""
         self.open_id = conversation_id
-        list_view = self.query_one("#conversations", ListView)
+        try:
+            list_view = self.query_one("#conversations", ListView)
+        except NoMatches:  # its children are being removed: the app is closing (a reply saved as the user quit)
+            return
         for index, item in enumerate(list_view.children):
             open_here = conversation_id is not None and getattr(item, "conversation_id", None) == conversation_id
             item.set_class(open_here, "-open")

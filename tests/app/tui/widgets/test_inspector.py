@@ -288,3 +288,14 @@ async def test_stats_given_before_the_panel_is_mounted_are_shown_when_it_is():
         await wait_until(pilot, lambda: text_of(app, "#timeline") != "")
         assert text_of(app, "#heading") == "Reply 2"
         assert text_of(app, "#prompt-legend") == "1,024 cached (disk) · 12 computed"
+
+
+async def test_a_reply_shown_while_the_app_closes_and_its_children_are_gone_raises_nothing():
+    # A reply saved as the user quits reaches the inspector after Textual began removing its children: the
+    # full suite once ended a resumed chat with NoMatches on #heading there.
+    app = InspectorApp()
+    async with app.run_test():
+        inspector = app.query_one(Inspector)
+        await inspector.remove_children()
+        inspector.show(FULL, "Reply")
+        assert inspector.stats is not None and inspector.label == "Reply"

@@ -383,3 +383,15 @@ async def test_down_in_the_filter_moves_to_the_list_and_slash_back(store):
         assert app.query_one("#conversations", ListView).has_focus
         await pilot.press("slash", "e")
         assert app.query_one("#filter", Input).value == "one"
+
+
+async def test_highlighting_while_the_app_closes_and_the_list_is_gone_raises_nothing(store):
+    # The first message's save may reach the sidebar after Textual began removing its children (the user
+    # quit at once): the full suite once ended a chat with NoMatches on #conversations there.
+    opened = chat(store, "Herons")
+    app = SidebarApp(store)
+    async with app.run_test():
+        sidebar = app.query_one(Sidebar)
+        await sidebar.remove_children()
+        sidebar.highlight(opened.id)
+        assert sidebar.open_id == opened.id
