@@ -78,6 +78,11 @@ def test_a_follow_up_turn_writes_only_its_new_blocks(tiny_engine, storage, kvcha
 
 
 def test_a_resumed_conversation_comes_from_disk_and_equals_a_reply_without_cache(tiny_engine, storage):
+    resume_equals_recompute(tiny_engine, storage)
+
+
+def resume_equals_recompute(tiny_engine, storage) -> None:
+    """Three turns saved, then a fourth in a new process: its history from disk, its reply a recompute's."""
     session = new_session(tiny_engine, storage)
     reply(session.send("first question"))
     reply(session.send("second question"))
@@ -94,6 +99,20 @@ def test_a_resumed_conversation_comes_from_disk_and_equals_a_reply_without_cache
     assert first.stats.cache_source == "disk" and expected.stats.cache_source == "none"
     assert first.stats.cached_tokens == len(session.seen_ids) - 1  # the whole history, but its last token
     assert first.stats.prefilled_tokens == len(prompt) - first.stats.cached_tokens
+
+
+@pytest.fixture(scope="module", params=["qwen3-moe", "smollm3"])
+def new_architecture_engine(request, tmp_path_factory):
+    from engine import Engine, EngineOptions
+    from tests.tiny_models import make_tiny_model
+
+    path = make_tiny_model(tmp_path_factory.mktemp(request.param), request.param, seed=3)
+    return Engine.load(EngineOptions(model=str(path), device="cpu", dtype="float32"))
+
+
+def test_a_mixture_or_nope_conversation_resumed_from_disk_equals_a_reply_without_cache(new_architecture_engine,
+                                                                                      storage):
+    resume_equals_recompute(new_architecture_engine, storage)
 
 
 def two_conversations_sharing_a_system_prompt(engine, storage):

@@ -35,7 +35,8 @@ def engines_for(model_dir, paged_kv=None):
     return cached, probe
 
 
-@pytest.fixture(scope="module", params=["dense", "q4_1-blocks", "dense-paged", "gemma3", "gemma3-paged", "qwen3-moe"])
+@pytest.fixture(scope="module", params=["dense", "q4_1-blocks", "dense-paged", "gemma3", "gemma3-paged", "qwen3-moe",
+                                              "smollm3"])
 def engines(request, tmp_path_factory):
     """The paged variant reads K/V blocks in place (the GPU path), checked against eager without a cache.
     Gemma 3's sliding layers (window 8, far shorter than the prompts) must reuse cached prefixes exactly
@@ -43,8 +44,8 @@ def engines(request, tmp_path_factory):
     root = tmp_path_factory.mktemp("differential")
     if request.param.startswith("gemma3"):
         return engines_for(make_tiny_model(root / "hf", "gemma3", seed=7), paged_kv=request.param == "gemma3-paged")
-    if request.param == "qwen3-moe":  # routed experts: each token's own, whatever was cached before it
-        return engines_for(make_tiny_model(root / "hf", "qwen3-moe", seed=7))
+    if request.param in ("qwen3-moe", "smollm3"):  # routed experts; NoPE layers over cached keys
+        return engines_for(make_tiny_model(root / "hf", request.param, seed=7))
     hf_dir = make_tiny_model(root / "hf", "llama", seed=7)
     if request.param.startswith("dense"):
         return engines_for(hf_dir, paged_kv=request.param == "dense-paged")
