@@ -19,7 +19,7 @@ from pathlib import Path
 
 from engine.errors import ModelError
 from engine.model.config import SUPPORTED_ARCHITECTURES
-from engine.sources.app_stores import app_store_ggufs, gguf_models, hf_cache_folder
+from engine.sources.app_stores import app_store_ggufs, gguf_models, hf_cache_folder, main_revision
 from engine.sources.model_summary import summarize
 from engine.sources.ollama import PREFIX as OLLAMA_PREFIX
 from engine.sources.ollama import is_ollama, ollama_models, parse_name
@@ -180,10 +180,7 @@ def _hf_cache_models(picker: bool) -> Iterator[FoundModel]:
 
 def _current_snapshot(repo: Path) -> Path | None:
     """The snapshot loading the repo would use: the one refs/main names, else the newest."""
-    try:
-        main = (repo / "refs" / "main").read_text().strip()
-    except OSError:
-        main = ""
+    main = main_revision(repo)
     if main and (repo / "snapshots" / main).is_dir():
         return repo / "snapshots" / main
     snapshots = [path for path in _sorted_entries(repo / "snapshots") if path.is_dir()]

@@ -97,12 +97,17 @@ def gguf_models(store: str, files: Iterable[Path]) -> Iterator[StoredGGUF]:
             yield StoredGGUF(path, store, tuple(p for p in parts if p.is_file()))
 
 
+def main_revision(repo: Path) -> str:
+    """The snapshot a Hugging Face cache repo's refs/main names ("" if none): the one loading it uses."""
+    try:
+        return (repo / "refs" / "main").read_text().strip()
+    except OSError:
+        return ""
+
+
 def _snapshots(repo: Path) -> list[Path]:
     """A Hugging Face cache repo's snapshot folders, the one refs/main names first."""
-    try:
-        main = (repo / "refs" / "main").read_text().strip()
-    except OSError:
-        main = ""
+    main = main_revision(repo)
     return sorted(_folders(repo / "snapshots"), key=lambda snapshot: snapshot.name != main)
 
 
