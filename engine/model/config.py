@@ -26,7 +26,7 @@ SUPPORTED_ARCHITECTURES = {
 }
 # A multimodal config whose text model kvchat runs (its text_config).
 MULTIMODAL_WRAPPERS = {"gemma3": "gemma3_text"}
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,12 @@ class RopeConfig:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    # yarn scaling only (gpt-oss, Ministral 3): the ramp between interpolated and extrapolated
+    # frequencies, and the factor cos/sin are multiplied by (None: derived from `factor`).
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+    attention_factor: float | None = None
 
 
 @dataclass(frozen=True)
@@ -274,4 +280,14 @@ def _rope_from(params: dict[str, Any], raw: dict[str, Any]) -> RopeConfig:
         original_max_position_embeddings=int(
             params.get("original_max_position_embeddings", raw.get("max_position_embeddings", 8192))
         ),
+        **(_yarn_fields(params) if rope_type == "yarn" else {}),
     )
+
+
+def _yarn_fields(params: dict[str, Any]) -> dict[str, Any]:
+    if params.get("mscale") or params.get("mscale_all_dim"):
+        raise ModelError("This model's YaRN RoPE sets mscale, which kvchat does not run.")
+    factor = params.get("attention_factor")
+    return {"beta_fast": float(params.get("beta_fast") or 32.0), "beta_slow": float(params.get("beta_slow") or 1.0),
+            "truncate": bool(params.get("truncate", True)),
+            "attention_factor": float(factor) if factor is not None else None}

@@ -1,4 +1,4 @@
-"""Rotary position embeddings (RoPE), including Llama 3's frequency scaling.
+"""Rotary position embeddings (RoPE), with Llama 3's and YaRN's frequency scaling.
 
 Weights are in Hugging Face's layout, so rotation uses the rotate-half
 convention (first and second halves of each head form the pairs).
@@ -20,7 +20,36 @@ def inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
         return inv_freq / rope.factor
     if rope.type == "llama3":
         return _llama3_scaled(inv_freq, rope)
+    if rope.type == "yarn":
+        return _yarn_scaled(rope, head_dim)
     return inv_freq
+
+
+def magnitude(rope: RopeConfig) -> float:
+    """What cos and sin are multiplied by: YaRN's attention factor (it sharpens long-context attention)."""
+    if rope.type != "yarn":
+        return 1.0
+    if rope.attention_factor is not None:
+        return rope.attention_factor
+    return 1.0 if rope.factor <= 1 else 0.1 * math.log(rope.factor) + 1.0
+
+
+def _yarn_scaled(rope: RopeConfig, head_dim: int) -> torch.Tensor:
+    # High frequencies (many turns within the original context) are kept, low ones divided by
+    # `factor`, with a linear ramp between the dimensions that turn beta_fast and beta_slow times.
+    def dimension(turns: float) -> float:
+        return head_dim * math.log(rope.original_max_position_embeddings / (turns * 2 * math.pi)) / (2 * math.log(rope.theta))
+
+    low, high = dimension(rope.beta_fast), dimension(rope.beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = torch.clamp((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    keep = 1 - ramp
+    wavelengths = rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+    return 1.0 / (rope.factor * wavelengths) * (1 - keep) + 1.0 / wavelengths * keep
 
 
 def _llama3_scaled(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
@@ -45,12 +74,14 @@ class RotaryEmbedding:
         freqs = torch.outer(positions, inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
         # Computed in fp32 and then cast, as the reference implementation does.
-        self.cos = emb.cos().to(device=device, dtype=dtype)
+        scale = magnitude(rope)
+        cos, sin = (emb.cos(), emb.sin()) if scale == 1.0 else (emb.cos() * scale, emb.sin() * scale)
+        self.cos = cos.to(device=device, dtype=dtype)
         # rotate_half(x) * sin == swap_halves(x) * sin_signed, bit for bit (negation is exact),
         # with one op fewer on the decode path.
         half = head_dim // 2
         sign = torch.cat((-torch.ones(half), torch.ones(half)))
-        self.sin_signed = (emb.sin() * sign).to(device=device, dtype=dtype)
+        self.sin_signed = (sin * sign).to(device=device, dtype=dtype)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:

@@ -5,7 +5,7 @@ import torch
 
 from engine.model.config import ModelConfig, RopeConfig
 from engine.errors import ModelError
-from engine.model.rope import inverse_frequencies
+from engine.model.rope import inverse_frequencies, magnitude
 
 LLAMA = dict(model_type="llama", vocab_size=100, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
@@ -50,7 +50,9 @@ def test_qwen_sliding_window_is_ignored_unless_enabled():
 
 @pytest.mark.parametrize("raw, words", [
     ({**LLAMA, "model_type": "gpt2"}, "Unsupported model architecture 'gpt2'"),
-    ({**LLAMA, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "Unsupported RoPE scaling 'yarn'"),
+    ({**LLAMA, "rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}, "Unsupported RoPE scaling 'dynamic'"),
+    ({**LLAMA, "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "mscale": 1.0, "mscale_all_dim": 1.0}},
+     "mscale"),
     ({k: v for k, v in LLAMA.items() if k != "hidden_size"}, "incomplete or malformed"),
 ])
 def test_unsupported_or_broken_configs_raise_one_clear_model_error(raw, words):
@@ -72,6 +74,12 @@ def test_unreadable_config_file_is_a_model_error(tmp_path):
     {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
     {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+    # gpt-oss's and Ministral 3's YaRN (untruncated ramp, then the truncated default, then a set factor)
+    {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+     "truncate": False, "original_max_position_embeddings": 4096},
+    {"rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0, "original_max_position_embeddings": 16384},
+    {"rope_type": "yarn", "rope_theta": 1e6, "factor": 8.0, "attention_factor": 1.25,
+     "original_max_position_embeddings": 8192},
 ])
 def test_inverse_frequencies_match_transformers(rope_parameters):
     from transformers import LlamaConfig
@@ -86,5 +94,6 @@ def test_inverse_frequencies_match_transformers(rope_parameters):
         base = rope_parameters["rope_theta"]
         expected = 1.0 / (base ** (torch.arange(0, 64, 2).float() / 64))
     else:
-        expected, _ = ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu")
-    torch.testing.assert_close(ours, expected.float(), rtol=1e-6, atol=0)
+        expected, attention_factor = ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu")
+        assert magnitude(cfg.rope) == attention_factor  # what cos/sin are multiplied by
+    torch.testing.assert_close(ours, expected.float(), rtol=0, atol=0)
