@@ -59,8 +59,38 @@ EXPERT_NAMES = {"mlp.gate.weight": "ffn_gate_inp.weight", "mlp.experts.gate_proj
                 "mlp.experts.up_proj": "ffn_up_exps.weight", "mlp.experts.down_proj": "ffn_down_exps.weight"}
 
 
+# gpt-oss's tensors as llama.cpp names them (its experts after _gguf_layout has split and transposed them).
+GPT_OSS_NAMES = {
+    **LAYER_NAMES, "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "self_attn.o_proj.bias": "attn_output.bias", "self_attn.sinks": "attn_sinks.weight",
+    "mlp.router.weight": "ffn_gate_inp.weight", "mlp.router.bias": "ffn_gate_inp.bias",
+    "mlp.experts.gate_proj": "ffn_gate_exps.weight", "mlp.experts.up_proj": "ffn_up_exps.weight",
+    "mlp.experts.down_proj": "ffn_down_exps.weight", "mlp.experts.gate_proj_bias": "ffn_gate_exps.bias",
+    "mlp.experts.up_proj_bias": "ffn_up_exps.bias", "mlp.experts.down_proj_bias": "ffn_down_exps.bias",
+}
+
+
+def _gpt_oss_layout(state: dict[str, torch.Tensor]):
+    """gpt-oss's stacked experts as llama.cpp's converter writes them: gate (even columns) and up (odd ones)
+    apart, every projection [experts, rows, K] Linear-layout."""
+    for name, tensor in state.items():
+        if name.endswith("gate_up_proj"):
+            yield name.replace("gate_up_proj", "gate_proj"), tensor[:, :, ::2].transpose(1, 2)
+            yield name.replace("gate_up_proj", "up_proj"), tensor[:, :, 1::2].transpose(1, 2)
+        elif name.endswith("gate_up_proj_bias"):
+            yield name.replace("gate_up_proj_bias", "gate_proj_bias"), tensor[:, ::2]
+            yield name.replace("gate_up_proj_bias", "up_proj_bias"), tensor[:, 1::2]
+        elif name.endswith("experts.down_proj"):
+            yield name, tensor.transpose(1, 2)
+        else:
+            yield name, tensor
+
+
 def _gguf_layout(state: dict[str, torch.Tensor], cfg):
     """(name, tensor) of a state dict with a mixture's gate_up stack split into llama.cpp's gate and up."""
+    if cfg.model_type == "gpt_oss":
+        yield from _gpt_oss_layout(state)
+        return
     for name, tensor in state.items():
         if name.endswith("mlp.experts.gate_up_proj"):
             base = name.removesuffix("gate_up_proj")
@@ -78,7 +108,8 @@ def gguf_name(hf_name: str, arch: str = "llama") -> str:
     if hf_name == "lm_head.weight":
         return "output.weight"
     _, _, layer, rest = hf_name.split(".", 3)
-    return f"blk.{layer}.{({**LAYER_NAMES, **EXPERT_NAMES} if arch != 'gemma3' else GEMMA3_LAYER_NAMES)[rest]}"
+    names = {"gemma3": GEMMA3_LAYER_NAMES, "gpt-oss": GPT_OSS_NAMES}.get(arch, {**LAYER_NAMES, **EXPERT_NAMES})
+    return f"blk.{layer}.{names[rest]}"
 
 
 def quantize(w: np.ndarray, type_name: str) -> np.ndarray:
@@ -154,6 +185,16 @@ def write_gguf(hf_model, path: Path, arch: str = "llama", quant: str | dict[str,
         writer.add_expert_count(cfg.num_experts)
         writer.add_expert_used_count(cfg.num_experts_per_tok)
         writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    if arch == "gpt-oss":  # what llama.cpp's converter writes for gpt-oss
+        writer.add_expert_count(cfg.num_local_experts)
+        writer.add_expert_used_count(cfg.num_experts_per_tok)
+        writer.add_expert_feed_forward_length(cfg.intermediate_size)
+        writer.add_sliding_window(cfg.sliding_window)
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(rope["factor"])
+        writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        writer.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+        writer.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
     for name, tensor in _gguf_layout(hf_model.state_dict(), cfg):
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
@@ -164,7 +205,8 @@ def write_gguf(hf_model, path: Path, arch: str = "llama", quant: str | dict[str,
             w = permute(w, cfg.num_attention_heads)
         elif arch in ("llama", "smollm3") and name.endswith("k_proj.weight"):
             w = permute(w, cfg.num_key_value_heads)
-        qtype = None if name.endswith("mlp.gate.weight") else tensor_type(gguf_name(name, arch), w, quant)
+        router = name.endswith(("mlp.gate.weight", "mlp.router.weight"))  # llama.cpp keeps routers F32
+        qtype = None if router else tensor_type(gguf_name(name, arch), w, quant)
         if qtype == "F16":
             writer.add_tensor(gguf_name(name, arch), w.astype(np.float16))
         elif qtype:

@@ -47,6 +47,12 @@ ARCHITECTURES = {
     # SmolLM3: Llama's layers, every fourth without RoPE (its NoPE layers), tied embeddings.
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(num_hidden_layers=4, tie_word_embeddings=True,
                                                             pad_token_id=0)),
+    # gpt-oss: every layer's MLP 4 experts (2 routed, biased router and experts, clamped SwiGLU), q/k/v/o
+    # biased, attention sinks, sliding (window 8) and full layers alternating, YaRN RoPE.
+    "gpt-oss": ("GptOssConfig", "GptOssForCausalLM", dict(
+        head_dim=16, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 64})),
     # Gemma 3 as the 270M is shaped (one KV head, sliding layers then a global one), with a window of 8
     # so a few dozen tokens cross it.
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", GEMMA3),
@@ -57,9 +63,10 @@ ARCHITECTURES = {
         rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}})),
 }
-# The Llama-family architectures, and those the fused CPU decode step runs (not a soft-capped Gemma).
+# The Llama-family architectures, and those the fused CPU decode step runs (not a soft-capped Gemma,
+# not gpt-oss: its sinks and clamped experts are not in the C step).
 LLAMA_FAMILY = sorted(name for name, (config, _, _) in ARCHITECTURES.items() if not config.startswith("Gemma"))
-FUSED_ARCHITECTURES = LLAMA_FAMILY + ["gemma3"]
+FUSED_ARCHITECTURES = [name for name in LLAMA_FAMILY if name != "gpt-oss"] + ["gemma3"]
 
 
 def save_byte_tokenizer(path: Path) -> None:
@@ -84,11 +91,13 @@ def make_tiny_model(path: Path, arch: str = "llama", seed: int = 0, **overrides)
     config = getattr(transformers, config_cls)(**{**BASE, **arch_overrides, **overrides})
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(config).eval()
-    # Random init leaves norms at 1 and biases at 0; perturb them so the tests see them.
+    # Random init leaves norms at 1 and biases (and gpt-oss's sinks) at 0; perturb them so the tests see them.
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if name.endswith("norm.weight") or name.endswith(".bias"):
+            if name.endswith(("norm.weight", ".bias", "_bias")):
                 param.add_(torch.randn_like(param) * 0.1)
+            elif name.endswith("sinks"):  # logits beside q.k ones: large enough to move every softmax
+                param.add_(torch.randn_like(param))
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(path))
     save_byte_tokenizer(path)

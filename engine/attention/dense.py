@@ -12,6 +12,9 @@ A sliding-window layer (Gemma 3) keeps every token's K/V and applies its window 
 token attends over the last `window` keys (a view, nothing copied), a chunk through a banded mask.
 So the KV cache, the prefix cache and exported K/V never need to know a layer slides, and a prefix
 reused from the cache or from disk is exactly the one a fresh prefill computes.
+
+A layer with attention sinks (gpt-oss) has one more logit per query head in every softmax, attending to
+nothing: SDPA has no place for it, so those layers take the explicit form (`attend_with_sinks`).
 """
 
 from __future__ import annotations
@@ -45,12 +48,14 @@ def window_causal_mask(num_new: int, context: int, window: int | None,
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-           scale: float, window: int | None = None) -> torch.Tensor:
+           scale: float, window: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q [T, heads, D], k/v [kv_heads, S, D] -> output [T, heads * D].
 
     `mask` must be `window_causal_mask(T, S, window)`: the layer's window is in it, except for one
-    new token, which attends over the last `window` keys here.
+    new token, which attends over the last `window` keys here. `sinks` [heads]: the layer's sink logits.
     """
+    if sinks is not None:
+        return attend_with_sinks(q, k, v, mask, scale, window, sinks)
     num_new, heads, dim = q.shape
     kv_heads, context = k.shape[0], k.shape[1]
     if num_new == 1:
@@ -64,3 +69,25 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     out = F.scaled_dot_product_attention(queries, k.unsqueeze(0), v.unsqueeze(0), attn_mask=mask,
                                          is_causal=num_new == context, scale=scale, enable_gqa=True)
     return out[0].transpose(0, 1).reshape(num_new, heads * dim)
+
+
+def attend_with_sinks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                      scale: float, window: int | None, sinks: torch.Tensor) -> torch.Tensor:
+    """`attend` with a sink logit per query head joining each row's softmax (and dropped after it), as
+    gpt-oss attends: softmax([q.k * scale..., sink]) over [v..., 0]."""
+    num_new, heads, dim = q.shape
+    kv_heads, context = k.shape[0], k.shape[1]
+    group = heads // kv_heads
+    if num_new == 1 and window is not None and context > window:
+        k, v, context = k[:, context - window :], v[:, context - window :], window
+    if mask is None and num_new > 1:  # a prompt from scratch: SDPA's own causal form, made explicit here
+        mask = torch.ones(num_new, context, dtype=torch.bool, device=q.device).tril(context - num_new)
+    # A KV head's group of query heads become rows of one matmul: [kv_heads, group * T, D].
+    queries = q.transpose(0, 1).reshape(kv_heads, group * num_new, dim)
+    scores = (queries @ k.transpose(1, 2) * scale).view(heads, num_new, context)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    sink = sinks.to(scores.dtype).view(heads, 1, 1).expand(heads, num_new, 1)
+    probs = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]
+    out = probs.reshape(kv_heads, group * num_new, context) @ v
+    return out.view(heads, num_new, dim).transpose(0, 1).reshape(num_new, heads * dim)

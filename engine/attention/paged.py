@@ -5,7 +5,8 @@ order; attention reads them in place instead of gathering a contiguous copy
 every step. Two implementations with one signature:
 - the Triton kernels (engine/attention/triton_paged.py), on CUDA tensors, or on
   CPU tensors under Triton's interpreter (TRITON_INTERPRET=1, for tests);
-- `paged_decode_reference` in plain torch, the fallback everywhere else.
+- `paged_decode_reference` in plain torch, the fallback everywhere else, and what a layer with attention
+  sinks (gpt-oss) runs on a GPU too: the Triton kernels do not read sinks.
 Both have static shapes and no host synchronisation, so either can sit inside
 a torch.compile'd or CUDA-graph-captured decode step.
 
@@ -38,7 +39,7 @@ def _use_triton(q: torch.Tensor) -> bool:
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                           window: int | None = None) -> torch.Tensor:
+                           window: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of one new token per sequence over its paged context.
 
     q: [B, heads, head_dim], the new tokens' queries.
@@ -50,19 +51,20 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         is already in the pool). 0 marks a padding slot: its output is 0.
     scale: multiplies q.k, usually head_dim ** -0.5.
     window: a sliding-window layer's width (Gemma 3): only the last `window` positions are read.
+    sinks: [heads], a sink logit per query head that joins each softmax and attends to nothing (gpt-oss).
     Returns [B, heads, head_dim] in q's dtype, accumulated in fp32. Query head h
     reads KV head h // (heads // kv_heads) (GQA).
     """
-    if _use_triton(q):
+    if _use_triton(q) and sinks is None:
         from engine.attention.triton_paged import paged_decode_triton
 
         return paged_decode_triton(q, k_cache, v_cache, block_tables, seq_lens, scale, window=window)
-    return paged_decode_reference(q, k_cache, v_cache, block_tables, seq_lens, scale, window)
+    return paged_decode_reference(q, k_cache, v_cache, block_tables, seq_lens, scale, window, sinks)
 
 
 def paged_decode_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                           window: int | None = None) -> torch.Tensor:
+                           window: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Plain-torch paged_decode_attention (same arguments, same result).
 
     Gathers all max_blocks blocks of every row and masks positions >= seq_len,
@@ -97,8 +99,14 @@ def paged_decode_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     scores = queries @ k.transpose(-1, -2)  # [B, kv_heads, group, context]
     scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
     top = scores.amax(dim=-1, keepdim=True)
+    if sinks is not None:  # the sink joins the softmax's maximum and its total, and adds nothing to the output
+        sink = sinks.float().view(1, kv_heads, group, 1)
+        top = torch.maximum(top, sink)
     top = torch.where(top == float("-inf"), 0.0, top)  # seq_len 0: all -inf; weights 0, output 0
     weights = torch.exp(scores - top)
-    total = weights.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
+    total = weights.sum(dim=-1, keepdim=True)
+    if sinks is not None:
+        total = total + torch.exp(sink - top)
+    total = total.clamp_min(torch.finfo(torch.float32).tiny)
     out = (weights @ v) / total
     return out.reshape(batch, heads, dim).to(q.dtype)

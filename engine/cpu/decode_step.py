@@ -120,6 +120,8 @@ class FusedCPUDecode:
             raise Unfusable("the model is not the Llama-family or Gemma 3 decoder")
         if cfg.moe is not None and not (cfg.moe.experts <= MOE_MAX_EXPERTS and cfg.moe.per_token <= MOE_MAX_PER_TOKEN):
             raise Unfusable(f"its mixture ({cfg.moe.per_token} of {cfg.moe.experts} experts) is wider than the C step's")
+        if cfg.attention_sinks:
+            raise Unfusable("its attention sinks are not in the C step")
         if cfg.hidden_act not in ACTIVATIONS:
             raise Unfusable(f"its MLP activation {cfg.hidden_act} is not in the C step")
         if cfg.final_logit_softcapping is not None:

@@ -45,9 +45,10 @@ class PagedDecodeKV:
         self.seq_len = (position + 1).to(torch.int32)
 
     def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                  mask: torch.Tensor | None, scale: float, window: int | None = None) -> torch.Tensor:
+                  mask: torch.Tensor | None, scale: float, window: int | None = None,
+                  sinks: torch.Tensor | None = None) -> torch.Tensor:
         return attend_in_place(self.pool, layer, q, k, v, self.blocks, self.offsets, self.table, self.seq_len, scale,
-                               window)
+                               window, sinks)
 
 
 @dataclass

@@ -21,7 +21,8 @@ class KVAttention(Protocol):
     passes only this, see decode/graph_runner.py)."""
 
     def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                  mask: torch.Tensor | None, scale: float, window: int | None = None) -> torch.Tensor: ...
+                  mask: torch.Tensor | None, scale: float, window: int | None = None,
+                  sinks: torch.Tensor | None = None) -> torch.Tensor: ...
 
 
 class KVCache(ABC):
@@ -38,7 +39,8 @@ class KVCache(ABC):
 
     @abstractmethod
     def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                  mask: torch.Tensor | None, scale: float, window: int | None = None) -> torch.Tensor:
+                  mask: torch.Tensor | None, scale: float, window: int | None = None,
+                  sinks: torch.Tensor | None = None) -> torch.Tensor:
         """Store k/v [kv_heads, T, head_dim] of the T new tokens; attend q [T, heads, head_dim] over
         the whole sequence (a sliding-window layer: over the last `window` keys of each query).
         Returns [T, heads * head_dim]. `mask` is `window_causal_mask(T, S, window)`.
@@ -96,9 +98,10 @@ class ContiguousKVCache(KVCache):
         return self._k[layer, :, :end], self._v[layer, :, :end]
 
     def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                  mask: torch.Tensor | None, scale: float, window: int | None = None) -> torch.Tensor:
+                  mask: torch.Tensor | None, scale: float, window: int | None = None,
+                  sinks: torch.Tensor | None = None) -> torch.Tensor:
         k_all, v_all = self.write(layer, k, v)
-        return attend(q, k_all, v_all, mask, scale, window)
+        return attend(q, k_all, v_all, mask, scale, window, sinks)
 
     def commit(self, new_tokens: int) -> None:
         self._length += new_tokens

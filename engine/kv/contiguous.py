@@ -36,8 +36,9 @@ class ContiguousKV(SequenceKV):
         self.buffer.reserve(new_tokens)
 
     def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                  mask: torch.Tensor | None, scale: float, window: int | None = None) -> torch.Tensor:
-        return self.buffer.attention(layer, q, k, v, mask, scale, window)
+                  mask: torch.Tensor | None, scale: float, window: int | None = None,
+                  sinks: torch.Tensor | None = None) -> torch.Tensor:
+        return self.buffer.attention(layer, q, k, v, mask, scale, window, sinks)
 
     def commit(self, new_tokens: int) -> None:
         self.buffer.commit(new_tokens)

@@ -18,14 +18,15 @@ from engine.kv.prefix_cache import PrefixCache
 
 def attend_in_place(pool: KVPool, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     slot_blocks: torch.Tensor, slot_offsets: torch.Tensor, table: torch.Tensor,
-                    seq_len: torch.Tensor, scale: float, window: int | None = None) -> torch.Tensor:
+                    seq_len: torch.Tensor, scale: float, window: int | None = None,
+                    sinks: torch.Tensor | None = None) -> torch.Tensor:
     """One decode token of each of B sequences: write their k/v [kv_heads, B, head_dim] at (slot_blocks,
     slot_offsets) [B], then attend q [B, heads, head_dim], row b over its blocks `table[b]` ([B, width])
     up to `seq_len[b]` (a sliding-window layer: its last `window` positions). Tensors only, no host
     sync: the captured decode step runs this too."""
     pool.write_slots(layer, slot_blocks, slot_offsets, k.transpose(0, 1), v.transpose(0, 1))
     k_cache, v_cache = pool.layer_view(layer)
-    return paged_decode_attention(q, k_cache, v_cache, table, seq_len, scale, window).reshape(q.shape[0], -1)
+    return paged_decode_attention(q, k_cache, v_cache, table, seq_len, scale, window, sinks).reshape(q.shape[0], -1)
 
 
 class PagedKV(PooledKV):
@@ -39,15 +40,16 @@ class PagedKV(PooledKV):
         return cls(cache, match, prompt_ids, use_prefix_cache), match.source
 
     def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                  mask: torch.Tensor | None, scale: float, window: int | None = None) -> torch.Tensor:
+                  mask: torch.Tensor | None, scale: float, window: int | None = None,
+                  sinks: torch.Tensor | None = None) -> torch.Tensor:
         pool, new = self.cache.pool, k.shape[1]
         end = self.num_tokens + new
         blocks, offsets, table = self._slot_tensors(new, q.device)
         if new == 1:
             seq_len = torch.full((1,), end, dtype=torch.int32, device=q.device)
-            return attend_in_place(pool, layer, q, k, v, blocks, offsets, table[None], seq_len, scale, window)
+            return attend_in_place(pool, layer, q, k, v, blocks, offsets, table[None], seq_len, scale, window, sinks)
         pool.write_slots(layer, blocks, offsets, k.transpose(0, 1), v.transpose(0, 1))
-        return attend(q, *pool.gather_layer(layer, table, end), mask, scale, window)
+        return attend(q, *pool.gather_layer(layer, table, end), mask, scale, window, sinks)
 
     def _slot_tensors(self, new: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Where this forward pass's new positions go (block, offset) and the block table, made once per pass."""

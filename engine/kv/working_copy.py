@@ -43,8 +43,9 @@ class WorkingCopyKV(PooledKV):
         super().reserve(new_tokens)
 
     def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                  mask: torch.Tensor | None, scale: float, window: int | None = None) -> torch.Tensor:
-        return self.working.attention(layer, q, k, v, mask, scale, window)
+                  mask: torch.Tensor | None, scale: float, window: int | None = None,
+                  sinks: torch.Tensor | None = None) -> torch.Tensor:
+        return self.working.attention(layer, q, k, v, mask, scale, window, sinks)
 
     def commit(self, new_tokens: int) -> None:
         start = self.num_tokens

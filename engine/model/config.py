@@ -23,6 +23,7 @@ SUPPORTED_ARCHITECTURES = {
     "gemma3_text": {"qkv_bias": None, "qk_norm": True},
     "qwen3_moe": {"qkv_bias": None, "qk_norm": True},
     "smollm3": {"qkv_bias": None, "qk_norm": False},
+    "gpt_oss": {"qkv_bias": None, "qk_norm": False},
 }
 # A multimodal config whose text model kvchat runs (its text_config).
 MULTIMODAL_WRAPPERS = {"gemma3": "gemma3_text"}
@@ -57,6 +58,10 @@ class MoEConfig:
     intermediate_size: int
     normalize: bool
     layers: tuple[bool, ...]
+    # gpt-oss: the router has a bias and picks the top-k logits before the softmax (over those k only);
+    # its experts have biases and gate with a clamped SwiGLU (model/mlp.py).
+    softmax_after_topk: bool = False
+    biased: bool = False
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], num_layers: int) -> "MoEConfig":
@@ -68,9 +73,12 @@ class MoEConfig:
                              "a mixture kvchat can run.")
         step = int(raw.get("decoder_sparse_step") or 1)
         dense = {int(i) for i in raw.get("mlp_only_layers") or ()}
+        layers = tuple(i not in dense and (i + 1) % step == 0 for i in range(num_layers))
+        if raw.get("model_type") == "gpt_oss":  # every layer routes; the softmax is over the chosen logits
+            return cls(experts=experts, per_token=per_token, intermediate_size=int(raw["intermediate_size"]),
+                       normalize=False, layers=(True,) * num_layers, softmax_after_topk=True, biased=True)
         return cls(experts=experts, per_token=per_token, intermediate_size=int(raw["moe_intermediate_size"]),
-                   normalize=bool(raw.get("norm_topk_prob", False)),
-                   layers=tuple(i not in dense and (i + 1) % step == 0 for i in range(num_layers)))
+                   normalize=bool(raw.get("norm_topk_prob", False)), layers=layers)
 
 
 @dataclass(frozen=True)
@@ -106,6 +114,11 @@ class ModelConfig:
     moe: MoEConfig | None = None
     # SmolLM3: per layer, whether its q/k are rotated (its NoPE layers are not); empty: every layer's are.
     rope_layers: tuple[bool, ...] = ()
+    # gpt-oss: a learned logit per query head that joins every softmax (attention "sinks"), and the
+    # clamp of its experts' SwiGLU (hidden_act "swiglu_oai": model/mlp.py).
+    attention_sinks: bool = False
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
 
     @property
     def family(self) -> str:
@@ -185,6 +198,8 @@ class ModelConfig:
                 fields["moe"] = MoEConfig.from_dict(raw, fields["num_layers"])
             if model_type == "smollm3":
                 fields["rope_layers"] = _smollm3_rope_layers(raw, fields["num_layers"])
+            if model_type == "gpt_oss":
+                fields.update(_gpt_oss_fields(raw, fields["num_layers"]))
             return cls(**fields)
         except (KeyError, TypeError, ValueError) as exc:
             raise ModelError(f"The model's config.json is incomplete or malformed ({exc!r}).") from None
@@ -231,6 +246,30 @@ def _gemma3_fields(raw: dict[str, Any]) -> dict[str, Any]:
         "final_logit_softcapping": float(cap) if cap is not None else None,
         "tie_word_embeddings": bool(raw.get("tie_word_embeddings", True)),
         "max_position_embeddings": int(raw.get("max_position_embeddings", 131072)),
+    }
+
+
+def _gpt_oss_fields(raw: dict[str, Any], layers: int) -> dict[str, Any]:
+    """gpt-oss: every layer's attention biased (o_proj's too) and sunk, the sliding layers' 128-token window a
+    mask per layer (not a cap on the context), its experts in every layer, their clamped SwiGLU."""
+    kinds = raw.get("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
+    if len(kinds) != layers or set(kinds) - {"sliding_attention", "full_attention"}:
+        raise ModelError(f"The model's layer_types do not describe its {layers} layers as sliding or full attention.")
+    if (raw.get("quantization_config") or {}).get("quant_method") == "mxfp4":
+        raise ModelError("This gpt-oss checkpoint keeps its experts in MXFP4 blocks, which kvchat reads from GGUF "
+                         "files only; use the model's GGUF file.")
+    window = int(raw.get("sliding_window") or 128)
+    return {
+        "sliding_window": None,
+        "layer_windows": tuple(window if kind == "sliding_attention" else None for kind in kinds),
+        "o_bias": bool(raw.get("attention_bias", True)),
+        "qkv_bias": bool(raw.get("attention_bias", True)),
+        "attention_sinks": True,
+        "hidden_act": "swiglu_oai",
+        "swiglu_alpha": float(raw.get("swiglu_alpha", 1.702)),
+        "swiglu_limit": float(raw.get("swiglu_limit", 7.0)),
+        "moe": MoEConfig.from_dict(raw, layers),
+        # no intermediate_size of a dense MLP: every layer's MLP is the experts
     }
 
 

@@ -29,8 +29,8 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    """Fused q/k/v projection, optional per-head q/k RMSNorm (Qwen3, Gemma 3), RoPE, GQA, and the
-    layer's sliding window if it has one (Gemma 3)."""
+    """Fused q/k/v projection, optional per-head q/k RMSNorm (Qwen3, Gemma 3), RoPE, GQA, the layer's
+    sliding window if it has one (Gemma 3, gpt-oss) and its attention sinks if it has them (gpt-oss)."""
 
     def __init__(self, cfg: ModelConfig, layer: int, norm: type[nn.Module] = RMSNorm):
         super().__init__()
@@ -45,6 +45,8 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
         self.q_norm = norm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = norm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        # gpt-oss: a logit per query head that joins every softmax and attends to nothing
+        self.sinks = nn.Parameter(torch.zeros(cfg.num_heads)) if cfg.attention_sinks else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVAttention,
                 mask: torch.Tensor | None) -> torch.Tensor:
@@ -56,7 +58,8 @@ class Attention(nn.Module):
         if self.rope:
             qk = apply_rotary(qk, cos, sin)  # q and k heads rotated together: one set of ops
         q, k = qk[:, :heads], qk[:, heads:]
-        out = cache.attention(self.layer, q, k.transpose(0, 1), v.transpose(0, 1), mask, self.scale, self.window)
+        out = cache.attention(self.layer, q, k.transpose(0, 1), v.transpose(0, 1), mask, self.scale, self.window,
+                              self.sinks)
         return self.o_proj(out)
 
 

@@ -1,4 +1,4 @@
-"""A mixture-of-experts MLP (Qwen3-MoE): a router and gated-MLP experts, of which each token uses a few."""
+"""A mixture-of-experts MLP (Qwen3-MoE, gpt-oss): a router and gated-MLP experts, of which each token uses a few."""
 
 from __future__ import annotations
 
@@ -18,17 +18,24 @@ class SparseMoE(nn.Module):
     Only the chosen experts' weights are read: each expert runs once over the rows routed to it. A row's
     sum is taken in ascending expert order whatever the other rows chose (transformers' order too), so a
     token's output does not depend on the batch it is in. Ties in the router resolve as torch.topk
-    resolves them, on the same fp32 probabilities transformers computes."""
+    resolves them, on the same fp32 probabilities transformers computes.
+
+    gpt-oss's router differs: it has a bias, and takes the top-k logits first, then the softmax over those
+    k alone; its experts have biases (model/mlp.py gates them)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         moe = cfg.moe
         self.per_token, self.normalize = moe.per_token, moe.normalize
-        self.gate = nn.Linear(cfg.hidden_size, moe.experts, bias=False)  # the router
-        self.experts = nn.ModuleList(GatedMLP(cfg, moe.intermediate_size) for _ in range(moe.experts))
+        self.softmax_after_topk = moe.softmax_after_topk
+        self.gate = nn.Linear(cfg.hidden_size, moe.experts, bias=moe.biased)  # the router
+        self.experts = nn.ModuleList(GatedMLP(cfg, moe.intermediate_size, moe.biased) for _ in range(moe.experts))
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, per_token] in x's dtype, expert ids [T, per_token]) of each row of x."""
+        if self.softmax_after_topk:
+            logits, chosen = torch.topk(self.gate(x), self.per_token, dim=-1)
+            return F.softmax(logits, dim=-1, dtype=logits.dtype), chosen
         probs = F.softmax(self.gate(x), dim=-1, dtype=torch.float32)
         weights, chosen = torch.topk(probs, self.per_token, dim=-1)
         if self.normalize:

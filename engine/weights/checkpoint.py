@@ -35,6 +35,7 @@ from engine.model.config import ModelConfig
 from engine.errors import ModelError
 from engine.weights.gguf import GGUFWeights, gguf_config, log_dense_matrices, open_gguf
 from engine.model.causal_lm import CausalLM
+from engine.weights.stacked_experts import StackedExperts
 from engine.weights.synthetic import read_marker, synthetic_weights
 
 
@@ -163,21 +164,22 @@ def _linears(cfg: ModelConfig) -> list[tuple[str, list[str], list[str] | None]]:
             (f"layers.{i}.self_attn.o_proj", [attn + "o_proj"], [attn + "o_proj"] if cfg.o_bias else None),
         ]
         if cfg.is_moe(i):  # the router, then each expert's gated MLP
-            specs.append((f"layers.{i}.mlp.gate", [mlp + "gate"], None))
+            biased = cfg.moe.biased
+            specs.append((f"layers.{i}.mlp.gate", [mlp + "gate"], [mlp + "gate"] if biased else None))
             for e in range(cfg.moe.experts):
-                specs += _mlp_linears(cfg, f"layers.{i}.mlp.experts.{e}.", f"{mlp}experts.{e}.")
+                specs += _mlp_linears(f"layers.{i}.mlp.experts.{e}.", f"{mlp}experts.{e}.", biased)
             continue
-        specs += _mlp_linears(cfg, f"layers.{i}.mlp.", mlp)
+        specs += _mlp_linears(f"layers.{i}.mlp.", mlp, cfg.mlp_bias)
     head = "model.embed_tokens" if cfg.tie_word_embeddings else "lm_head"
     specs.append(("lm_head", [head], None))
     return specs
 
 
-def _mlp_linears(cfg: ModelConfig, module: str, stored: str) -> list[tuple[str, list[str], list[str] | None]]:
+def _mlp_linears(module: str, stored: str, biased: bool) -> list[tuple[str, list[str], list[str] | None]]:
     """A gated MLP's two linears: gate and up fused, then down (module path, checkpoint prefix)."""
     gate_up, down = [stored + "gate_proj", stored + "up_proj"], [stored + "down_proj"]
-    return [(module + "gate_up_proj", gate_up, gate_up if cfg.mlp_bias else None),
-            (module + "down_proj", down, down if cfg.mlp_bias else None)]
+    return [(module + "gate_up_proj", gate_up, gate_up if biased else None),
+            (module + "down_proj", down, down if biased else None)]
 
 
 def _quant_linear(kernels: QuantKernels, blocks: WeightSource, names: list[str],
@@ -234,6 +236,8 @@ def load_model(path: Path, device: torch.device, dtype: torch.dtype,
     with ExitStack() as stack:
         ckpt = _Checkpoint(checkpoint_files(path), stack)
         blocks = _HalfPrecisionLinears(ckpt) if kernels is not None else None
+        if cfg.model_type == "gpt_oss":
+            ckpt = StackedExperts(ckpt)
         return load_from(cfg, ckpt, device, dtype, kernels, blocks)
 
 
@@ -271,6 +275,8 @@ def load_from(cfg: ModelConfig, ckpt: WeightSource, device: torch.device, dtype:
         if cfg.qk_norm:
             for norm in ("q_norm", "k_norm"):
                 put(f"layers.{i}.self_attn.{norm}.weight", ckpt.get(f"model.layers.{i}.self_attn.{norm}.weight"))
+        if cfg.attention_sinks:
+            put(f"layers.{i}.self_attn.sinks", ckpt.get(f"model.layers.{i}.self_attn.sinks"))
     for module, names, bias_names in _linears(cfg):
         bias = _joined(ckpt, bias_names, ".bias") if bias_names else None
         packed = _quant_linear(kernels, blocks, names, bias) if blocks is not None and kernels is not None else None

@@ -23,7 +23,7 @@ import torch
 
 from engine.cpu.formats import BLOCK, FORMATS
 from engine.errors import ModelError
-from engine.weights import gguf_gemma3
+from engine.weights import gguf_gemma3, gguf_gpt_oss
 from engine.weights.gguf_file import GGUFFile, GGUFFormatError, GGUFTensor, TensorTableDamage
 
 log = logging.getLogger("kvchat")
@@ -32,10 +32,10 @@ log = logging.getLogger("kvchat")
 _PERMUTED_QK = {"llama", "smollm3"}
 # GGUF general.architecture -> the Hugging Face model_type it is read as (also what `kvchat models` runs).
 MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe", "gemma3": "gemma3_text",
-               "smollm3": "smollm3"}
+               "smollm3": "smollm3", "gpt-oss": "gpt_oss"}
 _HF_ARCHITECTURE = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                     "qwen3moe": "Qwen3MoeForCausalLM", "gemma3": "Gemma3ForCausalLM",
-                    "smollm3": "SmolLM3ForCausalLM"}
+                    "smollm3": "SmolLM3ForCausalLM", "gpt-oss": "GptOssForCausalLM"}
 _LAYER_TENSORS = {
     "attn_norm.weight": "input_layernorm.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
@@ -56,7 +56,8 @@ _LAYER_TENSORS = {
 # A mixture's experts, stacked in one 3-D tensor each ([experts, rows, K]): one Hugging Face matrix an expert.
 _EXPERT_TENSORS = {"ffn_gate_exps.weight": "gate_proj", "ffn_up_exps.weight": "up_proj",
                    "ffn_down_exps.weight": "down_proj"}
-_GEMMA3_LAYER_TENSORS = {**_LAYER_TENSORS, **gguf_gemma3.LAYER_TENSORS}
+_ARCH_LAYER_TENSORS = {"gemma3": {**_LAYER_TENSORS, **gguf_gemma3.LAYER_TENSORS},
+                       "gpt-oss": {**_LAYER_TENSORS, **gguf_gpt_oss.LAYER_TENSORS}}
 _GLOBAL_TENSORS = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -87,8 +88,7 @@ def gguf_config(reader) -> dict[str, Any]:
     """The Hugging Face config.json a GGUF file's metadata describes."""
     arch = _field(reader, "general.architecture")
     if arch not in MODEL_TYPES:
-        raise ModelError(f"Unsupported GGUF architecture {arch!r}: kvchat reads llama, qwen2, qwen3, qwen3moe, "
-                         "smollm3 and gemma3.")
+        raise ModelError(f"Unsupported GGUF architecture {arch!r}: kvchat reads {', '.join(sorted(MODEL_TYPES))}.")
     if any(t.name == "rope_freqs.weight" for t in reader.tensors):
         raise ModelError("This GGUF stores Llama 3.1 RoPE frequency factors; use the Hugging Face model directory instead.")
 
@@ -126,6 +126,10 @@ def gguf_config(reader) -> dict[str, Any]:
         config.update(_moe_fields(reader, arch, need, names, config["num_hidden_layers"]))
     if arch == "smollm3":  # llama.cpp fixes its NoPE layers in code (every fourth), with no metadata key
         config["no_rope_layer_interval"] = 4
+    if arch == "gpt-oss":
+        config.update(gguf_gpt_oss.config_fields(lambda key, default: _field(reader, f"{arch}.{key}", default),
+                                                 need, config["num_hidden_layers"]))
+        return config
     if arch == "gemma3":
         config.update(gguf_gemma3.config_fields(lambda key, default: _field(reader, f"{arch}.{key}", default),
                                                 need, config["num_hidden_layers"]))
@@ -151,21 +155,38 @@ def _moe_fields(reader, arch: str, need, names: set[str], num_layers: int) -> di
 
 
 def _expert_slices(tensor) -> list[GGUFTensor]:
-    """A stacked experts tensor as one 2-D tensor an expert, each viewing its part of the mapping."""
-    return [GGUFTensor(f"{tensor.name}[{e}]", tensor.shape[:2], tensor.tensor_type, tensor.data[e])
+    """A stacked experts tensor as one tensor an expert (a matrix, or a bias vector), each viewing its part
+    of the mapping."""
+    return [GGUFTensor(f"{tensor.name}[{e}]", tensor.shape[:-1], tensor.tensor_type, tensor.data[e])
             for e in range(tensor.data.shape[0])]
 
 
+def _halves(tensor) -> tuple[GGUFTensor, GGUFTensor]:
+    """A fused gate/up tensor (gate's rows first) as its two halves, views of the mapping."""
+    rows = tensor.data.shape[0] // 2
+    shape = (*tensor.shape[:-1], rows)
+    return (GGUFTensor(f"{tensor.name}.gate", shape, tensor.tensor_type, tensor.data[:rows]),
+            GGUFTensor(f"{tensor.name}.up", shape, tensor.tensor_type, tensor.data[rows:]))
+
+
 def _hf_tensors(reader, arch: str) -> dict[str, Any]:
-    """The file's tensors by Hugging Face name; a stacked experts tensor as one matrix an expert."""
+    """The file's tensors by Hugging Face name; a stacked experts tensor as one matrix (or bias) an expert."""
     tensors = {}
     for tensor in reader.tensors:
         parts = tensor.name.split(".", 2)
-        if len(parts) == 3 and parts[0] == "blk" and parts[2] in _EXPERT_TENSORS:
-            if len(tensor.shape) != 3:
-                raise ModelError(f"The GGUF tensor {tensor.name} is not one matrix an expert.")
+        kind = parts[2] if len(parts) == 3 and parts[0] == "blk" else None
+        stacked = _EXPERT_TENSORS.get(kind) or gguf_gpt_oss.EXPERT_BIASES.get(kind)
+        if stacked is not None or kind in gguf_gpt_oss.FUSED_GATE_UP:
+            suffix = "weight" if kind.endswith(".weight") else "bias"
+            if len(tensor.shape) != (3 if suffix == "weight" else 2):
+                raise ModelError(f"The GGUF tensor {tensor.name} is not one {'matrix' if suffix == 'weight' else 'vector'} "
+                                 "an expert.")
+            prefix = f"model.layers.{parts[1]}.mlp.experts."
             for e, expert in enumerate(_expert_slices(tensor)):
-                tensors[f"model.layers.{parts[1]}.mlp.experts.{e}.{_EXPERT_TENSORS[parts[2]]}.weight"] = expert
+                if stacked is not None:
+                    tensors[f"{prefix}{e}.{stacked}.{suffix}"] = expert
+                else:
+                    tensors[f"{prefix}{e}.gate_proj.{suffix}"], tensors[f"{prefix}{e}.up_proj.{suffix}"] = _halves(expert)
         else:
             tensors[hf_name(tensor.name, arch)] = tensor
     return tensors
@@ -211,7 +232,7 @@ def dense_tensor(tensor, name: str, arch: str, config: dict[str, Any]) -> torch.
 def hf_name(gguf_name: str, arch: str) -> str:
     if gguf_name in _GLOBAL_TENSORS:
         return _GLOBAL_TENSORS[gguf_name]
-    layer_tensors = _GEMMA3_LAYER_TENSORS if arch == "gemma3" else _LAYER_TENSORS
+    layer_tensors = _ARCH_LAYER_TENSORS.get(arch, _LAYER_TENSORS)
     parts = gguf_name.split(".", 2)
     if len(parts) == 3 and parts[0] == "blk" and parts[2] in layer_tensors:
         return f"model.layers.{parts[1]}.{layer_tensors[parts[2]]}"

@@ -101,7 +101,7 @@ def resume_equals_recompute(tiny_engine, storage) -> None:
     assert first.stats.prefilled_tokens == len(prompt) - first.stats.cached_tokens
 
 
-@pytest.fixture(scope="module", params=["qwen3-moe", "smollm3"])
+@pytest.fixture(scope="module", params=["qwen3-moe", "smollm3", "gpt-oss"])
 def new_architecture_engine(request, tmp_path_factory):
     from engine import Engine, EngineOptions
     from tests.tiny_models import make_tiny_model

@@ -194,8 +194,8 @@ def runnable_gguf(tmp_path_factory) -> Path:
 def test_other_apps_models_are_offered_with_the_spec_that_loads_them(not_bundled, runnable_gguf, tmp_path):
     home = tmp_path / "home"
     add_ollama_model(home / ".ollama" / "models", "qwen3", "4b", gguf=runnable_gguf)
-    add_ollama_model(home / ".ollama" / "models", "gpt-oss", "20b",  # kvchat cannot run it: not offered
-                     gguf=write_header_gguf(tmp_path / "oss.gguf", "gpt-oss", {"blk.0.attn_q.weight": "Q8_0"}))
+    add_ollama_model(home / ".ollama" / "models", "deepseek-v3", "671b",  # kvchat cannot run it: not offered
+                     gguf=write_header_gguf(tmp_path / "deepseek.gguf", "deepseek2", {"blk.0.attn_q.weight": "Q8_0"}))
     lm_studio = home / ".lmstudio" / "models" / "pub" / "Tiny-GGUF"
     lm_studio.mkdir(parents=True)
     (lm_studio / "tiny-Q8_0.gguf").write_bytes(runnable_gguf.read_bytes())

@@ -30,9 +30,9 @@ def stores(tmp_path, monkeypatch, runnable_gguf, tiny_model_dir, kvchat_home):
     add_ollama_model(ollama, "tiny", gguf=runnable_gguf)
     add_ollama_model(ollama, "broken", "1b")
     (ollama / "manifests" / HOST / "library" / "broken" / "1b").write_text("{not json")
-    lm_studio = home / ".lmstudio" / "models" / "openai" / "gpt-oss-20b-GGUF"
-    write_header_gguf(lm_studio / "gpt-oss-20b-MXFP4.gguf", "gpt-oss", MATRICES)
-    write_header_gguf(lm_studio / "mmproj-gpt-oss-f16.gguf", "clip", MATRICES)
+    lm_studio = home / ".lmstudio" / "models" / "unsloth" / "DeepSeek-V3-GGUF"
+    write_header_gguf(lm_studio / "deepseek-v3-Q2_K.gguf", "deepseek2", MATRICES)
+    write_header_gguf(lm_studio / "mmproj-deepseek-f16.gguf", "clip", MATRICES)
     for part in (1, 2):
         shutil.copy(runnable_gguf, lm_studio / f"big-{part:05d}-of-00002.gguf")
     write_header_gguf(home / ".cache" / "llama.cpp" / "org_Q-GGUF_q-IQ2_XS.gguf", "qwen3",
@@ -56,16 +56,16 @@ def test_models_lists_each_store_with_what_runs_and_why_not(stores, kvchat_home)
     lines = rows(result.stdout)
     assert list(lines) == [
         "SmolLM2-135M-Instruct (default)", str(kvchat_home / "models" / "mine.gguf"), "ollama:broken:1b",
-        "ollama:tiny:latest", "~/.lmstudio/models/openai/gpt-oss-20b-GGUF/big-00001-of-00002.gguf",
-        "~/.lmstudio/models/openai/gpt-oss-20b-GGUF/gpt-oss-20b-MXFP4.gguf",
+        "ollama:tiny:latest", "~/.lmstudio/models/unsloth/DeepSeek-V3-GGUF/big-00001-of-00002.gguf",
+        "~/.lmstudio/models/unsloth/DeepSeek-V3-GGUF/deepseek-v3-Q2_K.gguf",
         "~/.cache/llama.cpp/org_Q-GGUF_q-IQ2_XS.gguf", "org/tiny"]  # no projector, no second part
     assert lines["ollama:tiny:latest"].split()[3:] == ["llama", "Q8_0", "ollama", "yes"]
     assert lines["org/tiny"].split()[3:] == ["llama", "F32", "Hugging", "Face", "cache", "yes"]
-    gpt_oss = lines["~/.lmstudio/models/openai/gpt-oss-20b-GGUF/gpt-oss-20b-MXFP4.gguf"]
-    assert gpt_oss.split()[3:6] == ["gpt-oss", "Q8_0", "LM"]
-    assert gpt_oss.endswith("no: architecture gpt-oss not supported")
+    deepseek = lines["~/.lmstudio/models/unsloth/DeepSeek-V3-GGUF/deepseek-v3-Q2_K.gguf"]
+    assert deepseek.split()[3:6] == ["deepseek2", "Q8_0", "LM"]
+    assert deepseek.endswith("no: architecture deepseek2 not supported")
     assert lines["~/.cache/llama.cpp/org_Q-GGUF_q-IQ2_XS.gguf"].endswith("no: quant type IQ2_XS not supported")
-    assert lines["~/.lmstudio/models/openai/gpt-oss-20b-GGUF/big-00001-of-00002.gguf"].endswith(
+    assert lines["~/.lmstudio/models/unsloth/DeepSeek-V3-GGUF/big-00001-of-00002.gguf"].endswith(
         "no: split file (2 parts), which kvchat cannot run yet")
     assert "is not readable JSON" in lines["ollama:broken:1b"]
     assert result.stdout.rstrip().endswith("4 of 8 run in kvchat; `--model MODEL` loads one (no --model: the default).")
@@ -82,8 +82,8 @@ def test_models_json_is_one_array_of_every_model(stores, runnable_gguf):
                     "runs": True, "problem": None}
     assert tiny["path"].startswith(str(stores / ".ollama" / "models" / "blobs" / "sha256-"))
     assert models[None]["name"] == "SmolLM2-135M-Instruct" and models[None]["runs"]
-    oss = next(m for m in models.values() if m["architecture"] == "gpt-oss")
-    assert (oss["source"], oss["runs"], oss["problem"]) == ("LM Studio", False, "architecture gpt-oss not supported")
+    deepseek = next(m for m in models.values() if m["architecture"] == "deepseek2")
+    assert (deepseek["source"], deepseek["runs"], deepseek["problem"]) == ("LM Studio", False, "architecture deepseek2 not supported")
 
 
 def test_kvchat_model_is_listed_as_the_default_with_its_files(stores, monkeypatch):

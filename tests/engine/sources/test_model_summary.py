@@ -25,9 +25,9 @@ def test_a_gguf_kvchat_runs(tiny_q8):
 
 
 def test_an_unsupported_architecture_is_named(tmp_path):
-    path = write_header_gguf(tmp_path / "gpt-oss-20b.gguf", "gpt-oss", MATRICES)
+    path = write_header_gguf(tmp_path / "deepseek-v3.gguf", "deepseek2", MATRICES)
     summary = summarize(path)
-    assert (summary.architecture, summary.problem, summary.runs) == ("gpt-oss", "architecture gpt-oss not supported",
+    assert (summary.architecture, summary.problem, summary.runs) == ("deepseek2", "architecture deepseek2 not supported",
                                                                      False)
 
 
@@ -76,7 +76,7 @@ def test_a_file_cut_short_and_one_that_is_not_gguf(tiny_q8, tmp_path):
 
 
 def test_a_file_replaced_in_place_is_read_again(tmp_path):
-    path = write_header_gguf(tmp_path / "m.gguf", "gpt-oss", MATRICES)
+    path = write_header_gguf(tmp_path / "m.gguf", "deepseek2", MATRICES)
     assert not summarize(path).runs
     write_header_gguf(tmp_path / "other.gguf", "llama", MATRICES, **{"general.file_type": 7}).replace(path)
     assert summarize(path).quant == "Q8_0" and summarize(path).architecture == "llama"
