@@ -44,6 +44,7 @@ from engine.request.speculation import MAX_DRAFT_TOKENS
 from engine.sampling_params import SamplingParams
 from engine.weights.checkpoint import load_model
 from engine.weights.device import pick_device, pick_dtype
+from engine.weights.gpu_memory import GpuBudget, model_config, pool_out_of_memory
 from engine.weights.fingerprint import model_fingerprint, tokenizer_fingerprint
 from engine.sources.model_source import ModelSource, rebuild_tokenizer_cache, resolve_model
 from engine.weights.tokenizer import Tokenizer
@@ -128,13 +129,17 @@ def _integer_products(options: EngineOptions, kernels: QuantKernels) -> bool:
 
 
 def _load_source(source: ModelSource, device: torch.device, dtype: torch.dtype, kernels: QuantKernels | None,
-                 progress: Callable[[str], None]) -> tuple[CausalLM, Tokenizer, ModelSource]:
+                 progress: Callable[[str], None],
+                 gpu: GpuBudget | None = None) -> tuple[CausalLM, Tokenizer, ModelSource]:
     """The model and tokenizer of `source` (and the source, its tokenizer cache rewritten once if that cache
-    would not load); ModelError if its files are wrong."""
+    would not load); ModelError if its files are wrong, or if the weights run out of memory (`gpu`: what the
+    GPU check measured, for the numbers of that sentence)."""
     progress("loading weights")
     try:
         model = load_model(source.weights, device, dtype, kernels)
     except torch.OutOfMemoryError:
+        if gpu is not None:
+            raise gpu.out_of_memory() from None
         raise EngineError(f"Not enough {device.type} memory to load {source.name} in {dtype}.") from None
     try:
         return model, Tokenizer(source.path, model.cfg.eos_token_ids), source
@@ -154,6 +159,19 @@ def _check_ram(source: ModelSource, options: EngineOptions, device: torch.device
     else:
         pool = host_tier_bytes(options.host_cache_gb, device) if options.prefix_caching else 0
     check_ram(source.gguf.stat().st_size, pool, source.name)
+
+
+def _check_gpu_memory(source: ModelSource, options: EngineOptions, device: torch.device,
+                      dtype: torch.dtype) -> GpuBudget | None:
+    """On a GPU: the weights as the loader stores them there, the K/V pool asked for and a working margin must
+    fit in its free memory (weights/gpu_memory.py); what was measured, for the load's own out-of-memory
+    sentence. None on the CPU (_check_ram's)."""
+    if device.type != "cuda":
+        return None
+    gpu = GpuBudget.measure(source.name, model_config(source.weights), dtype, device, options.kv_cache_gb,
+                            options.prefix_caching, options.kv_block_size)
+    gpu.check()
+    return gpu
 
 
 def _describe_weights(model: CausalLM) -> str:
@@ -219,10 +237,11 @@ class Engine:
         decode_path(options.paged_kv, options.cuda_graphs, options.compile, device, options.prefix_caching)
         source = resolve_model(options.model, progress)
         _check_ram(source, options, device)
-        kernels = _quant_kernels(options.weights, device, dtype, progress)
+        kernels = _quant_kernels(options.weights, device, dtype, progress)  # on a GPU: only --weights checked
         if kernels is not None:
             kernels = kernels.with_integer_products(_integer_products(options, kernels))
-        model, tokenizer, source = _load_source(source, device, dtype, kernels, progress)
+        gpu = _check_gpu_memory(source, options, device, dtype)
+        model, tokenizer, source = _load_source(source, device, dtype, kernels, progress, gpu)
         prefix_cache = new_prefix_cache(options, model) if options.prefix_caching else None
         load_ms = (time.perf_counter() - start) * 1e3  # the model and its cache: the runner is not counted, as before
         engine = cls(model, tokenizer, None, options, prefix_cache)
@@ -386,12 +405,17 @@ def new_prefix_cache(options: EngineOptions, model: CausalLM) -> PrefixCache:
     pool_blocks = kv_pool_bytes(options.kv_cache_gb, device) // block_bytes
     if pool_blocks < 1:
         raise EngineError(f"--kv-cache-gb is too small to hold one KV block ({block_bytes:,} bytes).")
+    pool = None  # until the device pool is allocated: an OutOfMemoryError before then is the GPU's
     try:
         pool = KVPool(pool_blocks, *shape, device=device, dtype=dtype)
         host_blocks = host_tier_bytes(options.host_cache_gb, device) // block_bytes
         host = KVPool(host_blocks, *shape, device=torch.device("cpu"), dtype=dtype,
                       pin_memory=device.type == "cuda") if host_blocks else None
     except (torch.OutOfMemoryError, RuntimeError) as exc:
+        if pool is None and device.type == "cuda" and isinstance(exc, torch.OutOfMemoryError):
+            raise pool_out_of_memory(pool_blocks * block_bytes, device) from None
+        # CUDA's errors run to several lines (hints on debugging): the first says what failed.
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise EngineError(f"The KV cache of {pool_blocks * block_bytes / 2**30:.1f} GiB cannot be allocated "
-                          f"({exc}); lower --kv-cache-gb.") from None
+                          f"({reason}); lower --kv-cache-gb.") from None
     return PrefixCache(pool, host)
