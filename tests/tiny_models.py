@@ -69,7 +69,23 @@ LLAMA_FAMILY = sorted(name for name, (config, _, _) in ARCHITECTURES.items() if 
 FUSED_ARCHITECTURES = [name for name in LLAMA_FAMILY if name != "gpt-oss"] + ["gemma3"]
 
 
-def save_byte_tokenizer(path: Path) -> None:
+# gpt-oss's harmony format: its special tokens after the byte tokens (a model needs vocab_size=HARMONY_VOCAB),
+# and a template with the structure of gpt-oss's own (a system header, the system prompt as the developer's
+# instructions, a past reply's final channel only, the reply opened as "<|start|>assistant").
+HARMONY_SPECIALS = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>",
+                    "<|endoftext|>"]
+HARMONY_VOCAB = 256 + len(HARMONY_SPECIALS)
+HARMONY = (
+    "<|start|>system<|message|>You are a helpful assistant.\nReasoning: medium<|end|>"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'system' %}<|start|>developer<|message|># Instructions\n\n{{ m['content'] }}<|end|>"
+    "{% elif m['role'] == 'user' %}<|start|>user<|message|>{{ m['content'] }}<|end|>"
+    "{% else %}<|start|>assistant<|channel|>final<|message|>{{ m['content'] }}<|end|>{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|start|>assistant{% endif %}"
+)
+
+
+def save_byte_tokenizer(path: Path, harmony: bool = False) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -77,14 +93,22 @@ def save_byte_tokenizer(path: Path) -> None:
     tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>")
-    fast.chat_template = CHATML
+    if harmony:  # gpt-oss's: <|return|> is its EOS, <|end|> only ends a message
+        tok.add_special_tokens(HARMONY_SPECIALS)
+        fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|return|>")
+        fast.chat_template = HARMONY
+    else:
+        tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+        fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>")
+        fast.chat_template = CHATML
     fast.save_pretrained(str(path))
 
 
-def make_tiny_model(path: Path, arch: str = "llama", seed: int = 0, **overrides) -> Path:
-    """Save a random model of `arch` (a key of ARCHITECTURES) with a byte tokenizer at `path`."""
+def make_tiny_model(path: Path, arch: str = "llama", seed: int = 0, harmony: bool = False, **overrides) -> Path:
+    """Save a random model of `arch` (a key of ARCHITECTURES) with a byte tokenizer at `path` (`harmony`:
+    gpt-oss's special tokens and format; the vocabulary grows to HARMONY_VOCAB)."""
+    if harmony:
+        overrides = {"vocab_size": HARMONY_VOCAB, "bos_token_id": None, "eos_token_id": 256 + 5, **overrides}
     import transformers
 
     config_cls, model_cls, arch_overrides = ARCHITECTURES[arch]
@@ -100,7 +124,7 @@ def make_tiny_model(path: Path, arch: str = "llama", seed: int = 0, **overrides)
                 param.add_(torch.randn_like(param))
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(path))
-    save_byte_tokenizer(path)
+    save_byte_tokenizer(path, harmony)
     return path
 
 

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from engine.errors import ModelError
+from engine.weights import harmony
 
 
 class Tokenizer:
@@ -18,7 +19,12 @@ class Tokenizer:
             self.hf = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
         except Exception as exc:
             raise ModelError(f"The model's tokenizer cannot be loaded from {model_dir} ({exc}).") from None
-        self.eos_token_ids = frozenset(self._eos_ids(model_dir, config_eos))
+        vocabulary = self.hf.get_vocab()
+        # gpt-oss writes harmony: its reply text is read into kvchat's <think> convention (weights/harmony.py)
+        # and <|return|>, <|call|> and <|endoftext|> end a reply whatever the file names its EOS.
+        self.harmony = harmony.is_harmony(vocabulary)
+        stops = {vocabulary[token] for token in harmony.STOPS if token in vocabulary} if self.harmony else set()
+        self.eos_token_ids = frozenset(self._eos_ids(model_dir, config_eos) | stops)
         if not self.eos_token_ids:
             raise ModelError("The model defines no end-of-sequence token, so replies could never stop.")
 
@@ -47,7 +53,10 @@ class Tokenizer:
         return list(self.hf.encode(text, add_special_tokens=False))
 
     def decode(self, ids: list[int]) -> str:
-        """Text of token ids, special tokens (like end-of-turn markers) left out."""
+        """Text of token ids, special tokens (like end-of-turn markers) left out; a harmony model's reasoning
+        channels as a <think> block."""
+        if self.harmony:
+            return harmony.reply_text(self.decode_exact(ids))
         return self.hf.decode(ids, skip_special_tokens=True)
 
     def decode_exact(self, ids: list[int]) -> str:

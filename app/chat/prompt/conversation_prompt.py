@@ -22,7 +22,7 @@ from app.chat.prompt.format_choice import FormatChoice, conversation_format, for
 from app.chat.prompt.ids import next_prompt
 from app.chat.prompt.summary_turns import with_summaries
 from app.chat.prompt.template import render_chat
-from app.chat.prompt.thinking import prompt_opens_thinking, template_switches_thinking
+from app.chat.prompt.thinking import split_reply, prompt_opens_thinking, template_switches_thinking
 from engine.sampling_params import SamplingParams
 
 # The prompt's last tokens that tell whether it ends inside an open <think> (R1-distill templates):
@@ -81,7 +81,15 @@ class ConversationPrompt:
     def turns(self, messages: list[ChatMessage]) -> list[dict]:
         """The system prompt (if any) and `messages` as the chat API's {"role", "content"} dicts."""
         turns = [{"role": "system", "content": self.system}] if self.system is not None else []
-        return with_summaries(turns + [{"role": m.role, "content": m.content} for m in messages])
+        return with_summaries(turns + [{"role": m.role, "content": self._content(m)} for m in messages])
+
+    def _content(self, message: ChatMessage) -> str:
+        """What the template is given of a message. A harmony model's (gpt-oss) reply is kept as kvchat writes
+        it, reasoning in <think> (engine/weights/harmony.py); its template takes the answer alone as a past
+        reply's content (it drops earlier reasoning itself), so the block is cut here."""
+        if message.role == "assistant" and self.takes_ids and getattr(self.backend.tokenizer, "harmony", False):
+            return split_reply(message.content).answer
+        return message.content
 
     def text(self, messages: list[ChatMessage]) -> str:
         """The prompt's text of `messages`, ready for the assistant's reply."""
