@@ -2,7 +2,8 @@
 
 Needs only torch and transformers (not kvchat installed, nor its app's
 libraries). For each synthetic model (default: the llama-3.2-1b, gemma3-1b
-(sliding-window layers) and llama-3.1-8b shapes, bf16 on a GPU) it runs synthetic_bench.measure_synthetic:
+(sliding-window layers) and llama-3.1-8b shapes, and 12 of Qwen3-30B-A3B's 48 layers (routed experts on the
+paged path), bf16 on a GPU; `NAME:LAYERS` runs fewer layers of one) it runs synthetic_bench.measure_synthetic:
 copy bandwidth, decode tok/s at 512 and 8192 context with the roofline
 fraction, cold prefill of 8k tokens, follow-up TTFT after 8k cached tokens,
 logits and greedy tokens next to transformers on the same random weights,
@@ -37,7 +38,7 @@ from engine.errors import EngineError  # noqa: E402
 from engine.bench.report import format_report, target_checks  # noqa: E402
 from engine.bench.synthetic_bench import FAST_PATHS, default_plan, free_memory, measure_synthetic  # noqa: E402
 
-DEFAULT_MODELS = "llama-3.2-1b,gemma3-1b,llama-3.1-8b"
+DEFAULT_MODELS = "llama-3.2-1b,gemma3-1b,llama-3.1-8b,qwen3-30b-a3b:12"
 
 
 def _versions() -> dict:
@@ -62,9 +63,11 @@ def run_check(models: list[str], device: str, dtype: str, quick: bool, out: Path
     def log(line: str) -> None:
         print(f"[{time.perf_counter() - start:6.1f}s] {line}", file=sys.stderr, flush=True)
 
-    for name in models:
+    for spec in models:
+        name, _, depth = spec.partition(":")  # NAME:LAYERS: fewer layers of that one model
         try:
-            result = measure_synthetic(name, device, dtype, plan, threads, log, layers, deadline)
+            result = measure_synthetic(name, device, dtype, plan, threads, log, int(depth) if depth else layers,
+                                       deadline)
         except Exception as exc:  # e.g. an unknown name: recorded, and the next model still runs
             result = {"model": name, "shape_of": "?", "device": device, "dtype": dtype,
                       "errors": {"run": f"{type(exc).__name__}: {exc}"[:500]}}

@@ -116,14 +116,15 @@ def measure_synthetic(name: str, device: str = "auto", dtype: str = "auto", plan
 
     `layers`: fewer layers than the real model (quick checks). `deadline` (time.monotonic()):
     steps that would start later are skipped and recorded as such."""
-    synthetic_config(name, layers)  # an unknown name fails here, in one sentence, before anything is measured
+    config = synthetic_config(name, layers)  # an unknown name fails here, in one sentence, before anything is measured
     dev = pick_device(device)
     dt = pick_dtype(dtype, dev)
     plan = plan or default_plan(dev.type)
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     result = {"model": name, "shape_of": MODELS[name][0], "layers": layers, "device": device_name(dev),
-              "dtype": str(dt).removeprefix("torch."), "plan": dataclasses.asdict(plan), "errors": {}, "seconds": {}}
+              "dtype": str(dt).removeprefix("torch."), "plan": dataclasses.asdict(plan), "errors": {}, "seconds": {},
+              "routed": bool(config.get("num_experts"))}
     step = _Steps(result, lambda line: log(f"{name}: {line}"), deadline)
     result["bandwidth_bytes_per_s"] = step("bandwidth", lambda: round(copy_bandwidth(dev)))
     spec = PREFIX + name if layers is None else str(synthetic_model_dir(name, layers))
@@ -190,6 +191,9 @@ def _measure_fast_paths(options: EngineOptions, plan: Plan, result: dict, defaul
         rows.append(row)
         if name in CUDA_ONLY and options.device != "cuda":
             row["skipped"] = "needs a CUDA device"
+            continue
+        if name == "cuda_graphs" and result.get("routed"):
+            row["skipped"] = "a mixture's routing is read back by value, which a graph cannot replay"
             continue
         _measure_config(options, name, plan, row, step, result["bandwidth_bytes_per_s"])
         free_memory()  # this configuration's engine, dropped on return

@@ -119,3 +119,28 @@ def test_targets_are_checked_against_the_numbers():
     assert met == {"decode roofline fraction": True, "decode / transformers": True, "follow-up TTFT ms": False}
     assert [c["met"] for c in target_checks({"model": "llama-3.2-1b"})] == [None]  # not measured
     assert target_checks({**result, "layers": 2}) == []  # a cut-down model is not held to the real one's targets
+
+
+def test_a_model_spec_may_name_its_depth_and_the_default_list_includes_the_mixture(monkeypatch, tmp_path):
+    from engine.bench import device_check
+
+    calls = []
+    monkeypatch.setattr(device_check, "measure_synthetic",
+                        lambda name, device, dtype, plan, threads, log, layers, deadline:
+                        calls.append((name, layers)) or {"model": name, "errors": {}})
+    monkeypatch.setattr(device_check, "target_checks", lambda result: [])
+    device_check.run_check(["qwen3-30b-a3b:12", "llama-3.2-1b"], "cpu", "float32", True, None, layers=4)
+    assert calls == [("qwen3-30b-a3b", 12), ("llama-3.2-1b", 4)]
+    assert "qwen3-30b-a3b:12" in device_check.DEFAULT_MODELS.split(",")
+
+
+def test_a_mixture_skips_cuda_graphs_with_the_reason(monkeypatch):
+    from engine import EngineOptions
+    from engine.bench import synthetic_bench
+
+    plan = dataclasses.replace(QUICK_PLAN, configs=("cuda_graphs",))
+    measured = []
+    monkeypatch.setattr(synthetic_bench, "_measure_config", lambda *args: measured.append(args))
+    rows = synthetic_bench._measure_fast_paths(EngineOptions(model="m", device="cuda"), plan,
+                                               {"routed": True, "bandwidth_bytes_per_s": 1}, None, None)
+    assert rows[1]["skipped"].startswith("a mixture's routing") and not measured
