@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +39,9 @@ LAYER_NAMES = {
     "mlp.down_proj.weight": "ffn_down.weight",
     "self_attn.q_norm.weight": "attn_q_norm.weight",
     "self_attn.k_norm.weight": "attn_k_norm.weight",
+    # Phi-3's fused projections, kept fused by llama.cpp (ffn_up: gate's rows, then up's)
+    "self_attn.qkv_proj.weight": "attn_qkv.weight",
+    "mlp.gate_up_proj.weight": "ffn_up.weight",
 }
 # Gemma 3's norms, as llama.cpp names them (its ffn_norm is the pre-MLP norm).
 GEMMA3_LAYER_NAMES = {
@@ -141,7 +145,7 @@ def tensor_type(gguf_tensor: str, w: np.ndarray, quant: str | dict[str, str] | N
 
 
 def write_gguf(hf_model, path: Path, arch: str = "llama", quant: str | dict[str, str] | None = None) -> Path:
-    """Save `hf_model` (a transformers Llama/Qwen2/Gemma 3 model) as GGUF.
+    """Save `hf_model` (a transformers Llama/Qwen2/Qwen3/SmolLM3/Phi-3/Gemma 3 model) as GGUF.
 
     quant: None keeps every tensor F32; a type name ("Q8_0", "Q4_K"...) quantizes every 2-D weight whose
     rows are whole blocks of it; a dict such as MIXED_QUANTS gives each GGUF tensor its own type.
@@ -181,6 +185,8 @@ def write_gguf(hf_model, path: Path, arch: str = "llama", quant: str | dict[str,
     writer.add_bos_token_id(IM_START)
     writer.add_eos_token_id(IM_END)
     writer.add_chat_template(CHATML)
+    if arch == "phi3":
+        _add_phi3_rope(writer, cfg)
     if arch == "qwen3moe":
         writer.add_expert_count(cfg.num_experts)
         writer.add_expert_used_count(cfg.num_experts_per_tok)
@@ -218,6 +224,24 @@ def write_gguf(hf_model, path: Path, arch: str = "llama", quant: str | dict[str,
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def _add_phi3_rope(writer, cfg) -> None:
+    """What llama.cpp's converter writes of a Phi-3's RoPE: the rotated dims of a head, a sliding window (0:
+    none), and for LongRoPE its factor lists as F32 tensors, the original context and the attention factor it
+    computes from the two contexts."""
+    rope = cfg.rope_parameters
+    partial = rope.get("partial_rotary_factor", 1.0)
+    writer.add_rope_dimension_count(int(partial * cfg.hidden_size) // cfg.num_attention_heads)
+    writer.add_sliding_window(cfg.sliding_window or 0)
+    if rope.get("rope_type") != "longrope":
+        return
+    original = cfg.original_max_position_embeddings
+    scale = cfg.max_position_embeddings / original
+    writer.add_rope_scaling_orig_ctx_len(original)
+    writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
+    writer.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
+    writer.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
 
 
 def dequantized_state(hf_model, quant: str | dict[str, str] | None) -> dict[str, torch.Tensor]:

@@ -25,6 +25,10 @@ GEMMA3 = dict(num_hidden_layers=3, num_key_value_heads=1, head_dim=32, sliding_w
               layer_types=["sliding_attention", "sliding_attention", "full_attention"],
               query_pre_attn_scalar=32, pad_token_id=0)
 
+PHI3 = dict(partial_rotary_factor=0.75, original_max_position_embeddings=16, tie_word_embeddings=True, pad_token_id=0,
+            rope_scaling={"rope_type": "longrope", "short_factor": [1.0, 1.05, 1.2, 1.6, 2.3, 3.1],
+                          "long_factor": [1.4, 2.2, 3.9, 7.5, 12.0, 19.0]})
+
 # name -> (transformers config class, model class, config overrides)
 ARCHITECTURES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
@@ -53,6 +57,10 @@ ARCHITECTURES = {
         head_dim=16, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
         rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
                          "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 64})),
+    # Phi-4-mini's switches: fused qkv_proj and gate_up_proj, 12 of each head's 16 dims rotated, LongRoPE
+    # (a divisor per rotary pair, short and long lists) from an original context of 16, so the engine (context
+    # 256) runs the long list, as transformers does on any sequence past 16 tokens; tied embeddings.
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", PHI3),
     # Gemma 3 as the 270M is shaped (one KV head, sliding layers then a global one), with a window of 8
     # so a few dozen tokens cross it.
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", GEMMA3),

@@ -1,4 +1,4 @@
-"""CausalLM: the decoder of every family kvchat runs (Llama, SmolLM2, Mistral, Qwen2, Qwen3, Gemma 3).
+"""CausalLM: the decoder of every family kvchat runs (Llama, SmolLM2, Mistral, Qwen2, Qwen3, Phi-3, Gemma 3).
 
 The families share the skeleton here (embedding, layers, final norm, lm_head) and differ in their
 layer (model/layers.py, model/gemma3.py) and in a few switches of the config: Gemma 3 scales its

@@ -7,12 +7,13 @@ not depend on how a transformers version names RoPE fields.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from engine.errors import ModelError
 from engine.model import gemma3_config as gemma3
+from engine.model import phi3_config as phi3
 
 # model_type -> the per-architecture switches that are not spelled out in config.json.
 SUPPORTED_ARCHITECTURES = {
@@ -24,6 +25,7 @@ SUPPORTED_ARCHITECTURES = {
     "qwen3_moe": {"qkv_bias": None, "qk_norm": True},
     "smollm3": {"qkv_bias": None, "qk_norm": False},
     "gpt_oss": {"qkv_bias": None, "qk_norm": False},
+    "phi3": {"qkv_bias": False, "qk_norm": False},
 }
 # A multimodal config whose text model kvchat runs (its text_config).
 MULTIMODAL_WRAPPERS = {"gemma3": "gemma3_text"}
@@ -44,7 +46,18 @@ class RopeConfig:
     beta_fast: float = 32.0
     beta_slow: float = 1.0
     truncate: bool = True
-    attention_factor: float | None = None
+    attention_factor: float | None = None  # also longrope's (None: derived from `factor`)
+    # Phi-3 / Phi-4-mini: the fraction of each head's dims that is rotated (the rest pass through:
+    # model/partial_rotary.py), and longrope's per-pair frequency divisors for short and long contexts,
+    # of which the engine runs one (long_context), chosen once for its context window (model/phi3_config.py).
+    partial_rotary_factor: float = 1.0
+    short_factor: tuple[float, ...] = ()
+    long_factor: tuple[float, ...] = ()
+    long_context: bool = False
+
+    def rotary_dim(self, head_dim: int) -> int:
+        """How many of a head's dims are rotated (the first ones, in Hugging Face's layout)."""
+        return int(head_dim * self.partial_rotary_factor)
 
 
 @dataclass(frozen=True)
@@ -168,6 +181,8 @@ class ModelConfig:
         try:
             hidden = int(raw["hidden_size"])
             heads = int(raw["num_attention_heads"])
+            head_dim = int(raw.get("head_dim") or hidden // heads)
+            rope = RopeConfig(**phi3.rope_fields(raw, head_dim)) if model_type == "phi3" else _rope_config(raw)
             attention_bias = bool(raw.get("attention_bias", False))
             qkv_bias = arch["qkv_bias"] if arch["qkv_bias"] is not None else attention_bias
             fields = dict(
@@ -178,10 +193,10 @@ class ModelConfig:
                 num_layers=int(raw["num_hidden_layers"]),
                 num_heads=heads,
                 num_kv_heads=int(raw.get("num_key_value_heads") or heads),
-                head_dim=int(raw.get("head_dim") or hidden // heads),
+                head_dim=head_dim,
                 rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
                 max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
-                rope=_rope_config(raw),
+                rope=rope,
                 tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
                 qkv_bias=qkv_bias,
                 # Llama's attention_bias also covers o_proj; Qwen2 biases only q/k/v.
@@ -200,7 +215,13 @@ class ModelConfig:
                 fields["rope_layers"] = _smollm3_rope_layers(raw, fields["num_layers"])
             if model_type == "gpt_oss":
                 fields.update(_gpt_oss_fields(raw, fields["num_layers"]))
-            return cls(**fields)
+            if model_type == "phi3":
+                fields.update(phi3.config_fields(raw))
+            cfg = cls(**fields)
+            if cfg.rope.type == "longrope":  # one factor list for the whole context window (model/phi3_config.py)
+                long = phi3.uses_long_factors(cfg.context_window, cfg.rope.original_max_position_embeddings)
+                cfg = replace(cfg, rope=replace(cfg.rope, long_context=long))
+            return cfg
         except (KeyError, TypeError, ValueError) as exc:
             raise ModelError(f"The model's config.json is incomplete or malformed ({exc!r}).") from None
 
@@ -308,8 +329,9 @@ def _rope_from(params: dict[str, Any], raw: dict[str, Any]) -> RopeConfig:
         raise ModelError(
             f"Unsupported RoPE scaling {rope_type!r}: kvchat supports {', '.join(SUPPORTED_ROPE_TYPES)}."
         )
-    if params.get("partial_rotary_factor", 1.0) != 1.0:
-        raise ModelError("Partial rotary embeddings are not supported by kvchat.")
+    # transformers moves a top-level partial_rotary_factor into the RoPE parameters.
+    if params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise ModelError("Partial rotary embeddings are supported by kvchat on Phi-3 models only.")
     return RopeConfig(
         theta=theta,
         type=rope_type,

@@ -1,7 +1,10 @@
-"""Rotary position embeddings (RoPE), with Llama 3's and YaRN's frequency scaling.
+"""Rotary position embeddings (RoPE), with Llama 3's, YaRN's and LongRoPE's frequency scaling.
 
 Weights are in Hugging Face's layout, so rotation uses the rotate-half
-convention (first and second halves of each head form the pairs).
+convention (first and second halves of each head form the pairs). A partial
+rotary model's (Phi-4-mini's) q/k dims are reordered at load so that its
+rotated pairs are such pairs too, and its other pairs get cos 1 and sin 0
+(model/partial_rotary.py).
 """
 
 from __future__ import annotations
@@ -11,26 +14,35 @@ import math
 import torch
 
 from engine.model.config import RopeConfig
+from engine.model.phi3_config import attention_factor as longrope_attention_factor
 
 
 def inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
-    """Per-pair rotation frequencies [head_dim // 2], fp32."""
-    inv_freq = 1.0 / (rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    """Per-pair rotation frequencies [rotary_dim // 2] (every pair of the head but a partial rotary one's), fp32."""
+    dim = rope.rotary_dim(head_dim)
+    if rope.type == "yarn":
+        return _yarn_scaled(rope, dim)
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+    if rope.type == "longrope":  # the divisors the engine runs (RopeConfig.long_context), in transformers' order
+        divisors = torch.tensor(rope.long_factor if rope.long_context else rope.short_factor, dtype=torch.float32)
+        return 1.0 / (divisors * rope.theta ** exponents)
+    inv_freq = 1.0 / (rope.theta ** exponents)
     if rope.type == "linear":
         return inv_freq / rope.factor
     if rope.type == "llama3":
         return _llama3_scaled(inv_freq, rope)
-    if rope.type == "yarn":
-        return _yarn_scaled(rope, head_dim)
     return inv_freq
 
 
 def magnitude(rope: RopeConfig) -> float:
-    """What cos and sin are multiplied by: YaRN's attention factor (it sharpens long-context attention)."""
-    if rope.type != "yarn":
+    """What cos and sin are multiplied by: YaRN's or LongRoPE's attention factor (it sharpens long-context
+    attention)."""
+    if rope.type not in ("yarn", "longrope"):
         return 1.0
     if rope.attention_factor is not None:
         return rope.attention_factor
+    if rope.type == "longrope":
+        return longrope_attention_factor(rope.factor, rope.original_max_position_embeddings)
     return 1.0 if rope.factor <= 1 else 0.1 * math.log(rope.factor) + 1.0
 
 
@@ -66,22 +78,34 @@ def _llama3_scaled(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
 
 
 class RotaryEmbedding:
-    """Precomputed cos/sin tables for positions [0, max_positions)."""
+    """Precomputed cos/sin tables [max_positions, head_dim] for positions [0, max_positions)."""
 
     def __init__(self, rope: RopeConfig, head_dim: int, max_positions: int, device: torch.device, dtype: torch.dtype):
         inv_freq = inverse_frequencies(rope, head_dim)
         positions = torch.arange(max_positions, dtype=torch.float32)
         freqs = torch.outer(positions, inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
-        # Computed in fp32 and then cast, as the reference implementation does.
+        # Computed in fp32 and then cast, as the reference implementation does (on the same shape).
         scale = magnitude(rope)
         cos, sin = (emb.cos(), emb.sin()) if scale == 1.0 else (emb.cos() * scale, emb.sin() * scale)
+        kept = head_dim // 2 - inv_freq.shape[0]
+        if kept:
+            cos, sin = _with_pass_through(cos, 1.0, kept), _with_pass_through(sin, 0.0, kept)
         self.cos = cos.to(device=device, dtype=dtype)
         # rotate_half(x) * sin == swap_halves(x) * sin_signed, bit for bit (negation is exact),
         # with one op fewer on the decode path.
         half = head_dim // 2
         sign = torch.cat((-torch.ones(half), torch.ones(half)))
         self.sin_signed = (sin * sign).to(device=device, dtype=dtype)
+
+
+def _with_pass_through(table: torch.Tensor, value: float, kept: int) -> torch.Tensor:
+    """A partial rotary head's table: each half's rotated pairs, then its `kept` pass-through pairs at `value`
+    (model/partial_rotary.py's order). cos 1 and sin 0, unscaled: x * 1 + y * 0 == x exactly, as if those dims
+    were never rotated."""
+    first, second = table.chunk(2, dim=-1)
+    rest = torch.full((table.shape[0], kept), value)
+    return torch.cat((first, rest, second, rest), dim=-1)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:

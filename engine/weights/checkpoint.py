@@ -32,6 +32,7 @@ from engine.cpu.kernels import QuantKernels
 from engine.cpu.linear import QuantLinear
 from engine.cpu.mixed_linear import MixedQuantLinear
 from engine.model.config import ModelConfig
+from engine.model.partial_rotary import PartialRotaryRows
 from engine.errors import ModelError
 from engine.weights.gguf import GGUFWeights, gguf_config, log_dense_matrices, open_gguf
 from engine.model.causal_lm import CausalLM
@@ -153,12 +154,14 @@ class _HalfPrecisionLinears:
         return self._FORMATS.get(stored[0])
 
 
-def _linears(cfg: ModelConfig) -> list[tuple[str, list[str], list[str] | None]]:
+def _linears(cfg: ModelConfig, ckpt: WeightSource) -> list[tuple[str, list[str], list[str] | None]]:
     """(module path, checkpoint weight names, bias names or None) of every linear layer."""
     specs = []
     for i in range(cfg.num_layers):
         attn, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
-        qkv = [f"{attn}{p}_proj" for p in "qkv"]
+        # Phi-3 stores q/k/v fused, in kvchat's order (q heads, k heads, v heads): read as it is.
+        fused = f"{attn}qkv_proj.weight" in ckpt
+        qkv = [attn + "qkv_proj"] if fused else [f"{attn}{p}_proj" for p in "qkv"]
         specs += [
             (f"layers.{i}.self_attn.qkv_proj", qkv, qkv if cfg.qkv_bias else None),
             (f"layers.{i}.self_attn.o_proj", [attn + "o_proj"], [attn + "o_proj"] if cfg.o_bias else None),
@@ -167,17 +170,21 @@ def _linears(cfg: ModelConfig) -> list[tuple[str, list[str], list[str] | None]]:
             biased = cfg.moe.biased
             specs.append((f"layers.{i}.mlp.gate", [mlp + "gate"], [mlp + "gate"] if biased else None))
             for e in range(cfg.moe.experts):
-                specs += _mlp_linears(f"layers.{i}.mlp.experts.{e}.", f"{mlp}experts.{e}.", biased)
+                specs += _mlp_linears(ckpt, f"layers.{i}.mlp.experts.{e}.", f"{mlp}experts.{e}.", biased)
             continue
-        specs += _mlp_linears(f"layers.{i}.mlp.", mlp, cfg.mlp_bias)
+        specs += _mlp_linears(ckpt, f"layers.{i}.mlp.", mlp, cfg.mlp_bias)
     head = "model.embed_tokens" if cfg.tie_word_embeddings else "lm_head"
     specs.append(("lm_head", [head], None))
     return specs
 
 
-def _mlp_linears(module: str, stored: str, biased: bool) -> list[tuple[str, list[str], list[str] | None]]:
-    """A gated MLP's two linears: gate and up fused, then down (module path, checkpoint prefix)."""
-    gate_up, down = [stored + "gate_proj", stored + "up_proj"], [stored + "down_proj"]
+def _mlp_linears(ckpt: WeightSource, module: str, stored: str,
+                 biased: bool) -> list[tuple[str, list[str], list[str] | None]]:
+    """A gated MLP's two linears: gate and up fused, then down (module path, checkpoint prefix). Phi-3 stores
+    gate and up fused already, gate's rows first as kvchat's are: read as it is."""
+    fused = f"{stored}gate_up_proj.weight" in ckpt
+    gate_up = [stored + "gate_up_proj"] if fused else [stored + "gate_proj", stored + "up_proj"]
+    down = [stored + "down_proj"]
     return [(module + "gate_up_proj", gate_up, gate_up if biased else None),
             (module + "down_proj", down, down if biased else None)]
 
@@ -257,6 +264,9 @@ def load_gguf(path: Path, device: torch.device, dtype: torch.dtype, kernels: Qua
 def load_from(cfg: ModelConfig, ckpt: WeightSource, device: torch.device, dtype: torch.dtype,
               kernels: QuantKernels | None = None, blocks: WeightSource | None = None) -> CausalLM:
     """Build CausalLM for `cfg` and fill it from `ckpt` (and quantized linears from `blocks`, with `kernels`)."""
+    if cfg.rope.rotary_dim(cfg.head_dim) < cfg.head_dim:  # q/k reordered for partial rotary: model/partial_rotary.py
+        ckpt = PartialRotaryRows(ckpt, cfg)
+        blocks = PartialRotaryRows(blocks, cfg) if blocks is not None else None
     with torch.device("meta"):
         model = CausalLM(cfg)
     expected = model.state_dict()
@@ -277,7 +287,7 @@ def load_from(cfg: ModelConfig, ckpt: WeightSource, device: torch.device, dtype:
                 put(f"layers.{i}.self_attn.{norm}.weight", ckpt.get(f"model.layers.{i}.self_attn.{norm}.weight"))
         if cfg.attention_sinks:
             put(f"layers.{i}.self_attn.sinks", ckpt.get(f"model.layers.{i}.self_attn.sinks"))
-    for module, names, bias_names in _linears(cfg):
+    for module, names, bias_names in _linears(cfg, ckpt):
         bias = _joined(ckpt, bias_names, ".bias") if bias_names else None
         packed = _quant_linear(kernels, blocks, names, bias) if blocks is not None and kernels is not None else None
         if packed is not None:

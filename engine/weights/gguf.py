@@ -1,4 +1,4 @@
-"""Read a GGUF file (llama, qwen2, qwen3, qwen3moe, smollm3, gemma3 architectures) as a Hugging Face model: its config, and
+"""Read a GGUF file (llama, qwen2, qwen3, qwen3moe, smollm3, phi3, gemma3 architectures) as a Hugging Face model: its config, and
 its tensors under Hugging Face names (GGUFWeights, the loader's WeightSource: weights/checkpoint.py).
 
 The file is memory-mapped copy-on-write (gguf_file.py) and nothing is written to disk. A matrix in a
@@ -23,7 +23,7 @@ import torch
 
 from engine.cpu.formats import BLOCK, FORMATS
 from engine.errors import ModelError
-from engine.weights import gguf_gemma3, gguf_gpt_oss
+from engine.weights import gguf_gemma3, gguf_gpt_oss, gguf_phi3
 from engine.weights.gguf_file import GGUFFile, GGUFFormatError, GGUFTensor, TensorTableDamage
 
 log = logging.getLogger("kvchat")
@@ -32,10 +32,10 @@ log = logging.getLogger("kvchat")
 _PERMUTED_QK = {"llama", "smollm3"}
 # GGUF general.architecture -> the Hugging Face model_type it is read as (also what `kvchat models` runs).
 MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe", "gemma3": "gemma3_text",
-               "smollm3": "smollm3", "gpt-oss": "gpt_oss"}
+               "smollm3": "smollm3", "gpt-oss": "gpt_oss", "phi3": "phi3"}
 _HF_ARCHITECTURE = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                     "qwen3moe": "Qwen3MoeForCausalLM", "gemma3": "Gemma3ForCausalLM",
-                    "smollm3": "SmolLM3ForCausalLM", "gpt-oss": "GptOssForCausalLM"}
+                    "smollm3": "SmolLM3ForCausalLM", "gpt-oss": "GptOssForCausalLM", "phi3": "Phi3ForCausalLM"}
 _LAYER_TENSORS = {
     "attn_norm.weight": "input_layernorm.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
@@ -56,8 +56,10 @@ _LAYER_TENSORS = {
 # A mixture's experts, stacked in one 3-D tensor each ([experts, rows, K]): one Hugging Face matrix an expert.
 _EXPERT_TENSORS = {"ffn_gate_exps.weight": "gate_proj", "ffn_up_exps.weight": "up_proj",
                    "ffn_down_exps.weight": "down_proj"}
+# GGUF architecture -> its layer tensors' names, where they are not _LAYER_TENSORS.
 _ARCH_LAYER_TENSORS = {"gemma3": {**_LAYER_TENSORS, **gguf_gemma3.LAYER_TENSORS},
-                       "gpt-oss": {**_LAYER_TENSORS, **gguf_gpt_oss.LAYER_TENSORS}}
+                       "gpt-oss": {**_LAYER_TENSORS, **gguf_gpt_oss.LAYER_TENSORS},
+                       "phi3": {**_LAYER_TENSORS, **gguf_phi3.LAYER_TENSORS}}
 _GLOBAL_TENSORS = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -134,6 +136,10 @@ def gguf_config(reader) -> dict[str, Any]:
         config.update(gguf_gemma3.config_fields(lambda key, default: _field(reader, f"{arch}.{key}", default),
                                                 need, config["num_hidden_layers"]))
         return config
+    if arch == "phi3":  # its RoPE (partial rotary, LongRoPE) and sliding window: gguf_phi3.py
+        config.update(gguf_phi3.config_fields(lambda key, default: _field(reader, f"{arch}.{key}", default),
+                                              need, reader.tensors, config["head_dim"]))
+        return config
     scaling = _field(reader, f"{arch}.rope.scaling.type")
     if scaling == "linear":
         config["rope_scaling"] = {"rope_type": "linear", "factor": float(need("rope.scaling.factor"))}
@@ -185,9 +191,9 @@ def _hf_tensors(reader, arch: str) -> dict[str, Any]:
             for e, expert in enumerate(_expert_slices(tensor)):
                 if stacked is not None:
                     tensors[f"{prefix}{e}.{stacked}.{suffix}"] = expert
-                else:
+                elif not (arch == "phi3" and tensor.name in gguf_phi3.ROPE_FACTORS):  # those are config (gguf_config)
                     tensors[f"{prefix}{e}.gate_proj.{suffix}"], tensors[f"{prefix}{e}.up_proj.{suffix}"] = _halves(expert)
-        else:
+        elif not (arch == "phi3" and tensor.name in gguf_phi3.ROPE_FACTORS):  # those are config (gguf_config)
             tensors[hf_name(tensor.name, arch)] = tensor
     return tensors
 

@@ -29,7 +29,7 @@ class StackedExperts:
 
     def __contains__(self, name: str) -> bool:
         stored = self._stored(name)
-        return stored is not None and stored[0] in self._ckpt
+        return (stored[0] if stored is not None else name) in self._ckpt
 
     def get(self, name: str) -> torch.Tensor:
         stored = self._stored(name)

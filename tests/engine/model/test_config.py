@@ -97,3 +97,36 @@ def test_inverse_frequencies_match_transformers(rope_parameters):
         expected, attention_factor = ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu")
         assert magnitude(cfg.rope) == attention_factor  # what cos/sin are multiplied by
     torch.testing.assert_close(ours, expected.float(), rtol=0, atol=0)
+
+
+def _longrope(pairs: int) -> dict:
+    return {"rope_type": "longrope", "short_factor": [1.0 + 0.011 * i for i in range(pairs)],
+            "long_factor": [1.0 + 0.37 * i ** 1.3 for i in range(pairs)]}
+
+
+# Phi-4-mini's shape (96 of 128 dims rotated) and Phi-3-mini-128k's (the whole head), 131072 positions from an
+# original 4096: the long factors, or the short ones where the context window stays within the original context.
+PHI4_MINI = dict(hidden_size=3072, num_attention_heads=24, num_key_value_heads=8, partial_rotary_factor=0.75,
+                 max_position_embeddings=131072, original_max_position_embeddings=4096, rope_scaling=_longrope(48))
+PHI3_MINI_128K = dict(hidden_size=3072, num_attention_heads=32, max_position_embeddings=131072,
+                      original_max_position_embeddings=4096, rope_scaling=_longrope(48))
+
+
+@pytest.mark.parametrize("phi3, long", [
+    (PHI4_MINI, True),
+    ({**PHI4_MINI, "sliding_window": 4096}, False),  # the window caps the context at the original one
+    (PHI3_MINI_128K, True),
+    ({**PHI3_MINI_128K, "max_position_embeddings": 4096}, False),  # factor 1: attention factor 1
+    ({**PHI4_MINI, "rope_scaling": {**_longrope(48), "attention_factor": 1.2}}, True),  # set in the config
+])
+def test_longrope_inverse_frequencies_match_transformers(phi3, long):
+    from transformers import Phi3Config
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    hf_config = Phi3Config(**phi3)
+    cfg = ModelConfig.from_dict(hf_config.to_dict())
+    assert cfg.rope.long_context is long
+    # transformers' table for a sequence as long as the engine's context window: long past the original one.
+    expected, attention_factor = ROPE_INIT_FUNCTIONS["longrope"](hf_config, "cpu", seq_len=cfg.context_window)
+    torch.testing.assert_close(inverse_frequencies(cfg.rope, cfg.head_dim), expected, rtol=0, atol=0)
+    assert magnitude(cfg.rope) == attention_factor
