@@ -52,6 +52,10 @@ GEMMA3_LAYER_NAMES = {
 }
 
 
+# The architectures whose q/k rows llama.cpp's converter permutes (Llama's, and those it converts as Llama).
+PERMUTED_QK = ("llama", "smollm3", "mistral3")
+
+
 def permute(w: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp's q/k row permutation (rotate-half pairs -> interleaved pairs)."""
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
@@ -145,7 +149,7 @@ def tensor_type(gguf_tensor: str, w: np.ndarray, quant: str | dict[str, str] | N
 
 
 def write_gguf(hf_model, path: Path, arch: str = "llama", quant: str | dict[str, str] | None = None) -> Path:
-    """Save `hf_model` (a transformers Llama/Qwen2/Qwen3/SmolLM3/Phi-3/Gemma 3 model) as GGUF.
+    """Save `hf_model` (a transformers Llama/Qwen2/Qwen3/SmolLM3/Phi-3/gpt-oss/Gemma 3/Ministral 3 model) as GGUF.
 
     quant: None keeps every tensor F32; a type name ("Q8_0", "Q4_K"...) quantizes every 2-D weight whose
     rows are whole blocks of it; a dict such as MIXED_QUANTS gives each GGUF tensor its own type.
@@ -171,6 +175,14 @@ def write_gguf(hf_model, path: Path, arch: str = "llama", quant: str | dict[str,
         writer.add_sliding_window(cfg.sliding_window)
         writer.add_array("gemma3.attention.sliding_window_pattern",
                          [kind == "sliding_attention" for kind in cfg.layer_types])
+    if arch == "mistral3":  # what llama.cpp's converter writes for Ministral 3's YaRN and attention temperature
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(rope["factor"])
+        writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        writer.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+        writer.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
+        writer.add_rope_scaling_yarn_log_mul(rope["mscale_all_dim"])
+        writer.add_attn_temperature_scale(rope["llama_4_scaling_beta"])
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_vocab_size(cfg.vocab_size)
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
@@ -207,9 +219,9 @@ def write_gguf(hf_model, path: Path, arch: str = "llama", quant: str | dict[str,
         w = tensor.detach().float().numpy()
         if arch == "gemma3" and name.endswith("norm.weight"):
             w = w + np.float32(1.0)  # llama.cpp stores Gemma's norms as 1 + w
-        if arch in ("llama", "smollm3") and name.endswith("q_proj.weight"):
+        if arch in PERMUTED_QK and name.endswith("q_proj.weight"):
             w = permute(w, cfg.num_attention_heads)
-        elif arch in ("llama", "smollm3") and name.endswith("k_proj.weight"):
+        elif arch in PERMUTED_QK and name.endswith("k_proj.weight"):
             w = permute(w, cfg.num_key_value_heads)
         router = name.endswith(("mlp.gate.weight", "mlp.router.weight"))  # llama.cpp keeps routers F32
         qtype = None if router else tensor_type(gguf_name(name, arch), w, quant)

@@ -28,6 +28,10 @@ GEMMA3 = dict(num_hidden_layers=3, num_key_value_heads=1, head_dim=32, sliding_w
 PHI3 = dict(partial_rotary_factor=0.75, original_max_position_embeddings=16, tie_word_embeddings=True, pad_token_id=0,
             rope_scaling={"rope_type": "longrope", "short_factor": [1.0, 1.05, 1.2, 1.6, 2.3, 3.1],
                           "long_factor": [1.4, 2.2, 3.9, 7.5, 12.0, 19.0]})
+MINISTRAL3_ROPE = {"rope_type": "yarn", "rope_theta": 1_000_000.0, "factor": 16.0,
+                   "original_max_position_embeddings": 16, "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0,
+                   "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}
+MINISTRAL3 = dict(head_dim=16, rope_parameters=MINISTRAL3_ROPE, initializer_range=0.05)
 
 # name -> (transformers config class, model class, config overrides)
 ARCHITECTURES = {
@@ -61,6 +65,11 @@ ARCHITECTURES = {
     # (a divisor per rotary pair, short and long lists) from an original context of 16, so the engine (context
     # 256) runs the long list, as transformers does on any sequence past 16 tokens; tied embeddings.
     "phi3": ("Phi3Config", "Phi3ForCausalLM", PHI3),
+    # Ministral 3: Mistral's layers with YaRN RoPE (as the released models set it, but over an original
+    # context of 16, so that 256 positions are its factor of 16) and Llama 4's attention temperature, which
+    # changes q every 16 positions: the tested lengths cross several of its steps. Weights drawn wider than
+    # transformers' 0.02 make attention peaked enough for the temperature to move the logits well past 1e-4.
+    "ministral3": ("Ministral3Config", "Ministral3ForCausalLM", MINISTRAL3),
     # Gemma 3 as the 270M is shaped (one KV head, sliding layers then a global one), with a window of 8
     # so a few dozen tokens cross it.
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", GEMMA3),

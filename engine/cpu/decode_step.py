@@ -59,7 +59,7 @@ class _Model(ctypes.Structure):
                 ("scale", ctypes.c_float), ("max_threads", _i32), ("max_rows", _i32),
                 ("layer", ctypes.POINTER(_Layer)), ("final_norm", ctypes.c_void_p), ("lm_head", _Parts),
                 ("scratch", ctypes.c_void_p), ("profile", ctypes.c_void_p), ("activation", _i32), ("row_invariant", _i32),
-                ("moe_scratch", ctypes.c_void_p)]
+                ("moe_scratch", ctypes.c_void_p), ("q_scale", ctypes.c_void_p)]
 
 
 class _Sequence(ctypes.Structure):
@@ -160,7 +160,9 @@ class FusedCPUDecode:
             max_tokens=cfg.context_window, eps=cfg.rms_norm_eps, scale=cfg.q_scale,
             max_threads=self._threads, max_rows=MAX_ROWS, layer=self._layers, final_norm=_norm(model.norm),
             lm_head=_parts(model.lm_head, "lm_head"), activation=ACTIVATIONS[cfg.hidden_act],
-            row_invariant=int(self.integer))
+            row_invariant=int(self.integer),
+            # Ministral 3's attention temperature, read in place (the eager model's own table)
+            q_scale=None if model.q_scales is None else _fp32(model.q_scales, "the attention temperature"))
         lib = kernels.lib
         self._scratch = torch.empty(lib.kc_decode_scratch_floats(ctypes.byref(self._desc)), dtype=torch.float32)
         self._desc.scratch = self._scratch.data_ptr()

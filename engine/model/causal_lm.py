@@ -4,6 +4,7 @@ The families share the skeleton here (embedding, layers, final norm, lm_head) an
 layer (model/layers.py, model/gemma3.py) and in a few switches of the config: Gemma 3 scales its
 embeddings by sqrt(hidden), may soft-cap its logits, and gives its sliding-window layers a window
 mask and a RoPE of their own (one table and one mask per kind of layer, made once per forward).
+Ministral 3 multiplies q by a per-position attention temperature (model/temperature.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from engine.kv.cache import KVAttention, KVCache
 from engine.model.gemma3 import Gemma3DecoderLayer, OffsetRMSNorm
 from engine.model.layers import DecoderLayer, RMSNorm
 from engine.model.rope import RotaryEmbedding
+from engine.model.temperature import temperature_table
 
 LAYERS = {"llama": (DecoderLayer, RMSNorm), "gemma3": (Gemma3DecoderLayer, OffsetRMSNorm)}
 
@@ -35,6 +37,9 @@ class CausalLM(nn.Module):
         # Per layer: its RoPE and its window (None: full attention).
         self._kinds = [(cfg.rope_for(i), cfg.window(i)) for i in range(cfg.num_layers)]
         self._embed_scale: torch.Tensor | None = None
+        # Ministral 3: [context] multipliers of q after RoPE, by position (the fused CPU step reads them in
+        # place); None: q is not scaled.
+        self.q_scales: torch.Tensor | None = None
 
     @property
     def device(self) -> torch.device:
@@ -52,6 +57,9 @@ class CausalLM(nn.Module):
             self._ropes[rope] = RotaryEmbedding(rope, self.cfg.head_dim, self.cfg.context_window,
                                                 weight.device, weight.dtype)
         self.rotary = self._ropes[self.cfg.rope]
+        if self.cfg.attention_temperature is not None:
+            self.q_scales = temperature_table(self.cfg.attention_temperature, self.cfg.context_window,
+                                              weight.device, weight.dtype)
         for module in self.modules():
             if isinstance(module, OffsetRMSNorm):
                 module.prepare()
@@ -87,9 +95,10 @@ class CausalLM(nn.Module):
                   for rope, table in self._ropes.items()}
         masks = {window: window_causal_mask(num_new, start + num_new, window, token_ids.device)
                  for window in {window for _, window in self._kinds}}
+        q_scale = self.q_scales[start : start + num_new].view(-1, 1, 1) if self.q_scales is not None else None
         x = self.embed(token_ids)
         for layer, (rope, window) in zip(self.layers, self._kinds):
-            x = layer(x, *tables[rope], cache, masks[window])
+            x = layer(x, *tables[rope], cache, masks[window], q_scale)
         cache.commit(num_new)
         if not all_logits:
             x = x[-1:]
@@ -105,7 +114,8 @@ class CausalLM(nn.Module):
         a sliding layer's window is applied there, from the position."""
         tables = {rope: (table.cos[position].unsqueeze(1), table.sin_signed[position].unsqueeze(1))
                   for rope, table in self._ropes.items()}
+        q_scale = self.q_scales[position].view(-1, 1, 1) if self.q_scales is not None else None
         x = self.embed(token)
         for layer, (rope, _) in zip(self.layers, self._kinds):
-            x = layer(x, *tables[rope], kv, None)
+            x = layer(x, *tables[rope], kv, None, q_scale)
         return self.head(x)

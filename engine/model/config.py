@@ -7,6 +7,7 @@ not depend on how a transformers version names RoPE fields.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 from engine.errors import ModelError
 from engine.model import gemma3_config as gemma3
 from engine.model import phi3_config as phi3
+from engine.model import ministral3_config as ministral3
 
 # model_type -> the per-architecture switches that are not spelled out in config.json.
 SUPPORTED_ARCHITECTURES = {
@@ -26,9 +28,11 @@ SUPPORTED_ARCHITECTURES = {
     "smollm3": {"qkv_bias": None, "qk_norm": False},
     "gpt_oss": {"qkv_bias": None, "qk_norm": False},
     "phi3": {"qkv_bias": False, "qk_norm": False},
+    "ministral3": {"qkv_bias": False, "qk_norm": False},
 }
 # A multimodal config whose text model kvchat runs (its text_config).
-MULTIMODAL_WRAPPERS = {"gemma3": "gemma3_text"}
+MULTIMODAL_WRAPPERS = {"gemma3": "gemma3_text", "mistral3": "ministral3"}
+_TEXT_CONFIGS = {"gemma3": gemma3.text_config, "mistral3": ministral3.text_config}
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
@@ -58,6 +62,15 @@ class RopeConfig:
     def rotary_dim(self, head_dim: int) -> int:
         """How many of a head's dims are rotated (the first ones, in Hugging Face's layout)."""
         return int(head_dim * self.partial_rotary_factor)
+
+
+@dataclass(frozen=True)
+class AttentionTemperature:
+    """Llama 4's attention temperature (Ministral 3): after RoPE, q at position p is multiplied by
+    1 + beta * ln(1 + floor(p / length)), exactly 1 below `length` (model/temperature.py)."""
+
+    beta: float
+    length: int
 
 
 @dataclass(frozen=True)
@@ -132,6 +145,8 @@ class ModelConfig:
     attention_sinks: bool = False
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
+    # Ministral 3: what q is multiplied by after RoPE, by position; None: by nothing.
+    attention_temperature: AttentionTemperature | None = None
 
     @property
     def family(self) -> str:
@@ -169,8 +184,10 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "ModelConfig":
+        _refuse_quantized(raw)
         if raw.get("model_type") in MULTIMODAL_WRAPPERS:
-            raw = gemma3.text_config(raw)
+            raw = _TEXT_CONFIGS[raw["model_type"]](raw)
+            _refuse_quantized(raw)
         model_type = raw.get("model_type")
         if model_type not in SUPPORTED_ARCHITECTURES:
             names = ", ".join(sorted(SUPPORTED_ARCHITECTURES))
@@ -215,6 +232,8 @@ class ModelConfig:
                 fields["rope_layers"] = _smollm3_rope_layers(raw, fields["num_layers"])
             if model_type == "gpt_oss":
                 fields.update(_gpt_oss_fields(raw, fields["num_layers"]))
+            if model_type == "ministral3":
+                fields["attention_temperature"] = _ministral3_temperature(raw)
             if model_type == "phi3":
                 fields.update(phi3.config_fields(raw))
             cfg = cls(**fields)
@@ -244,6 +263,22 @@ def _as_ids(value: Any) -> tuple[int, ...]:
     if isinstance(value, int):
         return (value,)
     return tuple(int(v) for v in value)
+
+
+def _refuse_quantized(raw: dict[str, Any]) -> None:
+    # Quantized safetensors (Ministral 3's FP8 releases, GPTQ, AWQ...) hold integers and scales the loader
+    # would read as plain weights.
+    quantization = raw.get("quantization_config")
+    if quantization:
+        method = quantization.get("quant_method") if isinstance(quantization, dict) else None
+        raise ModelError(f"This model's weights are quantized ({method or 'quantization_config'}), which kvchat "
+                         "does not run; use its unquantized (BF16) release or a GGUF file.")
+
+
+def _ministral3_temperature(raw: dict[str, Any]) -> AttentionTemperature | None:
+    """Ministral 3's attention temperature; None where beta is 0 (a factor of exactly 1 everywhere)."""
+    beta, length = ministral3.temperature({**(raw.get("rope_scaling") or {}), **(raw.get("rope_parameters") or {})})
+    return AttentionTemperature(beta, length) if beta else None
 
 
 def _gemma3_fields(raw: dict[str, Any]) -> dict[str, Any]:
@@ -276,9 +311,6 @@ def _gpt_oss_fields(raw: dict[str, Any], layers: int) -> dict[str, Any]:
     kinds = raw.get("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
     if len(kinds) != layers or set(kinds) - {"sliding_attention", "full_attention"}:
         raise ModelError(f"The model's layer_types do not describe its {layers} layers as sliding or full attention.")
-    if (raw.get("quantization_config") or {}).get("quant_method") == "mxfp4":
-        raise ModelError("This gpt-oss checkpoint keeps its experts in MXFP4 blocks, which kvchat reads from GGUF "
-                         "files only; use the model's GGUF file.")
     window = int(raw.get("sliding_window") or 128)
     return {
         "sliding_window": None,
@@ -346,9 +378,16 @@ def _rope_from(params: dict[str, Any], raw: dict[str, Any]) -> RopeConfig:
 
 
 def _yarn_fields(params: dict[str, Any]) -> dict[str, Any]:
-    if params.get("mscale") or params.get("mscale_all_dim"):
-        raise ModelError("This model's YaRN RoPE sets mscale, which kvchat does not run.")
     factor = params.get("attention_factor")
+    if factor is None and params.get("mscale") and params.get("mscale_all_dim"):
+        # transformers' ratio of two mscales (Ministral 3 sets both to 1: cos/sin are not scaled at all);
+        # with either unset it derives the factor from `factor` alone (rope.magnitude).
+        scale = float(params.get("factor", 1.0))
+
+        def mscale(m: float) -> float:
+            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+        factor = float(mscale(params["mscale"]) / mscale(params["mscale_all_dim"]))
     return {"beta_fast": float(params.get("beta_fast") or 32.0), "beta_slow": float(params.get("beta_slow") or 1.0),
             "truncate": bool(params.get("truncate", True)),
             "attention_factor": float(factor) if factor is not None else None}

@@ -52,6 +52,7 @@ class Gemma3DecoderLayer(nn.Module):
         self.mlp = GatedMLP(cfg)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVAttention,
-                mask: torch.Tensor | None) -> torch.Tensor:
-        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, cache, mask))
+                mask: torch.Tensor | None, q_scale: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, cache, mask,
+                                                             q_scale))
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))

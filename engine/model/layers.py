@@ -30,7 +30,8 @@ class RMSNorm(nn.Module):
 
 class Attention(nn.Module):
     """Fused q/k/v projection, optional per-head q/k RMSNorm (Qwen3, Gemma 3), RoPE, GQA, the layer's
-    sliding window if it has one (Gemma 3, gpt-oss) and its attention sinks if it has them (gpt-oss)."""
+    sliding window if it has one (Gemma 3, gpt-oss), its attention sinks (gpt-oss) and q's attention temperature
+    (Ministral 3) if the model has them."""
 
     def __init__(self, cfg: ModelConfig, layer: int, norm: type[nn.Module] = RMSNorm):
         super().__init__()
@@ -49,7 +50,8 @@ class Attention(nn.Module):
         self.sinks = nn.Parameter(torch.zeros(cfg.num_heads)) if cfg.attention_sinks else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVAttention,
-                mask: torch.Tensor | None) -> torch.Tensor:
+                mask: torch.Tensor | None, q_scale: torch.Tensor | None = None) -> torch.Tensor:
+        """q_scale: [T, 1, 1] multipliers of each new token's q (model/temperature.py), or None."""
         num_new, heads, kv_heads = x.shape[0], self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(x).view(num_new, heads + 2 * kv_heads, self.head_dim)
         qk, v = qkv[:, : heads + kv_heads], qkv[:, heads + kv_heads :]
@@ -58,6 +60,8 @@ class Attention(nn.Module):
         if self.rope:
             qk = apply_rotary(qk, cos, sin)  # q and k heads rotated together: one set of ops
         q, k = qk[:, :heads], qk[:, heads:]
+        if q_scale is not None:  # after RoPE, as transformers' Ministral 3 scales its rotated query_states
+            q = q * q_scale
         out = cache.attention(self.layer, q, k.transpose(0, 1), v.transpose(0, 1), mask, self.scale, self.window,
                               self.sinks)
         return self.o_proj(out)
@@ -74,7 +78,7 @@ class DecoderLayer(nn.Module):
         self.mlp = SparseMoE(cfg) if cfg.is_moe(layer) else GatedMLP(cfg)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVAttention,
-                mask: torch.Tensor | None) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, mask)
+                mask: torch.Tensor | None, q_scale: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, mask, q_scale)
         return x + self.mlp(self.post_attention_layernorm(x))
 

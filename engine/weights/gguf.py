@@ -1,4 +1,4 @@
-"""Read a GGUF file (llama, qwen2, qwen3, qwen3moe, smollm3, phi3, gemma3 architectures) as a Hugging Face model: its config, and
+"""Read a GGUF file (llama, qwen2, qwen3, qwen3moe, gpt-oss, smollm3, phi3, mistral3, gemma3 architectures) as a Hugging Face model: its config, and
 its tensors under Hugging Face names (GGUFWeights, the loader's WeightSource: weights/checkpoint.py).
 
 The file is memory-mapped copy-on-write (gguf_file.py) and nothing is written to disk. A matrix in a
@@ -23,19 +23,20 @@ import torch
 
 from engine.cpu.formats import BLOCK, FORMATS
 from engine.errors import ModelError
-from engine.weights import gguf_gemma3, gguf_gpt_oss, gguf_phi3
+from engine.weights import gguf_gemma3, gguf_gpt_oss, gguf_mistral3, gguf_phi3
 from engine.weights.gguf_file import GGUFFile, GGUFFormatError, GGUFTensor, TensorTableDamage
 
 log = logging.getLogger("kvchat")
 
 # GGUF architectures whose q/k rows llama.cpp permuted at conversion time.
-_PERMUTED_QK = {"llama", "smollm3"}
+_PERMUTED_QK = {"llama", "smollm3", "mistral3"}
 # GGUF general.architecture -> the Hugging Face model_type it is read as (also what `kvchat models` runs).
 MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe", "gemma3": "gemma3_text",
-               "smollm3": "smollm3", "gpt-oss": "gpt_oss", "phi3": "phi3"}
+               "smollm3": "smollm3", "gpt-oss": "gpt_oss", "phi3": "phi3", "mistral3": "ministral3"}
 _HF_ARCHITECTURE = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                     "qwen3moe": "Qwen3MoeForCausalLM", "gemma3": "Gemma3ForCausalLM",
-                    "smollm3": "SmolLM3ForCausalLM", "gpt-oss": "GptOssForCausalLM", "phi3": "Phi3ForCausalLM"}
+                    "smollm3": "SmolLM3ForCausalLM", "gpt-oss": "GptOssForCausalLM", "phi3": "Phi3ForCausalLM",
+                    "mistral3": "Ministral3ForCausalLM"}
 _LAYER_TENSORS = {
     "attn_norm.weight": "input_layernorm.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
@@ -139,6 +140,9 @@ def gguf_config(reader) -> dict[str, Any]:
     if arch == "phi3":  # its RoPE (partial rotary, LongRoPE) and sliding window: gguf_phi3.py
         config.update(gguf_phi3.config_fields(lambda key, default: _field(reader, f"{arch}.{key}", default),
                                               need, reader.tensors, config["head_dim"]))
+    if arch == "mistral3":  # YaRN and the attention temperature (weights/gguf_mistral3.py)
+        config.update(gguf_mistral3.config_fields(lambda key, default: _field(reader, f"{arch}.{key}", default),
+                                                  need))
         return config
     scaling = _field(reader, f"{arch}.rope.scaling.type")
     if scaling == "linear":

@@ -22,6 +22,9 @@
  * the local RoPE tables for its sliding layers, and GELU-tanh in place of SiLU. Its (1 + w) norm weights
  * and sqrt(hidden)-scaled embeddings are prepared by the caller, so the norms here are the same code.
  *
+ * Ministral 3 multiplies each rotated q by its position's attention temperature (q_scale, a table the caller
+ * made as the eager model's: engine/model/temperature.py), so the product is the eager model's bit for bit.
+ *
  * K/V of layer l, KV head g, position t lie at ((l * kv_heads + g) * capacity + t) * head_dim in the
  * contiguous cache (engine/kv/cache.py ContiguousKVCache).
  *
@@ -90,6 +93,7 @@ typedef struct {
     int32_t row_invariant;   /* 1: every token's attention as a decode step's (integer products: a token's
                               * bits must not depend on how many tokens one call takes) */
     float *moe_scratch;      /* kc_moe_scratch_floats(...) floats when a layer is a mixture, else NULL */
+    const float *q_scale;    /* [max_tokens]: what q is multiplied by after RoPE, by position, or NULL (1) */
 } kc_model;
 
 enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };
@@ -253,9 +257,14 @@ void kc_forward_batch(const kc_model *M, const kc_sequence *seqs, int count, con
                     float *x = row + h * dim;
                     const float *w = h < heads ? L->q_norm : L->k_norm;
                     if (w) rms_norm(x, w, dim, M->eps, x);
-                    if (L->no_rope) continue;
-                    const float *cos = L->local_rope ? q->cos_local : q->cos, *sin = L->local_rope ? q->sin_local : q->sin;
-                    rotate(x, cos + (int64_t)j * dim, sin + (int64_t)j * dim, dim);
+                    if (!L->no_rope) {
+                        const float *cos = L->local_rope ? q->cos_local : q->cos, *sin = L->local_rope ? q->sin_local : q->sin;
+                        rotate(x, cos + (int64_t)j * dim, sin + (int64_t)j * dim, dim);
+                    }
+                    if (h < heads && M->q_scale) {
+                        const float s = M->q_scale[q->position + j];
+                        for (int i = 0; i < dim; i++) x[i] *= s;
+                    }
                 }
                 for (int g = 0; g < kv_heads; g++) {
                     const int64_t at = layer_offset * q->capacity + ((int64_t)g * q->capacity + q->position + j) * dim;

@@ -51,8 +51,6 @@ def test_qwen_sliding_window_is_ignored_unless_enabled():
 @pytest.mark.parametrize("raw, words", [
     ({**LLAMA, "model_type": "gpt2"}, "Unsupported model architecture 'gpt2'"),
     ({**LLAMA, "rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}, "Unsupported RoPE scaling 'dynamic'"),
-    ({**LLAMA, "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "mscale": 1.0, "mscale_all_dim": 1.0}},
-     "mscale"),
     ({k: v for k, v in LLAMA.items() if k != "hidden_size"}, "incomplete or malformed"),
 ])
 def test_unsupported_or_broken_configs_raise_one_clear_model_error(raw, words):
@@ -80,6 +78,11 @@ def test_unreadable_config_file_is_a_model_error(tmp_path):
     {"rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0, "original_max_position_embeddings": 16384},
     {"rope_type": "yarn", "rope_theta": 1e6, "factor": 8.0, "attention_factor": 1.25,
      "original_max_position_embeddings": 8192},
+    # the factor as a ratio of two mscales: Ministral 3's (both 1: cos/sin unscaled), then unequal ones
+    {"rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0, "original_max_position_embeddings": 16384,
+     "mscale": 1.0, "mscale_all_dim": 1.0},
+    {"rope_type": "yarn", "rope_theta": 1e4, "factor": 40.0, "original_max_position_embeddings": 4096,
+     "mscale": 0.707, "mscale_all_dim": 1.0},
 ])
 def test_inverse_frequencies_match_transformers(rope_parameters):
     from transformers import LlamaConfig
