@@ -1,5 +1,9 @@
 """GGUF blocks for tests: random valid ones of any block type, and K-quant ones made from fp32 weights.
 
+MXFP4 blocks are made by gguf's own quantizer from random fp32 values (mxfp4_blocks), with block
+magnitudes chosen so that their E8M0 exponents reach the subnormal scales (e 0 and 1) and, where no
+product is taken, the largest exponent a finite value quantizes to.
+
 The `gguf` package dequantizes every type but quantizes only some (not the K-quants), so the K-quants
 a tiny test model needs are made here: a plain (not llama.cpp's optimising) quantizer per format
 that packs the fields exactly where gguf.quants.dequantize reads them.
@@ -23,12 +27,43 @@ def finite_halves(rng: np.random.Generator, shape, scale: float | None = None) -
     return bits.view(np.float16)
 
 
+# MXFP4: a block whose largest |value| is in [2^k, 2^(k+1)) gets e = k + 125 from gguf's quantizer, scale
+# 2^(k - 3) (e8m0_to_fp32_half); e 0 and 1 (scales 2^-128 and 2^-127, fp32 subnormals) come from
+# magnitudes about 2^-125 and 2^-124, e 252 (the largest a finite value reaches) from about 2^127.
+MXFP4_SUBNORMAL = (-125, -124)
+
+
+def mxfp4_blocks(rows: int, cols: int, rng: np.random.Generator, exponents: np.ndarray) -> np.ndarray:
+    """MXFP4 blocks quantized by gguf from random values: block i's largest |value| is 1.5 * 2^exponents[i]
+    (flattened row-major, one per 32 values); uint8 [rows, bytes per row]."""
+    import gguf
+    from gguf.quants import quantize
+
+    values = rng.uniform(-1.0, 1.0, (rows * cols // 32, 32))
+    values /= np.abs(values).max(axis=1, keepdims=True)  # every block's largest |value| 1
+    w = (values * np.ldexp(1.5, exponents.reshape(-1, 1).astype(np.int64))).astype(np.float32)
+    with np.errstate(over="ignore"):  # its error of a candidate value overflows near fp32's top; the choice does not
+        return quantize(w.reshape(rows, cols), gguf.GGMLQuantizationType.MXFP4)
+
+
 def random_blocks(type_name: str, rows: int, cols: int, rng: np.random.Generator,
                   scale: float | None = None) -> np.ndarray:
-    """A [rows, cols]-weight matrix of `type_name` blocks as uint8 [rows, bytes per row], random but valid."""
+    """A [rows, cols]-weight matrix of `type_name` blocks as uint8 [rows, bytes per row], random but valid.
+    MXFP4: scale None gives every byte pattern (each E8M0 exponent 0..255, weights up to +-inf from 253 on,
+    nibble 8, which gguf's quantizer never writes); a scale, gguf's quantization of values whose blocks
+    reach about +-scale down to scale / 16, with every eighth block at a subnormal scale instead."""
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
     block, size = GGML_QUANT_SIZES[GGMLQuantizationType[type_name]]
+    if type_name == "MXFP4":
+        count = rows * cols // block
+        if scale is None:
+            raw = rng.integers(0, 256, (count, size), dtype=np.uint8)
+            raw[:, 0] = rng.permutation(np.resize(np.arange(256, dtype=np.uint8), count))  # each e where room
+            return raw.reshape(rows, -1)
+        exponents = np.floor(np.log2(scale / 1.5)) - rng.integers(0, 4, count)
+        exponents[::8] = rng.choice(MXFP4_SUBNORMAL, len(exponents[::8]))
+        return mxfp4_blocks(rows, cols, rng, exponents)
     raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
     for offset in HALF_FIELDS[type_name]:
         raw[:, :, offset : offset + 2] = finite_halves(rng, (rows, cols // block), scale).view(np.uint8).reshape(

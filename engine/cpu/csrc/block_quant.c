@@ -1,8 +1,8 @@
 /*
  * Matrix-vector products and dequantization over block-quantized weights, fp32
  * activations and accumulation: the F32, Q4_1 and Q8_0 formats, the dispatch to
- * every format (the others live in q32_blocks.c, kquant.c and half_float.c) and
- * the OpenMP entry points.
+ * every format (the others live in q32_blocks.c (Q4_0, Q5_0, Q5_1, MXFP4), kquant.c
+ * (Q2_K..Q6_K) and half_float.c (BF16, F16)) and the OpenMP entry points.
  *
  * A weight is rebuilt exactly as the dense fp32 checkpoint holds it
  * (Q4_1: d*q + m, Q8_0: d*q, each operation rounded on its own; the library is
@@ -124,7 +124,7 @@ static const struct {
     FORMAT(KC_F32, f32),   FORMAT(KC_Q4_1, q4_1), FORMAT(KC_Q8_0, q8_0), FORMAT(KC_Q4_0, q4_0),
     FORMAT(KC_Q5_0, q5_0), FORMAT(KC_Q5_1, q5_1), FORMAT(KC_Q2_K, q2_k), FORMAT(KC_Q3_K, q3_k),
     FORMAT(KC_Q4_K, q4_k), FORMAT(KC_Q5_K, q5_k), FORMAT(KC_Q6_K, q6_k), FORMAT(KC_BF16, bf16),
-    FORMAT(KC_F16, f16),
+    FORMAT(KC_F16, f16),   FORMAT(KC_MXFP4, mxfp4),
 #undef FORMAT
 };
 

@@ -2,7 +2,7 @@
  * Activations quantized to int8 for the integer products (int8_dot.c), one row at a time.
  *
  * Two kinds, as ggml pairs them with weight formats:
- *   Q8_0-style (32-weight weight blocks: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): per 32 values a scale d and
+ *   Q8_0-style (32-weight weight blocks: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4): per 32 values a scale d and
  *     32 int8 q; s = d * (sum of q) for the formats whose weights have a minimum (Q4_1, Q5_1).
  *   Q8_K-style (the K-quants' 256-weight super-blocks): per 256 values a scale d and 256 int8 q, and
  *     the sum of q over each 16 (bsums), which applies the K-quants' minimums and offsets.

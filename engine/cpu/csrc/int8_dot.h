@@ -3,15 +3,18 @@
  *
  * What a product IS (the portable code in int8_dot.c is this definition; the tiles' vector code in
  * int8_tiles.c computes its bits): for one input row and one output column, two floats, acc and ext,
- * start at 0. Per weight block b in order (32 weights: Q4_0..Q8_0; 256: the K-quants), with the block's
- * integers as int8_quants.h reads them and the activation block's int8 q and scale dx:
+ * start at 0. Per weight block b in order (32 weights: Q4_0..Q8_0 and MXFP4; 256: the K-quants), with the
+ * block's integers as int8_quants.h reads them and the activation block's int8 q and scale dx:
  *   main = sum over the block of sc(i) * (u_i - offset) * q_i       exact, in int32
  *   acc  = fmaf((float)main, dx * d, acc)                           one rounding for dx * d, one for the fma
  * and the minimums:
  *   Q4_1, Q5_1:        ext = fmaf(m, s, ext)                        s = dx * (sum of q), int8_act.h
  *   Q2_K, Q4_K, Q5_K:  low = sum over 16s of low_g * (sum of q over g), exact
  *                      ext = fmaf(-(float)low, dx * dmin, ext)
- * The result is acc + ext (+ bias).
+ * The result is acc + ext (+ bias). MXFP4 (as ggml pairs it, with Q8_0-style activations): u - offset is
+ * its nibble's value (e2m1 doubled, an integer in -12..12) and d the E8M0 exponent's half, so main times
+ * d times dx is the exact product of the exact weights with the quantized activations, up to the two
+ * roundings above.
  *
  * Integer sums are exact in any order, and every float operation above is fixed by the definition,
  * so a product's bits do not depend on how many rows are multiplied together, how the columns are split

@@ -11,6 +11,7 @@ int kc_block_bytes(int format) {
     case KC_Q5_0: return 22;
     case KC_Q5_1: return 24;
     case KC_Q8_0: return 34;
+    case KC_MXFP4: return 17;
     case KC_Q2_K: return 84;
     case KC_Q3_K: return 110;
     case KC_Q4_K: return 144;
@@ -20,12 +21,23 @@ int kc_block_bytes(int format) {
     }
 }
 
+const uint8_t kc_mxfp4_unsigned[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
+
 void kc_legacy_of(int format, const uint8_t *blk, kc_legacy *b) {
     const uint8_t *qs;
     uint32_t qh = 0;
-    b->d = kc_half_at(blk);
     b->m = 0.0f;
     b->offset = 0;
+    if (format == KC_MXFP4) { /* value[q] = u - 12 (simd.h's KC_MXFP4_VALUES), the scale E8M0's half */
+        b->d = kc_e8m0_half(blk[0]);
+        b->offset = 12;
+        for (int j = 0; j < 16; j++) {
+            b->u[j] = kc_mxfp4_unsigned[blk[1 + j] & 0x0F];
+            b->u[j + 16] = kc_mxfp4_unsigned[blk[1 + j] >> 4];
+        }
+        return;
+    }
+    b->d = kc_half_at(blk);
     switch (format) {
     case KC_Q8_0: /* int8 q stored as u = q + 128 */
         for (int j = 0; j < 32; j++) b->u[j] = blk[2 + j] ^ 0x80;

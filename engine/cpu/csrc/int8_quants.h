@@ -5,7 +5,8 @@
  * Every format is, per block, unsigned integer quants u, an integer offset they are taken from, integer
  * sub-scales (the K-quants; 1 for the 32-weight formats), a float scale, and a minimum (float for Q4_1/Q5_1,
  * integer sub-minimums times a float dmin for Q2_K/Q4_K/Q5_K): weight i = d * sc(i) * (u_i - offset) - ...
- * exactly as gguf.quants.dequantize rebuilds it.
+ * exactly as gguf.quants.dequantize rebuilds it. MXFP4 fits the same mould: its nibble's value (e2m1
+ * doubled, -12..12) is u - 12 with u in [0, 24], and d the E8M0 exponent's half (simd.h, kc_e8m0_half).
  */
 #ifndef KVCHAT_INT8_QUANTS_H
 #define KVCHAT_INT8_QUANTS_H
@@ -25,13 +26,17 @@ static inline const uint8_t *kc_raw_block(const kc_linear *L, int n, int b, int 
     return (const uint8_t *)L->q + ((int64_t)n * nb + b) * kc_block_bytes(L->format);
 }
 
-/* A 32-weight block (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): u in [0, 2^bits), weight = d * (u - offset) + m. */
+/* A 32-weight block (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4): u in [0, 2^bits) (MXFP4: [0, 24]),
+ * weight = d * (u - offset) + m. */
 typedef struct {
     uint8_t u[32];
     int offset;
     float d, m;
 } kc_legacy;
 void kc_legacy_of(int format, const uint8_t *blk, kc_legacy *b);
+/* MXFP4's u by nibble: its value (simd.h's KC_MXFP4_VALUES) plus 12, so unsigned (0..24) as vpdpbusd
+ * multiplies its first operand; the offset 12 comes off through the activations' sums. */
+extern const uint8_t kc_mxfp4_unsigned[16];
 
 /* A K-quant super-block: weight i = d * scale[i / 16] * (u[i] - offset) - dmin * low[i / 16]
  * (Q4_K/Q5_K give each 32 one scale and minimum: scale and low repeat them over both its 16s). */

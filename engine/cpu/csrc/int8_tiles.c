@@ -19,7 +19,7 @@
 
 static inline int quant_bits(int format) {
     switch (format) {
-    case KC_Q4_0: case KC_Q4_1: case KC_Q4_K: return 4;
+    case KC_Q4_0: case KC_Q4_1: case KC_Q4_K: case KC_MXFP4: return 4;
     case KC_Q5_0: case KC_Q5_1: case KC_Q5_K: return 5;
     case KC_Q6_K: return 6;
     case KC_Q8_0: return 8;
@@ -32,6 +32,7 @@ static inline int header_bytes(int format) {
     case KC_Q4_1: case KC_Q5_1: return 64;
     case KC_Q4_K: case KC_Q5_K: return 320;
     case KC_Q6_K: return 288;
+    case KC_MXFP4: return 16;
     default: return 32;
     }
 }
@@ -94,8 +95,9 @@ static inline uint32_t nibble_word(const uint8_t *qs, int at, int high) {
     return high ? ((a >> 4) & 0x0F0F0F0Fu) | (b & 0xF0F0F0F0u) : (a & 0x0F0F0F0Fu) | (b & 0x0F0F0F0Fu) << 4;
 }
 
-/* Tile t's block b of a 4-bit format (Q4_0, Q4_1, Q4_K): what pack_unit makes, without decoding every
- * quant (the load of a 7B Q4_K_M file spent ~2 s in that decoding). */
+/* Tile t's block b of a 4-bit format (Q4_0, Q4_1, Q4_K, MXFP4): what pack_unit makes, without decoding
+ * every quant (the load of a 7B Q4_K_M file spent ~2 s in that decoding). MXFP4 keeps its nibbles as
+ * indices (group_vecs looks their unsigned values up) and its E8M0 byte as it is. */
 static void pack_unit_4bit(const kc_linear *L, int t, int b, uint8_t *unit) {
     const int format = L->format, W = kc_block_weights(format), nb = L->K / W;
     memset(unit, 0, (size_t)header_bytes(format));
@@ -107,7 +109,8 @@ static void pack_unit_4bit(const kc_linear *L, int t, int b, uint8_t *unit) {
             continue;
         }
         const uint8_t *blk = kc_raw_block(L, n, b, nb);
-        copy_half(unit + 2 * c, blk);
+        if (format == KC_MXFP4) unit[c] = blk[0];
+        else copy_half(unit + 2 * c, blk);
         if (format == KC_Q4_K) {
             copy_half(unit + 32 + 2 * c, blk + 2);
             for (int j = 0; j < 8; j++) {
@@ -122,7 +125,7 @@ static void pack_unit_4bit(const kc_linear *L, int t, int b, uint8_t *unit) {
             }
         } else { /* weight l < 16: low nibble of qs[l]; l >= 16: high nibble of qs[l - 16] */
             if (format == KC_Q4_1) copy_half(unit + 32 + 2 * c, blk + 2);
-            const uint8_t *qs = blk + (format == KC_Q4_1 ? 4 : 2);
+            const uint8_t *qs = blk + (format == KC_Q4_1 ? 4 : format == KC_MXFP4 ? 1 : 2);
             for (int k0 = 0; k0 < W; k0 += 8) {
                 const uint32_t w = nibble_word(qs, k0 % 16, k0 >= 16);
                 memcpy(groups + 8 * k0 + 4 * c, &w, 4);
@@ -201,7 +204,8 @@ static inline uint64_t u64_at(const uint8_t *p) {
 static inline int32_t i32_at(const void *p) { return (int32_t)kc_u32_at((const uint8_t *)p); }
 
 /* A group's two vectors: 4 unsigned quants of each of 16 columns, weights k0..k0+3 and k0+4..k0+7. */
-static inline __attribute__((always_inline)) void group_vecs(const uint8_t *g, int bits, __m512i *A, __m512i *B) {
+static inline __attribute__((always_inline)) void group_vecs(const uint8_t *g, int format, __m512i *A, __m512i *B) {
+    const int bits = quant_bits(format);
     if (bits == 8) {
         *A = _mm512_loadu_si512(g);
         *B = _mm512_loadu_si512(g + 64);
@@ -210,6 +214,12 @@ static inline __attribute__((always_inline)) void group_vecs(const uint8_t *g, i
     const __m512i v = _mm512_loadu_si512(g), low4 = _mm512_set1_epi8(0x0F);
     *A = _mm512_and_si512(v, low4);
     *B = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+    if (format == KC_MXFP4) { /* nibble -> its value + 12 (int8_quants.c), one byte shuffle per vector */
+        const __m512i u = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)kc_mxfp4_unsigned));
+        *A = _mm512_shuffle_epi8(u, *A);
+        *B = _mm512_shuffle_epi8(u, *B);
+        return;
+    }
     if (bits >= 5) {
         const __m512i b4 = _mm512_set1_epi8(16);
         *A = _mm512_mask_add_epi8(*A, _cvtu64_mask64(u64_at(g + 64)), *A, b4);
@@ -223,10 +233,10 @@ static inline __attribute__((always_inline)) void group_vecs(const uint8_t *g, i
 }
 
 /* sums[r] += the group's products with rows xs[r]'s quants at q_at (8 of them) */
-#define GROUP_DOT(g, bits, sums, R, q_of)                                                        \
+#define GROUP_DOT(g, format, sums, R, q_of)                                                      \
     do {                                                                                         \
         __m512i A_, B_;                                                                          \
-        group_vecs(g, bits, &A_, &B_);                                                           \
+        group_vecs(g, format, &A_, &B_);                                                         \
         _Pragma("GCC unroll 4") for (int r = 0; r < TILE_ROWS; r++) if (r < (R)) {               \
             const int8_t *xq_ = (q_of);                                                          \
             sums[r] = _mm512_dpbusd_epi32(sums[r], A_, _mm512_set1_epi32(i32_at(xq_)));          \
@@ -234,17 +244,26 @@ static inline __attribute__((always_inline)) void group_vecs(const uint8_t *g, i
         }                                                                                        \
     } while (0)
 
-/* One 32-weight block b of a tile (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) times rows xs[0..R). */
+/* One 32-weight block b of a tile (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4) times rows xs[0..R). */
 static inline __attribute__((always_inline)) void legacy_unit(const uint8_t *unit, int format, const kc_act_row *xs,
                                                                int R, int b, __m512 *acc, __m512 *ext) {
     const int bits = quant_bits(format), gb = group_bytes(bits);
-    const int offset = format == KC_Q8_0 ? 128 : format == KC_Q4_0 ? 8 : format == KC_Q5_0 ? 16 : 0;
+    const int offset = format == KC_Q8_0 ? 128 : format == KC_Q4_0 ? 8 : format == KC_Q5_0 ? 16
+                     : format == KC_MXFP4 ? 12 : 0;
     __m512i sums[TILE_ROWS];
     for (int r = 0; r < TILE_ROWS; r++)
         sums[r] = offset && r < R ? _mm512_set1_epi32(-offset * xs[r].bsums32[b]) : _mm512_setzero_si512();
     const uint8_t *g = unit + header_bytes(format);
-    for (int h = 0; h < 4; h++) GROUP_DOT(g + h * gb, bits, sums, R, xs[r].q + 32 * b + 8 * h);
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)unit));
+    for (int h = 0; h < 4; h++) GROUP_DOT(g + h * gb, format, sums, R, xs[r].q + 32 * b + 8 * h);
+    __m512 d;
+    if (format == KC_MXFP4) { /* kc_e8m0_half of each column's exponent byte, 16 at once */
+        const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)unit));
+        const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+        const __m512i tiny = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+        d = _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2)), normal, tiny));
+    } else {
+        d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)unit));
+    }
     for (int r = 0; r < TILE_ROWS; r++)
         if (r < R) acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), _mm512_mul_ps(d, _mm512_set1_ps(xs[r].d[b])), acc[r]);
     if (format == KC_Q4_1 || format == KC_Q5_1) {
@@ -272,7 +291,7 @@ static inline __attribute__((always_inline)) void k_unit(const uint8_t *unit, in
                 __m512i sums[TILE_ROWS];
                 for (int r = 0; r < TILE_ROWS; r++) sums[r] = _mm512_setzero_si512();
                 for (int h = 0; h < 2; h++)
-                    GROUP_DOT(g + (2 * g16 + h) * gb, bits, sums, R, xs[r].q + KC_SUPER * s + 16 * g16 + 8 * h);
+                    GROUP_DOT(g + (2 * g16 + h) * gb, format, sums, R, xs[r].q + KC_SUPER * s + 16 * g16 + 8 * h);
                 sc[e] = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(unit + 32 + KC_TILE * g16)));
                 for (int r = 0; r < TILE_ROWS; r++)
                     if (r < R) main[r] = _mm512_add_epi32(main[r], _mm512_mullo_epi32(sums[r], sc[e]));
@@ -288,7 +307,7 @@ static inline __attribute__((always_inline)) void k_unit(const uint8_t *unit, in
             __m512i sums[TILE_ROWS];
             for (int r = 0; r < TILE_ROWS; r++) sums[r] = _mm512_setzero_si512();
             for (int h = 0; h < 4; h++)
-                GROUP_DOT(g + (4 * j + h) * gb, bits, sums, R, xs[r].q + KC_SUPER * s + 32 * j + 8 * h);
+                GROUP_DOT(g + (4 * j + h) * gb, format, sums, R, xs[r].q + KC_SUPER * s + 32 * j + 8 * h);
             const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(unit + 64 + KC_TILE * j)));
             for (int r = 0; r < TILE_ROWS; r++)
                 if (r < R) main[r] = _mm512_add_epi32(main[r], _mm512_mullo_epi32(sums[r], sc));
@@ -360,6 +379,7 @@ TILE_COLUMNS(q8_0_tiles, KC_Q8_0)
 TILE_COLUMNS(q4_k_tiles, KC_Q4_K)
 TILE_COLUMNS(q5_k_tiles, KC_Q5_K)
 TILE_COLUMNS(q6_k_tiles, KC_Q6_K)
+TILE_COLUMNS(mxfp4_tiles, KC_MXFP4)
 
 void kc_int8_tile_columns(const kc_linear *L, const kc_act_row *xs, int rows, float *y, int ldy, int n0, int n1) {
     switch (L->format) {
@@ -371,6 +391,7 @@ void kc_int8_tile_columns(const kc_linear *L, const kc_act_row *xs, int rows, fl
     case KC_Q4_K: q4_k_tiles(L, xs, rows, y, ldy, n0, n1); return;
     case KC_Q5_K: q5_k_tiles(L, xs, rows, y, ldy, n0, n1); return;
     case KC_Q6_K: q6_k_tiles(L, xs, rows, y, ldy, n0, n1); return;
+    case KC_MXFP4: mxfp4_tiles(L, xs, rows, y, ldy, n0, n1); return;
     default: return;
     }
 }

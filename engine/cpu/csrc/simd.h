@@ -55,6 +55,21 @@ static inline float kc_half_at(const uint8_t *p) {
     return kc_half(h);
 }
 
+/* MXFP4's E8M0 block exponent e as its scale: 2^(e - 128), half of the OCP spec's 2^(e - 127), as
+ * ggml's ggml_e8m0_to_fp32_half (and gguf.quants.MXFP4.e8m0_to_fp32_half) builds the bits: e 0 and 1 give
+ * the subnormals 2^-128 and 2^-127, 255 gives 2^127 (no NaN). Halved because the block's values are
+ * e2m1 doubled to integers (KC_MXFP4_VALUES). */
+static inline float kc_e8m0_half(uint8_t e) {
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* MXFP4's 16 weight values, indexed by a weight's nibble: e2m1 (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their
+ * negatives) doubled to integers, as gguf.quants.MXFP4.kvalues (nibble 8 is e2m1's -0: 0 here too). */
+#define KC_MXFP4_VALUES 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12
+
 #if defined(__AVX512F__)
 #define KC_ISA "avx512"
 #define VEC 16

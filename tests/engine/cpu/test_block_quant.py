@@ -34,14 +34,14 @@ def quantized(fmt, rows, cols, seed=0):
     return torch.from_numpy(raw), torch.from_numpy(dequantize(raw, qtype))
 
 
-@pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("fmt", ["q4_1", "q8_0", "mxfp4"])
 def test_dequantized_weights_are_bit_identical_to_ggufs_own_dequantizer(kernels, fmt):
     qs, dense = quantized(fmt, 77, 96)
     linear = QuantLinear(kernels, fmt, qs)
     assert torch.equal(linear.dequantized(), dense)
 
 
-@pytest.mark.parametrize("fmt", ["q4_1", "q8_0"])
+@pytest.mark.parametrize("fmt", ["q4_1", "q8_0", "mxfp4"])
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 23, 128, 129, 300])
 def test_products_match_a_dense_matmul_of_the_same_weights(kernels, fmt, rows):
     qs, dense = quantized(fmt, 130, 160, seed=rows)

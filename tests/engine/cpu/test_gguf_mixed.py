@@ -95,17 +95,52 @@ def test_logits_and_greedy_reply_are_the_ones_transformers_gguf_loader_gives(mix
 
 
 def test_a_type_without_a_kernel_runs_dense_and_says_so_in_one_log_line(tmp_path, caplog):
-    hf_model = load_reference(make_tiny_model(tmp_path / "hf", "llama"))
+    # TQ2_0 (ternary, 256-weight blocks: rows of 256): a type gguf can write that has no kernel
+    hf_model = load_reference(make_tiny_model(tmp_path / "hf", "llama", **K_QUANT_SIZES))
     quant = {gguf_name(n): "Q8_0" for n, t in hf_model.state_dict().items() if t.ndim == 2}
-    quant.update({"blk.0.attn_q.weight": "MXFP4", "blk.1.ffn_up.weight": "MXFP4"})
-    gguf_path = write_gguf(hf_model, tmp_path / "mxfp4.gguf", quant=quant)
+    quant.update({"blk.0.attn_q.weight": "TQ2_0", "blk.1.ffn_up.weight": "TQ2_0"})
+    gguf_path = write_gguf(hf_model, tmp_path / "tq2_0.gguf", quant=quant)
     with caplog.at_level(logging.WARNING, logger="kvchat"):
         packed = Engine.load(EngineOptions(model=str(gguf_path), dtype="float32", exact_fp32=True))
-    lines = [r.getMessage() for r in caplog.records if "MXFP4" in r.getMessage()]
-    assert len(lines) == 1 and "2 in MXFP4" in lines[0], caplog.text
+    lines = [r.getMessage() for r in caplog.records if "TQ2_0" in r.getMessage()]
+    assert len(lines) == 1 and "2 in TQ2_0" in lines[0], caplog.text
     layers = packed.model.layers
     assert type(layers[0].self_attn.qkv_proj) is torch.nn.Linear and type(layers[1].mlp.gate_up_proj) is torch.nn.Linear
     assert [p.fmt for p in parts_of(layers[1].self_attn.qkv_proj)] == ["q8_0"] * 3
     dense = Engine.load(EngineOptions(model=str(gguf_path), dtype="float32", weights="dense"))
     torch.testing.assert_close(packed.runner.logits(PROMPT, all_logits=True),
                                dense.runner.logits(PROMPT, all_logits=True), atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("arch, gguf_arch", [("llama", "llama"), ("qwen3-moe", "qwen3moe")])
+def test_mxfp4_matrices_run_as_their_blocks_with_the_dense_models_logits_and_greedy_tokens(tmp_path, arch, gguf_arch):
+    """gpt-oss's expert format: every matrix (the embedding, a mixture's stacked experts too) read as MXFP4
+    blocks, the fused decode step among them; integer products (where this CPU has them) bit-identical to
+    themselves."""
+    hf_model = load_reference(make_tiny_model(tmp_path / "hf", arch))
+    gguf_path = write_gguf(hf_model, tmp_path / "tiny-mxfp4.gguf", arch=gguf_arch, quant="MXFP4")
+    packed = Engine.load(EngineOptions(model=str(gguf_path), dtype="float32", exact_fp32=True))
+    dense = Engine.load(EngineOptions(model=str(gguf_path), dtype="float32", weights="dense"))
+    assert packed.info.weights.startswith("mxfp4 blocks") and packed.info.decode == "fused C step"
+    linears = {name: m for name, m in packed.model.named_modules() if isinstance(m, QuantLinear)}
+    assert linears and {m.fmt for m in linears.values()} == {"mxfp4"}
+    assert any(".experts." in name for name in linears) == (arch == "qwen3-moe")
+    assert isinstance(packed.model.embed_tokens, QuantEmbedding) and packed.model.embed_tokens.table.fmt == "mxfp4"
+    everything = torch.arange(packed.model.cfg.vocab_size)
+    assert torch.equal(packed.model.embed_tokens(everything), dense.model.embed_tokens.weight)
+    for rows in (list(range(200)), PROMPT, PROMPT[:5]):  # the dequantize+GEMM path and the kernel
+        torch.testing.assert_close(packed.runner.logits(rows, all_logits=True),
+                                   dense.runner.logits(rows, all_logits=True), atol=1e-4, rtol=1e-5)
+    assert list(packed.generate(PROMPT, GREEDY))[-1].token_ids == list(dense.generate(PROMPT, GREEDY))[-1].token_ids
+
+    integer = Engine.load(EngineOptions(model=str(gguf_path), dtype="float32"))
+    multiplied = [m for name, m in integer.model.named_modules()
+                  if isinstance(m, QuantLinear) and name != "embed_tokens.table"]
+    if not multiplied[0].integer:
+        return  # no AVX-512 VNNI: fp32 products by default, checked above
+    assert all(m.integer and m.tiles is not None for m in multiplied)
+    whole = integer.runner.logits(PROMPT, all_logits=True)
+    alone = [integer.runner.logits(PROMPT[: i + 1])[-1] for i in (0, 17, len(PROMPT) - 1)]
+    assert all(torch.equal(a, whole[i]) for a, i in zip(alone, (0, 17, len(PROMPT) - 1)))
+    reference = dense.runner.logits(PROMPT, all_logits=True)  # int8 activations: about 1% off the fp32 logits
+    assert torch.linalg.norm(whole - reference) / torch.linalg.norm(reference) < 0.02

@@ -15,18 +15,18 @@ import torch
 from engine.cpu import kernels as quant_kernels
 from engine.cpu.linear import QuantLinear
 from engine.cpu.mixed_linear import MixedQuantLinear
-from tests.kquant_blocks import random_blocks
+from tests.kquant_blocks import MXFP4_SUBNORMAL, mxfp4_blocks, random_blocks
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
                                 reason="the block kernels need a C compiler")
 
 K_QUANTS = ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k"]
-LEGACY = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0"]
+LEGACY = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "mxfp4"]  # 32-weight blocks, Q8_0-style activations
 FORMATS = LEGACY + K_QUANTS
 DEFINITION_ONLY = ["q2_k", "q3_k"]  # no vector code: integer products only where the definition runs
 VECTOR = [fmt for fmt in FORMATS if fmt not in DEFINITION_ONLY]
 SCALE = {"q4_0": 0.1, "q5_0": 0.05, "q5_1": 0.03, "q2_k": 0.02, "q3_k": 0.005, "q4_k": 1e-3, "q5_k": 5e-4,
-         "q6_k": 2.5e-4}
+         "q6_k": 2.5e-4, "mxfp4": 1.0}
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +149,7 @@ def test_tiles_take_the_bytes_of_the_files_blocks(native, fmt):
     assert padded.tiles.numel() == linear.tiles.numel() * 5 // 4
 
 
-@pytest.mark.parametrize("fmt", ["q4_k", "q6_k", "q5_1", "q8_0"])
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k", "q5_1", "q8_0", "mxfp4"])
 def test_columns_that_cut_through_tiles_are_computed_and_the_others_left_alone(native, fmt):
     """A thread (or a fused layer's part) may own columns that start and end inside a 16-column tile."""
     linear, _ = int8_linear(native, fmt, rows=40, bias=torch.randn(40))
@@ -165,7 +165,7 @@ def test_columns_that_cut_through_tiles_are_computed_and_the_others_left_alone(n
         assert torch.equal(outside, torch.full_like(outside, 7.0)), (n0, n1)
 
 
-@pytest.mark.parametrize("fmt", ["q4_k", "q6_k", "q4_1", "q8_0"])
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k", "q4_1", "q8_0", "mxfp4"])
 def test_the_thread_split_does_not_change_a_bit(native, fmt):
     linear, _ = int8_linear(native, fmt, rows=70)
     x = torch.randn(3, linear.in_features)
@@ -178,6 +178,28 @@ def test_the_thread_split_does_not_change_a_bit(native, fmt):
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(bits(alone), bits(split))
+
+
+def test_mxfp4_columns_at_every_scale_give_the_definitions_bits_and_the_exact_product(native):
+    """Each output column's weights at one E8M0 exponent, from the subnormal scales (e 0, 1: the tiles'
+    other branch of e8m0_to_fp32_half) to large ones: a column's result then has its own magnitude, so a
+    scale the tiles decode wrongly shows in its bits (mixed into a column of ordinary blocks it would not)."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    rng = np.random.default_rng(9)
+    column_exponents = np.concatenate([MXFP4_SUBNORMAL, np.linspace(-123, 100, 46).astype(np.int64)])
+    raw = mxfp4_blocks(48, 544, rng, np.repeat(column_exponents, 544 // 32))
+    assert {0, 1} <= set(raw.reshape(-1, 17)[:, 0])
+    linear = QuantLinear(native, "mxfp4", torch.from_numpy(raw), bias=torch.zeros(48))
+    x = torch.randn(5, 544)
+    got = linear(x)
+    assert torch.equal(bits(got), bits(defined(linear, x) + linear.bias))
+    expected = quantized_activations(x.numpy(), "mxfp4") @ np.asarray(dequantize(raw, GGMLQuantizationType.MXFP4),
+                                                                      dtype=np.float64).T
+    # per column, relative to its scale: the subnormal columns' d * dx keeps ~15 significant bits
+    scale = np.ldexp(1.0, column_exponents)
+    np.testing.assert_allclose(got.double().numpy() / scale, expected / scale, rtol=1e-4, atol=1e-3)
 
 
 def test_a_row_with_a_nan_gives_nan_and_leaves_the_other_rows_alone(native):

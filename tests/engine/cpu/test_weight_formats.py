@@ -1,4 +1,4 @@
-"""Every kernel format beyond Q4_1/Q8_0 (GGUF's Q4_0/Q5_0/Q5_1, the K-quants, bf16, f16), on every ISA path:
+"""Every kernel format beyond Q4_1/Q8_0 (GGUF's Q4_0/Q5_0/Q5_1, MXFP4, the K-quants, bf16, f16), on every ISA path:
 weights bit-identical to gguf's own dequantizer, products equal to a dense matmul up to summation order."""
 
 import ctypes
@@ -16,15 +16,16 @@ from engine.cpu.formats import RAW_BLOCKS
 from engine.cpu.kernels import LinearDesc
 from engine.cpu.linear import QuantLinear
 from engine.cpu.mixed_linear import MixedQuantLinear
-from tests.kquant_blocks import finite_halves, random_blocks
+from tests.kquant_blocks import MXFP4_SUBNORMAL, finite_halves, mxfp4_blocks, random_blocks
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
                                 reason="the block kernels need a C compiler")
 
-FORMATS = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "bf16", "f16"]
-# fp16 scales small enough that weights stay about 1 (products then compare at atol 1e-4)
+FORMATS = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "mxfp4", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "bf16", "f16"]
+# fp16 scales small enough that weights stay about 1 (products then compare at atol 1e-4); MXFP4's is its
+# blocks' largest |weight| (tests/kquant_blocks.py)
 PRODUCT_SCALE = {"q4_0": 0.1, "q4_1": 0.05, "q8_0": 0.005, "q5_0": 0.05, "q5_1": 0.03, "q2_k": 0.02, "q3_k": 0.005, "q4_k": 1e-3,
-                 "q5_k": 5e-4, "q6_k": 2.5e-4}
+                 "q5_k": 5e-4, "q6_k": 2.5e-4, "mxfp4": 1.0}
 # ISA -> (gcc -march for it, the CPU flags it needs)
 ISAS = {"native": (None, ()), "avx2": ("haswell", ("avx2", "fma", "f16c")), "portable": ("x86-64", ())}
 
@@ -65,7 +66,8 @@ def half_bits(fmt, rows, cols, rng, any_finite):
 
 def stored(fmt, rows, cols, rng, scale=None):
     """(QuantLinear's qs, gguf.quants.dequantize of the same bytes as fp32). scale None: any valid bytes;
-    else fp16 scales within +-scale (bf16/f16: weights about N(0, 1))."""
+    else fp16 scales within +-scale (MXFP4: blocks' largest |weight| about scale; bf16/f16: weights about
+    N(0, 1))."""
     import gguf
     from gguf.quants import dequantize
 
@@ -76,7 +78,8 @@ def stored(fmt, rows, cols, rng, scale=None):
         qs = torch.from_numpy(raw.view(np.int16).copy()).view(torch.bfloat16 if fmt == "bf16" else torch.float16)
         return qs, torch.from_numpy(np.array(dense, dtype=np.float32))
     raw = random_blocks(fmt.upper(), rows, cols, rng, scale)
-    return torch.from_numpy(raw), torch.from_numpy(dequantize(raw, qtype))
+    with np.errstate(over="ignore"):  # MXFP4 exponents from 253 on make +-12 * scale infinite, in the kernel too
+        return torch.from_numpy(raw), torch.from_numpy(dequantize(raw, qtype))
 
 
 def bits(t):
@@ -91,7 +94,7 @@ def test_dequantized_weights_are_bit_identical_to_ggufs_dequantizer_for_any_vali
     assert torch.equal(bits(linear.dequantized(5, 20)), bits(dense[5:25]))
 
 
-@pytest.mark.parametrize("fmt", ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "bf16", "f16"])
+@pytest.mark.parametrize("fmt", ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "mxfp4", "bf16", "f16"])
 def test_weights_quantized_by_gguf_come_back_as_ggufs_dequantizer_gives_them(kernels, fmt):
     import gguf
     from gguf.quants import dequantize, quantize
@@ -102,6 +105,22 @@ def test_weights_quantized_by_gguf_come_back_as_ggufs_dequantizer_gives_them(ker
     qs = {"bf16": lambda: torch.from_numpy(raw.view(np.int16).copy()).view(torch.bfloat16),
           "f16": lambda: torch.from_numpy(raw.copy())}.get(fmt, lambda: torch.from_numpy(raw))()
     assert torch.equal(QuantLinear(kernels, fmt, qs).dequantized(), torch.from_numpy(dequantize(raw, qtype)))
+
+
+def test_mxfp4_weights_at_every_exponent_gguf_quantizes_to_come_back_bit_for_bit(kernels):
+    """E8M0 exponents 0 and 1 (the subnormal scales 2^-128, 2^-127: ggml's other branch) up to 252, the
+    largest a finite fp32 value quantizes to (its +-12 * 2^124 still finite), each in several blocks."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    rng = np.random.default_rng(8)
+    exponents = rng.permutation(np.resize(np.arange(MXFP4_SUBNORMAL[0], 128), 40 * 16))
+    raw = mxfp4_blocks(40, 512, rng, exponents)
+    assert set(raw.reshape(-1, 17)[:, 0]) == set(range(253))
+    dense = torch.from_numpy(dequantize(raw, GGMLQuantizationType.MXFP4))
+    assert torch.isfinite(dense).all()
+    assert (dense[dense != 0].abs() < torch.finfo(torch.float32).tiny).any()  # subnormal weights too
+    assert torch.equal(bits(QuantLinear(kernels, "mxfp4", torch.from_numpy(raw)).dequantized()), bits(dense))
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -129,7 +148,7 @@ def test_one_input_row_gives_the_bits_that_row_gets_among_several(kernels, fmt):
             assert torch.equal(bits(linear(x[r:r + 1])), together[r:r + 1]), f"row {r} of {rows}"
 
 
-@pytest.mark.parametrize("fmt", ["q4_k", "q6_k", "q5_0", "bf16"])
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k", "q5_0", "mxfp4", "bf16"])
 def test_a_column_range_computed_on_one_thread_is_that_slice_of_the_product(kernels, fmt):
     """kc_linear_columns, the call the fused decode step makes per linear, writes y[r * ldy + n]."""
     lib = kernels.lib
@@ -146,13 +165,13 @@ def test_a_column_range_computed_on_one_thread_is_that_slice_of_the_product(kern
         assert (y[:, :11] == -7).all() and (y[:, 43:] == -7).all()
 
 
-@pytest.mark.parametrize("fmt", ["q4_k", "q5_k", "q6_k", "q2_k", "q3_k", "bf16", "f16"])
+@pytest.mark.parametrize("fmt", ["q4_k", "q5_k", "q6_k", "q2_k", "q3_k", "mxfp4", "bf16", "f16"])
 def test_weights_stay_as_compact_as_their_format(kernels, fmt):
     qs, _ = stored(fmt, 16, 512, np.random.default_rng(4))
     linear = QuantLinear(kernels, fmt, qs)
     weights, size = RAW_BLOCKS.get(fmt, (1, 2))
     held = sum(t.numel() * t.element_size() for t in linear.buffers())
-    assert held == 16 * 512 * size // weights  # Q4_K: 4.5 bits a weight, Q6_K: 6.5625, bf16: 16
+    assert held == 16 * 512 * size // weights  # Q4_K: 4.5 bits a weight, Q6_K: 6.5625, MXFP4: 4.25, bf16: 16
 
 
 def test_half_precision_weights_survive_a_model_wide_dtype_change(kernels):

@@ -135,6 +135,20 @@ def test_quantized_experts_equal_their_dequantized_selves_and_the_c_step_decline
         FusedCPUDecode(blocks, kernels)
 
 
+def test_an_mxfp4_file_as_openai_ships_it_runs_its_experts_in_their_4_bit_blocks(reference, tmp_path):
+    # gpt-oss-20b's GGUF: experts MXFP4, attention and the rest Q8_0, routers and vectors F32.
+    quant = {f"blk.{i}.{name}": ("MXFP4" if "_exps" in name else "Q8_0") for i in range(2)
+             for name in ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
+                          "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")}
+    gguf = write_gguf(reference, tmp_path / "gpt-oss-mxfp4.gguf", arch="gpt-oss", quant={**quant, "output.weight": "Q8_0"})
+    blocks = load_model(gguf, CPU, torch.float32, load_quant_kernels().with_integer_products(False))
+    dense = load_model(gguf, CPU, torch.float32)  # gguf's own dequantization of every tensor
+    experts = blocks.layers[1].mlp.experts  # gate and up: two parts where the file maps them
+    assert {part.fmt for e in range(4) for part in (*experts[e].gate_up_proj.parts, experts[e].down_proj)} == {"mxfp4"}
+    ids = tokens(24, seed=9)
+    torch.testing.assert_close(logits(blocks, ids), logits(dense, ids), atol=ATOL, rtol=0)
+
+
 # ---- the engine's fast paths against its plain one
 
 
