@@ -31,7 +31,7 @@ BENCH_ENTRY = "app.cli.main"  # `kvchat bench` is one of its commands
 # runs on kv, the CPU's kernels and fused step run the model's layers, the GPU decode path captures the
 # model, weights load a model (into the CPU's formats), sources find where a model comes from (the spec
 # typed, other apps' stores) and judge it by the weights' rules, and a request drives all of them.
-ENGINE_ROOMS = ("attention", "kv", "model", "cpu", "decode", "weights", "sources", "request")
+ENGINE_ROOMS = ("attention", "kv", "model", "cpu", "gguf", "decode", "weights", "sources", "request")
 ENGINE_HELPERS = ("engine.errors", "engine.events", "engine.paths", "engine.sampling_params")  # any room's
 # The chat's rooms, lowest first: a turn's prompt, the conversation as kept, the reply (written into what is
 # kept), and the ways on when the window is full (which start a turn on a session).

@@ -2,7 +2,7 @@
 
 - q4_0, q4_1, q5_0, q5_1, q8_0, mxfp4 and the K-quants q2_k..q6_k: `qs` holds GGUF's own blocks byte for byte,
   uint8 [N, K / weights-per-block * bytes-per-block], so a weight costs exactly what the format costs and a
-  GGUF file's matrices are read where the file is mapped (weights/gguf.py), never copied.
+  GGUF file's matrices are read where the file is mapped (gguf/reader.py), never copied.
 - bf16, f16: `qs` is the 2-byte weight matrix [N, K] itself (torch.bfloat16 / torch.float16).
 
 A format's name is its GGUF type's name in lower case (GGMLQuantizationType.Q4_K -> "q4_k").

@@ -3,7 +3,7 @@
 The weight values are the dense fp32 model's, bit for bit (the kernels rebuild
 each weight exactly as gguf.quants.dequantize does), so outputs differ from a
 dense fp32 matmul only in summation order. The stored tensor is kept as given:
-a GGUF file's blocks stay views of its mapping (weights/gguf.py). A decode step
+a GGUF file's blocks stay views of its mapping (gguf/reader.py). A decode step
 reads what the format costs per weight (Q4_K 0.5625 bytes, Q8_0 1.125, bf16 2) instead of 4.
 engine/cpu/formats.py lists the formats and how each is stored.
 

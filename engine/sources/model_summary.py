@@ -1,11 +1,11 @@
 """A model on disk judged without loading it: its size, architecture and quant type, and whether kvchat runs
 it or, in a few words, why not (for `kvchat models` and the settings screen's model picker).
 
-A GGUF file is judged by its header and tensor table alone, read with struct (weights/gguf_header.py, long
+A GGUF file is judged by its header and tensor table alone, read with struct (gguf/header.py, long
 arrays such as the vocabulary stepped over): the tensors' data is never read, mapped into numpy or hashed, so
 a 20 GB file costs what its first megabytes cost. A model directory is judged by its config.json.
 
-What runs is the engine's own word, never a second list kept here: the GGUF architectures weights/gguf.py
+What runs is the engine's own word, never a second list kept here: the GGUF architectures gguf/reader.py
 converts, the model types model/config.py builds, the quant types the CPU's kernels read (cpu/formats.py)
 plus F32 (dequantized exactly), and the refusals gguf_config and ModelConfig raise, called on the header's
 fields. Those modules import torch, so they are imported when the first summary is asked for.
@@ -25,7 +25,7 @@ from types import SimpleNamespace
 
 from engine.errors import ModelError
 from engine.sources.app_stores import split_part
-from engine.weights.gguf_header import GGUFFormatError, HeaderCursor
+from engine.gguf.header import GGUFFormatError, HeaderCursor
 
 _MOST_DIMS = 4  # GGML's tensors have at most 4 dimensions: more is a damaged table, not a tensor
 _FLOAT_NAMES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}  # config.json's dtype, as GGUF says it
@@ -157,7 +157,7 @@ def _engine_tables():
     ModelConfig.from_dict): imported once, on first use (they import torch)."""
     from engine.cpu.formats import FORMATS
     from engine.model.config import SUPPORTED_ARCHITECTURES, ModelConfig
-    from engine.weights.gguf import MODEL_TYPES, gguf_config
+    from engine.gguf.reader import MODEL_TYPES, gguf_config
 
     return (MODEL_TYPES, set(SUPPORTED_ARCHITECTURES), {fmt.upper() for fmt in FORMATS} | {"F32"}, gguf_config,
             ModelConfig.from_dict)

@@ -34,7 +34,7 @@ from engine.cpu.mixed_linear import MixedQuantLinear
 from engine.model.config import ModelConfig
 from engine.model.partial_rotary import PartialRotaryRows
 from engine.errors import ModelError
-from engine.weights.gguf import GGUFWeights, gguf_config, log_dense_matrices, open_gguf
+from engine.gguf.reader import GGUFWeights, gguf_config, log_dense_matrices, open_gguf
 from engine.model.causal_lm import CausalLM
 from engine.weights.stacked_experts import StackedExperts
 from engine.weights.synthetic import read_marker, synthetic_weights

@@ -29,7 +29,7 @@ from typing import Any
 from engine.errors import ModelError
 from engine.paths import GGUF_TOKENIZERS_FOLDER, cache_dir
 from engine.weights.fingerprint import file_sha256, model_files_digest
-from engine.weights.gguf import gguf_config, open_gguf
+from engine.gguf.reader import gguf_config, open_gguf
 
 log = logging.getLogger("kvchat")
 

@@ -24,7 +24,7 @@ from engine.kv.budget import GIB, kv_pool_bytes
 from engine.kv.pool import KVPool
 from engine.model.causal_lm import LAYERS
 from engine.model.config import ModelConfig
-from engine.weights.gguf import gguf_config, open_gguf
+from engine.gguf.reader import gguf_config, open_gguf
 
 # GPU memory the model needs beyond its weights, K/V pool and RoPE tables (those are counted exactly):
 # the activations of one prefill chunk (2048 tokens through an 8B model's MLP are ~0.2 GiB in bf16, a 70B's

@@ -16,7 +16,7 @@ from pathlib import Path
 from engine.errors import ModelError
 from engine.model.config import ModelConfig
 from engine.weights.default_model import default_gguf
-from engine.weights.gguf_header import gguf_context_length
+from engine.gguf.header import gguf_context_length
 
 
 def context_window_before_loading(spec: str | None) -> int | None:

@@ -17,8 +17,8 @@ from engine.model.rope import inverse_frequencies, magnitude
 from engine.model.temperature import temperature_table
 from engine.sources.model_summary import summarize
 from engine.weights.checkpoint import load_model
-from engine.weights.gguf import gguf_config, open_gguf
-from engine.weights.gguf_mistral3 import config_fields
+from engine.gguf.reader import gguf_config, open_gguf
+from engine.gguf.mistral3 import config_fields
 from tests.engine.test_decode_runner import load, logits_along
 from tests.tiny_gguf import write_gguf
 from tests.tiny_models import BASE, MINISTRAL3, MINISTRAL3_ROPE, VOCAB, load_reference, make_tiny_model

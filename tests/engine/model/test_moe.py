@@ -15,7 +15,7 @@ from engine.kv.cache import ContiguousKVCache
 from engine.model.config import ModelConfig
 from engine.model.moe import SparseMoE
 from engine.weights.checkpoint import load_model
-from engine.weights.gguf import open_gguf
+from engine.gguf.reader import open_gguf
 from tests.engine.weights.test_gguf_in_place import in_mapping, mappings_of
 from tests.greedy_ties import assert_same_greedy
 from tests.tiny_gguf import write_gguf

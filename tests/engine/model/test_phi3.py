@@ -14,7 +14,7 @@ from engine.model.config import ModelConfig
 from engine.model.partial_rotary import PartialRotaryRows, head_order
 from engine.model.rope import inverse_frequencies, magnitude
 from engine.sources.model_summary import summarize
-from engine.weights import gguf_phi3
+from engine.gguf import phi3 as gguf_phi3
 from engine.weights.checkpoint import load_model
 from tests.tiny_gguf import write_gguf
 from tests.tiny_models import PHI3, VOCAB, load_reference, make_tiny_model

@@ -1,19 +1,19 @@
-"""engine/weights/gguf_file.py against the `gguf` package's own reader: the same fields (long arrays only
+"""engine/gguf/file.py against the `gguf` package's own reader: the same fields (long arrays only
 counted), the same tensor table and the same bytes, on every type the tiny models are written in."""
 
 import numpy as np
 import pytest
 from gguf import GGUFReader
 
-from engine.weights.gguf_file import GGUFFile
-from engine.weights.gguf_header import GGUFFormatError, SkippedArray
+from engine.gguf.file import GGUFFile
+from engine.gguf.header import GGUFFormatError, SkippedArray
 from tests.tiny_gguf import MIXED_QUANTS, write_gguf
 from tests.tiny_models import load_reference, make_tiny_model
 
 
 @pytest.mark.parametrize("arch, quant", [("llama", MIXED_QUANTS), ("gemma3", "Q8_0"), ("qwen2", None)])
 def test_fields_and_tensors_are_the_ones_ggufs_reader_reads(tmp_path, arch, quant, monkeypatch):
-    import engine.weights.gguf_header as gguf_header
+    import engine.gguf.header as gguf_header
 
     monkeypatch.setattr(gguf_header, "_MAX_ARRAY_KEPT", 100)  # the tiny vocabulary (260) is stepped over
     sizes = dict(hidden_size=256, intermediate_size=512) if isinstance(quant, dict) else {}

@@ -1,9 +1,9 @@
-"""The context length read from a GGUF header alone (engine/weights/gguf_header.py), for `kvchat ask` to
+"""The context length read from a GGUF header alone (engine/gguf/header.py), for `kvchat ask` to
 refuse a message no window could hold before the model loads."""
 
 import gguf
 
-from engine.weights.gguf_header import gguf_context_length
+from engine.gguf.header import gguf_context_length
 
 
 def header_only_gguf(path, arch="qwen3", context_length=40960):

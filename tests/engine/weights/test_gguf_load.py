@@ -10,7 +10,7 @@ from engine import Engine, EngineOptions, ModelError
 from engine.kv.cache import ContiguousKVCache
 from engine.weights.checkpoint import load_model
 from engine.weights.fingerprint import gguf_sha256
-from engine.weights.gguf import GGUFWeights, gguf_config, open_gguf
+from engine.gguf.reader import GGUFWeights, gguf_config, open_gguf
 from engine.weights.gguf_cache import COMPLETE_MARKER, tokenizer_cache_dir, write_tokenizer_cache
 from tests.tiny_gguf import dequantized_state, write_gguf
 from tests.tiny_models import VOCAB, load_reference, make_tiny_model

@@ -9,7 +9,7 @@ import torch
 
 from engine import Engine, EngineOptions, ModelError, SamplingParams
 from engine.weights import synthetic, synthetic_gguf
-from engine.weights.gguf import open_gguf
+from engine.gguf.reader import open_gguf
 from engine.weights.synthetic import synthetic_config, synthetic_gguf as synthetic_file
 from engine.weights.synthetic_gguf import tensor_type, use_more_bits
 from engine.weights.synthetic_weights import STD

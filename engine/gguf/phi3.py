@@ -1,4 +1,4 @@
-"""What reading a `phi3` GGUF file (Phi-3, Phi-4-mini) needs beyond the Llama family's (weights/gguf.py).
+"""What reading a `phi3` GGUF file (Phi-3, Phi-4-mini) needs beyond the Llama family's (gguf/reader.py).
 
 llama.cpp's converter keeps Phi-3's fused tensors fused: attn_qkv holds q's, k's and v's rows in that order
 (as kvchat fuses them) and ffn_up holds gate's rows then up's (2 * feed_forward_length rows; a phi3 file has
@@ -18,7 +18,7 @@ import numpy as np
 
 from engine.errors import ModelError
 
-# Phi-3's layer tensors whose names differ from the Llama family's (weights/gguf.py _LAYER_TENSORS).
+# Phi-3's layer tensors whose names differ from the Llama family's (gguf/reader.py _LAYER_TENSORS).
 LAYER_TENSORS = {"attn_qkv.weight": "self_attn.qkv_proj.weight", "ffn_up.weight": "mlp.gate_up_proj.weight"}
 # Tensors that are config, not weights: each LongRoPE factor list.
 ROPE_FACTORS = {"rope_factors_long.weight": "long_factor", "rope_factors_short.weight": "short_factor"}

@@ -1,6 +1,6 @@
 """GGUFFile: a GGUF file's metadata and tensor table, its tensor data mapped (copy-on-write, never written).
 
-The metadata is read by gguf_header.py (long arrays such as the vocabulary stepped over). Tensors come as
+The metadata is read by header.py (long arrays such as the vocabulary stepped over). Tensors come as
 gguf.GGUFReader gives them (GGUFTensor: name, GGUF-order shape, type, and `data` shaped as the reader
 shapes it: quantized and BF16 tensors as bytes [..., bytes a row], F16/F32 as values), so
 gguf.quants.dequantize reads them.
@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.weights.gguf_header import GGUFFormatError, HeaderCursor
+from engine.gguf.header import GGUFFormatError, HeaderCursor
 
 _NUMPY = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I8": np.int8, "I16": np.int16,
           "I32": np.int32, "I64": np.int64}

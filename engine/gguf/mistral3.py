@@ -1,4 +1,4 @@
-"""What reading a `mistral3` GGUF file (Ministral 3's text model) needs beyond the Llama family's (weights/gguf.py).
+"""What reading a `mistral3` GGUF file (Ministral 3's text model) needs beyond the Llama family's (gguf/reader.py).
 
 llama.cpp's converter writes Ministral 3 as it writes Llama (the same tensor names, q/k rows permuted for
 its RoPE kernel), with rope_parameters spread over metadata keys: rope.scaling.type "yarn",

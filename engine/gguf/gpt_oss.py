@@ -1,4 +1,4 @@
-"""What reading a `gpt-oss` GGUF file needs beyond the Llama family's (weights/gguf.py).
+"""What reading a `gpt-oss` GGUF file needs beyond the Llama family's (gguf/reader.py).
 
 llama.cpp's converter splits gpt-oss's interleaved gate/up columns into ffn_gate_exps and ffn_up_exps
 (newer files: one ffn_gate_up_exps, gate rows first), stores every projection Linear-layout like the
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-# gpt-oss's layer tensors beyond the Llama family's (weights/gguf.py _LAYER_TENSORS).
+# gpt-oss's layer tensors beyond the Llama family's (gguf/reader.py _LAYER_TENSORS).
 LAYER_TENSORS = {
     "post_attention_norm.weight": "post_attention_layernorm.weight",
     "attn_output.bias": "self_attn.o_proj.bias",

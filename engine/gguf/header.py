@@ -2,7 +2,7 @@
 
 gguf.GGUFReader builds a numpy view for every element of every metadata array: 2 s for SmolLM2's
 49K-token vocabulary, far more for a 152K one, on every start. The command line wants one number (the
-context length) before it decides to load a model at all, and the loader (gguf_file.py) wants the scalar
+context length) before it decides to load a model at all, and the loader (file.py) wants the scalar
 fields; the vocabulary is transformers' business (gguf_cache.py), so long arrays are stepped over here
 and only their length is kept (SkippedArray). Only little-endian GGUF versions 2 and 3 are read.
 

@@ -1,7 +1,7 @@
 """Read a GGUF file (llama, qwen2, qwen3, qwen3moe, gpt-oss, smollm3, phi3, mistral3, gemma3 architectures) as a Hugging Face model: its config, and
 its tensors under Hugging Face names (GGUFWeights, the loader's WeightSource: weights/checkpoint.py).
 
-The file is memory-mapped copy-on-write (gguf_file.py) and nothing is written to disk. A matrix in a
+The file is memory-mapped copy-on-write (file.py) and nothing is written to disk. A matrix in a
 format the CPU kernels read (cpu/formats.py) is handed over as a tensor that VIEWS its bytes in the
 mapping: the pages are the page cache's, shared with every other process mapping the file, and read
 from disk only when first touched. The one exception is Llama's q/k projections: llama.cpp stored their
@@ -23,8 +23,8 @@ import torch
 
 from engine.cpu.formats import BLOCK, FORMATS
 from engine.errors import ModelError
-from engine.weights import gguf_gemma3, gguf_gpt_oss, gguf_mistral3, gguf_phi3
-from engine.weights.gguf_file import GGUFFile, GGUFFormatError, GGUFTensor, TensorTableDamage
+from engine.gguf import gemma3 as gguf_gemma3, gpt_oss as gguf_gpt_oss, mistral3 as gguf_mistral3, phi3 as gguf_phi3
+from engine.gguf.file import GGUFFile, GGUFFormatError, GGUFTensor, TensorTableDamage
 
 log = logging.getLogger("kvchat")
 
@@ -69,7 +69,7 @@ _GLOBAL_TENSORS = {
 
 
 def open_gguf(path: Path) -> GGUFFile:
-    """The GGUF file at `path`, mapped (gguf_file.py), or ModelError naming what is wrong with it."""
+    """The GGUF file at `path`, mapped (file.py), or ModelError naming what is wrong with it."""
     try:
         return GGUFFile(path)
     except TensorTableDamage as exc:
@@ -137,10 +137,10 @@ def gguf_config(reader) -> dict[str, Any]:
         config.update(gguf_gemma3.config_fields(lambda key, default: _field(reader, f"{arch}.{key}", default),
                                                 need, config["num_hidden_layers"]))
         return config
-    if arch == "phi3":  # its RoPE (partial rotary, LongRoPE) and sliding window: gguf_phi3.py
+    if arch == "phi3":  # its RoPE (partial rotary, LongRoPE) and sliding window: phi3.py
         config.update(gguf_phi3.config_fields(lambda key, default: _field(reader, f"{arch}.{key}", default),
                                               need, reader.tensors, config["head_dim"]))
-    if arch == "mistral3":  # YaRN and the attention temperature (weights/gguf_mistral3.py)
+    if arch == "mistral3":  # YaRN and the attention temperature (gguf/mistral3.py)
         config.update(gguf_mistral3.config_fields(lambda key, default: _field(reader, f"{arch}.{key}", default),
                                                   need))
         return config
@@ -195,7 +195,7 @@ def _hf_tensors(reader, arch: str) -> dict[str, Any]:
             for e, expert in enumerate(_expert_slices(tensor)):
                 if stacked is not None:
                     tensors[f"{prefix}{e}.{stacked}.{suffix}"] = expert
-                elif not (arch == "phi3" and tensor.name in gguf_phi3.ROPE_FACTORS):  # those are config (gguf_config)
+                else:
                     tensors[f"{prefix}{e}.gate_proj.{suffix}"], tensors[f"{prefix}{e}.up_proj.{suffix}"] = _halves(expert)
         elif not (arch == "phi3" and tensor.name in gguf_phi3.ROPE_FACTORS):  # those are config (gguf_config)
             tensors[hf_name(tensor.name, arch)] = tensor

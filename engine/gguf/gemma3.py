@@ -1,4 +1,4 @@
-"""What reading a `gemma3` GGUF file needs beyond the Llama family's (weights/gguf.py).
+"""What reading a `gemma3` GGUF file needs beyond the Llama family's (gguf/reader.py).
 
 llama.cpp's converter stores Gemma's norm weights as 1 + w (its RMSNorm multiplies by the weight as
 is); the Hugging Face layout keeps w, so 1 is taken off again here, as transformers' own GGUF loader
@@ -13,7 +13,7 @@ from typing import Any
 
 from engine.model.gemma3_config import DEFAULT_PATTERN, DEFAULT_THETA, FULL, SLIDING
 
-# Gemma's layer tensors whose names differ from the Llama family's (weights/gguf.py _LAYER_TENSORS).
+# Gemma's layer tensors whose names differ from the Llama family's (gguf/reader.py _LAYER_TENSORS).
 LAYER_TENSORS = {
     "ffn_norm.weight": "pre_feedforward_layernorm.weight",
     "post_attention_norm.weight": "post_attention_layernorm.weight",
