@@ -80,10 +80,9 @@ ARCHITECTURES = {
         rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}})),
 }
-# The Llama-family architectures, and those the fused CPU decode step runs (not a soft-capped Gemma,
-# not gpt-oss: its sinks and clamped experts are not in the C step).
+# The Llama-family architectures, and those the fused CPU decode step runs (not a soft-capped Gemma).
 LLAMA_FAMILY = sorted(name for name, (config, _, _) in ARCHITECTURES.items() if not config.startswith("Gemma"))
-FUSED_ARCHITECTURES = [name for name in LLAMA_FAMILY if name != "gpt-oss"] + ["gemma3"]
+FUSED_ARCHITECTURES = LLAMA_FAMILY + ["gemma3"]
 
 
 # gpt-oss's harmony format: its special tokens after the byte tokens (a model needs vocab_size=HARMONY_VOCAB),

@@ -45,11 +45,13 @@ class _Layer(ctypes.Structure):
     _fields_ = [("attn_norm", ctypes.c_void_p), ("mlp_norm", ctypes.c_void_p), ("q_norm", ctypes.c_void_p),
                 ("k_norm", ctypes.c_void_p), ("qkv", _Parts), ("o", _Parts), ("gate_up", _Parts), ("down", _Parts),
                 ("post_attn_norm", ctypes.c_void_p), ("post_mlp_norm", ctypes.c_void_p), ("window", _i32),
-                ("local_rope", _i32), ("moe", ctypes.c_void_p), ("no_rope", _i32), ("pad", _i32)]
+                ("local_rope", _i32), ("moe", ctypes.c_void_p), ("no_rope", _i32), ("pad", _i32),
+                ("sinks", ctypes.c_void_p)]
 
 
 class _Moe(ctypes.Structure):  # csrc/moe.h's kc_moe
     _fields_ = [("experts", _i32), ("per_token", _i32), ("intermediate", _i32), ("normalize", _i32),
+                ("topk_first", _i32), ("activation", _i32), ("alpha", ctypes.c_float), ("limit", ctypes.c_float),
                 ("router", _Parts), ("gate_up", ctypes.POINTER(_Parts)), ("down", ctypes.POINTER(_Parts))]
 
 
@@ -68,7 +70,7 @@ class _Sequence(ctypes.Structure):
                 ("sin", ctypes.c_void_p), ("cos_local", ctypes.c_void_p), ("sin_local", ctypes.c_void_p)]
 
 
-ACTIVATIONS = {"silu": 0, "gelu_pytorch_tanh": 1}  # decode_step.c's ACT_*
+ACTIVATIONS = {"silu": 0, "gelu_pytorch_tanh": 1, "swiglu_oai": 2}  # csrc/vec_math.h's KC_ACT_*
 MAX_SEQUENCES = 64  # decode_step.c's bound on sequences per call (>= MAX_ROWS: each has a row)
 MOE_MAX_EXPERTS, MOE_MAX_PER_TOKEN = 512, 16  # csrc/moe.h's KC_MOE_MAX_EXPERTS, KC_MOE_MAX_PER_TOKEN
 
@@ -120,8 +122,8 @@ class FusedCPUDecode:
             raise Unfusable("the model is not the Llama-family or Gemma 3 decoder")
         if cfg.moe is not None and not (cfg.moe.experts <= MOE_MAX_EXPERTS and cfg.moe.per_token <= MOE_MAX_PER_TOKEN):
             raise Unfusable(f"its mixture ({cfg.moe.per_token} of {cfg.moe.experts} experts) is wider than the C step's")
-        if cfg.attention_sinks:
-            raise Unfusable("its attention sinks are not in the C step")
+        if cfg.hidden_act == "swiglu_oai" and not all(cfg.is_moe(i) for i in range(cfg.num_layers)):
+            raise Unfusable("its clamped SwiGLU runs in the C step's experts only")
         if cfg.hidden_act not in ACTIVATIONS:
             raise Unfusable(f"its MLP activation {cfg.hidden_act} is not in the C step")
         if cfg.final_logit_softcapping is not None:
@@ -149,7 +151,8 @@ class FusedCPUDecode:
                 moe=ctypes.addressof(moe) if moe else None,
                 post_attn_norm=_norm(layer.post_attention_layernorm) if gemma else 0,
                 post_mlp_norm=_norm(layer.post_feedforward_layernorm) if gemma else 0,
-                window=attn.window or 0, local_rope=int(cfg.rope_for(i) != cfg.rope), no_rope=int(not attn.rope))
+                window=attn.window or 0, local_rope=int(cfg.rope_for(i) != cfg.rope), no_rope=int(not attn.rope),
+                sinks=None if attn.sinks is None else _fp32(attn.sinks, "the attention sinks"))
         # Integer products (cpu/kernels.py): then every token takes a decode step's own attention, whatever
         # the call, so the engine's results are bit-identical across batching, chunking and caching.
         self.integer = any(getattr(module, "integer", False) for module in model.modules())
@@ -197,8 +200,12 @@ class FusedCPUDecode:
         for e, expert in enumerate(mlp.experts):
             gate_up[e] = _parts(expert.gate_up_proj, f"expert {e}'s gate_up_proj")
             down[e] = _parts(expert.down_proj, f"expert {e}'s down_proj")
+        gating = mlp.experts[0].gating  # gpt-oss's clamped SwiGLU, else None
         moe = _Moe(experts=experts, per_token=mlp.per_token, intermediate=mlp.experts[0].intermediate,
-                   normalize=int(mlp.normalize), router=_parts(mlp.gate, "the router"), gate_up=gate_up, down=down)
+                   normalize=int(mlp.normalize), topk_first=int(mlp.softmax_after_topk),
+                   activation=ACTIVATIONS[self.model.cfg.hidden_act], alpha=gating.alpha if gating else 0.0,
+                   limit=gating.limit if gating else 0.0, router=_parts(mlp.gate, "the router"), gate_up=gate_up,
+                   down=down)
         self._keep += [gate_up, down, moe]
         return moe
 

@@ -239,9 +239,10 @@ void kc_attend_rows(const float *q, int64_t q_stride, int R, int G, int first, i
     }
 }
 
-/* Softmax-weighted sum of the chunks of one query head: out [dim]. */
-void kc_combine_chunks(const float *parts, int chunks, int stride, int dim, float *out) {
-    float top = -INFINITY, total = 0.0f;
+/* Softmax-weighted sum of the chunks of one query head: out [dim]; `sink` joins the max and the total only
+ * (expf(-inf - top) is 0: no sink, no change). */
+void kc_combine_chunks(const float *parts, int chunks, int stride, int dim, float sink, float *out) {
+    float top = sink, total = 0.0f;
     for (int c = 0; c < chunks; c++) top = parts[c * stride] > top ? parts[c * stride] : top;
     memset(out, 0, sizeof(float) * dim);
     for (int c = 0; c < chunks; c++) {
@@ -250,6 +251,7 @@ void kc_combine_chunks(const float *parts, int chunks, int stride, int dim, floa
         total += w * p[1];
         for (int i = 0; i < dim; i++) out[i] += w * p[2 + i];
     }
+    total += expf(sink - top);
     const float inv = 1.0f / total;
     for (int i = 0; i < dim; i++) out[i] *= inv;
 }

@@ -29,7 +29,8 @@ void kc_attend_chunk(const float *q, const float *k, const float *v, int group, 
 void kc_attend_rows(const float *q, int64_t q_stride, int R, int G, int first, int window, const float *k,
                     const float *v, int dim, int t0, int t1, float scale, float *kt, float *s, float *part);
 
-/* Softmax-weighted sum of the chunks of one query head: out [dim]. */
-void kc_combine_chunks(const float *parts, int chunks, int stride, int dim, float *out);
+/* Softmax-weighted sum of the chunks of one query head: out [dim]. `sink`: a logit that joins the softmax and
+ * adds nothing to the sum (gpt-oss's attention sinks); -INFINITY for none. */
+void kc_combine_chunks(const float *parts, int chunks, int stride, int dim, float sink, float *out);
 
 #endif

@@ -15,7 +15,9 @@
  * with a vector exp accurate to about 1 ulp. engine/cpu/decode_step.py checks its inputs; tests compare
  * it with the eager step (logits per position, greedy tokens).
  *
- * A mixture-of-experts layer (Qwen3-MoE) runs its MLP in moe.c: the router, then only the chosen experts.
+ * A mixture-of-experts layer (Qwen3-MoE, gpt-oss) runs its MLP in moe.c: the router, then only the chosen
+ * experts. gpt-oss's attention sinks (a logit per query head, attending to nothing) join each head's softmax
+ * where its chunks are merged (kc_combine_chunks).
  *
  * Gemma 3 adds, per layer, norms of the attention's and the MLP's outputs before each joins the residual
  * (post_attn_norm, post_mlp_norm), a sliding window (only the last `window` positions are attended) and
@@ -31,6 +33,7 @@
  * Split as ggml-cpu splits its code: the vector math is in vec_math.h, the attention items in
  * attention.c; here are the structs the caller fills, the plan of a batched call and the forward.
  */
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
@@ -78,6 +81,7 @@ typedef struct {
     int32_t local_rope;                          /* 1: the sequence's cos_local/sin_local tables */
     const kc_moe *moe;                           /* a mixture of experts in place of gate_up/down, or NULL */
     int32_t no_rope, pad;                        /* 1: q/k are not rotated (SmolLM3's NoPE layers) */
+    const float *sinks; /* [heads]: a logit per query head joining its softmax (gpt-oss's sinks), or NULL */
 } kc_layer;
 
 typedef struct {
@@ -89,14 +93,13 @@ typedef struct {
     kc_parts lm_head;
     float *scratch; /* kc_decode_scratch_floats(model) floats */
     double *profile; /* NULL, or [max_threads][PHASES] seconds each thread spent per phase, added to */
-    int32_t activation;      /* the gated MLP's: ACT_SILU or ACT_GELU_TANH */
+    int32_t activation;      /* the gated MLP's: KC_ACT_SILU or KC_ACT_GELU_TANH (vec_math.h) */
     int32_t row_invariant;   /* 1: every token's attention as a decode step's (integer products: a token's
                               * bits must not depend on how many tokens one call takes) */
     float *moe_scratch;      /* kc_moe_scratch_floats(...) floats when a layer is a mixture, else NULL */
     const float *q_scale;    /* [max_tokens]: what q is multiplied by after RoPE, by position, or NULL (1) */
 } kc_model;
 
-enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };
 
 /* x [rows, N] += y for columns n0..n1 of a linear of `in` computed into y [rows, N]. */
 static void add_columns(const kc_parts *P, const float *in, int rows, float *y, float *x, int n0, int n1) {
@@ -317,7 +320,8 @@ void kc_forward_batch(const kc_model *M, const kc_sequence *seqs, int count, con
                     const int g = h / group, jj = h % group;
                     kc_combine_chunks(S.parts + B.parts_first[s] + (int64_t)g * B.chunks[s] * item_floats +
                                           ((int64_t)j * group + jj) * stride,
-                                      used, item_floats, dim, attn + (int64_t)r * q_size + h * dim);
+                                      used, item_floats, dim, L->sinks ? L->sinks[h] : -INFINITY,
+                                      attn + (int64_t)r * q_size + h * dim);
                 }
             }
             kc_thread_columns(hidden, t, T, &n0, &n1);
@@ -332,7 +336,7 @@ void kc_forward_batch(const kc_model *M, const kc_sequence *seqs, int count, con
             BARRIER();
             for (int r = 0; r < rows; r++) rms_norm(S.x + r * hidden, L->mlp_norm, hidden, M->eps, normed + r * hidden);
             if (L->moe) { /* a mixture (Qwen3-MoE, never with Gemma's post-MLP norm): x += its weighted experts */
-                kc_moe_rows(L->moe, normed, rows, hidden, S.x, M->moe_scratch, M->activation == ACT_GELU_TANH, t, T);
+                kc_moe_rows(L->moe, normed, rows, hidden, S.x, M->moe_scratch, t, T);
                 MARK(PHASE_DOWN);
                 BARRIER();
                 continue;
@@ -342,7 +346,7 @@ void kc_forward_batch(const kc_model *M, const kc_sequence *seqs, int count, con
             parts_columns(&L->gate_up, normed, rows, S.h, inter + n0, inter + n1);
             for (int r = 0; r < rows; r++) {
                 float *h = S.h + (int64_t)r * 2 * inter;
-                if (M->activation == ACT_GELU_TANH)
+                if (M->activation == KC_ACT_GELU_TANH)
                     gelu_tanh_mul(h + n0, h + inter + n0, n1 - n0, S.act + (int64_t)r * inter + n0);
                 else
                     silu_mul(h + n0, h + inter + n0, n1 - n0, S.act + (int64_t)r * inter + n0);

@@ -2,10 +2,11 @@
  * A mixture of experts' MLP for the fused step's rows, as engine/model/moe.py computes it:
  *
  *   router logits (columns split among the threads) | every thread routes every row alike: softmax in
- *   fp32, the per_token most probable experts (ties: the lower index), renormalised when asked | the rows
- *   of each chosen expert gathered (expert by expert, ascending) | gate and up columns of each expert ->
- *   SiLU(gate) * up | down columns of each expert, and for those columns each row's sum of weight * output
- *   over its experts in ascending order, added to the residual.
+ *   fp32, the per_token most probable experts (ties: the lower index), renormalised when asked (gpt-oss:
+ *   the per_token best logits first, then the softmax over those) | the rows of each chosen expert gathered
+ *   (expert by expert, ascending) | gate and up columns of each expert -> act(gate) * up (SiLU, GELU-tanh,
+ *   or gpt-oss's clamped SwiGLU) | down columns of each expert, and for those columns each row's sum of
+ *   weight * output over its experts in ascending order, added to the residual.
  *
  * Only the chosen experts' weights are read, each once per call for all the rows that chose it. A row's
  * sum is taken in one order whatever the other rows chose, and a column of a product sums each row on its
@@ -32,9 +33,30 @@ typedef struct {
     int runs;
 } routing;
 
+/* The k best of scores[0..n) (ties: the lower index), best first. */
+static void top_k(const float *scores, int n, int k, int *chosen) {
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < n; e++) {
+            int taken = 0;
+            for (int i = 0; i < j; i++) taken |= chosen[i] == e;
+            if (!taken && (best < 0 || scores[e] > scores[best])) best = e;
+        }
+        chosen[j] = best;
+    }
+}
+
 static void route_row(const kc_moe *E, const float *logits, int *chosen, float *weight) {
     float probs[KC_MOE_MAX_EXPERTS];
     const int n = E->experts, k = E->per_token;
+    if (E->topk_first) { /* gpt-oss: softmax over the chosen logits alone */
+        top_k(logits, n, k, chosen);
+        const float top = logits[chosen[0]];
+        float sum = 0.0f;
+        for (int j = 0; j < k; j++) sum += weight[j] = expf(logits[chosen[j]] - top);
+        for (int j = 0; j < k; j++) weight[j] /= sum;
+        return;
+    }
     float top = logits[0];
     for (int e = 1; e < n; e++) top = logits[e] > top ? logits[e] : top;
     float sum = 0.0f;
@@ -43,16 +65,8 @@ static void route_row(const kc_moe *E, const float *logits, int *chosen, float *
         sum += probs[e];
     }
     for (int e = 0; e < n; e++) probs[e] /= sum;
-    for (int j = 0; j < k; j++) { /* selection: the best left, the lower index on a tie */
-        int best = -1;
-        for (int e = 0; e < n; e++) {
-            int taken = 0;
-            for (int i = 0; i < j; i++) taken |= chosen[i] == e;
-            if (!taken && (best < 0 || probs[e] > probs[best])) best = e;
-        }
-        chosen[j] = best;
-        weight[j] = probs[best];
-    }
+    top_k(probs, n, k, chosen);
+    for (int j = 0; j < k; j++) weight[j] = probs[chosen[j]];
     if (E->normalize) {
         float total = 0.0f;
         for (int j = 0; j < k; j++) total += weight[j];
@@ -81,8 +95,7 @@ static void plan(const kc_moe *E, const float *logits, int rows, routing *R) {
     }
 }
 
-void kc_moe_rows(const kc_moe *E, const float *normed, int rows, int hidden, float *x, float *scratch, int gelu,
-                 int t, int T) {
+void kc_moe_rows(const kc_moe *E, const float *normed, int rows, int hidden, float *x, float *scratch, int t, int T) {
     const int k = E->per_token, inter = E->intermediate, pairs = rows * k;
     float *logits = scratch, *gathered = logits + (int64_t)rows * E->experts;
     float *h = gathered + (int64_t)pairs * hidden, *act = h + (int64_t)pairs * 2 * inter;
@@ -106,7 +119,9 @@ void kc_moe_rows(const kc_moe *E, const float *normed, int rows, int hidden, flo
         parts_columns(P, gathered + (int64_t)first * hidden, n, hd, inter + n0, inter + n1);
         for (int r = 0; r < n; r++) {
             float *hr = hd + (int64_t)r * 2 * inter, *ar = act + (int64_t)(first + r) * inter;
-            if (gelu)
+            if (E->activation == KC_ACT_SWIGLU_OAI)
+                swiglu_oai_mul(hr + n0, hr + inter + n0, n1 - n0, E->alpha, E->limit, ar + n0);
+            else if (E->activation == KC_ACT_GELU_TANH)
                 gelu_tanh_mul(hr + n0, hr + inter + n0, n1 - n0, ar + n0);
             else
                 silu_mul(hr + n0, hr + inter + n0, n1 - n0, ar + n0);

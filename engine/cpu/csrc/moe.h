@@ -14,7 +14,10 @@
 
 typedef struct {
     int32_t experts, per_token, intermediate, normalize; /* normalize: weights renormalised over the chosen */
-    kc_parts router;                                     /* [experts] logits of a row */
+    int32_t topk_first; /* 1 (gpt-oss): the per_token best logits, then the softmax over those alone */
+    int32_t activation; /* the experts' gating: KC_ACT_SILU, KC_ACT_GELU_TANH, KC_ACT_SWIGLU_OAI (vec_math.h) */
+    float alpha, limit; /* KC_ACT_SWIGLU_OAI's */
+    kc_parts router;    /* [experts] logits of a row (its bias in it, gpt-oss's) */
     const kc_parts *gate_up;                             /* [experts]: each expert's gate rows, then its up */
     const kc_parts *down;                                /* [experts] */
 } kc_moe;
@@ -23,8 +26,7 @@ typedef struct {
 int64_t kc_moe_scratch_floats(int rows, int hidden, int experts, int per_token, int intermediate);
 
 /* Inside the parallel region (every thread calls it; it has barriers): x [rows, hidden] += the mixture of
- * `normed` [rows, hidden] (every thread's own identical copy). `gelu`: GELU-tanh gating, else SiLU. */
-void kc_moe_rows(const kc_moe *E, const float *normed, int rows, int hidden, float *x, float *scratch, int gelu,
-                 int t, int T);
+ * `normed` [rows, hidden] (every thread's own identical copy). */
+void kc_moe_rows(const kc_moe *E, const float *normed, int rows, int hidden, float *x, float *scratch, int t, int T);
 
 #endif

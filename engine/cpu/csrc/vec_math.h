@@ -116,6 +116,20 @@ static inline void silu_mul(const float *gate, const float *up, int n, float *ou
 #endif
 }
 
+/* gpt-oss's clamped SwiGLU (engine/model/mlp.py ClampedSwiGLU): gate clamped from above at `limit`, up into
+ * [-limit, limit], then (up + 1) * gate * sigmoid(alpha * gate). Scalar: its exps are a few thousand a token,
+ * nothing beside the expert matrices. */
+static inline void swiglu_oai_mul(const float *gate, const float *up, int n, float alpha, float limit, float *out) {
+    for (int i = 0; i < n; i++) {
+        const float g = gate[i] < limit ? gate[i] : limit;
+        const float u = up[i] < -limit ? -limit : up[i] > limit ? limit : up[i];
+        out[i] = (u + 1.0f) * (g * (1.0f / (1.0f + expf(-(g * alpha)))));
+    }
+}
+
+/* The gating of a gated MLP (kc_model.activation, kc_moe.activation; decode_step.py's ACTIVATIONS). */
+enum { KC_ACT_SILU = 0, KC_ACT_GELU_TANH = 1, KC_ACT_SWIGLU_OAI = 2 };
+
 #define GELU_C 0.7978845608028654f /* sqrt(2 / pi) */
 
 #if VEC > 1

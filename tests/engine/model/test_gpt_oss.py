@@ -9,7 +9,7 @@ import torch
 from engine import Engine, EngineOptions, SamplingParams
 from engine.attention.dense import attend
 from engine.attention.paged import paged_decode_reference
-from engine.cpu.decode_step import FusedCPUDecode, Unfusable
+from engine.cpu.decode_step import FusedCPUDecode
 from engine.cpu.kernels import load_quant_kernels
 from engine.cpu.linear import QuantLinear
 from engine.errors import ModelError
@@ -122,7 +122,7 @@ def test_an_f32_gguf_gives_transformers_logits_step_by_step(reference, tmp_path)
     torch.testing.assert_close(torch.cat(out), reference(ids[None]).logits[0], atol=ATOL, rtol=0)
 
 
-def test_quantized_experts_equal_their_dequantized_selves_and_the_c_step_declines(reference, tmp_path):
+def test_quantized_experts_equal_their_dequantized_selves(reference, tmp_path):
     gguf = write_gguf(reference, tmp_path / "gpt-oss-q8.gguf", arch="gpt-oss", quant="Q8_0")
     kernels = load_quant_kernels()
     blocks = load_model(gguf, CPU, torch.float32, kernels.with_integer_products(False))
@@ -131,8 +131,31 @@ def test_quantized_experts_equal_their_dequantized_selves_and_the_c_step_decline
     assert isinstance(expert.down_proj, QuantLinear) and expert.down_proj.bias is not None
     ids = tokens(20, seed=8)
     torch.testing.assert_close(logits(blocks, ids), logits(dense, ids), atol=ATOL, rtol=0)
-    with pytest.raises(Unfusable, match="sinks"):  # the eager path runs it: the C step has no sinks
-        FusedCPUDecode(blocks, kernels)
+
+
+def test_the_fused_cpu_step_sinks_slides_and_routes_like_the_eager_model(oss_dir):
+    model = load_model(oss_dir, CPU, torch.float32)
+    fused = FusedCPUDecode(model, load_quant_kernels())
+    ids = tokens(40, seed=9).tolist()  # past the window of 8, one token at a time and as one chunk
+    cache, reference = new_cache(model), new_cache(model)
+    cache.reserve(20)
+    prefill = fused.forward(ids[:20], cache, 2, all_logits=True)
+    cache.commit(20)
+    steps = []
+    for token in ids[20:]:
+        cache.reserve(1)
+        steps.append(fused.step(token, cache, 2).clone())
+        cache.commit(1)
+    eager = model(torch.tensor(ids), reference, all_logits=True)
+    torch.testing.assert_close(torch.cat([prefill, *steps]), eager, atol=ATOL, rtol=0)
+    # The sinks are read where they lie: with none (-inf: no weight) the step follows the model without them.
+    for layer in model.layers:
+        layer.self_attn.sinks.data.fill_(float("-inf"))
+    sinkless, again = new_cache(model), new_cache(model)
+    sinkless.reserve(40)
+    without = fused.forward(ids, sinkless, 2, all_logits=True)
+    torch.testing.assert_close(without, model(torch.tensor(ids), again, all_logits=True), atol=ATOL, rtol=0)
+    assert (without - eager).abs().max() > 10 * ATOL
 
 
 def test_an_mxfp4_file_as_openai_ships_it_runs_its_experts_in_their_4_bit_blocks(reference, tmp_path):
@@ -200,3 +223,22 @@ def test_speculation_never_changes_the_greedy_tokens(oss_dir, plain):
         on = greedy(engine, prompt, 30)
     assert on.stats.draft_tokens > 0
     assert_same_greedy(plain, prompt, on.token_ids, greedy(plain, prompt, 30).token_ids, what="speculation")
+
+
+def test_the_fused_step_clamps_its_experts_as_the_eager_model_does(oss_dir):
+    model = load_model(oss_dir, CPU, torch.float32)
+    with torch.no_grad():  # gate/up outputs far past the limit of 7, where the clamp decides the output
+        for layer in model.layers:
+            for expert in layer.mlp.experts:
+                expert.gate_up_proj.weight.mul_(60.0)
+    ids = tokens(12, seed=12)
+    seen = []
+    hooks = [expert.gate_up_proj.register_forward_hook(lambda m, a, out: seen.append(out))
+             for layer in model.layers for expert in layer.mlp.experts]
+    eager = model(ids, new_cache(model), all_logits=True)
+    for hook in hooks:
+        hook.remove()
+    assert seen and all((out.abs() > 7).any() for out in seen)
+    fused, cache = FusedCPUDecode(model, load_quant_kernels()), new_cache(model)
+    cache.reserve(12)
+    torch.testing.assert_close(fused.forward(ids.tolist(), cache, 2, all_logits=True), eager, atol=1e-3, rtol=1e-5)

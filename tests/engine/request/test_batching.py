@@ -37,7 +37,7 @@ def tokens(n, seed):
     return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "llama-mqa", "gemma3", "qwen3-moe", "smollm3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "llama-mqa", "gemma3", "qwen3-moe", "smollm3", "gpt-oss"])
 def test_a_batched_forward_gives_each_sequence_the_bits_it_gets_alone(tmp_path, arch):
     kernels = load_quant_kernels()
     assert not isinstance(kernels, str), kernels
