@@ -44,12 +44,18 @@ def tokenizer_cache_dir(gguf_sha256: str) -> Path:
 
 
 def _export_tokenizer(gguf_path: Path, out_dir: Path, config: dict[str, Any]) -> None:
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-    except Exception as exc:
-        raise ModelError(f"The tokenizer in {gguf_path.name} cannot be read ({exc}).") from None
+    except Exception as first:
+        # AutoTokenizer reads the file's model config first, and transformers' reader of some architectures'
+        # keys fails where the tokenizer would not (5.24 cannot parse a gpt-oss file's rope.scaling keys under
+        # numpy 2): the tokenizer alone, from the same metadata, as the fast tokenizer it converts to anyway.
+        try:
+            tokenizer = PreTrainedTokenizerFast.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        except Exception:
+            raise ModelError(f"The tokenizer in {gguf_path.name} cannot be read ({first}).") from None
     # The GGUF metadata names the special tokens; transformers versions disagree on how they
     # carry them over (5.17 makes the BOS token the EOS token too), so set them from it.
     for role in ("bos", "eos"):

@@ -62,6 +62,16 @@ _QWEN3_30B_A3B = {**_QWEN3, "architectures": ["Qwen3MoeForCausalLM"], "model_typ
                   "decoder_sparse_step": 1, "mlp_only_layers": []}
 
 
+_GPT_OSS_20B = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "hidden_size": 2880,
+                "num_hidden_layers": 24, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+                "intermediate_size": 2880, "num_local_experts": 32, "num_experts_per_tok": 4, "vocab_size": 201088,
+                "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "sliding_window": 128,
+                "attention_bias": True, "tie_word_embeddings": False, "swiglu_alpha": 1.702, "swiglu_limit": 7.0,
+                "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+                                    "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 4096},
+                "bos_token_id": 199998, "eos_token_id": 200002}
+
+
 def _llama3_rope(factor: float) -> dict:
     return {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
             "original_max_position_embeddings": 8192}
@@ -103,6 +113,9 @@ MODELS: dict[str, tuple[str, dict]] = {
     "qwen3-30b-a3b-dense": ("Qwen/Qwen3-30B-A3B, its active parameters as a dense model", {
         key: value for key, value in _QWEN3_30B_A3B.items() if key not in _MOE_FIELDS} | {
         "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}),
+    # openai's 20B mixture (32 experts, 4 a token; sinks, 128-token windows every other layer): its file is
+    # the experts in MXFP4 and the rest in Q8_0 (`@mxfp4`), as it is shipped.
+    "gpt-oss-20b": ("openai/gpt-oss-20b", _GPT_OSS_20B),
 }
 # A minimal template so `kvchat ask --model synthetic:...` runs; words outside "t<i>" all become token 0.
 _CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"

@@ -17,7 +17,9 @@ every matrix except attn_v and ffn_down of the layers `use_more_bits` picks
 output.weight Q6_K, or the token embedding when it is also the output (tied),
 else the embedding is Q4_K. A matrix whose rows are not whole 256-weight
 super-blocks falls back as llama.cpp does (Q4_K -> Q5_0, Q6_K -> Q8_0). The
-single-type quants (q4_0, q8_0, q4_k, q6_k) give every matrix that type.
+single-type quants (q4_0, q8_0, q4_k, q6_k) give every matrix that type. `mxfp4` is gpt-oss's file as openai
+ships it: the experts in MXFP4 (an E8M0 exponent byte a block, drawn around the one that gives STD), every
+other matrix Q8_0.
 
 The tokenizer is GPT-2-style byte-level BPE: the model's special ids as
 <|bos|>/<|eos|> control tokens, the 256 byte tokens and two merges (transformers
@@ -38,15 +40,18 @@ from engine.errors import ModelError
 from engine.model.config import ModelConfig
 from engine.weights.synthetic_weights import STD, tensor_seed, tensor_shapes
 
-QUANTS = ("q4_k_m", "q4_k", "q6_k", "q8_0", "q4_0")
+QUANTS = ("q4_k_m", "q4_k", "q6_k", "q8_0", "q4_0", "mxfp4")
 # Where each type's fp16 scales sit in a block (d; d, dmin for Q4_K), and the d that gives weights of
 # standard deviation STD with random quants (measured with gguf's dequantizer: 4.76, 9.70, 76.8, 269 and
 # 1443 times d). Q4_K's dmin is 7.5 d, so a sub-block's offset cancels its quants' mean on average.
 _HALF_FIELDS = {"Q4_0": (0,), "Q5_0": (0,), "Q8_0": (0,), "Q4_K": (0, 2), "Q6_K": (208,)}
 _UNIT_D = {"Q4_0": 4.76, "Q5_0": 9.70, "Q8_0": 76.8, "Q4_K": 269.0, "Q6_K": 1443.0}
 _DMIN_PER_D = 7.5
+# MXFP4's doubled e2m1 values have an RMS of 5.85 over uniform nibbles, and its scale is 2^(e - 128): weights of
+# standard deviation STD = 0.02 want e near 128 + log2(0.02 / 5.85) = 119.8.
+_MXFP4_EXPONENTS = (119, 120, 121)
 _FALLBACK = {"Q4_K": "Q5_0", "Q6_K": "Q8_0"}  # for rows that are not whole super-blocks, as llama.cpp
-_ARCH = {"qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "llama": "llama"}
+_ARCH = {"qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "llama": "llama", "gpt_oss": "gpt-oss"}
 _LAYER_NAMES = {
     "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
     "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
@@ -57,28 +62,35 @@ _LAYER_NAMES = {
     "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
     "mlp.gate.weight": "ffn_gate_inp.weight",  # a mixture's router: F32, as llama.cpp keeps it
 }
-# A mixture's experts: one 3-D tensor [experts, rows, K] a projection, as llama.cpp stores them.
+# gpt-oss's names where they differ (its post-attention norm, o bias, sinks, router bias).
+_GPT_OSS_NAMES = {**_LAYER_NAMES, "post_attention_layernorm.weight": "post_attention_norm.weight",
+                  "self_attn.o_proj.bias": "attn_output.bias", "self_attn.sinks": "attn_sinks.weight",
+                  "mlp.gate.bias": "ffn_gate_inp.bias"}
+# A mixture's experts: one 3-D tensor [experts, rows, K] a projection, as llama.cpp stores them (gpt-oss's
+# biases: [experts, rows]).
 _EXPERT_NAMES = {"gate_proj.weight": "ffn_gate_exps.weight", "up_proj.weight": "ffn_up_exps.weight",
-                 "down_proj.weight": "ffn_down_exps.weight"}
+                 "down_proj.weight": "ffn_down_exps.weight", "gate_proj.bias": "ffn_gate_exps.bias",
+                 "up_proj.bias": "ffn_up_exps.bias", "down_proj.bias": "ffn_down_exps.bias"}
 _GLOBAL_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
                  "lm_head.weight": "output.weight"}
 
 
-def gguf_tensor_name(hf_name: str) -> str:
+def gguf_tensor_name(hf_name: str, arch: str = "llama") -> str:
     if hf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[hf_name]
     _, _, layer, rest = hf_name.split(".", 3)
     if rest.startswith("mlp.experts."):  # mlp.experts.<e>.<projection>: the layer's stacked tensor
         return f"blk.{layer}.{_EXPERT_NAMES[rest.split('.', 3)[3]]}"
-    return f"blk.{layer}.{_LAYER_NAMES[rest]}"
+    return f"blk.{layer}.{(_GPT_OSS_NAMES if arch == 'gpt-oss' else _LAYER_NAMES)[rest]}"
 
 
-def gguf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """GGUF tensor name -> shape (rows first); a mixture's experts stacked: (experts, rows, K)."""
+def gguf_shapes(cfg: ModelConfig, arch: str = "llama") -> dict[str, tuple[int, ...]]:
+    """GGUF tensor name -> shape (rows first); a mixture's experts stacked: (experts, rows, K), biases
+    (experts, rows)."""
     shapes: dict[str, tuple[int, ...]] = {}
     for name, shape in tensor_shapes(cfg).items():
-        gguf_name = gguf_tensor_name(name)
-        if gguf_name.endswith("_exps.weight"):
+        gguf_name = gguf_tensor_name(name, arch)
+        if "_exps." in gguf_name:
             shape = (cfg.moe.experts, *shape)
         shapes[gguf_name] = shape
     return shapes
@@ -91,9 +103,11 @@ def use_more_bits(layer: int, layers: int) -> bool:
 
 def tensor_type(quant: str, name: str, shape: tuple[int, ...], layers: int, tied: bool) -> str | None:
     """The GGML type `quant` gives a GGUF tensor (None: F32, for norms, biases and a mixture's router)."""
-    if len(shape) not in (2, 3) or name.endswith("ffn_gate_inp.weight"):
+    if len(shape) not in (2, 3) or name.endswith(("ffn_gate_inp.weight", ".bias")):
         return None
-    if quant == "q4_k_m":
+    if quant == "mxfp4":  # gpt-oss as shipped: experts MXFP4, every other matrix Q8_0
+        qtype = "MXFP4" if name.endswith("_exps.weight") else "Q8_0"
+    elif quant == "q4_k_m":
         if name == "output.weight" or (tied and name == "token_embd.weight"):
             qtype = "Q6_K"
         elif name.endswith(("attn_v.weight", "ffn_down.weight", "ffn_down_exps.weight")) and use_more_bits(int(name.split(".")[1]), layers):
@@ -120,6 +134,9 @@ def random_blocks(qtype: str, rows: int, cols: int, rng: np.random.Generator) ->
     # The generator's raw 64-bit words viewed as bytes: twice as fast as rng.bytes, and already writable.
     words = rng.bit_generator.random_raw(-(-count * size // 8))
     raw = words.view(np.uint8)[:count * size].reshape(count, size)
+    if qtype == "MXFP4":  # its scale is one exponent byte
+        raw[:, 0] = rng.choice(np.array(_MXFP4_EXPONENTS, dtype=np.uint8), count)
+        return raw.reshape(rows, -1)
     d = (STD / _UNIT_D[qtype]) * rng.uniform(0.5, 1.5, count)  # varied like a real file's scales, never 0
     halves = [d] + ([d * _DMIN_PER_D] if len(_HALF_FIELDS[qtype]) > 1 else [])
     for offset, values in zip(_HALF_FIELDS[qtype], halves):
@@ -171,7 +188,7 @@ def _add_metadata(writer, config: dict, arch: str, quant: str, chat_template: st
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
-    writer.add_rope_freq_base(float(config["rope_theta"]))
+    writer.add_rope_freq_base(float(config.get("rope_theta") or config["rope_parameters"]["rope_theta"]))
     writer.add_layer_norm_rms_eps(float(config["rms_norm_eps"]))
     writer.add_vocab_size(config["vocab_size"])
     tokens, types = _tokens(config)
@@ -188,6 +205,17 @@ def _add_metadata(writer, config: dict, arch: str, quant: str, chat_template: st
         writer.add_expert_count(config["num_experts"])
         writer.add_expert_used_count(config["num_experts_per_tok"])
         writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
+    if arch == "gpt-oss":  # what llama.cpp's converter writes for it
+        from gguf import RopeScalingType
+
+        rope = config["rope_parameters"]
+        writer.add_expert_count(config["num_local_experts"])
+        writer.add_expert_used_count(config["num_experts_per_tok"])
+        writer.add_expert_feed_forward_length(config["intermediate_size"])
+        writer.add_sliding_window(config["sliding_window"])
+        writer.add_rope_scaling_type(RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(rope["factor"])
+        writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
 
 
 def write_synthetic_gguf(path: Path, config: dict, quant: str, seed: int, chat_template: str,
@@ -200,10 +228,12 @@ def write_synthetic_gguf(path: Path, config: dict, quant: str, seed: int, chat_t
         raise ModelError(f"Unknown synthetic quantization {quant!r}: use {', '.join(QUANTS)}.")
     arch = _ARCH.get(config.get("model_type"))
     if arch is None or config.get("rope_scaling"):
-        raise ModelError("Synthetic GGUF files are written for Qwen2, Qwen3, Qwen3-MoE and Llama shapes without RoPE "
-                         "scaling (a GGUF stores Llama 3's as frequency factors kvchat does not load).")
+        raise ModelError("Synthetic GGUF files are written for Qwen2, Qwen3, Qwen3-MoE, gpt-oss and Llama shapes "
+                         "without RoPE scaling (a GGUF stores Llama 3's as frequency factors kvchat does not load).")
+    if (quant == "mxfp4") != (arch == "gpt-oss"):
+        raise ModelError("A synthetic mxfp4 file is gpt-oss's mix, and gpt-oss is written only as mxfp4.")
     cfg = ModelConfig.from_dict(config)
-    shapes = gguf_shapes(cfg)
+    shapes = gguf_shapes(cfg, arch)
     tied, layers = cfg.tie_word_embeddings, cfg.num_layers
     types = {name: tensor_type(quant, name, shape, layers, tied) for name, shape in shapes.items()}
     path.parent.mkdir(parents=True, exist_ok=True)

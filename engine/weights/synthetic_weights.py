@@ -42,9 +42,10 @@ def tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
                    ("self_attn.k_proj", kv_size, hidden, cfg.qkv_bias),
                    ("self_attn.v_proj", kv_size, hidden, cfg.qkv_bias),
                    ("self_attn.o_proj", hidden, q_size, cfg.o_bias)]
-        if cfg.is_moe(i):  # the router, then every expert's gated MLP
-            linears.append(("mlp.gate", cfg.moe.experts, hidden, False))
-            linears += [(f"mlp.experts.{e}.{name}", rows, cols, cfg.mlp_bias)
+        if cfg.is_moe(i):  # the router, then every expert's gated MLP (gpt-oss: both biased)
+            biased = cfg.moe.biased
+            linears.append(("mlp.gate", cfg.moe.experts, hidden, biased))
+            linears += [(f"mlp.experts.{e}.{name}", rows, cols, cfg.mlp_bias or biased)
                         for e in range(cfg.moe.experts) for name, rows, cols in _mlp(cfg.moe.intermediate_size, hidden)]
         else:
             linears += [(f"mlp.{name}", rows, cols, cfg.mlp_bias) for name, rows, cols in _mlp(inter, hidden)]
@@ -55,6 +56,8 @@ def tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         if cfg.qk_norm:
             shapes[prefix + "self_attn.q_norm.weight"] = (cfg.head_dim,)
             shapes[prefix + "self_attn.k_norm.weight"] = (cfg.head_dim,)
+        if cfg.attention_sinks:
+            shapes[prefix + "self_attn.sinks"] = (cfg.num_heads,)
     return shapes
 
 

@@ -14,7 +14,7 @@ from engine.weights.synthetic import synthetic_config, synthetic_gguf as synthet
 from engine.weights.synthetic_gguf import tensor_type, use_more_bits
 from engine.weights.synthetic_weights import STD
 from tests.engine.weights.test_gguf_in_place import resident_bytes
-from tests.tiny_synthetic import TINY, TINY_MOE, add_tiny_shape
+from tests.tiny_synthetic import TINY, TINY_GPT_OSS, TINY_MOE, add_tiny_shape
 
 SPEC = f"synthetic:{TINY}@q4_k_m"
 
@@ -155,3 +155,32 @@ def test_the_30b_a3b_shape_and_its_dense_twin_read_the_same_bytes_a_token():
     block_bytes = {"Q4_K": 144 / 256, "Q6_K": 210 / 256}
     gigabytes = sum(math.prod(shapes[n]) * block_bytes[t] for n, t in types.items() if t is not None) / 1e9
     assert gigabytes == pytest.approx(18.5, abs=0.1)  # the file as written: 18.55 GB with norms and header
+
+
+def test_gpt_oss_is_written_as_openai_ships_it_and_runs_its_experts_in_mxfp4():
+    path = synthetic_file(f"synthetic:{TINY_GPT_OSS}@mxfp4")
+    types = {t.name: t.tensor_type.name for t in open_gguf(path).tensors}
+    assert {types[f"blk.1.ffn_{p}_exps.weight"] for p in ("gate", "up", "down")} == {"MXFP4"}
+    assert {types["blk.0.attn_q.weight"], types["token_embd.weight"], types["output.weight"]} == {"Q8_0"}
+    assert {types["blk.0.ffn_gate_inp.weight"], types["blk.0.ffn_gate_exps.bias"], types["blk.0.attn_sinks.weight"]} == {"F32"}
+    engine = Engine.load(EngineOptions(model=f"synthetic:{TINY_GPT_OSS}@mxfp4", device="cpu", dtype="float32",
+                                       kv_cache_gb=0.05))
+    cfg = engine.model.cfg
+    assert (cfg.attention_sinks, cfg.moe.per_token, cfg.window(0), cfg.window(1)) == (True, 4, 16, None)
+    assert engine.info.decode.startswith("fused")  # sinks, clamped experts and all, in the C step
+    expert = engine.model.layers[0].mlp.experts[5]
+    assert expert.down_proj.fmt == "mxfp4" and expert.down_proj.bias is not None
+    done = list(engine.generate(list(range(300, 340)), SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)))[-1]
+    assert len(done.token_ids) == 8
+
+
+def test_the_gpt_oss_20b_file_is_the_size_of_openais():
+    from engine.model.config import ModelConfig
+
+    cfg = ModelConfig.from_dict(synthetic_config("gpt-oss-20b"))
+    shapes = synthetic_gguf.gguf_shapes(cfg, "gpt-oss")
+    assert shapes["blk.23.ffn_down_exps.weight"] == (32, 2880, 2880)
+    types = {n: tensor_type("mxfp4", n, s, 24, False) for n, s in shapes.items()}
+    block_bytes = {"MXFP4": 17 / 32, "Q8_0": 34 / 32, None: 4}
+    gigabytes = sum(math.prod(shapes[n]) * block_bytes[t] for n, t in types.items()) / 2**30
+    assert gigabytes == pytest.approx(11.27, abs=0.05)  # llama.cpp's log of openai's file: 11.266 GiB
