@@ -19,6 +19,7 @@ import torch
 
 from engine.engine import Engine
 from engine.events import Done
+from engine.model.moe import SparseMoE
 from engine.request.generation import interleave
 from engine.sampling_params import SamplingParams
 
@@ -69,15 +70,26 @@ def read_bandwidth(device: torch.device, nbytes: int | None = None, runs: int = 
     return buffer.nbytes / median_of(runs, seconds)
 
 
+def _read_bytes(module) -> int:
+    """Bytes of `module`'s weights a product reads: every parameter and buffer once, a matrix tiled for integer
+    products (cpu/linear.py) as its tiles, not its blocks."""
+    tensors = {id(t): t for t in itertools.chain(module.parameters(), module.buffers())}
+    for part in module.modules():
+        if getattr(part, "tiles", None) is not None:
+            tensors.pop(id(part.qs), None)
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
 def weight_bytes_per_token(engine: Engine) -> int:
     """Bytes of weights one decode step reads: every parameter once, the embedding table as one row
-    unless lm_head shares it (a tied lm_head reads the whole table anyway)."""
+    unless lm_head shares it (a tied lm_head reads the whole table anyway), and of a mixture's experts the
+    share a token routes to (per_token of them)."""
     model = engine.model
-    tensors = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
-    for module in model.modules():  # integer products read a matrix's tiles (cpu/linear.py), not its blocks
-        if getattr(module, "tiles", None) is not None:
-            tensors.pop(id(module.qs), None)
-    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    total = _read_bytes(model)
+    for module in model.modules():
+        if isinstance(module, SparseMoE):
+            experts = _read_bytes(module.experts)
+            total -= experts - experts * module.per_token // len(module.experts)
     # A quantized embedding (cpu/embedding.py) is its table's blocks; a tied one is lm_head's own.
     table = getattr(model.embed_tokens, "table", None)
     embed = model.embed_tokens.weight if table is None else table.qs

@@ -219,3 +219,14 @@ def test_speculation_never_changes_the_greedy_tokens(moe_dir, plain):
         on = greedy(engine, prompt, 30)
     assert on.stats.draft_tokens > 0
     assert_same_greedy(plain, prompt, on.token_ids, greedy(plain, prompt, 30).token_ids, what="speculation")
+
+
+def test_a_mixtures_weight_bytes_per_token_count_only_the_experts_a_token_routes_to(moe_dir):
+    from engine.bench.perf import weight_bytes_per_token
+
+    engine = Engine.load(EngineOptions(model=str(moe_dir), dtype="float32", prefix_caching=False))
+    model, moe = engine.model, engine.model.layers[1].mlp
+    expert_bytes = sum(p.numel() * p.element_size() for p in moe.experts.parameters())  # 8 experts, dense fp32
+    every_expert = sum(p.numel() * p.element_size() for p in model.parameters()) \
+        - (model.cfg.vocab_size - 1) * model.cfg.hidden_size * 4  # the embedding: one row looked up
+    assert weight_bytes_per_token(engine) == every_expert - expert_bytes + expert_bytes * 3 // 8
