@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import ModelError
-from engine.model.config import SUPPORTED_ARCHITECTURES
+from engine.sources.model_summary import summarize
 from engine.sources.app_stores import app_store_ggufs, gguf_models, hf_cache_folder, main_revision
 from engine.sources.model_summary import summarize
 from engine.sources.ollama import PREFIX as OLLAMA_PREFIX
@@ -201,12 +201,10 @@ def _models_dir_models(picker: bool) -> Iterator[FoundModel]:
 
 
 def _is_supported_model_dir(path: Path) -> bool:
-    """A config.json of an architecture the engine runs (reading it is cheap; loading it is not)."""
-    try:
-        config = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and config.get("model_type") in SUPPORTED_ARCHITECTURES
+    """A config.json the engine runs, judged by the engine's own reading of it (a multimodal Gemma 3 or
+    Mistral 3 directory's text model included; a quantized or otherwise refused one not). Reading it is cheap;
+    loading it is not."""
+    return (path / "config.json").is_file() and summarize(path).runs
 
 
 def _sorted_entries(directory: Path) -> list[Path]:

@@ -13,7 +13,9 @@ from tests.model_stores import add_ollama_model, isolate_stores, write_header_gg
 from tests.tiny_gguf import write_gguf
 from tests.tiny_models import load_reference, make_tiny_model
 
-LLAMA_CONFIG = {"model_type": "llama"}
+# What the engine needs of a config.json to judge it runnable (the picker offers only those).
+LLAMA_CONFIG = {"model_type": "llama", "vocab_size": 260, "hidden_size": 64, "intermediate_size": 96,
+                "num_hidden_layers": 2, "num_attention_heads": 4}
 BUNDLED = LocalModel(DEFAULT_MODEL_NAME, None, "bundled GGUF")
 
 
@@ -42,9 +44,12 @@ def not_bundled(monkeypatch) -> None:
     monkeypatch.setattr(local_models, "default_gguf", missing)
 
 
-def model_dir(path: Path, config: dict | str = LLAMA_CONFIG) -> Path:
+def model_dir(path: Path, config: dict | str = LLAMA_CONFIG, weights: bool = True) -> Path:
+    """A model directory as the picker sees it: its config.json, and a weights file it only looks for."""
     path.mkdir(parents=True)
     (path / "config.json").write_text(config if isinstance(config, str) else json.dumps(config))
+    if weights:
+        (path / "model.safetensors").write_bytes(b"")
     return path
 
 
@@ -101,10 +106,12 @@ def test_current_already_listed_is_not_repeated(not_bundled, hf_cache):
 
 
 def test_hf_cache_lists_supported_models_with_a_config_once_each(not_bundled, hf_cache):
-    hf_snapshot(hf_cache, "b-org/qwen", "r1", {"model_type": "qwen2"})
+    hf_snapshot(hf_cache, "b-org/qwen", "r1", {**LLAMA_CONFIG, "model_type": "qwen2"})
+    hf_snapshot(hf_cache, "c-org/fp8", "r1", {**LLAMA_CONFIG, "quantization_config": {"quant_method": "fp8"}})
+    model_dir(hf_cache / "models--d-org--no-weights" / "snapshots" / "r1", weights=False)
     hf_snapshot(hf_cache, "a-org/llama", "r1")
     hf_snapshot(hf_cache, "a-org/llama", "r2")  # a second snapshot of the same repo
-    hf_snapshot(hf_cache, "org/bert", "r1", {"model_type": "bert"})  # the engine cannot run it
+    hf_snapshot(hf_cache, "org/bert", "r1", {"model_type": "bert"})  # the engine cannot run it, nor the two above
     (hf_cache / "models--org--no-config" / "snapshots" / "r1").mkdir(parents=True)
     hf_snapshot(hf_cache, "gpt2", "r1")  # no org: resolve_model would not take "gpt2"
     model_dir(hf_cache / "datasets--org--data" / "snapshots" / "r1")
