@@ -11,7 +11,6 @@ import torch
 from engine.cpu.decode_step import FusedCPUDecode
 from engine.cpu.kernels import load_quant_kernels
 from engine.errors import ModelError
-from engine.kv.cache import ContiguousKVCache
 from engine.model.config import AttentionTemperature, ModelConfig
 from engine.model.rope import inverse_frequencies, magnitude
 from engine.model.temperature import temperature_table
@@ -20,11 +19,10 @@ from engine.weights.checkpoint import load_model
 from engine.gguf.reader import gguf_config, open_gguf
 from engine.gguf.mistral3 import config_fields
 from tests.engine.test_decode_runner import load, logits_along
+from tests.model_runs import ATOL, CPU, logits, new_cache, tokens
 from tests.tiny_gguf import write_gguf
-from tests.tiny_models import BASE, MINISTRAL3, MINISTRAL3_ROPE, VOCAB, load_reference, make_tiny_model
+from tests.tiny_models import BASE, MINISTRAL3, MINISTRAL3_ROPE, load_reference, make_tiny_model
 
-ATOL = 1e-4
-CPU = torch.device("cpu")
 TEXT = dict(BASE, **MINISTRAL3)  # tests/tiny_models.py's "ministral3"
 
 
@@ -36,19 +34,6 @@ def ministral3_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference(ministral3_dir):
     return load_reference(ministral3_dir)
-
-
-def tokens(n, seed=1):
-    return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed))
-
-
-def new_cache(model):
-    cfg = model.cfg
-    return ContiguousKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.context_window, CPU, torch.float32)
-
-
-def logits(model, ids):
-    return model(ids, new_cache(model), all_logits=True)
 
 
 def test_the_released_config_reads_as_transformers_reads_it():

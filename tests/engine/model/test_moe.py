@@ -11,18 +11,15 @@ from engine import Engine, EngineOptions, SamplingParams
 from engine.cpu.kernels import load_quant_kernels
 from engine.cpu.linear import QuantLinear
 from engine.errors import ModelError
-from engine.kv.cache import ContiguousKVCache
 from engine.model.config import ModelConfig
 from engine.model.moe import SparseMoE
 from engine.weights.checkpoint import load_model
 from engine.gguf.reader import open_gguf
 from tests.engine.weights.test_gguf_in_place import in_mapping, mappings_of
 from tests.greedy_ties import assert_same_greedy
+from tests.model_runs import ATOL, CPU, new_cache, tokens
 from tests.tiny_gguf import write_gguf
-from tests.tiny_models import VOCAB, load_reference, make_tiny_model
-
-ATOL = 1e-4
-CPU = torch.device("cpu")
+from tests.tiny_models import load_reference, make_tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -33,15 +30,6 @@ def moe_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference(moe_dir):
     return load_reference(moe_dir)
-
-
-def tokens(n, seed=1):
-    return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed))
-
-
-def new_cache(model):
-    cfg = model.cfg
-    return ContiguousKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.context_window, CPU, torch.float32)
 
 
 def config(**overrides):

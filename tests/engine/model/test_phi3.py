@@ -9,34 +9,22 @@ import torch
 
 from engine.cpu.kernels import load_quant_kernels
 from engine.errors import ModelError
-from engine.kv.cache import ContiguousKVCache
 from engine.model.config import ModelConfig
 from engine.model.partial_rotary import PartialRotaryRows, head_order
 from engine.model.rope import inverse_frequencies, magnitude
 from engine.sources.model_summary import summarize
 from engine.gguf import phi3 as gguf_phi3
 from engine.weights.checkpoint import load_model
+from tests.model_runs import ATOL, CPU, logits, tokens
 from tests.tiny_gguf import write_gguf
-from tests.tiny_models import PHI3, VOCAB, load_reference, make_tiny_model
+from tests.tiny_models import PHI3, load_reference, make_tiny_model
 
-ATOL = 1e-4
-CPU = torch.device("cpu")
 HEAD_DIM, ROTARY = 16, 12  # tests/tiny_models.py's: hidden 64, 4 heads, partial_rotary_factor 0.75
 
 
 @pytest.fixture(scope="module")
 def phi3_dir(tmp_path_factory):
     return make_tiny_model(tmp_path_factory.mktemp("phi3"), "phi3", seed=11)
-
-
-def tokens(n, seed=1):
-    return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed))
-
-
-def logits(model, ids):
-    cfg = model.cfg
-    cache = ContiguousKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 256, CPU, torch.float32)
-    return model(ids, cache, all_logits=True)
 
 
 def config_dict(**overrides):

@@ -6,29 +6,16 @@ import torch
 
 from engine.cpu.kernels import load_quant_kernels
 from engine.errors import ModelError
-from engine.kv.cache import ContiguousKVCache
 from engine.model.config import ModelConfig
 from engine.weights.checkpoint import load_model
+from tests.model_runs import ATOL, CPU, logits, tokens
 from tests.tiny_gguf import write_gguf
-from tests.tiny_models import VOCAB, load_reference, make_tiny_model
-
-ATOL = 1e-4
-CPU = torch.device("cpu")
+from tests.tiny_models import load_reference, make_tiny_model
 
 
 @pytest.fixture(scope="module")
 def smollm3_dir(tmp_path_factory):
     return make_tiny_model(tmp_path_factory.mktemp("smollm3"), "smollm3", seed=5)
-
-
-def tokens(n, seed=1):
-    return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed))
-
-
-def logits(model, ids):
-    cfg = model.cfg
-    cache = ContiguousKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 256, CPU, torch.float32)
-    return model(ids, cache, all_logits=True)
 
 
 def config(**overrides):
