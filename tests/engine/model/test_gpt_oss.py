@@ -6,7 +6,6 @@ and the engine's fast paths on it (cached, paged, batched, speculative) against 
 import pytest
 import torch
 
-from engine import Engine, EngineOptions, SamplingParams
 from engine.attention.dense import attend
 from engine.attention.paged import paged_decode_reference
 from engine.cpu.decode_step import FusedCPUDecode
@@ -16,7 +15,7 @@ from engine.errors import ModelError
 from engine.model.config import ModelConfig
 from engine.model.mlp import ClampedSwiGLU
 from engine.weights.checkpoint import load_model
-from tests.greedy_ties import assert_same_greedy
+from tests.fast_paths import check_batched, check_cached_follow_up, check_speculation, plain_engine
 from tests.model_runs import ATOL, CPU, logits, new_cache, tokens
 from tests.tiny_gguf import write_gguf
 from tests.tiny_models import load_reference, make_tiny_model
@@ -161,13 +160,7 @@ def test_an_mxfp4_file_as_openai_ships_it_runs_its_experts_in_their_4_bit_blocks
 
 @pytest.fixture(scope="module")
 def plain(oss_dir):
-    return Engine.load(EngineOptions(model=str(oss_dir), dtype="float32", prefix_caching=False,
-                                     fused_decode=False, speculative="off"))
-
-
-def greedy(engine, prompt, n=12):
-    params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
-    return list(engine.generate(prompt, params))[-1]
+    return plain_engine(oss_dir)
 
 
 PROMPTS = [tokens(n, seed=20 + n).tolist() for n in (5, 17, 40)]
@@ -175,38 +168,15 @@ PROMPTS = [tokens(n, seed=20 + n).tolist() for n in (5, 17, 40)]
 
 @pytest.mark.parametrize("options", [{}, {"paged_kv": True}], ids=["working copy", "paged"])
 def test_a_cached_follow_up_gives_the_tokens_of_a_fresh_prefill(oss_dir, plain, options):
-    engine = Engine.load(EngineOptions(model=str(oss_dir), dtype="float32", kv_block_size=4, **options))
-    first = greedy(engine, PROMPTS[2])
-    follow_up = PROMPTS[2] + list(first.token_ids) + PROMPTS[0]  # past the window, over cached keys
-    ours = greedy(engine, follow_up)
-    assert ours.stats.cached_tokens >= len(PROMPTS[2])
-    assert_same_greedy(plain, follow_up, ours.token_ids, greedy(plain, follow_up).token_ids, what="the prefix cache")
+    check_cached_follow_up(oss_dir, plain, options, PROMPTS[2], PROMPTS[0])
 
 
 def test_requests_batched_together_give_their_solo_tokens(oss_dir, plain):
-    engine = Engine.load(EngineOptions(model=str(oss_dir), dtype="float32", max_batch=4, prefix_caching=False))
-    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
-    generations = [engine.generate(prompt, params) for prompt in PROMPTS]
-    events = [[] for _ in PROMPTS]
-    for g in generations:
-        g.submit()
-    for _ in range(200):
-        for g, taken in zip(generations, events):
-            taken += g.take()
-        if all(g.done for g in generations):
-            break
-        engine.step()
-    for prompt, taken in zip(PROMPTS, events):
-        assert_same_greedy(plain, prompt, taken[-1].token_ids, greedy(plain, prompt, 10).token_ids, what="batching")
+    check_batched(oss_dir, plain, PROMPTS)
 
 
 def test_speculation_never_changes_the_greedy_tokens(oss_dir, plain):
-    engine = Engine.load(EngineOptions(model=str(oss_dir), dtype="float32"))
-    prompt = (PROMPTS[0] * 4)[:30]
-    with engine.speculating(4):
-        on = greedy(engine, prompt, 30)
-    assert on.stats.draft_tokens > 0
-    assert_same_greedy(plain, prompt, on.token_ids, greedy(plain, prompt, 30).token_ids, what="speculation")
+    check_speculation(oss_dir, plain, PROMPTS[0])
 
 
 def test_the_fused_step_clamps_its_experts_as_the_eager_model_does(oss_dir):

@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine import Engine, EngineOptions, SamplingParams
+from engine import Engine, EngineOptions
 from engine.cpu.kernels import load_quant_kernels
 from engine.cpu.linear import QuantLinear
 from engine.errors import ModelError
@@ -16,7 +16,7 @@ from engine.model.moe import SparseMoE
 from engine.weights.checkpoint import load_model
 from engine.gguf.reader import open_gguf
 from tests.engine.weights.test_gguf_in_place import in_mapping, mappings_of
-from tests.greedy_ties import assert_same_greedy
+from tests.fast_paths import check_batched, check_cached_follow_up, check_speculation, plain_engine
 from tests.model_runs import ATOL, CPU, new_cache, tokens
 from tests.tiny_gguf import write_gguf
 from tests.tiny_models import load_reference, make_tiny_model
@@ -160,13 +160,7 @@ def test_the_fused_step_never_reads_an_expert_the_token_did_not_choose(moe_dir):
 
 @pytest.fixture(scope="module")
 def plain(moe_dir):
-    return Engine.load(EngineOptions(model=str(moe_dir), dtype="float32", prefix_caching=False,
-                                     fused_decode=False, speculative="off"))
-
-
-def greedy(engine, prompt, n=12, **kwargs):
-    params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
-    return list(engine.generate(prompt, params, **kwargs))[-1]
+    return plain_engine(moe_dir)
 
 
 PROMPTS = [tokens(n, seed=20 + n).tolist() for n in (5, 17, 40)]
@@ -174,39 +168,15 @@ PROMPTS = [tokens(n, seed=20 + n).tolist() for n in (5, 17, 40)]
 
 @pytest.mark.parametrize("options", [{}, {"paged_kv": True}], ids=["working copy", "paged"])
 def test_a_cached_follow_up_gives_the_tokens_of_a_fresh_prefill(moe_dir, plain, options):
-    engine = Engine.load(EngineOptions(model=str(moe_dir), dtype="float32", kv_block_size=4, **options))
-    first = greedy(engine, PROMPTS[1])
-    follow_up = PROMPTS[1] + list(first.token_ids) + PROMPTS[0]
-    ours = greedy(engine, follow_up)
-    assert ours.stats.cached_tokens >= len(PROMPTS[1])
-    assert_same_greedy(plain, follow_up, ours.token_ids, greedy(plain, follow_up).token_ids, what="the prefix cache")
+    check_cached_follow_up(moe_dir, plain, options, PROMPTS[1], PROMPTS[0])
 
 
 def test_requests_batched_together_give_their_solo_tokens(moe_dir, plain):
-    engine = Engine.load(EngineOptions(model=str(moe_dir), dtype="float32", max_batch=4, prefix_caching=False))
-    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
-    generations = [engine.generate(prompt, params) for prompt in PROMPTS]
-    events = [[] for _ in PROMPTS]
-    for g in generations:
-        g.submit()
-    for steps in range(200):
-        for g, taken in zip(generations, events):
-            taken += g.take()
-        if all(g.done for g in generations):
-            break
-        engine.step()
-    assert steps < 2 * 10  # decoded side by side: far fewer steps than the 30 tokens one at a time
-    for prompt, taken in zip(PROMPTS, events):
-        assert_same_greedy(plain, prompt, taken[-1].token_ids, greedy(plain, prompt, 10).token_ids, what="batching")
+    check_batched(moe_dir, plain, PROMPTS)
 
 
 def test_speculation_never_changes_the_greedy_tokens(moe_dir, plain):
-    engine = Engine.load(EngineOptions(model=str(moe_dir), dtype="float32"))
-    prompt = (PROMPTS[0] * 4)[:30]  # a repeated span: the drafter finds proposals
-    with engine.speculating(4):
-        on = greedy(engine, prompt, 30)
-    assert on.stats.draft_tokens > 0
-    assert_same_greedy(plain, prompt, on.token_ids, greedy(plain, prompt, 30).token_ids, what="speculation")
+    check_speculation(moe_dir, plain, PROMPTS[0])
 
 
 def test_a_mixtures_weight_bytes_per_token_count_only_the_experts_a_token_routes_to(moe_dir):
