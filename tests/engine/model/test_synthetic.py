@@ -23,7 +23,8 @@ REAL = {"smollm2-135m": (134_515_008, 8192), "llama-3.2-1b": (1_235_814_400, 131
         "qwen2.5-1.5b": (1_543_714_304, 32768), "qwen2.5-7b": (7_615_616_512, 32768),
         "qwen3-30b-a3b": (30_532_122_624, 40960),
         # the 30B without what a token does not read: per layer 120 of 128 experts and the router
-        "qwen3-30b-a3b-dense": (30_532_122_624 - 48 * (120 * 3 * 768 * 2048 + 128 * 2048), 40960)}
+        "qwen3-30b-a3b-dense": (30_532_122_624 - 48 * (120 * 3 * 768 * 2048 + 128 * 2048), 40960),
+        "gpt-oss-20b": (20_914_757_184, 131072)}  # llama.cpp's log of openai's own file: 20.915 B
 
 
 @pytest.fixture(scope="module", autouse=True)
