@@ -25,6 +25,15 @@ GEMMA3 = dict(num_hidden_layers=3, num_key_value_heads=1, head_dim=32, sliding_w
               layer_types=["sliding_attention", "sliding_attention", "full_attention"],
               query_pre_attn_scalar=32, pad_token_id=0)
 
+# Gemma 4 as the E2B is shaped, small: one KV head, sliding layers (window 8) with their own head size (16)
+# and RoPE, full ones with a wider head (32) and proportional RoPE, per-layer inputs, the last two layers
+# reusing the K/V of the last earlier layer of their kind with double-wide MLPs, logits soft-capped.
+GEMMA4 = dict(num_hidden_layers=5, num_key_value_heads=1, head_dim=16, global_head_dim=32, sliding_window=8,
+              layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention",
+                           "full_attention"],
+              num_kv_shared_layers=2, use_double_wide_mlp=True, hidden_size_per_layer_input=8,
+              vocab_size_per_layer_input=VOCAB, final_logit_softcapping=30.0, pad_token_id=0, initializer_range=0.05)
+
 PHI3 = dict(partial_rotary_factor=0.75, original_max_position_embeddings=16, tie_word_embeddings=True, pad_token_id=0,
             rope_scaling={"rope_type": "longrope", "short_factor": [1.0, 1.05, 1.2, 1.6, 2.3, 3.1],
                           "long_factor": [1.4, 2.2, 3.9, 7.5, 12.0, 19.0]})
@@ -79,6 +88,7 @@ ARCHITECTURES = {
         GEMMA3, num_key_value_heads=2, query_pre_attn_scalar=20, final_logit_softcapping=30.0,
         rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}})),
+    "gemma4": ("Gemma4TextConfig", "Gemma4ForCausalLM", GEMMA4),
 }
 # The Llama-family architectures, and those the fused CPU decode step runs (not a soft-capped Gemma).
 LLAMA_FAMILY = sorted(name for name, (config, _, _) in ARCHITECTURES.items() if not config.startswith("Gemma"))
@@ -138,6 +148,9 @@ def make_tiny_model(path: Path, arch: str = "llama", seed: int = 0, harmony: boo
                 param.add_(torch.randn_like(param) * 0.1)
             elif name.endswith("sinks"):  # logits beside q.k ones: large enough to move every softmax
                 param.add_(torch.randn_like(param))
+        for name, buffer in model.named_buffers():
+            if name.endswith("layer_scalar"):  # Gemma 4's per-layer output scale (a saved buffer, 1 at init)
+                buffer.add_(torch.randn_like(buffer) * 0.1)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(path))
     save_byte_tokenizer(path, harmony)

@@ -1,10 +1,12 @@
-"""CausalLM: the decoder of every family kvchat runs (Llama, SmolLM2, Mistral, Qwen2, Qwen3, Phi-3, Gemma 3).
+"""CausalLM: the decoder of every family kvchat runs (Llama, SmolLM2, Mistral, Qwen2, Qwen3, Phi-3, Gemma 3, Gemma 4).
 
 The families share the skeleton here (embedding, layers, final norm, lm_head) and differ in their
 layer (model/layers.py, model/gemma3.py) and in a few switches of the config: Gemma 3 scales its
 embeddings by sqrt(hidden), may soft-cap its logits, and gives its sliding-window layers a window
 mask and a RoPE of their own (one table and one mask per kind of layer, made once per forward).
-Ministral 3 multiplies q by a per-position attention temperature (model/temperature.py).
+Ministral 3 multiplies q by a per-position attention temperature (model/temperature.py). Gemma 4's
+layers (model/gemma4.py) may differ in head size (one RoPE table per kind of layer and head size) and take
+LayerInputs beside the residual stream: per-layer input embeddings, and the K/V that later layers reuse.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ from engine.attention.dense import window_causal_mask
 from engine.model.config import ModelConfig, RopeConfig
 from engine.kv.cache import KVAttention, KVCache
 from engine.model.gemma3 import Gemma3DecoderLayer, OffsetRMSNorm
+from engine.model.gemma4 import Gemma4DecoderLayer, Gemma4RMSNorm, LayerInputs, PerLayerInputs
 from engine.model.layers import DecoderLayer, RMSNorm
 from engine.model.rope import RotaryEmbedding
 from engine.model.temperature import temperature_table
 
-LAYERS = {"llama": (DecoderLayer, RMSNorm), "gemma3": (Gemma3DecoderLayer, OffsetRMSNorm)}
+LAYERS = {"llama": (DecoderLayer, RMSNorm), "gemma3": (Gemma3DecoderLayer, OffsetRMSNorm),
+          "gemma4": (Gemma4DecoderLayer, Gemma4RMSNorm)}
 
 
 class CausalLM(nn.Module):
@@ -33,9 +37,12 @@ class CausalLM(nn.Module):
         self.norm = norm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rotary: RotaryEmbedding | None = None  # the full-attention layers' (every layer's but Gemma's)
-        self._ropes: dict[RopeConfig, RotaryEmbedding] = {}
-        # Per layer: its RoPE and its window (None: full attention).
+        self._ropes: dict[tuple[RopeConfig, int], RotaryEmbedding] = {}  # by RoPE and head size
+        # Per layer: its RoPE and its window (None: full attention); and its head size.
         self._kinds = [(cfg.rope_for(i), cfg.window(i)) for i in range(cfg.num_layers)]
+        self._head_dims = [cfg.layer_head_dim(i) for i in range(cfg.num_layers)]
+        # Gemma 4: the per-layer inputs, made from the tokens and their embeddings before the layers run.
+        self.per_layer_inputs = PerLayerInputs(cfg) if cfg.gemma4 is not None and cfg.gemma4.per_layer_input else None
         self._embed_scale: torch.Tensor | None = None
         # Ministral 3: [context] multipliers of q after RoPE, by position (the fused CPU step reads them in
         # place); None: q is not scaled.
@@ -53,26 +60,35 @@ class CausalLM(nn.Module):
     def prepare(self) -> None:
         """Build the RoPE tables on the weights' device and dtype; call after loading weights."""
         weight = self.norm.weight
-        for rope in {rope for rope, _ in self._kinds} | {self.cfg.rope}:
-            self._ropes[rope] = RotaryEmbedding(rope, self.cfg.head_dim, self.cfg.context_window,
-                                                weight.device, weight.dtype)
-        self.rotary = self._ropes[self.cfg.rope]
+        tables = {(rope, dim) for (rope, _), dim in zip(self._kinds, self._head_dims)}
+        tables.add((self.cfg.rope, self.cfg.head_dim))
+        for rope, dim in tables:
+            self._ropes[rope, dim] = RotaryEmbedding(rope, dim, self.cfg.context_window, weight.device, weight.dtype)
+        self.rotary = self._ropes[self.cfg.rope, self.cfg.head_dim]
         if self.cfg.attention_temperature is not None:
             self.q_scales = temperature_table(self.cfg.attention_temperature, self.cfg.context_window,
                                               weight.device, weight.dtype)
         for module in self.modules():
-            if isinstance(module, OffsetRMSNorm):
+            if isinstance(module, (OffsetRMSNorm, PerLayerInputs)):
                 module.prepare()
         if self.cfg.embed_scale:  # a tensor in the weights' dtype, as the reference rounds it
             self._embed_scale = torch.tensor(self.cfg.hidden_size ** 0.5, dtype=torch.float32).to(weight)
 
     def rope_table(self, rope: RopeConfig) -> RotaryEmbedding:
-        """The cos/sin tables of `rope` (the fused CPU step reads them in place)."""
-        return self._ropes[rope]
+        """The cos/sin tables of `rope` at head_dim (the fused CPU step reads them in place)."""
+        return self._ropes[rope, self.cfg.head_dim]
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(token_ids)
         return x * self._embed_scale if self._embed_scale is not None else x
+
+    def layer_inputs(self, token_ids: torch.Tensor, x: torch.Tensor) -> dict[str, LayerInputs]:
+        """The keyword a Gemma 4 layer takes beside the residual stream `x` (the embedded `token_ids`); none
+        for the other families."""
+        if self.cfg.gemma4 is None:
+            return {}
+        per_layer = self.per_layer_inputs(token_ids, x) if self.per_layer_inputs is not None else None
+        return {"inputs": LayerInputs(per_layer)}
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(self.norm(x))
@@ -90,15 +106,16 @@ class CausalLM(nn.Module):
         num_new = token_ids.shape[0]
         start = cache.num_tokens
         cache.reserve(num_new)
-        tables = {rope: (table.cos[start : start + num_new].unsqueeze(1),
-                         table.sin_signed[start : start + num_new].unsqueeze(1))
-                  for rope, table in self._ropes.items()}
+        tables = {key: (table.cos[start : start + num_new].unsqueeze(1),
+                        table.sin_signed[start : start + num_new].unsqueeze(1))
+                  for key, table in self._ropes.items()}
         masks = {window: window_causal_mask(num_new, start + num_new, window, token_ids.device)
                  for window in {window for _, window in self._kinds}}
         q_scale = self.q_scales[start : start + num_new].view(-1, 1, 1) if self.q_scales is not None else None
         x = self.embed(token_ids)
-        for layer, (rope, window) in zip(self.layers, self._kinds):
-            x = layer(x, *tables[rope], cache, masks[window], q_scale)
+        extra = self.layer_inputs(token_ids, x)
+        for layer, (rope, window), dim in zip(self.layers, self._kinds, self._head_dims):
+            x = layer(x, *tables[rope, dim], cache, masks[window], q_scale, **extra)
         cache.commit(num_new)
         if not all_logits:
             x = x[-1:]
@@ -112,10 +129,11 @@ class CausalLM(nn.Module):
         so the step can be captured in a CUDA graph or compiled once and replayed at
         every position. `kv` stores the token's K/V and attends (see decode/graph_runner.py);
         a sliding layer's window is applied there, from the position."""
-        tables = {rope: (table.cos[position].unsqueeze(1), table.sin_signed[position].unsqueeze(1))
-                  for rope, table in self._ropes.items()}
+        tables = {key: (table.cos[position].unsqueeze(1), table.sin_signed[position].unsqueeze(1))
+                  for key, table in self._ropes.items()}
         q_scale = self.q_scales[position].view(-1, 1, 1) if self.q_scales is not None else None
         x = self.embed(token)
-        for layer, (rope, _) in zip(self.layers, self._kinds):
-            x = layer(x, *tables[rope], kv, None, q_scale)
+        extra = self.layer_inputs(token, x)
+        for layer, (rope, _), dim in zip(self.layers, self._kinds, self._head_dims):
+            x = layer(x, *tables[rope, dim], kv, None, q_scale, **extra)
         return self.head(x)

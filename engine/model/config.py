@@ -14,6 +14,8 @@ from typing import Any
 
 from engine.errors import ModelError
 from engine.model import gemma3_config as gemma3
+from engine.model import gemma4_config as gemma4
+from engine.model.gemma4_config import Gemma4Layers
 from engine.model import phi3_config as phi3
 from engine.model import ministral3_config as ministral3
 
@@ -24,6 +26,7 @@ SUPPORTED_ARCHITECTURES = {
     "qwen2": {"qkv_bias": True, "qk_norm": False},
     "qwen3": {"qkv_bias": None, "qk_norm": True},
     "gemma3_text": {"qkv_bias": None, "qk_norm": True},
+    "gemma4_text": {"qkv_bias": False, "qk_norm": False},  # its q/k/v norms are its layer's (model/gemma4.py)
     "qwen3_moe": {"qkv_bias": None, "qk_norm": True},
     "smollm3": {"qkv_bias": None, "qk_norm": False},
     "gpt_oss": {"qkv_bias": None, "qk_norm": False},
@@ -31,9 +34,10 @@ SUPPORTED_ARCHITECTURES = {
     "ministral3": {"qkv_bias": False, "qk_norm": False},
 }
 # A multimodal config whose text model kvchat runs (its text_config).
-MULTIMODAL_WRAPPERS = {"gemma3": "gemma3_text", "mistral3": "ministral3"}
-_TEXT_CONFIGS = {"gemma3": gemma3.text_config, "mistral3": ministral3.text_config}
+MULTIMODAL_WRAPPERS = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "mistral3": "ministral3"}
+_TEXT_CONFIGS = {"gemma3": gemma3.text_config, "gemma4": gemma4.text_config, "mistral3": ministral3.text_config}
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+GEMMA4_ROPE_TYPES = ("default", "proportional")
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,9 @@ class RopeConfig:
     short_factor: tuple[float, ...] = ()
     long_factor: tuple[float, ...] = ()
     long_context: bool = False
+    # Gemma 4's "proportional" RoPE: the first `proportion` of each half's pairs turn at theta ** (-2i / head_dim),
+    # the others at frequency 0 (cos 1, sin 0: passed through), all in the whole head's rotate-half layout.
+    proportion: float = 1.0
 
     def rotary_dim(self, head_dim: int) -> int:
         """How many of a head's dims are rotated (the first ones, in Hugging Face's layout)."""
@@ -147,11 +154,19 @@ class ModelConfig:
     swiglu_limit: float = 7.0
     # Ministral 3: what q is multiplied by after RoPE, by position; None: by nothing.
     attention_temperature: AttentionTemperature | None = None
+    # Gemma 4: what varies layer by layer (head size, KV heads, shared K/V, MLP width, per-layer inputs). There,
+    # head_dim and num_kv_heads are the largest of its layers': the shape of the KV cache (model/gemma4.py).
+    gemma4: Gemma4Layers | None = None
 
     @property
     def family(self) -> str:
-        """The decoder's layer structure: "gemma3" (four norms a layer, (1 + w) norm weights) or "llama"."""
-        return "gemma3" if self.model_type == "gemma3_text" else "llama"
+        """The decoder's layer structure: "gemma3" (four norms a layer, (1 + w) norm weights), "gemma4" or
+        "llama"."""
+        return {"gemma3_text": "gemma3", "gemma4_text": "gemma4"}.get(self.model_type, "llama")
+
+    def layer_head_dim(self, layer: int) -> int:
+        """The head size of `layer`'s q/k/v (Gemma 4's full layers have their own; else head_dim)."""
+        return self.gemma4.head_dims[layer] if self.gemma4 is not None else self.head_dim
 
     def uses_rope(self, layer: int) -> bool:
         return not self.rope_layers or self.rope_layers[layer]
@@ -195,6 +210,8 @@ class ModelConfig:
         arch = SUPPORTED_ARCHITECTURES[model_type]
         if model_type == "gemma3_text" and (why := gemma3.unsupported(raw)):
             raise ModelError(f"This Gemma 3 model uses {why}, which kvchat does not run.")
+        if model_type == "gemma4_text" and (why := gemma4.unsupported(raw)):
+            raise ModelError(f"This Gemma 4 model uses {why}, which kvchat does not run.")
         try:
             hidden = int(raw["hidden_size"])
             heads = int(raw["num_attention_heads"])
@@ -226,6 +243,8 @@ class ModelConfig:
             )
             if model_type == "gemma3_text":
                 fields.update(_gemma3_fields(raw))
+            if model_type == "gemma4_text":
+                fields.update(_gemma4_fields(raw))
             if model_type == "qwen3_moe":
                 fields["moe"] = MoEConfig.from_dict(raw, fields["num_layers"])
             if model_type == "smollm3":
@@ -303,6 +322,42 @@ def _gemma3_fields(raw: dict[str, Any]) -> dict[str, Any]:
         "tie_word_embeddings": bool(raw.get("tie_word_embeddings", True)),
         "max_position_embeddings": int(raw.get("max_position_embeddings", 131072)),
     }
+
+
+def _gemma4_fields(raw: dict[str, Any]) -> dict[str, Any]:
+    """Gemma 3's fields (sliding/full layers, GELU-tanh, scaled embeddings, soft-capped logits), with Gemma 4's
+    per-layer layout, unscaled q.k (its q/k norms take the scale's place) and its RoPE per kind of layer."""
+    types = gemma4.layer_types(raw, int(raw["num_hidden_layers"]))
+    layout = gemma4.layers(raw, types)
+    window = int(raw.get("sliding_window") or 512)
+    ropes = gemma4.rope_parameters(raw)
+    cap = raw.get("final_logit_softcapping")
+    return {
+        "sliding_window": None,  # a mask per layer, as Gemma 3's
+        "layer_windows": tuple(window if kind == gemma4.SLIDING else None for kind in types),
+        "rope": _gemma4_rope(ropes[gemma4.FULL]),
+        "local_rope": _gemma4_rope(ropes[gemma4.SLIDING]),
+        "attention_scale": 1.0,
+        "hidden_act": "gelu_pytorch_tanh",
+        "embed_scale": True,
+        "final_logit_softcapping": float(cap) if cap is not None else None,
+        "tie_word_embeddings": bool(raw.get("tie_word_embeddings", True)),
+        "max_position_embeddings": int(raw.get("max_position_embeddings", 131072)),
+        "head_dim": max(layout.head_dims),
+        "num_kv_heads": max(layout.kv_heads),
+        "gemma4": layout,
+    }
+
+
+def _gemma4_rope(params: dict[str, Any]) -> RopeConfig:
+    rope_type = params.get("rope_type") or "default"
+    if rope_type not in GEMMA4_ROPE_TYPES:
+        raise ModelError(f"Unsupported Gemma 4 RoPE {rope_type!r}: kvchat runs {', '.join(GEMMA4_ROPE_TYPES)}.")
+    proportion = float(params.get("partial_rotary_factor", 1.0))
+    if rope_type == "default" and proportion != 1.0:
+        raise ModelError("A Gemma 4 default RoPE with a partial_rotary_factor is not one kvchat runs.")
+    return RopeConfig(theta=float(params.get("rope_theta", 10000.0)), type=rope_type,
+                      factor=float(params.get("factor", 1.0)), proportion=proportion)
 
 
 def _gpt_oss_fields(raw: dict[str, Any], layers: int) -> dict[str, Any]:

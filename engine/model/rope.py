@@ -1,4 +1,5 @@
-"""Rotary position embeddings (RoPE), with Llama 3's, YaRN's and LongRoPE's frequency scaling.
+"""Rotary position embeddings (RoPE), with Llama 3's, YaRN's and LongRoPE's frequency scaling and Gemma 4's
+proportional RoPE.
 
 Weights are in Hugging Face's layout, so rotation uses the rotate-half
 convention (first and second halves of each head form the pairs). A partial
@@ -20,6 +21,8 @@ from engine.model.phi3_config import attention_factor as longrope_attention_fact
 def inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
     """Per-pair rotation frequencies [rotary_dim // 2] (every pair of the head but a partial rotary one's), fp32."""
     dim = rope.rotary_dim(head_dim)
+    if rope.type == "proportional":
+        return _proportional(rope, head_dim)
     if rope.type == "yarn":
         return _yarn_scaled(rope, dim)
     exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
@@ -44,6 +47,14 @@ def magnitude(rope: RopeConfig) -> float:
     if rope.type == "longrope":
         return longrope_attention_factor(rope.factor, rope.original_max_position_embeddings)
     return 1.0 if rope.factor <= 1 else 0.1 * math.log(rope.factor) + 1.0
+
+
+def _proportional(rope: RopeConfig, head_dim: int) -> torch.Tensor:
+    # Gemma 4's global layers: the first pairs turn with exponents over the whole head (not over the rotated
+    # part, as a partial rotary head's do), the others at frequency 0, in transformers' arithmetic.
+    angles = int(rope.proportion * head_dim // 2)
+    rotated = 1.0 / (rope.theta ** (torch.arange(0, 2 * angles, 2, dtype=torch.int64).float() / head_dim))
+    return torch.cat((rotated, torch.zeros(head_dim // 2 - angles))) / rope.factor
 
 
 def _yarn_scaled(rope: RopeConfig, head_dim: int) -> torch.Tensor:

@@ -36,6 +36,7 @@ from engine.model.partial_rotary import PartialRotaryRows
 from engine.errors import ModelError
 from engine.gguf.reader import GGUFWeights, gguf_config, log_dense_matrices, open_gguf
 from engine.model.causal_lm import CausalLM
+from engine.model.gemma4 import checkpoint_linears as gemma4_linears, checkpoint_tensors as gemma4_tensors
 from engine.weights.stacked_experts import StackedExperts
 from engine.weights.synthetic import read_marker, synthetic_weights
 
@@ -156,6 +157,9 @@ class _HalfPrecisionLinears:
 
 def _linears(cfg: ModelConfig, ckpt: WeightSource) -> list[tuple[str, list[str], list[str] | None]]:
     """(module path, checkpoint weight names, bias names or None) of every linear layer."""
+    head = "model.embed_tokens" if cfg.tie_word_embeddings else "lm_head"
+    if cfg.gemma4 is not None:  # its layers vary in what they hold: model/gemma4.py
+        return [*gemma4_linears(cfg), ("lm_head", [head], None)]
     specs = []
     for i in range(cfg.num_layers):
         attn, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
@@ -173,7 +177,6 @@ def _linears(cfg: ModelConfig, ckpt: WeightSource) -> list[tuple[str, list[str],
                 specs += _mlp_linears(ckpt, f"layers.{i}.mlp.experts.{e}.", f"{mlp}experts.{e}.", biased)
             continue
         specs += _mlp_linears(ckpt, f"layers.{i}.mlp.", mlp, cfg.mlp_bias)
-    head = "model.embed_tokens" if cfg.tie_word_embeddings else "lm_head"
     specs.append(("lm_head", [head], None))
     return specs
 
@@ -280,13 +283,15 @@ def load_from(cfg: ModelConfig, ckpt: WeightSource, device: torch.device, dtype:
 
     put("norm.weight", ckpt.get("model.norm.weight"))
     for i in range(cfg.num_layers):
-        for norm in type(model.layers[i]).NORMS:
+        for norm in model.layers[i].NORMS:
             put(f"layers.{i}.{norm}.weight", ckpt.get(f"model.layers.{i}.{norm}.weight"))
         if cfg.qk_norm:
             for norm in ("q_norm", "k_norm"):
                 put(f"layers.{i}.self_attn.{norm}.weight", ckpt.get(f"model.layers.{i}.self_attn.{norm}.weight"))
         if cfg.attention_sinks:
             put(f"layers.{i}.self_attn.sinks", ckpt.get(f"model.layers.{i}.self_attn.sinks"))
+    for ours, stored in gemma4_tensors(cfg) if cfg.gemma4 is not None else ():
+        put(ours, ckpt.get(stored))
     for module, names, bias_names in _linears(cfg, ckpt):
         bias = _joined(ckpt, bias_names, ".bias") if bias_names else None
         packed = _quant_linear(kernels, blocks, names, bias) if blocks is not None and kernels is not None else None

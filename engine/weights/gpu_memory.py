@@ -51,11 +51,17 @@ def weight_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
     # window, RoPE and NoPE switches hold none), so each kind is built once: building 48 layers of 128
     # experts each, as a whole model, takes seconds.
     count = cfg.vocab_size * cfg.hidden_size * (1 if cfg.tie_word_embeddings else 2) + cfg.hidden_size
+    layout = cfg.gemma4
+    if layout is not None and layout.per_layer_input:  # Gemma 4's per-layer input embedding, projection, norm
+        packed = cfg.num_layers * layout.per_layer_input
+        count += (layout.per_layer_vocab + cfg.hidden_size) * packed + layout.per_layer_input
     layer_type = LAYERS[cfg.family][0]
-    per_kind: dict[bool, int] = {}
+    per_kind: dict[object, int] = {}
     with torch.device("meta"):
         for i in range(cfg.num_layers):
-            kind = cfg.is_moe(i)
+            # Gemma 4's layers also differ in head size, KV heads, shared K/V and MLP width.
+            kind = cfg.is_moe(i) if layout is None else (layout.head_dims[i], layout.kv_heads[i], layout.k_eq_v[i],
+                                                         layout.kv_sources[i] is None, layout.intermediate[i])
             if kind not in per_kind:
                 per_kind[kind] = sum(p.numel() for p in layer_type(cfg, i).parameters())
             count += per_kind[kind]
@@ -63,9 +69,9 @@ def weight_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
 
 
 def rope_table_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
-    """The cos and sin tables CausalLM.prepare builds for each RoPE, over the whole context window."""
-    ropes = {cfg.rope_for(i) for i in range(cfg.num_layers)} | {cfg.rope}
-    return len(ropes) * 2 * cfg.context_window * cfg.head_dim * dtype.itemsize
+    """The cos and sin tables CausalLM.prepare builds for each RoPE and head size, over the whole context window."""
+    tables = {(cfg.rope_for(i), cfg.layer_head_dim(i)) for i in range(cfg.num_layers)} | {(cfg.rope, cfg.head_dim)}
+    return sum(2 * cfg.context_window * dim for _, dim in tables) * dtype.itemsize
 
 
 def pool_bytes(cfg: ModelConfig, dtype: torch.dtype, kv_cache_gb: float | None, block_size: int,
