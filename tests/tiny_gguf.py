@@ -51,6 +51,20 @@ GEMMA3_LAYER_NAMES = {
     "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
 }
 
+# Gemma 4's (its norms named as Gemma 3's; its per-layer inputs and layer scalar as llama.cpp names them).
+GEMMA4_LAYER_NAMES = {
+    **GEMMA3_LAYER_NAMES,
+    "layer_scalar": "layer_output_scale.weight",
+    "per_layer_input_gate.weight": "inp_gate.weight",
+    "per_layer_projection.weight": "proj.weight",
+    "post_per_layer_input_norm.weight": "post_norm.weight",
+}
+GEMMA4_GLOBAL_NAMES = {
+    "model.embed_tokens_per_layer.weight": "per_layer_token_embd.weight",
+    "model.per_layer_model_projection.weight": "per_layer_model_proj.weight",
+    "model.per_layer_projection_norm.weight": "per_layer_proj_norm.weight",
+}
+
 
 # The architectures whose q/k rows llama.cpp's converter permutes (Llama's, and those it converts as Llama).
 PERMUTED_QK = ("llama", "smollm3", "mistral3")
@@ -115,8 +129,10 @@ def gguf_name(hf_name: str, arch: str = "llama") -> str:
         return "output_norm.weight"
     if hf_name == "lm_head.weight":
         return "output.weight"
+    if arch == "gemma4" and hf_name in GEMMA4_GLOBAL_NAMES:
+        return GEMMA4_GLOBAL_NAMES[hf_name]
     _, _, layer, rest = hf_name.split(".", 3)
-    names = {"gemma3": GEMMA3_LAYER_NAMES, "gpt-oss": GPT_OSS_NAMES}.get(arch, {**LAYER_NAMES, **EXPERT_NAMES})
+    names = {"gemma3": GEMMA3_LAYER_NAMES, "gemma4": GEMMA4_LAYER_NAMES, "gpt-oss": GPT_OSS_NAMES}.get(arch, {**LAYER_NAMES, **EXPERT_NAMES})
     return f"blk.{layer}.{names[rest]}"
 
 
@@ -149,7 +165,8 @@ def tensor_type(gguf_tensor: str, w: np.ndarray, quant: str | dict[str, str] | N
 
 
 def write_gguf(hf_model, path: Path, arch: str = "llama", quant: str | dict[str, str] | None = None) -> Path:
-    """Save `hf_model` (a transformers Llama/Qwen2/Qwen3/SmolLM3/Phi-3/gpt-oss/Gemma 3/Ministral 3 model) as GGUF.
+    """Save `hf_model` (a transformers Llama/Qwen2/Qwen3/SmolLM3/Phi-3/gpt-oss/Gemma 3/Gemma 4/Ministral 3 model) as
+    GGUF.
 
     quant: None keeps every tensor F32; a type name ("Q8_0", "Q4_K"...) quantizes every 2-D weight whose
     rows are whole blocks of it; a dict such as MIXED_QUANTS gives each GGUF tensor its own type.
@@ -162,13 +179,15 @@ def write_gguf(hf_model, path: Path, arch: str = "llama", quant: str | dict[str,
     writer.add_block_count(cfg.num_hidden_layers)
     writer.add_context_length(cfg.max_position_embeddings)
     writer.add_embedding_length(cfg.hidden_size)
-    writer.add_feed_forward_length(cfg.intermediate_size)
     writer.add_head_count(cfg.num_attention_heads)
-    writer.add_head_count_kv(cfg.num_key_value_heads)
-    rope = cfg.rope_parameters["full_attention"] if arch == "gemma3" else cfg.rope_parameters
+    if arch != "gemma4":  # per layer there (_add_gemma4)
+        writer.add_feed_forward_length(cfg.intermediate_size)
+        writer.add_head_count_kv(cfg.num_key_value_heads)
+    rope = cfg.rope_parameters["full_attention"] if arch in ("gemma3", "gemma4") else cfg.rope_parameters
     writer.add_rope_freq_base(float(rope["rope_theta"]))
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    if head_dim != cfg.hidden_size // cfg.num_attention_heads:
+    # (Gemma 4's head_dim varies by layer: transformers refuses to read it whole; _add_gemma4 writes its sizes)
+    head_dim = None if arch == "gemma4" else getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    if head_dim and head_dim != cfg.hidden_size // cfg.num_attention_heads:
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)
     if arch == "gemma3":  # what llama.cpp's converter writes for Gemma 3 (a per-layer pattern: newer files)
@@ -199,6 +218,8 @@ def write_gguf(hf_model, path: Path, arch: str = "llama", quant: str | dict[str,
     writer.add_chat_template(CHATML)
     if arch == "phi3":
         _add_phi3_rope(writer, cfg)
+    if arch == "gemma4":
+        _add_gemma4(writer, hf_model)
     if arch == "qwen3moe":
         writer.add_expert_count(cfg.num_experts)
         writer.add_expert_used_count(cfg.num_experts_per_tok)
@@ -238,6 +259,43 @@ def write_gguf(hf_model, path: Path, arch: str = "llama", quant: str | dict[str,
     return path
 
 
+def _add_gemma4(writer, hf_model) -> None:
+    """What llama.cpp's converter writes for Gemma 4 (over the generic keys written before): the layer pattern
+    one bool a layer, the full and sliding layers' head sizes, KV heads a layer where the full layers have
+    their own count, MLP widths a layer when the K/V-sharing layers' is double, whole-head RoPE dimension
+    counts, and the full layers' proportional RoPE as a rope_freqs tensor (1 for each rotated pair, 1e30 for
+    the others)."""
+    cfg = hf_model.config.to_dict()  # its plain numbers (transformers will not read a per-layer one whole)
+    full = cfg["layer_types"].index("full_attention")
+    full_dim = int(cfg.get("global_head_dim") or hf_model.model.layers[full].self_attn.q_norm.weight.shape[0])
+    swa = [kind == "sliding_attention" for kind in cfg["layer_types"]]
+    writer.add_sliding_window(cfg["sliding_window"])
+    writer.add_sliding_window_pattern(swa)
+    writer.add_key_length(full_dim)
+    writer.add_value_length(full_dim)
+    writer.add_key_length_swa(cfg["head_dim"])
+    writer.add_value_length_swa(cfg["head_dim"])
+    writer.add_shared_kv_layers(cfg["num_kv_shared_layers"])
+    writer.add_embedding_length_per_layer_input(cfg.get("hidden_size_per_layer_input") or 0)
+    if cfg.get("final_logit_softcapping"):
+        writer.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+    layers, first_shared = cfg["num_hidden_layers"], cfg["num_hidden_layers"] - cfg["num_kv_shared_layers"]
+    n_ff = cfg["intermediate_size"]
+    wide = cfg.get("use_double_wide_mlp")
+    writer.add_feed_forward_length([n_ff if i < first_shared else 2 * n_ff for i in range(layers)] if wide else n_ff)
+    # the released configs' num_global_key_value_heads, which transformers 5 saves in per_layer_config
+    kv = cfg["num_key_value_heads"]
+    global_kv = cfg.get("num_global_key_value_heads") or (cfg.get("per_layer_config") or {}).get(
+        str(full), {}).get("num_key_value_heads")
+    writer.add_head_count_kv(kv if global_kv is None else [kv if s else global_kv for s in swa])
+    sliding = cfg["rope_parameters"]["sliding_attention"]
+    writer.add_rope_freq_base_swa(float(sliding["rope_theta"]))
+    writer.add_rope_dimension_count(full_dim)
+    writer.add_rope_dimension_count_swa(int(cfg["head_dim"] * sliding.get("partial_rotary_factor", 1.0)))
+    rotated = int(full_dim * cfg["rope_parameters"]["full_attention"]["partial_rotary_factor"] / 2)
+    writer.add_tensor("rope_freqs.weight", np.array([1.0] * rotated + [1e30] * (full_dim // 2 - rotated), dtype=np.float32))
+
+
 def _add_phi3_rope(writer, cfg) -> None:
     """What llama.cpp's converter writes of a Phi-3's RoPE: the rotated dims of a head, a sliding window (0:
     none), and for LongRoPE its factor lists as F32 tensors, the original context and the attention factor it
@@ -266,7 +324,8 @@ def dequantized_state(hf_model, quant: str | dict[str, str] | None) -> dict[str,
     for name, tensor in hf_model.state_dict().items():
         w = tensor.detach().float().numpy()
         stored = "model.embed_tokens.weight" if tied and name == "lm_head.weight" else name
-        qtype = tensor_type(gguf_name(stored, "gemma3" if hf_model.config.model_type.startswith("gemma3") else "llama"), w, quant)
+        arch = {"gemma3": "gemma3", "gemma4": "gemma4"}.get(hf_model.config.model_type[:6], "llama")
+        qtype = tensor_type(gguf_name(stored, arch), w, quant)
         if qtype:
             w = dequantize(quantize(w, qtype), gguf.GGMLQuantizationType[qtype])
         state[name] = torch.from_numpy(np.array(w))

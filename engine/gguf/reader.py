@@ -1,4 +1,4 @@
-"""Read a GGUF file (llama, qwen2, qwen3, qwen3moe, gpt-oss, smollm3, phi3, mistral3, gemma3 architectures) as a Hugging Face model: its config, and
+"""Read a GGUF file (llama, qwen2, qwen3, qwen3moe, gpt-oss, smollm3, phi3, mistral3, gemma3, gemma4 architectures) as a Hugging Face model: its config, and
 its tensors under Hugging Face names (GGUFWeights, the loader's WeightSource: weights/checkpoint.py).
 
 The file is memory-mapped copy-on-write (file.py) and nothing is written to disk. A matrix in a
@@ -23,7 +23,7 @@ import torch
 
 from engine.cpu.formats import BLOCK, FORMATS
 from engine.errors import ModelError
-from engine.gguf import gemma3 as gguf_gemma3, gpt_oss as gguf_gpt_oss, mistral3 as gguf_mistral3, phi3 as gguf_phi3
+from engine.gguf import gemma3 as gguf_gemma3, gemma4 as gguf_gemma4, gpt_oss as gguf_gpt_oss, mistral3 as gguf_mistral3, phi3 as gguf_phi3
 from engine.gguf.file import GGUFFile, GGUFFormatError, GGUFTensor, TensorTableDamage
 
 log = logging.getLogger("kvchat")
@@ -32,11 +32,12 @@ log = logging.getLogger("kvchat")
 _PERMUTED_QK = {"llama", "smollm3", "mistral3"}
 # GGUF general.architecture -> the Hugging Face model_type it is read as (also what `kvchat models` runs).
 MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe", "gemma3": "gemma3_text",
-               "smollm3": "smollm3", "gpt-oss": "gpt_oss", "phi3": "phi3", "mistral3": "ministral3"}
+               "smollm3": "smollm3", "gpt-oss": "gpt_oss", "phi3": "phi3", "mistral3": "ministral3",
+               "gemma4": "gemma4_text"}
 _HF_ARCHITECTURE = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                     "qwen3moe": "Qwen3MoeForCausalLM", "gemma3": "Gemma3ForCausalLM",
                     "smollm3": "SmolLM3ForCausalLM", "gpt-oss": "GptOssForCausalLM", "phi3": "Phi3ForCausalLM",
-                    "mistral3": "Ministral3ForCausalLM"}
+                    "mistral3": "Ministral3ForCausalLM", "gemma4": "Gemma4ForCausalLM"}
 _LAYER_TENSORS = {
     "attn_norm.weight": "input_layernorm.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
@@ -59,6 +60,7 @@ _EXPERT_TENSORS = {"ffn_gate_exps.weight": "gate_proj", "ffn_up_exps.weight": "u
                    "ffn_down_exps.weight": "down_proj"}
 # GGUF architecture -> its layer tensors' names, where they are not _LAYER_TENSORS.
 _ARCH_LAYER_TENSORS = {"gemma3": {**_LAYER_TENSORS, **gguf_gemma3.LAYER_TENSORS},
+                       "gemma4": {**_LAYER_TENSORS, **gguf_gemma4.LAYER_TENSORS},
                        "gpt-oss": {**_LAYER_TENSORS, **gguf_gpt_oss.LAYER_TENSORS},
                        "phi3": {**_LAYER_TENSORS, **gguf_phi3.LAYER_TENSORS}}
 _GLOBAL_TENSORS = {
@@ -87,12 +89,17 @@ def _field(reader, key: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
+def _first(value: Any) -> Any:
+    """A metadata number, or the first layer's of a per-layer list (gemma4.py reads the whole list)."""
+    return value[0] if isinstance(value, list) and value else value
+
+
 def gguf_config(reader) -> dict[str, Any]:
     """The Hugging Face config.json a GGUF file's metadata describes."""
     arch = _field(reader, "general.architecture")
     if arch not in MODEL_TYPES:
         raise ModelError(f"Unsupported GGUF architecture {arch!r}: kvchat reads {', '.join(sorted(MODEL_TYPES))}.")
-    if any(t.name == "rope_freqs.weight" for t in reader.tensors):
+    if arch != "gemma4" and any(t.name == "rope_freqs.weight" for t in reader.tensors):  # gemma4's: gemma4.py
         raise ModelError("This GGUF stores Llama 3.1 RoPE frequency factors; use the Hugging Face model directory instead.")
 
     def need(key: str) -> Any:
@@ -110,11 +117,11 @@ def gguf_config(reader) -> dict[str, Any]:
         "model_type": MODEL_TYPES[arch],
         "vocab_size": int(_field(reader, f"{arch}.vocab_size", len(tokens))),
         "hidden_size": hidden,
-        "intermediate_size": int(_field(reader, f"{arch}.feed_forward_length") or 0) or int(
+        "intermediate_size": int(_first(_field(reader, f"{arch}.feed_forward_length")) or 0) or int(
             need("expert_feed_forward_length" if arch == "qwen3moe" else "feed_forward_length")),
         "num_hidden_layers": int(need("block_count")),
         "num_attention_heads": heads,
-        "num_key_value_heads": int(_field(reader, f"{arch}.attention.head_count_kv", heads)),
+        "num_key_value_heads": int(_first(_field(reader, f"{arch}.attention.head_count_kv", heads))),
         "head_dim": int(_field(reader, f"{arch}.attention.key_length", hidden // heads)),
         "max_position_embeddings": int(need("context_length")),
         "rms_norm_eps": float(need("attention.layer_norm_rms_epsilon")),
@@ -136,6 +143,10 @@ def gguf_config(reader) -> dict[str, Any]:
     if arch == "gemma3":
         config.update(gguf_gemma3.config_fields(lambda key, default: _field(reader, f"{arch}.{key}", default),
                                                 need, config["num_hidden_layers"]))
+        return config
+    if arch == "gemma4":  # a layout that varies layer by layer (gguf/gemma4.py)
+        config.update(gguf_gemma4.config_fields(lambda key, default: _field(reader, f"{arch}.{key}", default),
+                                                need, config["num_hidden_layers"], reader.tensors))
         return config
     if arch == "phi3":  # its RoPE (partial rotary, LongRoPE) and sliding window: phi3.py
         config.update(gguf_phi3.config_fields(lambda key, default: _field(reader, f"{arch}.{key}", default),
@@ -197,7 +208,8 @@ def _hf_tensors(reader, arch: str) -> dict[str, Any]:
                     tensors[f"{prefix}{e}.{stacked}.{suffix}"] = expert
                 else:
                     tensors[f"{prefix}{e}.gate_proj.{suffix}"], tensors[f"{prefix}{e}.up_proj.{suffix}"] = _halves(expert)
-        elif not (arch == "phi3" and tensor.name in gguf_phi3.ROPE_FACTORS):  # those are config (gguf_config)
+        elif not ((arch == "phi3" and tensor.name in gguf_phi3.ROPE_FACTORS)  # those are config (gguf_config)
+                  or (arch == "gemma4" and tensor.name == gguf_gemma4.ROPE_FREQS)):
             tensors[hf_name(tensor.name, arch)] = tensor
     return tensors
 
@@ -242,6 +254,8 @@ def dense_tensor(tensor, name: str, arch: str, config: dict[str, Any]) -> torch.
 def hf_name(gguf_name: str, arch: str) -> str:
     if gguf_name in _GLOBAL_TENSORS:
         return _GLOBAL_TENSORS[gguf_name]
+    if arch == "gemma4" and gguf_name in gguf_gemma4.GLOBAL_TENSORS:
+        return gguf_gemma4.GLOBAL_TENSORS[gguf_name]
     layer_tensors = _ARCH_LAYER_TENSORS.get(arch, _LAYER_TENSORS)
     parts = gguf_name.split(".", 2)
     if len(parts) == 3 and parts[0] == "blk" and parts[2] in layer_tensors:

@@ -1,6 +1,7 @@
 """Gemma 4 (text): its per-layer switches against transformers (head sizes and RoPE by kind of layer, per-layer
 inputs, K/V shared by the last layers, values from the keys' projection, the layer scalar), what it refuses,
-a multimodal directory's text model, and the engine's cached and paged paths on it against its plain one."""
+a multimodal directory's text model, a GGUF file as llama.cpp's converter writes one, and the engine's cached and
+paged paths on it against its plain one."""
 
 import json
 
@@ -13,11 +14,14 @@ from engine.cpu.decode_step import FusedCPUDecode, Unfusable
 from engine.cpu.kernels import load_quant_kernels
 from engine.cpu.linear import QuantLinear
 from engine.errors import ModelError
+from engine.gguf.reader import gguf_config, open_gguf
 from engine.kv.cache import ContiguousKVCache
 from engine.model.config import ModelConfig, RopeConfig
 from engine.model.gemma4 import Gemma4RMSNorm
 from engine.weights.checkpoint import load_model
 from tests.greedy_ties import assert_same_greedy
+from tests.model_stores import write_header_gguf
+from tests.tiny_gguf import write_gguf
 from tests.tiny_models import FUSED_ARCHITECTURES, VOCAB, load_reference, make_tiny_model
 
 ATOL = 1e-4
@@ -241,3 +245,56 @@ def test_requests_batched_together_give_their_solo_tokens(gemma4_dir, plain):
     assert steps < 2 * 10  # decoded side by side (one decode_step over the batch), not one after another
     for prompt, taken in zip(prompts, events):
         assert_same_greedy(plain, prompt, taken[-1].token_ids, greedy(plain, prompt, 10).token_ids, what="batching")
+
+
+def test_an_f32_gguf_gives_transformers_logits_at_every_position_and_step_by_step(reference, tmp_path):
+    # As llama.cpp's converter writes it: norms unshifted, a layer pattern, head sizes and MLP widths a layer,
+    # shared K/V layers, per-layer inputs, the layer scalar, and the full layers' proportional RoPE as rope_freqs.
+    gguf = write_gguf(reference, tmp_path / "gemma4.gguf", arch="gemma4")
+    ours = load_model(gguf, CPU, torch.float32)
+    layout = ours.cfg.gemma4
+    assert layout.head_dims == (16, 32, 16, 16, 32) and layout.kv_sources == (None, None, None, 2, 1)
+    assert layout.intermediate == (96, 96, 96, 192, 192) and layout.per_layer_input == 8
+    assert ours.cfg.rope == RopeConfig(theta=1_000_000.0, type="proportional", proportion=0.25)
+    assert ours.cfg.layer_windows == (8, None, 8, 8, None) and ours.cfg.final_logit_softcapping == 30.0
+    ids = tokens(40, seed=11)
+    expected = reference(ids[None]).logits[0]
+    torch.testing.assert_close(logits(ours, ids), expected, atol=ATOL, rtol=0)
+    cache = new_cache(ours)  # step by step past the window of 8
+    steps = [ours(ids[:6], cache, all_logits=True)] + [ours(ids[i : i + 1], cache) for i in range(6, 40)]
+    torch.testing.assert_close(torch.cat(steps), expected, atol=ATOL, rtol=0)
+
+
+def test_a_gguf_with_values_from_the_keys_and_a_kv_head_count_a_layer(tmp_path):
+    # The 31B's switches as llama.cpp writes them: no attn_v on the full layers, head_count_kv one a layer.
+    path = make_tiny_model(tmp_path / "hf", "gemma4", seed=9, num_key_value_heads=2, attention_k_eq_v=True,
+                           num_global_key_value_heads=1, num_kv_shared_layers=0, hidden_size_per_layer_input=0)
+    reference = load_reference(path)
+    ours = load_model(write_gguf(reference, tmp_path / "k-eq-v.gguf", arch="gemma4"), CPU, torch.float32)
+    assert ours.cfg.gemma4.kv_heads == (2, 1, 2, 2, 1) and ours.cfg.gemma4.k_eq_v == (False, True, False, False, True)
+    ids = tokens(30, seed=3)
+    torch.testing.assert_close(logits(ours, ids), reference(ids[None]).logits[0], atol=ATOL, rtol=0)
+
+
+def test_a_q8_0_gguf_equals_its_dequantized_self(reference, tmp_path):
+    gguf = write_gguf(reference, tmp_path / "gemma4-q8.gguf", arch="gemma4", quant="Q8_0")
+    blocks = load_model(gguf, CPU, torch.float32, load_quant_kernels().with_integer_products(False))
+    dense = load_model(gguf, CPU, torch.float32)  # gguf's own dequantization of every tensor
+    assert isinstance(blocks.layers[0].self_attn.q_proj, QuantLinear)
+    ids = tokens(30, seed=5)
+    torch.testing.assert_close(logits(blocks, ids), logits(dense, ids), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("fields, tensors", [
+    ({"gemma4.expert_count": 4}, {}),
+    ({}, {"blk.0.ffn_gate_inp.weight": "F32", "blk.0.ffn_gate_up_exps.weight": "F32"}),
+], ids=["expert count", "expert tensors"])
+def test_a_gguf_with_the_moe_block_is_refused_in_one_sentence(tmp_path, fields, tensors):
+    numbers = {"block_count": 1, "context_length": 64, "embedding_length": 32, "feed_forward_length": 64,
+               "attention.head_count": 2, "attention.layer_norm_rms_epsilon": 1}
+    gguf = write_header_gguf(tmp_path / "moe.gguf", "gemma4", {"token_embd.weight": "F32", **tensors},
+                             **{f"gemma4.{key}": value for key, value in numbers.items()}, **fields)
+    with pytest.raises(ModelError, match="mixture-of-experts block") as refused:
+        gguf_config(open_gguf(gguf))
+    message = str(refused.value)
+    assert message.endswith(".") and message.count(". ") == 0
