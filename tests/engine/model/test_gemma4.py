@@ -9,7 +9,6 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine import Engine, EngineOptions, SamplingParams
 from engine.cpu.decode_step import FusedCPUDecode, Unfusable
 from engine.cpu.kernels import load_quant_kernels
 from engine.cpu.linear import QuantLinear
@@ -19,7 +18,7 @@ from engine.kv.cache import ContiguousKVCache
 from engine.model.config import ModelConfig, RopeConfig
 from engine.model.gemma4 import Gemma4RMSNorm
 from engine.weights.checkpoint import load_model
-from tests.greedy_ties import assert_same_greedy
+from tests.fast_paths import check_batched, check_cached_follow_up, plain_engine
 from tests.model_stores import write_header_gguf
 from tests.tiny_gguf import write_gguf
 from tests.tiny_models import FUSED_ARCHITECTURES, VOCAB, load_reference, make_tiny_model
@@ -208,43 +207,16 @@ def test_its_norm_in_half_precision_follows_transformers_formula():
 
 @pytest.fixture(scope="module")
 def plain(gemma4_dir):
-    return Engine.load(EngineOptions(model=str(gemma4_dir), dtype="float32", prefix_caching=False,
-                                     fused_decode=False, speculative="off"))
-
-
-def greedy(engine, prompt, n=12):
-    params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
-    return list(engine.generate(prompt, params))[-1]
+    return plain_engine(gemma4_dir)
 
 
 @pytest.mark.parametrize("options", [{}, {"paged_kv": True}], ids=["working copy", "paged"])
 def test_a_cached_follow_up_gives_the_tokens_of_a_fresh_prefill(gemma4_dir, plain, options):
-    engine = Engine.load(EngineOptions(model=str(gemma4_dir), dtype="float32", kv_block_size=4, **options))
-    prompt, extra = tokens(17, seed=5).tolist(), tokens(5, seed=6).tolist()
-    first = greedy(engine, prompt)
-    follow_up = prompt + list(first.token_ids) + extra
-    ours = greedy(engine, follow_up)
-    assert ours.stats.cached_tokens >= len(prompt)
-    assert_same_greedy(plain, follow_up, ours.token_ids, greedy(plain, follow_up).token_ids, what="the prefix cache")
+    check_cached_follow_up(gemma4_dir, plain, options, tokens(17, seed=5).tolist(), tokens(5, seed=6).tolist())
 
 
 def test_requests_batched_together_give_their_solo_tokens(gemma4_dir, plain):
-    engine = Engine.load(EngineOptions(model=str(gemma4_dir), dtype="float32", max_batch=3, prefix_caching=False))
-    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
-    prompts = [tokens(n, seed=30 + n).tolist() for n in (5, 17, 40)]
-    generations = [engine.generate(prompt, params) for prompt in prompts]
-    events = [[] for _ in prompts]
-    for g in generations:
-        g.submit()
-    for steps in range(200):
-        for g, taken in zip(generations, events):
-            taken += g.take()
-        if all(g.done for g in generations):
-            break
-        engine.step()
-    assert steps < 2 * 10  # decoded side by side (one decode_step over the batch), not one after another
-    for prompt, taken in zip(prompts, events):
-        assert_same_greedy(plain, prompt, taken[-1].token_ids, greedy(plain, prompt, 10).token_ids, what="batching")
+    check_batched(gemma4_dir, plain, [tokens(n, seed=30 + n).tolist() for n in (5, 17, 40)])
 
 
 def test_an_f32_gguf_gives_transformers_logits_at_every_position_and_step_by_step(reference, tmp_path):
