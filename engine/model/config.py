@@ -7,7 +7,6 @@ not depend on how a transformers version names RoPE fields.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from engine.model import gemma4_config as gemma4
 from engine.model.gemma4_config import Gemma4Layers
 from engine.model import phi3_config as phi3
 from engine.model import ministral3_config as ministral3
+from engine.model.rope_config import RopeConfig, gemma4_rope, rope_config, rope_from
 
 # model_type -> the per-architecture switches that are not spelled out in config.json.
 SUPPORTED_ARCHITECTURES = {
@@ -36,39 +36,6 @@ SUPPORTED_ARCHITECTURES = {
 # A multimodal config whose text model kvchat runs (its text_config).
 MULTIMODAL_WRAPPERS = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "mistral3": "ministral3"}
 _TEXT_CONFIGS = {"gemma3": gemma3.text_config, "gemma4": gemma4.text_config, "mistral3": ministral3.text_config}
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
-GEMMA4_ROPE_TYPES = ("default", "proportional")
-
-
-@dataclass(frozen=True)
-class RopeConfig:
-    theta: float
-    type: str = "default"
-    factor: float = 1.0
-    # llama3 scaling only
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position_embeddings: int = 8192
-    # yarn scaling only (gpt-oss, Ministral 3): the ramp between interpolated and extrapolated
-    # frequencies, and the factor cos/sin are multiplied by (None: derived from `factor`).
-    beta_fast: float = 32.0
-    beta_slow: float = 1.0
-    truncate: bool = True
-    attention_factor: float | None = None  # also longrope's (None: derived from `factor`)
-    # Phi-3 / Phi-4-mini: the fraction of each head's dims that is rotated (the rest pass through:
-    # model/partial_rotary.py), and longrope's per-pair frequency divisors for short and long contexts,
-    # of which the engine runs one (long_context), chosen once for its context window (model/phi3_config.py).
-    partial_rotary_factor: float = 1.0
-    short_factor: tuple[float, ...] = ()
-    long_factor: tuple[float, ...] = ()
-    long_context: bool = False
-    # Gemma 4's "proportional" RoPE: the first `proportion` of each half's pairs turn at theta ** (-2i / head_dim),
-    # the others at frequency 0 (cos 1, sin 0: passed through), all in the whole head's rotate-half layout.
-    proportion: float = 1.0
-
-    def rotary_dim(self, head_dim: int) -> int:
-        """How many of a head's dims are rotated (the first ones, in Hugging Face's layout)."""
-        return int(head_dim * self.partial_rotary_factor)
 
 
 @dataclass(frozen=True)
@@ -216,7 +183,7 @@ class ModelConfig:
             hidden = int(raw["hidden_size"])
             heads = int(raw["num_attention_heads"])
             head_dim = int(raw.get("head_dim") or hidden // heads)
-            rope = RopeConfig(**phi3.rope_fields(raw, head_dim)) if model_type == "phi3" else _rope_config(raw)
+            rope = RopeConfig(**phi3.rope_fields(raw, head_dim)) if model_type == "phi3" else rope_config(raw)
             attention_bias = bool(raw.get("attention_bias", False))
             qkv_bias = arch["qkv_bias"] if arch["qkv_bias"] is not None else attention_bias
             fields = dict(
@@ -313,8 +280,8 @@ def _gemma3_fields(raw: dict[str, Any]) -> dict[str, Any]:
         "sliding_window": None,
         "layer_windows": tuple(window if kind == gemma3.SLIDING else None
                                for kind in gemma3.layer_types(raw, layers)),
-        "rope": _rope_from(ropes[gemma3.FULL], raw),
-        "local_rope": _rope_from(ropes[gemma3.SLIDING], raw),
+        "rope": rope_from(ropes[gemma3.FULL], raw),
+        "local_rope": rope_from(ropes[gemma3.SLIDING], raw),
         "attention_scale": float(raw.get("query_pre_attn_scalar", 256)) ** -0.5,
         "hidden_act": "gelu_pytorch_tanh" if activation == "gelu_pytorch_tanh" else "gelu",
         "embed_scale": True,
@@ -335,8 +302,8 @@ def _gemma4_fields(raw: dict[str, Any]) -> dict[str, Any]:
     return {
         "sliding_window": None,  # a mask per layer, as Gemma 3's
         "layer_windows": tuple(window if kind == gemma4.SLIDING else None for kind in types),
-        "rope": _gemma4_rope(ropes[gemma4.FULL]),
-        "local_rope": _gemma4_rope(ropes[gemma4.SLIDING]),
+        "rope": gemma4_rope(ropes[gemma4.FULL]),
+        "local_rope": gemma4_rope(ropes[gemma4.SLIDING]),
         "attention_scale": 1.0,
         "hidden_act": "gelu_pytorch_tanh",
         "embed_scale": True,
@@ -347,17 +314,6 @@ def _gemma4_fields(raw: dict[str, Any]) -> dict[str, Any]:
         "num_kv_heads": max(layout.kv_heads),
         "gemma4": layout,
     }
-
-
-def _gemma4_rope(params: dict[str, Any]) -> RopeConfig:
-    rope_type = params.get("rope_type") or "default"
-    if rope_type not in GEMMA4_ROPE_TYPES:
-        raise ModelError(f"Unsupported Gemma 4 RoPE {rope_type!r}: kvchat runs {', '.join(GEMMA4_ROPE_TYPES)}.")
-    proportion = float(params.get("partial_rotary_factor", 1.0))
-    if rope_type == "default" and proportion != 1.0:
-        raise ModelError("A Gemma 4 default RoPE with a partial_rotary_factor is not one kvchat runs.")
-    return RopeConfig(theta=float(params.get("rope_theta", 10000.0)), type=rope_type,
-                      factor=float(params.get("factor", 1.0)), proportion=proportion)
 
 
 def _gpt_oss_fields(raw: dict[str, Any], layers: int) -> dict[str, Any]:
@@ -400,49 +356,3 @@ def _sliding_window(raw: dict[str, Any]) -> int | None:
     if raw.get("model_type") in ("qwen2", "qwen3", "qwen3_moe", "smollm3") and not raw.get("use_sliding_window", False):
         return None
     return int(window) if window else None
-
-
-def _rope_config(raw: dict[str, Any]) -> RopeConfig:
-    # transformers 5 writes "rope_parameters"; older configs write rope_theta + rope_scaling.
-    params = dict(raw.get("rope_parameters") or {})
-    scaling = raw.get("rope_scaling") or {}
-    return _rope_from({**scaling, **params}, raw)
-
-
-def _rope_from(params: dict[str, Any], raw: dict[str, Any]) -> RopeConfig:
-    theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
-    rope_type = params.get("rope_type", params.get("type", "default")) or "default"
-    if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise ModelError(
-            f"Unsupported RoPE scaling {rope_type!r}: kvchat supports {', '.join(SUPPORTED_ROPE_TYPES)}."
-        )
-    # transformers moves a top-level partial_rotary_factor into the RoPE parameters.
-    if params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)) != 1.0:
-        raise ModelError("Partial rotary embeddings are supported by kvchat on Phi-3 models only.")
-    return RopeConfig(
-        theta=theta,
-        type=rope_type,
-        factor=float(params.get("factor", 1.0)),
-        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-        original_max_position_embeddings=int(
-            params.get("original_max_position_embeddings", raw.get("max_position_embeddings", 8192))
-        ),
-        **(_yarn_fields(params) if rope_type == "yarn" else {}),
-    )
-
-
-def _yarn_fields(params: dict[str, Any]) -> dict[str, Any]:
-    factor = params.get("attention_factor")
-    if factor is None and params.get("mscale") and params.get("mscale_all_dim"):
-        # transformers' ratio of two mscales (Ministral 3 sets both to 1: cos/sin are not scaled at all);
-        # with either unset it derives the factor from `factor` alone (rope.magnitude).
-        scale = float(params.get("factor", 1.0))
-
-        def mscale(m: float) -> float:
-            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
-        factor = float(mscale(params["mscale"]) / mscale(params["mscale_all_dim"]))
-    return {"beta_fast": float(params.get("beta_fast") or 32.0), "beta_slow": float(params.get("beta_slow") or 1.0),
-            "truncate": bool(params.get("truncate", True)),
-            "attention_factor": float(factor) if factor is not None else None}

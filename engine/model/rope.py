@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from engine.model.config import RopeConfig
+from engine.model.rope_config import RopeConfig
 from engine.model.phi3_config import attention_factor as longrope_attention_factor
 
 
