@@ -27,11 +27,12 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("app", "engine", "storage")
 BENCH = ("app.bench", "engine.bench")
 BENCH_ENTRY = "app.cli.main"  # `kvchat bench` is one of its commands
-# The engine's rooms, lowest first: attention is math over tensors, kv keeps K/V and calls it, the model
-# runs on kv, the CPU's kernels and fused step run the model's layers, the GPU decode path captures the
+# The engine's rooms, lowest first: config says what a model is (read from its files, before any tensor),
+# attention is math over tensors, recurrent keeps a hybrid model's per-sequence state and its math, kv keeps
+# K/V (and that state) and calls attention, the model runs on kv, the CPU's kernels and fused step run the model's layers, the GPU decode path captures the
 # model, weights load a model (into the CPU's formats), sources find where a model comes from (the spec
 # typed, other apps' stores) and judge it by the weights' rules, and a request drives all of them.
-ENGINE_ROOMS = ("attention", "kv", "model", "cpu", "gguf", "decode", "weights", "sources", "request")
+ENGINE_ROOMS = ("config", "attention", "recurrent", "kv", "model", "cpu", "gguf", "decode", "weights", "sources", "request")
 ENGINE_HELPERS = ("engine.errors", "engine.events", "engine.paths", "engine.sampling_params")  # any room's
 # The chat's rooms, lowest first: a turn's prompt, the conversation as kept, the reply (written into what is
 # kept), and the ways on when the window is full (which start a turn on a session).

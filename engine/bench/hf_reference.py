@@ -15,7 +15,7 @@ import torch
 
 from engine.bench.perf import synchronize
 from engine.engine import Engine
-from engine.model.config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.weights.synthetic import synthetic_model_dir, synthetic_name, synthetic_weights
 
 

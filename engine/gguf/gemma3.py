@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.model.gemma3_config import DEFAULT_PATTERN, DEFAULT_THETA, FULL, SLIDING
+from engine.config.gemma3 import DEFAULT_PATTERN, DEFAULT_THETA, FULL, SLIDING
 
 # Gemma's layer tensors whose names differ from the Llama family's (gguf/reader.py _LAYER_TENSORS).
 LAYER_TENSORS = {

@@ -2,7 +2,7 @@
 
 llama.cpp's converter keeps Gemma 4's norm weights as they are (unlike Gemma 3's, no 1 + w). Its layout varies
 layer by layer, and the metadata says so in llama.cpp's terms, turned back here into a Hugging Face gemma4_text
-config (model/gemma4_config.py reads it):
+config (config/gemma4.py reads it):
 - attention.sliding_window_pattern: one bool per layer (true: sliding);
 - attention.key_length / key_length_swa: the full and the sliding layers' head sizes; head_count_kv and
   feed_forward_length may be one number per layer (the full layers' KV heads; a double-wide MLP on the
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from engine.errors import ModelError
-from engine.model.gemma3_config import FULL, SLIDING
+from engine.config.gemma3 import FULL, SLIDING
 
 # Gemma 4's layer tensors whose names differ from the Llama family's (gguf/reader.py _LAYER_TENSORS).
 LAYER_TENSORS = {

@@ -14,6 +14,7 @@ import torch
 
 from engine.attention.dense import attend
 from engine.kv.huge_pages import advise_huge_pages
+from engine.recurrent.state import LayerState, SequenceState
 
 
 class KVAttention(Protocol):
@@ -24,9 +25,22 @@ class KVAttention(Protocol):
                   mask: torch.Tensor | None, scale: float, window: int | None = None,
                   sinks: torch.Tensor | None = None) -> torch.Tensor: ...
 
+    def layer_state(self, layer: int) -> LayerState:
+        """A recurrent layer's state for these tokens (a hybrid model's; engine/recurrent/state.py), which
+        the layer reads and updates in place."""
+        ...
+
 
 class KVCache(ABC):
-    """K/V of every layer for the tokens of one sequence, in position order."""
+    """K/V of every layer for the tokens of one sequence, in position order; for a hybrid model, also its
+    recurrent layers' state after those tokens (`state`, None for an attention-only model)."""
+
+    state: SequenceState | None = None
+
+    def layer_state(self, layer: int) -> LayerState:
+        if self.state is None:
+            raise ValueError("an attention-only cache keeps no recurrent state")
+        return self.state.layer(layer)
 
     @property
     @abstractmethod
@@ -57,7 +71,9 @@ class ContiguousKVCache(KVCache):
     GROWTH_QUANTUM = 256  # tokens; capacity is kept a multiple of this
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, max_tokens: int,
-                 device: torch.device, dtype: torch.dtype):
+                 device: torch.device, dtype: torch.dtype, state: SequenceState | None = None):
+        """`state`: a hybrid model's recurrent state (zeros, at position 0); `num_layers` its attention layers."""
+        self.state = state
         self._shape = (num_layers, num_kv_heads, 0, head_dim)
         self._max_tokens = max_tokens
         self._device, self._dtype = device, dtype

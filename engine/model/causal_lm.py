@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from engine.attention.dense import window_causal_mask
-from engine.model.config import ModelConfig
-from engine.model.rope_config import RopeConfig
+from engine.config.model import ModelConfig
+from engine.config.rope import RopeConfig
 from engine.kv.cache import KVAttention, KVCache
 from engine.model.gemma3 import Gemma3DecoderLayer, OffsetRMSNorm
 from engine.model.gemma4 import Gemma4DecoderLayer, Gemma4RMSNorm, LayerInputs, PerLayerInputs

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.kv.cache import KVAttention
-from engine.model.config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.model.layers import Attention
 from engine.model.mlp import GatedMLP
 

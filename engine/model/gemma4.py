@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.kv.cache import KVAttention
-from engine.model.config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.model.mlp import ACTIVATIONS, GatedMLP
 from engine.model.rope import apply_rotary
 

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.model.config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.kv.cache import KVAttention
 from engine.model.mlp import GatedMLP
 from engine.model.moe import SparseMoE

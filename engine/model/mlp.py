@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.model.config import ModelConfig
+from engine.config.model import ModelConfig
 
 ACTIVATIONS = {
     "silu": F.silu,

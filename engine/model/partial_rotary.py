@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.model.config import ModelConfig
+from engine.config.model import ModelConfig
 
 
 def head_order(head_dim: int, rotary_dim: int) -> torch.Tensor:

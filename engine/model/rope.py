@@ -14,8 +14,8 @@ import math
 
 import torch
 
-from engine.model.rope_config import RopeConfig
-from engine.model.phi3_config import attention_factor as longrope_attention_factor
+from engine.config.rope import RopeConfig
+from engine.config.phi3 import attention_factor as longrope_attention_factor
 
 
 def inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:

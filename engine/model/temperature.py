@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.model.config import AttentionTemperature
+from engine.config.model import AttentionTemperature
 
 
 def temperature_table(temperature: AttentionTemperature, positions: int, device: torch.device,

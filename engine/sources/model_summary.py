@@ -6,7 +6,7 @@ arrays such as the vocabulary stepped over): the tensors' data is never read, ma
 a 20 GB file costs what its first megabytes cost. A model directory is judged by its config.json.
 
 What runs is the engine's own word, never a second list kept here: the GGUF architectures gguf/reader.py
-converts, the model types model/config.py builds, the quant types the CPU's kernels read (cpu/formats.py)
+converts, the model types config/model.py builds, the quant types the CPU's kernels read (cpu/formats.py)
 plus F32 (dequantized exactly), and the refusals gguf_config and ModelConfig raise, called on the header's
 fields. Those modules import torch, so they are imported when the first summary is asked for.
 """
@@ -156,7 +156,7 @@ def _engine_tables():
     """(GGUF architecture -> model type, model types built, GGUF types the loader runs, gguf_config,
     ModelConfig.from_dict): imported once, on first use (they import torch)."""
     from engine.cpu.formats import FORMATS
-    from engine.model.config import SUPPORTED_ARCHITECTURES, ModelConfig
+    from engine.config.model import SUPPORTED_ARCHITECTURES, ModelConfig
     from engine.gguf.reader import MODEL_TYPES, gguf_config
 
     return (MODEL_TYPES, set(SUPPORTED_ARCHITECTURES), {fmt.upper() for fmt in FORMATS} | {"F32"}, gguf_config,
@@ -193,7 +193,7 @@ def _directory(path: Path) -> ModelSummary:
         return ModelSummary(size, None, None, "no readable config.json")
     if not isinstance(raw, dict):
         return ModelSummary(size, None, None, "no readable config.json")
-    from engine.model.config import MULTIMODAL_WRAPPERS, SUPPORTED_ARCHITECTURES, ModelConfig
+    from engine.config.model import MULTIMODAL_WRAPPERS, SUPPORTED_ARCHITECTURES, ModelConfig
     from engine.weights.checkpoint import checkpoint_files
 
     model_type = raw.get("model_type")

@@ -31,7 +31,7 @@ from engine.cpu.formats import BLOCK, FORMATS
 from engine.cpu.kernels import QuantKernels
 from engine.cpu.linear import QuantLinear
 from engine.cpu.mixed_linear import MixedQuantLinear
-from engine.model.config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.model.partial_rotary import PartialRotaryRows
 from engine.errors import ModelError
 from engine.gguf.reader import GGUFWeights, gguf_config, log_dense_matrices, open_gguf

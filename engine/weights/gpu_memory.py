@@ -23,7 +23,7 @@ from engine.errors import ModelError
 from engine.kv.budget import GIB, kv_pool_bytes
 from engine.kv.pool import KVPool
 from engine.model.causal_lm import LAYERS
-from engine.model.config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.gguf.reader import gguf_config, open_gguf
 
 # GPU memory the model needs beyond its weights, K/V pool and RoPE tables (those are counted exactly):

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from engine.errors import ModelError
-from engine.model.config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.weights.default_model import default_gguf
 from engine.gguf.header import gguf_context_length
 

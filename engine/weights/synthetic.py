@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from engine.model.config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.errors import ModelError
 from engine.paths import cache_dir
 from engine.weights.synthetic_weights import SyntheticWeights

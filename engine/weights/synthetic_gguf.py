@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.errors import ModelError
-from engine.model.config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.weights.synthetic_weights import STD, tensor_seed, tensor_shapes
 
 QUANTS = ("q4_k_m", "q4_k", "q6_k", "q8_0", "q4_0", "mxfp4")

@@ -20,7 +20,7 @@ import hashlib
 
 import torch
 
-from engine.model.config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.errors import ModelError
 
 STD = 0.02

@@ -3,8 +3,8 @@ import json
 import pytest
 import torch
 
-from engine.model.config import ModelConfig
-from engine.model.rope_config import RopeConfig
+from engine.config.model import ModelConfig
+from engine.config.rope import RopeConfig
 from engine.errors import ModelError
 from engine.model.rope import inverse_frequencies, magnitude
 

@@ -8,7 +8,7 @@ from safetensors.torch import load_file, save_file
 
 from engine.errors import ModelError
 from engine.kv.cache import ContiguousKVCache
-from engine.model.config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.weights.checkpoint import load_model
 from tests.tiny_models import VOCAB, load_reference, make_tiny_model
 

@@ -15,8 +15,8 @@ from engine.cpu.linear import QuantLinear
 from engine.errors import ModelError
 from engine.gguf.reader import gguf_config, open_gguf
 from engine.kv.cache import ContiguousKVCache
-from engine.model.config import ModelConfig
-from engine.model.rope_config import RopeConfig
+from engine.config.model import ModelConfig
+from engine.config.rope import RopeConfig
 from engine.model.gemma4 import Gemma4RMSNorm
 from engine.weights.checkpoint import load_model
 from tests.fast_paths import check_batched, check_cached_follow_up, plain_engine

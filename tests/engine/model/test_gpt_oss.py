@@ -12,7 +12,7 @@ from engine.cpu.decode_step import FusedCPUDecode
 from engine.cpu.kernels import load_quant_kernels
 from engine.cpu.linear import QuantLinear
 from engine.errors import ModelError
-from engine.model.config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.model.mlp import ClampedSwiGLU
 from engine.weights.checkpoint import load_model
 from tests.fast_paths import check_batched, check_cached_follow_up, check_speculation, plain_engine

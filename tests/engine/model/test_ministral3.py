@@ -11,7 +11,7 @@ import torch
 from engine.cpu.decode_step import FusedCPUDecode
 from engine.cpu.kernels import load_quant_kernels
 from engine.errors import ModelError
-from engine.model.config import AttentionTemperature, ModelConfig
+from engine.config.model import AttentionTemperature, ModelConfig
 from engine.model.rope import inverse_frequencies, magnitude
 from engine.model.temperature import temperature_table
 from engine.sources.model_summary import summarize

@@ -11,7 +11,7 @@ from engine import Engine, EngineOptions
 from engine.cpu.kernels import load_quant_kernels
 from engine.cpu.linear import QuantLinear
 from engine.errors import ModelError
-from engine.model.config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.model.moe import SparseMoE
 from engine.weights.checkpoint import load_model
 from engine.gguf.reader import open_gguf

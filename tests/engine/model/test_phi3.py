@@ -9,7 +9,7 @@ import torch
 
 from engine.cpu.kernels import load_quant_kernels
 from engine.errors import ModelError
-from engine.model.config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.model.partial_rotary import PartialRotaryRows, head_order
 from engine.model.rope import inverse_frequencies, magnitude
 from engine.sources.model_summary import summarize

@@ -6,7 +6,7 @@ import torch
 
 from engine.cpu.kernels import load_quant_kernels
 from engine.errors import ModelError
-from engine.model.config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.weights.checkpoint import load_model
 from tests.model_runs import ATOL, CPU, logits, tokens
 from tests.tiny_gguf import write_gguf

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from engine import Engine, EngineOptions, ModelError, SamplingParams
-from engine.model.config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.kv.cache import ContiguousKVCache
 from engine.sources.model_source import resolve_model
 from engine.bench.hf_reference import reference_model

@@ -108,7 +108,7 @@ def test_an_unknown_quantization_or_a_shape_a_gguf_cannot_hold_is_one_sentence()
 
 @pytest.mark.parametrize("name, embedding", [("qwen2.5-1.5b", "Q6_K"), ("qwen2.5-7b", "Q4_K")])
 def test_the_real_shapes_take_the_q4_k_m_mix_in_whole_super_blocks(name, embedding):
-    from engine.model.config import ModelConfig
+    from engine.config.model import ModelConfig
     from engine.weights.synthetic_weights import tensor_shapes
 
     config = synthetic_config(name)
@@ -145,7 +145,7 @@ def test_a_mixture_is_written_as_llama_cpp_stacks_its_experts_and_loads_without_
 
 
 def test_the_30b_a3b_shape_and_its_dense_twin_read_the_same_bytes_a_token():
-    from engine.model.config import ModelConfig
+    from engine.config.model import ModelConfig
 
     moe, dense = (ModelConfig.from_dict(synthetic_config(name)) for name in ("qwen3-30b-a3b", "qwen3-30b-a3b-dense"))
     assert moe.moe.per_token * moe.moe.intermediate_size == dense.intermediate_size == 6144
@@ -175,7 +175,7 @@ def test_gpt_oss_is_written_as_openai_ships_it_and_runs_its_experts_in_mxfp4():
 
 
 def test_the_gpt_oss_20b_file_is_the_size_of_openais():
-    from engine.model.config import ModelConfig
+    from engine.config.model import ModelConfig
 
     cfg = ModelConfig.from_dict(synthetic_config("gpt-oss-20b"))
     shapes = synthetic_gguf.gguf_shapes(cfg, "gpt-oss")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import ModelError
-from engine.model.gemma3_config import FULL, SLIDING
+from engine.config.gemma3 import FULL, SLIDING
 
 DEFAULT_PATTERN = 6
 DEFAULT_ROPE = {SLIDING: {"rope_type": "default", "rope_theta": 10_000.0},

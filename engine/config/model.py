@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ModelError
-from engine.model import gemma3_config as gemma3
-from engine.model import gemma4_config as gemma4
-from engine.model.gemma4_config import Gemma4Layers
-from engine.model import phi3_config as phi3
-from engine.model import ministral3_config as ministral3
-from engine.model.rope_config import RopeConfig, gemma4_rope, rope_config, rope_from
+from engine.config import gemma3
+from engine.config import gemma4
+from engine.config.gemma4 import Gemma4Layers
+from engine.config.hybrid import HybridLayers
+from engine.config import phi3
+from engine.config import ministral3
+from engine.config.rope import RopeConfig, gemma4_rope, rope_config, rope_from
 
 # model_type -> the per-architecture switches that are not spelled out in config.json.
 SUPPORTED_ARCHITECTURES = {
@@ -124,6 +125,13 @@ class ModelConfig:
     # Gemma 4: what varies layer by layer (head size, KV heads, shared K/V, MLP width, per-layer inputs). There,
     # head_dim and num_kv_heads are the largest of its layers': the shape of the KV cache (model/gemma4.py).
     gemma4: Gemma4Layers | None = None
+    # A hybrid model (Qwen3.5, LFM2): each layer's token mixer, attention or recurrent (config/hybrid.py).
+    hybrid: HybridLayers | None = None
+
+    @property
+    def kv_layers(self) -> int:
+        """Layers whose K/V the cache keeps: every layer, or a hybrid model's attention layers."""
+        return self.hybrid.kv_layers if self.hybrid is not None else self.num_layers
 
     @property
     def family(self) -> str:
@@ -223,7 +231,7 @@ class ModelConfig:
             if model_type == "phi3":
                 fields.update(phi3.config_fields(raw))
             cfg = cls(**fields)
-            if cfg.rope.type == "longrope":  # one factor list for the whole context window (model/phi3_config.py)
+            if cfg.rope.type == "longrope":  # one factor list for the whole context window (config/phi3.py)
                 long = phi3.uses_long_factors(cfg.context_window, cfg.rope.original_max_position_embeddings)
                 cfg = replace(cfg, rope=replace(cfg.rope, long_context=long))
             return cfg

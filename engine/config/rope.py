@@ -30,7 +30,7 @@ class RopeConfig:
     attention_factor: float | None = None  # also longrope's (None: derived from `factor`)
     # Phi-3 / Phi-4-mini: the fraction of each head's dims that is rotated (the rest pass through:
     # model/partial_rotary.py), and longrope's per-pair frequency divisors for short and long contexts,
-    # of which the engine runs one (long_context), chosen once for its context window (model/phi3_config.py).
+    # of which the engine runs one (long_context), chosen once for its context window (config/phi3.py).
     partial_rotary_factor: float = 1.0
     short_factor: tuple[float, ...] = ()
     long_factor: tuple[float, ...] = ()
