@@ -121,6 +121,8 @@ class ContiguousKVCache(KVCache):
 
     def commit(self, new_tokens: int) -> None:
         self._length += new_tokens
+        if self.state is not None:  # the recurrent layers have taken in the same tokens
+            self.state.position = self._length
 
     def truncate(self, length: int) -> None:
         """Keep positions 0..length and the buffers (their pages are already mapped)."""
