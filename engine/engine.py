@@ -30,7 +30,7 @@ from engine.cpu.kernels import QuantKernels, load_quant_kernels
 from engine.cpu.linear import QuantLinear
 from engine.decode.path import decode_path
 from engine.errors import ContextWindowError, EngineError, ModelError
-from engine.kv.budget import check_ram, host_tier_bytes, kv_pool_bytes
+from engine.kv.budget import check_ram, checkpoint_budget, host_tier_bytes, kv_pool_bytes
 from engine.kv.pool import KVPool
 from engine.kv.prefix_cache import KVCacheFullError, PrefixCache
 from engine.kv.exported import ExportedKV
@@ -218,8 +218,9 @@ class Engine:
         self.options = options
         self.runner = ModelRunner(model, prefix_cache, options.paged_kv, options.cuda_graphs, options.compile,
                                   options.fused_decode)
-        self._loop = StepLoop(self.runner, tokenizer, options.prefill_chunk, _draft_tokens(options),
-                              _max_batch(options))
+        # A hybrid model's state cannot take back a rejected draft yet: it decodes without drafts.
+        drafts = _draft_tokens(options) if model.cfg.hybrid is None else 0
+        self._loop = StepLoop(self.runner, tokenizer, options.prefill_chunk, drafts, _max_batch(options))
         self._fingerprint = fingerprint
         self._fingerprint_lock = threading.Lock()
 
@@ -377,7 +378,7 @@ class Engine:
 
     def speculating(self, draft_tokens: int):
         """A context manager: requests started meanwhile draft up to `draft_tokens` per step (0: off)."""
-        return self._loop.speculating(draft_tokens)
+        return self._loop.speculating(draft_tokens if self.model.cfg.hybrid is None else 0)  # see __init__
 
     def generate(self, prompt_ids: list[int], params: SamplingParams = SamplingParams(),
                  use_prefix_cache: bool = True) -> Generation:
@@ -400,8 +401,8 @@ def new_prefix_cache(options: EngineOptions, model: CausalLM) -> PrefixCache:
     """An empty prefix cache for `model`, sized by the options (kv/budget.py when unset)."""
     device, dtype = model.device, model.dtype
     cfg, size = model.cfg, options.kv_block_size
-    block_bytes = KVPool.block_bytes(size, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype)
-    shape = (size, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
+    block_bytes = KVPool.block_bytes(size, cfg.kv_layers, cfg.num_kv_heads, cfg.head_dim, dtype)
+    shape = (size, cfg.kv_layers, cfg.num_kv_heads, cfg.head_dim)
     pool_blocks = kv_pool_bytes(options.kv_cache_gb, device) // block_bytes
     if pool_blocks < 1:
         raise EngineError(f"--kv-cache-gb is too small to hold one KV block ({block_bytes:,} bytes).")
@@ -418,4 +419,5 @@ def new_prefix_cache(options: EngineOptions, model: CausalLM) -> PrefixCache:
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise EngineError(f"The KV cache of {pool_blocks * block_bytes / 2**30:.1f} GiB cannot be allocated "
                           f"({reason}); lower --kv-cache-gb.") from None
-    return PrefixCache(pool, host)
+    return PrefixCache(pool, host, checkpoint_budget(cfg.hybrid, pool.data.nbytes, dtype))
+

@@ -117,6 +117,8 @@ class FusedCPUDecode:
     def __init__(self, model: CausalLM, kernels: QuantKernels):
         """Raises Unfusable (one phrase) for a model the C step does not cover."""
         cfg = model.cfg
+        if cfg.hybrid is not None:
+            raise Unfusable("a hybrid model's recurrent layers are not in the C step")
         if cfg.gemma4 is not None:  # its layers vary in shape and take inputs beside the residual stream
             raise Unfusable("Gemma 4's per-layer head sizes, inputs and shared K/V are not in the C step")
         if type(model) is not CausalLM or any(type(layer) not in (DecoderLayer, Gemma3DecoderLayer)

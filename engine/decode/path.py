@@ -33,15 +33,22 @@ class DecodePath:
 
 
 def decode_path(paged_kv: bool | None, cuda_graphs: bool | None, compile: bool | None,
-                device: torch.device, prefix_cache: bool, routed: bool = False) -> DecodePath:
+                device: torch.device, prefix_cache: bool, routed: bool = False, hybrid: bool = False) -> DecodePath:
     """The path for these switches (None: the default); a one-sentence EngineError when impossible.
     `routed`: the model is a mixture of experts, whose step picks experts by value (model/moe.py), which a
-    CUDA graph cannot capture: its default is the paged step without graphs."""
+    CUDA graph cannot capture: its default is the paged step without graphs. `hybrid`: the model has
+    recurrent layers (Qwen3.5, LFM2), whose state lives beside a contiguous working copy of the K/V: the eager
+    path only (the paged step keeps no state yet)."""
     on_cuda = device.type == "cuda"
     if cuda_graphs and not on_cuda:
         raise EngineError("--cuda-graphs needs a CUDA device; this engine runs on the CPU.")
     if cuda_graphs and routed:
         raise EngineError("--cuda-graphs cannot capture a mixture of experts' routing; drop --cuda-graphs.")
+    if hybrid and (paged_kv or cuda_graphs or compile):
+        raise EngineError("A hybrid model's recurrent layers run on the eager path only; drop --paged-kv, "
+                          "--cuda-graphs and --compile.")
+    if hybrid:
+        return DecodePath(paged=False, cuda_graphs=False, compile=False)
     if paged_kv is False and (cuda_graphs or compile):
         raise EngineError("--cuda-graphs and --compile run the paged decode step; drop --no-paged-kv.")
     if not prefix_cache:

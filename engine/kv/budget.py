@@ -6,7 +6,9 @@ import os
 
 import torch
 
+from engine.config.hybrid import HybridLayers
 from engine.errors import EngineError, ModelError
+from engine.recurrent.state import SequenceState
 
 GIB = 2**30
 CPU_POOL_MAX = 2 * GIB  # ~45k tokens of SmolLM2-135M in fp32: several full 8k-token conversations
@@ -68,3 +70,16 @@ def check_ram(model_bytes: int, pool_bytes: int, model_name: str) -> None:
     raise ModelError(f"{model_name} needs {model_bytes / GIB:.1f} GiB for its weights and {pool_bytes / GIB:.1f} GiB "
                      f"for the K/V cache, but only {available / GIB:.1f} GiB of RAM is available; close other "
                      "programs, pick a smaller model or lower --kv-cache-gb.")
+
+
+CHECKPOINTS_AT_LEAST = 16  # state checkpoints a hybrid model's cache always has room for (two a chat turn)
+
+
+def checkpoint_budget(hybrid: HybridLayers | None, pool_bytes: int, dtype: torch.dtype) -> int | None:
+    """Bytes of state checkpoints a hybrid model's prefix cache keeps (kv/checkpoints.py); None for an
+    attention-only model. Half the K/V pool's bytes, and never fewer than CHECKPOINTS_AT_LEAST checkpoints:
+    a checkpoint of Qwen3.5-0.8B is ~19 MB (its DeltaNet layers' fp32 matrices), ~770 tokens of its K/V."""
+    if hybrid is None:
+        return None
+    one = SequenceState.zeros(hybrid, torch.device("meta"), dtype).nbytes
+    return max(pool_bytes // 2, CHECKPOINTS_AT_LEAST * one)

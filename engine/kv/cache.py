@@ -14,7 +14,7 @@ import torch
 
 from engine.attention.dense import attend
 from engine.kv.huge_pages import advise_huge_pages
-from engine.recurrent.state import LayerState, SequenceState
+from engine.recurrent.state import STALE, LayerState, SequenceState
 
 
 class KVAttention(Protocol):
@@ -40,6 +40,9 @@ class KVCache(ABC):
     def layer_state(self, layer: int) -> LayerState:
         if self.state is None:
             raise ValueError("an attention-only cache keeps no recurrent state")
+        if self.state.position != self.num_tokens:  # a bug, never a user's mistake: say where it is
+            raise RuntimeError(f"the recurrent state is at position {self.state.position}, its K/V at "
+                               f"{self.num_tokens}: load a checkpoint after cutting or filling K/V")
         return self.state.layer(layer)
 
     @property
@@ -120,13 +123,20 @@ class ContiguousKVCache(KVCache):
         return attend(q, k_all, v_all, mask, scale, window, sinks)
 
     def commit(self, new_tokens: int) -> None:
+        if self.state is not None and self.state.position == self._length:  # the recurrent layers took them in
+            self.state.position += new_tokens
         self._length += new_tokens
-        if self.state is not None:  # the recurrent layers have taken in the same tokens
-            self.state.position = self._length
 
     def truncate(self, length: int) -> None:
-        """Keep positions 0..length and the buffers (their pages are already mapped)."""
+        """Keep positions 0..length and the buffers (their pages are already mapped). A recurrent state
+        cannot go back: cut anywhere but its position (or 0, where it is zeros) it is stale until a checkpoint
+        is loaded (`layer_state` refuses a stale state)."""
         self._length = min(self._length, length)
+        if self.state is not None and self.state.position != self._length:
+            if self._length == 0:
+                self.state.reset()
+            else:
+                self.state.position = STALE
 
     def storage(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole K and V buffers [layers, kv_heads, capacity, head_dim] (for the fused CPU decode step,
@@ -142,4 +152,6 @@ class ContiguousKVCache(KVCache):
         start = self._length
         self.reserve(end - start)
         load(start, end, self._k, self._v)
+        if self.state is not None and end > start:  # K/V from elsewhere: the recurrent layers did not see them
+            self.state.position = STALE
         self.commit(end - start)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.recurrent.state import SequenceState
+
 
 @dataclass(eq=False)
 class Node:
@@ -15,3 +17,6 @@ class Node:
     refs: int = 0
     last_used: int = 0
     from_disk: bool = False  # loaded from disk (PrefixCache.import_blocks) and not used by a request yet
+    # A hybrid model's state checkpoints (kv/checkpoints.py): offset in this block (1..len(tokens)) -> the
+    # recurrent state after the token at that offset.
+    checkpoints: dict[int, SequenceState] = field(default_factory=dict)

@@ -4,12 +4,18 @@ The request starts from a prefix cache match (its shared blocks referenced, a co
 owned) and allocates blocks as it grows. Blocks it owns are its own until they join the tree: a full
 block when `finalize` completes it, the last partial one at `close` (kv/sequence.py's rules). With
 `publish=False` nothing joins the tree and every block it owns goes back to the pool.
+
+A hybrid model's request also takes state checkpoints where kv/checkpoints.py says (the runner stops its
+prefill there and calls `take_checkpoint`; `close` takes the last), and files each on the node of the
+tree that holds its position once that node is there.
 """
 
 from __future__ import annotations
 
+from engine.kv.checkpoints import wanted_positions
 from engine.kv.prefix_cache import Match, Node, PrefixCache
 from engine.kv.sequence import SequenceKV
+from engine.recurrent.state import SequenceState
 
 
 class PooledKV(SequenceKV):
@@ -21,6 +27,9 @@ class PooledKV(SequenceKV):
         self.chain: list[Node] = list(match.shared)  # referenced nodes of this sequence's full final blocks
         self.publish = publish
         self._length = match.cached_tokens
+        hybrid = publish and cache.checkpoints is not None
+        self._wanted = wanted_positions(len(prompt_ids)) if hybrid else set()
+        self._pending: dict[int, SequenceState] = {}  # position -> checkpoint not filed yet
 
     @property
     def num_tokens(self) -> int:
@@ -47,6 +56,24 @@ class PooledKV(SequenceKV):
             node = self.cache.adopt(self.chain[-1] if self.chain else root, piece, self.blocks[index], self.owned)
             self.blocks[index] = node.block
             self.chain.append(node)
+        self._file_pending()
+
+    def checkpoints_between(self, start: int, end: int) -> list[int]:
+        return sorted(p for p in self._wanted if start < p <= end)
+
+    def take_checkpoint(self) -> None:
+        self._pending[self.num_tokens] = self.state.copy()
+        self._file_pending()
+
+    def _file_pending(self, tail: Node | None = None) -> None:
+        """File each pending checkpoint whose position is final and whose node is in the tree: one of the
+        chain's full blocks, or `tail` (the node holding the last, partial block, at close)."""
+        size = self.cache.block_size
+        for position in sorted(self._pending):
+            index = (position - 1) // size
+            node = self.chain[index] if index < len(self.chain) else tail if index == len(self.chain) else None
+            if node is not None and position <= self.num_final:
+                self.cache.file_checkpoint(node, position - index * size, self._pending.pop(position))
 
     def _truncate(self, num_tokens: int) -> None:
         keep = -(-num_tokens // self.cache.block_size)
@@ -62,4 +89,12 @@ class PooledKV(SequenceKV):
             return
         start = len(self.chain) * self.cache.block_size
         tail = tuple(self.final_tokens[start:])
-        self.cache.finish(self.chain, tail, self.blocks[len(self.chain)] if tail else None, self.owned)
+        hybrid = self.cache.checkpoints is not None
+        if hybrid and self.num_final and self.state.position == self.num_final:  # where the next turn starts
+            self._pending.setdefault(self.num_final, self.state.copy())
+        chain = list(self.chain)  # finish drops their references, not the nodes
+        holder = self.cache.finish(self.chain, tail, self.blocks[len(self.chain)] if tail else None, self.owned)
+        if hybrid:
+            self.chain = chain
+            self._file_pending(holder)
+        self._pending.clear()

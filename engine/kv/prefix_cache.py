@@ -30,6 +30,8 @@ Rules:
   reports `disk`; `export` copies blocks out.
 - `forget` drops the blocks a prefix would reuse and everything below them
   (after a request computed NaN from them), except referenced nodes.
+- A hybrid model's cache (`checkpoint_budget` given) also keeps state checkpoints on its nodes, and a
+  match ends at one: kv/checkpoints.py has their rules.
 
 One file, longer than the house's ~400 lines, on purpose: every operation here moves nodes and
 blocks under the same rules (check_invariants). `load` and `export` were a mixin in a file of their
@@ -46,9 +48,11 @@ from dataclasses import dataclass
 import torch
 
 from engine.errors import EngineError
+from engine.kv.checkpoints import CheckpointBook, cut_to_checkpoint
 from engine.kv.node import Node
 from engine.kv.pool import KVPool, PoolExhausted
 from engine.kv.tier_copy import TierCopy
+from engine.recurrent.state import SequenceState
 
 
 class KVCacheFullError(EngineError):
@@ -64,6 +68,8 @@ class Match:
     shared: list[Node]  # the matched full blocks' nodes, referenced until finish()/release()
     cached_tokens: int
     source: str  # device | host | disk | none
+    state: SequenceState | None = None  # a hybrid model's checkpoint at cached_tokens (read only), else None
+    recomputed: int = 0  # cached tokens past the last checkpoint, which a hybrid model computes again
 
 
 def common_prefix_length(a: "list[int] | tuple[int, ...]", b: "list[int] | tuple[int, ...]") -> int:
@@ -76,8 +82,10 @@ def common_prefix_length(a: "list[int] | tuple[int, ...]", b: "list[int] | tuple
 
 
 class PrefixCache:
-    def __init__(self, pool: KVPool, host: KVPool | None = None):
+    def __init__(self, pool: KVPool, host: KVPool | None = None, checkpoint_budget: int | None = None):
+        """`checkpoint_budget`: bytes of state checkpoints to keep, for a hybrid model (None: attention only)."""
         self.pool = pool
+        self.checkpoints = CheckpointBook(checkpoint_budget) if checkpoint_budget is not None else None
         self.host = host
         self.tier_copy = TierCopy(pool.data.device)
         self.reserved: set[int] = set()  # device blocks taken for good by `reserve_block`
@@ -94,6 +102,11 @@ class PrefixCache:
         """The longest cached prefix of tokens[:-1], loaded on the device, referenced."""
         self.clock += 1
         chain, lender, lent = self._walk(tokens, len(tokens) - 1)
+        state, recomputed = None, 0
+        if self.checkpoints is not None:
+            walked = len(chain) * self.block_size + lent
+            chain, lender, lent, state = cut_to_checkpoint(chain, lender, lent, self.block_size)
+            recomputed = walked - len(chain) * self.block_size - lent
         used = chain + ([lender] if lender is not None else [])
         source = ("disk" if any(n.from_disk for n in used) else "host" if any(n.block is None for n in used)
                   else "device" if used else "none")
@@ -122,7 +135,7 @@ class PrefixCache:
         if not self._unseen:
             self.prompt_tokens += len(tokens)
             self.hit_tokens += cached
-        return Match(blocks, owned, chain, cached, source if cached else "none")
+        return Match(blocks, owned, chain, cached, source if cached else "none", state, recomputed)
 
     @contextlib.contextmanager
     def unseen(self) -> Iterator[None]:
@@ -154,7 +167,9 @@ class PrefixCache:
 
     def cached_length(self, tokens: list[int]) -> int:
         """How many leading tokens the cache holds (any tier), without touching anything."""
-        chain, _, lent = self._walk(tokens, len(tokens))
+        chain, lender, lent = self._walk(tokens, len(tokens))
+        if self.checkpoints is not None:
+            chain, _, lent, _ = cut_to_checkpoint(chain, lender, lent, self.block_size)
         return len(chain) * self.block_size + lent
 
     def adopt(self, parent: Node, piece: tuple[int, ...], block: int, owned: set[int]) -> Node:
@@ -182,22 +197,32 @@ class PrefixCache:
         node.last_used = self.clock
         return node
 
-    def finish(self, chain: list[Node], tail: tuple[int, ...], tail_block: int | None, owned: set[int]) -> None:
+    def finish(self, chain: list[Node], tail: tuple[int, ...], tail_block: int | None, owned: set[int]) -> Node | None:
         """End a request whose full blocks are `chain`: file its last, partial block, drop its references,
-        and return every block it still owns."""
+        and return every block it still owns. Returns the node that now holds the tail's tokens (filed, or
+        one that already lent them), for the request's last checkpoints; None without a tail."""
         parent = chain[-1] if chain else self.root
+        holder = None
         if tail and tail_block in owned:
             self.clock += 1
             covered = [c for c in parent.children.values() if c.tokens[: len(tail)] == tail]
             if covered:  # the same or a longer block already lends these tokens
                 for c in covered:
                     c.last_used = self.clock
+                holder = max(covered, key=lambda c: len(c.tokens))  # the one a superseding walk keeps
             else:
-                node = Node(tail, parent, block=tail_block, last_used=self.clock)
-                parent.children[tail] = node
+                holder = Node(tail, parent, block=tail_block, last_used=self.clock)
+                parent.children[tail] = holder
                 owned.discard(tail_block)
-                self._drop_superseded(parent, node)
+                self._drop_superseded(parent, holder)
         self.release(owned, chain)
+        return holder
+
+    def file_checkpoint(self, node: Node, offset: int, state: SequenceState) -> None:
+        """Keep a hybrid model's state after the token at `offset` of `node` (kv/checkpoints.py)."""
+        if node.parent is None or node.parent.children.get(node.tokens) is not node:
+            return  # the node left the tree meanwhile (evicted, forgotten): nothing to file on
+        self.checkpoints.file(node, offset, state, self.nodes())
 
     def release(self, owned: set[int], shared: list[Node]) -> None:
         """Give up a request without caching anything it computed."""
@@ -210,6 +235,8 @@ class PrefixCache:
         for sibling in list(parent.children.values()):
             if (sibling is not new and len(sibling.tokens) < len(new.tokens) and not sibling.children
                     and sibling.refs == 0 and new.tokens[: len(sibling.tokens)] == sibling.tokens):
+                if self.checkpoints is not None:
+                    self.checkpoints.hand_over(sibling, new)
                 self._remove(sibling)
 
     def forget(self, tokens: list[int]) -> int:
@@ -368,6 +395,8 @@ class PrefixCache:
             self.pool.release([node.block])
         if node.host_block is not None:
             self.host.release([node.host_block])
+        if self.checkpoints is not None:
+            self.checkpoints.drop(node)
         del node.parent.children[node.tokens]
 
     # ---- inspection -----------------------------------------------------------
@@ -393,6 +422,13 @@ class PrefixCache:
             "hit_rate": round(self.hit_tokens / self.prompt_tokens, 4) if self.prompt_tokens else 0.0,
         }
 
+    def _start(self, node: Node) -> int:
+        """The position of `node`'s first token."""
+        depth = 0
+        while node.parent is not self.root:
+            node, depth = node.parent, depth + 1
+        return depth * self.block_size
+
     def check_invariants(self, owned_by_requests: set[int] = frozenset()) -> None:
         """Raise AssertionError if any rule in the module docstring is broken (for tests)."""
         size = self.block_size
@@ -404,6 +440,10 @@ class PrefixCache:
             assert 1 <= len(node.tokens) <= size, "node token count out of range"
             assert not node.children or len(node.tokens) == size, "a partial block has children"
             assert (node.block is None) != (node.host_block is None), "a node must be in exactly one tier"
+            for offset, state in node.checkpoints.items():
+                assert self.checkpoints is not None, "a checkpoint in an attention-only model's cache"
+                assert 1 <= offset <= len(node.tokens), "a checkpoint past its block's tokens"
+                assert state.position == self._start(node) + offset, "a checkpoint filed at another position"
             if node.block is not None:
                 assert node.parent is self.root or node.parent.block is not None, "device nodes must form a prefix"
                 device_places.append(node.block)
@@ -412,3 +452,6 @@ class PrefixCache:
         assert sorted(device_places) == list(range(self.pool.num_blocks)), "a device block is lost or doubled"
         if self.host is not None:
             assert sorted(host_places) == list(range(self.host.num_blocks)), "a host block is lost or doubled"
+        if self.checkpoints is not None:
+            kept = sum(s.nbytes for n in self.nodes() for s in n.checkpoints.values())
+            assert kept == self.checkpoints.nbytes, "the checkpoints' bytes are miscounted"

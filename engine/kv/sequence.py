@@ -26,6 +26,7 @@ from __future__ import annotations
 from abc import abstractmethod
 
 from engine.kv.cache import ContiguousKVCache, KVCache
+from engine.recurrent.state import LayerState, SequenceState
 
 
 class SequenceKV(KVCache):
@@ -51,6 +52,22 @@ class SequenceKV(KVCache):
     def contiguous(self) -> ContiguousKVCache | None:
         """The one buffer attention reads, when the strategy keeps one (None: blocks read in place)."""
         return None
+
+    @property
+    def state(self) -> SequenceState | None:
+        """A hybrid model's recurrent state after these tokens (kept with the contiguous buffer)."""
+        return self.contiguous.state if self.contiguous is not None else None
+
+    def layer_state(self, layer: int) -> LayerState:
+        return self.contiguous.layer_state(layer)
+
+    def checkpoints_between(self, start: int, end: int) -> list[int]:
+        """Positions in (start, end] after which this request copies its recurrent state (a hybrid model's
+        prompt: kv/checkpoints.py), so a forward over them stops there; none by default."""
+        return []
+
+    def take_checkpoint(self) -> None:
+        """Copy the recurrent state at num_tokens, one of checkpoints_between's positions."""
 
     def truncate(self, num_tokens: int) -> None:
         """Drop the computed positions from `num_tokens` on; they must not be final."""

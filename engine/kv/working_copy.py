@@ -25,6 +25,12 @@ class WorkingCopyKV(PooledKV):
         super().__init__(cache, match, prompt_ids, publish)
         self.working, self._spare = working, spare
         working.fill(match.cached_tokens, lambda start, end, k, v: cache.pool.read_into(self.blocks, start, end, k, v))
+        state = working.state
+        if state is not None and state.position != match.cached_tokens:  # not the spare's own state: load it
+            if match.state is not None:
+                state.load(match.state)
+            else:  # a hybrid match without a checkpoint is empty
+                state.reset()
 
     @classmethod
     def open(cls, cache: PrefixCache, spare: SpareBuffer, prompt_ids: list[int],

@@ -21,6 +21,8 @@ import torch
 
 from engine.config.hybrid import HybridLayers
 
+STALE = -1  # the position of a state whose tensors no longer match any position (a cut or filled cache)
+
 
 @dataclass
 class LayerState:

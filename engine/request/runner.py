@@ -29,6 +29,7 @@ from engine.kv.sequence import SequenceKV
 from engine.kv.spare_buffer import SpareBuffer
 from engine.kv.working_copy import WorkingCopyKV
 from engine.model.causal_lm import CausalLM
+from engine.recurrent.state import SequenceState
 from engine.request.scheduler import Work
 
 OpenKV = Callable[[list[int], bool], tuple[SequenceKV, str]]  # (prompt ids, use the prefix cache) -> KV, source
@@ -56,7 +57,7 @@ class ModelRunner:
         self.device = model.device
         self.dtype = model.dtype
         self.decode_path = decode_path(paged_kv, cuda_graphs, compile, self.device, prefix_cache is not None,
-                                       routed=model.cfg.moe is not None)
+                                       routed=model.cfg.moe is not None, hybrid=model.cfg.hybrid is not None)
         self.graphs = (DecodeRunner(model, prefix_cache, self.decode_path.cuda_graphs, self.decode_path.compile)
                        if self.decode_path.paged else None)
         self.fused = self._fused_step(fused_decode)
@@ -103,8 +104,9 @@ class ModelRunner:
 
     def _new_buffer(self) -> ContiguousKVCache:
         cfg = self.model.cfg
-        return ContiguousKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.context_window,
-                                 self.device, self.dtype)
+        state = SequenceState.zeros(cfg.hybrid, self.device, self.dtype) if cfg.hybrid is not None else None
+        return ContiguousKVCache(cfg.kv_layers, cfg.num_kv_heads, cfg.head_dim, cfg.context_window,
+                                 self.device, self.dtype, state)
 
     @property
     def decode_rows(self) -> int:
@@ -162,6 +164,9 @@ class ModelRunner:
         """One forward over `token_ids` after `kv`'s tokens: logits [1, vocab] of the last, or [T, vocab] of
         each if `all_logits` (a speculative step's verification). A few tokens (a follow-up message, the
         end of a prompt, drafts) go through the fused C step where there is one."""
+        cuts = kv.checkpoints_between(kv.num_tokens, kv.num_tokens + len(token_ids))
+        if cuts:  # a hybrid model copies its state at these positions: stop the forward at each
+            return self._prefill_to_checkpoints(kv, token_ids, cuts, all_logits)
         threads = self.decode_threads.current  # what decode measured free: a busy core stalls prefill too
         if self.fused is not None and kv.contiguous is not None and (len(token_ids) <= MAX_ROWS or self.fused.integer):
             # Integer products: every chunk in pieces of the fused step (a token's bits must not depend on
@@ -169,6 +174,18 @@ class ModelRunner:
             return self._fused_pieces(token_ids, kv, lambda: kv.contiguous, threads, all_logits)
         with torch_threads(threads if self.device.type == "cpu" else None):
             return self.model(torch.tensor(token_ids, dtype=torch.long, device=self.device), kv, all_logits)
+
+    def _prefill_to_checkpoints(self, kv: SequenceKV, token_ids: list[int], cuts: list[int],
+                                all_logits: bool) -> torch.Tensor:
+        """`prefill` in pieces that end at the positions `cuts`, the state copied after each (kv/checkpoints.py)."""
+        start, pieces = kv.num_tokens, []
+        for end in [*cuts, start + len(token_ids)]:
+            piece = token_ids[kv.num_tokens - start : end - start]
+            if piece:
+                pieces.append(self.prefill(kv, piece, all_logits))
+            if end in cuts:
+                kv.take_checkpoint()
+        return torch.cat(pieces) if all_logits else pieces[-1]
 
     def _fused_pieces(self, token_ids: list[int], kv: KVCache, buffer: Callable[[], ContiguousKVCache], threads: int,
                       all_logits: bool) -> torch.Tensor:

@@ -78,7 +78,7 @@ def pool_bytes(cfg: ModelConfig, dtype: torch.dtype, kv_cache_gb: float | None, 
                device: torch.device) -> int:
     """The device K/V pool engine.new_prefix_cache allocates: the whole blocks `kv_cache_gb` holds; when it is
     None the pool takes what is free after the weights, so only its minimum, one block, must fit now."""
-    block = KVPool.block_bytes(block_size, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype)
+    block = KVPool.block_bytes(block_size, cfg.kv_layers, cfg.num_kv_heads, cfg.head_dim, dtype)
     if kv_cache_gb is None:
         return block
     return kv_pool_bytes(kv_cache_gb, device) // block * block
