@@ -293,7 +293,7 @@ class Engine:
                 cfg = self.model.cfg
                 self._fingerprint = model_fingerprint(
                     Path(self.info.model_dir), dtype=self.dtype, device=self.device.type, weights=self.info.weights,
-                    kv_layout=(self.options.kv_block_size, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim))
+                    kv_layout=(self.options.kv_block_size, cfg.kv_layers, cfg.num_kv_heads, cfg.head_dim))
             return self._fingerprint
 
     @functools.cached_property
