@@ -22,6 +22,9 @@ class RequestStats:
     # None: not known (a remote server that does not report its cache hits); the engine always knows.
     cached_tokens: int | None = 0  # prompt tokens whose K/V were reused
     prefilled_tokens: int | None = 0  # prompt tokens computed by prefill
+    # Of those, how many had their K/V cached but were computed again: a hybrid model's state had no
+    # checkpoint closer to the end of the reused prefix (engine/kv/checkpoints.py).
+    recomputed_tokens: int = 0
     # Of prefilled_tokens, how many are computed so far: the engine's progress while the phase is "prefill".
     prefill_done_tokens: int = 0
     generated_tokens: int = 0
@@ -60,6 +63,7 @@ class RequestStats:
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
             "prefilled_tokens": self.prefilled_tokens,
+            "recomputed_tokens": self.recomputed_tokens,
             "generated_tokens": self.generated_tokens,
             "cache_source": self.cache_source,
             "ttft_ms": round(self.ttft_ms, 2),

@@ -27,6 +27,7 @@ class PooledKV(SequenceKV):
         self.chain: list[Node] = list(match.shared)  # referenced nodes of this sequence's full final blocks
         self.publish = publish
         self._length = match.cached_tokens
+        self.recomputed = match.recomputed
         hybrid = publish and cache.checkpoints is not None
         self._wanted = wanted_positions(len(prompt_ids)) if hybrid else set()
         self._pending: dict[int, SequenceState] = {}  # position -> checkpoint not filed yet

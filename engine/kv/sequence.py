@@ -32,6 +32,7 @@ from engine.recurrent.state import LayerState, SequenceState
 class SequenceKV(KVCache):
     def __init__(self, cached_tokens: list[int]):
         self.final_tokens: list[int] = list(cached_tokens)  # ids of the final positions, in order
+        self.recomputed = 0  # cached tokens past the last state checkpoint, computed again (kv/checkpoints.py)
         self.closed = False
 
     @property

@@ -175,7 +175,8 @@ class StepLoop:
             return True
         prompt = len(request.prompt_ids)
         request.stats = RequestStats(prompt_tokens=prompt, cached_tokens=kv.num_tokens,
-                                     prefilled_tokens=prompt - kv.num_tokens, cache_source=source)
+                                     prefilled_tokens=prompt - kv.num_tokens, cache_source=source,
+                                     recomputed_tokens=kv.recomputed)
         request.sampler = Sampler(request.params, self.runner.model.cfg.vocab_size, request.prompt_ids,
                                   self.runner.device)
         request.detokenizer = IncrementalDetokenizer(self.tokenizer.decode)

@@ -19,7 +19,8 @@ from engine import RequestStats
 
 FINISH_REASONS = {"stop": "end of reply", "length": "length limit", "stopped": "stopped by you",
                   "repetition": "kept repeating itself"}
-_NUMBERS = ("prompt_tokens", "cached_tokens", "prefilled_tokens", "prefill_done_tokens", "generated_tokens",
+_NUMBERS = ("prompt_tokens", "cached_tokens", "prefilled_tokens", "recomputed_tokens", "prefill_done_tokens",
+            "generated_tokens",
             "ttft_ms", "prefill_ms", "decode_ms", "prefill_tokens_per_s", "decode_tokens_per_s", "decode_steps",
             "draft_tokens", "accepted_tokens")
 # The histogram's rows: steps of more tokens share one ("10+"), else up to 33 (a step verifies <= 32 drafts).
@@ -47,6 +48,8 @@ class ReplyNumbers:
     prompt_tokens: float | None = None
     cached_tokens: float | None = None
     prefilled_tokens: float | None = None
+    # Of prefilled_tokens, those cached but computed again: a hybrid model's nearest state checkpoint was earlier.
+    recomputed_tokens: float | None = None
     prefill_done_tokens: float | None = None  # while prefilled (live only): the computed tokens so far
     generated_tokens: float | None = None
     ttft_ms: float | None = None
@@ -126,8 +129,10 @@ class ReplyNumbers:
             return "prompt n/a"  # a server that reports no usage: not known, not 0
         if self.cached_tokens is None:
             return f"prompt {_count(self.prompt_tokens)} (cached n/a)" if self._counted_by_server() else "prompt …"
+        recomputed = (f", {_count(self.recomputed_tokens)} of them again: no state checkpoint closer"
+                      if self.recomputed_tokens else "")
         return (f"prompt {_count(self.prompt_tokens)} ({_count(self.cached_tokens)} cached{self._from()}, "
-                f"{_count(self.prefilled_tokens)} computed)")
+                f"{_count(self.prefilled_tokens)} computed{recomputed})")
 
     def prompt_forms(self) -> list[str]:
         """The prompt's counts, longest first: prompt_text, "1,024 cached from disk / 12 computed",

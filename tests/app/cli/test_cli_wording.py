@@ -75,3 +75,14 @@ def test_a_refused_api_key_reads_as_one_sentence():
     with Server(refusing) as server, pytest.raises(RemoteError) as refused:
         RemoteEngine.connect(server.url, api_key="wrong")
     assert "(HTTP 401): Wrong API key; give the right one with --api-key" in str(refused.value)  # not "key.;"
+
+
+def test_the_prompt_counts_say_how_many_cached_tokens_a_hybrid_model_computed_again_and_why():
+    stats = RequestStats(prompt_tokens=120, cached_tokens=90, prefilled_tokens=30, recomputed_tokens=12, cache_source="device",
+                         phase="done")
+    assert ReplyNumbers.from_request(stats).prompt_text() == (
+        "prompt 120 (90 cached from device, 30 computed, 12 of them again: no state checkpoint closer)")
+    plain = dataclasses.replace(stats, recomputed_tokens=0)
+    assert ReplyNumbers.from_request(plain).prompt_text() == "prompt 120 (90 cached from device, 30 computed)"
+    stored = ReplyNumbers.from_saved(stats.as_dict())  # kept with the reply, read back the same
+    assert stored.recomputed_tokens == 12
