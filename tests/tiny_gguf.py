@@ -58,6 +58,15 @@ GEMMA4_LAYER_NAMES = {
     "per_layer_input_gate.weight": "inp_gate.weight",
     "per_layer_projection.weight": "proj.weight",
     "post_per_layer_input_norm.weight": "post_norm.weight",
+    # the experts beside the MLP: the router (its input's and each expert's scale), stacked experts, three norms
+    "router.proj.weight": "ffn_gate_inp.weight",
+    "router.scale": "ffn_gate_inp.scale",
+    "router.per_expert_scale": "ffn_down_exps.scale",
+    "experts.gate_up_proj": "ffn_gate_up_exps.weight",
+    "experts.down_proj": "ffn_down_exps.weight",
+    "pre_feedforward_layernorm_2.weight": "pre_ffw_norm_2.weight",
+    "post_feedforward_layernorm_1.weight": "post_ffw_norm_1.weight",
+    "post_feedforward_layernorm_2.weight": "post_ffw_norm_2.weight",
 }
 GEMMA4_GLOBAL_NAMES = {
     "model.embed_tokens_per_layer.weight": "per_layer_token_embd.weight",
@@ -244,7 +253,7 @@ def write_gguf(hf_model, path: Path, arch: str = "llama", quant: str | dict[str,
             w = permute(w, cfg.num_attention_heads)
         elif arch in PERMUTED_QK and name.endswith("k_proj.weight"):
             w = permute(w, cfg.num_key_value_heads)
-        router = name.endswith(("mlp.gate.weight", "mlp.router.weight"))  # llama.cpp keeps routers F32
+        router = name.endswith(("mlp.gate.weight", "mlp.router.weight", "router.proj.weight"))  # kept F32 by llama.cpp
         qtype = None if router else tensor_type(gguf_name(name, arch), w, quant)
         if qtype == "F16":
             writer.add_tensor(gguf_name(name, arch), w.astype(np.float16))
@@ -264,7 +273,7 @@ def _add_gemma4(writer, hf_model) -> None:
     one bool a layer, the full and sliding layers' head sizes, KV heads a layer where the full layers have
     their own count, MLP widths a layer when the K/V-sharing layers' is double, whole-head RoPE dimension
     counts, and the full layers' proportional RoPE as a rope_freqs tensor (1 for each rotated pair, 1e30 for
-    the others)."""
+    the others); with the experts beside the MLP, their count, how many a token uses and their width."""
     cfg = hf_model.config.to_dict()  # its plain numbers (transformers will not read a per-layer one whole)
     full = cfg["layer_types"].index("full_attention")
     full_dim = int(cfg.get("global_head_dim") or hf_model.model.layers[full].self_attn.q_norm.weight.shape[0])
@@ -294,6 +303,10 @@ def _add_gemma4(writer, hf_model) -> None:
     writer.add_rope_dimension_count_swa(int(cfg["head_dim"] * sliding.get("partial_rotary_factor", 1.0)))
     rotated = int(full_dim * cfg["rope_parameters"]["full_attention"]["partial_rotary_factor"] / 2)
     writer.add_tensor("rope_freqs.weight", np.array([1.0] * rotated + [1e30] * (full_dim // 2 - rotated), dtype=np.float32))
+    if cfg.get("enable_moe_block"):  # the experts' numbers (their gate and up stay fused: ffn_gate_up_exps)
+        writer.add_expert_count(cfg["num_experts"])
+        writer.add_expert_used_count(cfg["top_k_experts"])
+        writer.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
 
 
 def _add_phi3_rope(writer, cfg) -> None:

@@ -34,6 +34,13 @@ GEMMA4 = dict(num_hidden_layers=5, num_key_value_heads=1, head_dim=16, global_he
               num_kv_shared_layers=2, use_double_wide_mlp=True, hidden_size_per_layer_input=8,
               vocab_size_per_layer_input=VOCAB, final_logit_softcapping=30.0, pad_token_id=0, initializer_range=0.05)
 
+# Gemma 4 as the 26B-A4B is shaped, small: every layer's MLP beside 6 experts of which the router picks 3, the
+# full layers' values from their keys' projection with one KV head where the sliding ones have two; no per-layer
+# inputs, no shared K/V.
+GEMMA4_MOE = dict(GEMMA4, enable_moe_block=True, num_experts=6, top_k_experts=3, moe_intermediate_size=32,
+                  num_key_value_heads=2, attention_k_eq_v=True, num_global_key_value_heads=1, num_kv_shared_layers=0,
+                  use_double_wide_mlp=False, hidden_size_per_layer_input=0)
+
 PHI3 = dict(partial_rotary_factor=0.75, original_max_position_embeddings=16, tie_word_embeddings=True, pad_token_id=0,
             rope_scaling={"rope_type": "longrope", "short_factor": [1.0, 1.05, 1.2, 1.6, 2.3, 3.1],
                           "long_factor": [1.4, 2.2, 3.9, 7.5, 12.0, 19.0]})
@@ -89,6 +96,7 @@ ARCHITECTURES = {
         rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}})),
     "gemma4": ("Gemma4TextConfig", "Gemma4ForCausalLM", GEMMA4),
+    "gemma4-moe": ("Gemma4TextConfig", "Gemma4ForCausalLM", GEMMA4_MOE),
 }
 # The Llama-family architectures, and those the fused CPU decode step runs (not a soft-capped Gemma).
 LLAMA_FAMILY = sorted(name for name, (config, _, _) in ARCHITECTURES.items() if not config.startswith("Gemma"))
@@ -141,13 +149,17 @@ def make_tiny_model(path: Path, arch: str = "llama", seed: int = 0, harmony: boo
     config = getattr(transformers, config_cls)(**{**BASE, **arch_overrides, **overrides})
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(config).eval()
-    # Random init leaves norms at 1 and biases (and gpt-oss's sinks) at 0; perturb them so the tests see them.
+    # Random init leaves norms at 1 and biases (and gpt-oss's sinks) at 0, Gemma 4's router scales at 1; perturb
+    # them so the tests see them.
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if name.endswith(("norm.weight", ".bias", "_bias")):
+            if name.endswith(("norm.weight", "norm_1.weight", "norm_2.weight", ".bias", "_bias", "router.scale",
+                              "router.per_expert_scale")):
                 param.add_(torch.randn_like(param) * 0.1)
             elif name.endswith("sinks"):  # logits beside q.k ones: large enough to move every softmax
                 param.add_(torch.randn_like(param))
+            elif name.endswith("router.proj.weight"):  # Gemma 4's router reads its input over sqrt(hidden): wider
+                param.mul_(20)  # weights make its choice depend on that input, not a near-uniform softmax
         for name, buffer in model.named_buffers():
             if name.endswith("layer_scalar"):  # Gemma 4's per-layer output scale (a saved buffer, 1 at init)
                 buffer.add_(torch.randn_like(buffer) * 0.1)

@@ -5,7 +5,9 @@ size (and, with attention_k_eq_v, a number of KV heads) of their own, written by
 `per_layer_config` ({layer: {"head_dim": ..., "num_key_value_heads": ...}}) and by the released configs as
 `global_head_dim` / `num_global_key_value_heads`. Its last `num_kv_shared_layers` layers compute no K/V:
 each reuses those of the last earlier layer of its kind (and may have an MLP twice as wide,
-use_double_wide_mlp). Every layer may add a per-layer input embedding (hidden_size_per_layer_input).
+use_double_wide_mlp). Every layer may add a per-layer input embedding (hidden_size_per_layer_input), and run
+routed experts beside its MLP (enable_moe_block: num_experts, top_k_experts, moe_intermediate_size, read into
+ModelConfig.moe).
 A multimodal Gemma 4 directory ("gemma4") carries the same numbers under text_config.
 """
 
@@ -50,8 +52,6 @@ def text_config(raw: dict[str, Any]) -> dict[str, Any]:
 
 def unsupported(raw: dict[str, Any]) -> str | None:
     """Why kvchat cannot run this Gemma 4 config exactly (one phrase), or None."""
-    if raw.get("enable_moe_block"):
-        return "a mixture-of-experts block beside its MLP (enable_moe_block)"
     # "vision" makes only image tokens attend both ways (the released multimodal configs): text stays causal.
     if raw.get("use_bidirectional_attention") == "all":
         return "bidirectional attention (use_bidirectional_attention)"

@@ -52,7 +52,7 @@ class AttentionTemperature:
 class MoEConfig:
     """A mixture-of-experts MLP: `experts` gated MLPs of `intermediate_size`, of which a router picks
     `per_token` for each token, weighted by their softmax probabilities (renormalised over the chosen
-    ones when `normalize`); `layers[i]` says whether layer i has it (else a dense MLP)."""
+    ones when `normalize`); `layers[i]` says whether layer i has it (else a dense MLP; Gemma 4 has both)."""
 
     experts: int
     per_token: int
@@ -63,12 +63,16 @@ class MoEConfig:
     # its experts have biases and gate with a clamped SwiGLU (model/mlp.py).
     softmax_after_topk: bool = False
     biased: bool = False
+    # Gemma 4: the router scores its input (the residual stream, RMS-normalised by its layer) times a learned
+    # vector and 1/sqrt(hidden), and multiplies each chosen expert's renormalised weight by that expert's
+    # learned scale; the weights stay fp32 until they have multiplied the experts' outputs.
+    scaled_router: bool = False
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], num_layers: int) -> "MoEConfig":
         # transformers 5 writes num_local_experts; the models' own configs say num_experts.
         experts = int(raw.get("num_experts") or raw.get("num_local_experts") or 0)
-        per_token = int(raw.get("num_experts_per_tok") or 0)
+        per_token = int(raw.get("num_experts_per_tok") or raw.get("top_k_experts") or 0)  # Gemma 4: top_k_experts
         if not 1 <= per_token <= experts:
             raise ModelError(f"The model routes each token to {per_token} of {experts} experts, which is not "
                              "a mixture kvchat can run.")
@@ -78,6 +82,9 @@ class MoEConfig:
         if raw.get("model_type") == "gpt_oss":  # every layer routes; the softmax is over the chosen logits
             return cls(experts=experts, per_token=per_token, intermediate_size=int(raw["intermediate_size"]),
                        normalize=False, layers=(True,) * num_layers, softmax_after_topk=True, biased=True)
+        if raw.get("model_type") == "gemma4_text":  # every layer's experts sit beside its dense MLP (model/gemma4.py)
+            return cls(experts=experts, per_token=per_token, intermediate_size=int(raw["moe_intermediate_size"]),
+                       normalize=True, layers=(True,) * num_layers, scaled_router=True)
         return cls(experts=experts, per_token=per_token, intermediate_size=int(raw["moe_intermediate_size"]),
                    normalize=bool(raw.get("norm_topk_prob", False)), layers=layers)
 
@@ -111,7 +118,8 @@ class ModelConfig:
     hidden_act: str = "silu"
     embed_scale: bool = False
     final_logit_softcapping: float | None = None
-    # Mixture of experts (Qwen3-MoE): per layer, whether its MLP is the routed experts (model/moe.py).
+    # Mixture of experts (Qwen3-MoE, gpt-oss; Gemma 4's beside its MLP): per layer, whether it has the routed
+    # experts (model/moe.py).
     moe: MoEConfig | None = None
     # SmolLM3: per layer, whether its q/k are rotated (its NoPE layers are not); empty: every layer's are.
     rope_layers: tuple[bool, ...] = ()
@@ -301,7 +309,8 @@ def _gemma3_fields(raw: dict[str, Any]) -> dict[str, Any]:
 
 def _gemma4_fields(raw: dict[str, Any]) -> dict[str, Any]:
     """Gemma 3's fields (sliding/full layers, GELU-tanh, scaled embeddings, soft-capped logits), with Gemma 4's
-    per-layer layout, unscaled q.k (its q/k norms take the scale's place) and its RoPE per kind of layer."""
+    per-layer layout, unscaled q.k (its q/k norms take the scale's place), its RoPE per kind of layer and the
+    experts beside every layer's MLP (enable_moe_block: the 26B-A4B)."""
     types = gemma4.layer_types(raw, int(raw["num_hidden_layers"]))
     layout = gemma4.layers(raw, types)
     window = int(raw.get("sliding_window") or 512)
@@ -321,6 +330,7 @@ def _gemma4_fields(raw: dict[str, Any]) -> dict[str, Any]:
         "head_dim": max(layout.head_dims),
         "num_kv_heads": max(layout.kv_heads),
         "gemma4": layout,
+        "moe": MoEConfig.from_dict(raw, len(types)) if raw.get("enable_moe_block") else None,
     }
 
 

@@ -12,7 +12,13 @@ config (config/gemma4.py reads it):
   holds a factor per rotated pair, 1 for the pairs Hugging Face rotates and a huge one (a frequency of
   nothing) for the rest; the rotated share is read from it;
 - the per-layer inputs: per_layer_token_embd, per_layer_model_proj, per_layer_proj_norm and, per layer,
-  inp_gate, proj, post_norm, under embedding_length_per_layer_input; each layer's scalar layer_output_scale.
+  inp_gate, proj, post_norm, under embedding_length_per_layer_input; each layer's scalar layer_output_scale;
+- the experts beside the MLP (the 26B-A4B), under expert_count, expert_used_count, expert_feed_forward_length:
+  the router ffn_gate_inp with its input's scale ffn_gate_inp.scale, the experts stacked in ffn_gate_up_exps
+  (gate's rows first; older files: ffn_gate_exps and ffn_up_exps) and ffn_down_exps (read one expert at a time
+  by gguf/reader.py), each expert's scale as ffn_down_exps.scale, and the norms pre_ffw_norm_2 (the experts'
+  input), post_ffw_norm_1 (the MLP's output) and post_ffw_norm_2 (the experts' output). llama.cpp always
+  renormalises the chosen experts' weights, as transformers does.
 """
 
 from __future__ import annotations
@@ -33,16 +39,20 @@ LAYER_TENSORS = {
     "inp_gate.weight": "per_layer_input_gate.weight",
     "proj.weight": "per_layer_projection.weight",
     "post_norm.weight": "post_per_layer_input_norm.weight",
+    "ffn_gate_inp.weight": "router.proj.weight",
+    "ffn_gate_inp.scale": "router.scale",
+    "ffn_down_exps.scale": "router.per_expert_scale",
+    "pre_ffw_norm_2.weight": "pre_feedforward_layernorm_2.weight",
+    "post_ffw_norm_1.weight": "post_feedforward_layernorm_1.weight",
+    "post_ffw_norm_2.weight": "post_feedforward_layernorm_2.weight",
 }
+EXPERTS = "experts."  # where a layer's experts are under Hugging Face's names (beside mlp., not in it)
 GLOBAL_TENSORS = {
     "per_layer_token_embd.weight": "model.embed_tokens_per_layer.weight",
     "per_layer_model_proj.weight": "model.per_layer_model_projection.weight",
     "per_layer_proj_norm.weight": "model.per_layer_projection_norm.weight",
 }
 ROPE_FREQS = "rope_freqs.weight"  # config (the full layers' rotated share), not a weight
-# The mixture-of-experts block's tensors (enable_moe_block), which kvchat does not run.
-_MOE_TENSORS = ("ffn_gate_inp.weight", "ffn_gate_up_exps.weight", "ffn_down_exps.weight", "pre_ffw_norm_2.weight",
-                "post_ffw_norm_1.weight", "post_ffw_norm_2.weight")
 _UNROTATED = 1e20  # a frequency factor at least this large leaves its pair as is (the converter writes 1e30)
 DEFAULT_SLIDING_THETA = 10_000.0
 
@@ -71,9 +81,7 @@ def config_fields(field, need, num_layers: int, tensors) -> dict[str, Any]:
     """The Gemma 4 entries of config.json, from the GGUF's metadata (`field(key, default)` reads
     "gemma4.<key>"; `need(key)` raises if it is absent) and tensor table."""
     by_name = {t.name: t for t in tensors}
-    if field("expert_count", None) or any(f"blk.{i}.{kind}" in by_name for i in range(num_layers) for kind in _MOE_TENSORS):
-        raise ModelError("kvchat cannot run this Gemma 4 GGUF exactly: it has a mixture-of-experts block beside "
-                         "its MLP (enable_moe_block).")
+    moe = _moe_fields(field, need, num_layers, by_name)
     pattern = need("attention.sliding_window_pattern")
     if not isinstance(pattern, list) or len(pattern) != num_layers:
         raise ModelError("The GGUF file's gemma4.attention.sliding_window_pattern is not one bool per layer.")
@@ -127,5 +135,19 @@ def config_fields(field, need, num_layers: int, tensors) -> dict[str, Any]:
         "vocab_size_per_layer_input": int(embed.shape[1]) if per_layer_input and embed is not None else None,
         "hidden_activation": "gelu_pytorch_tanh",
         "final_logit_softcapping": float(cap) if cap is not None else None,
-        "enable_moe_block": False,
+        **moe,
     }
+
+
+def _moe_fields(field, need, num_layers: int, by_name) -> dict[str, Any]:
+    """The experts' entries of config.json (enable_moe_block False when the file has none). transformers runs them
+    in every layer or none; llama.cpp would run a layer without a router as a dense one."""
+    routed = [f"blk.{i}.ffn_gate_inp.weight" in by_name for i in range(num_layers)]
+    if not any(routed) and not field("expert_count", 0):
+        return {"enable_moe_block": False}
+    if not all(routed):
+        raise ModelError("The GGUF file's Gemma 4 layers do not all have a router for its experts; kvchat runs the "
+                         "experts in every layer or none, as transformers does.")
+    return {"enable_moe_block": True, "num_experts": int(need("expert_count")),
+            "top_k_experts": int(need("expert_used_count")),
+            "moe_intermediate_size": int(need("expert_feed_forward_length"))}

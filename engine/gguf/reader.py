@@ -193,6 +193,7 @@ def _halves(tensor) -> tuple[GGUFTensor, GGUFTensor]:
 def _hf_tensors(reader, arch: str) -> dict[str, Any]:
     """The file's tensors by Hugging Face name; a stacked experts tensor as one matrix (or bias) an expert."""
     tensors = {}
+    experts = gguf_gemma4.EXPERTS if arch == "gemma4" else "mlp.experts."  # under a layer's Hugging Face names
     for tensor in reader.tensors:
         parts = tensor.name.split(".", 2)
         kind = parts[2] if len(parts) == 3 and parts[0] == "blk" else None
@@ -202,7 +203,7 @@ def _hf_tensors(reader, arch: str) -> dict[str, Any]:
             if len(tensor.shape) != (3 if suffix == "weight" else 2):
                 raise ModelError(f"The GGUF tensor {tensor.name} is not one {'matrix' if suffix == 'weight' else 'vector'} "
                                  "an expert.")
-            prefix = f"model.layers.{parts[1]}.mlp.experts."
+            prefix = f"model.layers.{parts[1]}.{experts}"
             for e, expert in enumerate(_expert_slices(tensor)):
                 if stacked is not None:
                     tensors[f"{prefix}{e}.{stacked}.{suffix}"] = expert

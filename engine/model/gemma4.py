@@ -8,6 +8,9 @@
   layer of its kind (ModelConfig.gemma4.kv_sources).
 - Each layer may add a per-layer input (PerLayerInputs): a gated projection of it joins the residual stream
   after the MLP; the layer's output is then multiplied by its learned layer_scalar.
+- With enable_moe_block (the 26B-A4B), every layer runs routed experts (model/moe.py) beside its MLP, on the
+  same residual stream under norms of their own; the router reads that stream through a norm with no weight.
+  The MLP's and the experts' outputs, each normalised, are summed before the MLP's usual post-norm.
 
 The KV cache has one shape for every layer (kv/cache.py, kv/pool.py and the paths that copy it), so a layer
 stores its K/V in the largest layer's shape (ModelConfig.head_dim, num_kv_heads): its heads repeated where it
@@ -29,6 +32,7 @@ from torch import nn
 from engine.kv.cache import KVAttention
 from engine.config.model import ModelConfig
 from engine.model.mlp import ACTIVATIONS, GatedMLP
+from engine.model.moe import SparseMoE
 from engine.model.rope import apply_rotary
 
 
@@ -118,6 +122,13 @@ class Gemma4DecoderLayer(nn.Module):
                  "post_feedforward_layernorm", "self_attn.q_norm"]
         if self.self_attn.source is None:
             norms.append("self_attn.k_norm")
+        self.moe = SparseMoE(cfg) if cfg.is_moe(layer) else None
+        if self.moe is not None:
+            self.router_norm = Gemma4RMSNorm(hidden, eps, scaled=False)
+            self.post_feedforward_layernorm_1 = Gemma4RMSNorm(hidden, eps)  # the MLP's output
+            self.pre_feedforward_layernorm_2 = Gemma4RMSNorm(hidden, eps)  # the experts' input
+            self.post_feedforward_layernorm_2 = Gemma4RMSNorm(hidden, eps)  # the experts' output
+            norms += ["post_feedforward_layernorm_1", "pre_feedforward_layernorm_2", "post_feedforward_layernorm_2"]
         if self.per_layer_input:
             self.act = ACTIVATIONS[cfg.hidden_act]
             self.per_layer_input_gate = nn.Linear(hidden, self.per_layer_input, bias=False)
@@ -131,11 +142,19 @@ class Gemma4DecoderLayer(nn.Module):
                 mask: torch.Tensor | None, q_scale: torch.Tensor | None = None,
                 inputs: LayerInputs | None = None) -> torch.Tensor:
         x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, cache, mask, inputs))
-        x = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        x = x + self.post_feedforward_layernorm(self._feed_forward(x))
         if self.per_layer_input:
             gated = self.act(self.per_layer_input_gate(x)) * inputs.per_layer[:, self.layer]
             x = x + self.post_per_layer_input_norm(self.per_layer_projection(gated))
         return x * self.layer_scalar
+
+    def _feed_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The MLP's output, or beside the experts the sum of both, each under its own post-norm."""
+        out = self.mlp(self.pre_feedforward_layernorm(x))
+        if self.moe is None:
+            return out
+        experts = self.moe(self.pre_feedforward_layernorm_2(x), router_input=self.router_norm(x))
+        return self.post_feedforward_layernorm_1(out) + self.post_feedforward_layernorm_2(experts)
 
 
 class PerLayerInputs(nn.Module):
@@ -177,6 +196,12 @@ def checkpoint_linears(cfg: ModelConfig) -> list[tuple[str, list[str], None]]:
             specs.append((ours + "self_attn.kv_proj", kv, None))
         if cfg.gemma4.per_layer_input:
             specs += [(ours + name, [stored + name], None) for name in ("per_layer_input_gate", "per_layer_projection")]
+        if cfg.is_moe(i):  # the router, then each expert's gated MLP (stored stacked: weights/stacked_experts.py)
+            specs.append((ours + "moe.gate", [stored + "router.proj"], None))
+            for e in range(cfg.moe.experts):
+                expert = f"{stored}experts.{e}."
+                specs += [(f"{ours}moe.experts.{e}.gate_up_proj", [expert + "gate_proj", expert + "up_proj"], None),
+                          (f"{ours}moe.experts.{e}.down_proj", [expert + "down_proj"], None)]
     if cfg.gemma4.per_layer_input:
         specs.append(("per_layer_inputs.per_layer_model_projection", ["model.per_layer_model_projection"], None))
     return specs
@@ -185,6 +210,8 @@ def checkpoint_linears(cfg: ModelConfig) -> list[tuple[str, list[str], None]]:
 def checkpoint_tensors(cfg: ModelConfig) -> list[tuple[str, str]]:
     """(our name, checkpoint name) of a Gemma 4 model's other tensors beyond the layers' norms."""
     names = [(f"layers.{i}.layer_scalar", f"model.layers.{i}.layer_scalar") for i in range(cfg.num_layers)]
+    names += [(f"layers.{i}.moe.{ours}", f"model.layers.{i}.router.{stored}") for i in range(cfg.num_layers)
+              if cfg.is_moe(i) for ours, stored in (("router_scale", "scale"), ("expert_scales", "per_expert_scale"))]
     if cfg.gemma4.per_layer_input:
         names += [("per_layer_inputs.embed_tokens_per_layer.weight", "model.embed_tokens_per_layer.weight"),
                   ("per_layer_inputs.per_layer_projection_norm.weight", "model.per_layer_projection_norm.weight")]

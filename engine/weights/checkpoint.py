@@ -131,7 +131,7 @@ class _HalfPrecisionLinears:
 
     _FORMATS = {"BF16": "bf16", "F16": "f16"}
 
-    def __init__(self, ckpt: _Checkpoint):
+    def __init__(self, ckpt: _Checkpoint | StackedExperts):
         self._ckpt = ckpt
 
     def __contains__(self, name: str) -> bool:
@@ -245,9 +245,9 @@ def load_model(path: Path, device: torch.device, dtype: torch.dtype,
         return load_from(cfg, synthetic_weights(path, cfg, device, dtype), device, dtype)
     with ExitStack() as stack:
         ckpt = _Checkpoint(checkpoint_files(path), stack)
+        if cfg.model_type == "gpt_oss" or (cfg.gemma4 is not None and cfg.moe is not None):
+            ckpt = StackedExperts(ckpt, gemma4=cfg.gemma4 is not None)
         blocks = _HalfPrecisionLinears(ckpt) if kernels is not None else None
-        if cfg.model_type == "gpt_oss":
-            ckpt = StackedExperts(ckpt)
         return load_from(cfg, ckpt, device, dtype, kernels, blocks)
 
 

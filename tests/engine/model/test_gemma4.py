@@ -1,7 +1,7 @@
 """Gemma 4 (text): its per-layer switches against transformers (head sizes and RoPE by kind of layer, per-layer
 inputs, K/V shared by the last layers, values from the keys' projection, the layer scalar), what it refuses,
 a multimodal directory's text model, a GGUF file as llama.cpp's converter writes one, and the engine's cached and
-paged paths on it against its plain one."""
+paged paths on it against its plain one. Its experts beside the MLP: test_gemma4_moe.py."""
 
 import json
 
@@ -13,14 +13,12 @@ from engine.cpu.decode_step import FusedCPUDecode, Unfusable
 from engine.cpu.kernels import load_quant_kernels
 from engine.cpu.linear import QuantLinear
 from engine.errors import ModelError
-from engine.gguf.reader import gguf_config, open_gguf
 from engine.kv.cache import ContiguousKVCache
 from engine.config.model import ModelConfig
 from engine.config.rope import RopeConfig
 from engine.model.gemma4 import Gemma4RMSNorm
 from engine.weights.checkpoint import load_model
 from tests.fast_paths import check_batched, check_cached_follow_up, plain_engine
-from tests.model_stores import write_header_gguf
 from tests.tiny_gguf import write_gguf
 from tests.tiny_models import FUSED_ARCHITECTURES, VOCAB, load_reference, make_tiny_model
 
@@ -86,7 +84,6 @@ def test_a_multimodal_config_gives_its_text_model():
 
 
 @pytest.mark.parametrize("overrides, why", [
-    (dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=8), "enable_moe_block"),
     (dict(use_bidirectional_attention="all"), "bidirectional"),
     (dict(attention_bias=True), "attention_bias"),
     (dict(hidden_activation="silu"), "activation"),
@@ -162,18 +159,23 @@ def test_values_from_the_keys_projection_with_fewer_global_kv_heads(tmp_path):
     assert far_off(ours, ids, expected)
 
 
-def test_a_multimodal_directory_runs_its_text_model(gemma4_dir, reference, tmp_path):
-    # As Gemma4ForConditionalGeneration saves it: the text model under model.language_model., config nested.
-    weights = load_file(str(gemma4_dir / "model.safetensors"))
+def as_multimodal(text_dir, path):
+    """`text_dir`'s model as Gemma4ForConditionalGeneration saves one, at `path`: the text model under
+    model.language_model., its config nested as text_config."""
+    weights = load_file(str(text_dir / "model.safetensors"))
     nested = {name.replace("model.", "model.language_model.", 1): t for name, t in weights.items()
               if name.startswith("model.")}
-    save_file(nested, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
-    text = json.loads((gemma4_dir / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma4", "text_config": text,
-                                                      "vision_config": {"model_type": "gemma4_vision"}}))
+    save_file(nested, str(path / "model.safetensors"), metadata={"format": "pt"})
+    text = json.loads((text_dir / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({"model_type": "gemma4", "text_config": text,
+                                                  "vision_config": {"model_type": "gemma4_vision"}}))
+    return path
+
+
+def test_a_multimodal_directory_runs_its_text_model(gemma4_dir, reference, tmp_path):
     ids = tokens(20, seed=4)
-    torch.testing.assert_close(logits(load_model(tmp_path, CPU, torch.float32), ids), reference(ids[None]).logits[0],
-                               atol=ATOL, rtol=0)
+    ours = load_model(as_multimodal(gemma4_dir, tmp_path), CPU, torch.float32)
+    torch.testing.assert_close(logits(ours, ids), reference(ids[None]).logits[0], atol=ATOL, rtol=0)
 
 
 def test_a_bf16_checkpoint_read_by_the_cpu_kernels_gives_transformers_logits(tmp_path):
@@ -256,18 +258,3 @@ def test_a_q8_0_gguf_equals_its_dequantized_self(reference, tmp_path):
     assert isinstance(blocks.layers[0].self_attn.q_proj, QuantLinear)
     ids = tokens(30, seed=5)
     torch.testing.assert_close(logits(blocks, ids), logits(dense, ids), atol=ATOL, rtol=0)
-
-
-@pytest.mark.parametrize("fields, tensors", [
-    ({"gemma4.expert_count": 4}, {}),
-    ({}, {"blk.0.ffn_gate_inp.weight": "F32", "blk.0.ffn_gate_up_exps.weight": "F32"}),
-], ids=["expert count", "expert tensors"])
-def test_a_gguf_with_the_moe_block_is_refused_in_one_sentence(tmp_path, fields, tensors):
-    numbers = {"block_count": 1, "context_length": 64, "embedding_length": 32, "feed_forward_length": 64,
-               "attention.head_count": 2, "attention.layer_norm_rms_epsilon": 1}
-    gguf = write_header_gguf(tmp_path / "moe.gguf", "gemma4", {"token_embd.weight": "F32", **tensors},
-                             **{f"gemma4.{key}": value for key, value in numbers.items()}, **fields)
-    with pytest.raises(ModelError, match="mixture-of-experts block") as refused:
-        gguf_config(open_gguf(gguf))
-    message = str(refused.value)
-    assert message.endswith(".") and message.count(". ") == 0
