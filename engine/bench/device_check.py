@@ -2,8 +2,9 @@
 
 Needs only torch and transformers (not kvchat installed, nor its app's
 libraries). For each synthetic model (default: the llama-3.2-1b, gemma3-1b
-(sliding-window layers) and llama-3.1-8b shapes, and 12 of Qwen3-30B-A3B's 48 layers (routed experts on the
-paged path), bf16 on a GPU; `NAME:LAYERS` runs fewer layers of one) it runs synthetic_bench.measure_synthetic:
+(sliding-window layers) and llama-3.1-8b shapes, and 12 of Qwen3-30B-A3B's 48 layers (routed experts,
+stacked on the GPU, so its default paged step replays from CUDA graphs too), bf16 on a GPU; `NAME:LAYERS`
+runs fewer layers of one) it runs synthetic_bench.measure_synthetic:
 copy bandwidth, decode tok/s at 512 and 8192 context with the roofline
 fraction, cold prefill of 8k tokens, follow-up TTFT after 8k cached tokens,
 logits and greedy tokens next to transformers on the same random weights,

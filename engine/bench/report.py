@@ -52,6 +52,8 @@ def _rows(result: dict) -> list[tuple[str, str]]:
     bandwidth, weights = result.get("bandwidth_bytes_per_s"), result.get("weight_bytes_per_token")
     rows = [("copy bandwidth, GB/s (read + write)", _num(bandwidth and bandwidth / 1e9)),
             ("weights read per token, MB", _num(weights and weights / 1e6))]
+    if result.get("experts_stacked") is not None:  # a mixture: stacked experts (model/moe.py) or the loop form
+        rows.append(("mixture's experts", "stacked" if result["experts_stacked"] else "per expert, routes read back"))
     for row in result.get("decode") or []:
         rows.append((f"decode @ {row['context_tokens']} context, tok/s",
                      f"{row['tokens_per_s']:,.1f}  ({_num(row['roofline_fraction'], '.0%')} of roofline)"))

@@ -28,6 +28,7 @@ from engine.bench.hf_reference import (compare_tokens, hf_generate_speed, hf_gre
 from engine.bench.perf import (batched_agreement, copy_bandwidth, decode_speed, followup_ttft, greedy,
                                kv_bytes_per_position, prefill_speed, random_prompt, speculative_agreement,
                                weight_bytes_per_token)
+from engine.model.moe import routes_on_host
 from engine.weights.synthetic import MODELS, PREFIX, synthetic_config, synthetic_model_dir
 
 
@@ -149,6 +150,7 @@ def _measure_default(engine: Engine | None, plan: Plan, result: dict, step: _Ste
         return None
     bandwidth = result["bandwidth_bytes_per_s"]
     result.update(load_ms=round(engine.info.load_ms, 1), decode_path=getattr(engine.info, "decode", None),
+                  experts_stacked=not routes_on_host(engine.model) if result["routed"] else None,
                   weight_bytes_per_token=weight_bytes_per_token(engine),
                   kv_bytes_per_position=kv_bytes_per_position(engine))
     result["decode"] = [row for context in plan.decode_contexts if (row := step(
@@ -191,9 +193,6 @@ def _measure_fast_paths(options: EngineOptions, plan: Plan, result: dict, defaul
         rows.append(row)
         if name in CUDA_ONLY and options.device != "cuda":
             row["skipped"] = "needs a CUDA device"
-            continue
-        if name == "cuda_graphs" and result.get("routed"):
-            row["skipped"] = "a mixture's routing is read back by value, which a graph cannot replay"
             continue
         _measure_config(options, name, plan, row, step, result["bandwidth_bytes_per_s"])
         free_memory()  # this configuration's engine, dropped on return

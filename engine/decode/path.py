@@ -35,10 +35,11 @@ class DecodePath:
 def decode_path(paged_kv: bool | None, cuda_graphs: bool | None, compile: bool | None,
                 device: torch.device, prefix_cache: bool, routed: bool = False, hybrid: bool = False) -> DecodePath:
     """The path for these switches (None: the default); a one-sentence EngineError when impossible.
-    `routed`: the model is a mixture of experts, whose step picks experts by value (model/moe.py), which a
-    CUDA graph cannot capture: its default is the paged step without graphs. `hybrid`: the model has
-    recurrent layers (Qwen3.5, LFM2), whose state lives beside a contiguous working copy of the K/V: the eager
-    path only (the paged step keeps no state yet)."""
+    `routed`: the model's step reads its routes back to the host (a mixture of experts whose experts are not
+    stacked, model/moe.py routes_on_host), which a CUDA graph cannot capture: its default is the paged step
+    without graphs. A mixture on a CUDA device has its experts stacked at load (CausalLM.prepare), so its
+    step is captured as any model's. `hybrid`: the model has recurrent layers (Qwen3.5, LFM2), whose state
+    lives beside a contiguous working copy of the K/V: the eager path only (the paged step keeps no state yet)."""
     on_cuda = device.type == "cuda"
     if cuda_graphs and not on_cuda:
         raise EngineError("--cuda-graphs needs a CUDA device; this engine runs on the CPU.")

@@ -21,6 +21,7 @@ from engine.kv.cache import KVAttention, KVCache
 from engine.model.gemma3 import Gemma3DecoderLayer, OffsetRMSNorm
 from engine.model.gemma4 import Gemma4DecoderLayer, Gemma4RMSNorm, LayerInputs, PerLayerInputs
 from engine.model.layers import DecoderLayer, RMSNorm
+from engine.model.moe import SparseMoE
 from engine.model.rope import RotaryEmbedding
 from engine.model.temperature import temperature_table
 
@@ -59,7 +60,8 @@ class CausalLM(nn.Module):
         return self.norm.weight.dtype
 
     def prepare(self) -> None:
-        """Build the RoPE tables on the weights' device and dtype; call after loading weights."""
+        """Build the RoPE tables on the weights' device and dtype, and on a CUDA device stack each mixture's
+        experts (model/moe.py); call after loading weights."""
         weight = self.norm.weight
         tables = {(rope, dim) for (rope, _), dim in zip(self._kinds, self._head_dims)}
         tables.add((self.cfg.rope, self.cfg.head_dim))
@@ -72,6 +74,8 @@ class CausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, (OffsetRMSNorm, PerLayerInputs)):
                 module.prepare()
+            elif isinstance(module, SparseMoE) and weight.is_cuda:
+                module.stack_experts()  # its step then reads no route back to the host: a CUDA graph captures it
         if self.cfg.embed_scale:  # a tensor in the weights' dtype, as the reference rounds it
             self._embed_scale = torch.tensor(self.cfg.hidden_size ** 0.5, dtype=torch.float32).to(weight)
 

@@ -41,8 +41,11 @@ class GatedMLP(nn.Module):
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * intermediate, bias=bias)
         self.down_proj = nn.Linear(intermediate, cfg.hidden_size, bias=bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+    def activate(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        """What down_proj multiplies: the gating of gate and up (a mixture's stacked experts use it too)."""
         if self.gating is not None:
-            return self.down_proj(self.gating(gate, up))
-        return self.down_proj(self.act(gate) * up)
+            return self.gating(gate, up)
+        return self.act(gate) * up
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.activate(*self.gate_up_proj(x).split(self.intermediate, dim=-1)))

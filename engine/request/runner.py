@@ -29,6 +29,7 @@ from engine.kv.sequence import SequenceKV
 from engine.kv.spare_buffer import SpareBuffer
 from engine.kv.working_copy import WorkingCopyKV
 from engine.model.causal_lm import CausalLM
+from engine.model.moe import routes_on_host
 from engine.recurrent.state import SequenceState
 from engine.request.scheduler import Work
 
@@ -57,7 +58,7 @@ class ModelRunner:
         self.device = model.device
         self.dtype = model.dtype
         self.decode_path = decode_path(paged_kv, cuda_graphs, compile, self.device, prefix_cache is not None,
-                                       routed=model.cfg.moe is not None, hybrid=model.cfg.hybrid is not None)
+                                       routed=routes_on_host(model), hybrid=model.cfg.hybrid is not None)
         self.graphs = (DecodeRunner(model, prefix_cache, self.decode_path.cuda_graphs, self.decode_path.compile)
                        if self.decode_path.paged else None)
         self.fused = self._fused_step(fused_decode)

@@ -318,5 +318,6 @@ def load_from(cfg: ModelConfig, ckpt: WeightSource, device: torch.device, dtype:
     if left_empty:
         raise ModelError(f"The model's weights do not fill {left_empty[0]}.")
     model.eval().requires_grad_(False)
+    state.clear()  # else each expert's own tensor would outlive prepare's stacking of them (model/moe.py)
     model.prepare()
     return model

@@ -13,6 +13,8 @@ import torch
 from engine import Engine, EngineError, EngineOptions, SamplingParams
 from engine.decode.graph_runner import MIN_TABLE_BLOCKS, DecodeRunner
 from engine.decode.path import decode_path
+from engine.model.moe import SparseMoE, routes_on_host
+from engine.weights.checkpoint import load_model
 from tests.tiny_models import make_tiny_model
 
 BLOCK = 16
@@ -55,12 +57,23 @@ def test_the_default_path_is_eager_on_a_cpu_and_paged_with_graphs_on_cuda():
     assert decode_path(None, None, None, CUDA, False).describe() == "eager"  # no pool without the prefix cache
 
 
-def test_a_mixture_of_experts_runs_the_paged_step_without_graphs_on_cuda():
-    # Its step picks experts by value (torch.unique, then Python indices): nothing a CUDA graph can replay.
+def test_a_mixture_whose_routes_are_read_back_runs_the_paged_step_without_graphs_on_cuda():
+    # The loop form picks experts by value (torch.unique, then Python indices): nothing a CUDA graph can replay.
     assert decode_path(None, None, None, CUDA, True, routed=True).describe() == "paged"
     assert decode_path(None, None, True, CUDA, True, routed=True).describe() == "paged + compiled"
     with pytest.raises(EngineError, match="cannot capture a mixture of experts' routing"):
         decode_path(None, True, None, CUDA, True, routed=True)
+
+
+def test_a_mixture_with_stacked_experts_decodes_from_cuda_graphs(tmp_path):
+    # On a CUDA device CausalLM.prepare stacks the experts; here they are stacked by hand on the CPU.
+    model = load_model(make_tiny_model(tmp_path, "qwen3-moe", seed=11), CPU, torch.float32)
+    assert routes_on_host(model)  # loaded on the CPU: the loop form, which the fused C step shares
+    for moe in (m for m in model.modules() if isinstance(m, SparseMoE)):
+        moe.stack_experts()
+    routed = routes_on_host(model)
+    assert decode_path(None, None, None, CUDA, True, routed=routed).describe() == "paged + cuda graphs"
+    assert decode_path(None, True, None, CUDA, True, routed=routed).describe() == "paged + cuda graphs"
 
 
 @pytest.mark.parametrize("switches, message", [

@@ -134,13 +134,21 @@ def test_a_model_spec_may_name_its_depth_and_the_default_list_includes_the_mixtu
     assert "qwen3-30b-a3b:12" in device_check.DEFAULT_MODELS.split(",")
 
 
-def test_a_mixture_skips_cuda_graphs_with_the_reason(monkeypatch):
+def test_a_mixture_measures_cuda_graphs_as_any_model_does(monkeypatch):
+    # Its experts are stacked on a GPU (model/moe.py), so its step is captured like a dense model's.
     from engine import EngineOptions
     from engine.bench import synthetic_bench
 
     plan = dataclasses.replace(QUICK_PLAN, configs=("cuda_graphs",))
     measured = []
-    monkeypatch.setattr(synthetic_bench, "_measure_config", lambda *args: measured.append(args))
+    monkeypatch.setattr(synthetic_bench, "_measure_config", lambda *args: measured.append(args[1]))
     rows = synthetic_bench._measure_fast_paths(EngineOptions(model="m", device="cuda"), plan,
                                                {"routed": True, "bandwidth_bytes_per_s": 1}, None, None)
-    assert rows[1]["skipped"].startswith("a mixture's routing") and not measured
+    assert "skipped" not in rows[1] and measured == ["cuda_graphs"]
+
+
+def test_a_mixtures_report_says_whether_its_experts_ran_stacked():
+    result = {"model": "qwen3-30b-a3b", "shape_of": "Qwen/Qwen3-30B-A3B", "device": "GPU", "dtype": "bfloat16"}
+    assert "mixture's experts" not in format_report([result])  # a dense model, or nothing loaded
+    lines = format_report([{**result, "experts_stacked": True}]).splitlines()
+    assert any(line.split() == ["mixture's", "experts", "stacked"] for line in lines)

@@ -1,6 +1,9 @@
 """Qwen3-MoE: the routed mixture of experts against transformers, from a Hugging Face directory and from
 GGUF (stacked expert tensors read in place), and the engine's fast paths on it (cached, batched, paged,
-speculative) against its plain eager path."""
+speculative) against its plain eager path. Then the stacked experts a CUDA device runs (model/moe.py), forced
+on the CPU for Qwen3-MoE and gpt-oss, against the per-expert loop form."""
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -12,11 +15,12 @@ from engine.cpu.kernels import load_quant_kernels
 from engine.cpu.linear import QuantLinear
 from engine.errors import ModelError
 from engine.config.model import ModelConfig
-from engine.model.moe import SparseMoE
+from engine.model.moe import GATHER_PAIRS, SparseMoE, routes_on_host
 from engine.weights.checkpoint import load_model
 from engine.gguf.reader import open_gguf
 from tests.engine.weights.test_gguf_in_place import in_mapping, mappings_of
-from tests.fast_paths import check_batched, check_cached_follow_up, check_speculation, plain_engine
+from tests.greedy_ties import assert_same_greedy
+from tests.fast_paths import check_batched, check_cached_follow_up, check_speculation, greedy, plain_engine
 from tests.model_runs import ATOL, CPU, new_cache, tokens
 from tests.tiny_gguf import write_gguf
 from tests.tiny_models import load_reference, make_tiny_model
@@ -99,6 +103,7 @@ def test_quantized_experts_are_read_where_the_file_maps_them_and_match_the_dequa
     assert all(isinstance(expert.gate_up_proj.parts[0] if hasattr(expert.gate_up_proj, "parts")
                           else expert.gate_up_proj, QuantLinear) for expert in moe.experts)
     assert not isinstance(moe.gate, QuantLinear)  # the router stays F32, as llama.cpp keeps it
+    assert not moe.stack_experts() and routes_on_host(blocks)  # blocks are never stacked: the loop form reads them
     # An expert's blocks view its slice of the stacked tensor in the file's mapping, not a copy.
     down = moe.experts[5].down_proj
     assert in_mapping(down.qs, mappings_of(gguf))
@@ -188,3 +193,105 @@ def test_a_mixtures_weight_bytes_per_token_count_only_the_experts_a_token_routes
     every_expert = sum(p.numel() * p.element_size() for p in model.parameters()) \
         - (model.cfg.vocab_size - 1) * model.cfg.hidden_size * 4  # the embedding: one row looked up
     assert weight_bytes_per_token(engine) == every_expert - expert_bytes + expert_bytes * 3 // 8
+
+
+# ---- stacked experts (the GPU's forms: model/moe.py), forced on the CPU, against the loop form
+
+
+@pytest.fixture(scope="module", params=["qwen3-moe", "gpt-oss"])
+def mixture_dir(request, moe_dir, tmp_path_factory):
+    return moe_dir if request.param == "qwen3-moe" else make_tiny_model(tmp_path_factory.mktemp("oss"), "gpt-oss",
+                                                                          seed=13)
+
+
+def stacked(model):
+    """`model` with every mixture layer's experts stacked, as CausalLM.prepare stacks them on a CUDA device."""
+    assert all(m.stack_experts() for m in model.modules() if isinstance(m, SparseMoE))
+    return model
+
+
+def mixture(model) -> SparseMoE:
+    return next(m for m in model.modules() if isinstance(m, SparseMoE))
+
+
+def sorted_routes(moe: SparseMoE, x: torch.Tensor) -> torch.Tensor:
+    return moe.route(x)[1].sort(dim=-1).values
+
+
+def test_stacked_experts_are_the_expert_modules_memory_not_a_copy(mixture_dir):
+    model = load_model(mixture_dir, CPU, torch.float32)
+    before = sum(p.numel() for p in model.parameters())
+    moe = mixture(stacked(model))
+    assert not routes_on_host(model)
+    biased = moe.gate.bias is not None  # gpt-oss: its router and experts are biased
+    assert (moe.stack.gate_up_bias is not None, moe.stack.down_bias is not None) == (biased, biased)
+    for e, expert in enumerate(moe.experts):
+        assert expert.gate_up_proj.weight.data_ptr() == moe.stack.gate_up[e].data_ptr()
+        assert expert.down_proj.weight.data_ptr() == moe.stack.down[e].data_ptr()
+        if biased:
+            assert expert.down_proj.bias.data_ptr() == moe.stack.down_bias[e].data_ptr()
+    assert sum(p.numel() for p in model.parameters()) == before
+
+
+def test_stacked_logits_equal_the_loop_forms_at_every_position(mixture_dir):
+    loop, ours = load_model(mixture_dir, CPU, torch.float32), stacked(load_model(mixture_dir, CPU, torch.float32))
+    assert 20 * mixture(ours).per_token > GATHER_PAIRS >= mixture(ours).per_token  # prefill grouped, decode gathered
+    ids = tokens(30, seed=6)
+    cache = new_cache(ours)
+    out = [ours(ids[:20], cache, all_logits=True)] + [ours(ids[i : i + 1], cache) for i in range(20, 30)]
+    torch.testing.assert_close(torch.cat(out), loop(ids, new_cache(loop), all_logits=True), atol=ATOL, rtol=0)
+
+
+def test_a_rows_gathered_result_is_the_same_bits_alone_or_in_a_batch_of_three(mixture_dir):
+    moe = mixture(stacked(load_model(mixture_dir, CPU, torch.float32)))
+    x = torch.randn(3, moe.gate.in_features, generator=torch.Generator().manual_seed(2))
+    chosen = sorted_routes(moe, x)
+    together = moe.gathered(x, chosen)
+    for row in range(3):
+        assert torch.equal(moe.gathered(x[row : row + 1], chosen[row : row + 1])[0], together[row])
+
+
+def test_the_grouped_form_equals_the_gathered_form_on_the_same_rows(mixture_dir):
+    moe = mixture(stacked(load_model(mixture_dir, CPU, torch.float32)))
+    x = torch.randn(40, moe.gate.in_features, generator=torch.Generator().manual_seed(3))
+    chosen = sorted_routes(moe, x)
+    gathered = moe.gathered(x, chosen)
+    torch.testing.assert_close(moe.grouped(x, chosen, grouped_mm=False), gathered)
+    if hasattr(torch, "_grouped_mm"):  # the CUDA kernel's call, through torch's own loop on the CPU
+        moe.stack = dataclasses.replace(moe.stack, grouped_mm=True)
+        torch.testing.assert_close(moe.grouped(x, chosen, grouped_mm=True), gathered)
+
+
+def test_a_stacked_layer_equals_the_loop_form_even_where_the_router_ties(mixture_dir):
+    # A router of zeros scores every expert alike: both forms take torch.topk's choice among equal scores.
+    model = load_model(mixture_dir, CPU, torch.float32)
+    moe = mixture(model)
+    with torch.no_grad():
+        moe.gate.weight.zero_()
+        if moe.gate.bias is not None:
+            moe.gate.bias.zero_()
+    x = torch.randn(30, moe.gate.in_features, generator=torch.Generator().manual_seed(4))
+    loop = [moe(x), moe(x[:2])]  # 2 rows: few enough pairs for the gathered form
+    stacked(model)
+    assert not torch.equal(loop[0], torch.zeros_like(loop[0]))
+    torch.testing.assert_close(moe(x), loop[0], atol=ATOL, rtol=0)
+    torch.testing.assert_close(moe(x[:2]), loop[1], atol=ATOL, rtol=0)
+
+
+def test_the_stacked_decode_step_traces_as_one_graph_reading_nothing_back(mixture_dir):
+    # fullgraph: a value read back to the host (.tolist(), a data-dependent shape) would break the graph, and a
+    # CUDA graph could not capture the step either. Under tracing even many rows take the gathered form.
+    moe = mixture(stacked(load_model(mixture_dir, CPU, torch.float32)))
+    traced = torch.compile(moe, backend="eager", fullgraph=True, dynamic=False)
+    for rows in (1, 40):
+        x = torch.randn(rows, moe.gate.in_features, generator=torch.Generator().manual_seed(rows))
+        torch.testing.assert_close(traced(x), moe(x))
+
+
+def test_a_paged_engine_with_stacked_experts_gives_the_plain_engines_greedy_tokens(mixture_dir):
+    plain = plain_engine(mixture_dir)
+    engine = Engine.load(EngineOptions(model=str(mixture_dir), dtype="float32", kv_block_size=4, paged_kv=True))
+    stacked(engine.model)
+    for prompt in PROMPTS:
+        assert_same_greedy(plain, prompt, greedy(engine, prompt).token_ids, greedy(plain, prompt).token_ids,
+                           what="stacked experts")
