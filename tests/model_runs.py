@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from engine.kv.cache import ContiguousKVCache
+from engine.recurrent.state import SequenceState
 from tests.tiny_models import VOCAB
 
 ATOL = 1e-4  # logits against transformers' (fp32): summation order apart, they agree to this
@@ -17,8 +18,12 @@ def tokens(n: int, seed: int = 1) -> torch.Tensor:
 
 
 def new_cache(model) -> ContiguousKVCache:
+    """An empty cache for `model`: K/V of every layer, or of a hybrid model's attention layers with the state of
+    its recurrent ones (zeros)."""
     cfg = model.cfg
-    return ContiguousKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.context_window, CPU, torch.float32)
+    state = SequenceState.zeros(cfg.hybrid, CPU, torch.float32) if cfg.hybrid is not None else None
+    return ContiguousKVCache(cfg.kv_layers, cfg.num_kv_heads, cfg.head_dim, cfg.context_window, CPU, torch.float32,
+                             state=state)
 
 
 def logits(model, ids: torch.Tensor) -> torch.Tensor:

@@ -68,6 +68,17 @@ GEMMA4_LAYER_NAMES = {
     "post_feedforward_layernorm_1.weight": "post_ffw_norm_1.weight",
     "post_feedforward_layernorm_2.weight": "post_ffw_norm_2.weight",
 }
+# LFM2's, as llama.cpp names them (its final norm, model.embedding_norm, is token_embd_norm).
+LFM2_LAYER_NAMES = {
+    "operator_norm.weight": "attn_norm.weight", "ffn_norm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.out_proj.weight": "attn_output.weight",
+    "self_attn.q_layernorm.weight": "attn_q_norm.weight", "self_attn.k_layernorm.weight": "attn_k_norm.weight",
+    "feed_forward.w1.weight": "ffn_gate.weight", "feed_forward.w3.weight": "ffn_up.weight",
+    "feed_forward.w2.weight": "ffn_down.weight", "conv.conv.weight": "shortconv.conv.weight",
+    "conv.in_proj.weight": "shortconv.in_proj.weight", "conv.out_proj.weight": "shortconv.out_proj.weight",
+}
+
 GEMMA4_GLOBAL_NAMES = {
     "model.embed_tokens_per_layer.weight": "per_layer_token_embd.weight",
     "model.per_layer_model_projection.weight": "per_layer_model_proj.weight",
@@ -140,8 +151,11 @@ def gguf_name(hf_name: str, arch: str = "llama") -> str:
         return "output.weight"
     if arch == "gemma4" and hf_name in GEMMA4_GLOBAL_NAMES:
         return GEMMA4_GLOBAL_NAMES[hf_name]
+    if arch == "lfm2" and hf_name == "model.embedding_norm.weight":
+        return "token_embd_norm.weight"
     _, _, layer, rest = hf_name.split(".", 3)
-    names = {"gemma3": GEMMA3_LAYER_NAMES, "gemma4": GEMMA4_LAYER_NAMES, "gpt-oss": GPT_OSS_NAMES}.get(arch, {**LAYER_NAMES, **EXPERT_NAMES})
+    names = {"gemma3": GEMMA3_LAYER_NAMES, "gemma4": GEMMA4_LAYER_NAMES, "gpt-oss": GPT_OSS_NAMES,
+             "lfm2": LFM2_LAYER_NAMES}.get(arch, {**LAYER_NAMES, **EXPERT_NAMES})
     return f"blk.{layer}.{names[rest]}"
 
 
@@ -174,8 +188,8 @@ def tensor_type(gguf_tensor: str, w: np.ndarray, quant: str | dict[str, str] | N
 
 
 def write_gguf(hf_model, path: Path, arch: str = "llama", quant: str | dict[str, str] | None = None) -> Path:
-    """Save `hf_model` (a transformers Llama/Qwen2/Qwen3/SmolLM3/Phi-3/gpt-oss/Gemma 3/Gemma 4/Ministral 3 model) as
-    GGUF.
+    """Save `hf_model` (a transformers Llama/Qwen2/Qwen3/SmolLM3/Phi-3/gpt-oss/Gemma 3/Gemma 4/Ministral 3/LFM2 model)
+    as GGUF.
 
     quant: None keeps every tensor F32; a type name ("Q8_0", "Q4_K"...) quantizes every 2-D weight whose
     rows are whole blocks of it; a dict such as MIXED_QUANTS gives each GGUF tensor its own type.
@@ -189,7 +203,7 @@ def write_gguf(hf_model, path: Path, arch: str = "llama", quant: str | dict[str,
     writer.add_context_length(cfg.max_position_embeddings)
     writer.add_embedding_length(cfg.hidden_size)
     writer.add_head_count(cfg.num_attention_heads)
-    if arch != "gemma4":  # per layer there (_add_gemma4)
+    if arch not in ("gemma4", "lfm2"):  # per layer there (_add_gemma4, _add_lfm2)
         writer.add_feed_forward_length(cfg.intermediate_size)
         writer.add_head_count_kv(cfg.num_key_value_heads)
     rope = cfg.rope_parameters["full_attention"] if arch in ("gemma3", "gemma4") else cfg.rope_parameters
@@ -211,7 +225,7 @@ def write_gguf(hf_model, path: Path, arch: str = "llama", quant: str | dict[str,
         writer.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
         writer.add_rope_scaling_yarn_log_mul(rope["mscale_all_dim"])
         writer.add_attn_temperature_scale(rope["llama_4_scaling_beta"])
-    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_layer_norm_rms_eps(cfg.norm_eps if arch == "lfm2" else cfg.rms_norm_eps)
     writer.add_vocab_size(cfg.vocab_size)
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     # Two merges: transformers 5.17 needs a merge list, and reads a one-element list as a scalar.
@@ -229,6 +243,8 @@ def write_gguf(hf_model, path: Path, arch: str = "llama", quant: str | dict[str,
         _add_phi3_rope(writer, cfg)
     if arch == "gemma4":
         _add_gemma4(writer, hf_model)
+    if arch == "lfm2":
+        _add_lfm2(writer, hf_model)
     if arch == "qwen3moe":
         writer.add_expert_count(cfg.num_experts)
         writer.add_expert_used_count(cfg.num_experts_per_tok)
@@ -249,6 +265,8 @@ def write_gguf(hf_model, path: Path, arch: str = "llama", quant: str | dict[str,
         w = tensor.detach().float().numpy()
         if arch == "gemma3" and name.endswith("norm.weight"):
             w = w + np.float32(1.0)  # llama.cpp stores Gemma's norms as 1 + w
+        if arch == "lfm2" and name.endswith("conv.conv.weight"):
+            w = w[:, 0]  # llama.cpp's converter squeezes [channels, 1, kernel] to [channels, kernel]
         if arch in PERMUTED_QK and name.endswith("q_proj.weight"):
             w = permute(w, cfg.num_attention_heads)
         elif arch in PERMUTED_QK and name.endswith("k_proj.weight"):
@@ -307,6 +325,15 @@ def _add_gemma4(writer, hf_model) -> None:
         writer.add_expert_count(cfg["num_experts"])
         writer.add_expert_used_count(cfg["top_k_experts"])
         writer.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+
+
+def _add_lfm2(writer, hf_model) -> None:
+    """What llama.cpp's converter writes for LFM2 (over the generic keys written before): KV heads one number a
+    layer (0: a short-convolution layer), the convolutions' taps, and the MLP's actual width (here its weights')."""
+    cfg = hf_model.config
+    writer.add_head_count_kv([cfg.num_key_value_heads if kind != "conv" else 0 for kind in cfg.layer_types])
+    writer.add_shortconv_l_cache(cfg.conv_L_cache)
+    writer.add_feed_forward_length(hf_model.model.layers[0].feed_forward.w1.weight.shape[0])
 
 
 def _add_phi3_rope(writer, cfg) -> None:

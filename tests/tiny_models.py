@@ -49,6 +49,14 @@ MINISTRAL3_ROPE = {"rope_type": "yarn", "rope_theta": 1_000_000.0, "factor": 16.
                    "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}
 MINISTRAL3 = dict(head_dim=16, rope_parameters=MINISTRAL3_ROPE, initializer_range=0.05)
 
+# LFM2 as the released models mix their layers (short convolutions of 3 taps, a few GQA attention layers with
+# q/k norms), small: 6 layers, two of them attention. Its MLP is sized transformers' way from
+# intermediate_size: int(2 * 100 / 3) = 66, times 1.5 is 99, rounded up to a multiple of 32: 128. Weights
+# drawn wider than transformers' 0.02 so the convolutions move the logits well past the tests' tolerance.
+LFM2 = dict(num_hidden_layers=6, layer_types=["conv", "conv", "full_attention", "conv", "full_attention", "conv"],
+            intermediate_size=100, block_ffn_dim_multiplier=1.5, block_multiple_of=32, conv_L_cache=3,
+            pad_token_id=0, initializer_range=0.1)
+
 # name -> (transformers config class, model class, config overrides)
 ARCHITECTURES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
@@ -97,9 +105,13 @@ ARCHITECTURES = {
                          "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}})),
     "gemma4": ("Gemma4TextConfig", "Gemma4ForCausalLM", GEMMA4),
     "gemma4-moe": ("Gemma4TextConfig", "Gemma4ForCausalLM", GEMMA4_MOE),
+    "lfm2": ("Lfm2Config", "Lfm2ForCausalLM", LFM2),
 }
+# Hybrid models: their caches carry the recurrent layers' state (tests/model_runs.py's new_cache).
+HYBRID = ("lfm2",)
 # The Llama-family architectures, and those the fused CPU decode step runs (not a soft-capped Gemma).
-LLAMA_FAMILY = sorted(name for name, (config, _, _) in ARCHITECTURES.items() if not config.startswith("Gemma"))
+LLAMA_FAMILY = sorted(name for name, (config, _, _) in ARCHITECTURES.items()
+                      if not config.startswith("Gemma") and name not in HYBRID)
 FUSED_ARCHITECTURES = LLAMA_FAMILY + ["gemma3"]
 
 

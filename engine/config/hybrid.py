@@ -20,6 +20,7 @@ class HybridLayers:
     mixers: tuple[str, ...]  # per layer: ATTENTION, GATED_DELTANET or SHORT_CONV
     conv_kernel: int  # taps of the recurrent layers' causal convolution
     conv_channels: int  # channels it convolves (LFM2: hidden size; Gated DeltaNet: 2 key dims + value dim)
+    conv_bias: bool = False  # LFM2's conv_bias: its convolution and its short-conv layers' projections are biased
     # Gated DeltaNet only (0 for a model without it): heads and head sizes of its keys and values.
     key_heads: int = 0
     value_heads: int = 0

@@ -16,6 +16,7 @@ from engine.config import gemma3
 from engine.config import gemma4
 from engine.config.gemma4 import Gemma4Layers
 from engine.config.hybrid import HybridLayers
+from engine.config import lfm2
 from engine.config import phi3
 from engine.config import ministral3
 from engine.config.rope import RopeConfig, gemma4_rope, rope_config, rope_from
@@ -33,6 +34,7 @@ SUPPORTED_ARCHITECTURES = {
     "gpt_oss": {"qkv_bias": None, "qk_norm": False},
     "phi3": {"qkv_bias": False, "qk_norm": False},
     "ministral3": {"qkv_bias": False, "qk_norm": False},
+    "lfm2": {"qkv_bias": False, "qk_norm": False},  # its attention layers' q/k norms are model/lfm2.py's
 }
 # A multimodal config whose text model kvchat runs (its text_config).
 MULTIMODAL_WRAPPERS = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "mistral3": "ministral3"}
@@ -143,9 +145,9 @@ class ModelConfig:
 
     @property
     def family(self) -> str:
-        """The decoder's layer structure: "gemma3" (four norms a layer, (1 + w) norm weights), "gemma4" or
-        "llama"."""
-        return {"gemma3_text": "gemma3", "gemma4_text": "gemma4"}.get(self.model_type, "llama")
+        """The decoder's layer structure: "gemma3" (four norms a layer, (1 + w) norm weights), "gemma4", "lfm2"
+        (short-convolution and attention layers) or "llama"."""
+        return {"gemma3_text": "gemma3", "gemma4_text": "gemma4", "lfm2": "lfm2"}.get(self.model_type, "llama")
 
     def layer_head_dim(self, layer: int) -> int:
         """The head size of `layer`'s q/k/v (Gemma 4's full layers have their own; else head_dim)."""
@@ -187,6 +189,8 @@ class ModelConfig:
             raw = _TEXT_CONFIGS[raw["model_type"]](raw)
             _refuse_quantized(raw)
         model_type = raw.get("model_type")
+        if model_type in lfm2.REFUSED:
+            raise ModelError(lfm2.REFUSED[model_type])
         if model_type not in SUPPORTED_ARCHITECTURES:
             names = ", ".join(sorted(SUPPORTED_ARCHITECTURES))
             raise ModelError(f"Unsupported model architecture {model_type!r}: kvchat runs {names}.")
@@ -196,6 +200,8 @@ class ModelConfig:
         if model_type == "gemma4_text" and (why := gemma4.unsupported(raw)):
             raise ModelError(f"This Gemma 4 model uses {why}, which kvchat does not run.")
         try:
+            if model_type == "lfm2":  # its keys and defaults as the Llama family's (config/lfm2.py)
+                raw = lfm2.normalized(raw)
             hidden = int(raw["hidden_size"])
             heads = int(raw["num_attention_heads"])
             head_dim = int(raw.get("head_dim") or hidden // heads)
@@ -238,6 +244,8 @@ class ModelConfig:
                 fields["attention_temperature"] = _ministral3_temperature(raw)
             if model_type == "phi3":
                 fields.update(phi3.config_fields(raw))
+            if model_type == "lfm2":
+                fields["hybrid"] = lfm2.hybrid_layers(raw, fields["num_layers"])
             cfg = cls(**fields)
             if cfg.rope.type == "longrope":  # one factor list for the whole context window (config/phi3.py)
                 long = phi3.uses_long_factors(cfg.context_window, cfg.rope.original_max_position_embeddings)

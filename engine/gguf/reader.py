@@ -1,4 +1,4 @@
-"""Read a GGUF file (llama, qwen2, qwen3, qwen3moe, gpt-oss, smollm3, phi3, mistral3, gemma3, gemma4 architectures) as a Hugging Face model: its config, and
+"""Read a GGUF file (llama, qwen2, qwen3, qwen3moe, gpt-oss, smollm3, phi3, mistral3, gemma3, gemma4, lfm2 architectures) as a Hugging Face model: its config, and
 its tensors under Hugging Face names (GGUFWeights, the loader's WeightSource: weights/checkpoint.py).
 
 The file is memory-mapped copy-on-write (file.py) and nothing is written to disk. A matrix in a
@@ -24,6 +24,7 @@ import torch
 from engine.cpu.formats import BLOCK, FORMATS
 from engine.errors import ModelError
 from engine.gguf import gemma3 as gguf_gemma3, gemma4 as gguf_gemma4, gpt_oss as gguf_gpt_oss, mistral3 as gguf_mistral3, phi3 as gguf_phi3
+from engine.gguf import lfm2 as gguf_lfm2
 from engine.gguf.file import GGUFFile, GGUFFormatError, GGUFTensor, TensorTableDamage
 
 log = logging.getLogger("kvchat")
@@ -33,11 +34,11 @@ _PERMUTED_QK = {"llama", "smollm3", "mistral3"}
 # GGUF general.architecture -> the Hugging Face model_type it is read as (also what `kvchat models` runs).
 MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe", "gemma3": "gemma3_text",
                "smollm3": "smollm3", "gpt-oss": "gpt_oss", "phi3": "phi3", "mistral3": "ministral3",
-               "gemma4": "gemma4_text"}
+               "gemma4": "gemma4_text", "lfm2": "lfm2"}
 _HF_ARCHITECTURE = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                     "qwen3moe": "Qwen3MoeForCausalLM", "gemma3": "Gemma3ForCausalLM",
                     "smollm3": "SmolLM3ForCausalLM", "gpt-oss": "GptOssForCausalLM", "phi3": "Phi3ForCausalLM",
-                    "mistral3": "Ministral3ForCausalLM", "gemma4": "Gemma4ForCausalLM"}
+                    "mistral3": "Ministral3ForCausalLM", "gemma4": "Gemma4ForCausalLM", "lfm2": "Lfm2ForCausalLM"}
 _LAYER_TENSORS = {
     "attn_norm.weight": "input_layernorm.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
@@ -62,7 +63,8 @@ _EXPERT_TENSORS = {"ffn_gate_exps.weight": "gate_proj", "ffn_up_exps.weight": "u
 _ARCH_LAYER_TENSORS = {"gemma3": {**_LAYER_TENSORS, **gguf_gemma3.LAYER_TENSORS},
                        "gemma4": {**_LAYER_TENSORS, **gguf_gemma4.LAYER_TENSORS},
                        "gpt-oss": {**_LAYER_TENSORS, **gguf_gpt_oss.LAYER_TENSORS},
-                       "phi3": {**_LAYER_TENSORS, **gguf_phi3.LAYER_TENSORS}}
+                       "phi3": {**_LAYER_TENSORS, **gguf_phi3.LAYER_TENSORS},
+                       "lfm2": {**_LAYER_TENSORS, **gguf_lfm2.LAYER_TENSORS}}
 _GLOBAL_TENSORS = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -151,6 +153,9 @@ def gguf_config(reader) -> dict[str, Any]:
     if arch == "phi3":  # its RoPE (partial rotary, LongRoPE) and sliding window: phi3.py
         config.update(gguf_phi3.config_fields(lambda key, default: _field(reader, f"{arch}.{key}", default),
                                               need, reader.tensors, config["head_dim"]))
+    if arch == "lfm2":  # its layer kinds from the per-layer KV heads, the convolutions' taps (gguf/lfm2.py)
+        config.update(gguf_lfm2.config_fields(lambda key, default: _field(reader, f"{arch}.{key}", default),
+                                              need, config["num_hidden_layers"]))
     if arch == "mistral3":  # YaRN and the attention temperature (gguf/mistral3.py)
         config.update(gguf_mistral3.config_fields(lambda key, default: _field(reader, f"{arch}.{key}", default),
                                                   need))
@@ -247,6 +252,8 @@ def dense_tensor(tensor, name: str, arch: str, config: dict[str, Any]) -> torch.
         values = unpermute(values, heads)
     if arch == "gemma3" and gguf_gemma3.is_shifted_norm(name):
         values = values - np.float32(1.0)  # a new array: llama.cpp stored 1 + w
+    if arch == "lfm2" and gguf_lfm2.is_conv_taps(name):
+        values = values.reshape(values.shape[0], 1, -1)  # the dim llama.cpp squeezed out
     if np.may_share_memory(values, tensor.data):  # an F32 tensor comes back as a view of the mapping
         values = values.copy()
     return torch.from_numpy(np.ascontiguousarray(values))
@@ -257,6 +264,8 @@ def hf_name(gguf_name: str, arch: str) -> str:
         return _GLOBAL_TENSORS[gguf_name]
     if arch == "gemma4" and gguf_name in gguf_gemma4.GLOBAL_TENSORS:
         return gguf_gemma4.GLOBAL_TENSORS[gguf_name]
+    if arch == "lfm2" and gguf_name in gguf_lfm2.GLOBAL_TENSORS:
+        return gguf_lfm2.GLOBAL_TENSORS[gguf_name]
     layer_tensors = _ARCH_LAYER_TENSORS.get(arch, _LAYER_TENSORS)
     parts = gguf_name.split(".", 2)
     if len(parts) == 3 and parts[0] == "blk" and parts[2] in layer_tensors:

@@ -1,4 +1,5 @@
-"""CausalLM: the decoder of every family kvchat runs (Llama, SmolLM2, Mistral, Qwen2, Qwen3, Phi-3, Gemma 3, Gemma 4).
+"""CausalLM: the decoder of every family kvchat runs (Llama, SmolLM2, Mistral, Qwen2, Qwen3, Phi-3, Gemma 3, Gemma 4,
+LFM2).
 
 The families share the skeleton here (embedding, layers, final norm, lm_head) and differ in their
 layer (model/layers.py, model/gemma3.py) and in a few switches of the config: Gemma 3 scales its
@@ -7,6 +8,7 @@ mask and a RoPE of their own (one table and one mask per kind of layer, made onc
 Ministral 3 multiplies q by a per-position attention temperature (model/temperature.py). Gemma 4's
 layers (model/gemma4.py) may differ in head size (one RoPE table per kind of layer and head size) and take
 LayerInputs beside the residual stream: per-layer input embeddings, and the K/V that later layers reuse.
+LFM2's short-convolution layers (model/lfm2.py) keep no K/V but a state the cache carries (kv/cache.py).
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ from engine.model.gemma3 import Gemma3DecoderLayer, OffsetRMSNorm
 from engine.model.gemma4 import Gemma4DecoderLayer, Gemma4RMSNorm, LayerInputs, PerLayerInputs
 from engine.model.layers import DecoderLayer, RMSNorm
 from engine.model.moe import SparseMoE
+from engine.model.lfm2 import Lfm2DecoderLayer
 from engine.model.rope import RotaryEmbedding
 from engine.model.temperature import temperature_table
 
 LAYERS = {"llama": (DecoderLayer, RMSNorm), "gemma3": (Gemma3DecoderLayer, OffsetRMSNorm),
-          "gemma4": (Gemma4DecoderLayer, Gemma4RMSNorm)}
+          "gemma4": (Gemma4DecoderLayer, Gemma4RMSNorm), "lfm2": (Lfm2DecoderLayer, RMSNorm)}
 
 
 class CausalLM(nn.Module):

@@ -35,7 +35,8 @@ class Attention(nn.Module):
 
     def __init__(self, cfg: ModelConfig, layer: int, norm: type[nn.Module] = RMSNorm):
         super().__init__()
-        self.layer = layer
+        # Where its K/V are kept: a hybrid model's cache holds its attention layers only (HybridLayers.kv_slot).
+        self.layer = layer if cfg.hybrid is None else cfg.hybrid.kv_slot(layer)
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim

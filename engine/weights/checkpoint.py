@@ -37,6 +37,7 @@ from engine.errors import ModelError
 from engine.gguf.reader import GGUFWeights, gguf_config, log_dense_matrices, open_gguf
 from engine.model.causal_lm import CausalLM
 from engine.model.gemma4 import checkpoint_linears as gemma4_linears, checkpoint_tensors as gemma4_tensors
+from engine.model import lfm2
 from engine.weights.stacked_experts import StackedExperts
 from engine.weights.synthetic import read_marker, synthetic_weights
 
@@ -160,6 +161,8 @@ def _linears(cfg: ModelConfig, ckpt: WeightSource) -> list[tuple[str, list[str],
     head = "model.embed_tokens" if cfg.tie_word_embeddings else "lm_head"
     if cfg.gemma4 is not None:  # its layers vary in what they hold: model/gemma4.py
         return [*gemma4_linears(cfg), ("lm_head", [head], None)]
+    if cfg.family == "lfm2":  # short-convolution and attention layers: model/lfm2.py
+        return [*lfm2.checkpoint_linears(cfg), ("lm_head", [head], None)]
     specs = []
     for i in range(cfg.num_layers):
         attn, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
@@ -281,7 +284,7 @@ def load_from(cfg: ModelConfig, ckpt: WeightSource, device: torch.device, dtype:
                              f"but config.json implies {tuple(expected[name].shape)}.")
         state[name] = tensor.to(device=device, dtype=dtype)
 
-    put("norm.weight", ckpt.get("model.norm.weight"))
+    put("norm.weight", ckpt.get(lfm2.FINAL_NORM if cfg.family == "lfm2" else "model.norm.weight"))
     for i in range(cfg.num_layers):
         for norm in model.layers[i].NORMS:
             put(f"layers.{i}.{norm}.weight", ckpt.get(f"model.layers.{i}.{norm}.weight"))
@@ -291,6 +294,8 @@ def load_from(cfg: ModelConfig, ckpt: WeightSource, device: torch.device, dtype:
         if cfg.attention_sinks:
             put(f"layers.{i}.self_attn.sinks", ckpt.get(f"model.layers.{i}.self_attn.sinks"))
     for ours, stored in gemma4_tensors(cfg) if cfg.gemma4 is not None else ():
+        put(ours, ckpt.get(stored))
+    for ours, stored in lfm2.checkpoint_tensors(cfg) if cfg.family == "lfm2" else ():
         put(ours, ckpt.get(stored))
     for module, names, bias_names in _linears(cfg, ckpt):
         bias = _joined(ckpt, bias_names, ".bias") if bias_names else None

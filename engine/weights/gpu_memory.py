@@ -62,6 +62,8 @@ def weight_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
             # Gemma 4's layers also differ in head size, KV heads, shared K/V and MLP width.
             kind = cfg.is_moe(i) if layout is None else (layout.head_dims[i], layout.kv_heads[i], layout.k_eq_v[i],
                                                          layout.kv_sources[i] is None, layout.intermediate[i])
+            if cfg.hybrid is not None:  # a hybrid model's layers also differ by token mixer
+                kind = (kind, cfg.hybrid.mixers[i])
             if kind not in per_kind:
                 per_kind[kind] = sum(p.numel() for p in layer_type(cfg, i).parameters())
             count += per_kind[kind]

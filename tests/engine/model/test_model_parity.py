@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from engine.kv.cache import ContiguousKVCache
 from engine.weights.checkpoint import load_model
+from tests.model_runs import new_cache
 from tests.tiny_models import ARCHITECTURES, VOCAB, load_reference, make_tiny_model
 
 ATOL = 1e-4
@@ -15,12 +15,6 @@ def pair(request, tmp_path_factory):
     path = make_tiny_model(tmp_path_factory.mktemp(request.param), request.param, seed=hash(request.param) % 1000)
     ours = load_model(path, torch.device("cpu"), torch.float32)
     return ours, load_reference(path)
-
-
-def new_cache(model):
-    cfg = model.cfg
-    return ContiguousKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, cfg.context_window,
-                             torch.device("cpu"), torch.float32)
 
 
 def tokens(n, seed=1):
