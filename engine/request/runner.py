@@ -168,6 +168,9 @@ class ModelRunner:
         cuts = kv.checkpoints_between(kv.num_tokens, kv.num_tokens + len(token_ids))
         if cuts:  # a hybrid model copies its state at these positions: stop the forward at each
             return self._prefill_to_checkpoints(kv, token_ids, cuts, all_logits)
+        return self._prefill(kv, token_ids, all_logits)
+
+    def _prefill(self, kv: SequenceKV, token_ids: list[int], all_logits: bool) -> torch.Tensor:
         threads = self.decode_threads.current  # what decode measured free: a busy core stalls prefill too
         if self.fused is not None and kv.contiguous is not None and (len(token_ids) <= MAX_ROWS or self.fused.integer):
             # Integer products: every chunk in pieces of the fused step (a token's bits must not depend on
@@ -183,7 +186,7 @@ class ModelRunner:
         for end in [*cuts, start + len(token_ids)]:
             piece = token_ids[kv.num_tokens - start : end - start]
             if piece:
-                pieces.append(self.prefill(kv, piece, all_logits))
+                pieces.append(self._prefill(kv, piece, all_logits))
             if end in cuts:
                 kv.take_checkpoint()
         return torch.cat(pieces) if all_logits else pieces[-1]

@@ -28,7 +28,7 @@ def engines_for(model_dir, paged_kv=None):
     """(the engine under test, with a small prefix cache; the reference: eager, no prefix cache)."""
     probe = Engine.load(EngineOptions(model=str(model_dir), dtype="float32", prefix_caching=False))
     cfg = probe.model.cfg
-    cfg_block_bytes = 2 * cfg.num_layers * cfg.num_kv_heads * BLOCK * cfg.head_dim * 4
+    cfg_block_bytes = 2 * cfg.kv_layers * cfg.num_kv_heads * BLOCK * cfg.head_dim * 4
     cached = Engine.load(EngineOptions(model=str(model_dir), dtype="float32", kv_block_size=BLOCK,
                                        kv_cache_gb=POOL_BLOCKS * cfg_block_bytes / 2**30, paged_kv=paged_kv))
     assert cached.prefix_cache.pool.num_blocks == POOL_BLOCKS
@@ -36,7 +36,7 @@ def engines_for(model_dir, paged_kv=None):
 
 
 @pytest.fixture(scope="module", params=["dense", "q4_1-blocks", "dense-paged", "gemma3", "gemma3-paged", "qwen3-moe",
-                                              "smollm3", "gpt-oss"])
+                                              "smollm3", "gpt-oss", "lfm2"])
 def engines(request, tmp_path_factory):
     """The paged variant reads K/V blocks in place (the GPU path), checked against eager without a cache.
     Gemma 3's sliding layers (window 8, far shorter than the prompts) must reuse cached prefixes exactly
@@ -44,7 +44,8 @@ def engines(request, tmp_path_factory):
     root = tmp_path_factory.mktemp("differential")
     if request.param.startswith("gemma3"):
         return engines_for(make_tiny_model(root / "hf", "gemma3", seed=7), paged_kv=request.param == "gemma3-paged")
-    if request.param in ("qwen3-moe", "smollm3", "gpt-oss"):  # routed experts; NoPE layers, sinks over cached keys
+    # Routed experts; NoPE layers; sinks over cached keys; a hybrid model (the state at a checkpoint, kv/checkpoints.py).
+    if request.param in ("qwen3-moe", "smollm3", "gpt-oss", "lfm2"):
         return engines_for(make_tiny_model(root / "hf", request.param, seed=7))
     hf_dir = make_tiny_model(root / "hf", "llama", seed=7)
     if request.param.startswith("dense"):
