@@ -218,9 +218,8 @@ class Engine:
         self.options = options
         self.runner = ModelRunner(model, prefix_cache, options.paged_kv, options.cuda_graphs, options.compile,
                                   options.fused_decode)
-        # A hybrid model's state cannot take back a rejected draft yet: it decodes without drafts.
-        drafts = _draft_tokens(options) if model.cfg.hybrid is None else 0
-        self._loop = StepLoop(self.runner, tokenizer, options.prefill_chunk, drafts, _max_batch(options))
+        self._loop = StepLoop(self.runner, tokenizer, options.prefill_chunk, _draft_tokens(options),
+                              _max_batch(options))
         self._fingerprint = fingerprint
         self._fingerprint_lock = threading.Lock()
 
@@ -378,7 +377,7 @@ class Engine:
 
     def speculating(self, draft_tokens: int):
         """A context manager: requests started meanwhile draft up to `draft_tokens` per step (0: off)."""
-        return self._loop.speculating(draft_tokens if self.model.cfg.hybrid is None else 0)  # see __init__
+        return self._loop.speculating(draft_tokens)
 
     def generate(self, prompt_ids: list[int], params: SamplingParams = SamplingParams(),
                  use_prefix_cache: bool = True) -> Generation:

@@ -135,7 +135,7 @@ class ContiguousKVCache(KVCache):
         if self.state is not None and self.state.position != self._length:
             if self._length == 0:
                 self.state.reset()
-            else:
+            elif not self.state.rewind(self._length):  # a verified step's rejected drafts: back to the last kept
                 self.state.position = STALE
 
     def storage(self) -> tuple[torch.Tensor, torch.Tensor]:

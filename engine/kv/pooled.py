@@ -91,6 +91,8 @@ class PooledKV(SequenceKV):
         start = len(self.chain) * self.cache.block_size
         tail = tuple(self.final_tokens[start:])
         hybrid = self.cache.checkpoints is not None
+        if hybrid and self.num_final and self.state.position != self.num_final:
+            self.state.rewind(self.num_final)  # a reply that ended inside a verified step: back to its end
         if hybrid and self.num_final and self.state.position == self.num_final:  # where the next turn starts
             self._pending.setdefault(self.num_final, self.state.copy())
         chain = list(self.chain)  # finish drops their references, not the nodes

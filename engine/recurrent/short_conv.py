@@ -36,7 +36,10 @@ class ShortConv(nn.Module):
         one_token_per_row = state.conv.dim() == 3
         if one_token_per_row:
             bx = bx.unsqueeze(1)  # [B, 1, hidden]: each row its own sequence of one token
-        y = causal_conv(bx, self.weight[:, 0], self.bias, state.conv)
+        convs = [] if state.trail is not None else None  # a recording step (SequenceState.record)
+        y = causal_conv(bx, self.weight[:, 0], self.bias, state.conv, convs)
+        if convs is not None:
+            state.trail.extend(LayerState(conv, None) for conv in convs)
         if one_token_per_row:
             y = y.squeeze(1)
         return self.out_proj(c * y)

@@ -7,6 +7,11 @@ it is a checkpoint (`copy`), and going back to an earlier position means loading
 (`load`). The layers update their LayerState in place, so the tensors of a state never move (a captured
 decode step reads them where they are).
 
+A speculative step verifies several tokens in one forward and may keep only some of them. So while it runs,
+the state `record`s: each layer also keeps its state after every one of those tokens (its `trail`), and
+`rewind` goes back to any of them when the rejected drafts are cut (kv/cache.py's truncate); the next
+forward forgets the trail.
+
 Per recurrent layer: `conv`, the last kernel - 1 inputs of the layer's causal convolution, in the model's
 dtype (the convolution reads them as its left padding); `recurrent`, a Gated DeltaNet layer's
 [value heads, key dim, value dim] matrix in fp32 (transformers keeps it in fp32 too), None for a
@@ -28,12 +33,15 @@ STALE = -1  # the position of a state whose tensors no longer match any position
 class LayerState:
     conv: torch.Tensor  # [channels, kernel - 1], or [rows, channels, kernel - 1] for a batch
     recurrent: torch.Tensor | None  # [value heads, key dim, value dim] (a leading rows dim for a batch), fp32
+    # While the state records: the layer's state after each new token of the forward, in order (copies).
+    trail: list["LayerState"] | None = None
 
 
 class SequenceState:
     def __init__(self, layers: dict[int, LayerState], position: int = 0):
         self.layers = layers
         self.position = position  # tokens this state summarises
+        self._trail_from: int | None = None  # where the recorded forward started (None: not recording)
 
     @classmethod
     def zeros(cls, layout: HybridLayers, device: torch.device, dtype: torch.dtype,
@@ -79,6 +87,34 @@ class SequenceState:
         for t in self._tensors():
             t.zero_()
         self.position = 0
+
+    def record(self) -> None:
+        """Keep the state after each token of the next forward (a draft verification) for `rewind`."""
+        self._trail_from = self.position
+        for state in self.layers.values():
+            state.trail = []
+
+    def forget_trail(self) -> None:
+        self._trail_from = None
+        for state in self.layers.values():
+            state.trail = None
+
+    def rewind(self, position: int) -> bool:
+        """Go back to `position`, after one of the recorded forward's tokens; False when it was not recorded."""
+        start = self._trail_from
+        if start is None or not start < position <= self.position:
+            return False
+        for state in self.layers.values():
+            if state.trail is None or len(state.trail) != self.position - start:
+                return False  # a layer that did not record (or not every token): nothing to go back to
+        for state in self.layers.values():
+            kept = state.trail[position - start - 1]
+            state.conv.copy_(kept.conv)
+            if state.recurrent is not None:
+                state.recurrent.copy_(kept.recurrent)
+        self.position = position
+        self.forget_trail()
+        return True
 
     def row(self, index: int) -> "SequenceState":
         """Row `index` of a batch's state, as views (writing them writes the batch)."""

@@ -171,6 +171,8 @@ class ModelRunner:
         return self._prefill(kv, token_ids, all_logits)
 
     def _prefill(self, kv: SequenceKV, token_ids: list[int], all_logits: bool) -> torch.Tensor:
+        if kv.state is not None:  # a verification keeps the state after each draft, to go back to (state.py)
+            kv.state.record() if all_logits and len(token_ids) > 1 else kv.state.forget_trail()
         threads = self.decode_threads.current  # what decode measured free: a busy core stalls prefill too
         if self.fused is not None and kv.contiguous is not None and (len(token_ids) <= MAX_ROWS or self.fused.integer):
             # Integer products: every chunk in pieces of the fused step (a token's bits must not depend on

@@ -1,7 +1,7 @@
 """A hybrid model (recurrent layers beside attention) through the whole engine: its follow-ups, regenerated
 replies and branches start from state checkpoints (engine/kv/checkpoints.py) and give the tokens of a plain
-engine without any cache; batching keeps one state per request; drafts are off (a rejected draft cannot be
-taken back out of a state yet) and the paged path refuses in one sentence."""
+engine without any cache; batching keeps one state per request; a verified step's rejected drafts are rewound out of the state; the
+paged path refuses in one sentence."""
 
 import pytest
 
@@ -73,14 +73,18 @@ def test_requests_batched_together_each_keep_their_own_state(model_dir, plain):
     check_batched(model_dir, plain, [HISTORY, [256, 30, 31, 32, 33], HISTORY[:7] + [90, 91]])
 
 
-def test_drafts_are_off_for_a_hybrid_model_and_its_tokens_are_the_plain_ones(model_dir, plain):
-    engine = Engine.load(EngineOptions(model=str(model_dir), dtype="float32"))  # ngram drafts asked for
-    assert engine.info.speculative == "off"
-    prompt = ([40, 41, 42, 43, 44] * 6)[:28]  # repeats: a drafter would propose
+def test_speculation_gives_the_plain_tokens_its_rejected_drafts_rewound_out_of_the_state(model_dir, plain):
+    engine = Engine.load(EngineOptions(model=str(model_dir), dtype="float32", kv_block_size=4))
+    prompt = ([60, 61] * 14)[:28]  # repeats: the drafter proposes; this model keeps some drafts, rejects others
     with engine.speculating(4):
-        ours = greedy(engine, prompt, 20)
-    assert ours.stats.draft_tokens == 0
-    assert_same_greedy(plain, prompt, ours.token_ids, greedy(plain, prompt, 20).token_ids, what="no drafts")
+        ours = greedy(engine, prompt, 30)
+    assert ours.stats.draft_tokens > ours.stats.accepted_tokens > 0, "no draft was both kept and rejected"
+    assert_same_greedy(plain, prompt, ours.token_ids, greedy(plain, prompt, 30).token_ids, what="speculation")
+    # The reply's end was checkpointed after a rewind: the next turn reuses all of it.
+    follow_up = prompt + list(ours.token_ids) + [9]
+    again = greedy(engine, follow_up, 4)
+    assert again.stats.cached_tokens == len(prompt) + len(ours.token_ids) - 1
+    assert_same_greedy(plain, follow_up, again.token_ids, greedy(plain, follow_up, 4).token_ids, what="the next turn")
 
 
 @pytest.mark.parametrize("flag", [{"paged_kv": True}, {"compile": True}])
