@@ -85,6 +85,21 @@ GEMMA4_GLOBAL_NAMES = {
     "model.per_layer_projection_norm.weight": "per_layer_proj_norm.weight",
 }
 
+# Qwen3.5's, as llama.cpp names them (attn_q keeps q_proj's interleaved query and gate rows).
+QWEN35_LAYER_NAMES = {
+    **LAYER_NAMES,
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "linear_attn.in_proj_qkv.weight": "attn_qkv.weight",
+    "linear_attn.in_proj_z.weight": "attn_gate.weight",
+    "linear_attn.in_proj_b.weight": "ssm_beta.weight",
+    "linear_attn.in_proj_a.weight": "ssm_alpha.weight",
+    "linear_attn.conv1d.weight": "ssm_conv1d.weight",
+    "linear_attn.dt_bias": "ssm_dt.bias",
+    "linear_attn.A_log": "ssm_a",
+    "linear_attn.norm.weight": "ssm_norm.weight",
+    "linear_attn.out_proj.weight": "ssm_out.weight",
+}
+
 
 # The architectures whose q/k rows llama.cpp's converter permutes (Llama's, and those it converts as Llama).
 PERMUTED_QK = ("llama", "smollm3", "mistral3")
@@ -128,10 +143,53 @@ def _gpt_oss_layout(state: dict[str, torch.Tensor]):
             yield name, tensor
 
 
+def _tiled(tensor: torch.Tensor, dim: int, cfg, head_dim: int) -> torch.Tensor:
+    """Value heads along `dim` from grouped by key head (transformers') to tiled (ggml's broadcast order)."""
+    group, key_heads = cfg.linear_num_value_heads // cfg.linear_num_key_heads, cfg.linear_num_key_heads
+    moved = tensor.movedim(dim, 0)
+    tiled = moved.reshape(key_heads, group, head_dim, *moved.shape[1:]).transpose(0, 1).reshape(moved.shape)
+    return tiled.movedim(0, dim)
+
+
+def _qwen35_layout(state: dict[str, torch.Tensor], cfg):
+    """Qwen3.5's linear-attention tensors as llama.cpp's converter writes them: A_log as -exp(A_log), the
+    convolution squeezed to [C, K], value heads tiled (their rows, channels, columns)."""
+    key_rows, value_dim = 2 * cfg.linear_num_key_heads * cfg.linear_key_head_dim, cfg.linear_value_head_dim
+    for name, tensor in state.items():
+        if name.endswith("A_log"):
+            tensor = -torch.exp(tensor)
+        if name.endswith("conv1d.weight"):
+            tensor = tensor.squeeze(1)
+        if name.endswith(("in_proj_qkv.weight", "conv1d.weight")):
+            tensor = torch.cat((tensor[:key_rows], _tiled(tensor[key_rows:], 0, cfg, value_dim)))
+        elif name.endswith("in_proj_z.weight"):
+            tensor = _tiled(tensor, 0, cfg, value_dim)
+        elif name.endswith(("in_proj_a.weight", "in_proj_b.weight", "A_log", "dt_bias")):
+            tensor = _tiled(tensor, 0, cfg, 1)
+        elif name.endswith("linear_attn.out_proj.weight"):
+            tensor = _tiled(tensor, 1, cfg, value_dim)
+        yield name, tensor
+
+
+def _add_qwen35(writer, cfg) -> None:
+    """What llama.cpp's converter writes for Qwen3.5's hybrid layout and partial rotary."""
+    writer.add_ssm_conv_kernel(cfg.linear_conv_kernel_dim)
+    writer.add_ssm_state_size(cfg.linear_key_head_dim)
+    writer.add_ssm_group_count(cfg.linear_num_key_heads)
+    writer.add_ssm_time_step_rank(cfg.linear_num_value_heads)
+    writer.add_ssm_inner_size(cfg.linear_value_head_dim * cfg.linear_num_value_heads)
+    writer.add_full_attention_interval(cfg.layer_types.index("full_attention") + 1)
+    writer.add_rope_dimension_count(int(cfg.head_dim * cfg.rope_parameters["partial_rotary_factor"]))
+    writer.add_rope_dimension_sections([*cfg.rope_parameters.get("mrope_section", [11, 11, 10]), 0])
+
+
 def _gguf_layout(state: dict[str, torch.Tensor], cfg):
     """(name, tensor) of a state dict with a mixture's gate_up stack split into llama.cpp's gate and up."""
     if cfg.model_type == "gpt_oss":
         yield from _gpt_oss_layout(state)
+        return
+    if cfg.model_type == "qwen3_5_text":
+        yield from _qwen35_layout(state, cfg)
         return
     for name, tensor in state.items():
         if name.endswith("mlp.experts.gate_up_proj"):
@@ -155,7 +213,8 @@ def gguf_name(hf_name: str, arch: str = "llama") -> str:
         return "token_embd_norm.weight"
     _, _, layer, rest = hf_name.split(".", 3)
     names = {"gemma3": GEMMA3_LAYER_NAMES, "gemma4": GEMMA4_LAYER_NAMES, "gpt-oss": GPT_OSS_NAMES,
-             "lfm2": LFM2_LAYER_NAMES}.get(arch, {**LAYER_NAMES, **EXPERT_NAMES})
+             "lfm2": LFM2_LAYER_NAMES,
+             "qwen35": QWEN35_LAYER_NAMES}.get(arch, {**LAYER_NAMES, **EXPERT_NAMES})
     return f"blk.{layer}.{names[rest]}"
 
 
@@ -188,8 +247,8 @@ def tensor_type(gguf_tensor: str, w: np.ndarray, quant: str | dict[str, str] | N
 
 
 def write_gguf(hf_model, path: Path, arch: str = "llama", quant: str | dict[str, str] | None = None) -> Path:
-    """Save `hf_model` (a transformers Llama/Qwen2/Qwen3/SmolLM3/Phi-3/gpt-oss/Gemma 3/Gemma 4/Ministral 3/LFM2 model)
-    as GGUF.
+    """Save `hf_model` (a transformers Llama/Qwen2/Qwen3/SmolLM3/Phi-3/gpt-oss/Gemma 3/Gemma 4/Ministral 3/LFM2/
+    Qwen3.5 model) as GGUF.
 
     quant: None keeps every tensor F32; a type name ("Q8_0", "Q4_K"...) quantizes every 2-D weight whose
     rows are whole blocks of it; a dict such as MIXED_QUANTS gives each GGUF tensor its own type.
@@ -245,6 +304,8 @@ def write_gguf(hf_model, path: Path, arch: str = "llama", quant: str | dict[str,
         _add_gemma4(writer, hf_model)
     if arch == "lfm2":
         _add_lfm2(writer, hf_model)
+    if arch == "qwen35":
+        _add_qwen35(writer, cfg)
     if arch == "qwen3moe":
         writer.add_expert_count(cfg.num_experts)
         writer.add_expert_used_count(cfg.num_experts_per_tok)
@@ -267,6 +328,8 @@ def write_gguf(hf_model, path: Path, arch: str = "llama", quant: str | dict[str,
             w = w + np.float32(1.0)  # llama.cpp stores Gemma's norms as 1 + w
         if arch == "lfm2" and name.endswith("conv.conv.weight"):
             w = w[:, 0]  # llama.cpp's converter squeezes [channels, 1, kernel] to [channels, kernel]
+        if arch == "qwen35" and name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+            w = w + np.float32(1.0)  # and Qwen3.5's (1 + w) ones
         if arch in PERMUTED_QK and name.endswith("q_proj.weight"):
             w = permute(w, cfg.num_attention_heads)
         elif arch in PERMUTED_QK and name.endswith("k_proj.weight"):

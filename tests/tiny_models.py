@@ -56,6 +56,14 @@ MINISTRAL3 = dict(head_dim=16, rope_parameters=MINISTRAL3_ROPE, initializer_rang
 LFM2 = dict(num_hidden_layers=6, layer_types=["conv", "conv", "full_attention", "conv", "full_attention", "conv"],
             intermediate_size=100, block_ffn_dim_multiplier=1.5, block_multiple_of=32, conv_L_cache=3,
             pad_token_id=0, initializer_range=0.1)
+# Qwen3.5 as the 0.8B is shaped, small: three Gated DeltaNet layers then a gated full-attention one, twice as
+# many linear-attention value heads as key heads, a quarter of each attention head's dims rotated (8 of 32) by
+# the multimodal RoPE a text token turns as plain RoPE; weights drawn wider than transformers' 0.02, for logits
+# of a few units that small errors move.
+QWEN35 = dict(num_hidden_layers=4, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
+              linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4, initializer_range=0.05,
+              rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                               "mrope_section": [2, 1, 1], "mrope_interleaved": True})
 
 # name -> (transformers config class, model class, config overrides)
 ARCHITECTURES = {
@@ -106,9 +114,10 @@ ARCHITECTURES = {
     "gemma4": ("Gemma4TextConfig", "Gemma4ForCausalLM", GEMMA4),
     "gemma4-moe": ("Gemma4TextConfig", "Gemma4ForCausalLM", GEMMA4_MOE),
     "lfm2": ("Lfm2Config", "Lfm2ForCausalLM", LFM2),
+    "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", QWEN35),
 }
 # Hybrid models: their caches carry the recurrent layers' state (tests/model_runs.py's new_cache).
-HYBRID = ("lfm2",)
+HYBRID = ("lfm2", "qwen3_5")
 # The Llama-family architectures, and those the fused CPU decode step runs (not a soft-capped Gemma).
 LLAMA_FAMILY = sorted(name for name, (config, _, _) in ARCHITECTURES.items()
                       if not config.startswith("Gemma") and name not in HYBRID)

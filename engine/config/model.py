@@ -18,6 +18,7 @@ from engine.config.gemma4 import Gemma4Layers
 from engine.config.hybrid import HybridLayers
 from engine.config import lfm2
 from engine.config import phi3
+from engine.config import qwen35
 from engine.config import ministral3
 from engine.config.rope import RopeConfig, gemma4_rope, rope_config, rope_from
 
@@ -35,10 +36,13 @@ SUPPORTED_ARCHITECTURES = {
     "phi3": {"qkv_bias": False, "qk_norm": False},
     "ministral3": {"qkv_bias": False, "qk_norm": False},
     "lfm2": {"qkv_bias": False, "qk_norm": False},  # its attention layers' q/k norms are model/lfm2.py's
+    "qwen3_5_text": {"qkv_bias": False, "qk_norm": False},  # its gated attention has its own q/k norms
 }
 # A multimodal config whose text model kvchat runs (its text_config).
-MULTIMODAL_WRAPPERS = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "mistral3": "ministral3"}
-_TEXT_CONFIGS = {"gemma3": gemma3.text_config, "gemma4": gemma4.text_config, "mistral3": ministral3.text_config}
+MULTIMODAL_WRAPPERS = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "mistral3": "ministral3",
+                       "qwen3_5": "qwen3_5_text"}
+_TEXT_CONFIGS = {"gemma3": gemma3.text_config, "gemma4": gemma4.text_config, "mistral3": ministral3.text_config,
+                 "qwen3_5": qwen35.text_config}
 
 
 @dataclass(frozen=True)
@@ -146,8 +150,9 @@ class ModelConfig:
     @property
     def family(self) -> str:
         """The decoder's layer structure: "gemma3" (four norms a layer, (1 + w) norm weights), "gemma4", "lfm2"
-        (short-convolution and attention layers) or "llama"."""
-        return {"gemma3_text": "gemma3", "gemma4_text": "gemma4", "lfm2": "lfm2"}.get(self.model_type, "llama")
+        (short-convolution and attention layers), "qwen35" (Gated DeltaNet and gated attention layers) or "llama"."""
+        families = {"gemma3_text": "gemma3", "gemma4_text": "gemma4", "lfm2": "lfm2", "qwen3_5_text": "qwen35"}
+        return families.get(self.model_type, "llama")
 
     def layer_head_dim(self, layer: int) -> int:
         """The head size of `layer`'s q/k/v (Gemma 4's full layers have their own; else head_dim)."""
@@ -191,6 +196,10 @@ class ModelConfig:
         model_type = raw.get("model_type")
         if model_type in lfm2.REFUSED:
             raise ModelError(lfm2.REFUSED[model_type])
+        if model_type in qwen35.MOE_TYPES:
+            raise ModelError("This Qwen3.5 model is the mixture-of-experts variant, which kvchat does not run yet.")
+        if model_type == qwen35.MODEL_TYPE:
+            raw = qwen35.with_defaults(raw)
         if model_type not in SUPPORTED_ARCHITECTURES:
             names = ", ".join(sorted(SUPPORTED_ARCHITECTURES))
             raise ModelError(f"Unsupported model architecture {model_type!r}: kvchat runs {names}.")
@@ -205,7 +214,12 @@ class ModelConfig:
             hidden = int(raw["hidden_size"])
             heads = int(raw["num_attention_heads"])
             head_dim = int(raw.get("head_dim") or hidden // heads)
-            rope = RopeConfig(**phi3.rope_fields(raw, head_dim)) if model_type == "phi3" else rope_config(raw)
+            if model_type == "phi3":
+                rope = RopeConfig(**phi3.rope_fields(raw, head_dim))
+            elif model_type == qwen35.MODEL_TYPE:  # partial rotary (config/qwen35.py)
+                rope = qwen35.rope(raw, head_dim)
+            else:
+                rope = rope_config(raw)
             attention_bias = bool(raw.get("attention_bias", False))
             qkv_bias = arch["qkv_bias"] if arch["qkv_bias"] is not None else attention_bias
             fields = dict(
@@ -246,6 +260,8 @@ class ModelConfig:
                 fields.update(phi3.config_fields(raw))
             if model_type == "lfm2":
                 fields["hybrid"] = lfm2.hybrid_layers(raw, fields["num_layers"])
+            if model_type == qwen35.MODEL_TYPE:
+                fields.update(qwen35.config_fields(raw, fields["num_layers"]))
             cfg = cls(**fields)
             if cfg.rope.type == "longrope":  # one factor list for the whole context window (config/phi3.py)
                 long = phi3.uses_long_factors(cfg.context_window, cfg.rope.original_max_position_embeddings)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from engine.config.rope import check_partial_rotary
 from engine.errors import ModelError
 
 # Phi3Config's defaults where a config.json leaves a number out.
@@ -49,10 +50,8 @@ def rope_fields(raw: dict[str, Any], head_dim: int) -> dict[str, Any]:
     if rope_type not in ("default", *_LONGROPE_NAMES):
         raise ModelError(f"Unsupported Phi-3 RoPE scaling {rope_type!r}: kvchat supports default and longrope.")
     partial = float(params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)))
+    check_partial_rotary(head_dim, partial)
     rotary = int(head_dim * partial)
-    if not 2 <= rotary <= head_dim or rotary % 2:
-        raise ModelError(f"The model rotates {rotary} of its {head_dim} head dimensions (partial_rotary_factor "
-                         f"{partial}), which is not an even number of them that kvchat can run.")
     fields: dict[str, Any] = {"theta": float(params.get("rope_theta", raw.get("rope_theta", 10000.0))),
                               "partial_rotary_factor": partial}
     if rope_type == "default":

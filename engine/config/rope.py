@@ -44,6 +44,14 @@ class RopeConfig:
         return int(head_dim * self.partial_rotary_factor)
 
 
+def check_partial_rotary(head_dim: int, partial: float) -> None:
+    """Refuse a partial_rotary_factor that does not rotate an even number (pairs) of a head's dims."""
+    rotary = int(head_dim * partial)
+    if not 2 <= rotary <= head_dim or rotary % 2:
+        raise ModelError(f"The model rotates {rotary} of its {head_dim} head dimensions (partial_rotary_factor "
+                         f"{partial}), which is not an even number of them that kvchat can run.")
+
+
 def gemma4_rope(params: dict[str, Any]) -> RopeConfig:
     rope_type = params.get("rope_type") or "default"
     if rope_type not in GEMMA4_ROPE_TYPES:

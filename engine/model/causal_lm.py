@@ -1,5 +1,5 @@
 """CausalLM: the decoder of every family kvchat runs (Llama, SmolLM2, Mistral, Qwen2, Qwen3, Phi-3, Gemma 3, Gemma 4,
-LFM2).
+LFM2, Qwen3.5).
 
 The families share the skeleton here (embedding, layers, final norm, lm_head) and differ in their
 layer (model/layers.py, model/gemma3.py) and in a few switches of the config: Gemma 3 scales its
@@ -9,6 +9,8 @@ Ministral 3 multiplies q by a per-position attention temperature (model/temperat
 layers (model/gemma4.py) may differ in head size (one RoPE table per kind of layer and head size) and take
 LayerInputs beside the residual stream: per-layer input embeddings, and the K/V that later layers reuse.
 LFM2's short-convolution layers (model/lfm2.py) keep no K/V but a state the cache carries (kv/cache.py).
+Qwen3.5's layers (model/qwen35.py) are hybrid: its Gated DeltaNet layers keep a recurrent state in the cache
+(KVCache.state) instead of K/V.
 """
 
 from __future__ import annotations
@@ -25,11 +27,14 @@ from engine.model.gemma4 import Gemma4DecoderLayer, Gemma4RMSNorm, LayerInputs, 
 from engine.model.layers import DecoderLayer, RMSNorm
 from engine.model.moe import SparseMoE
 from engine.model.lfm2 import Lfm2DecoderLayer
+from engine.model.qwen35 import Qwen35DecoderLayer
 from engine.model.rope import RotaryEmbedding
 from engine.model.temperature import temperature_table
+from engine.recurrent.gated_deltanet import GatedDeltaNet
 
 LAYERS = {"llama": (DecoderLayer, RMSNorm), "gemma3": (Gemma3DecoderLayer, OffsetRMSNorm),
-          "gemma4": (Gemma4DecoderLayer, Gemma4RMSNorm), "lfm2": (Lfm2DecoderLayer, RMSNorm)}
+          "gemma4": (Gemma4DecoderLayer, Gemma4RMSNorm), "lfm2": (Lfm2DecoderLayer, RMSNorm),
+          "qwen35": (Qwen35DecoderLayer, OffsetRMSNorm)}
 
 
 class CausalLM(nn.Module):
@@ -75,7 +80,7 @@ class CausalLM(nn.Module):
             self.q_scales = temperature_table(self.cfg.attention_temperature, self.cfg.context_window,
                                               weight.device, weight.dtype)
         for module in self.modules():
-            if isinstance(module, (OffsetRMSNorm, PerLayerInputs)):
+            if isinstance(module, (OffsetRMSNorm, PerLayerInputs, GatedDeltaNet)):
                 module.prepare()
             elif isinstance(module, SparseMoE) and weight.is_cuda:
                 module.stack_experts()  # its step then reads no route back to the host: a CUDA graph captures it

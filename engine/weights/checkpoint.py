@@ -38,6 +38,7 @@ from engine.gguf.reader import GGUFWeights, gguf_config, log_dense_matrices, ope
 from engine.model.causal_lm import CausalLM
 from engine.model.gemma4 import checkpoint_linears as gemma4_linears, checkpoint_tensors as gemma4_tensors
 from engine.model import lfm2
+from engine.model.qwen35 import Qwen35Rows, checkpoint_linears as qwen35_linears, checkpoint_tensors as qwen35_tensors
 from engine.weights.stacked_experts import StackedExperts
 from engine.weights.synthetic import read_marker, synthetic_weights
 
@@ -163,6 +164,10 @@ def _linears(cfg: ModelConfig, ckpt: WeightSource) -> list[tuple[str, list[str],
         return [*gemma4_linears(cfg), ("lm_head", [head], None)]
     if cfg.family == "lfm2":  # short-convolution and attention layers: model/lfm2.py
         return [*lfm2.checkpoint_linears(cfg), ("lm_head", [head], None)]
+    if cfg.family == "qwen35":  # its token mixers differ by layer: model/qwen35.py
+        mlps = [spec for i in range(cfg.num_layers)
+                for spec in _mlp_linears(ckpt, f"layers.{i}.mlp.", f"model.layers.{i}.mlp.", cfg.mlp_bias)]
+        return [*qwen35_linears(cfg), *mlps, ("lm_head", [head], None)]
     specs = []
     for i in range(cfg.num_layers):
         attn, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
@@ -270,6 +275,9 @@ def load_gguf(path: Path, device: torch.device, dtype: torch.dtype, kernels: Qua
 def load_from(cfg: ModelConfig, ckpt: WeightSource, device: torch.device, dtype: torch.dtype,
               kernels: QuantKernels | None = None, blocks: WeightSource | None = None) -> CausalLM:
     """Build CausalLM for `cfg` and fill it from `ckpt` (and quantized linears from `blocks`, with `kernels`)."""
+    if cfg.family == "qwen35":  # q_proj's query and gate rows apart (model/qwen35.py), before any reorder of q
+        ckpt = Qwen35Rows(ckpt, cfg)
+        blocks = Qwen35Rows(blocks, cfg) if blocks is not None else None
     if cfg.rope.rotary_dim(cfg.head_dim) < cfg.head_dim:  # q/k reordered for partial rotary: model/partial_rotary.py
         ckpt = PartialRotaryRows(ckpt, cfg)
         blocks = PartialRotaryRows(blocks, cfg) if blocks is not None else None
@@ -296,6 +304,8 @@ def load_from(cfg: ModelConfig, ckpt: WeightSource, device: torch.device, dtype:
     for ours, stored in gemma4_tensors(cfg) if cfg.gemma4 is not None else ():
         put(ours, ckpt.get(stored))
     for ours, stored in lfm2.checkpoint_tensors(cfg) if cfg.family == "lfm2" else ():
+        put(ours, ckpt.get(stored))
+    for ours, stored in qwen35_tensors(cfg) if cfg.family == "qwen35" else ():
         put(ours, ckpt.get(stored))
     for module, names, bias_names in _linears(cfg, ckpt):
         bias = _joined(ckpt, bias_names, ".bias") if bias_names else None
