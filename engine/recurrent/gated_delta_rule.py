@@ -35,20 +35,25 @@ _L2_EPS = 1e-6  # transformers' (and fla's) l2norm epsilon
 
 
 def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                     state: torch.Tensor) -> torch.Tensor:
+                     state: torch.Tensor, states_after: list[torch.Tensor] | None = None) -> torch.Tensor:
     """Run T tokens through the rule from `state`, which is left holding the memory after them.
 
     q, k [T, key heads, key dim]; v [T, value heads, value dim]; g (fp32) and beta [T, value heads];
     state [value heads, key dim, value dim] fp32. A leading rows dim on all of them runs a batch of
     sequences (each its own T tokens and state). Returns [(rows,) T, value heads, value dim] in q's dtype.
+    `states_after` (one sequence: a verification recording, SequenceState.record) gets a copy of the memory
+    after each token, which only the recurrent form has, so it runs whatever T is.
     """
     single = state.dim() == 3
     if single:
         q, k, v, g, beta, state_rows = (t.unsqueeze(0) for t in (q, k, v, g, beta, state))
     else:
         state_rows = state
-    recurrent = q.shape[1] <= RECURRENT_UP_TO
-    out, final = (_recurrent if recurrent else _chunkwise)(*_heads_first(q, k, v, g, beta), state_rows)
+    if states_after is not None:
+        out, final = _recurrent(*_heads_first(q, k, v, g, beta), state_rows, states_after)
+    else:
+        recurrent = q.shape[1] <= RECURRENT_UP_TO
+        out, final = (_recurrent if recurrent else _chunkwise)(*_heads_first(q, k, v, g, beta), state_rows)
     state_rows.copy_(final)
     out = out.transpose(1, 2).to(q.dtype)  # [rows, T, value heads, value dim]
     return out[0] if single else out
@@ -68,7 +73,7 @@ def _l2norm(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + _L2_EPS)
 
 
-def _recurrent(q, k, v, g, beta, state):
+def _recurrent(q, k, v, g, beta, state, states_after=None):
     """Token by token; transformers' torch_recurrent_gated_delta_rule (which divides q by sqrt(key dim))."""
     q = q / (q.shape[-1] ** 0.5)
     out = torch.empty_like(v)
@@ -79,6 +84,8 @@ def _recurrent(q, k, v, g, beta, state):
         delta = (v[:, :, t] - remembered) * beta[:, :, t].unsqueeze(-1)
         state = state + k_t * delta.unsqueeze(-2)
         out[:, :, t] = (state * q[:, :, t].unsqueeze(-1)).sum(dim=-2)
+        if states_after is not None:
+            states_after.append(state[0].clone())
     return out, state
 
 

@@ -36,7 +36,7 @@ def engines_for(model_dir, paged_kv=None):
 
 
 @pytest.fixture(scope="module", params=["dense", "q4_1-blocks", "dense-paged", "gemma3", "gemma3-paged", "qwen3-moe",
-                                              "smollm3", "gpt-oss", "lfm2"])
+                                              "smollm3", "gpt-oss", "lfm2", "qwen3_5"])
 def engines(request, tmp_path_factory):
     """The paged variant reads K/V blocks in place (the GPU path), checked against eager without a cache.
     Gemma 3's sliding layers (window 8, far shorter than the prompts) must reuse cached prefixes exactly
@@ -45,7 +45,7 @@ def engines(request, tmp_path_factory):
     if request.param.startswith("gemma3"):
         return engines_for(make_tiny_model(root / "hf", "gemma3", seed=7), paged_kv=request.param == "gemma3-paged")
     # Routed experts; NoPE layers; sinks over cached keys; a hybrid model (the state at a checkpoint, kv/checkpoints.py).
-    if request.param in ("qwen3-moe", "smollm3", "gpt-oss", "lfm2"):
+    if request.param in ("qwen3-moe", "smollm3", "gpt-oss", "lfm2", "qwen3_5"):
         return engines_for(make_tiny_model(root / "hf", request.param, seed=7))
     hf_dir = make_tiny_model(root / "hf", "llama", seed=7)
     if request.param.startswith("dense"):
