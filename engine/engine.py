@@ -20,7 +20,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,8 +33,9 @@ from engine.errors import ContextWindowError, EngineError, ModelError
 from engine.kv.budget import check_ram, checkpoint_budget, host_tier_bytes, kv_pool_bytes
 from engine.kv.pool import KVPool
 from engine.kv.prefix_cache import KVCacheFullError, PrefixCache
-from engine.kv.exported import ExportedKV
+from engine.kv.exported import ExportedCheckpoint, ExportedKV
 from engine.model.causal_lm import CausalLM
+from engine.recurrent.state import SequenceState
 from engine.request.generation import Generation
 from engine.request.loop import StepLoop
 from engine.request.request import Request
@@ -310,17 +311,32 @@ class Engine:
 
     def export_kv(self, token_ids: list[int], first_block: int = 0) -> ExportedKV | None:
         """A copy of the cached K/V of the longest cached prefix of `token_ids` (None: nothing cached),
-        from block `first_block` on (the blocks before it are already on disk). Only final tokens are
-        ever in the cache (kv/sequence.py), so exported K/V never hold a draft."""
+        from block `first_block` on (the blocks before it are already on disk), with a hybrid model's last
+        state checkpoint on that prefix: the one a resumed conversation starts from. Only that one: a
+        checkpoint is large (Qwen3.5-0.8B's ~19 MB, ~770 tokens of its K/V), and an earlier one serves only
+        an edit, which starts from the previous turn's checkpoint instead. Only final tokens are ever in
+        the cache (kv/sequence.py), so exported K/V and states never hold a draft."""
         if self.prefix_cache is None:
             return None
         fingerprint = self.fingerprint
         with self._loop.lock:
             exported = self.prefix_cache.export(token_ids, first_block)
+            last = self.prefix_cache.path_checkpoints(token_ids)[-1:] if exported is not None else []
+            checkpoints = tuple(ExportedCheckpoint(position, tuple(t.to("cpu", copy=True) for t in state.tensors()))
+                                for position, state in last)
         if exported is None:
             return None
         length, blocks = exported
-        return ExportedKV(tuple(token_ids[:length]), blocks, fingerprint, first_block)
+        return ExportedKV(tuple(token_ids[:length]), blocks, fingerprint, first_block, checkpoints)
+
+    @functools.cached_property
+    def state_layout(self) -> tuple[tuple[torch.dtype, tuple[int, ...]], ...] | None:
+        """The dtype and shape of each tensor of a state checkpoint, in ExportedCheckpoint's order; None for
+        an attention-only model, which keeps no state. The block store checks a checkpoint file against it."""
+        if self.model.cfg.hybrid is None:
+            return None
+        zeros = SequenceState.zeros(self.model.cfg.hybrid, torch.device("meta"), self.dtype)
+        return tuple((t.dtype, tuple(t.shape)) for t in zeros.tensors())
 
     @property
     def kv_block_size(self) -> int:
@@ -345,6 +361,28 @@ class Engine:
                 return self.prefix_cache.import_blocks(list(token_ids), fill)
             except KVCacheFullError as exc:
                 raise EngineError(f"The K/V of {len(token_ids)} tokens from disk do not fit: {exc}") from None
+
+    def import_checkpoints(self, token_ids: list[int], checkpoints: Sequence[ExportedCheckpoint]) -> int:
+        """Put a hybrid model's state checkpoints read from disk into the prefix cache, on the blocks of
+        `token_ids` a preceding `import_blocks` (or a request) put there. A checkpoint whose block is not
+        in the cache, whose position is not within `token_ids`, whose tensors are not shaped like this
+        model's state, or where one is already kept is skipped (PrefixCache.import_checkpoints). Returns
+        how many were kept.
+
+        Raises EngineError if the prefix cache is off, the model keeps no state (attention only), or the
+        token ids are outside the vocabulary."""
+        if not checkpoints:
+            return 0
+        if self.prefix_cache is None:
+            raise EngineError("The prefix cache is off, so state checkpoints from disk cannot be used.")
+        if self.model.cfg.hybrid is None:
+            raise EngineError("The model keeps no recurrent state, so state checkpoints from disk cannot be used.")
+        if min(token_ids, default=0) < 0 or max(token_ids, default=0) >= self.model.cfg.vocab_size:
+            raise EngineError("The state checkpoints on disk are for token ids outside the model's vocabulary.")
+        with self._loop.lock:
+            template = SequenceState.zeros(self.model.cfg.hybrid, self.device, self.dtype)
+            return self.prefix_cache.import_checkpoints(
+                list(token_ids), [(c.position, c.tensors) for c in checkpoints], template)
 
     def prewarm(self, token_ids: list[int]) -> None:
         """Gather the cached prefix of `token_ids` into the contiguous buffer the next request starts from

@@ -20,7 +20,7 @@ from storage.data_dir import data_dir
 from storage.db.conversations import ConversationStore
 from storage.disk_files import DEFAULT_KV_DISK_GB
 from storage.errors import StorageError
-from storage.kv.block_file import SUFFIX
+from storage.kv.keys import CHECKPOINT_SUFFIX, SUFFIX
 from storage.kv.store import KV_DIR, KVBlockStore
 
 
@@ -40,6 +40,7 @@ class Usage:
     trashed: int  # conversations in the trash
     data_dir: str
     cache_dir: str
+    kv_checkpoints: int = 0  # a hybrid model's state checkpoints beside the blocks (their bytes are in kv_bytes)
 
     @property
     def total_bytes(self) -> int:
@@ -62,12 +63,12 @@ def _size(path: Path) -> tuple[int, int]:
     return total, entries
 
 
-def _block_files(folder: Path) -> int:
+def _block_files(folder: Path, suffix: str = SUFFIX) -> int:
     """How many block files `folder` holds: regular files named <key>.kvb (not a folder in a block's place,
-    one moved aside, or a writer's temp file)."""
+    one moved aside, or a writer's temp file); `suffix` CHECKPOINT_SUFFIX: checkpoint files, <key>.kvs."""
     try:
         return sum(1 for entry in os.scandir(folder)
-                   if entry.name.endswith(SUFFIX) and entry.is_file(follow_symlinks=False))
+                   if entry.name.endswith(suffix) and entry.is_file(follow_symlinks=False))
     except OSError:
         return 0
 
@@ -77,7 +78,7 @@ def usage(kv_disk_gb: float | None = None) -> Usage:
     database = sum(_size(home / f"kvchat.db{suffix}")[0] for suffix in ("", "-wal", "-shm"))
     backup_bytes, backups = _size(home / "backups")
     kv_bytes = _size(home / KV_DIR)[0]
-    kv_blocks = _block_files(home / KV_DIR)
+    kv_blocks, kv_checkpoints = _block_files(home / KV_DIR), _block_files(home / KV_DIR, CHECKPOINT_SUFFIX)
     kv_bytes += _size(home / "snapshots")[0]  # an older kvchat's snapshot files, until they are migrated
     model_bytes, models = _size(cache / "models")
     tokenizer_bytes, tokenizers = _size(cache / GGUF_TOKENIZERS)
@@ -94,7 +95,7 @@ def usage(kv_disk_gb: float | None = None) -> Usage:
                 pass
     cap = int((DEFAULT_KV_DISK_GB if kv_disk_gb is None else kv_disk_gb) * 1e9)
     return Usage(database, backup_bytes, backups, kv_bytes, kv_blocks, conversations, shared, saved, cap,
-                 model_bytes, models, trashed, str(home), str(cache))
+                 model_bytes, models, trashed, str(home), str(cache), kv_checkpoints)
 
 
 def human(n: int) -> str:

@@ -16,8 +16,9 @@ def report(u: Usage) -> str:
         ("conversations", f"{human(u.database_bytes)}", f"{u.data_dir}/kvchat.db"
          + (f" ({u.trashed} in the trash)" if u.trashed else "")),
         ("backups", f"{human(u.backup_bytes)}", f"{u.data_dir}/backups ({u.backups}, the last 3 kept)"),
-        ("KV cache", f"{human(u.kv_bytes)}", f"{u.data_dir}/{KV_DIR} ({u.kv_blocks} block{'' if u.kv_blocks == 1 else 's'} of "
-         f"{u.kv_conversations} conversation{'' if u.kv_conversations == 1 else 's'}, cap {human(u.kv_cap_bytes)})"),
+        ("KV cache", f"{human(u.kv_bytes)}", f"{u.data_dir}/{KV_DIR} ({u.kv_blocks} block{'' if u.kv_blocks == 1 else 's'}"
+         + (f" and {counted(u.kv_checkpoints, 'state checkpoint')}" if u.kv_checkpoints else "")  # a hybrid model's
+         + f" of {u.kv_conversations} conversation{'' if u.kv_conversations == 1 else 's'}, cap {human(u.kv_cap_bytes)})"),
         ("model caches", f"{human(u.model_cache_bytes)}", f"{u.cache_dir} ({counted(u.models, 'model')})"),
     ]
     width = max(len(name) for name, _, _ in rows)

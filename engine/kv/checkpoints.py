@@ -19,6 +19,8 @@ Rules (PrefixCache.check_invariants checks the first two):
   it are computed again, and the match says how many (`recomputed`).
 - Their memory is bounded (`budget` bytes): past it, the least recently used nodes' checkpoints go first.
   Dropping one never makes a result wrong, only a later prefill longer.
+- On disk (the block store) a turn keeps the last checkpoint of its export (Engine.export_kv); one read
+  back is filed by PrefixCache.import_checkpoints on a node already in the tree, never over another.
 An attention-only model is the case with no state: every position is a checkpoint, nothing is stored.
 """
 

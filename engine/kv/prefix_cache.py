@@ -31,7 +31,8 @@ Rules:
 - `forget` drops the blocks a prefix would reuse and everything below them
   (after a request computed NaN from them), except referenced nodes.
 - A hybrid model's cache (`checkpoint_budget` given) also keeps state checkpoints on its nodes, and a
-  match ends at one: kv/checkpoints.py has their rules.
+  match ends at one: kv/checkpoints.py has their rules. `path_checkpoints` lists those on a path (for
+  the block store), `import_checkpoints` files ones read from disk on nodes already in the tree.
 
 One file, longer than the house's ~400 lines, on purpose: every operation here moves nodes and
 blocks under the same rules (check_invariants). `load` and `export` were a mixin in a file of their
@@ -42,7 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import heapq
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -320,6 +321,58 @@ class PrefixCache:
             parent = node
             added += len(piece)
         return added
+
+    def path_checkpoints(self, tokens: list[int]) -> list[tuple[int, SequenceState]]:
+        """The checkpoints on the path `export(tokens)` copies, as (position, state), first position first
+        (none for an attention-only model). The states are the filed ones: copy them, never write them."""
+        if self.checkpoints is None:
+            return []
+        chain, lender, lent = self._walk(tokens, len(tokens))
+        found = [(i * self.block_size + offset, state)
+                 for i, node in enumerate(chain) for offset, state in node.checkpoints.items()]
+        if lender is not None:
+            found += [(len(chain) * self.block_size + offset, state)
+                      for offset, state in lender.checkpoints.items() if offset <= lent]
+        return sorted(found, key=lambda item: item[0])
+
+    def import_checkpoints(self, tokens: list[int], checkpoints: Iterable[tuple[int, Sequence[torch.Tensor]]],
+                           template: SequenceState) -> int:
+        """File checkpoints read from disk, each (position, its tensors in SequenceState.tensors() order), on
+        the nodes of `tokens` that `import_blocks` (or requests) put in the tree. Skipped: one whose node is
+        not in the tree, whose position is not within `tokens`, whose tensors do not fit `template` (a zero
+        state of this model: another model's state), or where a checkpoint is filed already (the same
+        state: never replaced). Returns how many were filed."""
+        if self.checkpoints is None:
+            return 0
+        size, filed = self.block_size, 0
+        for position, tensors in checkpoints:
+            if not 1 <= position <= len(tokens):
+                continue
+            index = (position - 1) // size
+            offset = position - index * size
+            node = self._holder(tokens, index, offset)
+            if node is None or offset in node.checkpoints:
+                continue
+            state = template.with_tensors(tensors, position)
+            if state is not None:
+                self.checkpoints.file(node, offset, state, self.nodes())
+                filed += 1
+        return filed
+
+    def _holder(self, tokens: list[int], index: int, offset: int) -> Node | None:
+        """The node of block `index` of `tokens` whose first `offset` tokens are theirs: the one holding the
+        block of `tokens` itself, else the longest that starts with them (the one a superseding walk keeps)."""
+        chain, _, _ = self._walk(tokens, index * self.block_size)
+        if len(chain) < index:
+            return None
+        parent = chain[-1] if chain else self.root
+        start = index * self.block_size
+        exact = parent.children.get(tuple(tokens[start : start + self.block_size]))
+        if exact is not None:
+            return exact
+        want = tuple(tokens[start : start + offset])
+        covering = [c for c in parent.children.values() if c.tokens[:offset] == want]
+        return max(covering, key=lambda c: len(c.tokens)) if covering else None
 
     # ---- memory ---------------------------------------------------------------
 

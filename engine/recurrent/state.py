@@ -20,6 +20,7 @@ short-convolution layer. A fresh state is zeros: the convolution's zero padding 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -63,6 +64,22 @@ class SequenceState:
             yield state.conv
             if state.recurrent is not None:
                 yield state.recurrent
+
+    def tensors(self) -> list[torch.Tensor]:
+        """This state's tensors in a fixed order: per recurrent layer, first to last, its convolution state,
+        then its recurrent matrix if it has one. A checkpoint leaves the engine in this order (kv/exported.py)
+        and comes back in it (`with_tensors`)."""
+        return list(self._tensors())
+
+    def with_tensors(self, tensors: Sequence[torch.Tensor], position: int) -> "SequenceState | None":
+        """A new state shaped like this one (its layers, shapes, dtypes and device) holding a copy of `tensors`
+        (in `tensors()` order, on any device), at `position`; None when they do not fit: another model's."""
+        mine = self.tensors()
+        if len(tensors) != len(mine) or any(t.shape != m.shape or t.dtype != m.dtype for t, m in zip(tensors, mine)):
+            return None
+        copies = iter([t.to(device=m.device, copy=True) for t, m in zip(tensors, mine)])
+        return SequenceState({i: LayerState(next(copies), None if s.recurrent is None else next(copies))
+                              for i, s in self.layers.items()}, position)
 
     @property
     def nbytes(self) -> int:

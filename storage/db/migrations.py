@@ -158,6 +158,20 @@ def _kv_blocks(db: Database) -> None:
     db.execute("CREATE INDEX idx_kv_heads_key ON kv_heads(key)")
 
 
+def _kv_checkpoints(db: Database) -> None:
+    # A hybrid model's state checkpoints beside the K/V blocks (storage/kv/checkpoint_file.py). A row is
+    # kept while a block after `parent` starts with its tokens (one that holds its position), and goes
+    # before its file is unlinked, as a block's does.
+    db.execute(
+        "CREATE TABLE kv_checkpoints ("
+        " key TEXT PRIMARY KEY,"  # the chain key of the tokens up to it (a block ending there): <key>.kvs
+        " parent TEXT NOT NULL,"  # the block before the one holding its position; '' for the first
+        " token_ids BLOB NOT NULL,"  # little-endian uint32: the tokens from that block's start to it
+        " bytes INTEGER NOT NULL) WITHOUT ROWID"  # the file's size
+    )
+    db.execute("CREATE INDEX idx_kv_checkpoints_parent ON kv_checkpoints(parent)")
+
+
 Migration = tuple[str, Callable[[Database], None]]
 
 MIGRATIONS: list[Migration] = [
@@ -171,12 +185,13 @@ MIGRATIONS: list[Migration] = [
     ("0008_trash", _trash),
     ("0009_chat_format", _chat_format),
     ("0010_kv_blocks", _kv_blocks),
+    ("0011_kv_checkpoints", _kv_checkpoints),
 ]
 
 
 # The file's own marks, in its header: `file` and other tools tell kvchat's database from other SQLite
 # files by them, and kvchat refuses a file another application marked (storage/db/identity.py).
-# application_id is "kvch" in ASCII; user_version counts the steps applied (10 with the list above).
+# application_id is "kvch" in ASCII; user_version counts the steps applied (11 with the list above).
 APPLICATION_ID = 0x6B766368
 
 

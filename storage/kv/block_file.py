@@ -120,18 +120,24 @@ def write_block(directory: Path, key: str, parent: str, token_ids: tuple[int, ..
                        payload.nbytes, xxhash.xxh3_128_digest(payload))
     head += token_bytes(token_ids)
     head += CHECK.pack(xxhash.xxh3_64_intdigest(head))
-    temp = directory / f".{key}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    write_durably(directory / f"{key}{SUFFIX}", key, [head, payload])
+    return len(head) + payload.nbytes
+
+
+def write_durably(path: Path, key: str, parts) -> None:
+    """Write `parts` (bytes, arrays) as the file `path`: a temp file beside it, fsynced, renamed into place
+    (the caller fsyncs the directory). OSError (a full disk) leaves no file. Checkpoint files too."""
+    temp = path.parent / f".{key}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     try:
         with open(temp, "xb") as f:
-            f.write(head)
-            f.write(memoryview(payload))
+            for part in parts:
+                f.write(memoryview(part))
             f.flush()
             os.fsync(f.fileno())
-        os.replace(temp, directory / f"{key}{SUFFIX}")
+        os.replace(temp, path)
     except BaseException:
         temp.unlink(missing_ok=True)
         raise
-    return len(head) + payload.nbytes
 
 
 def clear_folder(path: Path) -> str | None:
@@ -163,6 +169,17 @@ def read_block(path: Path, key: str, parent: str, token_ids: tuple[int, ...], de
     """Read the block at `path` into `dest` (a pool-shaped CPU block; positions past its tokens are
     zeroed) after checking it is exactly the block `key` after `parent` holding `token_ids`, in
     `dest`'s layout. Raises BlockDamaged or BlockUnreadable; `dest` may then hold anything."""
+    f, size = open_regular(path)
+    with f:
+        try:
+            _read_verified(f, size, key, parent, token_ids, dest)
+        except OSError as exc:  # an I/O error
+            raise BlockUnreadable(f"it cannot be read ({exc.strerror or exc})") from None
+
+
+def open_regular(path: Path):
+    """`path` opened for unbuffered reading, with its size, if it is a regular file reached without a
+    symlink; else BlockUnreadable (a symlink, a FIFO, a folder, no permission). Checkpoint files too."""
     try:
         # O_NONBLOCK: opening a FIFO would otherwise wait for a writer forever (no effect on a file).
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
@@ -179,11 +196,7 @@ def read_block(path: Path, key: str, parent: str, token_ids: tuple[int, ...], de
     if not stat.S_ISREG(info.st_mode):  # a FIFO, a directory, a device: nothing is read from it
         os.close(fd)
         raise BlockUnreadable("a folder is in its place" if stat.S_ISDIR(info.st_mode) else "it is not a regular file")
-    with os.fdopen(fd, "rb", buffering=0) as f:
-        try:
-            _read_verified(f, info.st_size, key, parent, token_ids, dest)
-        except OSError as exc:  # an I/O error
-            raise BlockUnreadable(f"it cannot be read ({exc.strerror or exc})") from None
+    return os.fdopen(fd, "rb", buffering=0), info.st_size
 
 
 def _read_verified(f, size: int, key: str, parent: str, token_ids: tuple[int, ...], dest: "torch.Tensor") -> None:
@@ -195,7 +208,7 @@ def _read_verified(f, size: int, key: str, parent: str, token_ids: tuple[int, ..
     if size != layout.file_bytes(tokens):
         raise BlockDamaged(f"it is {size:,} bytes, not {layout.file_bytes(tokens):,}")
     head_len = HEADER.size + 4 * tokens
-    head = _read_exactly(f, head_len + CHECK.size)
+    head = read_exactly(f, head_len + CHECK.size)
     (check,) = CHECK.unpack_from(head, head_len)
     if xxhash.xxh3_64_intdigest(head[:head_len]) != check:
         raise BlockDamaged("its header does not match its checksum")
@@ -209,10 +222,10 @@ def _read_verified(f, size: int, key: str, parent: str, token_ids: tuple[int, ..
         raise BlockDamaged("it holds other tokens")
     if tokens == layout.block_size:
         raw = dest.view(torch.uint8).numpy().reshape(-1)  # straight into the pool block: no copy after
-        _read_into(f, raw)
     else:
         raw = np.empty(layout.payload_bytes(tokens), dtype=np.uint8)
-        _read_into(f, raw)
+    read_into(f, raw)
+    check_at_end(f)
     if xxhash.xxh3_128_digest(raw) != fields[12]:
         raise BlockDamaged("its K/V do not match their checksum")
     if tokens < layout.block_size:
@@ -221,19 +234,22 @@ def _read_verified(f, size: int, key: str, parent: str, token_ids: tuple[int, ..
         dest[:, :, :, tokens:].zero_()
 
 
-def _read_exactly(f, count: int) -> bytes:
+def read_exactly(f, count: int) -> bytes:
     data = f.read(count)
     if len(data) != count:
         raise BlockDamaged("it is truncated")
     return data
 
 
-def _read_into(f, raw: np.ndarray) -> None:
+def read_into(f, raw: np.ndarray) -> None:
     view, done = memoryview(raw).cast("B"), 0
     while done < len(view):
         got = f.readinto(view[done:])
         if not got:
             raise BlockDamaged("it is truncated")
         done += got
+
+
+def check_at_end(f) -> None:
     if f.read(1):
         raise BlockDamaged("it is longer than its header says")

@@ -1,5 +1,11 @@
 """KV block keys: a block's key chains its parent's key, the model fingerprint and its token ids.
 
+A hybrid model's state checkpoint after position p is keyed on the same chain: by the key a block
+ending at p would have (its block's parent and the tokens from the block's start to p; at a block's
+end, that block's own key). So it does not depend on the tokens after p: the longer block that
+supersedes a turn's last, partial one holds it still, and conversations that part within the block
+after p share it.
+
 Plain Python (hashlib, struct): the database index and the commands that only list or delete use
 keys without loading numpy or torch. The file format built on them: block_file.py.
 """
@@ -11,6 +17,7 @@ import struct
 from collections.abc import Sequence
 
 SUFFIX = ".kvb"  # a block's file: <key>.kvb
+CHECKPOINT_SUFFIX = ".kvs"  # a state checkpoint's file: <key>.kvs
 ROOT = ""  # the parent key of a sequence's first block
 
 
@@ -39,3 +46,14 @@ def chain_keys(fingerprint: str, token_ids, block_size: int) -> list[str]:
         parent = block_key(parent, fingerprint, token_ids[start : start + block_size])
         keys.append(parent)
     return keys
+
+
+def checkpoint_place(fingerprint: str, keys: Sequence[str], token_ids, position: int,
+                     block_size: int) -> tuple[str, str, tuple[int, ...]]:
+    """Where the checkpoint after `position` tokens of `token_ids` (whose chain keys are `keys`, those of
+    the blocks before its at least) is kept: (its key, the key of the block before the one holding its
+    last token (ROOT: none), the tokens from that block's start to it)."""
+    index = (position - 1) // block_size
+    parent = keys[index - 1] if index else ROOT
+    tokens = tuple(token_ids[index * block_size : position])
+    return block_key(parent, fingerprint, tokens), parent, tokens

@@ -27,16 +27,22 @@ renamed aside if it holds anything (block_file.clear_folder).
 The size cap evicts whole blocks, least recently used first: blocks no
 conversation references (a deleted conversation's, a superseded partial
 block) before any that one does, and referenced ones from the ends of chains.
+
+A hybrid model's state checkpoints (checkpoint_file.py) live beside the blocks under the same rules:
+written durable before their index row, read checked, a damaged one deleted (the prompt then starts
+from an earlier checkpoint), and removed with the last block that holds them (index.py), so every
+path that removes blocks (the cap, a purge, a superseded partial block, a damaged block) removes them
+too. A save writes the one checkpoint its export carries, if the store lacks it: one a turn.
 """
 
 from __future__ import annotations
 
-import heapq
+import functools
 import logging
 import os
 import stat
 import time
-from collections import Counter
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -48,12 +54,15 @@ from storage.errors import StorageError
 from storage.kv.block_file import (ROOT, SUFFIX, BlockDamaged, BlockLayout, BlockUnreadable, block_key, chain_keys,
                                    clear_folder, is_finite, payload_of, read_block, write_block)
 from storage.db.database import ConversationDatabase
-from storage.kv.index import BlockRow, KVIndex
+from storage.kv.checkpoint_file import StateLayout, read_checkpoint, unstorable, write_checkpoint
+from storage.kv.eviction import evict, holders
+from storage.kv.index import BlockRow, CheckpointRow, KVIndex
+from storage.kv.keys import CHECKPOINT_SUFFIX, checkpoint_place
 
 if TYPE_CHECKING:  # not at run time: `kvchat list` and `delete` use the store without loading torch
     import torch
 
-    from engine.kv.exported import ExportedKV
+    from engine.kv.exported import ExportedCheckpoint, ExportedKV
 
 log = logging.getLogger("kvchat")
 
@@ -72,14 +81,26 @@ class StoredBlock:
 
 
 @dataclass(frozen=True)
+class StoredCheckpoint:
+    """One checkpoint a prompt can start from: its key, its place (keys.checkpoint_place), its position."""
+
+    key: str
+    parent: str
+    token_ids: tuple[int, ...]
+    position: int
+
+
+@dataclass(frozen=True)
 class KVStoreStats:
     blocks: int
-    bytes: int
-    referenced_bytes: int  # blocks some conversation's chain passes through
+    bytes: int  # blocks and checkpoints
+    referenced_bytes: int  # blocks some conversation's chain passes through, and the checkpoints they hold
     shared_blocks: int  # referenced by two or more conversations
-    shared_bytes: int
-    saved_bytes: int  # what storing the shared blocks once saves over a copy per conversation
+    shared_bytes: int  # those blocks and the checkpoints shared blocks hold
+    saved_bytes: int  # what storing the shared blocks (and checkpoints) once saves over a copy per conversation
     conversations: int
+    checkpoints: int = 0  # a hybrid model's state checkpoints
+    checkpoint_bytes: int = 0
 
 
 class KVBlockStore:
@@ -101,11 +122,12 @@ class KVBlockStore:
         self._check_dir()
         return self._file(key)
 
-    def _file(self, key: str) -> Path:
-        """The file of a block in the directory, already checked (see `_check_dir`)."""
+    def _file(self, key: str, suffix: str = SUFFIX) -> Path:
+        """The file of a block (`suffix` CHECKPOINT_SUFFIX: a checkpoint) in the directory, already checked
+        (see `_check_dir`)."""
         if len(key) != 64 or not all(c in "0123456789abcdef" for c in key):
             raise StorageError(f"{key!r} is not a KV block key")
-        return self.dir / f"{key}{SUFFIX}"
+        return self.dir / f"{key}{suffix}"
 
     def _check_dir(self) -> None:
         if leads_outside(self.home, self.dir):
@@ -188,13 +210,62 @@ class KVBlockStore:
         if not self.writable:
             return
         try:
-            self.index.remove([block.key])
-            if isinstance(exc, BlockDamaged):
-                self.path(block.key).unlink(missing_ok=True)
-            elif done := clear_folder(self._file(block.key)):
-                log.warning("kvchat: a folder stood where the KV block %s belongs; %s", block.key[:12], done)
+            self._unlink(self.index.remove([block.key]), CHECKPOINT_SUFFIX)
+            self._drop_file(block.key, SUFFIX, exc, "KV block")
         except (StorageError, OSError):
             pass
+
+    def _drop_file(self, key: str, suffix: str, exc: Exception, what: str) -> None:
+        """Delete a damaged file the index no longer names; clear a folder standing in its place."""
+        if isinstance(exc, BlockDamaged):
+            self._file(key, suffix).unlink(missing_ok=True)
+        elif done := clear_folder(self._file(key, suffix)):
+            log.warning("kvchat: a folder stood where the %s %s belongs; %s", what, key[:12], done)
+
+    def plan_checkpoints(self, fingerprint: str, plan: Sequence[StoredBlock],
+                         token_ids: Sequence[int]) -> list[StoredCheckpoint]:
+        """The stored checkpoints on the path of `token_ids` that the blocks of `plan` (what `plan` found
+        for them) hold, first position first: a resumed prompt starts from the last one read intact."""
+        after = defaultdict(list)
+        for row in self.index.checkpoints(sorted({block.parent for block in plan})):
+            after[row.parent].append(row)
+        found, start = [], 0
+        for block in plan:
+            for row in after[block.parent]:
+                n = len(row.token_ids)
+                # Another model's checkpoints hang after the same root: only a key that hashes ours is ours.
+                if block.token_ids[:n] == row.token_ids == tuple(token_ids[start : start + n]) \
+                        and block_key(block.parent, fingerprint, row.token_ids) == row.key:
+                    found.append(StoredCheckpoint(row.key, row.parent, row.token_ids, start + n))
+            start += len(block.token_ids)
+        return sorted(found, key=lambda c: c.position)
+
+    def read_checkpoint(self, checkpoint: StoredCheckpoint, layout: StateLayout) -> "ExportedCheckpoint | None":
+        """The state of a stored checkpoint in `layout` (Engine.state_layout), checked against it, its key,
+        place and position; None if it is not intact: a damaged file (another model's state too) is
+        deleted, a missing or unsafe one forgotten by the index, with one log line."""
+        from engine.kv.exported import ExportedCheckpoint  # torch is loaded: the engine gave the layout
+
+        try:
+            self._check_dir()
+        except StorageError as exc:
+            log.warning("kvchat: the state checkpoint was not read: %s", exc)
+            return None
+        c = checkpoint
+        try:
+            tensors = read_checkpoint(self._file(c.key, CHECKPOINT_SUFFIX), c.key, c.parent, c.token_ids,
+                                      c.position, layout)
+        except (BlockDamaged, BlockUnreadable, StorageError) as exc:
+            log.warning("kvchat: the state checkpoint %s (at token %d) was not used, so the prompt starts "
+                        "from an earlier one: %s", c.key[:12], c.position, exc)
+            if self.writable:
+                try:
+                    self.index.remove_checkpoints([c.key])
+                    self._drop_file(c.key, CHECKPOINT_SUFFIX, exc, "state checkpoint")
+                except (StorageError, OSError):
+                    pass
+            return None
+        return ExportedCheckpoint(c.position, tuple(tensors))
 
     # ---- writing --------------------------------------------------------------
 
@@ -205,12 +276,13 @@ class KVBlockStore:
         return next((i for i, key in enumerate(keys) if key not in present), len(keys))
 
     def save(self, conversation_id: str | None, exported: "ExportedKV", wanted: Callable[[], bool] | None = None) -> int:
-        """Write the blocks of `exported` the store lacks and make its chain one of the conversation's
-        (`conversation_id` None: blocks only, no head). Returns the bytes written. OSError (a full disk)
-        leaves the old state in place; StorageError: the index could not be written (the same)."""
+        """Write the blocks of `exported` the store lacks, and its checkpoints the store lacks whose blocks
+        it then holds, and make its chain one of the conversation's (`conversation_id` None: blocks only,
+        no head). Returns the bytes written. OSError (a full disk) leaves the old state in place;
+        StorageError: the index could not be written (the same)."""
         if self.cap_bytes == 0 or not self.writable or (wanted is not None and not wanted()):
             return 0
-        tokens, kv = exported.token_ids, exported.kv
+        tokens = exported.token_ids
         if not tokens:
             return 0
         size = exported.block_size  # the tensor's shape says it even when it holds no blocks
@@ -220,41 +292,77 @@ class KVBlockStore:
             # Evicted since the caller asked first_missing: the blocks it sent would hang under a gap,
             # unreachable. The next turn's first_missing starts at the gap.
             return 0
-        end, written = exported.first_block, []
+        written: list[BlockRow] = []
+        states: list[tuple[CheckpointRow, str]] = []
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path(keys[0])  # refuses a directory that leads out of the data dir
         try:
-            for i in range(exported.first_block, len(keys)):
-                piece = tuple(tokens[i * size : (i + 1) * size])
-                if keys[i] not in present:
-                    block = kv[i - exported.first_block]
-                    payload = payload_of(block, len(piece))
-                    if not is_finite(payload, block.dtype):
-                        log.warning("kvchat: K/V that are not finite were not saved (block %d of conversation %s)",
-                                    i, conversation_id)
-                        break
-                    try:
-                        nbytes = write_block(self.dir, keys[i], keys[i - 1] if i else ROOT, piece, payload,
-                                             BlockLayout.of(block))
-                    except IsADirectoryError:  # a folder in the block's place: no file can be renamed over it
-                        log.warning("kvchat: a folder stood where the KV block %s belongs; %s", keys[i][:12],
-                                    clear_folder(self._file(keys[i])))
-                        nbytes = write_block(self.dir, keys[i], keys[i - 1] if i else ROOT, piece, payload,
-                                             BlockLayout.of(block))
-                    written.append(BlockRow(keys[i], keys[i - 1] if i else ROOT, piece, nbytes))
-                end = i + 1
-            if written:
+            end = self._write_blocks(conversation_id, exported, keys, present, written)
+            self._write_checkpoints(exported, keys, end, states)
+            if written or states:
                 fsync_dir(self.dir)
             extended = self._extended_partials(conversation_id, exported.fingerprint, tokens, keys, end, size)
             replaced = self.index.commit(written, conversation_id, keys[:end], min(len(tokens), end * size),
-                                            extended)
+                                         extended, states)
         except BaseException:
-            for row in written:  # not in the index: nothing refers to them
-                self.path(row.key).unlink(missing_ok=True)
+            self._unlink([row.key for row in written], SUFFIX)  # not in the index: nothing refers to them
+            self._unlink([row.key for row, _ in states], CHECKPOINT_SUFFIX)
             raise
+        if states:  # one whose block was evicted meanwhile is not in the index: its file goes
+            recorded = self.index.present([row.key for row, _ in states], "kv_checkpoints")
+            self._unlink([row.key for row, _ in states if row.key not in recorded], CHECKPOINT_SUFFIX)
         self._drop_superseded(replaced, size)
         self.enforce_cap()
-        return sum(row.bytes for row in written)
+        return sum(row.bytes for row in written) + sum(row.bytes for row, _ in states)
+
+    def _write_blocks(self, conversation_id: str | None, exported: "ExportedKV", keys: Sequence[str],
+                      present: set[str], written: list[BlockRow]) -> int:
+        """Write the blocks of `exported` not `present`, adding their rows to `written`; returns how many
+        blocks of the chain the store then holds (K/V that are not finite end it)."""
+        tokens, size, end = exported.token_ids, exported.block_size, exported.first_block
+        for i in range(exported.first_block, len(keys)):
+            piece = tuple(tokens[i * size : (i + 1) * size])
+            if keys[i] not in present:
+                block = exported.kv[i - exported.first_block]
+                payload = payload_of(block, len(piece))
+                if not is_finite(payload, block.dtype):
+                    log.warning("kvchat: K/V that are not finite were not saved (block %d of conversation %s)",
+                                i, conversation_id)
+                    break
+                parent = keys[i - 1] if i else ROOT
+                nbytes = self._write_clearing(keys[i], SUFFIX, "KV block", functools.partial(
+                    write_block, self.dir, keys[i], parent, piece, payload, BlockLayout.of(block)))
+                written.append(BlockRow(keys[i], parent, piece, nbytes))
+            end = i + 1
+        return end
+
+    def _write_checkpoints(self, exported: "ExportedKV", keys: Sequence[str], end: int,
+                           states: list[tuple[CheckpointRow, str]]) -> None:
+        """Write the checkpoints of `exported` the store lacks whose positions the first `end` blocks of
+        `keys` hold, adding each row and the key of its holding block to `states`."""
+        size, places = exported.block_size, []
+        for checkpoint in exported.checkpoints:
+            if 1 <= checkpoint.position <= min(len(exported.token_ids), end * size):
+                places.append((checkpoint, *checkpoint_place(exported.fingerprint, keys, exported.token_ids,
+                                                             checkpoint.position, size)))
+        present = self.index.present([key for _, key, _, _ in places], "kv_checkpoints") if places else set()
+        for checkpoint, key, parent, piece in places:
+            if key in present:  # another conversation's, or this one's last turn's: stored once
+                continue
+            if (reason := unstorable(checkpoint.tensors)) is not None:
+                log.warning("kvchat: the state checkpoint at token %d was not saved: %s", checkpoint.position, reason)
+                continue
+            nbytes = self._write_clearing(key, CHECKPOINT_SUFFIX, "state checkpoint", functools.partial(
+                write_checkpoint, self.dir, key, parent, piece, checkpoint.position, checkpoint.tensors))
+            states.append((CheckpointRow(key, parent, piece, nbytes), keys[(checkpoint.position - 1) // size]))
+
+    def _write_clearing(self, key: str, suffix: str, what: str, write: Callable[[], int]) -> int:
+        try:
+            return write()
+        except IsADirectoryError:  # a folder in the file's place: no file can be renamed over it
+            log.warning("kvchat: a folder stood where the %s %s belongs; %s", what, key[:12],
+                        clear_folder(self._file(key, suffix)))
+            return write()
 
     def _extended_partials(self, conversation_id: str | None, fingerprint: str, tokens: Sequence[int],
                            keys: Sequence[str], end: int, size: int) -> list[str]:
@@ -284,13 +392,18 @@ class KVBlockStore:
     # ---- removing -------------------------------------------------------------
 
     def remove(self, keys: Sequence[str]) -> None:
-        """Forget the blocks in the index, then unlink their files."""
+        """Forget the blocks in the index, with the checkpoints no block holds then, then unlink their files."""
         if not keys or not self.writable:
             return
-        self.index.remove(keys)
+        unheld = self.index.remove(keys)
+        self._unlink(keys, SUFFIX)
+        self._unlink(unheld, CHECKPOINT_SUFFIX)
+
+    def _unlink(self, keys: Sequence[str], suffix: str) -> None:
         for key in keys:
             try:
-                self.path(key).unlink(missing_ok=True)
+                self._check_dir()
+                self._file(key, suffix).unlink(missing_ok=True)
             except (OSError, StorageError):
                 pass
 
@@ -303,44 +416,26 @@ class KVBlockStore:
         return len(gone)
 
     def enforce_cap(self) -> None:
-        """Evict blocks until the store fits the cap: unreferenced ones, least recently used first, then
-        referenced ones from the ends of chains, least recently used first."""
+        """Evict blocks, with the checkpoints only they hold, until the store fits the cap (eviction.py)."""
         if self.index.total_bytes() <= self.cap_bytes:  # after every save: one SUM, not every row
             return
-        rows = self.index.blocks()
-        total = sum(row.bytes for row in rows)
-        referenced = self.index.references()
-        children = Counter(row.parent for row in rows)
-        by_key = {row.key: row for row in rows}
-        victims: list[BlockRow] = []
-        for row in sorted((r for r in rows if r.key not in referenced), key=lambda r: r.last_used):
-            if total <= self.cap_bytes:
-                break
-            victims.append(row)
-            total -= row.bytes
-            children[row.parent] -= 1
-        leaves = [(r.last_used, r.key) for r in rows if r.key in referenced and children[r.key] == 0]
-        heapq.heapify(leaves)
-        while total > self.cap_bytes and leaves:
-            _, key = heapq.heappop(leaves)
-            row = by_key[key]
-            victims.append(row)
-            total -= row.bytes
-            children[row.parent] -= 1
-            parent = by_key.get(row.parent)
-            if parent is not None and parent.key in referenced and children[parent.key] == 0:
-                heapq.heappush(leaves, (parent.last_used, parent.key))
-        self.remove([row.key for row in victims])
-        log.info("kvchat: removed %d KV blocks (%.1f MB) to stay under the %.1f GB cap", len(victims),
-                 sum(r.bytes for r in victims) / 1e6, self.cap_bytes / 1e9)
+        plan = evict(self.index.blocks(), self.index.checkpoints(), self.index.references(), self.cap_bytes)
+        if plan.unheld:
+            self.index.remove_checkpoints(plan.unheld)
+            self._unlink(plan.unheld, CHECKPOINT_SUFFIX)
+        self.remove(plan.blocks)
+        log.info("kvchat: removed %d KV blocks (%.1f MB) to stay under the %.1f GB cap", len(plan.blocks),
+                 plan.freed / 1e6, self.cap_bytes / 1e9)
 
     def _clean(self) -> None:
-        """Remove dead writers' temp files and block files the index does not know. Never raises."""
+        """Remove dead writers' temp files, and block and checkpoint files the index does not know. Never
+        raises."""
         try:
             if self.dir.is_symlink() or not self.dir.is_dir():
                 return
             scan = list(os.scandir(self.dir))
-            known = {row.key for row in self.index.blocks()}
+            known = {SUFFIX: {row.key for row in self.index.blocks()},
+                     CHECKPOINT_SUFFIX: {row.key for row in self.index.checkpoints()}}
         except (OSError, StorageError):
             return
         now = time.time()
@@ -350,9 +445,10 @@ class KVBlockStore:
                 if not stat.S_ISREG(info.st_mode):
                     continue  # not ours to remove
                 name = entry.name
+                key, suffix = os.path.splitext(name)
                 if name.endswith(".tmp") and temp_is_stale(name, info.st_mtime, now):
                     os.unlink(entry.path)
-                elif (name.endswith(SUFFIX) and name[: -len(SUFFIX)] not in known
+                elif (suffix in known and key not in known[suffix]
                       and now - info.st_mtime > STALE_TEMP_S):
                     os.unlink(entry.path)
             except OSError:
@@ -361,15 +457,22 @@ class KVBlockStore:
     # ---- inspection -----------------------------------------------------------
 
     def stats(self) -> KVStoreStats:
-        rows = self.index.blocks()
+        rows, checkpoints = self.index.blocks(), self.index.checkpoints()
         referenced = self.index.references()
-        shared = [(row, referenced[row.key]) for row in rows if referenced.get(row.key, 0) >= 2]
+        held = holders(rows, checkpoints)
+        # What references a checkpoint: the conversations through its holders (the most through one of
+        # them: a saving is never overstated).
+        refs = [(row, referenced.get(row.key, 0)) for row in rows]
+        refs += [(c, max((referenced.get(h, 0) for h in held[c.key]), default=0)) for c in checkpoints]
+        shared = [(row, n) for row, n in refs if n >= 2]
         return KVStoreStats(
-            blocks=len(rows), bytes=sum(r.bytes for r in rows),
-            referenced_bytes=sum(r.bytes for r in rows if r.key in referenced),
-            shared_blocks=len(shared), shared_bytes=sum(r.bytes for r, _ in shared),
-            saved_bytes=sum(r.bytes * (refs - 1) for r, refs in shared),
-            conversations=self.index.conversations())
+            blocks=len(rows), bytes=sum(r.bytes for r, _ in refs),
+            referenced_bytes=sum(r.bytes for r, n in refs if n),
+            shared_blocks=sum(1 for r, _ in shared if isinstance(r, BlockRow)),
+            shared_bytes=sum(r.bytes for r, _ in shared),
+            saved_bytes=sum(r.bytes * (n - 1) for r, n in shared),
+            conversations=self.index.conversations(),
+            checkpoints=len(checkpoints), checkpoint_bytes=sum(c.bytes for c in checkpoints))
 
     def drop_from_page_cache(self, keys: Sequence[str]) -> None:
         """Ask the OS to drop the blocks' files from its page cache, so the next read comes from the disk

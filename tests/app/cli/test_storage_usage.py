@@ -1,6 +1,7 @@
 """`kvchat storage` counts block files only: not a folder where a block file belongs, one moved aside, or a
 writer's temp file."""
 
+from app.cli.storage_usage import report
 from storage.kv.store import KV_DIR
 from storage.usage import usage
 
@@ -32,3 +33,16 @@ def test_storage_counts_gguf_tokenizer_caches_and_synthetic_models_as_model_cach
     (cache / "kernels" / "block_quant.so").write_bytes(b"k" * 7)
     u = usage()
     assert (u.models, u.model_cache_bytes) == (2, 327)
+
+
+def test_storage_counts_state_checkpoints_beside_the_blocks_and_their_bytes(kvchat_home, tmp_path, monkeypatch):
+    monkeypatch.setenv("KVCHAT_CACHE_DIR", str(tmp_path / "cache"))
+    kv = kvchat_home / KV_DIR
+    kv.mkdir()
+    (kv / f"{'a' * 64}.kvb").write_bytes(b"x" * 100)
+    (kv / f"{'a' * 64}.kvs").write_bytes(b"s" * 1000)  # a hybrid model's checkpoint at that block's end
+    u = usage()
+    assert (u.kv_blocks, u.kv_checkpoints, u.kv_bytes) == (1, 1, 1100)
+    assert "(1 block and 1 state checkpoint of 0 conversations" in report(u)
+    (kv / f"{'a' * 64}.kvs").unlink()
+    assert "checkpoint" not in report(usage())  # an attention-only model's store reads as before

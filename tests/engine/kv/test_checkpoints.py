@@ -10,74 +10,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.config.hybrid import ATTENTION, SHORT_CONV, HybridLayers
 from engine.kv.cache import ContiguousKVCache
 from engine.kv.checkpoints import CHECKPOINT_EVERY, wanted_positions
-from engine.kv.pool import KVPool
-from engine.kv.prefix_cache import PrefixCache
-from engine.kv.working_copy import WorkingCopyKV
-from engine.recurrent.state import SequenceState
-
-LAYERS, HEADS, DIM, SIZE = 1, 1, 2, 4
-CPU = torch.device("cpu")
-LAYOUT = HybridLayers(mixers=(SHORT_CONV, ATTENTION), conv_kernel=2, conv_channels=1)
-PRIME = 1_000_003
-
-
-def new_state() -> SequenceState:
-    return SequenceState.zeros(LAYOUT, CPU, torch.float64)
-
-
-def toy_state(tokens: list[int]) -> float:
-    value = 0.0
-    for t in tokens:
-        value = (value * 3 + t + 1) % PRIME
-    return value
-
-
-def make_cache(blocks: int = 64, budget: int = 1 << 20) -> PrefixCache:
-    return PrefixCache(KVPool(blocks, SIZE, LAYERS, HEADS, DIM, CPU, torch.float32), checkpoint_budget=budget)
-
-
-def open_request(cache: PrefixCache, prompt: list[int]) -> WorkingCopyKV:
-    working = ContiguousKVCache(LAYERS, HEADS, DIM, 4096, CPU, torch.float32, new_state())
-    return WorkingCopyKV(cache, working, cache.match(prompt), prompt, publish=True)
-
-
-def forward(kv: WorkingCopyKV, tokens: list[int]) -> None:
-    """A toy forward over `tokens`: K/V written, the state moved on token by token, all of them final."""
-    kv.reserve(len(tokens))
-    start = kv.num_tokens
-    values = torch.tensor([[float(t)] * DIM for t in tokens])
-    kv.working.write(0, values[None], -values[None])
-    conv = kv.layer_state(0).conv
-    for t in tokens:
-        conv.copy_((conv * 3 + t + 1) % PRIME)
-    kv.commit(len(tokens))
-    assert kv.num_tokens == start + len(tokens)
-
-
-def run(kv: WorkingCopyKV, tokens: list[int]) -> None:
-    """Compute tokens[kv.num_tokens:] as the runner does: stopping at each checkpoint position."""
-    start, end = kv.num_tokens, len(tokens)
-    for cut in [*kv.checkpoints_between(start, end), end]:
-        if cut > kv.num_tokens:
-            forward(kv, tokens[kv.num_tokens : cut])
-        if cut in kv.checkpoints_between(start, end):
-            kv.take_checkpoint()
-    kv.finalize(tokens[start:])
-
-
-def chat_turn(cache: PrefixCache, prompt: list[int], reply: list[int]) -> WorkingCopyKV:
-    """One request: the prompt matched and prefilled, the reply decoded token by token, closed."""
-    kv = open_request(cache, prompt)
-    assert float(kv.layer_state(0).conv) == toy_state(prompt[: kv.num_tokens]), "started from a wrong state"
-    run(kv, prompt)
-    for t in reply:
-        run(kv, [*prompt, *reply][: kv.num_tokens + 1])
-    kv.close()
-    cache.check_invariants()
-    return kv
+from tests.engine.kv.toy_chat import (CPU, DIM, HEADS, LAYERS, chat_turn, forward, make_cache, new_state,
+                                      open_request, toy_state)
 
 
 def test_a_follow_up_starts_where_the_last_reply_ended_with_the_state_computed_there():

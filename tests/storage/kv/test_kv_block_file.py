@@ -241,7 +241,7 @@ def test_an_io_error_while_reading_is_unreadable_not_a_crash(tmp_path, monkeypat
     def failing(*args):
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(kv_block_file, "_read_exactly", failing)
+    monkeypatch.setattr(kv_block_file, "read_exactly", failing)
     with pytest.raises(BlockUnreadable, match="Input/output error"):
         read_block(path, key, ROOT, (11, 12, 13, 14), garbage_dest(expected))
 

@@ -42,14 +42,14 @@ class _Recorder:
 def recorder(monkeypatch):
     rec = _Recorder()
     reads: list[int] = []
-    original = kv_block_file._read_exactly
+    original = kv_block_file.read_exactly
 
     def read_exactly(f, count):
         reads.append(count)
         return original(f, count)
 
     monkeypatch.setattr(kv_block_file, "np", rec)
-    monkeypatch.setattr(kv_block_file, "_read_exactly", read_exactly)
+    monkeypatch.setattr(kv_block_file, "read_exactly", read_exactly)
     rec.reads = reads
     return rec
 
