@@ -30,6 +30,7 @@ from engine.cpu.kernels import QuantKernels, load_quant_kernels
 from engine.cpu.linear import QuantLinear
 from engine.decode.path import decode_path
 from engine.errors import ContextWindowError, EngineError, ModelError
+from engine.kv.checkpoints import import_checkpoints, path_checkpoints
 from engine.kv.budget import check_ram, checkpoint_budget, host_tier_bytes, kv_pool_bytes
 from engine.kv.pool import KVPool
 from engine.kv.prefix_cache import KVCacheFullError, PrefixCache
@@ -321,7 +322,7 @@ class Engine:
         fingerprint = self.fingerprint
         with self._loop.lock:
             exported = self.prefix_cache.export(token_ids, first_block)
-            last = self.prefix_cache.path_checkpoints(token_ids)[-1:] if exported is not None else []
+            last = path_checkpoints(self.prefix_cache, token_ids)[-1:] if exported is not None else []
             checkpoints = tuple(ExportedCheckpoint(position, tuple(t.to("cpu", copy=True) for t in state.tensors()))
                                 for position, state in last)
         if exported is None:
@@ -366,7 +367,7 @@ class Engine:
         """Put a hybrid model's state checkpoints read from disk into the prefix cache, on the blocks of
         `token_ids` a preceding `import_blocks` (or a request) put there. A checkpoint whose block is not
         in the cache, whose position is not within `token_ids`, whose tensors are not shaped like this
-        model's state, or where one is already kept is skipped (PrefixCache.import_checkpoints). Returns
+        model's state, or where one is already kept is skipped (kv/checkpoints.py). Returns
         how many were kept.
 
         Raises EngineError if the prefix cache is off, the model keeps no state (attention only), or the
@@ -381,7 +382,7 @@ class Engine:
             raise EngineError("The state checkpoints on disk are for token ids outside the model's vocabulary.")
         with self._loop.lock:
             template = SequenceState.zeros(self.model.cfg.hybrid, self.device, self.dtype)
-            return self.prefix_cache.import_checkpoints(
+            return import_checkpoints(self.prefix_cache, 
                 list(token_ids), [(c.position, c.tensors) for c in checkpoints], template)
 
     def prewarm(self, token_ids: list[int]) -> None:

@@ -26,6 +26,9 @@ An attention-only model is the case with no state: every position is a checkpoin
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+import torch
+
 from engine.kv.node import Node
 from engine.recurrent.state import SequenceState
 
@@ -97,3 +100,58 @@ class CheckpointBook:
             else:
                 new.checkpoints[offset] = state
         old.checkpoints.clear()
+
+
+# ---- checkpoints to and from disk (the block store keeps each turn's last); `cache` is a PrefixCache ----
+
+def path_checkpoints(cache, tokens: list[int]) -> list[tuple[int, SequenceState]]:
+    """The checkpoints on the path `export(tokens)` copies, as (position, state), first position first
+    (none for an attention-only model). The states are the filed ones: copy them, never write them."""
+    if cache.checkpoints is None:
+        return []
+    chain, lender, lent = cache.walk(tokens, len(tokens))
+    found = [(i * cache.block_size + offset, state)
+             for i, node in enumerate(chain) for offset, state in node.checkpoints.items()]
+    if lender is not None:
+        found += [(len(chain) * cache.block_size + offset, state)
+                  for offset, state in lender.checkpoints.items() if offset <= lent]
+    return sorted(found, key=lambda item: item[0])
+
+def import_checkpoints(cache, tokens: list[int], checkpoints: Iterable[tuple[int, Sequence[torch.Tensor]]],
+                       template: SequenceState) -> int:
+    """File checkpoints read from disk, each (position, its tensors in SequenceState.tensors() order), on
+    the nodes of `tokens` that `import_blocks` (or requests) put in the tree. Skipped: one whose node is
+    not in the tree, whose position is not within `tokens`, whose tensors do not fit `template` (a zero
+    state of this model: another model's state), or where a checkpoint is filed already (the same
+    state: never replaced). Returns how many were filed."""
+    if cache.checkpoints is None:
+        return 0
+    size, filed = cache.block_size, 0
+    for position, tensors in checkpoints:
+        if not 1 <= position <= len(tokens):
+            continue
+        index = (position - 1) // size
+        offset = position - index * size
+        node = _holder(cache, tokens, index, offset)
+        if node is None or offset in node.checkpoints:
+            continue
+        state = template.with_tensors(tensors, position)
+        if state is not None:
+            cache.checkpoints.file(node, offset, state, cache.nodes())
+            filed += 1
+    return filed
+
+def _holder(cache, tokens: list[int], index: int, offset: int) -> Node | None:
+    """The node of block `index` of `tokens` whose first `offset` tokens are theirs: the one holding the
+    block of `tokens` itself, else the longest that starts with them (the one a superseding walk keeps)."""
+    chain, _, _ = cache.walk(tokens, index * cache.block_size)
+    if len(chain) < index:
+        return None
+    parent = chain[-1] if chain else cache.root
+    start = index * cache.block_size
+    exact = parent.children.get(tuple(tokens[start : start + cache.block_size]))
+    if exact is not None:
+        return exact
+    want = tuple(tokens[start : start + offset])
+    covering = [c for c in parent.children.values() if c.tokens[:offset] == want]
+    return max(covering, key=lambda c: len(c.tokens)) if covering else None

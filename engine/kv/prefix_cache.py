@@ -31,8 +31,8 @@ Rules:
 - `forget` drops the blocks a prefix would reuse and everything below them
   (after a request computed NaN from them), except referenced nodes.
 - A hybrid model's cache (`checkpoint_budget` given) also keeps state checkpoints on its nodes, and a
-  match ends at one: kv/checkpoints.py has their rules. `path_checkpoints` lists those on a path (for
-  the block store), `import_checkpoints` files ones read from disk on nodes already in the tree.
+  match ends at one: kv/checkpoints.py has their rules, and lists those on a path (for the block store)
+  and files ones read from disk on nodes already in the tree.
 
 One file, longer than the house's ~400 lines, on purpose: every operation here moves nodes and
 blocks under the same rules (check_invariants). `load` and `export` were a mixin in a file of their
@@ -102,7 +102,7 @@ class PrefixCache:
     def match(self, tokens: list[int]) -> Match:
         """The longest cached prefix of tokens[:-1], loaded on the device, referenced."""
         self.clock += 1
-        chain, lender, lent = self._walk(tokens, len(tokens) - 1)
+        chain, lender, lent = self.walk(tokens, len(tokens) - 1)
         state, recomputed = None, 0
         if self.checkpoints is not None:
             walked = len(chain) * self.block_size + lent
@@ -148,7 +148,7 @@ class PrefixCache:
         finally:
             self._unseen = False
 
-    def _walk(self, tokens: "list[int] | tuple[int, ...]", limit: int) -> tuple[list[Node], Node | None, int]:
+    def walk(self, tokens: "list[int] | tuple[int, ...]", limit: int) -> tuple[list[Node], Node | None, int]:
         """The nodes of the longest cached prefix of tokens[:limit]: the chain of full blocks, then the
         child that lends the most of the next tokens (or None) and how many it lends."""
         size, node, chain, pos = self.block_size, self.root, [], 0
@@ -168,7 +168,7 @@ class PrefixCache:
 
     def cached_length(self, tokens: list[int]) -> int:
         """How many leading tokens the cache holds (any tier), without touching anything."""
-        chain, lender, lent = self._walk(tokens, len(tokens))
+        chain, lender, lent = self.walk(tokens, len(tokens))
         if self.checkpoints is not None:
             chain, _, lent, _ = cut_to_checkpoint(chain, lender, lent, self.block_size)
         return len(chain) * self.block_size + lent
@@ -245,7 +245,7 @@ class PrefixCache:
         everything cached below them, so the next request for `tokens` computes them afresh (their K/V
         are not to be trusted). Nodes a running request references stay, with their ancestors.
         Returns how many blocks were dropped."""
-        chain, lender, _ = self._walk(tokens, len(tokens))
+        chain, lender, _ = self.walk(tokens, len(tokens))
         first = chain[0] if chain else lender
         return self._drop_unreferenced(first) if first is not None else 0
 
@@ -262,7 +262,7 @@ class PrefixCache:
         """The longest cached prefix of `tokens`: its length and a copy of its blocks from `first_block`
         on, on the CPU [blocks, 2, layers, kv_heads, block_size, head_dim], positions past the prefix
         zeroed (none when the prefix has no more blocks than `first_block`)."""
-        chain, lender, lent = self._walk(tokens, len(tokens))
+        chain, lender, lent = self.walk(tokens, len(tokens))
         nodes = chain + ([lender] if lender is not None else [])
         if not nodes:
             return None
@@ -283,7 +283,7 @@ class PrefixCache:
         KVCacheFullError if they do not fit."""
         size = self.block_size
         full = len(tokens) // size
-        chain, _, _ = self._walk(tokens, full * size)
+        chain, _, _ = self.walk(tokens, full * size)
         tail = tuple(tokens[full * size :])
         parent = chain[-1] if chain else self.root
         tail_covered = not tail or (len(chain) == full and any(
@@ -321,58 +321,6 @@ class PrefixCache:
             parent = node
             added += len(piece)
         return added
-
-    def path_checkpoints(self, tokens: list[int]) -> list[tuple[int, SequenceState]]:
-        """The checkpoints on the path `export(tokens)` copies, as (position, state), first position first
-        (none for an attention-only model). The states are the filed ones: copy them, never write them."""
-        if self.checkpoints is None:
-            return []
-        chain, lender, lent = self._walk(tokens, len(tokens))
-        found = [(i * self.block_size + offset, state)
-                 for i, node in enumerate(chain) for offset, state in node.checkpoints.items()]
-        if lender is not None:
-            found += [(len(chain) * self.block_size + offset, state)
-                      for offset, state in lender.checkpoints.items() if offset <= lent]
-        return sorted(found, key=lambda item: item[0])
-
-    def import_checkpoints(self, tokens: list[int], checkpoints: Iterable[tuple[int, Sequence[torch.Tensor]]],
-                           template: SequenceState) -> int:
-        """File checkpoints read from disk, each (position, its tensors in SequenceState.tensors() order), on
-        the nodes of `tokens` that `import_blocks` (or requests) put in the tree. Skipped: one whose node is
-        not in the tree, whose position is not within `tokens`, whose tensors do not fit `template` (a zero
-        state of this model: another model's state), or where a checkpoint is filed already (the same
-        state: never replaced). Returns how many were filed."""
-        if self.checkpoints is None:
-            return 0
-        size, filed = self.block_size, 0
-        for position, tensors in checkpoints:
-            if not 1 <= position <= len(tokens):
-                continue
-            index = (position - 1) // size
-            offset = position - index * size
-            node = self._holder(tokens, index, offset)
-            if node is None or offset in node.checkpoints:
-                continue
-            state = template.with_tensors(tensors, position)
-            if state is not None:
-                self.checkpoints.file(node, offset, state, self.nodes())
-                filed += 1
-        return filed
-
-    def _holder(self, tokens: list[int], index: int, offset: int) -> Node | None:
-        """The node of block `index` of `tokens` whose first `offset` tokens are theirs: the one holding the
-        block of `tokens` itself, else the longest that starts with them (the one a superseding walk keeps)."""
-        chain, _, _ = self._walk(tokens, index * self.block_size)
-        if len(chain) < index:
-            return None
-        parent = chain[-1] if chain else self.root
-        start = index * self.block_size
-        exact = parent.children.get(tuple(tokens[start : start + self.block_size]))
-        if exact is not None:
-            return exact
-        want = tuple(tokens[start : start + offset])
-        covering = [c for c in parent.children.values() if c.tokens[:offset] == want]
-        return max(covering, key=lambda c: len(c.tokens)) if covering else None
 
     # ---- memory ---------------------------------------------------------------
 

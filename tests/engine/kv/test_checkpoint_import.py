@@ -1,4 +1,4 @@
-"""State checkpoints out of the prefix cache and back (PrefixCache.path_checkpoints / import_checkpoints), as
+"""State checkpoints out of the prefix cache and back (kv/checkpoints.py's path_checkpoints / import_checkpoints), as
 the block store moves them, with the toy recurrent state of toy_chat.py: a fresh cache (a new process) given
 the blocks and the last checkpoint starts a match there, with the very state exported; what cannot be filed
 (no node, past the path, another model's shape, a checkpoint already there) is skipped, never an error."""
@@ -6,8 +6,10 @@ the blocks and the last checkpoint starts a match there, with the very state exp
 import pytest
 import torch
 
+
 from engine import EngineError, SamplingParams
 from engine.config.hybrid import ATTENTION, GATED_DELTANET, SHORT_CONV, HybridLayers
+from engine.kv.checkpoints import import_checkpoints, path_checkpoints
 from engine.kv.exported import ExportedCheckpoint
 from engine.kv.pool import KVPool
 from engine.kv.prefix_cache import PrefixCache
@@ -27,7 +29,7 @@ def chat_turn_cache() -> PrefixCache:
 def exported(cache: PrefixCache, tokens: list[int]):
     """What Engine.export_kv copies out: the blocks, and the checkpoints on their path as plain tensors."""
     length, blocks = cache.export(tokens)
-    states = [(p, [t.clone() for t in s.tensors()]) for p, s in cache.path_checkpoints(tokens[:length])]
+    states = [(p, [t.clone() for t in s.tensors()]) for p, s in path_checkpoints(cache, tokens[:length])]
     return length, blocks, states
 
 
@@ -48,17 +50,17 @@ def imported(length: int, blocks: torch.Tensor, tokens: list[int], blocks_read: 
 def test_the_checkpoints_on_a_path_are_listed_with_their_positions_and_states():
     cache = make_cache()
     chat_turn(cache, PROMPT, REPLY)
-    listed = cache.path_checkpoints(HISTORY)
+    listed = path_checkpoints(cache, HISTORY)
     assert [p for p, _ in listed] == [len(PROMPT) - 1, len(HISTORY)]
     assert all(float(state.layer(0).conv) == toy_state(HISTORY[:p]) and state.position == p for p, state in listed)
-    assert [p for p, _ in cache.path_checkpoints(PROMPT[:5])] == []  # none within those 5 tokens
+    assert [p for p, _ in path_checkpoints(cache, PROMPT[:5])] == []  # none within those 5 tokens
 
 
 def test_a_fresh_cache_given_the_blocks_and_the_last_checkpoint_starts_there_with_the_same_state():
     length, blocks, states = exported(chat_turn_cache(), HISTORY)
     cache = imported(length, blocks, HISTORY)
     last = states[-1]
-    assert cache.import_checkpoints(HISTORY, [last], new_state()) == 1
+    assert import_checkpoints(cache, HISTORY, [last], new_state()) == 1
     follow_up = [*HISTORY, 60, 61]
     match = cache.match(follow_up)
     assert (match.cached_tokens, match.source, match.recomputed) == (len(HISTORY), "disk", 0)
@@ -71,7 +73,7 @@ def test_a_fresh_cache_given_the_blocks_and_the_last_checkpoint_starts_there_wit
 def test_a_checkpoint_whose_block_was_not_read_is_skipped_and_the_match_starts_at_an_earlier_one():
     length, blocks, states = exported(chat_turn_cache(), HISTORY)
     cache = imported(length, blocks, HISTORY, blocks_read=3)  # the block holding position 13 was damaged
-    assert cache.import_checkpoints(HISTORY, states, new_state()) == 1  # only the one at 9
+    assert import_checkpoints(cache, HISTORY, states, new_state()) == 1  # only the one at 9
     match = cache.match([*HISTORY, 60])
     assert match.cached_tokens == len(PROMPT) - 1
     assert float(match.state.layer(0).conv) == toy_state(PROMPT[:-1])
@@ -83,7 +85,7 @@ def test_a_checkpoint_past_the_tokens_or_before_the_first_is_skipped():
     length, blocks, states = exported(chat_turn_cache(), HISTORY)
     cache = imported(length, blocks, HISTORY)
     tensors = states[-1][1]
-    assert cache.import_checkpoints(HISTORY, [(len(HISTORY) + 1, tensors), (0, tensors), (-3, tensors)],
+    assert import_checkpoints(cache, HISTORY, [(len(HISTORY) + 1, tensors), (0, tensors), (-3, tensors)],
                                     new_state()) == 0
     assert not any(node.checkpoints for node in cache.nodes())
 
@@ -96,7 +98,7 @@ def test_a_checkpoint_past_the_tokens_or_before_the_first_is_skipped():
 def test_another_models_state_is_skipped(foreign):
     length, blocks, _ = exported(chat_turn_cache(), HISTORY)
     cache = imported(length, blocks, HISTORY)
-    assert cache.import_checkpoints(HISTORY, [(len(HISTORY), foreign)], new_state()) == 0
+    assert import_checkpoints(cache, HISTORY, [(len(HISTORY), foreign)], new_state()) == 0
     match = cache.match([*HISTORY, 60])
     assert (match.cached_tokens, match.state) == (0, None)
     cache.release(match.owned, match.shared)
@@ -107,14 +109,14 @@ def test_a_checkpoint_already_filed_is_never_replaced():
     (node,) = [n for n in cache.nodes() if len(HISTORY) - 12 in n.checkpoints and len(n.tokens) == 1]
     kept = node.checkpoints[len(HISTORY) - 12]
     other = [torch.full((1, 1), 7.0)]
-    assert cache.import_checkpoints(HISTORY, [(len(HISTORY), other)], new_state()) == 0
+    assert import_checkpoints(cache, HISTORY, [(len(HISTORY), other)], new_state()) == 0
     assert node.checkpoints[len(HISTORY) - 12] is kept and float(kept.layer(0).conv) == toy_state(HISTORY)
 
 
 def test_an_attention_only_cache_lists_and_files_no_checkpoint():
     cache = PrefixCache(KVPool(8, SIZE, LAYERS, HEADS, DIM, CPU, torch.float32))
-    assert cache.path_checkpoints([1, 2, 3]) == []
-    assert cache.import_checkpoints([1, 2, 3], [(2, [torch.zeros(1, 1)])], new_state()) == 0
+    assert path_checkpoints(cache, [1, 2, 3]) == []
+    assert import_checkpoints(cache, [1, 2, 3], [(2, [torch.zeros(1, 1)])], new_state()) == 0
 
 
 def test_a_state_takes_tensors_only_of_its_own_shapes_and_dtypes_in_its_order():

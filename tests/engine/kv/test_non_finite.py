@@ -26,7 +26,7 @@ def engine(request, tiny_model_dir):
 
 def plant_nan(engine, prompt, block_index=1):
     """Write a NaN into the pool block that caches `prompt`'s block `block_index`."""
-    chain, _, _ = engine.prefix_cache._walk(prompt, len(prompt))
+    chain, _, _ = engine.prefix_cache.walk(prompt, len(prompt))
     engine.prefix_cache.pool.data[chain[block_index].block].view(-1)[7] = float("nan")
 
 
@@ -80,7 +80,7 @@ def test_finite_prompts_are_untouched_by_the_check(engine):
     first = done(engine, PROMPT)
     second = done(engine, PROMPT)
     assert second.stats.cached_tokens == len(PROMPT) - 1 and second.token_ids == first.token_ids
-    chain, _, _ = engine.prefix_cache._walk(PROMPT, len(PROMPT))
+    chain, _, _ = engine.prefix_cache.walk(PROMPT, len(PROMPT))
     # The blocks that cache the prompt: the rest of the pool is torch.empty memory, never read unwritten.
     assert chain and all(torch.isfinite(engine.prefix_cache.pool.data[node.block]).all() for node in chain)
 

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import torch
 
+
 from engine.config.hybrid import ATTENTION, SHORT_CONV, HybridLayers
 from engine.kv.cache import ContiguousKVCache
+from engine.kv.checkpoints import import_checkpoints, path_checkpoints
 from engine.kv.exported import ExportedCheckpoint, ExportedKV
 from engine.kv.pool import KVPool
 from engine.kv.prefix_cache import PrefixCache
@@ -104,7 +106,7 @@ class ToyEngine:
         if exported is None:
             return None
         length, blocks = exported
-        last = self.prefix_cache.path_checkpoints(token_ids)[-1:]  # the last only, as Engine.export_kv
+        last = path_checkpoints(self.prefix_cache, token_ids)[-1:]  # the last only, as Engine.export_kv
         checkpoints = tuple(ExportedCheckpoint(p, tuple(t.clone() for t in s.tensors())) for p, s in last)
         return ExportedKV(tuple(token_ids[:length]), blocks, self.fingerprint, first_block, checkpoints)
 
@@ -112,5 +114,5 @@ class ToyEngine:
         return self.prefix_cache.import_blocks(list(token_ids), fill)
 
     def import_checkpoints(self, token_ids: list[int], checkpoints) -> int:
-        return self.prefix_cache.import_checkpoints(list(token_ids), [(c.position, c.tensors) for c in checkpoints],
+        return import_checkpoints(self.prefix_cache, list(token_ids), [(c.position, c.tensors) for c in checkpoints],
                                                     new_state())

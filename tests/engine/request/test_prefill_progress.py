@@ -67,7 +67,7 @@ def test_a_cancel_between_chunks_stops_the_prefill(engine):
 def test_poisoned_cached_kv_fails_before_any_progress_is_reported(engine):
     list(engine.generate(PROMPT, PARAMS))
     list(engine.generate(list(range(120, 150)), PARAMS))  # the spare working buffer holds another prompt
-    chain, _, _ = engine.prefix_cache._walk(PROMPT, len(PROMPT))
+    chain, _, _ = engine.prefix_cache.walk(PROMPT, len(PROMPT))
     engine.prefix_cache.pool.data[chain[1].block].view(-1)[7] = float("nan")
     stream = iter(engine.generate(PROMPT + list(range(120, 160)), PARAMS))
     with pytest.raises(NonFiniteLogitsError):
