@@ -5,8 +5,8 @@ owned) and allocates blocks as it grows. Blocks it owns are its own until they j
 block when `finalize` completes it, the last partial one at `close` (kv/sequence.py's rules). With
 `publish=False` nothing joins the tree and every block it owns goes back to the pool.
 
-A hybrid model's request also takes state checkpoints where kv/checkpoints.py says (the runner stops its
-prefill there and calls `take_checkpoint`; `close` takes the last), and files each on the node of the
+A hybrid model's request also takes state checkpoints where kv/checkpoints.py says (the runner's forward
+records the state there and calls `take_checkpoint`; `close` takes the last), and files each on the node of the
 tree that holds its position once that node is there.
 """
 
@@ -62,9 +62,11 @@ class PooledKV(SequenceKV):
     def checkpoints_between(self, start: int, end: int) -> list[int]:
         return sorted(p for p in self._wanted if start < p <= end)
 
-    def take_checkpoint(self) -> None:
-        self._pending[self.num_tokens] = self.state.copy()
-        self._file_pending()
+    def take_checkpoint(self, position: int) -> None:
+        state = self.state.recorded(position) or (self.state.copy() if position == self.state.position else None)
+        if state is not None:
+            self._pending[position] = state
+            self._file_pending()
 
     def _file_pending(self, tail: Node | None = None) -> None:
         """File each pending checkpoint whose position is final and whose node is in the tree: one of the

@@ -67,8 +67,9 @@ class SequenceKV(KVCache):
         prompt: kv/checkpoints.py), so a forward over them stops there; none by default."""
         return []
 
-    def take_checkpoint(self) -> None:
-        """Copy the recurrent state at num_tokens, one of checkpoints_between's positions."""
+    def take_checkpoint(self, position: int) -> None:
+        """Keep the recurrent state after `position`, one of checkpoints_between's positions of the forward
+        that just ran (which recorded it: recurrent/state.py)."""
 
     def truncate(self, num_tokens: int) -> None:
         """Drop the computed positions from `num_tokens` on; they must not be final."""

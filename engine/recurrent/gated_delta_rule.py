@@ -35,21 +35,26 @@ _L2_EPS = 1e-6  # transformers' (and fla's) l2norm epsilon
 
 
 def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                     state: torch.Tensor, states_after: list[torch.Tensor] | None = None) -> torch.Tensor:
+                     state: torch.Tensor, states_after: list[torch.Tensor] | None = None,
+                     at: tuple[int, ...] | None = None) -> torch.Tensor:
     """Run T tokens through the rule from `state`, which is left holding the memory after them.
 
     q, k [T, key heads, key dim]; v [T, value heads, value dim]; g (fp32) and beta [T, value heads];
     state [value heads, key dim, value dim] fp32. A leading rows dim on all of them runs a batch of
     sequences (each its own T tokens and state). Returns [(rows,) T, value heads, value dim] in q's dtype.
-    `states_after` (one sequence: a verification recording, SequenceState.record) gets a copy of the memory
-    after each token, which only the recurrent form has, so it runs whatever T is.
+    `states_after` (one sequence: a recording, SequenceState.record) gets a copy of the memory after each
+    token (`at` None: a verification, run in the recurrent form, the one that has every memory), or after the
+    tokens at indices `at` (checkpoints inside a prefill: the tokens run in pieces that end there, each piece
+    in the form its length picks).
     """
     single = state.dim() == 3
     if single:
         q, k, v, g, beta, state_rows = (t.unsqueeze(0) for t in (q, k, v, g, beta, state))
     else:
         state_rows = state
-    if states_after is not None:
+    if states_after is not None and at is not None:
+        out, final = _in_pieces(_heads_first(q, k, v, g, beta), state_rows, states_after, at)
+    elif states_after is not None:
         out, final = _recurrent(*_heads_first(q, k, v, g, beta), state_rows, states_after)
     else:
         recurrent = q.shape[1] <= RECURRENT_UP_TO
@@ -57,6 +62,20 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     state_rows.copy_(final)
     out = out.transpose(1, 2).to(q.dtype)  # [rows, T, value heads, value dim]
     return out[0] if single else out
+
+
+def _in_pieces(inputs, state, states_after, at):
+    """The tokens in pieces ending after each index of `at`, the memory copied at each end."""
+    length, outs, start = inputs[0].shape[2], [], 0
+    for end in [*(i + 1 for i in at), length]:
+        if end > start:
+            piece = [t[:, :, start:end] for t in inputs]
+            out, state = (_recurrent if end - start <= RECURRENT_UP_TO else _chunkwise)(*piece, state)
+            outs.append(out)
+        if end - 1 in at:
+            states_after.append(state[0].clone())
+        start = end
+    return torch.cat(outs, dim=2), state
 
 
 def _heads_first(q, k, v, g, beta):

@@ -67,13 +67,13 @@ class GatedDeltaNet(nn.Module):
         qkv, z, b, a = self.in_proj(x).split(self._split, dim=-1)
         convs = [] if state.trail is not None else None  # a recording step (SequenceState.record)
         memories = [] if state.trail is not None else None
-        qkv = F.silu(causal_conv(qkv, self.conv_weight, None, state.conv, convs))
+        qkv = F.silu(causal_conv(qkv, self.conv_weight, None, state.conv, convs, state.record_after))
         q, k, v = qkv.split((self.key_dim, self.key_dim, self.value_dim), dim=-1)
         q = q.unflatten(-1, (self.key_heads, self.key_head_dim))
         k = k.unflatten(-1, (self.key_heads, self.key_head_dim))
         v = v.unflatten(-1, (self.value_heads, self.value_head_dim))
         g = self.decay_rate * F.softplus(a.float() + self.dt_bias)
-        out = gated_delta_rule(q, k, v, g, b.sigmoid(), state.recurrent, memories)
+        out = gated_delta_rule(q, k, v, g, b.sigmoid(), state.recurrent, memories, state.record_after)
         if convs is not None:
             state.trail.extend(LayerState(conv, memory) for conv, memory in zip(convs, memories))
         out = self.norm(out, z.unflatten(-1, (self.value_heads, self.value_head_dim)))

@@ -37,7 +37,7 @@ class ShortConv(nn.Module):
         if one_token_per_row:
             bx = bx.unsqueeze(1)  # [B, 1, hidden]: each row its own sequence of one token
         convs = [] if state.trail is not None else None  # a recording step (SequenceState.record)
-        y = causal_conv(bx, self.weight[:, 0], self.bias, state.conv, convs)
+        y = causal_conv(bx, self.weight[:, 0], self.bias, state.conv, convs, state.record_after)
         if convs is not None:
             state.trail.extend(LayerState(conv, None) for conv in convs)
         if one_token_per_row:

@@ -7,10 +7,11 @@ it is a checkpoint (`copy`), and going back to an earlier position means loading
 (`load`). The layers update their LayerState in place, so the tensors of a state never move (a captured
 decode step reads them where they are).
 
-A speculative step verifies several tokens in one forward and may keep only some of them. So while it runs,
-the state `record`s: each layer also keeps its state after every one of those tokens (its `trail`), and
-`rewind` goes back to any of them when the rejected drafts are cut (kv/cache.py's truncate); the next
-forward forgets the trail.
+A forward may also `record` the state after some of its tokens (each layer's `trail`): after every one for a
+speculative step, which may keep only some of its tokens (`rewind` goes back to the last kept one when the
+rejected drafts are cut, kv/cache.py's truncate); after given positions inside a prefill, where the prefix
+cache wants checkpoints (`recorded` copies one out), so the forward need not stop there. The next forward
+forgets the trail.
 
 Per recurrent layer: `conv`, the last kernel - 1 inputs of the layer's causal convolution, in the model's
 dtype (the convolution reads them as its left padding); `recurrent`, a Gated DeltaNet layer's
@@ -34,8 +35,10 @@ STALE = -1  # the position of a state whose tensors no longer match any position
 class LayerState:
     conv: torch.Tensor  # [channels, kernel - 1], or [rows, channels, kernel - 1] for a batch
     recurrent: torch.Tensor | None  # [value heads, key dim, value dim] (a leading rows dim for a batch), fp32
-    # While the state records: the layer's state after each new token of the forward, in order (copies).
+    # While the state records: the layer's state after the recorded tokens of the forward, in order (copies),
+    # and which tokens those are: indices in the forward's tokens (None: every token).
     trail: list["LayerState"] | None = None
+    record_after: tuple[int, ...] | None = None
 
 
 class SequenceState:
@@ -43,6 +46,7 @@ class SequenceState:
         self.layers = layers
         self.position = position  # tokens this state summarises
         self._trail_from: int | None = None  # where the recorded forward started (None: not recording)
+        self._trail_at: tuple[int, ...] | None = None  # the positions recorded (None: every token)
 
     @classmethod
     def zeros(cls, layout: HybridLayers, device: torch.device, dtype: torch.dtype,
@@ -105,31 +109,44 @@ class SequenceState:
             t.zero_()
         self.position = 0
 
-    def record(self) -> None:
-        """Keep the state after each token of the next forward (a draft verification) for `rewind`."""
-        self._trail_from = self.position
+    def record(self, after: "tuple[int, ...] | None" = None) -> None:
+        """Keep the state after tokens of the next forward: after each one (None: a draft verification, for
+        `rewind`), or after the positions `after` (checkpoints inside a prefill, for `recorded`)."""
+        self._trail_from, self._trail_at = self.position, after
+        indices = None if after is None else tuple(p - self.position - 1 for p in after)
         for state in self.layers.values():
-            state.trail = []
+            state.trail, state.record_after = [], indices
 
     def forget_trail(self) -> None:
-        self._trail_from = None
+        self._trail_from = self._trail_at = None
         for state in self.layers.values():
-            state.trail = None
+            state.trail = state.record_after = None
+
+    def _trail_index(self, position: int) -> int | None:
+        """Where the state after `position` is in every layer's trail; None when it was not recorded."""
+        start = self._trail_from
+        if start is None or not start < position <= self.position:
+            return None
+        index = position - start - 1 if self._trail_at is None else (
+            self._trail_at.index(position) if position in self._trail_at else None)
+        if index is None or any(s.trail is None or len(s.trail) <= index for s in self.layers.values()):
+            return None  # a layer that did not record it: nothing to go back to
+        return index
+
+    def recorded(self, position: int) -> "SequenceState | None":
+        """The state after `position` as the last forward recorded it (a checkpoint of its own), or None."""
+        index = self._trail_index(position)
+        if index is None:
+            return None
+        return SequenceState({i: LayerState(s.trail[index].conv, s.trail[index].recurrent)
+                              for i, s in self.layers.items()}, position)
 
     def rewind(self, position: int) -> bool:
         """Go back to `position`, after one of the recorded forward's tokens; False when it was not recorded."""
-        start = self._trail_from
-        if start is None or not start < position <= self.position:
+        kept = self.recorded(position)
+        if kept is None:
             return False
-        for state in self.layers.values():
-            if state.trail is None or len(state.trail) != self.position - start:
-                return False  # a layer that did not record (or not every token): nothing to go back to
-        for state in self.layers.values():
-            kept = state.trail[position - start - 1]
-            state.conv.copy_(kept.conv)
-            if state.recurrent is not None:
-                state.recurrent.copy_(kept.recurrent)
-        self.position = position
+        self.load(kept)
         self.forget_trail()
         return True
 

@@ -165,14 +165,22 @@ class ModelRunner:
         """One forward over `token_ids` after `kv`'s tokens: logits [1, vocab] of the last, or [T, vocab] of
         each if `all_logits` (a speculative step's verification). A few tokens (a follow-up message, the
         end of a prompt, drafts) go through the fused C step where there is one."""
+        # A hybrid model's state: recorded after each token of a verification (to rewind rejected drafts), or
+        # after the positions inside a prompt where the prefix cache keeps checkpoints (kv/checkpoints.py).
         cuts = kv.checkpoints_between(kv.num_tokens, kv.num_tokens + len(token_ids))
-        if cuts:  # a hybrid model copies its state at these positions: stop the forward at each
-            return self._prefill_to_checkpoints(kv, token_ids, cuts, all_logits)
-        return self._prefill(kv, token_ids, all_logits)
+        if kv.state is not None:
+            if cuts:
+                kv.state.record(tuple(cuts))
+            elif all_logits and len(token_ids) > 1:
+                kv.state.record()
+            else:
+                kv.state.forget_trail()
+        logits = self._prefill(kv, token_ids, all_logits)
+        for position in cuts:
+            kv.take_checkpoint(position)
+        return logits
 
     def _prefill(self, kv: SequenceKV, token_ids: list[int], all_logits: bool) -> torch.Tensor:
-        if kv.state is not None:  # a verification keeps the state after each draft, to go back to (state.py)
-            kv.state.record() if all_logits and len(token_ids) > 1 else kv.state.forget_trail()
         threads = self.decode_threads.current  # what decode measured free: a busy core stalls prefill too
         if self.fused is not None and kv.contiguous is not None and (len(token_ids) <= MAX_ROWS or self.fused.integer):
             # Integer products: every chunk in pieces of the fused step (a token's bits must not depend on
@@ -180,18 +188,6 @@ class ModelRunner:
             return self._fused_pieces(token_ids, kv, lambda: kv.contiguous, threads, all_logits)
         with torch_threads(threads if self.device.type == "cpu" else None):
             return self.model(torch.tensor(token_ids, dtype=torch.long, device=self.device), kv, all_logits)
-
-    def _prefill_to_checkpoints(self, kv: SequenceKV, token_ids: list[int], cuts: list[int],
-                                all_logits: bool) -> torch.Tensor:
-        """`prefill` in pieces that end at the positions `cuts`, the state copied after each (kv/checkpoints.py)."""
-        start, pieces = kv.num_tokens, []
-        for end in [*cuts, start + len(token_ids)]:
-            piece = token_ids[kv.num_tokens - start : end - start]
-            if piece:
-                pieces.append(self._prefill(kv, piece, all_logits))
-            if end in cuts:
-                kv.take_checkpoint()
-        return torch.cat(pieces) if all_logits else pieces[-1]
 
     def _fused_pieces(self, token_ids: list[int], kv: KVCache, buffer: Callable[[], ContiguousKVCache], threads: int,
                       all_logits: bool) -> torch.Tensor:

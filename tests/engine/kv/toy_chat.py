@@ -64,7 +64,7 @@ def run(kv: WorkingCopyKV, tokens: list[int]) -> None:
         if cut > kv.num_tokens:
             forward(kv, tokens[kv.num_tokens : cut])
         if cut in kv.checkpoints_between(start, end):
-            kv.take_checkpoint()
+            kv.take_checkpoint(cut)
     kv.finalize(tokens[start:])
 
 

@@ -86,3 +86,25 @@ def test_the_mixer_runs_a_batch_of_sequences_as_each_alone():
     for row, single in enumerate(singles):
         torch.testing.assert_close(batch.row(row).layer(0).recurrent, single.layer(0).recurrent, atol=1e-6, rtol=0)
         torch.testing.assert_close(batch.row(row).layer(0).conv, single.layer(0).conv, atol=1e-6, rtol=0)
+
+
+def test_a_recorded_forward_keeps_the_memory_after_the_asked_tokens_and_after_every_token_when_verifying():
+    q, k, v, g, beta, state = (t[0] for t in inputs(CHUNK + 20))
+    at = (4, 30, CHUNK + 18)  # inside the first piece, inside a chunk, one token before the end
+    memory, kept = state.clone(), []
+    out = gated_delta_rule(q, k, v, g, beta, memory, kept, at)
+    whole_memory = state.clone()
+    whole = gated_delta_rule(q, k, v, g, beta, whole_memory)
+    torch.testing.assert_close(out, whole, atol=1e-5, rtol=0)  # pieces: the same outputs to rounding
+    torch.testing.assert_close(memory, whole_memory, atol=1e-5, rtol=0)
+    assert len(kept) == len(at)
+    for index, copy in zip(at, kept):
+        upto = state.clone()
+        gated_delta_rule(q[: index + 1], k[: index + 1], v[: index + 1], g[: index + 1], beta[: index + 1], upto)
+        torch.testing.assert_close(copy, upto, atol=1e-5, rtol=0)
+    every: list[torch.Tensor] = []
+    gated_delta_rule(q[:5], k[:5], v[:5], g[:5], beta[:5], state.clone(), every)  # a verification: every token
+    for index, copy in enumerate(every):
+        upto = state.clone()
+        gated_delta_rule(q[: index + 1], k[: index + 1], v[: index + 1], g[: index + 1], beta[: index + 1], upto)
+        assert torch.equal(copy, upto)  # both the recurrent form, token by token
