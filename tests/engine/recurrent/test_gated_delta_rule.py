@@ -1,6 +1,8 @@
 """The gated delta rule and the Gated DeltaNet mixer: each form is transformers' own arithmetic (bit for bit),
 the state is updated in place, and a batch of sequences one token each is each sequence on its own."""
 
+import functools
+
 import pytest
 import torch
 from transformers.models.qwen3_5.modeling_qwen3_5 import (torch_chunk_gated_delta_rule,
@@ -8,7 +10,7 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import (torch_chunk_gated_delt
 
 from engine.config.hybrid import GATED_DELTANET, HybridLayers
 from engine.recurrent import gated_delta_rule as rule
-from engine.recurrent.gated_delta_rule import CHUNK, RECURRENT_UP_TO, gated_delta_rule
+from engine.recurrent.gated_delta_rule import CHUNK, RECURRENT_UP_TO, chunk_size, gated_delta_rule
 from engine.recurrent.gated_deltanet import GatedDeltaNet
 from engine.recurrent.state import SequenceState
 
@@ -31,11 +33,12 @@ def transformers_rule(form, q, k, v, g, beta, state):
     return form(q, k, v, g=g, beta=beta, initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True)
 
 
-@pytest.mark.parametrize("tokens", [1, 5, RECURRENT_UP_TO, RECURRENT_UP_TO + 1, CHUNK, 2 * CHUNK + 3])
+@pytest.mark.parametrize("tokens", [1, 5, RECURRENT_UP_TO, RECURRENT_UP_TO + 1, 20, 33, CHUNK, 2 * CHUNK + 3])
 def test_each_form_is_transformers_arithmetic_bit_for_bit(tokens):
     q, k, v, g, beta, state = inputs(tokens)
-    recurrent = tokens <= RECURRENT_UP_TO  # the form the rule picks for this many tokens
-    form = torch_recurrent_gated_delta_rule if recurrent else torch_chunk_gated_delta_rule
+    recurrent = tokens <= RECURRENT_UP_TO  # the form the rule picks for this many tokens (and its chunk size)
+    form = (torch_recurrent_gated_delta_rule if recurrent else
+            functools.partial(torch_chunk_gated_delta_rule, chunk_size=chunk_size(tokens)))
     expected, expected_state = transformers_rule(form, q, k, v, g, beta, state)
     memory = state[0].clone()
     out = gated_delta_rule(q[0], k[0], v[0], g[0], beta[0], memory)
