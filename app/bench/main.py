@@ -23,7 +23,7 @@ from app.bench.sections import one_section, speculative_section
 from app.bench.speculative import print_speculative
 from app.cli.options import engine_options
 from engine import Engine, SamplingParams
-from engine.bench.perf import greedy, random_prompt
+from engine.bench.perf import checkpoint_bytes, greedy, kv_bytes_per_position, random_prompt
 from app.bench.resume import bench_resume, print_resume
 from app.bench.timing import interleaved_medians, timed
 
@@ -176,6 +176,10 @@ def print_table(result: dict) -> None:
             print(f"{'  the eager step instead':24}{row['eager_tokens_per_s']:>10.1f}"
                   f"{'fused/eager':>14}{_ratio(row['tokens_per_s'], row['eager_tokens_per_s']):>8}"
                   f"   (@ {row['context_tokens']} context)")
+    if result.get("state_checkpoint_bytes"):
+        ratio = result["state_checkpoint_bytes"] / result["kv_bytes_per_token"]
+        print(f"\na state checkpoint {result['state_checkpoint_bytes'] / 2**20:.1f} MiB (what a saved turn adds to its "
+              f"K/V on disk; ~{ratio:,.0f} tokens of K/V at {result['kv_bytes_per_token'] / 1024:.1f} KiB a token)")
     if result["followup"]:
         print(f"\n{'follow-up TTFT, ms':24}{'cached':>10}{'uncached':>10}{'speed-up':>10}"
               f"{'hf naive':>10}{'hf cache':>10}{'cached/prefilled':>18}")
@@ -261,6 +265,9 @@ def _standard_sections(engine: Engine, baselines: dict[str, HFBaseline], args: a
         "runs": runs,
         "load_ms": round(engine.info.load_ms, 1),
         "kv_cache_bytes": engine.info.kv_cache_bytes,
+        # What a turn costs in memory and on disk: K/V per token, and a hybrid model's one state checkpoint.
+        "kv_bytes_per_token": kv_bytes_per_position(engine),
+        "state_checkpoint_bytes": checkpoint_bytes(engine),
         "prefill": bench_prefill(engine, baselines, prefill_lengths, runs),
         "decode": bench_decode(engine, baselines, decode_contexts, decode_steps, runs),  # one token per step
         "followup": bench_followup(engine, baselines.get("hf_"), histories, 8 if args.quick else 24, runs)

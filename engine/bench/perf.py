@@ -20,6 +20,7 @@ import torch
 from engine.engine import Engine
 from engine.events import Done
 from engine.model.moe import SparseMoE
+from engine.recurrent.state import SequenceState
 from engine.request.generation import interleave
 from engine.sampling_params import SamplingParams
 
@@ -100,9 +101,16 @@ def weight_bytes_per_token(engine: Engine) -> int:
 
 
 def kv_bytes_per_position(engine: Engine) -> int:
-    """Bytes of K and V one position holds over all layers (read once per decode step)."""
+    """Bytes of K and V one position holds over the layers that keep them (read once per decode step)."""
     cfg = engine.model.cfg
-    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * engine.dtype.itemsize
+    return 2 * cfg.kv_layers * cfg.num_kv_heads * cfg.head_dim * engine.dtype.itemsize
+
+
+def checkpoint_bytes(engine: Engine) -> int | None:
+    """Bytes of one state checkpoint of a hybrid model (kv/checkpoints.py; each saved turn writes one), None for
+    an attention-only model."""
+    hybrid = engine.model.cfg.hybrid
+    return None if hybrid is None else SequenceState.zeros(hybrid, torch.device("meta"), engine.dtype).nbytes
 
 
 def random_prompt(engine: Engine, length: int, seed: int = 0) -> list[int]:

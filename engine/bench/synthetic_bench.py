@@ -25,8 +25,8 @@ from engine.weights.device import pick_device, pick_dtype
 from engine.engine import Engine, EngineOptions
 from engine.bench.hf_reference import (compare_tokens, hf_generate_speed, hf_greedy_tokens, logits_rel_error,
                                        reference_model)
-from engine.bench.perf import (batched_agreement, copy_bandwidth, decode_speed, followup_ttft, greedy,
-                               kv_bytes_per_position, prefill_speed, random_prompt, speculative_agreement,
+from engine.bench.perf import (batched_agreement, checkpoint_bytes, copy_bandwidth, decode_speed, followup_ttft,
+                               greedy, kv_bytes_per_position, prefill_speed, random_prompt, speculative_agreement,
                                weight_bytes_per_token)
 from engine.model.moe import routes_on_host
 from engine.weights.synthetic import MODELS, PREFIX, synthetic_config, synthetic_model_dir
@@ -152,7 +152,7 @@ def _measure_default(engine: Engine | None, plan: Plan, result: dict, step: _Ste
     result.update(load_ms=round(engine.info.load_ms, 1), decode_path=getattr(engine.info, "decode", None),
                   experts_stacked=not routes_on_host(engine.model) if result["routed"] else None,
                   weight_bytes_per_token=weight_bytes_per_token(engine),
-                  kv_bytes_per_position=kv_bytes_per_position(engine))
+                  kv_bytes_per_position=kv_bytes_per_position(engine), checkpoint_bytes=checkpoint_bytes(engine))
     result["decode"] = [row for context in plan.decode_contexts if (row := step(
         f"decode@{context}", lambda: decode_speed(engine, context, plan.decode_steps, plan.runs, bandwidth)))]
     result["prefill"] = step("prefill", lambda: prefill_speed(engine, plan.prefill_tokens, plan.runs))

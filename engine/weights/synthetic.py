@@ -72,6 +72,21 @@ _GPT_OSS_20B = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
                 "bos_token_id": 199998, "eos_token_id": 200002}
 
 
+# Qwen3.5-0.8B's text model as its published card gives it (hidden 1,024, 24 layers: three Gated DeltaNet
+# for each gated attention one, 8 query / 2 KV heads of 256, FFN 3,584, vocabulary 248,320, RoPE base 1e7 on a
+# quarter of each head); its linear-attention heads (16 key and 16 value heads of 128) are the family's
+# small-model choice, assumed: the card does not state them.
+_QWEN35_08B = {"architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text", "hidden_size": 1024,
+               "num_hidden_layers": 24, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 256,
+               "intermediate_size": 3584, "vocab_size": 248320, "rms_norm_eps": 1e-6,
+               "max_position_embeddings": 262144, "tie_word_embeddings": True, "hidden_act": "silu",
+               "linear_num_key_heads": 16, "linear_num_value_heads": 16, "linear_key_head_dim": 128,
+               "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
+               "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 6,
+               "rope_parameters": {"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25},
+               "bos_token_id": None, "eos_token_id": 248046}
+
+
 def _llama3_rope(factor: float) -> dict:
     return {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
             "original_max_position_embeddings": 8192}
@@ -116,6 +131,8 @@ MODELS: dict[str, tuple[str, dict]] = {
     # openai's 20B mixture (32 experts, 4 a token; sinks, 128-token windows every other layer): its file is
     # the experts in MXFP4 and the rest in Q8_0 (`@mxfp4`), as it is shipped.
     "gpt-oss-20b": ("openai/gpt-oss-20b", _GPT_OSS_20B),
+    # A hybrid model: its recurrent layers' state checkpoints and its attention layers' K/V, at a real size.
+    "qwen3.5-0.8b": ("Qwen/Qwen3.5-0.8B, its text model", _QWEN35_08B),
 }
 # A minimal template so `kvchat ask --model synthetic:...` runs; words outside "t<i>" all become token 0.
 _CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
@@ -155,6 +172,8 @@ def synthetic_config(name: str, layers: int | None = None) -> dict:
         if layers < 1:
             raise ModelError("A synthetic model needs at least one layer.")
         config["num_hidden_layers"] = layers
+        if "layer_types" in config:  # a hybrid model's first `layers` layers, as the full model has them
+            config["layer_types"] = config["layer_types"][:layers]
     return config
 
 

@@ -28,6 +28,10 @@ STD = 0.02
 
 def tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor a Hugging Face checkpoint of `cfg` holds: name -> shape."""
+    if cfg.family == "qwen35":
+        return _qwen35_shapes(cfg)
+    if cfg.hybrid is not None:
+        raise ModelError(f"Synthetic {cfg.model_type} models are not made: kvchat makes Qwen3.5's hybrid shape.")
     hidden, inter = cfg.hidden_size, cfg.intermediate_size
     q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, hidden),
@@ -61,6 +65,37 @@ def tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def _qwen35_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Qwen3.5's checkpoint (model/qwen35.py reads it): Gated DeltaNet layers and gated attention ones."""
+    hidden, hybrid, dim = cfg.hidden_size, cfg.hybrid, cfg.head_dim
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, hidden),
+                                          "model.norm.weight": (hidden,)}
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head.weight"] = (cfg.vocab_size, hidden)
+    values = hybrid.value_heads * hybrid.value_head_dim
+    for i in range(cfg.num_layers):
+        prefix = f"model.layers.{i}."
+        layer = {"input_layernorm.weight": (hidden,), "post_attention_layernorm.weight": (hidden,),
+                 **{f"mlp.{name}.weight": (rows, cols) for name, rows, cols in _mlp(cfg.intermediate_size, hidden)}}
+        if hybrid.is_attention(i):  # q_proj holds each head's query and output gate
+            layer |= {"self_attn.q_proj.weight": (2 * cfg.num_heads * dim, hidden),
+                      "self_attn.k_proj.weight": (cfg.num_kv_heads * dim, hidden),
+                      "self_attn.v_proj.weight": (cfg.num_kv_heads * dim, hidden),
+                      "self_attn.o_proj.weight": (hidden, cfg.num_heads * dim),
+                      "self_attn.q_norm.weight": (dim,), "self_attn.k_norm.weight": (dim,)}
+        else:
+            layer |= {"linear_attn.in_proj_qkv.weight": (hybrid.conv_channels, hidden),
+                      "linear_attn.in_proj_z.weight": (values, hidden),
+                      "linear_attn.in_proj_b.weight": (hybrid.value_heads, hidden),
+                      "linear_attn.in_proj_a.weight": (hybrid.value_heads, hidden),
+                      "linear_attn.out_proj.weight": (hidden, values),
+                      "linear_attn.conv1d.weight": (hybrid.conv_channels, 1, hybrid.conv_kernel),
+                      "linear_attn.dt_bias": (hybrid.value_heads,), "linear_attn.A_log": (hybrid.value_heads,),
+                      "linear_attn.norm.weight": (hybrid.value_head_dim,)}
+        shapes |= {prefix + name: shape for name, shape in layer.items()}
+    return shapes
+
+
 def _mlp(inter: int, hidden: int) -> list[tuple[str, int, int]]:
     return [("gate_proj", inter, hidden), ("up_proj", inter, hidden), ("down_proj", hidden, inter)]
 
@@ -85,7 +120,7 @@ class SyntheticWeights:
         self.seed = seed
         self.device = torch.device(device)
         self.dtype = dtype
-        self.unit_norm = 0.0 if cfg.family == "gemma3" else 1.0  # the norm weight that scales by 1
+        self.unit_norm = 0.0 if cfg.family in ("gemma3", "qwen35") else 1.0  # the norm weight that scales by 1
 
     def __contains__(self, name: str) -> bool:
         return name in self.shapes
@@ -94,6 +129,8 @@ class SyntheticWeights:
         shape = self.shapes.get(name)
         if shape is None:
             raise ModelError(f"The synthetic model has no tensor named {name!r}.")
+        if name.endswith("linear_attn.norm.weight"):  # Qwen3.5's gated norm scales by its plain weight
+            return torch.ones(shape, device=self.device, dtype=self.dtype)
         if name.endswith("norm.weight"):
             return torch.full(shape, self.unit_norm, device=self.device, dtype=self.dtype)
         generator = torch.Generator(device=self.device).manual_seed(tensor_seed(self.seed, name))

@@ -24,7 +24,9 @@ REAL = {"smollm2-135m": (134_515_008, 8192), "llama-3.2-1b": (1_235_814_400, 131
         "qwen3-30b-a3b": (30_532_122_624, 40960),
         # the 30B without what a token does not read: per layer 120 of 128 experts and the router
         "qwen3-30b-a3b-dense": (30_532_122_624 - 48 * (120 * 3 * 768 * 2048 + 128 * 2048), 40960),
-        "gpt-oss-20b": (20_914_757_184, 131072)}  # llama.cpp's log of openai's own file: 20.915 B
+        "gpt-oss-20b": (20_914_757_184, 131072),  # llama.cpp's log of openai's own file: 20.915 B
+        # transformers' Qwen3_5ForCausalLM of this config (the card's "0.8B"; its linear-attention heads assumed)
+        "qwen3.5-0.8b": (752_393_024, 262144)}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -129,6 +131,18 @@ def test_qwen3_qk_norm_shape_equals_transformers_with_two_layers():
     model_dir = synthetic_model_dir("qwen3-0.6b", layers=2)
     engine = Engine.load(EngineOptions(model=str(model_dir), device="cpu", dtype="float32", kv_cache_gb=0.01))
     prompt = torch.randint(0, 151936, (12,), generator=torch.Generator().manual_seed(6)).tolist()
+    ours = engine.runner.logits(prompt, all_logits=True)
+    theirs = reference_model(model_dir, "cpu", FP32)(torch.tensor([prompt])).logits[0]
+    assert relative_error(ours, theirs) < 1e-5
+
+
+@torch.inference_mode()
+@pytest.mark.slow  # transformers' Qwen3.5 as the reference
+def test_the_hybrid_shape_equals_transformers_with_its_first_four_layers():
+    model_dir = synthetic_model_dir("qwen3.5-0.8b", layers=4)  # three Gated DeltaNet layers, one attention
+    engine = Engine.load(EngineOptions(model=str(model_dir), device="cpu", dtype="float32", kv_cache_gb=0.01))
+    assert engine.model.cfg.hybrid.mixers.count("attention") == 1
+    prompt = torch.randint(0, 248320, (12,), generator=torch.Generator().manual_seed(6)).tolist()
     ours = engine.runner.logits(prompt, all_logits=True)
     theirs = reference_model(model_dir, "cpu", FP32)(torch.tensor([prompt])).logits[0]
     assert relative_error(ours, theirs) < 1e-5
