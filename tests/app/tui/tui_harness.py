@@ -81,8 +81,10 @@ def model_loader(default, other, loads: list):
 
 
 def slow_and_endless(engine, monkeypatch) -> None:
-    """Make `engine`'s replies slow enough to catch mid-way (20 ms a step; a tiny model is too fast) and
-    endless (no end-of-sequence token), so a test can stop one."""
+    """Make `engine`'s replies slow enough to catch mid-way (20 ms a step, one token a step; a tiny model is
+    too fast) and endless (no end-of-sequence token), so a test can stop one. Without drafts: accepted ones
+    made ~3 tokens a step, so a reply reached the window's end in ~1.5 s, before a loaded machine's Escape."""
+    monkeypatch.setattr(engine._loop, "draft_tokens", 0)
     forward = engine.runner.run  # every step: a prefill chunk, or a decode token
 
     def slow_forward(*args, **kwargs):
