@@ -3,7 +3,9 @@
 Needs only torch and transformers (not kvchat installed, nor its app's
 libraries). For each synthetic model (default: the llama-3.2-1b, gemma3-1b
 (sliding-window layers) and llama-3.1-8b shapes, and 12 of Qwen3-30B-A3B's 48 layers (routed experts,
-stacked on the GPU, so its default paged step replays from CUDA graphs too), bf16 on a GPU; `NAME:LAYERS`
+stacked on the GPU, so its default paged step replays from CUDA graphs too), and Qwen3.5-0.8B's hybrid shape
+(Gated DeltaNet layers and their state, on the eager path: the only one hybrid models run), bf16 on a GPU;
+`NAME:LAYERS`
 runs fewer layers of one) it runs synthetic_bench.measure_synthetic:
 copy bandwidth, decode tok/s at 512 and 8192 context with the roofline
 fraction, cold prefill of 8k tokens, follow-up TTFT after 8k cached tokens,
@@ -39,7 +41,7 @@ from engine.errors import EngineError  # noqa: E402
 from engine.bench.report import format_report, target_checks  # noqa: E402
 from engine.bench.synthetic_bench import FAST_PATHS, default_plan, free_memory, measure_synthetic  # noqa: E402
 
-DEFAULT_MODELS = "llama-3.2-1b,gemma3-1b,llama-3.1-8b,qwen3-30b-a3b:12"
+DEFAULT_MODELS = "llama-3.2-1b,gemma3-1b,llama-3.1-8b,qwen3-30b-a3b:12,qwen3.5-0.8b"
 
 
 def _versions() -> dict:

@@ -30,17 +30,18 @@ def logits_rel_error(engine: Engine, hf, prompt: list[int]) -> float:
 
 @torch.inference_mode()
 def hf_greedy_tokens(hf, prompt: list[int], count: int, device: torch.device) -> list[int]:
-    """`count` greedy tokens by transformers, one forward per step with its DynamicCache.
+    """`count` greedy tokens by transformers, one forward per step with its own cache.
 
     A plain argmax loop, not `generate`: generate's min_new_tokens would mask the
     end-of-sequence token, which the engine's ignore_eos does not do.
     """
-    from transformers import DynamicCache
-
-    cache, tokens, ids = DynamicCache(), [], torch.tensor([prompt], device=device)
+    # The model makes its own cache on the first call (a hybrid model's keeps its recurrent layers' state too,
+    # which a bare DynamicCache() has no room for) and takes it back on the next.
+    cache, tokens, ids = None, [], torch.tensor([prompt], device=device)
     for _ in range(count):
-        logits = hf(ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
-        tokens.append(int(logits.argmax()))
+        out = hf(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        cache = out.past_key_values
+        tokens.append(int(out.logits[0, -1].argmax()))
         ids = torch.tensor([[tokens[-1]]], device=device)
     return tokens
 

@@ -125,7 +125,8 @@ def measure_synthetic(name: str, device: str = "auto", dtype: str = "auto", plan
         torch.cuda.reset_peak_memory_stats(dev)
     result = {"model": name, "shape_of": MODELS[name][0], "layers": layers, "device": device_name(dev),
               "dtype": str(dt).removeprefix("torch."), "plan": dataclasses.asdict(plan), "errors": {}, "seconds": {},
-              "routed": bool(config.get("num_experts"))}
+              "routed": bool(config.get("num_experts")),
+              "hybrid": "linear_attention" in config.get("layer_types", ())}  # recurrent layers: the eager path only
     step = _Steps(result, lambda line: log(f"{name}: {line}"), deadline)
     result["bandwidth_bytes_per_s"] = step("bandwidth", lambda: round(copy_bandwidth(dev)))
     spec = PREFIX + name if layers is None else str(synthetic_model_dir(name, layers))
@@ -193,6 +194,9 @@ def _measure_fast_paths(options: EngineOptions, plan: Plan, result: dict, defaul
         rows.append(row)
         if name in CUDA_ONLY and options.device != "cuda":
             row["skipped"] = "needs a CUDA device"
+            continue
+        if result.get("hybrid") and FAST_PATHS[name] != FAST_PATHS["eager"]:
+            row["skipped"] = "a hybrid model runs the eager path only"
             continue
         _measure_config(options, name, plan, row, step, result["bandwidth_bytes_per_s"])
         free_memory()  # this configuration's engine, dropped on return

@@ -152,3 +152,17 @@ def test_a_mixtures_report_says_whether_its_experts_ran_stacked():
     assert "mixture's experts" not in format_report([result])  # a dense model, or nothing loaded
     lines = format_report([{**result, "experts_stacked": True}]).splitlines()
     assert any(line.split() == ["mixture's", "experts", "stacked"] for line in lines)
+
+
+def test_a_hybrid_shape_is_in_the_default_list_and_measures_the_eager_path_only(monkeypatch):
+    from engine import EngineOptions
+    from engine.bench import device_check, synthetic_bench
+
+    assert "qwen3.5-0.8b" in device_check.DEFAULT_MODELS.split(",")
+    plan = dataclasses.replace(QUICK_PLAN, configs=("eager", "paged", "cuda_graphs"))
+    measured = []
+    monkeypatch.setattr(synthetic_bench, "_measure_config", lambda *args: measured.append(args[1]))
+    rows = synthetic_bench._measure_fast_paths(EngineOptions(model="m", device="cuda"), plan,
+                                               {"hybrid": True, "bandwidth_bytes_per_s": 1}, None, None)
+    assert measured == ["eager"]
+    assert [row.get("skipped") for row in rows[2:]] == ["a hybrid model runs the eager path only"] * 2
