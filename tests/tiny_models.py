@@ -64,6 +64,10 @@ QWEN35 = dict(num_hidden_layers=4, head_dim=32, linear_num_key_heads=2, linear_n
               linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4, initializer_range=0.05,
               rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
                                "mrope_section": [2, 1, 1], "mrope_interleaved": True})
+# Qwen3.5-MoE as the 35B-A3B is shaped, small: Qwen3.5's layers with every MLP 6 experts of which the router
+# picks 2, beside a shared expert behind its sigmoid gate.
+QWEN35_MOE = dict(QWEN35, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32,
+                  shared_expert_intermediate_size=48)
 
 # name -> (transformers config class, model class, config overrides)
 ARCHITECTURES = {
@@ -115,9 +119,10 @@ ARCHITECTURES = {
     "gemma4-moe": ("Gemma4TextConfig", "Gemma4ForCausalLM", GEMMA4_MOE),
     "lfm2": ("Lfm2Config", "Lfm2ForCausalLM", LFM2),
     "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", QWEN35),
+    "qwen3_5_moe": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM", QWEN35_MOE),
 }
 # Hybrid models: their caches carry the recurrent layers' state (tests/model_runs.py's new_cache).
-HYBRID = ("lfm2", "qwen3_5")
+HYBRID = ("lfm2", "qwen3_5", "qwen3_5_moe")
 # The Llama-family architectures, and those the fused CPU decode step runs (not a soft-capped Gemma).
 LLAMA_FAMILY = sorted(name for name, (config, _, _) in ARCHITECTURES.items()
                       if not config.startswith("Gemma") and name not in HYBRID)

@@ -37,12 +37,13 @@ SUPPORTED_ARCHITECTURES = {
     "ministral3": {"qkv_bias": False, "qk_norm": False},
     "lfm2": {"qkv_bias": False, "qk_norm": False},  # its attention layers' q/k norms are model/lfm2.py's
     "qwen3_5_text": {"qkv_bias": False, "qk_norm": False},  # its gated attention has its own q/k norms
+    "qwen3_5_moe_text": {"qkv_bias": False, "qk_norm": False},
 }
 # A multimodal config whose text model kvchat runs (its text_config).
 MULTIMODAL_WRAPPERS = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "mistral3": "ministral3",
-                       "qwen3_5": "qwen3_5_text"}
+                       "qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 _TEXT_CONFIGS = {"gemma3": gemma3.text_config, "gemma4": gemma4.text_config, "mistral3": ministral3.text_config,
-                 "qwen3_5": qwen35.text_config}
+                 "qwen3_5": qwen35.text_config, "qwen3_5_moe": qwen35.text_config}
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,9 @@ class AttentionTemperature:
 class MoEConfig:
     """A mixture-of-experts MLP: `experts` gated MLPs of `intermediate_size`, of which a router picks
     `per_token` for each token, weighted by their softmax probabilities (renormalised over the chosen
-    ones when `normalize`); `layers[i]` says whether layer i has it (else a dense MLP; Gemma 4 has both)."""
+    ones when `normalize`); `layers[i]` says whether layer i has it (else a dense MLP; Gemma 4 has both).
+    `shared_intermediate_size` (Qwen3.5-MoE; 0: none) is the size of a gated MLP every token goes through
+    beside the chosen experts, its output scaled by a learned sigmoid gate."""
 
     experts: int
     per_token: int
@@ -73,6 +76,7 @@ class MoEConfig:
     # vector and 1/sqrt(hidden), and multiplies each chosen expert's renormalised weight by that expert's
     # learned scale; the weights stay fp32 until they have multiplied the experts' outputs.
     scaled_router: bool = False
+    shared_intermediate_size: int = 0
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], num_layers: int) -> "MoEConfig":
@@ -91,6 +95,10 @@ class MoEConfig:
         if raw.get("model_type") == "gemma4_text":  # every layer's experts sit beside its dense MLP (model/gemma4.py)
             return cls(experts=experts, per_token=per_token, intermediate_size=int(raw["moe_intermediate_size"]),
                        normalize=True, layers=(True,) * num_layers, scaled_router=True)
+        if raw.get("model_type") == qwen35.MOE_MODEL_TYPE:  # every layer routes, always renormalised
+            return cls(experts=experts, per_token=per_token, intermediate_size=int(raw["moe_intermediate_size"]),
+                       normalize=True, layers=(True,) * num_layers,
+                       shared_intermediate_size=int(raw["shared_expert_intermediate_size"]))
         return cls(experts=experts, per_token=per_token, intermediate_size=int(raw["moe_intermediate_size"]),
                    normalize=bool(raw.get("norm_topk_prob", False)), layers=layers)
 
@@ -124,8 +132,8 @@ class ModelConfig:
     hidden_act: str = "silu"
     embed_scale: bool = False
     final_logit_softcapping: float | None = None
-    # Mixture of experts (Qwen3-MoE, gpt-oss; Gemma 4's beside its MLP): per layer, whether it has the routed
-    # experts (model/moe.py).
+    # Mixture of experts (Qwen3-MoE, gpt-oss, Qwen3.5-MoE; Gemma 4's beside its MLP): per layer, whether it has the
+    # routed experts (model/moe.py).
     moe: MoEConfig | None = None
     # SmolLM3: per layer, whether its q/k are rotated (its NoPE layers are not); empty: every layer's are.
     rope_layers: tuple[bool, ...] = ()
@@ -151,7 +159,8 @@ class ModelConfig:
     def family(self) -> str:
         """The decoder's layer structure: "gemma3" (four norms a layer, (1 + w) norm weights), "gemma4", "lfm2"
         (short-convolution and attention layers), "qwen35" (Gated DeltaNet and gated attention layers) or "llama"."""
-        families = {"gemma3_text": "gemma3", "gemma4_text": "gemma4", "lfm2": "lfm2", "qwen3_5_text": "qwen35"}
+        families = {"gemma3_text": "gemma3", "gemma4_text": "gemma4", "lfm2": "lfm2", "qwen3_5_text": "qwen35",
+                    "qwen3_5_moe_text": "qwen35"}
         return families.get(self.model_type, "llama")
 
     def layer_head_dim(self, layer: int) -> int:
@@ -196,9 +205,7 @@ class ModelConfig:
         model_type = raw.get("model_type")
         if model_type in lfm2.REFUSED:
             raise ModelError(lfm2.REFUSED[model_type])
-        if model_type in qwen35.MOE_TYPES:
-            raise ModelError("This Qwen3.5 model is the mixture-of-experts variant, which kvchat does not run yet.")
-        if model_type == qwen35.MODEL_TYPE:
+        if model_type in qwen35.MODEL_TYPES:
             raw = qwen35.with_defaults(raw)
         if model_type not in SUPPORTED_ARCHITECTURES:
             names = ", ".join(sorted(SUPPORTED_ARCHITECTURES))
@@ -216,7 +223,7 @@ class ModelConfig:
             head_dim = int(raw.get("head_dim") or hidden // heads)
             if model_type == "phi3":
                 rope = RopeConfig(**phi3.rope_fields(raw, head_dim))
-            elif model_type == qwen35.MODEL_TYPE:  # partial rotary (config/qwen35.py)
+            elif model_type in qwen35.MODEL_TYPES:  # partial rotary (config/qwen35.py)
                 rope = qwen35.rope(raw, head_dim)
             else:
                 rope = rope_config(raw)
@@ -260,8 +267,10 @@ class ModelConfig:
                 fields.update(phi3.config_fields(raw))
             if model_type == "lfm2":
                 fields["hybrid"] = lfm2.hybrid_layers(raw, fields["num_layers"])
-            if model_type == qwen35.MODEL_TYPE:
+            if model_type in qwen35.MODEL_TYPES:
                 fields.update(qwen35.config_fields(raw, fields["num_layers"]))
+            if model_type == qwen35.MOE_MODEL_TYPE:
+                fields["moe"] = MoEConfig.from_dict(raw, fields["num_layers"])
             cfg = cls(**fields)
             if cfg.rope.type == "longrope":  # one factor list for the whole context window (config/phi3.py)
                 long = phi3.uses_long_factors(cfg.context_window, cfg.rope.original_max_position_embeddings)

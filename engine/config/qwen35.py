@@ -13,7 +13,12 @@ three ids are its position, so every share turns by the same angle: ordinary RoP
 
 The multimodal wrapper ties its lm_head to the embeddings as its own tie_word_embeddings says (default
 false), not its text_config's: transformers ties Qwen3_5ForConditionalGeneration by the top-level flag.
-The mixture-of-experts variant (qwen3_5_moe) is refused.
+
+The mixture-of-experts variant (qwen3_5_moe_text, the multimodal qwen3_5_moe's text model) has the same layers
+with every MLP a SparseMoE (model/moe.py): a router over num_experts experts of moe_intermediate_size, the
+num_experts_per_tok best renormalised (transformers always does), plus a shared expert of
+shared_expert_intermediate_size scaled by a sigmoid gate. Its config has no dense intermediate_size: the shared
+expert's stands for it.
 """
 
 from __future__ import annotations
@@ -25,23 +30,31 @@ from engine.config.rope import RopeConfig, check_partial_rotary
 from engine.errors import ModelError
 
 MODEL_TYPE = "qwen3_5_text"
-MOE_TYPES = ("qwen3_5_moe", "qwen3_5_moe_text")
+MOE_MODEL_TYPE = "qwen3_5_moe_text"
+MODEL_TYPES = (MODEL_TYPE, MOE_MODEL_TYPE)
 _KINDS = {"linear_attention": GATED_DELTANET, "full_attention": ATTENTION}
 # Qwen3_5TextConfig's defaults where the generic reader (config/model.py) would assume others.
 _DEFAULTS = {"head_dim": 256, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6}
+_MOE_DEFAULTS = {"num_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 512,
+                 "shared_expert_intermediate_size": 512}
 DEFAULT_PARTIAL_ROTARY = 0.25
 
 
 def text_config(raw: dict[str, Any]) -> dict[str, Any]:
-    """The text model's config of a multimodal "qwen3_5" config."""
+    """The text model's config of a multimodal "qwen3_5" or "qwen3_5_moe" config."""
     inner = raw.get("text_config")
     if not isinstance(inner, dict):
         raise ModelError("The Qwen3.5 config.json has no text_config.")
-    return {**inner, "model_type": MODEL_TYPE, "tie_word_embeddings": bool(raw.get("tie_word_embeddings", False))}
+    model_type = MOE_MODEL_TYPE if raw.get("model_type") == "qwen3_5_moe" else MODEL_TYPE
+    return {**inner, "model_type": model_type, "tie_word_embeddings": bool(raw.get("tie_word_embeddings", False))}
 
 
 def with_defaults(raw: dict[str, Any]) -> dict[str, Any]:
-    return {**_DEFAULTS, **{k: v for k, v in raw.items() if v is not None}}
+    raw = {**_DEFAULTS, **(_MOE_DEFAULTS if raw.get("model_type") == MOE_MODEL_TYPE else {}),
+           **{k: v for k, v in raw.items() if v is not None}}
+    if raw["model_type"] == MOE_MODEL_TYPE:
+        raw.setdefault("intermediate_size", raw["shared_expert_intermediate_size"])
+    return raw
 
 
 def rope(raw: dict[str, Any], head_dim: int) -> RopeConfig:

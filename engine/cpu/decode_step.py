@@ -126,6 +126,8 @@ class FusedCPUDecode:
             raise Unfusable("the model is not the Llama-family or Gemma 3 decoder")
         if cfg.moe is not None and not (cfg.moe.experts <= MOE_MAX_EXPERTS and cfg.moe.per_token <= MOE_MAX_PER_TOKEN):
             raise Unfusable(f"its mixture ({cfg.moe.per_token} of {cfg.moe.experts} experts) is wider than the C step's")
+        if cfg.moe is not None and cfg.moe.shared_intermediate_size:
+            raise Unfusable("its mixture's shared expert is not in the C step")
         if cfg.hidden_act == "swiglu_oai" and not all(cfg.is_moe(i) for i in range(cfg.num_layers)):
             raise Unfusable("its clamped SwiGLU runs in the C step's experts only")
         if cfg.hidden_act not in ACTIVATIONS:

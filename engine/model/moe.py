@@ -1,4 +1,5 @@
-"""A mixture-of-experts MLP (Qwen3-MoE, gpt-oss, Gemma 4): a router and gated-MLP experts, each token using a few.
+"""A mixture-of-experts MLP (Qwen3-MoE, gpt-oss, Gemma 4, Qwen3.5-MoE): a router and gated-MLP experts, each token
+using a few (and, Qwen3.5-MoE's, a gated shared expert every token uses).
 
 The chosen experts run one of two ways, with the same sums in the same order:
 - per expert module (the loop form): each chosen expert once over its rows, found by reading the routes
@@ -58,7 +59,8 @@ class SparseMoE(nn.Module):
     k alone; its experts have biases (model/mlp.py gates them). Gemma 4's (MoEConfig.scaled_router) scores
     its own input (forward's `router_input`) times a learned vector and 1/sqrt(hidden), and multiplies each
     renormalised weight by its expert's learned scale, in fp32, as transformers keeps them until they have
-    weighted the experts' outputs."""
+    weighted the experts' outputs. Qwen3.5-MoE's (MoEConfig.shared_intermediate_size) adds to the routed sum a
+    shared expert's output times sigmoid(shared_expert_gate(x)), in x's dtype, as transformers adds it."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -72,6 +74,10 @@ class SparseMoE(nn.Module):
             self.router_scale = nn.Parameter(torch.ones(cfg.hidden_size))
             self.expert_scales = nn.Parameter(torch.ones(moe.experts))
             self.input_scale = cfg.hidden_size ** -0.5
+        self.shared_expert, self.shared_expert_gate = None, None
+        if moe.shared_intermediate_size:
+            self.shared_expert = GatedMLP(cfg, moe.shared_intermediate_size, moe.biased)
+            self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
         self.stack: ExpertStack | None = None  # a plain attribute: the experts' parameters already count it
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,7 +111,14 @@ class SparseMoE(nn.Module):
         return self.stack is not None
 
     def forward(self, x: torch.Tensor, router_input: torch.Tensor | None = None) -> torch.Tensor:
-        """The experts' weighted sum for each row of x, routed on x (or on `router_input`, row for row)."""
+        """The experts' weighted sum for each row of x, routed on x (or on `router_input`, row for row), plus the
+        gated shared expert's output where there is one."""
+        out = self._routed(x, router_input)
+        if self.shared_expert is None:
+            return out
+        return out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+
+    def _routed(self, x: torch.Tensor, router_input: torch.Tensor | None) -> torch.Tensor:
         weights, chosen = self.route(x if router_input is None else router_input)
         if self.stack is None:
             return self._per_expert(x, weights, chosen)

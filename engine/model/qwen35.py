@@ -1,5 +1,6 @@
 """Qwen3.5's decoder layer (transformers' Qwen3_5DecoderLayer): a token mixer, Gated DeltaNet linear attention
-(recurrent/gated_deltanet.py) or gated full attention, then a SwiGLU MLP, each after a (1 + w) RMSNorm.
+(recurrent/gated_deltanet.py) or gated full attention, then a SwiGLU MLP (Qwen3.5-MoE's: a mixture of experts
+with a shared expert, model/moe.py), each after a (1 + w) RMSNorm.
 
 The gated attention's q_proj holds, per head, the head's query rows then as many rows of an output gate; the
 attention's output is multiplied by sigmoid(gate) before o_proj. q and k are normalised per head by (1 + w)
@@ -21,6 +22,7 @@ from engine.config.model import ModelConfig
 from engine.kv.cache import KVAttention
 from engine.model.gemma3 import OffsetRMSNorm
 from engine.model.mlp import GatedMLP
+from engine.model.moe import SparseMoE
 from engine.model.rope import apply_rotary
 from engine.recurrent.gated_deltanet import GatedDeltaNet
 
@@ -62,7 +64,7 @@ class Qwen35DecoderLayer(nn.Module):
         self.self_attn = GatedAttention(cfg, layer) if attention else None
         self.linear_attn = None if attention else GatedDeltaNet(cfg.hidden_size, cfg.hybrid, cfg.rms_norm_eps)
         self.post_attention_layernorm = OffsetRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = GatedMLP(cfg)
+        self.mlp = SparseMoE(cfg) if cfg.is_moe(layer) else GatedMLP(cfg)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVAttention,
                 mask: torch.Tensor | None, q_scale: torch.Tensor | None = None) -> torch.Tensor:

@@ -39,7 +39,7 @@ from engine.model.causal_lm import CausalLM
 from engine.model.gemma4 import checkpoint_linears as gemma4_linears, checkpoint_tensors as gemma4_tensors
 from engine.model import lfm2
 from engine.model.qwen35 import Qwen35Rows, checkpoint_linears as qwen35_linears, checkpoint_tensors as qwen35_tensors
-from engine.weights.stacked_experts import StackedExperts
+from engine.weights.stacked_experts import GEMMA4, GPT_OSS, QWEN35_MOE, StackedExperts
 from engine.weights.synthetic import read_marker, synthetic_weights
 
 
@@ -166,7 +166,8 @@ def _linears(cfg: ModelConfig, ckpt: WeightSource) -> list[tuple[str, list[str],
         return [*lfm2.checkpoint_linears(cfg), ("lm_head", [head], None)]
     if cfg.family == "qwen35":  # its token mixers differ by layer: model/qwen35.py
         mlps = [spec for i in range(cfg.num_layers)
-                for spec in _mlp_linears(ckpt, f"layers.{i}.mlp.", f"model.layers.{i}.mlp.", cfg.mlp_bias)]
+                for spec in (_moe_linears(cfg, ckpt, i) if cfg.is_moe(i) else
+                             _mlp_linears(ckpt, f"layers.{i}.mlp.", f"model.layers.{i}.mlp.", cfg.mlp_bias))]
         return [*qwen35_linears(cfg), *mlps, ("lm_head", [head], None)]
     specs = []
     for i in range(cfg.num_layers):
@@ -178,14 +179,24 @@ def _linears(cfg: ModelConfig, ckpt: WeightSource) -> list[tuple[str, list[str],
             (f"layers.{i}.self_attn.qkv_proj", qkv, qkv if cfg.qkv_bias else None),
             (f"layers.{i}.self_attn.o_proj", [attn + "o_proj"], [attn + "o_proj"] if cfg.o_bias else None),
         ]
-        if cfg.is_moe(i):  # the router, then each expert's gated MLP
-            biased = cfg.moe.biased
-            specs.append((f"layers.{i}.mlp.gate", [mlp + "gate"], [mlp + "gate"] if biased else None))
-            for e in range(cfg.moe.experts):
-                specs += _mlp_linears(ckpt, f"layers.{i}.mlp.experts.{e}.", f"{mlp}experts.{e}.", biased)
+        if cfg.is_moe(i):
+            specs += _moe_linears(cfg, ckpt, i)
             continue
         specs += _mlp_linears(ckpt, f"layers.{i}.mlp.", mlp, cfg.mlp_bias)
     specs.append(("lm_head", [head], None))
+    return specs
+
+
+def _moe_linears(cfg: ModelConfig, ckpt: WeightSource, i: int) -> list[tuple[str, list[str], list[str] | None]]:
+    """Layer i's mixture (model/moe.py): the router, each expert's gated MLP, then the shared expert and its gate
+    where it has one (Qwen3.5-MoE)."""
+    ours, mlp, biased = f"layers.{i}.mlp.", f"model.layers.{i}.mlp.", cfg.moe.biased
+    specs = [(ours + "gate", [mlp + "gate"], [mlp + "gate"] if biased else None)]
+    for e in range(cfg.moe.experts):
+        specs += _mlp_linears(ckpt, f"{ours}experts.{e}.", f"{mlp}experts.{e}.", biased)
+    if cfg.moe.shared_intermediate_size:
+        specs += _mlp_linears(ckpt, ours + "shared_expert.", mlp + "shared_expert.", biased)
+        specs.append((ours + "shared_expert_gate", [mlp + "shared_expert_gate"], None))
     return specs
 
 
@@ -254,7 +265,9 @@ def load_model(path: Path, device: torch.device, dtype: torch.dtype,
     with ExitStack() as stack:
         ckpt = _Checkpoint(checkpoint_files(path), stack)
         if cfg.model_type == "gpt_oss" or (cfg.gemma4 is not None and cfg.moe is not None):
-            ckpt = StackedExperts(ckpt, gemma4=cfg.gemma4 is not None)
+            ckpt = StackedExperts(ckpt, GEMMA4 if cfg.gemma4 is not None else GPT_OSS)
+        elif cfg.family == "qwen35" and cfg.moe is not None and "model.layers.0.mlp.experts.gate_up_proj" in ckpt:
+            ckpt = StackedExperts(ckpt, QWEN35_MOE)  # as transformers holds them; save_pretrained writes each apart
         blocks = _HalfPrecisionLinears(ckpt) if kernels is not None else None
         return load_from(cfg, ckpt, device, dtype, kernels, blocks)
 

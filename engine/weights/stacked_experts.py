@@ -1,6 +1,6 @@
 """gpt-oss's and Gemma 4's Hugging Face checkpoints keep each layer's experts stacked, one tensor for all the
-experts' gate and up projections and one for their down projections; the loader asks for one Linear-layout
-matrix an expert (checkpoint.py). This view answers those names from the stacked tensors."""
+experts' gate and up projections and one for their down projections (Qwen3.5-MoE's may); the loader asks for one
+Linear-layout matrix an expert (checkpoint.py). This view answers those names from the stacked tensors."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from engine.errors import ModelError
 # router (ours: mlp.gate)
 _EXPERT = re.compile(r"(model\.layers\.\d+\.(?:mlp\.)?experts\.)(\d+)\.(gate|up|down)_proj\.(weight|bias)$")
 _ROUTER = re.compile(r"(model\.layers\.\d+\.mlp\.)gate\.(weight|bias)$")
+# The layouts: where the experts are (under mlp. or not), gpt-oss's interleaved columns or Linear-layout rows.
+GPT_OSS, GEMMA4, QWEN35_MOE = "gpt_oss", "gemma4", "qwen3_5_moe"
 
 
 class StackedExperts:
@@ -21,14 +23,16 @@ class StackedExperts:
 
     gpt-oss's way (layers' mlp.experts): gate_up_proj [experts, hidden, 2 * intermediate] holds gate in its even
     columns and up in its odd ones, down_proj [experts, intermediate, hidden], both to multiply from the right;
-    their biases [experts, 2 * intermediate] and [experts, hidden]. Gemma 4's (`gemma4`, layers' experts):
+    their biases [experts, 2 * intermediate] and [experts, hidden]. Gemma 4's (GEMMA4, layers' experts):
     gate_up_proj [experts, 2 * intermediate, hidden] with gate's rows first, down_proj [experts, hidden,
-    intermediate], Linear-layout already. One layer's stacked tensors are kept while its experts are read (the
+    intermediate], Linear-layout already. Qwen3.5-MoE's (QWEN35_MOE): Gemma 4's layout under mlp.experts, the
+    router stored as it is asked for. One layer's stacked tensors are kept while its experts are read (the
     loader reads layer by layer), so each is read from the file once."""
 
-    def __init__(self, ckpt, gemma4: bool = False):
+    def __init__(self, ckpt, layout: str = GPT_OSS):
         self._ckpt = ckpt
-        self._gemma4 = gemma4
+        self._rows = layout != GPT_OSS  # Linear-layout rows, gate's first (else gpt-oss's interleaved columns)
+        self._under_mlp = layout != GEMMA4
         self._layer: tuple[str, dict[str, torch.Tensor]] = ("", {})
 
     def __contains__(self, name: str) -> bool:
@@ -48,11 +52,11 @@ class StackedExperts:
     def dtype_and_shape(self, name: str) -> tuple[str, list[int]] | None:
         """The stored dtype and shape of `name` without reading it (checkpoint.py's _HalfPrecisionLinears asks).
         A Gemma 4 expert's matrix is a block of whole rows of its stack, which the CPU kernels read as it is;
-        gpt-oss's are strided through theirs, so they answer None (read dense)."""
+        gpt-oss's are strided through theirs, so they answer None (read dense). Qwen3.5-MoE's are Gemma 4's."""
         stored = self._stored(name)
         if stored is None:
             return self._ckpt.dtype_and_shape(name)
-        described = self._ckpt.dtype_and_shape(stored[0]) if self._gemma4 else None
+        described = self._ckpt.dtype_and_shape(stored[0]) if self._rows else None
         if described is None:
             return None
         dtype, (_, rows, columns) = described
@@ -69,14 +73,14 @@ class StackedExperts:
 
     def _stored(self, name: str):
         """(the stored tensor's name, how to take this matrix from it), or None: stored as asked."""
-        if not self._gemma4 and (match := _ROUTER.match(name)):
+        if not self._rows and (match := _ROUTER.match(name)):
             return f"{match[1]}router.{match[2]}", lambda t: t
         match = _EXPERT.match(name)
-        if match is None or (".mlp." in match[1]) == self._gemma4:  # not this layout's experts
+        if match is None or (".mlp." in match[1]) != self._under_mlp:  # not this layout's experts
             return None
         prefix, expert, projection, kind = match[1], int(match[2]), match[3], match[4]
-        if self._gemma4:
-            return _gemma4(prefix, expert, projection, kind, name)
+        if self._rows:
+            return _rows(prefix, expert, projection, kind, name)
         if projection == "down":
             if kind == "weight":
                 return prefix + "down_proj", lambda t: _expert(t, expert, name).T
@@ -87,8 +91,9 @@ class StackedExperts:
         return prefix + "gate_up_proj_bias", lambda t: _expert(t, expert, name)[column::2]
 
 
-def _gemma4(prefix: str, expert: int, projection: str, kind: str, name: str):
-    """Gemma 4's stored tensor and selection for one expert's matrix (its experts have no biases)."""
+def _rows(prefix: str, expert: int, projection: str, kind: str, name: str):
+    """Gemma 4's (Qwen3.5-MoE's) stored tensor and selection for one expert's matrix (their experts have no
+    biases)."""
     if kind != "weight":
         return None
     if projection == "down":

@@ -122,24 +122,30 @@ def test_text_positions_make_the_multimodal_rope_plain_rope_on_the_rotated_dims(
         assert torch.equal(sin_ours, sin[0])
 
 
-def test_a_multimodal_directory_runs_its_text_model(tmp_path):
-    text = {**BASE, **QWEN35}
+def check_multimodal_directory(path, model_class, config_class, text: dict, **config):
+    """Save a tiny multimodal `model_class` with `text` as its text_config at `path`; kvchat's model of the
+    directory (returned) gives its logits."""
     vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=BASE["hidden_size"],
                   num_position_embeddings=16)
     torch.manual_seed(3)
-    model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text, vision_config=vision,
-                                                          tie_word_embeddings=True)).eval()
+    model = model_class(config_class(text_config={**BASE, **text}, vision_config=vision, **config)).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith(("norm.weight", "_bias")):  # off their initial values, so the test sees them
                 param.add_(torch.randn_like(param) * 0.1)
-    model.save_pretrained(str(tmp_path))
-    save_byte_tokenizer(tmp_path)
-    ours = load_model(tmp_path, CPU, torch.float32)
-    assert ours.cfg.tie_word_embeddings and ours.cfg.model_type == "qwen3_5_text" and summarize(tmp_path).runs
+    model.save_pretrained(str(path))
+    save_byte_tokenizer(path)
+    ours = load_model(path, CPU, torch.float32)
     ids = tokens(40, seed=4)
     # transformers' multimodal forward makes its own (time, height, width) position ids for text
     torch.testing.assert_close(logits(ours, ids), model(input_ids=ids[None]).logits[0], atol=ATOL, rtol=0)
+    return ours
+
+
+def test_a_multimodal_directory_runs_its_text_model(tmp_path):
+    ours = check_multimodal_directory(tmp_path, Qwen3_5ForConditionalGeneration, Qwen3_5Config, QWEN35,
+                                      tie_word_embeddings=True)
+    assert ours.cfg.tie_word_embeddings and ours.cfg.model_type == "qwen3_5_text" and summarize(tmp_path).runs
 
 
 @pytest.mark.parametrize("pieces", [(sum(PIECES),), PIECES, (1,) * sum(PIECES)],
@@ -190,7 +196,6 @@ def test_defaults_are_qwen35s():
 
 
 @pytest.mark.parametrize("raw, words", [
-    ({"model_type": "qwen3_5_moe_text"}, "mixture-of-experts variant"),
     ({"attention_bias": True}, "biased attention projections"),
     ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "scales its RoPE"),
     ({"linear_num_key_heads": 3, "linear_num_value_heads": 4}, "4 linear-attention value heads are not groups"),
