@@ -99,6 +99,14 @@ QWEN35_LAYER_NAMES = {
     "linear_attn.norm.weight": "ssm_norm.weight",
     "linear_attn.out_proj.weight": "ssm_out.weight",
 }
+# Qwen3.5-MoE's: Qwen3.5's, the router and stacked experts (EXPERT_NAMES, below), the shared expert and its gate.
+QWEN35_MOE_LAYER_NAMES = {
+    **QWEN35_LAYER_NAMES,
+    "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
+    "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+    "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
+    "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
+}
 
 
 # The architectures whose q/k rows llama.cpp's converter permutes (Llama's, and those it converts as Llama).
@@ -181,6 +189,11 @@ def _add_qwen35(writer, cfg) -> None:
     writer.add_full_attention_interval(cfg.layer_types.index("full_attention") + 1)
     writer.add_rope_dimension_count(int(cfg.head_dim * cfg.rope_parameters["partial_rotary_factor"]))
     writer.add_rope_dimension_sections([*cfg.rope_parameters.get("mrope_section", [11, 11, 10]), 0])
+    if cfg.model_type == "qwen3_5_moe_text":  # its experts, and its shared expert's width (no dense MLP's)
+        writer.add_expert_count(cfg.num_experts)
+        writer.add_expert_used_count(cfg.num_experts_per_tok)
+        writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+        writer.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
 
 
 def _gguf_layout(state: dict[str, torch.Tensor], cfg):
@@ -191,6 +204,13 @@ def _gguf_layout(state: dict[str, torch.Tensor], cfg):
     if cfg.model_type == "qwen3_5_text":
         yield from _qwen35_layout(state, cfg)
         return
+    if cfg.model_type == "qwen3_5_moe_text":  # its experts' gate and up apart, as Qwen3-MoE's
+        yield from _qwen35_layout(dict(_split_gate_up(state, cfg)), cfg)
+        return
+    yield from _split_gate_up(state, cfg)
+
+
+def _split_gate_up(state: dict[str, torch.Tensor], cfg):
     for name, tensor in state.items():
         if name.endswith("mlp.experts.gate_up_proj"):
             base = name.removesuffix("gate_up_proj")
@@ -214,7 +234,8 @@ def gguf_name(hf_name: str, arch: str = "llama") -> str:
     _, _, layer, rest = hf_name.split(".", 3)
     names = {"gemma3": GEMMA3_LAYER_NAMES, "gemma4": GEMMA4_LAYER_NAMES, "gpt-oss": GPT_OSS_NAMES,
              "lfm2": LFM2_LAYER_NAMES,
-             "qwen35": QWEN35_LAYER_NAMES}.get(arch, {**LAYER_NAMES, **EXPERT_NAMES})
+             "qwen35": QWEN35_LAYER_NAMES,
+             "qwen35moe": {**QWEN35_MOE_LAYER_NAMES, **EXPERT_NAMES}}.get(arch, {**LAYER_NAMES, **EXPERT_NAMES})
     return f"blk.{layer}.{names[rest]}"
 
 
@@ -248,7 +269,7 @@ def tensor_type(gguf_tensor: str, w: np.ndarray, quant: str | dict[str, str] | N
 
 def write_gguf(hf_model, path: Path, arch: str = "llama", quant: str | dict[str, str] | None = None) -> Path:
     """Save `hf_model` (a transformers Llama/Qwen2/Qwen3/SmolLM3/Phi-3/gpt-oss/Gemma 3/Gemma 4/Ministral 3/LFM2/
-    Qwen3.5 model) as GGUF.
+    Qwen3.5/Qwen3.5-MoE model) as GGUF.
 
     quant: None keeps every tensor F32; a type name ("Q8_0", "Q4_K"...) quantizes every 2-D weight whose
     rows are whole blocks of it; a dict such as MIXED_QUANTS gives each GGUF tensor its own type.
@@ -263,7 +284,8 @@ def write_gguf(hf_model, path: Path, arch: str = "llama", quant: str | dict[str,
     writer.add_embedding_length(cfg.hidden_size)
     writer.add_head_count(cfg.num_attention_heads)
     if arch not in ("gemma4", "lfm2"):  # per layer there (_add_gemma4, _add_lfm2)
-        writer.add_feed_forward_length(cfg.intermediate_size)
+        if arch != "qwen35moe":  # Qwen3.5-MoE's config has no dense MLP width
+            writer.add_feed_forward_length(cfg.intermediate_size)
         writer.add_head_count_kv(cfg.num_key_value_heads)
     rope = cfg.rope_parameters["full_attention"] if arch in ("gemma3", "gemma4") else cfg.rope_parameters
     writer.add_rope_freq_base(float(rope["rope_theta"]))
@@ -304,7 +326,7 @@ def write_gguf(hf_model, path: Path, arch: str = "llama", quant: str | dict[str,
         _add_gemma4(writer, hf_model)
     if arch == "lfm2":
         _add_lfm2(writer, hf_model)
-    if arch == "qwen35":
+    if arch in ("qwen35", "qwen35moe"):
         _add_qwen35(writer, cfg)
     if arch == "qwen3moe":
         writer.add_expert_count(cfg.num_experts)
@@ -328,13 +350,15 @@ def write_gguf(hf_model, path: Path, arch: str = "llama", quant: str | dict[str,
             w = w + np.float32(1.0)  # llama.cpp stores Gemma's norms as 1 + w
         if arch == "lfm2" and name.endswith("conv.conv.weight"):
             w = w[:, 0]  # llama.cpp's converter squeezes [channels, 1, kernel] to [channels, kernel]
-        if arch == "qwen35" and name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+        if (arch in ("qwen35", "qwen35moe") and name.endswith("norm.weight")
+                and not name.endswith("linear_attn.norm.weight")):
             w = w + np.float32(1.0)  # and Qwen3.5's (1 + w) ones
         if arch in PERMUTED_QK and name.endswith("q_proj.weight"):
             w = permute(w, cfg.num_attention_heads)
         elif arch in PERMUTED_QK and name.endswith("k_proj.weight"):
             w = permute(w, cfg.num_key_value_heads)
-        router = name.endswith(("mlp.gate.weight", "mlp.router.weight", "router.proj.weight"))  # kept F32 by llama.cpp
+        router = name.endswith(("mlp.gate.weight", "mlp.router.weight", "router.proj.weight",
+                                "shared_expert_gate.weight"))  # kept F32 by llama.cpp
         qtype = None if router else tensor_type(gguf_name(name, arch), w, quant)
         if qtype == "F16":
             writer.add_tensor(gguf_name(name, arch), w.astype(np.float16))

@@ -23,6 +23,14 @@ The metadata: ssm.group_count (key heads), ssm.time_step_rank (value heads), ssm
 ssm.inner_size (value heads x value head dim), ssm.conv_kernel; full_attention_interval (llama.cpp makes every
 interval-th layer full attention, the others linear); rope.dimension_count (the rotated dims of a head);
 rope.dimension_sections (the multimodal RoPE's shares, which a text token does not need).
+
+The mixture-of-experts variant (`qwen35moe`: Qwen3.5-MoE, e.g. the 35B-A3B) has the same layers, each MLP a
+router (ffn_gate_inp), experts stacked as Qwen3-MoE's are (ffn_gate_exps, ffn_up_exps, ffn_down_exps: read one
+view of the mapping an expert, gguf/reader.py), and a shared expert (ffn_gate_shexp, ffn_up_shexp,
+ffn_down_shexp) scaled by the sigmoid of its one-row gate (ffn_gate_inp_shexp: a vector of hidden_size, or
+[1, hidden_size], read as the [1, hidden_size] Linear transformers holds). None of these is transformed by the
+converter. Its metadata adds expert_count, expert_used_count, expert_feed_forward_length and
+expert_shared_feed_forward_length (which stands for the absent dense feed_forward_length).
 """
 
 from __future__ import annotations
@@ -44,18 +52,33 @@ LAYER_TENSORS = {
     "ssm_norm.weight": "linear_attn.norm.weight",
     "ssm_out.weight": "linear_attn.out_proj.weight",
 }
+# The mixture of experts' shared expert and its gate (the experts and router: gguf/reader.py's names).
+MOE_LAYER_TENSORS = {
+    **LAYER_TENSORS,
+    "ffn_gate_shexp.weight": "mlp.shared_expert.gate_proj.weight",
+    "ffn_up_shexp.weight": "mlp.shared_expert.up_proj.weight",
+    "ffn_down_shexp.weight": "mlp.shared_expert.down_proj.weight",
+    "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight",
+}
 MOE_ARCHITECTURE = "qwen35moe"
+ARCHITECTURES = ("qwen35", MOE_ARCHITECTURE)
 
 
-def config_fields(field, need, num_layers: int, head_dim: int) -> dict[str, Any]:
-    """The Qwen3.5 entries of config.json, from the GGUF's metadata (`field(key, default)` reads "qwen35.<key>";
-    `need(key)` raises if it is absent)."""
+def config_fields(field, need, num_layers: int, head_dim: int, moe: bool = False) -> dict[str, Any]:
+    """The Qwen3.5 entries of config.json, from the GGUF's metadata (`field(key, default)` reads "<arch>.<key>";
+    `need(key)` raises if it is absent); with `moe`, Qwen3.5-MoE's (its experts and shared expert)."""
     interval = int(field("full_attention_interval", 4))
     value_heads = int(need("ssm.time_step_rank"))
     rotary = int(field("rope.dimension_count", head_dim))
     partial = rotary / head_dim
     if int(head_dim * partial) != rotary:  # rounded below: the next float up truncates to `rotary`
         partial = float(np.nextafter(partial, np.inf))
+    experts = {}
+    if moe:
+        experts = {"architectures": ["Qwen3_5MoeForCausalLM"], "model_type": "qwen3_5_moe_text",
+                   "num_experts": int(need("expert_count")), "num_experts_per_tok": int(need("expert_used_count")),
+                   "moe_intermediate_size": int(need("expert_feed_forward_length")),
+                   "shared_expert_intermediate_size": int(need("expert_shared_feed_forward_length"))}
     return {
         "architectures": ["Qwen3_5ForCausalLM"],
         "model_type": "qwen3_5_text",
@@ -67,12 +90,15 @@ def config_fields(field, need, num_layers: int, head_dim: int) -> dict[str, Any]
         "linear_conv_kernel_dim": int(need("ssm.conv_kernel")),
         "rope_parameters": {"rope_type": "default", "rope_theta": float(field("rope.freq_base", 10000.0)),
                             "partial_rotary_factor": partial},
+        **experts,
     }
 
 
 def hf_values(values: np.ndarray, name: str, config: dict[str, Any]) -> np.ndarray:
     """A dense tensor (fp32, Hugging Face name `name`, shape as transformers holds it but [C, K] for the
     convolution) back in transformers' values and order."""
+    if name.endswith("mlp.shared_expert_gate.weight"):
+        return values.reshape(1, -1)  # a one-row Linear, whether the file holds a vector or [1, hidden]
     if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
         values = values - np.float32(1.0)
     elif name.endswith("linear_attn.A_log"):

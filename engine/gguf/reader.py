@@ -1,4 +1,4 @@
-"""Read a GGUF file (llama, qwen2, qwen3, qwen3moe, gpt-oss, smollm3, phi3, mistral3, gemma3, gemma4, lfm2, qwen35 architectures) as a Hugging Face model: its config, and
+"""Read a GGUF file (llama, qwen2, qwen3, qwen3moe, gpt-oss, smollm3, phi3, mistral3, gemma3, gemma4, lfm2, qwen35, qwen35moe architectures) as a Hugging Face model: its config, and
 its tensors under Hugging Face names (GGUFWeights, the loader's WeightSource: weights/checkpoint.py).
 
 The file is memory-mapped copy-on-write (file.py) and nothing is written to disk. A matrix in a
@@ -36,12 +36,12 @@ _PERMUTED_QK = {"llama", "smollm3", "mistral3"}
 MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe", "gemma3": "gemma3_text",
                "smollm3": "smollm3", "gpt-oss": "gpt_oss", "phi3": "phi3", "mistral3": "ministral3",
                "gemma4": "gemma4_text", "lfm2": "lfm2",
-               "qwen35": "qwen3_5_text"}
+               "qwen35": "qwen3_5_text", "qwen35moe": "qwen3_5_moe_text"}
 _HF_ARCHITECTURE = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                     "qwen3moe": "Qwen3MoeForCausalLM", "gemma3": "Gemma3ForCausalLM",
                     "smollm3": "SmolLM3ForCausalLM", "gpt-oss": "GptOssForCausalLM", "phi3": "Phi3ForCausalLM",
                     "mistral3": "Ministral3ForCausalLM", "gemma4": "Gemma4ForCausalLM", "lfm2": "Lfm2ForCausalLM",
-                    "qwen35": "Qwen3_5ForCausalLM"}
+                    "qwen35": "Qwen3_5ForCausalLM", "qwen35moe": "Qwen3_5MoeForCausalLM"}
 _LAYER_TENSORS = {
     "attn_norm.weight": "input_layernorm.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
@@ -68,8 +68,8 @@ _ARCH_LAYER_TENSORS = {"gemma3": {**_LAYER_TENSORS, **gguf_gemma3.LAYER_TENSORS}
                        "gpt-oss": {**_LAYER_TENSORS, **gguf_gpt_oss.LAYER_TENSORS},
                        "phi3": {**_LAYER_TENSORS, **gguf_phi3.LAYER_TENSORS},
                        "lfm2": {**_LAYER_TENSORS, **gguf_lfm2.LAYER_TENSORS},
-
-"qwen35": {**_LAYER_TENSORS, **gguf_qwen35.LAYER_TENSORS}}
+                       "qwen35": {**_LAYER_TENSORS, **gguf_qwen35.LAYER_TENSORS},
+                       "qwen35moe": {**_LAYER_TENSORS, **gguf_qwen35.MOE_LAYER_TENSORS}}
 _GLOBAL_TENSORS = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -104,8 +104,6 @@ def _first(value: Any) -> Any:
 def gguf_config(reader) -> dict[str, Any]:
     """The Hugging Face config.json a GGUF file's metadata describes."""
     arch = _field(reader, "general.architecture")
-    if arch == gguf_qwen35.MOE_ARCHITECTURE:
-        raise ModelError("This Qwen3.5 GGUF is the mixture-of-experts variant, which kvchat does not run yet.")
     if arch not in MODEL_TYPES:
         raise ModelError(f"Unsupported GGUF architecture {arch!r}: kvchat reads {', '.join(sorted(MODEL_TYPES))}.")
     if arch != "gemma4" and any(t.name == "rope_freqs.weight" for t in reader.tensors):  # gemma4's: gemma4.py
@@ -127,7 +125,8 @@ def gguf_config(reader) -> dict[str, Any]:
         "vocab_size": int(_field(reader, f"{arch}.vocab_size", len(tokens))),
         "hidden_size": hidden,
         "intermediate_size": int(_first(_field(reader, f"{arch}.feed_forward_length")) or 0) or int(
-            need("expert_feed_forward_length" if arch == "qwen3moe" else "feed_forward_length")),
+            need({"qwen3moe": "expert_feed_forward_length", "qwen35moe": "expert_shared_feed_forward_length"}.get(
+                arch, "feed_forward_length"))),
         "num_hidden_layers": int(need("block_count")),
         "num_attention_heads": heads,
         "num_key_value_heads": int(_first(_field(reader, f"{arch}.attention.head_count_kv", heads))),
@@ -157,9 +156,10 @@ def gguf_config(reader) -> dict[str, Any]:
         config.update(gguf_gemma4.config_fields(lambda key, default: _field(reader, f"{arch}.{key}", default),
                                                 need, config["num_hidden_layers"], reader.tensors))
         return config
-    if arch == "qwen35":  # its hybrid layout and partial rotary (gguf/qwen35.py)
+    if arch in gguf_qwen35.ARCHITECTURES:  # its hybrid layout and partial rotary; MoE's experts (gguf/qwen35.py)
         config.update(gguf_qwen35.config_fields(lambda key, default: _field(reader, f"{arch}.{key}", default),
-                                                need, config["num_hidden_layers"], config["head_dim"]))
+                                                need, config["num_hidden_layers"], config["head_dim"],
+                                                moe=arch == gguf_qwen35.MOE_ARCHITECTURE))
         return config
     if arch == "phi3":  # its RoPE (partial rotary, LongRoPE) and sliding window: phi3.py
         config.update(gguf_phi3.config_fields(lambda key, default: _field(reader, f"{arch}.{key}", default),
@@ -265,7 +265,7 @@ def dense_tensor(tensor, name: str, arch: str, config: dict[str, Any]) -> torch.
         values = values - np.float32(1.0)  # a new array: llama.cpp stored 1 + w
     if arch == "lfm2" and gguf_lfm2.is_conv_taps(name):
         values = values.reshape(values.shape[0], 1, -1)  # the dim llama.cpp squeezed out
-    if arch == "qwen35":  # shifted norms, -exp(A_log), value heads reordered (gguf/qwen35.py)
+    if arch in gguf_qwen35.ARCHITECTURES:  # shifted norms, -exp(A_log), value heads reordered (gguf/qwen35.py)
         values = gguf_qwen35.hf_values(values, name, config)
     if np.may_share_memory(values, tensor.data):  # an F32 tensor comes back as a view of the mapping
         values = values.copy()
@@ -321,7 +321,7 @@ class GGUFWeights:
         tensor = self._tensors.get(name)
         if tensor is None or len(tensor.shape) != 2 or int(tensor.shape[0]) % BLOCK:
             return None
-        if self._arch == "qwen35" and not gguf_qwen35.blocks_in_place(name, self._config):
+        if self._arch in gguf_qwen35.ARCHITECTURES and not gguf_qwen35.blocks_in_place(name, self._config):
             return None
         fmt = tensor.tensor_type.name.lower()
         return fmt if fmt in FORMATS else None
@@ -354,7 +354,7 @@ class GGUFWeights:
         heads = permuted_heads(name, self._arch, self._config)
         if heads is not None:
             raw = unpermute(raw, heads)  # a copy in RAM: whole rows of blocks back in rotate-half order
-        if self._arch == "qwen35":  # value heads' rows back in grouped order (a copy), if it has them
+        if self._arch in gguf_qwen35.ARCHITECTURES:  # value heads' rows back in grouped order (a copy), if it has them
             raw = gguf_qwen35.hf_rows(raw, name, self._config)
         if tensor.tensor_type.name == "BF16":  # bytes in the file; numpy has no bfloat16
             return torch.from_numpy(raw.view(np.int16)).view(torch.bfloat16)

@@ -1,25 +1,31 @@
 """Qwen3.5-MoE (text): Qwen3.5's hybrid layers with every MLP a mixture of experts beside a gated shared expert,
 against transformers, prefilled whole, in pieces and token by token; its experts stacked (as a CUDA device runs
-them, and as a checkpoint may store them); its multimodal directory's text model; and the engine's fast paths
+them, and as a checkpoint may store them); its multimodal directory's text model; a GGUF file as llama.cpp's
+converter writes one (F32, and Q8_0 with its experts read where the file maps them); and the engine's fast paths
 (cached, batched, speculative) against its plain eager path."""
 
-import gguf
+import dataclasses
+
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration
 
 from engine.config.model import ModelConfig
-from engine.errors import ModelError
+from engine.cpu.kernels import load_quant_kernels
+from engine.cpu.linear import QuantLinear
 from engine.gguf.reader import gguf_config, open_gguf
 from engine.model.moe import SparseMoE
 from engine.sources.model_summary import summarize
 from engine.weights.checkpoint import load_model
 # Qwen3.5's test of its logits however the sequence is cut, run here on this module's fixtures (ours, expected).
-from tests.engine.model.test_qwen35 import PIECES, check_multimodal_directory
+from tests.engine.model.test_qwen35 import PIECES, check_multimodal_directory, in_pieces
 from tests.engine.model.test_qwen35 import test_logits_equal_transformers_however_the_sequence_is_cut  # noqa: F401
 from tests.fast_paths import check_batched, check_cached_follow_up, check_speculation, plain_engine
+from tests.engine.weights.test_gguf_in_place import in_mapping, mappings_of
 from tests.model_runs import ATOL, CPU, logits, new_cache, tokens
+from tests.tiny_gguf import write_gguf
 from tests.tiny_models import QWEN35_MOE, load_reference, make_tiny_model
 
 
@@ -124,14 +130,54 @@ def test_a_multimodal_directory_runs_its_text_model(tmp_path):
     assert summarize(tmp_path).runs  # `kvchat models` says it runs
 
 
-def test_a_gguf_of_the_mixture_is_refused_in_one_sentence(tmp_path):
-    writer = gguf.GGUFWriter(str(tmp_path / "q.gguf"), "qwen35moe")  # its header is all the refusal reads
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    with pytest.raises(ModelError, match="mixture-of-experts variant"):
-        gguf_config(open_gguf(tmp_path / "q.gguf"))
+@pytest.fixture(scope="module")
+def gguf_file(reference, tmp_path_factory):
+    return write_gguf(reference, tmp_path_factory.mktemp("gguf") / "qwen35moe.gguf", arch="qwen35moe")
+
+
+@pytest.fixture(scope="module")
+def gguf_model(gguf_file):
+    return load_model(gguf_file, CPU, torch.float32)
+
+
+@pytest.mark.parametrize("pieces", [(sum(PIECES),), PIECES, (1,) * sum(PIECES)],
+                         ids=["one prefill", "in pieces", "token by token"])
+def test_a_gguf_is_the_directory_model_exactly(gguf_model, ours, expected, pieces):
+    ids, logits_hf = expected
+    out, _ = in_pieces(gguf_model, ids, pieces)
+    torch.testing.assert_close(out, logits_hf, atol=ATOL, rtol=0)
+    # the experts, shared expert and its gate read as the directory's: the same numbers
+    assert torch.equal(out, in_pieces(ours, ids, pieces)[0])
+
+
+def test_a_gguf_reads_back_the_directorys_config(moe_dir, gguf_file):
+    read = ModelConfig.from_dict(gguf_config(open_gguf(gguf_file)))
+    hf = ModelConfig.from_file(moe_dir / "config.json")
+    assert read.model_type == "qwen3_5_moe_text" and read.moe == hf.moe and read.hybrid == hf.hybrid
+    assert read.rms_norm_eps == pytest.approx(hf.rms_norm_eps)  # an F32 in the file
+    # the tiny config's intermediate_size (BASE's) is no MLP's width: the file has the shared expert's
+    assert read.intermediate_size == hf.moe.shared_intermediate_size
+    assert dataclasses.replace(read, rms_norm_eps=hf.rms_norm_eps, intermediate_size=hf.intermediate_size) == hf
+    assert summarize(gguf_file).runs  # `kvchat models` reads the same from the header alone
+
+
+def test_a_q8_gguf_reads_its_experts_where_the_file_maps_them_and_runs_as_its_dequantized_self(reference, tmp_path):
+    kernels = load_quant_kernels()
+    assert not isinstance(kernels, str), kernels
+    gguf = write_gguf(reference, tmp_path / "q8.gguf", arch="qwen35moe", quant="Q8_0")
+    blocks = load_model(gguf, CPU, torch.float32, kernels.with_integer_products(False))
+    dense = load_model(gguf, CPU, torch.float32)  # every tensor dequantized: the fp32 reference
+    moe = blocks.layers[1].mlp
+    assert all(isinstance(expert.gate_up_proj.parts[0] if hasattr(expert.gate_up_proj, "parts")
+                          else expert.gate_up_proj, QuantLinear) for expert in moe.experts)
+    assert not isinstance(moe.gate, QuantLinear) and not isinstance(moe.shared_expert_gate, QuantLinear)  # F32
+    down = moe.experts[5].down_proj  # an expert's blocks view its slice of the stacked tensor, not a copy
+    assert isinstance(down, QuantLinear) and in_mapping(down.qs, mappings_of(gguf))
+    stacked = next(t for t in open_gguf(gguf).tensors if t.name == "blk.1.ffn_down_exps.weight")
+    assert np.array_equal(down.qs.numpy(), stacked.data[5])
+    ids = tokens(30, seed=8)
+    torch.testing.assert_close(blocks(ids, new_cache(blocks), all_logits=True),
+                               dense(ids, new_cache(dense), all_logits=True), atol=ATOL, rtol=0)
 
 
 @pytest.fixture(scope="module")
