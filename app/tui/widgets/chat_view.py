@@ -9,6 +9,7 @@ blocks keep their lines whole and scroll sideways (Shift+←/→ on a message).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 from textual.actions import SkipAction
@@ -37,6 +38,10 @@ class ChatView(VerticalScroll):
         self.messages: list[ChatMessage] = []
         self.first_shown = 0  # index of the oldest mounted message
         self.alternatives: Callable[[ChatMessage], list[str]] = lambda message: []
+        # One change of the list at a time: a `show` (the conversation opened, or shown again) removes every
+        # view, so a reply view added while it ran lost its children under the stream writing into it (seen
+        # under load, right after a resume from Ctrl+Z), and its message left `messages`.
+        self._changing = asyncio.Lock()
 
     def on_mount(self) -> None:
         self.anchor()
@@ -47,6 +52,10 @@ class ChatView(VerticalScroll):
 
     async def show(self, messages: list[ChatMessage], welcome: str | None = WELCOME) -> None:
         """Replace everything with `messages` (the newest PAGE of them)."""
+        async with self._changing:
+            await self._show(messages, welcome)
+
+    async def _show(self, messages: list[ChatMessage], welcome: str | None) -> None:
         self.messages = list(messages)
         self.first_shown = max(0, len(messages) - PAGE)
         await self.remove_children()
@@ -76,12 +85,17 @@ class ChatView(VerticalScroll):
 
     async def truncate(self, index: int) -> None:
         """Remove the messages from `index` on (a regenerated reply, an edited message)."""
-        self.messages = self.messages[:index]
-        for view in list(self.query_children(MessageView)):
-            if view.index >= index:
-                await view.remove()
+        async with self._changing:
+            self.messages = self.messages[:index]
+            for view in list(self.query_children(MessageView)):
+                if view.index >= index:
+                    await view.remove()
 
     async def add(self, message: ChatMessage) -> MessageView:
+        async with self._changing:
+            return await self._add(message)
+
+    async def _add(self, message: ChatMessage) -> MessageView:
         for welcome in self.query("#welcome"):
             await welcome.remove()
         self.messages.append(message)
