@@ -14,6 +14,7 @@ from typing import Any
 from engine.errors import ModelError
 from engine.config import gemma3
 from engine.config import gemma4
+from engine.config import gpt_oss
 from engine.config.gemma4 import Gemma4Layers
 from engine.config.hybrid import HybridLayers
 from engine.config import lfm2
@@ -260,7 +261,8 @@ class ModelConfig:
             if model_type == "smollm3":
                 fields["rope_layers"] = _smollm3_rope_layers(raw, fields["num_layers"])
             if model_type == "gpt_oss":
-                fields.update(_gpt_oss_fields(raw, fields["num_layers"]))
+                fields.update(gpt_oss.config_fields(raw, fields["num_layers"]),
+                              moe=MoEConfig.from_dict(raw, fields["num_layers"]))
             if model_type == "ministral3":
                 fields["attention_temperature"] = _ministral3_temperature(raw)
             if model_type == "phi3":
@@ -364,27 +366,6 @@ def _gemma4_fields(raw: dict[str, Any]) -> dict[str, Any]:
         "num_kv_heads": max(layout.kv_heads),
         "gemma4": layout,
         "moe": MoEConfig.from_dict(raw, len(types)) if raw.get("enable_moe_block") else None,
-    }
-
-
-def _gpt_oss_fields(raw: dict[str, Any], layers: int) -> dict[str, Any]:
-    """gpt-oss: every layer's attention biased (o_proj's too) and sunk, the sliding layers' 128-token window a
-    mask per layer (not a cap on the context), its experts in every layer, their clamped SwiGLU."""
-    kinds = raw.get("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
-    if len(kinds) != layers or set(kinds) - {"sliding_attention", "full_attention"}:
-        raise ModelError(f"The model's layer_types do not describe its {layers} layers as sliding or full attention.")
-    window = int(raw.get("sliding_window") or 128)
-    return {
-        "sliding_window": None,
-        "layer_windows": tuple(window if kind == "sliding_attention" else None for kind in kinds),
-        "o_bias": bool(raw.get("attention_bias", True)),
-        "qkv_bias": bool(raw.get("attention_bias", True)),
-        "attention_sinks": True,
-        "hidden_act": "swiglu_oai",
-        "swiglu_alpha": float(raw.get("swiglu_alpha", 1.702)),
-        "swiglu_limit": float(raw.get("swiglu_limit", 7.0)),
-        "moe": MoEConfig.from_dict(raw, layers),
-        # no intermediate_size of a dense MLP: every layer's MLP is the experts
     }
 
 
