@@ -102,7 +102,8 @@ class ChatSession:
 
     def _load_history(self) -> None:
         history = self.saved.history(self.engine)
-        self.messages = [ChatMessage(m.role, m.text, m.token_end, m.id, m.status, m.stats) for m in history.messages]
+        self.messages = [ChatMessage(m.role, m.text, m.token_end, m.id, m.status, m.stats, m.tools)
+                         for m in history.messages]
         self.seen_ids = history.token_ids
 
     def prompt_tokens(self, before: list[ChatMessage], user_text: str | None = None) -> int:

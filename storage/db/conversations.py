@@ -217,7 +217,8 @@ class ConversationStore:
     # Messages
 
     def add_message(self, conversation_id: str, parent_id: str | None, role: str, text: str, token_start: int,
-                    token_ids: Sequence[int], status: str = "complete", stats: dict | None = None) -> StoredMessage:
+                    token_ids: Sequence[int], status: str = "complete", stats: dict | None = None,
+                    tools: dict | None = None) -> StoredMessage:
         """Store a message under `parent_id` and make it the conversation's active leaf. The first
         user message also titles an untitled conversation."""
         if role not in ROLES or status not in STATUSES:
@@ -231,14 +232,15 @@ class ConversationStore:
             message = StoredMessage(
                 id=secrets.token_hex(6), conversation_id=full_id, parent_id=parent_id, role=role, text=text,
                 token_start=token_start, token_ids=list(token_ids), status=status, stats=stats,
-                writer_pid=writer_pid, created_at=now, updated_at=now,
+                writer_pid=writer_pid, created_at=now, updated_at=now, tools=tools,
             )
             self.db.execute(
                 "INSERT INTO messages (id, conversation_id, parent_id, role, text, token_start, token_ids, status,"
-                " stats, finish_reason, writer_pid, created_at, updated_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " stats, finish_reason, writer_pid, created_at, updated_at, tools)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [message.id, full_id, parent_id, role, text, token_start, encode_token_ids(message.token_ids),
-                 status, _json_or_null(stats), (stats or {}).get("finish_reason"), writer_pid, now, now],
+                 status, _json_or_null(stats), (stats or {}).get("finish_reason"), writer_pid, now, now,
+                 _json_or_null(tools)],
             )
             self._update("conversations", full_id, {"active_leaf": message.id, "updated_at": now})
             if role == "user":

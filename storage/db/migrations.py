@@ -172,6 +172,13 @@ def _kv_checkpoints(db: Database) -> None:
     db.execute("CREATE INDEX idx_kv_checkpoints_parent ON kv_checkpoints(parent)")
 
 
+def _tool_messages(db: Database) -> None:
+    # Tool calling (app/tools): a reply's calls, and each call's result as a message of its own (role "tool").
+    # JSON, NULL for every other message: an assistant message's {"calls": [{"id", "name", "arguments"}]}; a
+    # tool message's {"call": {"id", "name", "arguments"}, "ms", "is_error", "truncated", "server"}.
+    db["messages"].add_column("tools", str)
+
+
 Migration = tuple[str, Callable[[Database], None]]
 
 MIGRATIONS: list[Migration] = [
@@ -186,12 +193,13 @@ MIGRATIONS: list[Migration] = [
     ("0009_chat_format", _chat_format),
     ("0010_kv_blocks", _kv_blocks),
     ("0011_kv_checkpoints", _kv_checkpoints),
+    ("0012_tool_messages", _tool_messages),
 ]
 
 
 # The file's own marks, in its header: `file` and other tools tell kvchat's database from other SQLite
 # files by them, and kvchat refuses a file another application marked (storage/db/identity.py).
-# application_id is "kvch" in ASCII; user_version counts the steps applied (11 with the list above).
+# application_id is "kvch" in ASCII; user_version counts the steps applied (12 with the list above).
 APPLICATION_ID = 0x6B766368
 
 

@@ -10,7 +10,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")  # tool: a tool call's result (app/tools)
 STATUSES = ("complete", "streaming", "stopped", "interrupted")
 TITLE_CHARS = 60
 
@@ -37,7 +37,7 @@ class StoredMessage:
     id: str  # 12 lowercase hex characters
     conversation_id: str
     parent_id: str | None  # None: the first message of a branch
-    role: str  # system | user | assistant
+    role: str  # system | user | assistant | tool
     text: str
     token_start: int  # where token_ids begin in the conversation's token sequence
     token_ids: list[int]
@@ -46,6 +46,9 @@ class StoredMessage:
     writer_pid: int | None  # the process that streamed it
     created_at: float  # epoch seconds
     updated_at: float
+    # Tool calling: a reply's calls ({"calls": [...]}) or a tool message's call and result ({"call": ...,
+    # "ms", "is_error", ...}); None for every other message (storage/db/migrations.py: 0012_tool_messages).
+    tools: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -92,4 +95,5 @@ def conversation_from_row(row: dict) -> Conversation:
 
 def message_from_row(row: dict) -> StoredMessage:
     stats = json.loads(row["stats"]) if row["stats"] is not None else None
-    return StoredMessage(**{**row, "token_ids": decode_token_ids(row["token_ids"]), "stats": stats})
+    tools = json.loads(row["tools"]) if row.get("tools") is not None else None
+    return StoredMessage(**{**row, "token_ids": decode_token_ids(row["token_ids"]), "stats": stats, "tools": tools})

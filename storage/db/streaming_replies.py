@@ -73,9 +73,10 @@ class StreamingReplies:
         self.database.write_retrying("the reply so far", append)
 
     def finish_reply(self, message_id: str, *, text: str, token_ids: Sequence[int], status: str,
-                     stats: dict | None) -> None:
-        """The reply's final row (its whole text and ids, status, stats); its parts are dropped and its
-        conversation becomes the most recently active. ReplyGone if it was deleted meanwhile."""
+                     stats: dict | None, tools: dict | None = None) -> None:
+        """The reply's final row (its whole text and ids, status, stats, the tool calls it made); its parts
+        are dropped and its conversation becomes the most recently active. ReplyGone if it was deleted
+        meanwhile."""
         import json
 
         now = time.time()
@@ -83,10 +84,11 @@ class StreamingReplies:
         def finish() -> None:
             changed = self.database.db.execute(
                 "UPDATE messages SET text = ?, token_ids = ?, status = ?, stats = ?, finish_reason = ?,"
-                " updated_at = ? WHERE id = ?"
+                " tools = ?, updated_at = ? WHERE id = ?"
                 " AND conversation_id IN (SELECT id FROM conversations WHERE deleted_at IS NULL)",
                 [text, encode_token_ids(token_ids), status, None if stats is None else json.dumps(stats),
-                 (stats or {}).get("finish_reason"), now, message_id]).rowcount
+                 (stats or {}).get("finish_reason"), None if tools is None else json.dumps(tools, ensure_ascii=False),
+                 now, message_id]).rowcount
             if not changed:
                 raise ReplyGone(f"The reply {message_id} was deleted while it was being written.")
             self.database.db.execute("DELETE FROM stream_parts WHERE message_id = ?", [message_id])

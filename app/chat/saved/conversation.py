@@ -122,6 +122,7 @@ class HistoryMessage:
     token_end: int  # the length of the conversation's token sequence after this message (0: ids not reusable)
     status: str = "complete"  # complete | stopped | interrupted | streaming
     stats: dict | None = None  # a reply's numbers (reply_stats)
+    tools: dict | None = None  # a reply's tool calls, or a tool message's call and result (ChatMessage.tools)
 
 
 @dataclass(frozen=True)
@@ -176,7 +177,7 @@ class SavedConversation:
             del ids[message.token_start :]  # usually nothing: a message continues the one before it
             ids.extend(message.token_ids)
             messages.append(HistoryMessage(message.id, message.role, message.text, len(ids) if reusable else 0,
-                                           message.status, message.stats))
+                                           message.status, message.stats, message.tools))
         return History(messages, ids if reusable else [])
 
     def switch_to(self, message_id: str) -> None:
@@ -337,12 +338,22 @@ class SavedConversation:
         self.start_reply(message.id)
         return message.id
 
+    def tool_message(self, parent_id: str, text: str, tools: dict, token_start: int, token_ids: list[int]) -> str:
+        """Commit a tool call's result (`text`, already made safe: app/tools/mcp/result_text.py) under
+        `parent_id` (the reply that made the call, or the result before it); the next reply hangs under the
+        last one. `token_ids`: the prompt ids it added (the last result of a round carries the round's new
+        prompt ids; the ones before it none). Returns its id."""
+        message = self.store.add_message(self.id, parent_id, "tool", text, token_start, token_ids, tools=tools)
+        self._known_leaf = message.id
+        self.start_reply(message.id)
+        return message.id
+
     def copy_message(self, parent_id: str | None, message) -> str:
         """A copy of `message` (a ChatMessage) under `parent_id` (None: a new root), without token ids: the
         start of a new branch made of earlier turns (app/chat/context/overflow.py). Returns its id."""
         status = "interrupted" if message.status == "streaming" else message.status
         stored = self.store.add_message(self.id, parent_id, message.role, message.content, 0, [], status,
-                                        message.stats)
+                                        message.stats, message.tools)
         self._known_leaf = stored.id
         return stored.id
 

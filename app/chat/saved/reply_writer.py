@@ -71,16 +71,19 @@ class ReplyWriter:
             log.warning("kvchat: the reply could not be saved as it streams (%s); it is kept in memory and saved "
                         "when it ends", str(exc).rstrip("."))
 
-    def done(self, text: str, token_ids: list[int], status: str, stats: dict | None) -> str:
-        """Store the finished reply (`status` complete, stopped or interrupted); returns its id. On failure
-        ReplyNotSaved (or ConversationDeleted) after keeping as much of it as the disk allowed."""
+    def done(self, text: str, token_ids: list[int], status: str, stats: dict | None, tools: dict | None = None) -> str:
+        """Store the finished reply (`status` complete, stopped or interrupted; `tools`: the calls it made);
+        returns its id. On failure ReplyNotSaved (or ConversationDeleted) after keeping as much of it as the
+        disk allowed."""
         try:
             if self.message_id is None:
                 self.message_id = self.store.add_message(self.conversation_id, self.parent_id, "assistant", text,
-                                                         self.token_start, token_ids, status=status, stats=stats).id
+                                                         self.token_start, token_ids, status=status, stats=stats,
+                                                         tools=tools).id
                 self._on_row(self.message_id)
             else:
-                self.store.replies.finish_reply(self.message_id, text=text, token_ids=token_ids, status=status, stats=stats)
+                self.store.replies.finish_reply(self.message_id, text=text, token_ids=token_ids, status=status,
+                                                stats=stats, tools=tools)
             return self.message_id
         except StorageError as exc:
             self._raise_if_deleted(exc)
