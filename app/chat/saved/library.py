@@ -9,6 +9,7 @@ from pathlib import Path
 
 from app.chat.prompt.thinking import stored_reply_parts
 from app.chat.saved.export_file import write_new_file
+from app.tools.messages import call_of_result, calls_of
 from storage.db.conversations import Conversation, ConversationStore, StoredMessage
 from storage.errors import StorageError
 from storage.kv.store import KVBlockStore
@@ -29,12 +30,42 @@ def render_markdown(conversation: Conversation, branch: list[StoredMessage]) -> 
     if conversation.system is not None:
         lines += ["**System:**", "", conversation.system, ""]
     for message in branch:
+        if message.role == "tool":
+            lines += tool_result_lines(message.text, message.tools)
+            continue
         who = {"user": "You", "system": "Summary of the earlier turns"}.get(message.role, "Assistant")
         lines += [f"**{who}:**{STATUS_NOTES.get(message.status, '')}", ""]
         lines += _reply_lines(message) if message.role == "assistant" else [message.text, ""]
+        lines += tool_call_lines(message.tools) if message.role == "assistant" else []
         if message.role == "assistant" and (message.stats or {}).get("finish_reason") == "length":
             lines += [CUT_NOTE, ""]
     return "\n".join(lines)
+
+
+def tool_call_lines(tools: dict | None) -> list[str]:
+    """A reply's tool calls: each a line with the tool's name and its arguments as a JSON code block."""
+    lines = []
+    for call in calls_of(tools):
+        lines += [f"*Tool call: `{call.name}`*", "", "```json", json.dumps(call.arguments, ensure_ascii=False,
+                                                                         indent=1), "```", ""]
+    return lines
+
+
+def tool_result_lines(text: str, tools: dict | None) -> list[str]:
+    """A tool's result, fenced (it is the tool's text, not Markdown of the conversation's), with how it went."""
+    call = call_of_result(tools)
+    name = call.name if call else "tool"
+    how = f"{(tools or {}).get('ms', 0):,.0f} ms" + (", failed" if (tools or {}).get("is_error") else "")
+    fence = "`" * max(3, _longest_backtick_run(text) + 1)
+    return [f"**Tool `{name}`** ({how}):", "", fence, text, fence, ""]
+
+
+def _longest_backtick_run(text: str) -> int:
+    longest = run = 0
+    for char in text:
+        run = run + 1 if char == "`" else 0
+        longest = max(longest, run)
+    return longest
 
 
 def _reply_lines(message: StoredMessage) -> list[str]:
@@ -59,7 +90,7 @@ def _message_json(m: StoredMessage) -> dict:
     thinking = {"thinking": stored_reply_parts(m.text, m.stats).thinking} if m.role == "assistant" else {}
     return {"id": m.id, "parent_id": m.parent_id, "role": m.role, "text": m.text, **thinking, "status": m.status,
             "token_start": m.token_start, "token_ids": m.token_ids, "stats": m.stats,
-            "created_at": m.created_at, "updated_at": m.updated_at}
+            "created_at": m.created_at, "updated_at": m.updated_at, "tools": m.tools}
 
 
 def export_text(store: ConversationStore, conversation_id: str, fmt: str) -> str:
