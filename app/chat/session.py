@@ -23,6 +23,9 @@ from app.chat.reply.limits import NO_LIMITS, ReplyLimits
 from app.chat.reply.recorder import ReplyRecorder
 from app.chat.saved.conversation import SavedConversation
 from app.chat.saved.reply_writer import ConversationDeleted
+from app.tools.messages import calls_of, reply_tools, result_tools
+from app.tools.spec import ToolCall, ToolResult, ToolSpec
+from app.tools.toolbox import ToolChoice
 from engine import Done, Event, Generation, SamplingParams, TokenDelta
 from engine.errors import NonFiniteLogitsError
 
@@ -122,6 +125,76 @@ class ChatSession:
         """The variables the chat template is rendered with (ConversationPrompt.template_options)."""
         return self.prompt.template_options()
 
+    def use_tools(self, tools: list[ToolSpec], choice: ToolChoice = ToolChoice()) -> None:
+        """Offer `tools` to the model from the next reply on ([]: none), to be used as `choice` says. The
+        prompt renders them through the model's template (or kvchat's convention) and the replies follow
+        the format's grammar once a call begins (app/tools/formats/)."""
+        self.prompt.tools, self.prompt.tool_choice = list(tools), choice
+
+    @property
+    def tool_choice(self) -> ToolChoice:
+        return self.prompt.tool_choice
+
+    @tool_choice.setter
+    def tool_choice(self, choice: ToolChoice) -> None:
+        self.prompt.tool_choice = choice
+
+    @property
+    def last_calls(self) -> list[ToolCall]:
+        """The tool calls the last reply made ([] when it made none, or is not the last message)."""
+        last = self.messages[-1] if self.messages else None
+        return calls_of(last.tools) if last is not None and last.role == "assistant" else []
+
+    def send_results(self, results: list[ToolResult], servers: dict[str, str | None] | None = None
+                     ) -> Iterator[Event]:
+        """The results of the last reply's calls, as tool messages, and the model's next reply to them (a
+        round of the tool loop: app/chat/tool_loop.py). The prompt extends what the model has seen, so the
+        round prefills the results alone. `servers`: which server ran each tool, kept with its message."""
+        if not self.last_calls:
+            raise ChatError("The last reply made no tool call to answer.")
+        before, seen = self.messages, self.seen_ids
+        servers = servers or {}
+        with self._taking_turn():
+            tool_messages = [ChatMessage("tool", r.text, tools=result_tools(r, servers.get(r.call.name)))
+                             for r in results]
+            prompt = self.prompt.after(seen, [*before, *tool_messages])
+            room = self.engine.context_window
+            if room and len(prompt.ids) + (self.reply_params.max_tokens or 1) > room:
+                raise ChatError(f"The tool results make the conversation {len(prompt.ids):,} tokens, which leaves "
+                                f"no room for a reply in the model's {room:,}-token window.")
+            self._load_stored_kv(prompt.ids)
+            generation = self.engine.generate(prompt.ids, self.reply_params)
+            self.rewritten_at = prompt.rewritten_at
+            start = prompt.unseen_from(len(seen))
+            self.unseen_prompt_tokens = len(prompt.ids) - start
+            self._record_tools(before, tool_messages, len(prompt.ids), start, prompt.ids[start:])
+        self.generation = generation
+        self.opens_thinking = prompt.opens_thinking
+        return self._stream(generation, prompt.ids)
+
+    def keep_results(self, results: list[ToolResult]) -> None:
+        """Keep the results of the last reply's calls as tool messages without asking for a reply (the loop was
+        stopped): the next message follows them, so the template never sees a call left unanswered."""
+        if not self.last_calls:
+            return
+        with self._taking_turn():
+            self._record_tools(self.messages, [ChatMessage("tool", r.text, tools=result_tools(r)) for r in results],
+                               0, len(self.seen_ids), [])
+        if self.saved is not None:
+            self.saved.end_turn()
+
+    def _record_tools(self, before: list[ChatMessage], tool_messages: list[ChatMessage], token_end: int,
+                      token_start: int, new_ids: list[int]) -> None:
+        """Commit the round's tool messages after `before`; the last carries the round's new prompt ids."""
+        parent = before[-1].id if before else None
+        for i, message in enumerate(tool_messages):
+            last = i == len(tool_messages) - 1
+            message.token_end = token_end if last else 0
+            if self.saved is not None:
+                parent = message.id = self.saved.tool_message(parent, message.content, message.tools,
+                                                              token_start, new_ids if last else [])
+        self.messages = [*before, *tool_messages]
+
     def set_thinking(self, enabled: bool) -> None:
         """Switch the conversation's thinking on or off from the next reply on (and, when saved, keep
         it). ChatError if the template has no switch. Earlier replies are as they were written; the
@@ -195,7 +268,8 @@ class ChatSession:
 
     def _regenerating(self) -> list[ChatMessage]:
         """The messages a regenerated reply answers (ChatError if the last message is not a reply)."""
-        if len(self.messages) < 2 or self.messages[-1].role != "assistant" or self.messages[-2].role != "user":
+        # A reply after tool results is regenerated as one after the user's message is.
+        if len(self.messages) < 2 or self.messages[-1].role != "assistant" or self.messages[-2].role not in ("user", "tool"):
             raise ChatError("There is no reply to regenerate.")
         return self.messages[:-1]
 
@@ -290,7 +364,7 @@ class ChatSession:
                     case Done():
                         done = event
                         self.seen_ids = prompt + list(event.token_ids)
-                        self.messages.append(recorder.finished(event, len(self.seen_ids)))
+                        self.messages.append(self._with_calls(recorder.finished(event, len(self.seen_ids)), event))
                         # May raise (disk full), after the chat in memory is whole.
                         recorder.store(self.messages[-1], event)
                 yield event
@@ -306,6 +380,20 @@ class ChatSession:
                 self._keep_interrupted(recorder)
             if saved is not None:
                 saved.end_turn()
+
+    def _with_calls(self, message: ChatMessage, done: Done) -> ChatMessage:
+        """`message` (a finished reply) as kept when tools are offered: its text without the call markup, and
+        the calls it made (app/tools/formats/ reads the format's markup from the reply's token ids). A call the
+        model wrote but the format cannot read is left in the text, with the reason in the reply's stats."""
+        if not (self.prompt.tools and self.token_ids) or done.finish_reason not in ("stop", "length"):
+            return message
+        parsed = self.prompt.tool_format.parse(list(done.token_ids), self.engine.tokenizer)
+        if parsed.error:
+            message.stats = {**(message.stats or {}), "tool_call_error": parsed.error}
+            return message
+        if parsed.calls and done.finish_reason == "stop":
+            message.content, message.tools = parsed.content, reply_tools(parsed.calls)
+        return message
 
     def end_alternatives(self, previous: list[ChatMessage], before: list[ChatMessage], prompt: list[int],
                          kept: ChatMessage | None, token_ids: list[int] | None) -> None:

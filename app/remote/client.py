@@ -22,6 +22,8 @@ import httpx
 
 from app.chat.wording import clause, sentence
 from app.remote.stream import RemoteError, RemoteGeneration, error_message, translate_error
+from app.tools.spec import ToolSpec
+from app.tools.toolbox import ToolChoice
 from engine import SamplingParams
 
 # Connecting must be quick; a reply may wait long for its first byte (a busy server computing a long prompt).
@@ -51,10 +53,22 @@ def api_base(url: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
 
 
-def request_body(model: str, turns: list[dict], params: SamplingParams) -> dict:
-    """A streamed chat completion of `turns` with `params`, asking for the usage at the end."""
+def request_body(model: str, turns: list[dict], params: SamplingParams, tools: list[ToolSpec] = (),
+                 choice: ToolChoice | None = None, response_format: dict | None = None) -> dict:
+    """A streamed chat completion of `turns` with `params`, asking for the usage at the end. `tools`, `choice`
+    and `response_format` go as OpenAI's fields (vLLM, SGLang and llama.cpp's server parse the calls and
+    constrain the reply themselves); none of them is sent when not used, so a server without tools works."""
     body = {"model": model, "messages": turns, "stream": True, "stream_options": {"include_usage": True},
             "temperature": params.temperature, "top_p": params.top_p}
+    if tools and (choice is None or choice.mode != "none"):
+        choice = choice or ToolChoice()
+        body["tools"] = [tool.openai() for tool in tools]
+        body["tool_choice"] = ({"type": "function", "function": {"name": choice.named}} if choice.named
+                               else choice.mode)
+        if not choice.parallel:
+            body["parallel_tool_calls"] = False
+    if response_format is not None:
+        body["response_format"] = response_format
     if params.max_tokens is not None:
         body["max_tokens"] = params.max_tokens
     if params.seed is not None:
@@ -138,10 +152,12 @@ class RemoteEngine:
     def cache_stats(self) -> dict:
         return {"enabled": False}  # the server's cache: its usage reports say what each request reused
 
-    def chat(self, turns: list[dict], params: SamplingParams) -> RemoteGeneration:
-        """The reply to `turns` ({"role", "content"} dicts); the request is sent when it is iterated."""
-        return RemoteGeneration(self.client, "/chat/completions", request_body(self.info.model_name, turns, params),
-                                self.info.url)
+    def chat(self, turns: list[dict], params: SamplingParams, tools: list[ToolSpec] = (),
+             choice: ToolChoice | None = None, response_format: dict | None = None) -> RemoteGeneration:
+        """The reply to `turns` (the chat API's dicts, tool calls and results included); the request is sent
+        when it is iterated. The calls the reply made are its `tool_calls` once it has ended."""
+        body = request_body(self.info.model_name, turns, params, tools, choice, response_format)
+        return RemoteGeneration(self.client, "/chat/completions", body, self.info.url)
 
     def close(self) -> None:
         self.client.close()

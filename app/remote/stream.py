@@ -14,6 +14,11 @@ API) sends its thinking apart, as `delta.reasoning_content` (or `delta.reasoning
 between `<think>` tags in the reply's text, as an embedded model writes it, so the chat shows,
 counts, stores and exports it the same way (app/chat/prompt/thinking.py).
 
+A reply that calls tools (the request sent `tools`: app/remote/client.py) streams each call as OpenAI's
+`delta.tool_calls` pieces (by index: the id and name first, the arguments' JSON text in pieces); they are put
+together here and read once the reply ends (RemoteGeneration.tool_calls). Its finish reason `tool_calls` is an
+ordinary end ("stop") for the chat, which reads the calls themselves.
+
 A reader thread does the HTTP I/O, so that cancel() ends the stream at once even
 while the server is still computing the prompt and sends nothing: the consumer
 stops waiting, and the connection is shut, which tells the server to stop too.
@@ -32,6 +37,7 @@ import httpx
 
 from app.chat.prompt.thinking import THINK_CLOSE, THINK_OPEN
 from app.chat.wording import sentence
+from app.tools.spec import ToolCall
 from engine import Done, EngineError, Event, RequestStats, Stats, TokenDelta
 from engine.events import STATS_INTERVAL_S  # live Stats as often as the embedded engine sends them
 
@@ -110,6 +116,7 @@ class _Reply:
         self.finish_reason: str | None = None
         self.stats_sent = float("-inf")
         self.reasoning = False  # inside the reasoning the server sends apart (an open <think>)
+        self.calls: dict[int, dict] = {}  # the tool calls streamed so far, by their index: id, name, arguments text
 
     def take(self, payload: dict, now: float) -> Iterator[Event]:
         if (message := payload_error(payload)) is not None:
@@ -127,8 +134,46 @@ class _Reply:
                 if now - self.stats_sent >= STATS_INTERVAL_S:
                     self.stats_sent = now
                     yield Stats(self.stats("decode"))
+            for piece in delta.get("tool_calls") or []:
+                self._call_piece(piece)
             if choice.get("finish_reason"):
-                self.finish_reason = choice["finish_reason"]
+                # A reply that ends with calls ended as any other: the chat reads the calls themselves.
+                self.finish_reason = "stop" if choice["finish_reason"] == "tool_calls" else choice["finish_reason"]
+
+    def _call_piece(self, piece: object) -> None:
+        """One `delta.tool_calls` entry: a call's id and name (its first piece), or more of its arguments."""
+        if not isinstance(piece, dict):
+            return
+        index = piece.get("index", len(self.calls))
+        call = self.calls.setdefault(index if isinstance(index, int) else len(self.calls),
+                                     {"id": "", "name": "", "arguments": ""})
+        function = piece.get("function") if isinstance(piece.get("function"), dict) else {}
+        if isinstance(piece.get("id"), str):
+            call["id"] = piece["id"]
+        if isinstance(function.get("name"), str):
+            call["name"] += function["name"]
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            call["arguments"] += arguments
+        elif isinstance(arguments, dict):  # a server that sends them parsed, whole
+            call["arguments"] = json.dumps(arguments)
+
+    def tool_calls(self) -> tuple[list[ToolCall], str | None]:
+        """The calls the reply made, and one sentence for those whose arguments are not a JSON object."""
+        calls, problems = [], []
+        for index in sorted(self.calls):
+            call = self.calls[index]
+            try:
+                arguments = json.loads(call["arguments"] or "{}")
+            except ValueError:
+                arguments = None
+            if not call["name"] or not isinstance(arguments, dict):
+                problems.append(call["name"] or f"call {index}")
+                continue
+            calls.append(ToolCall(call["name"], arguments, call["id"] or f"call_{index}"))
+        error = (f"The server sent tool calls that cannot be read ({', '.join(problems)}): their arguments are not "
+                 "a JSON object.") if problems else None
+        return calls, error
 
     def _text(self, delta: dict) -> str:
         """A chat delta's text, its reasoning (sent apart by a reasoning parser) between <think> tags."""
@@ -182,6 +227,8 @@ class RemoteGeneration:
         self.client, self.path, self.body, self.base = client, path, body, base
         self._cancelled = threading.Event()
         self._response: httpx.Response | None = None
+        self.tool_calls: list[ToolCall] = []  # the calls the reply made, once it has ended
+        self.tool_call_error: str | None = None  # why some could not be read
 
     def cancel(self) -> None:
         """End the stream with Done('stopped') now, and the server's generation with the connection."""
@@ -210,6 +257,7 @@ class RemoteGeneration:
                 yield from reply.take(item, time.perf_counter())
             if reply.finish_reason is None:
                 raise RemoteError(f"The server at {self.base} ended the reply without finishing it.")
+            self.tool_calls, self.tool_call_error = reply.tool_calls()
             yield reply.done(reply.finish_reason)
         finally:
             if not ended:  # stopped, failed here, or abandoned by the consumer: hang up on the server

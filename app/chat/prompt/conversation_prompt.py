@@ -13,7 +13,9 @@ A remote server is sent the turns of step 1 and does the rest itself.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from functools import cached_property
 
 from app.chat.backend import Backend, takes_token_ids
 from app.chat.chat_message import ChatMessage
@@ -23,6 +25,9 @@ from app.chat.prompt.ids import next_prompt
 from app.chat.prompt.summary_turns import with_summaries
 from app.chat.prompt.template import render_chat
 from app.chat.prompt.thinking import split_reply, prompt_opens_thinking, template_switches_thinking
+from app.tools.messages import template_turn
+from app.tools.toolbox import ToolChoice
+from app.tools.spec import ToolSpec
 from engine.sampling_params import SamplingParams
 
 # The prompt's last tokens that tell whether it ends inside an open <think> (R1-distill templates):
@@ -43,6 +48,24 @@ class TurnPrompt:
         return seen if self.rewritten_at is None else self.rewritten_at
 
 
+def response_grammar(response_format: dict) -> str | None:
+    """The grammar of OpenAI's `response_format`: {"type": "text"} none, "json_object" any JSON object,
+    "json_schema" a value following its `json_schema.schema`. ValueError (one phrase) for another shape."""
+    from engine.request.grammars import json_grammar
+
+    kind = response_format.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return json_grammar(None)
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+            raise ValueError("response_format json_schema needs a json_schema object with a schema")
+        return json_grammar(spec.get("schema") or {})
+    raise ValueError(f"response_format type must be text, json_object or json_schema, not {kind!r}")
+
+
 class ConversationPrompt:
     """What one conversation's prompts are written with: its chat format (chosen once, when the conversation
     is opened), its system prompt and its thinking switch (the session changes those two and keeps them)."""
@@ -60,6 +83,20 @@ class ConversationPrompt:
         # conversation was written in, when it has one); `format_notice` says which, for the user.
         choice = conversation_format(backend, kept_format) if self.takes_ids else FormatChoice(None, None)
         self.chat_format, self.format_notice = choice.chat_format, choice.notice
+        # The tools the model is offered (ChatSession.use_tools) and how it must use them in the next reply.
+        self.tools: list[ToolSpec] = []
+        self.tool_choice = ToolChoice()
+        # OpenAI's response_format for the next replies (`kvchat ask --json-schema`): None, {"type":
+        # "json_object"} or {"type": "json_schema", "json_schema": {"schema": {...}}}.
+        self.response_format: dict | None = None
+
+    @cached_property
+    def tool_format(self):
+        """How this model writes tool calls and reads tools (app/tools/formats/): its template's own format,
+        or kvchat's JSON convention in the system prompt for a template without one."""
+        from app.tools.formats import tool_format
+
+        return tool_format(self.backend.tokenizer, self.chat_format)
 
     @property
     def thinking_switchable(self) -> bool:
@@ -76,12 +113,28 @@ class ConversationPrompt:
     def reply_params(self, params: SamplingParams) -> SamplingParams:
         """`params` with what ends a reply in a standard format: its end-of-turn marker (or a transcript's
         next "User:")."""
-        return params if self.chat_format is None else format_params(self.backend.tokenizer, self.chat_format, params)
+        if self.chat_format is not None:
+            params = format_params(self.backend.tokenizer, self.chat_format, params)
+        grammar = self.tool_grammar()
+        return params if grammar is None else dataclasses.replace(params, grammar=grammar)
+
+    def tool_grammar(self) -> str | None:
+        """The grammar the next reply follows: one JSON value when a response_format asks for it; else, when
+        tools are offered, free text and a call once one begins, in the format's markup and the tools'
+        schemas (from the first token for "required" or a named tool); None for neither, or for a remote
+        server (it constrains its own replies: app/remote/client.py sends both fields)."""
+        if not self.takes_ids:
+            return None
+        if self.response_format is not None:
+            return response_grammar(self.response_format)
+        if not self.tools or self.tool_choice.mode == "none":
+            return None
+        return self.tool_format.grammar(self.tools, self.tool_choice.mode, self.tool_choice.parallel)
 
     def turns(self, messages: list[ChatMessage]) -> list[dict]:
         """The system prompt (if any) and `messages` as the chat API's {"role", "content"} dicts."""
         turns = [{"role": "system", "content": self.system}] if self.system is not None else []
-        return with_summaries(turns + [{"role": m.role, "content": self._content(m)} for m in messages])
+        return with_summaries(turns + [template_turn(m.role, self._content(m), m.tools) for m in messages])
 
     def _content(self, message: ChatMessage) -> str:
         """What the template is given of a message. A harmony model's (gpt-oss) reply is kept as kvchat writes
@@ -93,7 +146,12 @@ class ConversationPrompt:
 
     def text(self, messages: list[ChatMessage]) -> str:
         """The prompt's text of `messages`, ready for the assistant's reply."""
-        return render_chat(self.backend.tokenizer, self.turns(messages), self.chat_format, **self.template_options())
+        turns = self.turns(messages)
+        if self.takes_ids and (self.tools or any(m.tools for m in messages)):
+            offered = self.tools if self.tool_choice.mode != "none" else []
+            return self.tool_format.render(self.backend.tokenizer, turns, offered, self.chat_format,
+                                           **self.template_options())
+        return render_chat(self.backend.tokenizer, turns, self.chat_format, **self.template_options())
 
     def tokens(self, messages: list[ChatMessage]) -> int:
         """How many tokens the prompt of `messages` is, tokenized afresh."""

@@ -81,7 +81,9 @@ class ReplyRecorder:
         if self.writer is None:
             return
         try:
-            message.id = self.writer.done(done.text, list(done.token_ids), message.status, message.stats)
+            # The message's text: the reply's, but for the call markup of a reply that made tool calls.
+            message.id = self.writer.done(message.content, list(done.token_ids), message.status, message.stats,
+                                          message.tools)
         except ReplyNotSaved as exc:
             message.id = exc.message_id  # what was kept; the next message follows it
             raise

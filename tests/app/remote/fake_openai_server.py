@@ -32,6 +32,9 @@ class Script:
     failure: str = "error_event"  # error_event (vLLM's in-stream error) | drop (the connection breaks)
     first_chunk_delay_s: float = 0.0  # a long prompt being computed: nothing is sent meanwhile
     chunk_delay_s: float = 0.0
+    # Tool calls after the chunks, as vLLM streams them: per call its id and name, then its arguments' JSON
+    # text in two pieces; the reply then finishes with "tool_calls". Each: {"id", "name", "arguments": str}.
+    tool_calls: list[dict] = field(default_factory=list)
 
 
 class FakeServer:
@@ -99,7 +102,13 @@ class FakeServer:
                     return
                 await asyncio.sleep(script.chunk_delay_s)
                 yield chunk({"content": text})
-            yield chunk({}, script.finish_reason)
+            for index, call in enumerate(script.tool_calls):
+                yield chunk({"tool_calls": [{"index": index, "id": call["id"], "type": "function",
+                                             "function": {"name": call["name"], "arguments": ""}}]})
+                half = len(call["arguments"]) // 2
+                for part in (call["arguments"][:half], call["arguments"][half:]):
+                    yield chunk({"tool_calls": [{"index": index, "function": {"arguments": part}}]})
+            yield chunk({}, "tool_calls" if script.tool_calls else script.finish_reason)
             if (body.get("stream_options") or {}).get("include_usage"):
                 yield event({**base, "choices": [], "usage": script.usage})
             yield "data: [DONE]\n\n"
