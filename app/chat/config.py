@@ -17,6 +17,12 @@
     exact_fp32 = false                        # quantized weights in fp32 products, the exact
                                               # reference (--exact-fp32); false: int8 products, faster
 
+    mcp_config = "~/.cursor/mcp.json"         # MCP servers another app lists ({"mcpServers": ...})
+    [mcp]                                     # MCP servers and their tools: app/tools/mcp/settings.py
+    allow = ["time.*"]
+    [mcp.servers.time]
+    command = "mcp-server-time"
+
     [sampling]                                # what a conversation has not set itself
     temperature = 0.7
     top_p = 1.0
@@ -44,6 +50,9 @@ from pathlib import Path
 import platformdirs
 
 from app.chat.alternatives_count import alternatives_problem
+from app.tools.mcp.mcp_json import mcp_json_servers
+from app.tools.mcp.server_entry import McpConfigError
+from app.tools.mcp.settings import McpSettings, mcp_settings
 from engine.sampling_params import SamplingParams
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed")
@@ -70,6 +79,7 @@ class Config:
     collapse_thinking: bool = False  # else a reply's thinking is expanded while it streams in
     export_dir: str | None = None  # the chat's exports' folder ("~" allowed); None: the current folder
     exact_fp32: bool = False  # the engine's fp32 products for quantized weights (--exact-fp32's default)
+    mcp: McpSettings = field(default_factory=McpSettings)  # [mcp] and the servers of mcp_config's file
 
 
 def config_path() -> Path:
@@ -122,7 +132,7 @@ def _parse(raw: dict, path: Path) -> Config:
         raise ConfigError(f"in the config file {path}, {key} {rule}")
 
     known = {"model", "system", "theme", "max_reply_tokens", "stop_repetition", "alternatives", "sampling",
-             "collapse_thinking", "export_dir", "exact_fp32"}
+             "collapse_thinking", "export_dir", "exact_fp32", "mcp", "mcp_config"}
     for key in raw:
         if key not in known:
             fail(repr(key), f"is not a setting (known: {', '.join(sorted(known))})")
@@ -154,4 +164,23 @@ def _parse(raw: dict, path: Path) -> Config:
             fail(f"sampling.{key} = {value!r}", f"is refused: {exc}")
     return Config(path, raw.get("model"), raw.get("system"), raw.get("theme"), max_reply,
                   raw.get("stop_repetition", True), raw.get("alternatives"), dict(sampling),
-                  raw.get("collapse_thinking", False), raw.get("export_dir"), raw.get("exact_fp32", False))
+                  raw.get("collapse_thinking", False), raw.get("export_dir"), raw.get("exact_fp32", False),
+                  _mcp(raw, path))
+
+
+def _mcp(raw: dict, path: Path) -> McpSettings:
+    """[mcp] over the servers of the file `mcp_config` names (a path relative to this file's folder)."""
+    try:
+        shared = None
+        if "mcp_config" in raw:
+            if not (isinstance(raw["mcp_config"], str) and raw["mcp_config"].strip()):
+                raise ConfigError(f"in the config file {path}, mcp_config must be the path of a JSON file")
+            json_path = path.parent / Path(raw["mcp_config"]).expanduser()
+            try:
+                shared = mcp_json_servers(_read_text(json_path), json_path)
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ConfigError(f"the MCP config file {json_path} (mcp_config in {path}) cannot be read "
+                                  f"({getattr(exc, 'strerror', None) or exc})") from None
+        return mcp_settings(raw.get("mcp", {}), path, shared)
+    except McpConfigError as exc:
+        raise ConfigError(str(exc)) from None
