@@ -15,7 +15,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 _EXPORTS = {
     "Engine": "engine.engine", "EngineOptions": "engine.engine", "LoadInfo": "engine.engine",
     "Generation": "engine.request.generation", "interleave": "engine.request.generation",
-    "ContextWindowError": "engine.errors", "EngineError": "engine.errors", "ModelError": "engine.errors",
+    "ContextWindowError": "engine.errors", "EngineError": "engine.errors", "GrammarError": "engine.errors",
+    "ModelError": "engine.errors",
     "Done": "engine.events", "Event": "engine.events", "RequestStats": "engine.events", "Stats": "engine.events",
     "TokenDelta": "engine.events",
     "SamplingParams": "engine.sampling_params",

@@ -37,6 +37,7 @@ from engine.kv.prefix_cache import KVCacheFullError, PrefixCache
 from engine.kv.exported import ExportedCheckpoint, ExportedKV
 from engine.model.causal_lm import CausalLM
 from engine.recurrent.state import SequenceState
+from engine.request.constraint import GrammarConstraint, grammar_tokenizer
 from engine.request.generation import Generation
 from engine.request.loop import StepLoop
 from engine.request.request import Request
@@ -418,9 +419,24 @@ class Engine:
         """A context manager: requests started meanwhile draft up to `draft_tokens` per step (0: off)."""
         return self._loop.speculating(draft_tokens)
 
+    def prepare_grammar(self) -> None:
+        """Build what grammars need (llguidance's view of the tokenizer: ~1 s on a 49k vocabulary) now rather
+        than in the first grammar request's time; any thread may call it, e.g. one started at launch.
+        GrammarError if grammars cannot be used with this model's tokenizer."""
+        grammar_tokenizer(self.tokenizer, self.model.cfg.vocab_size)
+
+    def _constraint(self, params: SamplingParams) -> GrammarConstraint | None:
+        """`params.grammar` compiled for this model (None without one); GrammarError if it does not compile."""
+        if params.grammar is None:
+            return None
+        vocab = self.model.cfg.vocab_size
+        ends = self.tokenizer.eos_token_ids | set(params.stop_token_ids)
+        return GrammarConstraint(params.grammar, grammar_tokenizer(self.tokenizer, vocab), vocab, ends)
+
     def generate(self, prompt_ids: list[int], params: SamplingParams = SamplingParams(),
                  use_prefix_cache: bool = True) -> Generation:
-        """Validate the request now; the returned Generation computes as it is iterated.
+        """Validate the request now (its grammar compiled: GrammarError, before any token, if it does not);
+        the returned Generation computes as it is iterated.
 
         `use_prefix_cache=False` computes the whole prompt and leaves nothing cached (for baselines
         and checks).
@@ -432,7 +448,8 @@ class Engine:
             raise EngineError(f"The prompt has token ids outside the model's vocabulary of {vocab}.")
         if len(prompt_ids) >= self.context_window:
             raise ContextWindowError(len(prompt_ids), self.context_window)
-        return Generation(self._loop, Request(list(prompt_ids), params, use_prefix_cache))
+        return Generation(self._loop, Request(list(prompt_ids), params, use_prefix_cache,
+                                              constraint=self._constraint(params)))
 
 
 def new_prefix_cache(options: EngineOptions, model: CausalLM) -> PrefixCache:

@@ -33,3 +33,8 @@ class NonFiniteLogitsError(EngineError):
     def __init__(self) -> None:
         super().__init__("The model computed non-finite scores (NaN or infinity) for this prompt, so no reply "
                          "was generated; the cached K/V it reused were dropped, so sending it again recomputes it.")
+
+
+class GrammarError(EngineError):
+    """A request's grammar (SamplingParams.grammar) does not compile, or the reply cannot go on under it:
+    raised by Engine.generate before any token, or as the request's error if it happens mid-reply."""

@@ -43,6 +43,10 @@ class SamplingParams:
     # Token ids that end the reply (finish reason "stop") besides the model's end-of-sequence tokens: the
     # end-of-turn marker of a standard chat format, which a base model's EOS often is not (app/chat/prompt/formats.py).
     stop_token_ids: tuple[int, ...] = ()
+    # An llguidance Lark grammar the reply must follow (engine/request/constraint.py masks every token that
+    # would leave it; engine/request/grammars.py writes JSON ones). Compiled when the request is made:
+    # Engine.generate raises GrammarError, one sentence, for a grammar that does not compile.
+    grammar: str | None = None
 
     def __post_init__(self):
         """ValueError (one phrase, for "kvchat: ..." or an HTTP 400) for a value outside its documented range.
@@ -63,6 +67,8 @@ class SamplingParams:
              "stop strings must be non-empty text"),
             (isinstance(self.stop_token_ids, tuple) and all(_is_int(x) and x >= 0 for x in self.stop_token_ids),
              "stop token ids must be whole numbers from 0"),
+            (self.grammar is None or (isinstance(self.grammar, str) and self.grammar.strip() != ""),
+             "a grammar must be non-empty text"),
         ]
         for ok, message in checks:
             if not ok:

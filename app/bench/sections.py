@@ -1,5 +1,5 @@
-"""The sections `kvchat bench` can run alone (--profile, --contention, --batch, --speculation): each one
-JSON object with --json, else a heading and its table."""
+"""The sections `kvchat bench` can run alone (--profile, --contention, --batch, --speculation, --grammar):
+each one JSON object with --json, else a heading and its table."""
 
 from __future__ import annotations
 
@@ -22,12 +22,25 @@ def one_section(engine: Engine, args: argparse.Namespace) -> int | None:
         return contention_section(engine, args)
     if args.batch:
         return batch_section(engine, args)
+    if args.grammar:
+        return grammar_section(engine, args)
     if args.speculation:
         rows = speculative_section(engine, args)
         result = {"model": engine.info.model_name, "decode": engine.info.decode, "speculative": rows}
         return _section_out(args, result, f"{result['model']} ({result['decode']} decode)",
                             lambda: print_speculative(rows, engine.options.draft_tokens))
     return None
+
+
+def grammar_section(engine: Engine, args: argparse.Namespace) -> int:
+    """`kvchat bench --grammar`: decode under a JSON-schema grammar next to plain decode."""
+    from app.bench.grammar import grammar_row, print_grammar
+
+    row = grammar_row(engine, 1 if args.quick else max(1, args.repeat or 5), 40 if args.quick else 160)
+    result = {"model": engine.info.model_name, "decode": engine.info.decode, "threads": torch.get_num_threads(),
+              "grammar": [row]}
+    heading = f"{result['model']} ({result['decode']} decode, {result['threads']} threads)"
+    return _section_out(args, result, heading, lambda: print_grammar(row))
 
 
 def profile_section(engine: Engine, args: argparse.Namespace) -> int:

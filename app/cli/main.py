@@ -240,6 +240,8 @@ def _add_bench(commands) -> None:
                        help="only continuous batching: 1-8 requests decoded together next to one at a time")
     bench.add_argument("--speculation", action="store_true",
                        help="only the speculative section: greedy replies with n-gram drafting off and on")
+    bench.add_argument("--grammar", action="store_true",
+                       help="only constrained decoding: a JSON-schema reply's tok/s next to plain decode, the mask's cost")
     bench.add_argument("--contention", action="store_true",
                        help="only decode next to a competing process (a busy loop, a second kvchat decoding)")
     from app.bench.arithmetic import add_arguments as arithmetic_arguments

@@ -9,7 +9,8 @@ runs at a time.
 
 When the KV pool cannot hold a step's tokens, the request admitted last is preempted: its KV closed
 (its final blocks stay in the prefix cache), back to the head of the queue, and resumed later by
-prefilling its prompt and reply again, mostly from the cache; its sampler and text go on unchanged.
+prefilling its prompt and reply again, mostly from the cache; its sampler (with its grammar's state) and
+text go on unchanged.
 
 Events per request, as they were when each request ran its own loop: Stats after each prefill chunk
 but the last; Stats then TokenDelta for the first token; then per token a TokenDelta, preceded by Stats
@@ -21,7 +22,8 @@ one by one, exactly as one-at-a-time steps would take them: each input position 
 becomes final, the sampled token is emitted (and may end the reply: EOS, a stop string, max tokens, the
 context window, a cancel), and the step goes on only while the sampled token equals the next draft. The
 positions after that are truncated from the request's KV: they never become final, so they never reach
-the prefix cache or exported K/V.
+the prefix cache or exported K/V. A grammar's matcher advances inside the sampler, by sampled tokens
+only: a draft that breaks the grammar differs from what the masked sampler picks, so it is rejected there.
 """
 
 from __future__ import annotations
@@ -178,7 +180,7 @@ class StepLoop:
                                      prefilled_tokens=prompt - kv.num_tokens, cache_source=source,
                                      recomputed_tokens=kv.recomputed)
         request.sampler = Sampler(request.params, self.runner.model.cfg.vocab_size, request.prompt_ids,
-                                  self.runner.device)
+                                  self.runner.device, request.constraint)
         request.detokenizer = IncrementalDetokenizer(self.tokenizer.decode)
         if self.draft_tokens > 0:
             request.speculator = Speculator(request.prompt_ids, self.draft_tokens, self.step_costs)

@@ -13,6 +13,7 @@ from enum import Enum
 
 from engine.events import Event, RequestStats
 from engine.kv.sequence import SequenceKV
+from engine.request.constraint import GrammarConstraint
 from engine.request.detokenizer import IncrementalDetokenizer
 from engine.request.sampling import Sampler
 from engine.request.speculation import Speculator
@@ -34,6 +35,7 @@ class Request:
     generated: list[int] = field(default_factory=list)  # sampled ids, the stop token included
     status: Status = Status.WAITING
     cancelled: threading.Event = field(default_factory=threading.Event)
+    constraint: GrammarConstraint | None = None  # params.grammar, compiled by Engine.generate; the Sampler uses it
     # Set when the request starts running:
     kv: SequenceKV | None = None
     stats: RequestStats = field(default_factory=RequestStats)

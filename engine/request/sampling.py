@@ -1,8 +1,9 @@
-"""The per-request Sampler (greedy, temperature, top-k/p, min-p, repetition penalty); its settings are
-SamplingParams (sampling_params.py).
+"""The per-request Sampler (greedy, temperature, top-k/p, min-p, repetition penalty, a grammar); its settings
+are SamplingParams (sampling_params.py).
 
-Filters are applied in the order transformers' `generate` applies them:
-repetition penalty, temperature, top-k, top-p, min-p.
+Filters are applied in the order transformers' `generate` applies them: repetition penalty, temperature,
+top-k, top-p, min-p; a grammar's mask (constraint.py) comes after the penalty, before the rest, as
+transformers' logits processors run before its warpers.
 """
 
 from __future__ import annotations
@@ -12,14 +13,18 @@ import os
 import numpy as np
 import torch
 
+from engine.request.constraint import GrammarConstraint
 from engine.sampling_params import SamplingParams  # noqa: F401  (engine.request.sampling's public name too)
 
 
 class Sampler:
-    """Picks each next token of one request; holds its RNG and the tokens seen so far."""
+    """Picks each next token of one request; holds its RNG, the tokens seen so far and its grammar's state."""
 
-    def __init__(self, params: SamplingParams, vocab_size: int, prompt_ids: list[int], device: torch.device):
+    def __init__(self, params: SamplingParams, vocab_size: int, prompt_ids: list[int], device: torch.device,
+                 constraint: GrammarConstraint | None = None):
+        """`constraint`: the request's compiled grammar (None: none); every token picked goes through it."""
         self.params = params
+        self.constraint = constraint
         seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self.seen = None
@@ -30,6 +35,8 @@ class Sampler:
     def __call__(self, logits: torch.Tensor) -> int:
         """Next token id from logits [vocab] of the last position."""
         token = self.sample(logits.float())
+        if self.constraint is not None:
+            self.constraint.accept(token)
         if self.seen is not None:
             self.seen[token] = True
         return token
@@ -39,6 +46,8 @@ class Sampler:
         if self.seen is not None:
             penalised = torch.where(logits > 0, logits / p.repetition_penalty, logits * p.repetition_penalty)
             logits = torch.where(self.seen, penalised, logits)
+        if self.constraint is not None:
+            logits = self.constraint.mask(logits)
         if p.greedy:
             if logits.device.type == "cpu":  # numpy's argmax: 4 µs on 49,152 logits, torch's 63 (its thread team);
                 return int(np.argmax(logits.numpy()))  # both take the first of equal maxima, and a NaN first
