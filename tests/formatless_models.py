@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.tiny_models import make_tiny_model
+from tests.tiny_models import byte_level_tokenizer, make_tiny_model
 
 # family -> (its special tokens, after the 256 bytes; the BOS; the EOS; whether the tokenizer adds the BOS)
 FAMILIES = {
@@ -24,14 +24,11 @@ FAMILIES = {
 
 def save_family_tokenizer(path: Path, family: str) -> dict[str, int]:
     """A byte-level tokenizer with `family`'s special tokens and no chat template; returns their ids."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from tokenizers import processors
     from transformers import PreTrainedTokenizerFast
 
     specials, bos, eos, adds_bos = FAMILIES[family]
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
+    tok = byte_level_tokenizer()
     tok.add_special_tokens(list(specials))
     ids = {token: 256 + i for i, token in enumerate(specials)}
     if adds_bos:

@@ -145,14 +145,21 @@ HARMONY = (
 )
 
 
-def save_byte_tokenizer(path: Path, harmony: bool = False) -> None:
+def byte_level_tokenizer():
+    """A tokenizers.Tokenizer of the 256 bytes alone (ids 0-255, no merges): special tokens are added after."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def save_byte_tokenizer(path: Path, harmony: bool = False) -> None:
+    from transformers import PreTrainedTokenizerFast
+
+    tok = byte_level_tokenizer()
     if harmony:  # gpt-oss's: <|return|> is its EOS, <|end|> only ends a message
         tok.add_special_tokens(HARMONY_SPECIALS)
         fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|return|>")
