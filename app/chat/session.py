@@ -8,6 +8,8 @@ model without one), hands them to the engine and keeps the conversation's messag
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -356,12 +358,23 @@ class ChatSession:
         recorder = ReplyRecorder(saved.reply_writer(len(prompt)) if saved else None, counts_text=not self.token_ids,
                                  chat_format=self.chat_format_name, opens_thinking=self.opens_thinking)
         stream = cut_events(self.chat_format, self._events(generation, prompt))
+        # With tools offered: the reply's calls watched as they stream, so one written twice ends it there.
+        watch = (self.prompt.tool_format.stream_parser(self.prompt.tools, self.opens_thinking)
+                 if self.prompt.tools and self.token_ids else None)
+        repeated = False
         try:
             for event in stream:
                 match event:
                     case TokenDelta():
                         recorder.token(event)
+                        if watch is not None and event.token_id is not None and not repeated:
+                            watch.feed_token(event.token_id)
+                            if watch.repeats_a_call:
+                                repeated = True
+                                generation.cancel()  # Done("stopped") before the next step
                     case Done():
+                        if repeated and event.finish_reason == "stopped":
+                            event = dataclasses.replace(event, finish_reason="stop")  # ended by us, on a call
                         done = event
                         self.seen_ids = prompt + list(event.token_ids)
                         self.messages.append(self._with_calls(recorder.finished(event, len(self.seen_ids)), event))
@@ -383,16 +396,17 @@ class ChatSession:
 
     def _with_calls(self, message: ChatMessage, done: Done) -> ChatMessage:
         """`message` (a finished reply) as kept when tools are offered: its text without the call markup, and
-        the calls it made (app/tools/formats/ reads the format's markup from the reply's token ids). A call the
-        model wrote but the format cannot read is left in the text, with the reason in the reply's stats."""
+        the calls it made (app/tools/formats/ reads the format's markup from the reply's token ids), each once.
+        A call the model wrote but the format cannot read is left in the text, with the reason in the reply's
+        stats."""
         if not (self.prompt.tools and self.token_ids) or done.finish_reason not in ("stop", "length"):
             return message
-        parsed = self.prompt.tool_format.parse(list(done.token_ids), self.engine.tokenizer)
-        if parsed.error:
+        parsed = self.prompt.parse_reply(list(done.token_ids), self.opens_thinking)
+        if parsed.error:  # the calls that did read still run (a reply cut by its length ends inside one)
             message.stats = {**(message.stats or {}), "tool_call_error": parsed.error}
-            return message
-        if parsed.calls and done.finish_reason == "stop":
-            message.content, message.tools = parsed.content, reply_tools(parsed.calls)
+        if parsed.calls:
+            unique = list({(c.name, json.dumps(c.arguments, sort_keys=True)): c for c in reversed(parsed.calls)}.values())
+            message.content, message.tools = parsed.content, reply_tools(unique[::-1])
         return message
 
     def end_alternatives(self, previous: list[ChatMessage], before: list[ChatMessage], prompt: list[int],

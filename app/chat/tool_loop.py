@@ -59,7 +59,8 @@ class ToolLoop:
                 if isinstance(event, Done):
                     done = event
                 yield event
-            calls = self.session.last_calls if done is not None and done.finish_reason == "stop" else []
+            # A reply cut at its length may still hold whole calls before the one it was writing.
+            calls = self.session.last_calls if done is not None and done.finish_reason in ("stop", "length") else []
             if not calls:
                 return
             if self.stopped.is_set():

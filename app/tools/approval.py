@@ -19,8 +19,11 @@ class Approval(Enum):
 
 
 def qualified_name(tool: ToolSpec | None, call: ToolCall) -> str:
-    """"server.tool" for an MCP server's tool, the bare name for a tool the caller runs itself."""
-    return f"{tool.server}.{call.name}" if tool is not None and tool.server else call.name
+    """"server.tool" for an MCP server's tool (its own name: a name the model is offered as "server__tool",
+    because two servers have it, loses that prefix), the bare name for a tool the caller runs itself."""
+    if tool is None or not tool.server:
+        return call.name
+    return f"{tool.server}.{call.name.removeprefix(tool.server + '__')}"
 
 
 class ApprovalPolicy:

@@ -9,6 +9,7 @@ those messages become the chat API's turns a template renders:
 
 from __future__ import annotations
 
+from app.tools.formats.turns import assistant_turn, tool_turn
 from app.tools.spec import ToolCall, ToolResult
 
 
@@ -45,9 +46,7 @@ def template_turn(role: str, content: str, tools: dict | None) -> dict:
     """A message as the chat API's turn: a reply with its `tool_calls`, a tool result with the id and name of
     the call it answers (templates read either: Llama's the name, Mistral's the id), any other as it was."""
     if role == "assistant" and (calls := calls_of(tools)):
-        return {"role": "assistant", "content": content, "tool_calls": [c.template() for c in calls]}
+        return assistant_turn(content, calls)
     if role == "tool":
-        call = call_of_result(tools)
-        return {"role": "tool", "content": content, "tool_call_id": call.id if call else "",
-                "name": call.name if call else ""}
+        return tool_turn(call_of_result(tools) or ToolCall("", {}), content)
     return {"role": role, "content": content}

@@ -89,12 +89,17 @@ class ConversationPrompt:
         # OpenAI's response_format for the next replies (`kvchat ask --json-schema`): None, {"type":
         # "json_object"} or {"type": "json_schema", "json_schema": {"schema": {...}}}.
         self.response_format: dict | None = None
+        # False: tools are offered but the reply is not held to their grammar (`kvchat bench --tools`
+        # measures how often a model alone writes a valid call); kvchat itself always constrains.
+        self.constrained = True
+        # Whether the last prompt built ends inside an open <think>: its reply's grammar and parser start there.
+        self.opens_thinking_next = False
 
     @cached_property
     def tool_format(self):
         """How this model writes tool calls and reads tools (app/tools/formats/): its template's own format,
         or kvchat's JSON convention in the system prompt for a template without one."""
-        from app.tools.formats import tool_format
+        from app.tools.formats.detect import tool_format
 
         return tool_format(self.backend.tokenizer, self.chat_format)
 
@@ -123,13 +128,14 @@ class ConversationPrompt:
         tools are offered, free text and a call once one begins, in the format's markup and the tools'
         schemas (from the first token for "required" or a named tool); None for neither, or for a remote
         server (it constrains its own replies: app/remote/client.py sends both fields)."""
-        if not self.takes_ids:
+        if not self.takes_ids or not self.constrained:
             return None
         if self.response_format is not None:
             return response_grammar(self.response_format)
         if not self.tools or self.tool_choice.mode == "none":
             return None
-        return self.tool_format.grammar(self.tools, self.tool_choice.mode, self.tool_choice.parallel)
+        return self.tool_format.grammar(self.tools, self.tool_choice.mode, self.tool_choice.parallel,
+                                        self.opens_thinking_next)
 
     def turns(self, messages: list[ChatMessage]) -> list[dict]:
         """The system prompt (if any) and `messages` as the chat API's {"role", "content"} dicts."""
@@ -149,7 +155,7 @@ class ConversationPrompt:
         turns = self.turns(messages)
         if self.takes_ids and (self.tools or any(m.tools for m in messages)):
             offered = self.tools if self.tool_choice.mode != "none" else []
-            return self.tool_format.render(self.backend.tokenizer, turns, offered, self.chat_format,
+            return self.tool_format.render(turns, offered, self.chat_format, self.tool_choice.parallel,
                                            **self.template_options())
         return render_chat(self.backend.tokenizer, turns, self.chat_format, **self.template_options())
 
@@ -161,7 +167,8 @@ class ConversationPrompt:
         """The prompt of `messages` (the last the user's), extending the `seen` ids (the previous prompt and
         reply, as the model saw them) wherever the template allows."""
         prompt = next_prompt(self.backend.tokenizer, seen, self.text(messages))
-        return TurnPrompt(prompt.ids, prompt.rewritten_at, self.opens_thinking(prompt.ids))
+        self.opens_thinking_next = self.opens_thinking(prompt.ids)
+        return TurnPrompt(prompt.ids, prompt.rewritten_at, self.opens_thinking_next)
 
     def turn(self, before: list[ChatMessage], seen: list[int], user_text: str, max_tokens: int | None) -> TurnPrompt:
         """The prompt of `user_text` after the messages `before` (whose ids are `seen`). ConversationTooLong or
@@ -175,7 +182,13 @@ class ConversationPrompt:
         """The prompt of `before` once more, for a new reply to its last message: `seen_through`, the ids the
         model saw through it, when they are known; else `before` tokenized afresh."""
         ids = seen_through or self.backend.tokenizer.encode(self.text(before))
-        return TurnPrompt(ids, None, self.opens_thinking(ids))
+        self.opens_thinking_next = self.opens_thinking(ids)
+        return TurnPrompt(ids, None, self.opens_thinking_next)
+
+    def parse_reply(self, token_ids: list[int], opens_thinking: bool):
+        """The calls a reply of `token_ids` made, in this model's format (a ParsedReply: content, calls,
+        error)."""
+        return self.tool_format.parse_ids(token_ids, self.tools, opens_thinking)
 
     def opens_thinking(self, ids: list[int]) -> bool:
         """Whether a prompt of `ids` ends inside an open <think> (R1-distill templates open it for the reply)."""

@@ -178,6 +178,14 @@ class ToolCallParser:
         """The calls' markup so far, as the model wrote it (for a caller that streams a call as it comes)."""
         return "".join(region.raw for region in self._splitter.regions)
 
+    @property
+    def repeats_a_call(self) -> bool:
+        """The call just closed is, word for word, one the reply already made. A small model asked for calls
+        can write the same one again and again until its token limit; the chat ends the reply here
+        (ChatSession) and runs the call once."""
+        closed = [region.body.strip() for region in self._splitter.regions if region.closer]
+        return len(closed) > 1 and closed[-1] in closed[:-1] and self._splitter.regions[-1].closer != ""
+
     def feed_token(self, token_id: int) -> str:
         """The next generated token; the text it adds to what is shown (often "")."""
         return self.feed_text(self._detokenizer.push(token_id))
