@@ -41,13 +41,18 @@ class ToolLoop:
 
     def send(self, user_text: str) -> Iterator[Event | ToolEvent]:
         """The reply to `user_text`, and the rounds its tool calls lead to."""
-        self._offer(self.choice)
+        self.offer()
         return self.run(self.session.send(user_text))
 
     def regenerate(self) -> Iterator[Event | ToolEvent]:
         """A new last reply (to the user's message or to tool results), and the rounds it leads to."""
-        self._offer(self.choice)
+        self.offer()
         return self.run(self.session.regenerate())
+
+    def offer(self) -> None:
+        """Offer the tools for the first reply of a message (before its prompt is made: they are part of it),
+        as `choice` says; run() takes that reply's events."""
+        self._offer(self.choice)
 
     def run(self, first: Iterator[Event]) -> Iterator[Event | ToolEvent]:
         """The rounds from `first` (a reply's events, already started on the session) on."""

@@ -21,6 +21,7 @@ from app.chat.sampling_settings import given_settings, sampling_params
 from app.chat.reply.stats import stats_line
 from app.chat.terminal_text import BROKEN_PIPE_EXIT, SafeOutput, clean_input, printable, say, silence
 from app.cli.ask_overflow import OverflowWay
+from app.cli.ask_tools import ToolReport, check_tool_flags, open_tools
 from app.cli.ask_raw import RawCompletion, check_raw_flags
 from storage.db.conversations import ConversationStore
 from storage.errors import StorageError
@@ -114,6 +115,7 @@ def check_before_loading(args: argparse.Namespace) -> str:
     sampling_params(args)
     if getattr(args, "raw", False):
         check_raw_flags(args)
+    check_tool_flags(args)
     check_length_before_loading(args, message)
     resolve_conversation(args)
     return message
@@ -173,12 +175,21 @@ def run_ask(args: argparse.Namespace) -> int:
         overflow = OverflowWay(args)  # --drop-oldest / --compact, for a conversation that outgrew the window
         if session.format_notice:  # a model without a chat template: never a silent guess
             say(session.format_notice)
-        done, code = _answer(session, message, stream=not args.json, send=overflow.send,
-                             show_thinking=args.show_thinking)
+        session.prompt.response_format = args.response_format  # --json-schema
+        tools = open_tools(args, engine, session)  # --mcp: the tool loop, or None
+        try:
+            done, code = _answer(session, message, stream=not args.json, send=overflow.send,
+                                 show_thinking=args.show_thinking, tools=tools)
+        finally:
+            if tools is not None:
+                tools.close()
+        if tools is not None and tools.report.refused and code == 0:
+            code = 1
         try:
             if args.json:
                 result = {**result_json(done, engine, session.saved.id, session.chat_format_name),
-                          "context_overflow": overflow.taken, **thinking_json(session, done)}
+                          "context_overflow": overflow.taken, **thinking_json(session, done),
+                          **(tools.report.json() if tools is not None else {})}
                 print(json.dumps(result, ensure_ascii=False), flush=True)
         except BrokenPipeError:
             silence(sys.stdout)
@@ -213,12 +224,13 @@ def run_raw(args: argparse.Namespace, message: str) -> int:
 
 
 def _answer(session: ChatSession | RawCompletion, message: str, stream: bool, send=None,
-            show_thinking: bool = False) -> tuple[Done, int]:
+            show_thinking: bool = False, tools=None) -> tuple[Done, int]:
     """Send the message (through `send(session, message)`, default session.send) and stream the reply;
     returns its Done and the exit code. A stop signal or a reader that went away stops the reply (kept, as
     stopped); a second signal quits. A reasoning model's thinking is left out of what is streamed unless
     `show_thinking` (then it is printed as the model wrote it, its opening tag included where the prompt
-    held it)."""
+    held it). `tools` (ask_tools.AskTools): the message's tool loop, its calls listed on stderr and each
+    round's call markup left out of what is streamed."""
     from app.chat.prompt.thinking import THINK_OPEN, ThinkingSplitter
     from engine import Done, EngineError, TokenDelta
 
@@ -231,7 +243,7 @@ def _answer(session: ChatSession | RawCompletion, message: str, stream: bool, se
         signals.append(signum)
         if len(signals) > 1:
             raise KeyboardInterrupt
-        session.cancel()  # the stream ends with Done("stopped") before the next token
+        (tools.loop if tools is not None else session).cancel()  # Done("stopped") before the next token
         say("stopping…")
 
     def write(text: str) -> None:
@@ -241,7 +253,11 @@ def _answer(session: ChatSession | RawCompletion, message: str, stream: bool, se
     previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
     done = None
     try:
+        if tools is not None:
+            tools.loop.offer()  # before the prompt is made: the tools are part of it
         events = session.send(message) if send is None else send(session, message)
+        if tools is not None:
+            events = tools.loop.run(events)
         opens_thinking = getattr(session, "opens_thinking", False)  # set by send; --raw has none
         answer = ThinkingSplitter(opens_thinking)
         if stream and show_thinking and opens_thinking:
@@ -249,9 +265,16 @@ def _answer(session: ChatSession | RawCompletion, message: str, stream: bool, se
         for event in events:
             match event:
                 case TokenDelta(text=text) if stream:
+                    text = text if tools is None else tools.shown(event)
                     write(text if show_thinking else answer.push(text).answer)
                 case Done():
                     done = event
+                    if tools is not None:
+                        tools.report.round_done(event.stats)
+                        if stream:
+                            write(tools.flush())
+                case _ if tools is not None:
+                    tools.take(event)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -13,6 +13,7 @@ import os
 import sys
 from typing import NoReturn
 
+from app.cli.ask_tools import add_tool_options
 from app.cli.arg_types import (MAX_BATCH, MAX_DRAFT_TOKENS, batch_size, draft_tokens, non_negative_float, port,
                                positive_float, positive_int)
 
@@ -152,6 +153,7 @@ def _add_ask(commands) -> None:
                      help="send the text as is, without a chat template (a base model's completion; not saved)")
     ask.add_argument("--show-thinking", action="store_true",
                      help="a reasoning model's <think> block too (by default only its answer is printed)")
+    add_tool_options(ask)
     ask.add_argument("--save-settings", action="store_true",
                      help="keep the sampling flags (and --system) as the conversation's settings; without it they "
                           "apply to this reply only")
@@ -245,10 +247,12 @@ def _add_bench(commands) -> None:
     bench.add_argument("--contention", action="store_true",
                        help="only decode next to a competing process (a busy loop, a second kvchat decoding)")
     from app.bench.arithmetic import add_arguments as arithmetic_arguments
+    from app.bench.tools import add_arguments as tools_arguments
     from app.bench.serve import add_arguments as serve_arguments
     from app.bench.synthetic import add_arguments as synthetic_arguments
 
     arithmetic_arguments(bench)
+    tools_arguments(bench)
     synthetic_arguments(bench)
     serve_arguments(bench)
     _engine_options(bench, top_level=False)
