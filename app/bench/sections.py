@@ -24,6 +24,11 @@ def one_section(engine: Engine, args: argparse.Namespace) -> int | None:
         return batch_section(engine, args)
     if args.grammar:
         return grammar_section(engine, args)
+    if getattr(args, "tools", False):
+        from app.bench.tools import print_tools, tools_section
+
+        result = tools_section(engine, args)
+        return _section_out(args, result, f"{result['model']}: tool calling", lambda: print_tools(result))
     if args.speculation:
         rows = speculative_section(engine, args)
         result = {"model": engine.info.model_name, "decode": engine.info.decode, "speculative": rows}
