@@ -25,6 +25,7 @@ from app.tools.toolbox import ToolBox, ToolChoice, find_tool
 from engine import Done, Event
 
 DEFAULT_MAX_ROUNDS = 8
+REFUSED = "The user did not allow this tool call to run."  # a refused call's result, as the model reads it
 
 
 class ToolLoop:
@@ -98,7 +99,7 @@ class ToolLoop:
             result = ToolResult(call, f"There is no tool named {call.name!r}; the tools are: {names}.", is_error=True)
         elif self.stopped.is_set() or not self.policy.decide(tool, call):
             yield ToolCallStarted(call, approved=False)
-            result = ToolResult(call, "The user did not allow this tool call to run.", is_error=True)
+            result = ToolResult(call, REFUSED, is_error=True)
         else:
             yield ToolCallStarted(call, approved=True)
             result = self.box.run(call, self.stopped)

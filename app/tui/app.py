@@ -9,6 +9,8 @@ its session (and its K/V) is ready on the engine thread (model_session.py).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from textual import events, on
 from textual.actions import SkipAction
 from textual.app import App, ComposeResult
@@ -19,6 +21,8 @@ from textual.widgets import TextArea
 from app.chat.backend import Backend
 from app.chat.backend_loader import LoadBackend
 from app.chat.session import ChatMessage, ChatSession
+from app.chat.tool_loop import DEFAULT_MAX_ROUNDS
+from app.tools.toolbox import ToolBox
 from app.tui.palette import palette_commands
 from app.tui.styles import stylesheet
 from app.tui.terminal_signals import QuitSignals
@@ -83,11 +87,17 @@ class KvchatApp(App):
 
     def __init__(self, load_engine: LoadBackend, storage: Storage, overrides: dict | None = None,
                  system: str | None = None, conversation_id: str | None = None, model: str | None = None,
-                 engine_thread: EngineThread | None = None, config: Config = Config()):
+                 engine_thread: EngineThread | None = None, config: Config = Config(),
+                 tools: ToolBox | None = None, tool_allow: Sequence[str] = (), tool_rounds: int = DEFAULT_MAX_ROUNDS):
         """`load_engine(model_spec, progress)`: the embedded engine or a remote server; `overrides`:
         sampling settings given on the command line (they win over a conversation's own, and are not
-        stored with it); `conversation_id`: a saved conversation to open; `config`: the config file."""
+        stored with it); `conversation_id`: a saved conversation to open; `config`: the config file.
+        `tools`: the tools the model may call (MCP servers' tools; None: none), `tool_allow` the globs of
+        those that run without asking ("server.tool"), `tool_rounds` a message's replies at most."""
         super().__init__()
+        self.tools = tools  # read at each message: may be set after the app is made, before it runs
+        self.tool_allow = tuple(tool_allow)
+        self.tool_rounds = tool_rounds
         self.storage = storage
         self.overrides = {k: v for k, v in (overrides or {}).items() if k in SAMPLING_FIELDS and v is not None}
         self.config = config
@@ -142,6 +152,7 @@ class KvchatApp(App):
     def on_unmount(self) -> None:
         # run_tui waits for the engine thread before it closes storage.
         self._signals.release()
+        self.chat.tool_use.close()  # a call waiting for an answer is refused: the engine thread waits on nothing
         self.model_session.close()
         if self._owns_engine_thread:
             self.engine_thread.stop(timeout=0)
@@ -237,7 +248,7 @@ class KvchatApp(App):
         self.conversation_id = conversation.id if conversation else None
         self.chat.branches.stop_editing()
         await self.query_one(ChatView).show(
-            [ChatMessage(m.role, m.text, 0, m.id, m.status, m.stats) for m in branch])
+            [ChatMessage(m.role, m.text, 0, m.id, m.status, m.stats, m.tools) for m in branch])
         self.query_one(Sidebar).highlight(self.conversation_id)
         self.query_one(Inspector).show(None)
         self.model_session.open(restoring=conversation is not None)
@@ -301,6 +312,9 @@ class KvchatApp(App):
 
     def action_help(self) -> None:
         self.push_screen(chat_help(self.BINDINGS))
+
+    def action_tools(self) -> None:
+        self.chat.tool_use.choose()
 
     # ---- the conversation list's requests and keys (Library)
 

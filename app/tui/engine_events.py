@@ -87,47 +87,59 @@ def failure_sentence(exc: BaseException) -> str:
     return f"The reply failed unexpectedly ({exc!r})."
 
 
+class ReplyPoster:
+    """One reply's events as the engine thread posts them: its text in batches (its thinking apart from its
+    answer; `opens_thinking`: the prompt ended inside an open <think>), its stats, and its Done (kept in
+    `done`, for the caller's end of the reply)."""
+
+    def __init__(self, engine: Engine, post: Callable[[Message], object], opens_thinking: bool = False):
+        self.engine, self.post = engine, post
+        self.split = ThinkingSplitter(opens_thinking)
+        self.pending: list[str] = []
+        self.thinking: list[str] = []
+        self.done: Done | None = None
+        self.last_post = time.monotonic()
+        self.last_kv = float("-inf")
+
+    def event(self, event: Event) -> None:
+        match event:
+            case TokenDelta(text=text):
+                delta = self.split.push(text, token=event.token_id is not None or bool(text))
+                self.pending.append(delta.answer)
+                self.thinking.append(delta.thinking)
+                if time.monotonic() - self.last_post >= TEXT_BATCH_S:
+                    self._post_text()
+                    self.last_post = time.monotonic()
+            case Stats(stats=stats):
+                kv_cache = None
+                if time.monotonic() - self.last_kv >= KV_REFRESH_S:  # the request's blocks count from the start
+                    kv_cache, self.last_kv = self.engine.cache_stats(), time.monotonic()
+                self.post(ReplyStats(stats, kv_cache))
+            case Done():
+                end = self.split.flush()
+                self.pending.append(end.answer)
+                self.thinking.append(end.thinking)
+                if any(self.pending) or any(self.thinking):
+                    self._post_text()
+                self.done = event
+
+    def _post_text(self) -> None:
+        split = self.split
+        tokens = (split.thinking_tokens, split.answer_tokens) if split.had_thinking else None
+        self.post(ReplyText("".join(self.pending), "".join(self.thinking), tokens))
+        self.pending.clear()
+        self.thinking.clear()
+
+
 def stream_reply(events: Iterator[Event], engine: Engine, post: Callable[[Message], object],
                  opens_thinking: bool = False) -> None:
-    """On the engine thread: run a reply, posting its text in batches (its thinking apart from its answer;
-    `opens_thinking`: the prompt ended inside an open <think>), its stats and its end.
+    """On the engine thread: run a reply, posting its events (ReplyPoster) and its end.
     Never raises: whatever happens, the UI gets a ReplyDone."""
-    split = ThinkingSplitter(opens_thinking)
-    pending: list[str] = []
-    thinking: list[str] = []
-    done = None
-    last_post = time.monotonic()
-    last_kv = float("-inf")
-
-    def post_text() -> None:
-        tokens = (split.thinking_tokens, split.answer_tokens) if split.had_thinking else None
-        post(ReplyText("".join(pending), "".join(thinking), tokens))
-        pending.clear()
-        thinking.clear()
-
+    reply = ReplyPoster(engine, post, opens_thinking)
     try:
         for event in events:
-            match event:
-                case TokenDelta(text=text):
-                    delta = split.push(text, token=event.token_id is not None or bool(text))
-                    pending.append(delta.answer)
-                    thinking.append(delta.thinking)
-                    if time.monotonic() - last_post >= TEXT_BATCH_S:
-                        post_text()
-                        last_post = time.monotonic()
-                case Stats(stats=stats):
-                    kv_cache = None
-                    if time.monotonic() - last_kv >= KV_REFRESH_S:  # the request's blocks count from the start
-                        kv_cache, last_kv = engine.cache_stats(), time.monotonic()
-                    post(ReplyStats(stats, kv_cache))
-                case Done():
-                    end = split.flush()
-                    pending.append(end.answer)
-                    thinking.append(end.thinking)
-                    if any(pending) or any(thinking):
-                        post_text()
-                    done = event
+            reply.event(event)
         # After the stream: the request's blocks are back in the cache and the stats include them.
-        post(ReplyDone(done, kv_cache=engine.cache_stats()))
+        post(ReplyDone(reply.done, kv_cache=engine.cache_stats()))
     except Exception as exc:  # a bug must not take the chat (and the user's text) down with it
         post(ReplyDone(None, failure_sentence(exc)))

@@ -23,6 +23,8 @@ def palette_commands(app, textual_commands: Iterable[SystemCommand] = ()) -> Ite
          "a greedy conversation's sample at temperature 0.7", app.action_regenerate_alternatives),
         ("Edit my last message", "Resend it changed, as a new branch (Ctrl+G)", app.action_edit_last),
         ("Conversation settings", "System prompt, sampling, model (Ctrl+O)", app.action_settings),
+        ("Tools", "Switch the tools (MCP servers') this conversation offers the model on or off (/tools)",
+         app.action_tools),
         ("Toggle the inspector", "Where the selected reply's time went (Ctrl+T / F2)", app.action_toggle_inspector),
         ("Toggle the conversation list", "Saved conversations (Ctrl+B)", app.action_toggle_sidebar),
         ("Search conversations", "Filter by title and message text (Ctrl+F)", app.action_search),

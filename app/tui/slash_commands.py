@@ -1,5 +1,5 @@
 """Slash commands typed in the message box: `/system TEXT`, `/temperature X`, `/model NAME`,
-`/thinking on|off`, `/clear`, `/file PATH`, `/drop-oldest MESSAGE`, `/compact MESSAGE`, `/help`.
+`/thinking on|off`, `/tools`, `/clear`, `/file PATH`, `/drop-oldest MESSAGE`, `/compact MESSAGE`, `/help`.
 
 A command is a slash and a word at the start of the box, then a space, a new line or the end:
 `/temperature 0.3`. Anything else is a message, sent as typed: `/etc/hosts is empty`, `/ 2`,
@@ -23,6 +23,7 @@ COMMANDS = {
     "temperature": ("X", "Set the sampling temperature (0 = greedy)"),
     "model": ("NAME", "Switch to another model (alone: list them)"),
     "thinking": ("on|off", "Let a reasoning model think in this conversation, or not (its template must allow it)"),
+    "tools": ("", "Choose the tools (MCP servers') this conversation offers the model"),
     "clear": ("", "Start a new chat"),
     "file": ("PATH", "Put a text file's content in the message being written"),
     "drop-oldest": ("MESSAGE", "Send MESSAGE on a new branch without the oldest turns (when the context is full)"),

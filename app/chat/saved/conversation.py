@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +44,10 @@ log = logging.getLogger("kvchat")
 # Kept beside the sampling settings (the conversation's `params`), which the sampling ignores: false when
 # the user turned the conversation's thinking off (app/chat/prompt/thinking.py).
 THINKING_SETTING = "thinking"
+# Kept there too: the tools the user turned off in the conversation (/tools in the chat), by "server.tool". The
+# ones off, not the ones on: a tool a server adds later is offered at once, as the allow-list's globs see it.
+TOOLS_OFF_SETTING = "tools_off"
+KEPT_SETTINGS = (THINKING_SETTING, TOOLS_OFF_SETTING)  # what a change of the sampling settings leaves as it was
 
 
 
@@ -190,7 +194,7 @@ class SavedConversation:
     def change_settings(self, system: str | None, params: SamplingParams) -> None:
         """A new system prompt and sampling settings. A conversation not created yet (nothing sent)
         keeps them for when it is, so opening the settings never leaves an empty conversation behind."""
-        kept = {THINKING_SETTING: self.thinking} if THINKING_SETTING in self._params() else {}
+        kept = {key: value for key, value in self._params().items() if key in KEPT_SETTINGS}
         self._change({"system": system, "params": {**sampling_settings(params), **kept}})
 
     @property
@@ -200,6 +204,15 @@ class SavedConversation:
 
     def set_thinking(self, enabled: bool) -> None:
         self._change({"params": {**self._params(), THINKING_SETTING: enabled}})
+
+    @property
+    def tools_off(self) -> frozenset[str]:
+        """The tools turned off in this conversation, by "server.tool" (a damaged entry counts as none)."""
+        names = self._params().get(TOOLS_OFF_SETTING)
+        return frozenset(n for n in names if isinstance(n, str)) if isinstance(names, list) else frozenset()
+
+    def set_tools_off(self, names: Iterable[str]) -> None:
+        self._change({"params": {**self._params(), TOOLS_OFF_SETTING: sorted(set(names))}})
 
     def _params(self) -> dict:
         """The settings kept with the conversation (or to be, once it is created) under `params`."""

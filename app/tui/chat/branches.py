@@ -17,6 +17,8 @@ from app.tui.widgets.prompt_input import PromptInput
 
 if TYPE_CHECKING:
     from app.chat.session import ChatSession
+    from app.chat.tool_loop import ToolLoop
+    from app.tui.chat.tool_use import ToolUse
 
 
 @runtime_checkable  # so a test can check that the chat pane keeps it
@@ -24,6 +26,7 @@ class BranchesPane(Protocol):
     """What Branches uses of the chat pane that owns it (ChatPane), besides Textual's Widget."""
 
     host: BranchesHost  # the app
+    tool_use: ToolUse  # the loop a regenerated reply is written in, when the conversation offers tools
 
     @property
     def generating(self) -> bool: ...
@@ -32,7 +35,7 @@ class BranchesPane(Protocol):
 
     async def reload_changed(self) -> None: ...
 
-    async def start_reply(self, events) -> None: ...
+    async def start_reply(self, events, loop: ToolLoop | None = None) -> None: ...
 
 
 class BranchesHost(Protocol):
@@ -54,7 +57,8 @@ class Branches:
             return
         session = pane.host.session
         try:
-            events = session.regenerate()
+            loop = pane.tool_use.loop_for(session)  # with tools on, the new reply may call them
+            events = loop.regenerate() if loop else session.regenerate()
         except ConversationChanged:
             await pane.reload_changed()
             return
@@ -62,7 +66,7 @@ class Branches:
             pane.notify(str(exc), severity="warning", timeout=10)
             return
         await pane.query_one(ChatView).truncate(len(session.messages))
-        await pane.start_reply(events)
+        await pane.start_reply(events, loop)
 
     def last_reply_asked(self, view: MessageView) -> bool:
         """Is `view` the last reply (the only one regenerated)? If not, say so."""

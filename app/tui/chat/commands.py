@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from app.chat.session import ChatSession
     from app.tui.chat.overflow import WaysOn
     from app.tui.chat.settings import ConversationSettings
+    from app.tui.chat.tool_use import ToolUse
 
 
 @runtime_checkable  # so a test can check that the chat pane keeps it
@@ -32,6 +33,7 @@ class CommandsPane(Protocol):
 
     host: CommandsHost  # the app
     ways_on: WaysOn
+    tool_use: ToolUse
 
     @property
     def generating(self) -> bool: ...
@@ -143,6 +145,10 @@ class SlashCommands:
         self.pane.notify(f"Thinking {'on' if enabled else 'off'} in this conversation from your next message on.",
                          timeout=4)
         return True
+
+    async def _command_tools(self, argument: str) -> bool:
+        """`/tools`: the tools and their switches for this conversation (chat/tool_use.py)."""
+        return self.pane.tool_use.choose()
 
     async def _command_clear(self, argument: str) -> bool:
         if self.pane.generating:

@@ -30,7 +30,9 @@ from engine import Done, Event
 if TYPE_CHECKING:
     from app.chat.chat_message import ChatMessage
     from app.chat.session import ChatSession
+    from app.chat.tool_loop import ToolLoop
     from app.tui.chat.branches import Branches
+    from app.tui.chat.tool_use import ToolUse
     from app.tui.engine_thread import EngineThread
 
 
@@ -65,6 +67,7 @@ class WaysOnPane(Protocol):
     host: WaysOnHost  # the app
     editing: int | None  # the index of the user message being edited
     branches: Branches
+    tool_use: ToolUse  # the loop the new branch's reply is written in, when the conversation offers tools
 
     def can_send(self, text: str | None = None) -> bool: ...
 
@@ -72,7 +75,7 @@ class WaysOnPane(Protocol):
 
     async def reply_ended(self, clean: bool) -> None: ...
 
-    async def start_reply(self, events) -> None: ...
+    async def start_reply(self, events, loop: ToolLoop | None = None) -> None: ...
 
 
 class WaysOnHost(Protocol):
@@ -132,11 +135,12 @@ class WaysOn:
             pane.host.engine_thread.submit(lambda: self._summarize(session, text, before, typed, stop))
             return True  # under way: the command is in the Up history; stopped or failed, it comes back
         try:
+            loop = pane.tool_use.loop_for(session)  # before the prompt is made: it offers the tools on
             plan, events = send_dropping_oldest(session, text, before)
         except USER_FACING_ERRORS as exc:
             pane.notify(str(exc), severity="error", timeout=10)
             return False
-        await self._show_new_branch(typed or text, events, lambda stats: drop_report(plan, stats))
+        await self._show_new_branch(typed or text, events, lambda stats: drop_report(plan, stats), loop)
         return True
 
     def stop_compacting(self) -> None:
@@ -180,6 +184,7 @@ class WaysOn:
             await pane.reply_ended(False)  # a message queued meanwhile comes back to be sent again
             return
         try:
+            loop = pane.tool_use.loop_for(session)  # before the prompt is made: it offers the tools on
             events = send_compacted(session, message.summary, message.text)
         except USER_FACING_ERRORS as exc:
             bar.show("idle", "not compacted")
@@ -189,10 +194,12 @@ class WaysOn:
         summary = message.summary
         prompt = pane.query_one(PromptInput)
         typed = prompt.text.strip() if prompt.text.strip() in (message.text, f"/compact {message.text}") else None
-        await self._show_new_branch(typed, events, lambda stats: compact_report(summary))
+        await self._show_new_branch(typed, events, lambda stats: compact_report(summary), loop)
 
-    async def _show_new_branch(self, typed: str | None, events: Iterator[Event], report) -> None:
-        """The branch just made is shown, its reply starts; `typed` (what the box held) leaves the box."""
+    async def _show_new_branch(self, typed: str | None, events: Iterator[Event], report,
+                               loop: ToolLoop | None = None) -> None:
+        """The branch just made is shown, its reply starts (in `loop`, with tools on); `typed` (what the box
+        held) leaves the box."""
         pane = self.pane
         prompt = pane.query_one(PromptInput)
         if typed is not None and prompt.text.strip() == typed.strip():
@@ -200,7 +207,8 @@ class WaysOn:
             prompt.clear()
         pane.branches.stop_editing()
         await pane.query_one(ChatView).show(pane.host.session.messages)
-        await pane.start_reply(self._reporting(events, report))
+        reporting = self._reporting(events, report)  # the first reply's: a loop's next rounds are its own
+        await pane.start_reply(loop.run(reporting) if loop else reporting, loop)
 
     def _reporting(self, events: Iterator[Event], report) -> Iterator[Event]:
         """`events` as they come (on the engine thread); at the reply's Done, what the branch cost is posted."""

@@ -5,9 +5,10 @@ the message queued meanwhile, and stopping it (Esc, Ctrl+C). The engine thread p
 it (engine_events.py), and the message box's Enter reaches it first, slash commands going through
 SlashCommands (commands.py). Objects it owns do the rest, each stating what it uses of the pane as a
 Protocol: ReplyStream (a reply streamed, with its prefill progress: stream.py), Branches (regenerate, edit,
-switch: branches.py), AlternativesWriter (Regenerate N: alternatives.py) and WaysOn (a conversation that no
-longer fits: overflow.py). The conversation's session and the engine are the app's, whose ModelSession loads
-and opens them (ChatHost); the chat logic is ChatSession's.
+switch: branches.py), AlternativesWriter (Regenerate N: alternatives.py), WaysOn (a conversation that no
+longer fits: overflow.py) and ToolUse (the tools a message's replies may call: tool_use.py). The
+conversation's session and the engine are the app's, whose ModelSession loads and opens them (ChatHost);
+the chat logic is ChatSession's.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ from app.tui.chat.branches import Branches
 from app.tui.chat.commands import SlashCommands
 from app.tui.chat.overflow import OverflowReport, SummaryDone, SummaryPass, WaysOn
 from app.tui.chat.stream import ReplyStream
+from app.tui.chat.tool_events import (LoopReplyDone, ToolCallAsked, ToolCallBegan, ToolCallEnded, ToolLoopStopped,
+                                      ToolRoundBegan)
+from app.tui.chat.tool_use import ToolUse
 from app.tui.engine_events import ReplyDone, ReplyStats, ReplyText
 from app.chat.saved.conversation import ConversationChanged
 from app.tui.token_meter import box_reading, conversation_used
@@ -38,6 +42,7 @@ from app.tui.widgets.chat_view import ChatView
 from app.tui.widgets.inspector import Inspector
 from app.tui.widgets.messages import AssistantMessageView, MessageView, UserMessageView
 from app.tui.widgets.prompt_input import PromptInput
+from app.tui.widgets.loop_timeline import loop_messages, timeline_lines
 from app.tui.widgets.status_bar import clip
 from engine import ContextWindowError
 
@@ -45,6 +50,8 @@ if TYPE_CHECKING:
     from app.chat.backend import Backend
     from app.chat.config import Config
     from app.chat.session import ChatSession
+    from app.chat.tool_loop import ToolLoop
+    from app.tools.toolbox import ToolBox
     from app.tui.chat.settings import ConversationSettings
     from app.tui.engine_thread import EngineThread
     from app.tui.model_session import ModelSession
@@ -65,6 +72,9 @@ class ChatHost(Protocol):
     alternatives: int  # how many replies "regenerate N" writes
     settings: ConversationSettings
     model_session: ModelSession  # says whether the model and the session are ready for a message
+    tools: ToolBox | None  # the tools the chat can offer the model (None: none set up)
+    tool_allow: tuple[str, ...]  # the allow-list: tools that run without a question
+    tool_rounds: int  # a message's replies, at most, when its replies call tools
 
     async def open_conversation(self, conversation_id: str | None) -> None: ...
 
@@ -93,6 +103,7 @@ class ChatPane(Vertical):
         self.ways_on = WaysOn(self)
         self.commands = SlashCommands(self)
         self.branches = Branches(self)
+        self.tool_use = ToolUse(self)
 
     def compose(self) -> ComposeResult:
         messages = ChatView(id="messages")
@@ -175,7 +186,11 @@ class ChatPane(Vertical):
             return
         session, editing = self.host.session, self.editing
         try:
-            events = session.send(text) if editing is None else session.edit(editing, text)
+            loop = self.tool_use.loop_for(session)
+            if editing is None:
+                events = loop.send(text) if loop else session.send(text)
+            else:
+                events = loop.run(session.edit(editing, text)) if loop else session.edit(editing, text)
         except ConversationChanged:
             self.give_back(typed)
             await self.reload_changed()
@@ -196,7 +211,7 @@ class ChatPane(Vertical):
         if editing is not None:
             await chat.truncate(editing)
         await chat.add(session.messages[-1])
-        await self.start_reply(events)
+        await self.start_reply(events, loop)
 
     def give_back(self, typed: str, sentence: str = "", severity: str = "warning") -> None:
         """`typed` was not taken: back in the box if it is still empty, with `sentence` (if any) under the
@@ -249,9 +264,15 @@ class ChatPane(Vertical):
 
     # ---- the reply, streamed (ReplyStream); the engine thread posts its events here
 
-    async def start_reply(self, events) -> None:
-        """Stream `events` (a ChatSession's send, edit or regenerate) as the reply being written."""
-        await self.stream.start(events)
+    async def start_reply(self, events, loop: ToolLoop | None = None) -> None:
+        """Stream `events` (a ChatSession's send, edit or regenerate; or `loop`'s, each of its replies in turn)
+        as the reply being written."""
+        self.tool_use.started(loop)
+        await self.stream.start(events, loop is not None)
+
+    async def loop_ended(self) -> None:
+        """The message's tool loop ended (ReplyStream's, before the queued message may go)."""
+        await self.tool_use.loop_ended()
 
     # While the app shuts down (Ctrl+Q, a signal mid-reply) its screen is torn down before the engine thread's
     # last messages are handled: the session has kept the reply by then, and nothing is left to show it on.
@@ -267,6 +288,34 @@ class ChatPane(Vertical):
     async def on_reply_done(self, message: ReplyDone) -> None:
         if self.app.is_running:
             await self.stream.done(message)
+
+    # ---- a message's tool loop (ToolUse; its replies are ReplyStream's), posted here by the engine thread
+
+    async def on_tool_round_began(self, message: ToolRoundBegan) -> None:
+        if self.app.is_running:
+            self.tool_use.round_began()
+            await self.stream.next_round(message)
+
+    async def on_loop_reply_done(self, message: LoopReplyDone) -> None:
+        if self.app.is_running:
+            await self.stream.round_done(message)
+
+    async def on_tool_call_asked(self, message: ToolCallAsked) -> None:
+        if self.app.is_running:
+            await self.tool_use.asked(message)
+
+    async def on_tool_call_began(self, message: ToolCallBegan) -> None:
+        if self.app.is_running:
+            await self.tool_use.began(message)
+
+    def on_tool_call_ended(self, message: ToolCallEnded) -> None:
+        if self.app.is_running:
+            self.tool_use.call_ended(message)
+
+    def on_tool_loop_stopped(self, message: ToolLoopStopped) -> None:
+        if self.app.is_running:
+            self.stream.ended_early = message.reason
+            self.notify(message.reason, severity="warning", timeout=10)
 
     async def show_final(self, reply: AssistantMessageView, message: ChatMessage) -> None:
         """The streamed reply's view becomes the session's message (its id, status and numbers)."""
@@ -311,6 +360,7 @@ class ChatPane(Vertical):
             self.ways_on.stop_compacting()
         elif self.generating and session is not None:
             self._take_back_queued()  # a stopped reply sends nothing after it
+            self.tool_use.stop()  # a tool loop's: no round after, no call waiting for an answer
             session.cancel()
         elif self.editing is not None:
             self.branches.stop_editing()
@@ -342,7 +392,8 @@ class ChatPane(Vertical):
         if self._inspecting_live:
             inspector.show(None)
         else:
-            inspector.show(view.message.stats, f"reply {view.index + 1}")
+            loop = loop_messages(self.query_one(ChatView).messages, view.index)
+            inspector.show(view.message.stats, f"reply {view.index + 1}", timeline_lines(loop))
 
     # ---- the message box's token meter (set up once the session is ready)
 

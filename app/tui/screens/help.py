@@ -19,6 +19,7 @@ from app.tui.widgets.chat_view import ChatView
 from app.tui.widgets.messages import AssistantMessageView, MessageView, UserMessageView
 from app.tui.widgets.prompt_input import PromptInput
 from app.tui.widgets.sidebar import Sidebar
+from app.tui.widgets.tool_block import ToolMessageView
 
 HELP_NOTE = ("Typing goes to the message box wherever the focus is. On a message or in the conversation list, "
              "the letter keys act once you have moved there with the arrow keys (or Ctrl+↑); Esc always "
@@ -99,5 +100,6 @@ def chat_help(anywhere: list[Binding]) -> HelpScreen:
                 ("Slash commands, typed at the start of the box", commands),
                 (f"On a message (Ctrl+↑ to reach one; {letters})", [*MessageView.BINDINGS, *ChatView.BINDINGS]),
                 ("On your message", UserMessageView.BINDINGS), ("On a reply", AssistantMessageView.BINDINGS),
+                ("On a tool call (⚙)", ToolMessageView.BINDINGS),
                 (f"In the conversation list (Ctrl+B; {letters})", Sidebar.BINDINGS)]
     return HelpScreen(sections, [HELP_NOTE])

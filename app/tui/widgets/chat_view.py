@@ -21,6 +21,7 @@ from textual.widgets.markdown import MarkdownFence
 from app.chat.session import ChatMessage
 from app.tui.widgets.messages import AssistantMessageView, MessageView, NoteView, UserMessageView
 from app.tui.widgets.summary_view import SummaryMessageView
+from app.tui.widgets.tool_block import ToolMessageView
 
 PAGE = 20  # about two screens of messages; building a Markdown widget costs milliseconds
 
@@ -47,7 +48,8 @@ class ChatView(VerticalScroll):
         self.anchor()
 
     def _view(self, message: ChatMessage, index: int) -> MessageView:
-        cls = {"user": UserMessageView, "system": SummaryMessageView}.get(message.role, AssistantMessageView)
+        cls = {"user": UserMessageView, "system": SummaryMessageView, "tool": ToolMessageView}.get(
+            message.role, AssistantMessageView)
         return cls(message, index, self.alternatives(message) if message.id else [])
 
     async def show(self, messages: list[ChatMessage], welcome: str | None = WELCOME) -> None:

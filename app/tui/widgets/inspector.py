@@ -1,7 +1,8 @@
 """The inspector: a side panel showing where one reply's time went.
 
 It shows one reply's numbers (reply_stats.ReplyNumbers): a stored reply's, or
-the reply being written. Replies saved by older versions lack some numbers, so
+the reply being written, and for a reply of a tool loop the loop's rounds
+(loop_timeline.py). Replies saved by older versions lack some numbers, so
 every part shows only what its numbers allow.
 """
 
@@ -185,6 +186,7 @@ class Inspector(Widget):
         super().__init__(id=id, classes=classes)
         self.stats: ReplyNumbers | None = None
         self.label = ""
+        self.loop: list[str] = []  # the reply's tool loop, round by round (loop_timeline.timeline_lines)
 
     def compose(self) -> ComposeResult:
         yield Static("", id="heading", markup=False)
@@ -207,16 +209,20 @@ class Inspector(Widget):
             yield Static("Tokens per decode step", classes="title")
             yield Static("", id="step-histogram", markup=False)
             yield Static("", id="step-legend", classes="legend", markup=False)
+        with Vertical(id="loop-section", classes="section"):
+            yield Static("Tool loop", classes="title")
+            yield Static("", id="loop-timeline", markup=False)
 
     def on_mount(self) -> None:
         self._refresh_content()
 
-    def show(self, stats: ReplyNumbers | dict | None, label: str = "") -> None:
+    def show(self, stats: ReplyNumbers | dict | None, label: str = "", loop: list[str] | None = None) -> None:
         """Show `stats` (a reply's stored stats dict, or its record) under `label`. None: no reply
-        selected, or with a label, a reply that kept no numbers (an interrupted one)."""
+        selected, or with a label, a reply that kept no numbers (an interrupted one). `loop`: the lines of
+        the tool loop the reply is part of (None: it is part of none)."""
         if not isinstance(stats, ReplyNumbers):  # a stored row that is not a dict is damaged: none kept
             stats = ReplyNumbers.from_saved(stats) if isinstance(stats, dict) else None
-        self.stats, self.label = stats, label
+        self.stats, self.label, self.loop = stats, label, list(loop or [])
         if self.is_mounted:
             self._refresh_content()
 
@@ -229,7 +235,7 @@ class Inspector(Widget):
         heading.update(self.label or ("Inspector" if stats is None else "Reply"))
         numbers = stats if stats is not None else ReplyNumbers()  # no reply: every part hidden
         shown = [self._show_time(numbers), self._show_prompt(numbers), self._show_numbers(numbers),
-                 self._show_rates(numbers), self._show_steps(numbers)]
+                 self._show_rates(numbers), self._show_steps(numbers), self._show_loop()]
         hint = self.query_one("#hint", Static)
         hint.update(NO_NUMBERS if stats is not None else NONE_KEPT if self.label else HINT)
         hint.display = not any(shown)
@@ -272,6 +278,10 @@ class Inspector(Widget):
         histogram_widget.display = bool(rows)
         self.query_one("#step-legend", Static).update(legend)
         return self._show_section("#steps-section", bool(rows or legend))
+
+    def _show_loop(self) -> bool:
+        self.query_one("#loop-timeline", Static).update("\n".join(self.loop))
+        return self._show_section("#loop-section", bool(self.loop))
 
     def _show_section(self, selector: str, visible: bool) -> bool:
         self.query_one(selector).display = visible

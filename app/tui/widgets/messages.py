@@ -21,6 +21,7 @@ from app.chat.reply.stats import ReplyNumbers
 from app.chat.session import ChatMessage
 from app.chat.prompt.thinking import ReplyParts, stored_reply_parts
 from app.chat.wording import counted
+from app.tools.messages import calls_of
 from app.tui.widgets.letter_keys import letters_act
 from app.tui.widgets.thinking_block import ThinkingBlock
 
@@ -194,7 +195,14 @@ class AssistantMessageView(MessageView):
         yield self.make_body()
 
     def make_body(self) -> Markdown:
-        return Markdown(self.parts.answer, classes="body")
+        body = Markdown(self.parts.answer, classes="body")
+        body.display = bool(self.parts.answer) or not self.calls_tools  # its calls are the blocks after it
+        return body
+
+    @property
+    def calls_tools(self) -> bool:
+        """The reply called tools (each call a block after it: tool_block.py)."""
+        return bool(calls_of(self.message.tools))
 
     @property
     def body(self) -> Markdown:
@@ -237,7 +245,9 @@ class AssistantMessageView(MessageView):
         """The reply ended: one full render (streamed code fences can be left half-drawn), then the header."""
         self.message, self.alternatives = message, alternatives
         parts = self.parts
-        await self.body.update(parts.answer or ("*(no answer)*" if parts.thinking else "*(no reply)*"))
+        body = self.body
+        body.display = bool(parts.answer) or not self.calls_tools
+        await body.update(parts.answer or ("*(no answer)*" if parts.thinking else "*(no reply)*"))
         self.thinking.finish(parts.thinking, _thinking_tokens(message.stats), parts.thinking_ended)
         self.refresh_header()
 

@@ -47,11 +47,12 @@ MODEL_CELLS = 16  # is dropped, and a long model name to this (at a word's end: 
 # before the tokens per step (what the drafts bought); the phase word ("idle", "decode": is a reply still
 # running?) goes last.
 # A reasoning reply's "think N · answer M tok" is shortened with the tokens per step, dropped after the model.
-ONE_LINE_STEPS = ("phase", "thinking", "prompt", "device", "device", "model", "phase", "spec", "rate", "model",
-                  "thinking", "kv", "context", "prompt", "progress", "progress", "phase")
-FIRST_LINE = ("phase", "progress", "ttft", "rate", "spec", "thinking", "prompt")
-FIRST_LINE_STEPS = ("phase", "thinking", "prompt", "spec", "rate", "phase", "thinking", "prompt", "progress",
-                    "progress", "phase")
+# A tool loop's "tool round 2" (app/chat/tool_loop.py) stands after the phase: "round 2" once the detail is cut.
+ONE_LINE_STEPS = ("phase", "thinking", "prompt", "device", "device", "model", "phase", "round", "spec", "rate",
+                  "model", "thinking", "kv", "context", "prompt", "progress", "progress", "phase")
+FIRST_LINE = ("phase", "progress", "round", "ttft", "rate", "spec", "thinking", "prompt")
+FIRST_LINE_STEPS = ("phase", "thinking", "prompt", "spec", "rate", "phase", "round", "thinking", "prompt",
+                    "progress", "progress", "phase")
 SECOND_LINE = ("context", "kv", "model", "device")
 SECOND_LINE_STEPS = ("device", "device", "model", "model", "kv", "context")
 
@@ -173,6 +174,7 @@ class StatusBar(Widget):
         self.progress: PrefillProgress | None = None  # the reply being prefilled, once a chunk is done
         self.streams: StreamRates | None = None  # the rates of N alternatives written at once (else None)
         self.thinking_tokens: tuple[int, int] | None = None  # a reasoning reply's (thinking, answer) tokens
+        self.tool_round: int | None = None  # the tool loop's round (1: the first reply), while a loop runs
 
     def show(self, phase: str, detail: str = "", stats: RequestStats | None = None) -> None:
         self.phase, self.detail = phase, detail
@@ -198,6 +200,7 @@ class StatusBar(Widget):
     def clear_reply(self) -> None:
         """Forget the last reply's numbers: another conversation, or another model, is shown now."""
         self.stats = self.progress = self.streams = self.context_used = self.thinking_tokens = None
+        self.tool_round = None
         self.refresh_text()
 
     def refresh_text(self) -> None:
@@ -242,6 +245,8 @@ class StatusBar(Widget):
             parts = {"progress": self.progress.forms(elapsed)}
         else:
             parts = {"phase": self._phase_forms(elapsed)}
+        if self.tool_round is not None:
+            parts["round"] = [f"tool round {self.tool_round}", f"round {self.tool_round}"]
         s = self.stats
         if s is not None:
             if s.phase != "prefill":

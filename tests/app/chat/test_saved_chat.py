@@ -321,3 +321,15 @@ def test_stored_kv_that_makes_the_model_compute_non_finite_scores_is_dropped_and
     assert len(calls) == 2 and done.text == expected.text  # computed once more, from scratch
     assert deleted[0] == read  # the blocks that prompt reads, all of them
     assert any("non-finite" in record.getMessage() for record in caplog.records)
+
+
+def test_the_tools_switched_off_are_kept_with_the_conversation_and_survive_new_settings(tiny_engine, storage):
+    session = new_session(tiny_engine, storage)
+    session.saved.set_tools_off(["time.get_time", "git.git_log"])  # before the first message: kept for it
+    reply(session.send("hello"))
+    session.change_settings("Be brief.", SamplingParams(temperature=0.5))
+    reopened = SavedConversation.open(storage, session.saved.id)
+    assert reopened.tools_off == {"time.get_time", "git.git_log"}
+    assert reopened.conversation.params["temperature"] == 0.5
+    reopened.set_tools_off([])
+    assert SavedConversation.open(storage, session.saved.id).tools_off == frozenset()

@@ -40,6 +40,7 @@ class Script:
 class FakeServer:
     def __init__(self, models: list[dict] | None = None, api_key: str | None = None):
         self.script = Script()
+        self.queued: list[Script] = []  # the next requests' scripts, one a request, in order; then `script`
         self.models = models or [{"id": MODEL, "object": "model", "owned_by": "vllm", "max_model_len": 4096}]
         self.api_key = api_key
         self.requests: list[dict] = []  # the JSON bodies of the chat requests
@@ -67,7 +68,7 @@ class FakeServer:
             body = await request.json()
             self.requests.append(body)
             self.headers.append(dict(request.headers))
-            script = self.script
+            script = self.queued.pop(0) if self.queued else self.script
             if script.status != 200:
                 return JSONResponse({"object": "error", "message": f"scripted failure {script.status}",
                                      "type": "InternalServerError", "param": None, "code": script.status},

@@ -25,6 +25,15 @@ def remote(fake):
     engine.close()
 
 
+@pytest.fixture
+def remotes():
+    """Every RemoteEngine the apps of a test connected (remote_app), closed after it."""
+    made: list[RemoteEngine] = []
+    yield made
+    for remote in made:
+        remote.close()
+
+
 def remote_app(url: str, api_key: str | None, remotes: list, storage: Storage, **kwargs) -> RecordingApp:
     def connect(spec, progress):
         remotes.append(RemoteEngine.connect(url, api_key, spec, progress))

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import re
 
-import pytest
 from textual.widgets import Select
 
 from app.chat.session import ChatSession
 from app.server.api import create_app
-from app.remote.client import RemoteEngine
 from app.tui.screens.settings import SettingsScreen
 from app.tui.widgets.chat_view import ChatView
 from app.tui.widgets.messages import AssistantMessageView
@@ -22,16 +20,7 @@ from tests.app.tui.pilot import wait_until
 from tests.app.serve_harness import Server
 from tests.app.tui.tui_harness import exchange, ready, send
 from engine.bench.fresh import with_fresh_cache
-from tests.app.remote.remote_fixtures import remote_app
-
-
-@pytest.fixture
-def remotes():
-    """Every RemoteEngine the apps of a test connected, closed after it."""
-    made: list[RemoteEngine] = []
-    yield made
-    for remote in made:
-        remote.close()
+from tests.app.remote.remote_fixtures import remote_app, remotes  # noqa: F401 (fixture)
 
 
 def status(app) -> str:

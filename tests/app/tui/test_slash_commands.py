@@ -39,13 +39,13 @@ def test_a_doubled_slash_sends_a_message_starting_with_one(text, message):
 def test_an_unknown_command_says_which_there_are_and_how_to_send_a_slash():
     sentence = UnknownCommand("frobnicate").sentence()
     assert sentence == ("/frobnicate is not a command. The commands are /system, /temperature, /model, /thinking, "
-                        "/clear, /file, /drop-oldest, /compact, /help; start a message with // to send it with a single / "
-                        "at the start.")
+                        "/tools, /clear, /file, /drop-oldest, /compact, /help; start a message with // to send it with "
+                        "a single / at the start.")
 
 
 def test_usage_shows_what_each_command_takes():
     assert [usage(name) for name in COMMANDS] == [
-        "/system TEXT", "/temperature X", "/model NAME", "/thinking on|off", "/clear", "/file PATH",
+        "/system TEXT", "/temperature X", "/model NAME", "/thinking on|off", "/tools", "/clear", "/file PATH",
         "/drop-oldest MESSAGE", "/compact MESSAGE", "/help"]
 
 

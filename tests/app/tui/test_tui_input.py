@@ -105,7 +105,7 @@ async def test_slash_temperature_changes_the_conversations_temperature(tiny_engi
     ("/system", "/system needs the text of the system prompt"),
     ("/file", "/file needs the path of a text file"),
     ("/frobnicate", "/frobnicate is not a command. The commands are /system, /temperature, /model, /thinking, "
-                    "/clear, /file, /drop-oldest, /compact, /help;"),
+                    "/tools, /clear, /file, /drop-oldest, /compact, /help;"),
     ("/compact", "/compact needs the message to send on the new branch"),
     ("/thinking off", "This model's chat template has no thinking switch"),
 ])

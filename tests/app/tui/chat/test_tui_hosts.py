@@ -11,6 +11,7 @@ from app.tui.chat.overflow import WaysOnPane
 from app.tui.chat.pane import ChatHost
 from app.tui.chat.settings import SettingsHost
 from app.tui.chat.stream import StreamPane
+from app.tui.chat.tool_use import ToolUsePane
 from app.tui.library import LibraryHost
 from app.tui.model_session import ModelSessionHost
 
@@ -25,7 +26,7 @@ def test_the_app_has_everything_its_objects_need(host):
     assert isinstance(built_app(), host)
 
 
-@pytest.mark.parametrize("host", [AlternativesPane, BranchesPane, CommandsPane, StreamPane, WaysOnPane],
+@pytest.mark.parametrize("host", [AlternativesPane, BranchesPane, CommandsPane, StreamPane, ToolUsePane, WaysOnPane],
                          ids=lambda host: host.__name__)
 def test_the_chat_pane_has_everything_its_objects_need(host):
     assert isinstance(built_app().chat, host)

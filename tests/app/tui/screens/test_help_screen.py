@@ -35,9 +35,9 @@ async def test_the_help_lists_the_slash_commands_the_box_keys_and_where_the_lett
         screen = await opened_help(pilot)
         rows = screen.rows()
         typed = [keys for title, keys, _ in rows if title.startswith("Slash commands")]
-        assert typed == ["/system TEXT", "/temperature X", "/model NAME", "/thinking on|off", "/clear", "/file PATH",
-                         "/drop-oldest MESSAGE", "/compact MESSAGE", "/help", "//TEXT"]
-        assert len(COMMANDS) == 9
+        assert typed == ["/system TEXT", "/temperature X", "/model NAME", "/thinking on|off", "/tools", "/clear",
+                         "/file PATH", "/drop-oldest MESSAGE", "/compact MESSAGE", "/help", "//TEXT"]
+        assert len(COMMANDS) == 10
         box = {does for title, _, does in rows if title == "In the message box"}
         assert {"Select all", "Clear the box (Ctrl+Z brings it back)"} <= box
         assert any(does == "Stop the reply (or an edit); back to the message box"
