@@ -147,6 +147,14 @@ class ChatSession:
         last = self.messages[-1] if self.messages else None
         return calls_of(last.tools) if last is not None and last.role == "assistant" else []
 
+    def call_reader(self):
+        """A reader of the reply about to stream (a ToolCallParser: feed_token(id) gives the text to show, the
+        call markup left out; flush() at its end) when tools are offered to an embedded model; None otherwise
+        (no tools, or a server, which streams no markup)."""
+        if not (self.prompt.tools and self.token_ids):
+            return None
+        return self.prompt.tool_format.stream_parser(self.prompt.tools, self.opens_thinking)
+
     def send_results(self, results: list[ToolResult], servers: dict[str, str | None] | None = None
                      ) -> Iterator[Event]:
         """The results of the last reply's calls, as tool messages, and the model's next reply to them (a
@@ -359,8 +367,7 @@ class ChatSession:
                                  chat_format=self.chat_format_name, opens_thinking=self.opens_thinking)
         stream = cut_events(self.chat_format, self._events(generation, prompt))
         # With tools offered: the reply's calls watched as they stream, so one written twice ends it there.
-        watch = (self.prompt.tool_format.stream_parser(self.prompt.tools, self.opens_thinking)
-                 if self.prompt.tools and self.token_ids else None)
+        watch = self.call_reader()
         repeated = False
         try:
             for event in stream:

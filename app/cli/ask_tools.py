@@ -137,9 +137,8 @@ class AskTools:
         self.parser = None  # the round's reply, read as it streams (an embedded model's token ids)
 
     def take(self, event) -> None:
-        if isinstance(event, ToolRound) and self.session.token_ids:
-            prompt = self.session.prompt
-            self.parser = prompt.tool_format.stream_parser(prompt.tools, self.session.opens_thinking)
+        if isinstance(event, ToolRound):
+            self.parser = self.session.call_reader()
         self.report.take(event)
 
     def shown(self, event) -> str:

@@ -92,8 +92,12 @@ class ReplyPoster:
     answer; `opens_thinking`: the prompt ended inside an open <think>), its stats, and its Done (kept in
     `done`, for the caller's end of the reply)."""
 
-    def __init__(self, engine: Engine, post: Callable[[Message], object], opens_thinking: bool = False):
+    def __init__(self, engine: Engine, post: Callable[[Message], object], opens_thinking: bool = False,
+                 calls=None):
+        """`calls`: the reply's call reader (ChatSession.call_reader) when tools are offered to an embedded
+        model: the text shown is its text, the call markup left out (the call's block shows the call)."""
         self.engine, self.post = engine, post
+        self.calls = calls
         self.split = ThinkingSplitter(opens_thinking)
         self.pending: list[str] = []
         self.thinking: list[str] = []
@@ -104,6 +108,8 @@ class ReplyPoster:
     def event(self, event: Event) -> None:
         match event:
             case TokenDelta(text=text):
+                if self.calls is not None and event.token_id is not None:
+                    text = self.calls.feed_token(event.token_id)
                 delta = self.split.push(text, token=event.token_id is not None or bool(text))
                 self.pending.append(delta.answer)
                 self.thinking.append(delta.thinking)
@@ -116,6 +122,10 @@ class ReplyPoster:
                     kv_cache, self.last_kv = self.engine.cache_stats(), time.monotonic()
                 self.post(ReplyStats(stats, kv_cache))
             case Done():
+                if self.calls is not None:  # the text the reader held back (a marker's start that was not one)
+                    held = self.split.push(self.calls.flush(), token=False)
+                    self.pending.append(held.answer)
+                    self.thinking.append(held.thinking)
                 end = self.split.flush()
                 self.pending.append(end.answer)
                 self.thinking.append(end.thinking)

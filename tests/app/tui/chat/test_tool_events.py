@@ -4,6 +4,8 @@ closes."""
 
 import threading
 
+import pytest
+
 from app.chat.session import ChatMessage
 from app.tools.approval import Approval
 from app.tools.events import ToolCallFinished, ToolCallStarted, ToolLoopEnded, ToolRound
@@ -21,6 +23,9 @@ class Session:
     def __init__(self):
         self.messages = [ChatMessage("user", "Weather?")]
         self.unseen_prompt_tokens, self.opens_thinking = 7, False
+
+    def call_reader(self):
+        return None  # a server's replies: no call markup in their text
 
 
 class Engine:
@@ -118,3 +123,29 @@ def test_closing_answers_the_question_waiting():
     bridge.close()
     thread.join(5)
     assert answers == [Approval.NO] and not thread.is_alive()
+
+
+@pytest.mark.real_model
+def test_an_embedded_models_call_markup_never_reaches_the_screen(default_engine):
+    """The bundled model writes its calls as <tool_call> text (kvchat's convention): the chat streams the
+    reply through the session's call reader, so the call shows in its block only, never as reply text."""
+    from app.chat.session import ChatSession
+    from app.tools.spec import ToolSpec
+    from app.tools.toolbox import ToolChoice
+    from app.tui.engine_events import ReplyPoster, ReplyText
+    from engine import SamplingParams
+    from engine.bench.fresh import with_fresh_cache
+
+    engine = with_fresh_cache(default_engine)
+    session = ChatSession(engine, None, SamplingParams(temperature=0, max_tokens=40))
+    session.use_tools([ToolSpec("get_weather", "The weather in a city.", {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})], ToolChoice("required"))
+    posted = []
+    events = session.send("Weather in Oslo?")
+    poster = ReplyPoster(engine, posted.append, session.opens_thinking, session.call_reader())
+    for event in events:
+        poster.event(event)
+    shown = "".join(m.text for m in posted if isinstance(m, ReplyText))
+    assert "<tool_call>" in poster.done.text  # the model did write a call
+    assert "tool_call" not in shown and '"get_weather"' not in shown
+    assert session.last_calls and session.last_calls[0].name == "get_weather"
