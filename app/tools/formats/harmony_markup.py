@@ -19,7 +19,7 @@ import re
 from collections.abc import Sequence
 
 from app.tools.formats.markup import (CallGrammar, CallMarkup, MarkupError, Region, arguments_of, dumps, json_rule,
-                                      parameters_of, partial_marker)
+                                      arguments_schema, partial_marker)
 from app.tools.spec import ToolCall, ToolSpec
 
 MESSAGE, END, CALL, RETURN = "<|message|>", "<|end|>", "<|call|>", "<|return|>"
@@ -68,7 +68,7 @@ class HarmonyMarkup(CallMarkup):
             to = json.dumps(f"to=functions.{tool.name}")
             header = (f'(" " {to} {t("<|channel|>")} "commentary" {constrain}'
                       f' | {t("<|channel|>")} "commentary " {to} {constrain})')
-            arguments = json_rule(parameters_of(tool))
+            arguments = json_rule(arguments_schema(tool))
             lines.append(f"fn_{i}: {header} {t(MESSAGE)} {arguments} {t(CALL)}")
         return "\n".join(lines) + "\n"
 

@@ -144,6 +144,17 @@ def parameters_of(tool: ToolSpec) -> dict:
     return tool.openai()["function"]["parameters"]
 
 
+def arguments_schema(tool: ToolSpec) -> dict:
+    """The schema a call's arguments are held to by the grammar: the tool's, closed to arguments it does not
+    name unless it says otherwise (additionalProperties), as OpenAI's strict mode closes them. Left open, a
+    small model invents an argument and writes its value until its token limit (seen: a tool without
+    arguments, called with "text": "This is a paint. This is a paint. ..."); no tool reads one it never named."""
+    parameters = parameters_of(tool)
+    if parameters.get("type") == "object" and "additionalProperties" not in parameters:
+        return {**parameters, "additionalProperties": False}
+    return parameters
+
+
 def properties_of(tool: ToolSpec) -> tuple[dict, set[str]]:
     """`tool`'s arguments: their schemas by name, in the schema's order, and the names of the required ones."""
     parameters = parameters_of(tool)
@@ -152,7 +163,7 @@ def properties_of(tool: ToolSpec) -> tuple[dict, set[str]]:
 
 def call_schema(tool: ToolSpec, arguments_key: str = "arguments") -> dict:
     """The JSON schema of one call object to `tool`: its name, and arguments following its parameters."""
-    return {"type": "object", "properties": {"name": {"const": tool.name}, arguments_key: parameters_of(tool)},
+    return {"type": "object", "properties": {"name": {"const": tool.name}, arguments_key: arguments_schema(tool)},
             "required": ["name", arguments_key], "additionalProperties": False}
 
 

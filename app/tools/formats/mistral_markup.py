@@ -14,7 +14,7 @@ import json
 from collections.abc import Sequence
 
 from app.tools.formats.markup import (CallGrammar, CallMarkup, MarkupError, arguments_of, call_list_schema, dumps,
-                                      json_calls, json_rule, parameters_of)
+                                      arguments_schema, json_calls, json_rule)
 from app.tools.spec import ToolCall, ToolSpec
 
 TOOL_CALLS, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
@@ -50,7 +50,7 @@ class MistralMarkup(CallMarkup):
         rules = [f"call_fn: {' | '.join(f'fn_{i}' for i in range(len(tools)))}"]
         for i, tool in enumerate(tools):
             rules.append(f"fn_{i}: {json.dumps(tool.name)} ({term(CALL_ID)} /[A-Za-z0-9]{{9}}/)? {term(ARGS)} "
-                         f"{json_rule(parameters_of(tool))}")
+                         f"{json_rule(arguments_schema(tool))}")
         return CallGrammar(trigger=TOOL_CALLS, first="call_fn", more=f"{term(TOOL_CALLS)} call_fn",
                            rules="\n".join(rules) + "\n")
 

@@ -82,3 +82,32 @@ def test_a_schema_that_is_not_one_is_one_sentence(tmp_path):
         path = tmp_path / "schema.json"
         path.write_text(text)
         assert_one_clear_error(kvchat("ask", "hi", "--json-schema", str(path)), 2, words)
+
+
+HOSTILE = Path(__file__).parents[1] / "tools" / "mcp" / "hostile_server.py"
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("tool", ["paint", "flood"])
+def test_nothing_a_hostile_tool_returns_reaches_the_terminal_or_the_database_raw(tmp_path, tool):
+    """The model is made to call a tool that answers with terminal escapes (or megabytes): what is stored,
+    printed and exported is the tool layer's safe text, cut to its budget."""
+    path = tmp_path / "config.toml"
+    path.write_text(f'[mcp]\nresult_tokens = 200\n[mcp.servers.hostile]\ncommand = "{sys.executable}"\n'
+                    f'args = ["{HOSTILE}"]\n')
+    env = {"KVCHAT_CONFIG": str(path)}
+    result = kvchat("ask", "Use the tool.", "--temperature", "0", "--max-tokens", "40", "--mcp", "hostile",
+                    "--tool-choice", tool, "--yes", "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    (call, *_) = out["tool_calls"]
+    assert call["name"] == tool
+    exported = kvchat("export", out["conversation_id"], "--format", "json", env=env).stdout
+    stored = [m for m in json.loads(exported)["messages"] if m["role"] == "tool"][0]["text"]
+    for text in (call["result"], stored, result.stderr):
+        assert "\x1b" not in text and "\x07" not in text and "\x9b" not in text and "\u202e" not in text
+    assert stored == call["result"]
+    if tool == "flood":  # megabytes in, the budget out, and the model is told it was cut
+        assert len(stored) < 2000 and "cut" in stored.lower()
+    else:
+        assert "red" in stored and "next line" in stored  # the words stay; only the commands go
