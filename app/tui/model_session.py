@@ -9,6 +9,7 @@ once they are. ModelSession is the app's (KvchatApp), which shows the conversati
 from __future__ import annotations
 
 import argparse
+import threading
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from app.chat.backend_loader import LoadBackend, chat_session, is_remote
@@ -148,6 +149,10 @@ class ModelSession:
         window = info.context_window or None  # a server may not say
         prompt.context_window, prompt.max_chars = window, window and MAX_CHARS_PER_TOKEN * window
         bar.show("idle", f"{'connected' if is_remote(engine) else 'loaded'} in {info.load_ms / 1e3:.1f} s")
+        if getattr(self.app, "tools", None) is not None and hasattr(engine, "prepare_grammar"):
+            # The grammar engine's view of the vocabulary (about a second) is built now, not in the first
+            # tool reply's time to first token; on a thread of its own, so the engine thread stays free.
+            threading.Thread(target=_quietly(engine.prepare_grammar), name="kvchat-grammar", daemon=True).start()
 
     def engine_failed(self, message: EngineFailed) -> None:
         self.retry_load = message.retry
@@ -248,3 +253,13 @@ class ModelSession:
         prompt = self.app.query_one(PromptInput)
         if text and prompt.text.strip() == text and self.app.chat.editing is None:
             prompt.submit()
+
+
+def _quietly(prepare):
+    """`prepare`, its failure left for the first grammar request to report (in one sentence, where it is seen)."""
+    def run() -> None:
+        try:
+            prepare()
+        except Exception:
+            pass
+    return run
