@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -18,7 +18,7 @@ from app.chat.backend import Backend, takes_token_ids
 from app.chat.chat_message import ChatMessage
 from app.chat.errors import ChatError
 from app.chat.message_length import message_too_long
-from app.chat.prompt.conversation_prompt import ConversationPrompt
+from app.chat.prompt.conversation_prompt import ConversationPrompt, TurnPrompt
 from app.chat.reply.alternatives import AlternativeReplies, Drive, Stream, alternative_params, side_by_side
 from app.chat.reply.cut import cut_drive, cut_events
 from app.chat.reply.limits import NO_LIMITS, ReplyLimits
@@ -172,15 +172,9 @@ class ChatSession:
             if room and len(prompt.ids) + (self.reply_params.max_tokens or 1) > room:
                 raise ChatError(f"The tool results make the conversation {len(prompt.ids):,} tokens, which leaves "
                                 f"no room for a reply in the model's {room:,}-token window.")
-            self._load_stored_kv(prompt.ids)
-            generation = self.engine.generate(prompt.ids, self.reply_params)
-            self.rewritten_at = prompt.rewritten_at
-            start = prompt.unseen_from(len(seen))
-            self.unseen_prompt_tokens = len(prompt.ids) - start
-            self._record_tools(before, tool_messages, len(prompt.ids), start, prompt.ids[start:])
-        self.generation = generation
-        self.opens_thinking = prompt.opens_thinking
-        return self._stream(generation, prompt.ids)
+            generation = self._generate(prompt, seen, lambda end, start, new: self._record_tools(
+                before, tool_messages, end, start, new))
+        return self._begin(generation, prompt)
 
     def keep_results(self, results: list[ToolResult]) -> None:
         """Keep the results of the last reply's calls as tool messages without asking for a reply (the loop was
@@ -316,12 +310,23 @@ class ChatSession:
         with self._taking_turn():
             # Refused when it leaves the reply no room (nothing of the turn is stored yet).
             prompt = self.prompt.turn(before, seen, user_text, self.reply_params.max_tokens)
-            self._load_stored_kv(prompt.ids)
-            generation = self.engine.generate(prompt.ids, self.reply_params)
-            self.rewritten_at = prompt.rewritten_at
-            start = prompt.unseen_from(len(seen))
-            self.unseen_prompt_tokens = len(prompt.ids) - start
-            self._record_user(before, user_text, len(prompt.ids), start, prompt.ids[start:])
+            generation = self._generate(prompt, seen, lambda end, start, new: self._record_user(
+                before, user_text, end, start, new))
+        return self._begin(generation, prompt)
+
+    def _generate(self, prompt: TurnPrompt, seen: list[int], record: Callable[[int, int, list[int]], None]
+                  ) -> Generation:
+        """Start the reply to `prompt` (the model saw its first `seen` ids), then commit what the turn adds
+        through `record(token_end, token_start, new_ids)`: the user's message, or a round's tool results."""
+        self._load_stored_kv(prompt.ids)
+        generation = self.engine.generate(prompt.ids, self.reply_params)
+        self.rewritten_at = prompt.rewritten_at
+        start = prompt.unseen_from(len(seen))
+        self.unseen_prompt_tokens = len(prompt.ids) - start
+        record(len(prompt.ids), start, prompt.ids[start:])
+        return generation
+
+    def _begin(self, generation: Generation, prompt: TurnPrompt) -> Iterator[Event]:
         self.generation = generation
         self.opens_thinking = prompt.opens_thinking
         return self._stream(generation, prompt.ids)
