@@ -22,6 +22,7 @@ import httpx
 
 from app.chat.wording import clause, sentence
 from app.remote.stream import RemoteError, RemoteGeneration, error_message, translate_error
+from app.tools.formats.turns import turn_calls
 from app.tools.spec import ToolSpec
 from app.tools.toolbox import ToolChoice
 from engine import SamplingParams
@@ -58,8 +59,8 @@ def request_body(model: str, turns: list[dict], params: SamplingParams, tools: l
     """A streamed chat completion of `turns` with `params`, asking for the usage at the end. `tools`, `choice`
     and `response_format` go as OpenAI's fields (vLLM, SGLang and llama.cpp's server parse the calls and
     constrain the reply themselves); none of them is sent when not used, so a server without tools works."""
-    body = {"model": model, "messages": turns, "stream": True, "stream_options": {"include_usage": True},
-            "temperature": params.temperature, "top_p": params.top_p}
+    body = {"model": model, "messages": [openai_turn(turn) for turn in turns], "stream": True,
+            "stream_options": {"include_usage": True}, "temperature": params.temperature, "top_p": params.top_p}
     if tools and (choice is None or choice.mode != "none"):
         choice = choice or ToolChoice()
         body["tools"] = [tool.openai() for tool in tools]
@@ -84,6 +85,14 @@ def request_body(model: str, turns: list[dict], params: SamplingParams, tools: l
     if params.ignore_eos:
         body["ignore_eos"] = True
     return body
+
+
+def openai_turn(turn: dict) -> dict:
+    """A turn as OpenAI's API takes it: a past call's arguments as JSON text (chat templates take a dict, and
+    OpenAI's API and `kvchat serve` refuse one)."""
+    if not turn.get("tool_calls"):
+        return turn
+    return {**turn, "tool_calls": [call.openai() for call in turn_calls(turn)]}
 
 
 class RemoteEngine:

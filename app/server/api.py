@@ -14,6 +14,12 @@ Streaming answers are server-sent events ending with `data: [DONE]`; with
 `stream_options.include_usage` a last chunk carries the usage, as OpenAI and vLLM do.
 Every refusal is OpenAI's error shape; the server stays up.
 
+Tools and structured output (app/server/chat_tools.py): `tools` are rendered through the model's tool format
+and every candidate's reply held to its grammar (or to `response_format`'s JSON); a reply's calls come back as
+OpenAI's `message.tool_calls`, finish_reason "tool_calls". Streamed, the text before the calls comes as content
+deltas (never the calls' markup) and each call once the reply has ended, whole: a `delta.tool_calls` entry with
+its index, id, type and name (arguments ""), then one with all its arguments' JSON text.
+
 Limits: a body over openai_schema.body_limit(context window) is a 413 before it is read
 (by its Content-Length, or as soon as a chunked body outgrows it); a prompt of more
 characters than the context window could hold (app/chat/message_length.py) is a
@@ -27,9 +33,10 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
+from functools import cached_property
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -39,14 +46,18 @@ from starlette.exceptions import HTTPException
 from app.chat.errors import ChatError
 from app.chat.message_length import MAX_CHARS_PER_TOKEN
 from app.chat.prompt.format_choice import format_params, model_chat_format
-from app.chat.prompt.template import render_chat
+from app.server.call_watch import CallWatch
+from app.server.chat_tools import ChatTools, chat_turns, opens_thinking
 from app.server.guards import BearerAuth, BodyLimit, HostCheck, unless_disconnected
 from app.server.invalid_request import validation_error
 from app.server.reply import Finish, replies
 from app.server.runner import EngineRunner, ShuttingDown
 from app.server.schema import (APIError, ChatCompletionRequest, CompletionRequest, SamplingRequest, body_limit,
                                error_body, usage)
+from app.tools.formats.detect import tool_format
+from app.tools.formats.tool_format import ToolFormat
 from engine import ContextWindowError, Engine, EngineError, Generation, SamplingParams
+from engine.errors import GrammarError
 from engine.sampling_params import MAX_SEED
 
 
@@ -144,17 +155,36 @@ class ServedModel:
         return {"object": "list", "data": [{"id": self.name, "object": "model", "created": self.created,
                                             "owned_by": "kvchat", "max_model_len": self.engine.context_window}]}
 
+    @cached_property
+    def tool_format(self) -> ToolFormat:
+        """How the model is offered tools and writes its calls (read once from its template and vocabulary)."""
+        return tool_format(self.engine.tokenizer, self.chat_format)
+
     async def chat_completions(self, request: ChatCompletionRequest, http: Request):
-        engine = self.engine
+        engine, fmt = self.engine, self.tool_format
         self.check_model(request)
+        tools = ChatTools.of(request)
         sampling = self.sampling(request, request.max_completion_tokens)
+        if tools.offered:  # the stop strings end the reply's text (reply.py), never inside a call's markup
+            sampling = replace(sampling, stop=())
         params = format_params(engine.tokenizer, self.chat_format, sampling)
         n = request.candidates(engine.options.max_batch)
-        turns = [message.turn() for message in request.messages]
-        self.check_length(sum(len(turn["content"]) for turn in turns), "messages")
-        prompt = lambda: engine.tokenizer.encode(render_chat(engine.tokenizer, turns, self.chat_format))  # noqa: E731
-        generations = await self.runner.prepare(lambda: candidates(engine, prompt(), params, n))
-        return await self.respond(request, generations, http, chat=True, format_stops=self.chat_stops)
+        turns = chat_turns(request.messages)
+        self.check_length(sum(len(turn["content"]) + len(json.dumps(turn.get("tool_calls") or ""))
+                              for turn in turns), "messages")
+
+        def start() -> tuple[list[Generation], bool]:
+            ids = engine.tokenizer.encode(tools.prompt(fmt, turns, self.chat_format))
+            thinking = bool(tools.offered) and opens_thinking(engine.tokenizer, ids)
+            grammar = tools.grammar(fmt, thinking)
+            try:
+                return candidates(engine, ids, replace(params, grammar=grammar), n), thinking
+            except GrammarError as exc:
+                raise APIError(400, str(exc), param=tools.grammar_field) from None
+
+        generations, thinking = await self.runner.prepare(start)
+        return await self.respond(request, generations, http, chat=True, format_stops=self.chat_stops,
+                                  watch=tools.watch(fmt, thinking))
 
     async def completions(self, request: CompletionRequest, http: Request):
         engine = self.engine
@@ -188,11 +218,11 @@ class ServedModel:
                            code="context_length_exceeded")
 
     async def respond(self, request: SamplingRequest, generations: list[Generation], http: Request, chat: bool,
-                      format_stops: tuple[str, ...] = ()):
+                      format_stops: tuple[str, ...] = (), watch: Callable[[], CallWatch] | None = None):
         base = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
                 "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
                 "model": self.name}
-        pieces = replies(self.runner, generations, [*request.stop_strings(), *format_stops])
+        pieces = replies(self.runner, generations, [*request.stop_strings(), *format_stops], watch)
         if request.stream:
             return StreamingResponse(stream(base, pieces, chat, request.include_usage, len(generations)),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
@@ -201,8 +231,7 @@ class ServedModel:
             return Response(status_code=499)  # the client is gone (nginx's code for it; nobody reads it)
         choices = []
         for i, (body, finish) in enumerate(whole):
-            choice = ({"index": i, "message": {"role": "assistant", "content": body}} if chat
-                      else {"index": i, "text": body})
+            choice = {"index": i, "message": message(body, finish)} if chat else {"index": i, "text": body}
             choice.update(logprobs=None, finish_reason=finish.finish_reason)
             choices.append(choice)
         return {**base, "choices": choices, "usage": usage(*(finish.stats for _, finish in whole))}
@@ -214,6 +243,13 @@ def candidates(engine: Engine, prompt_ids: list[int], params: SamplingParams, n:
     if params.seed is None:
         return [engine.generate(prompt_ids, params) for _ in range(n)]
     return [engine.generate(prompt_ids, replace(params, seed=(params.seed + i) % (MAX_SEED + 1))) for i in range(n)]
+
+
+def message(content: str, finish: Finish) -> dict:
+    """A non-streaming reply's message: its text, and its calls when it made some (content null without text)."""
+    if not finish.calls:
+        return {"role": "assistant", "content": content}
+    return {"role": "assistant", "content": content or None, "tool_calls": [call.openai() for call in finish.calls]}
 
 
 async def collect(pieces: AsyncIterator[tuple[int, str | Finish]], n: int) -> list[tuple[str, Finish]]:
@@ -237,17 +273,26 @@ def _sse(payload: dict | str) -> str:
 
 async def stream(base: dict, pieces: AsyncIterator, chat: bool, include_usage: bool, n: int = 1) -> AsyncIterator[str]:
     """Server-sent events of a request's n replies: a chunk per text piece (its `index` says whose), each
-    one's finish reason, the usage of all if asked once all have finished, [DONE]."""
+    one's calls and finish reason, the usage of all if asked once all have finished, [DONE]."""
     base = {**base, "object": "chat.completion.chunk" if chat else "text_completion"}
 
-    def chunk(i: int, text: str | None, finish: str | None = None) -> str:
+    def chunk(i: int, text: str | None, finish: str | None = None, delta: dict | None = None) -> str:
         if chat:
-            delta = {"role": "assistant", "content": ""} if text is None else {"content": text} if text else {}
+            if delta is None:
+                delta = {"role": "assistant", "content": ""} if text is None else {"content": text} if text else {}
             choice = {"index": i, "delta": delta}
         else:
             choice = {"index": i, "text": text or ""}
         choice.update(logprobs=None, finish_reason=finish)
         return _sse({**base, "choices": [choice], **({"usage": None} if include_usage else {})})
+
+    def calls(i: int, finish: Finish) -> Iterator[str]:
+        """A reply's calls, each in two chunks: its index, id, type and name, then all its arguments."""
+        for k, call in enumerate(finish.calls):
+            entry = call.openai()
+            arguments, entry["function"]["arguments"] = entry["function"]["arguments"], ""
+            yield chunk(i, None, delta={"tool_calls": [{"index": k, **entry}]})
+            yield chunk(i, None, delta={"tool_calls": [{"index": k, "function": {"arguments": arguments}}]})
 
     finished: dict[int, Finish] = {}
     try:
@@ -257,6 +302,8 @@ async def stream(base: dict, pieces: AsyncIterator, chat: bool, include_usage: b
         async for i, item in pieces:
             if isinstance(item, Finish):
                 finished[i] = item
+                for event in calls(i, item):
+                    yield event
                 yield chunk(i, "", item.finish_reason)
                 if include_usage and len(finished) == n:
                     yield _sse({**base, "choices": [], "usage": usage(*(finished[k].stats for k in range(n)))})

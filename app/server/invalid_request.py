@@ -4,6 +4,8 @@
     Unknown parameter: 'messages[0].foo'.                                           (unknown_parameter)
     'tools' is not supported by kvchat serve (only null or [] is accepted).          (unsupported_parameter)
     Missing required parameter: 'messages[1].content'.                              (missing_required_parameter)
+    Invalid value for 'tool_choice': expected 'auto', 'none' or 'required' or an object, but got "any".
+                                                                                     (invalid_value)
 
 Parameters are named as OpenAI names them: `messages[0].content`, not pydantic's locations
 ("body", "messages", 0, "content", "str"), whose union members' tags are left out.
@@ -13,10 +15,14 @@ from __future__ import annotations
 
 import json
 
+from app.server import tool_fields
 from app.server.schema import APIError, ChatCompletionRequest, CompletionRequest, ContentPart, Message, StreamOptions
 
-_FIELDS = {name for model in (ChatCompletionRequest, CompletionRequest, Message, ContentPart, StreamOptions)
-           for name in model.model_fields}
+_MODELS = (ChatCompletionRequest, CompletionRequest, Message, ContentPart, StreamOptions, tool_fields.FunctionTool,
+           tool_fields.FunctionDefinition, tool_fields.NamedToolChoice, tool_fields.FunctionName,
+           tool_fields.ResponseFormat, tool_fields.JsonSchemaFormat, tool_fields.MessageToolCall,
+           tool_fields.CalledFunction)
+_FIELDS = {field.alias or name for model in _MODELS for name, field in model.model_fields.items()}
 # pydantic's type errors -> what the field takes
 _EXPECTED = {"int_type": "an integer", "float_type": "a number", "bool_type": "a boolean", "string_type": "a string",
              "list_type": "an array", "dict_type": "an object", "model_type": "an object",
@@ -71,6 +77,16 @@ def validation_error(errors: list[dict]) -> APIError:
         got = json_type(first.get("input"))
         return APIError(400, f"Invalid type for '{param}': expected {expected}, but got {got} instead.", param=param,
                         code="invalid_type")
+    if kind == "invalid_value":  # app/server/tool_fields.py's own
+        return APIError(400, f"Invalid value for '{param}': {first['msg']}.", param=param, code="invalid_value")
+    if kind == "literal_error":  # the literal's values, and the types the union's other members take
+        expected = [e["ctx"]["expected"] for e in same if e.get("type") == "literal_error"]
+        expected += [_EXPECTED[e["type"]] for e in same if e.get("type") in _EXPECTED]
+        return APIError(400, f"Invalid value for '{param}': expected {' or '.join(dict.fromkeys(expected))}, but got "
+                             f"{json.dumps(first.get('input'))}.", param=param, code="invalid_value")
+    if kind == "string_pattern_mismatch":  # a function's or a response format's name
+        return APIError(400, f"Invalid value for '{param}': {json.dumps(first.get('input'))} is not a name of 1 to 64 "
+                             f"letters, digits, underscores and dashes.", param=param, code="invalid_value")
     if kind == "finite_number":  # NaN and Infinity, which Python's JSON parser reads
         return APIError(400, f"Invalid value for '{param}': expected a finite number, but got "
                              f"{json.dumps(first.get('input'))} instead.", param=param, code="invalid_value")

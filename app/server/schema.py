@@ -5,9 +5,11 @@ Types are strict, as OpenAI's are: "10" is not an integer, true is not 1, "yes" 
 refused unless its value asks for nothing (app/server/unsupported.py), an unknown field is refused,
 and so is a message without content (an assistant's may have none); metadata that changes no reply
 (user, metadata, store, ...) is accepted and ignored. `ignore_eos` (always generate max_tokens), `top_k`,
-`min_p` and `repetition_penalty` are vLLM's extensions. A JSON string may carry lone
-UTF-16 surrogates ("\\ud800"), which no UTF-8 text can hold: each becomes U+FFFD, the
-replacement character, before anything reads the request.
+`min_p` and `repetition_penalty` are vLLM's extensions. Tool calling's and structured output's fields (tools,
+tool_choice, parallel_tool_calls, response_format, a message's tool_calls, tool_call_id and name) have their
+models in app/server/tool_fields.py, with the STRICT config every request model shares. A JSON string may
+carry lone UTF-16 surrogates ("\\ud800"), which no UTF-8 text can hold: each becomes U+FFFD, the replacement
+character, before anything reads the request.
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from app.chat.message_length import MAX_CHARS_PER_TOKEN
+from app.server.tool_fields import STRICT, FunctionTool, MessageToolCall, NamedToolChoice, ResponseFormat, invalid_value
 from app.server.unsupported import without_neutral_values
+from app.tools.formats.turns import assistant_turn
 from engine.events import RequestStats
 from engine.sampling_params import MAX_INT64, SamplingParams
 
@@ -28,8 +32,6 @@ from engine.sampling_params import MAX_INT64, SamplingParams
 BODY_BYTES_PER_TOKEN = 4 * MAX_CHARS_PER_TOKEN
 MIN_BODY_BYTES = 2**20
 _SURROGATE = re.compile("[\ud800-\udfff]")
-# Every request model's: JSON's types as they are, no field it does not name, numbers finite.
-STRICT = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
 
 def body_limit(context_window: int) -> int:
@@ -149,6 +151,9 @@ class Message(BaseModel):
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = Field(None, validate_default=True)
+    tool_calls: list[MessageToolCall] | None = None  # an assistant's
+    tool_call_id: str | None = Field(None, validate_default=True)  # a tool's: the call it answers
+    name: str | None = None  # a tool's: the function's (the call's own name is used when it is not given)
 
     @field_validator("content")
     @classmethod
@@ -157,18 +162,55 @@ class Message(BaseModel):
             raise PydanticCustomError("missing", "Field required")  # an assistant's may be empty, as OpenAI's
         return content
 
-    def turn(self) -> dict:
-        """The {"role", "content"} dict a chat template takes (developer messages are system messages)."""
+    @field_validator("tool_calls")
+    @classmethod
+    def _calls_of_the_assistant(cls, calls: Any, info: ValidationInfo) -> Any:
+        if calls and info.data.get("role", "assistant") != "assistant":
+            raise invalid_value("only an assistant message makes tool calls")
+        return calls or None
+
+    @field_validator("tool_call_id")
+    @classmethod
+    def _call_id_of_a_tool(cls, call_id: Any, info: ValidationInfo) -> Any:
+        role = info.data.get("role")
+        if call_id is None and role == "tool":
+            raise PydanticCustomError("missing", "Field required")
+        if call_id is not None and role not in ("tool", None):
+            raise invalid_value("only a tool message answers a tool call")
+        return call_id
+
+    @field_validator("name")
+    @classmethod
+    def _name_of_a_tool(cls, name: Any, info: ValidationInfo) -> Any:
+        if name is not None and info.data.get("role", "tool") != "tool":
+            raise invalid_value("kvchat serve takes a name on tool messages only (a participant's name would "
+                                "not reach the model)")
+        return name
+
+    def text(self) -> str:
         if isinstance(self.content, list):
-            content = "".join(part.text for part in self.content)  # text parts only (ContentPart)
-        else:
-            content = self.content or ""
-        return {"role": "system" if self.role == "developer" else self.role, "content": content}
+            return "".join(part.text for part in self.content)  # text parts only (ContentPart)
+        return self.content or ""
+
+    def turn(self) -> dict:
+        """The {"role", "content"} dict a chat template takes (developer messages are system messages); an
+        assistant's calls as app/tools/formats/turns.py's `tool_calls`, a tool's result with its
+        `tool_call_id` and `name`."""
+        if self.tool_calls:
+            return assistant_turn(self.text(), [call.call() for call in self.tool_calls])
+        if self.role == "tool":
+            return {"role": "tool", "content": self.text(), "tool_call_id": self.tool_call_id, "name": self.name}
+        return {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
 
 
 class ChatCompletionRequest(SamplingRequest):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    # Tool calling and structured output (app/server/tool_fields.py; what they do: app/server/chat_tools.py).
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
 
 
 class CompletionRequest(SamplingRequest):

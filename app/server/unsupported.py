@@ -3,8 +3,9 @@
 A request that sends one of those values (many clients send such defaults: `presence_penalty: 0`,
 `logprobs: false`) is served as if the field were absent; any other value is a 400 naming the field,
 code `unsupported_parameter`. A field neither here nor in app/server/schema.py's models is an unknown
-parameter (also a 400). When kvchat implements one (issue #32: tools, response_format), it leaves this
-table for a field of the request models.
+parameter (also a 400). When kvchat implements one, it leaves this table for a field of the request models
+(tools, tool_choice, parallel_tool_calls and response_format did: app/server/tool_fields.py); the deprecated
+`functions` and `function_call` stay here, refused.
 """
 
 from __future__ import annotations
@@ -16,9 +17,7 @@ from pydantic_core import PydanticCustomError
 
 # field -> the values accepted (and ignored); an empty tuple: none is
 REQUEST: dict[str, tuple] = {
-    "tools": (None, []), "tool_choice": (None, "none"), "parallel_tool_calls": (None, True, False),
-    "functions": (None, []), "function_call": (None, "none"),
-    "response_format": (None, {"type": "text"}),
+    "functions": (None, []), "function_call": (None, "none"),  # the deprecated form of tools and tool_choice
     "logprobs": (None, False), "top_logprobs": (None, 0),
     "presence_penalty": (None, 0), "frequency_penalty": (None, 0), "logit_bias": (None, {}),
     "modalities": (None, ["text"]), "audio": (None,), "prediction": (None,), "reasoning_effort": (None,),
@@ -27,7 +26,7 @@ REQUEST: dict[str, tuple] = {
 }
 # in each message (an assistant message a client sends back may carry its nulls)
 MESSAGE: dict[str, tuple] = {
-    "name": (None,), "tool_calls": (None, []), "tool_call_id": (None,), "function_call": (None,),
+    "function_call": (None,),
     "refusal": (None,), "audio": (None,), "annotations": (None, []),
 }
 # in each content part of a message: only text parts are

@@ -103,3 +103,11 @@ def _thinking(terms: Terms, opens_in_thinking: bool) -> tuple[str, list[str]]:
     if opens_in_thinking:
         return "think ", [f"think[lazy]: /(?s:.*)/ {close}"]
     return "think? ", [f"think[lazy]: {terms(THINK_OPEN)} /(?s:.*)/ {close}"]
+
+
+def calls_or_value(calls_grammar: str, value: str) -> str:
+    """A grammar for a reply that is either what `calls_grammar` accepts (a reply_grammar whose calls are
+    required) or one JSON value, `value` (engine/request/grammars.py's json_value: `%json {...}`): tools under
+    "auto" with a response_format that asks for JSON. The calls' grammar keeps its rules; its start is renamed."""
+    calls = re.sub(r"^start:", "calls_reply:", calls_grammar, count=1, flags=re.MULTILINE)
+    return f"start: calls_reply | value_reply\nvalue_reply: {value}\n{calls}"

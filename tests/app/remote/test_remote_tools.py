@@ -74,6 +74,8 @@ def test_the_loop_runs_the_servers_calls_and_sends_back_each_result(fake, remote
     second = fake.requests[-1]["messages"]
     assert second[-3]["role"] == "assistant"
     assert [c["id"] for c in second[-3]["tool_calls"]] == ["call_a", "call_b"]
+    # OpenAI's shape: the arguments as JSON text (OpenAI's API and kvchat serve refuse an object there)
+    assert [c["function"]["arguments"] for c in second[-3]["tool_calls"]] == ['{"city": "Oslo"}', '{"city": "Rome"}']
     assert [(m["role"], m["tool_call_id"], m["content"]) for m in second[-2:]] == [
         ("tool", "call_a", "Sunny in Oslo, 21 C."), ("tool", "call_b", "Sunny in Rome, 21 C.")]
     assert [m.role for m in chat.messages] == ["user", "assistant", "tool", "tool", "assistant"]

@@ -1,4 +1,5 @@
-"""Requests to a served engine as the server's tests send them, and the check that none still holds blocks."""
+"""Requests to a served engine as the server's tests send them, the Generations they start, and the check that
+none still holds blocks."""
 
 import json
 
@@ -16,6 +17,13 @@ def post(server, path: str, body: dict | bytes, timeout: float = HANG_GUARD_S) -
     content = body if isinstance(body, bytes) else json.dumps(body)
     return httpx.post(f"{server.url}/v1/{path}", content=content, timeout=timeout,
                       headers={"Content-Type": "application/json"})
+
+
+def recorded_generations(engine, monkeypatch) -> list:
+    """Every Generation `engine` starts from now on (a test's fixture): a request's prompt ids, params, counts."""
+    made, generate = [], engine.generate
+    monkeypatch.setattr(engine, "generate", lambda *a, **k: made.append(generate(*a, **k)) or made[-1])
+    return made
 
 
 def no_request_holds_blocks(engine) -> bool:

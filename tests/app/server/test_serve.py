@@ -15,7 +15,7 @@ from app.server.reply import StopText
 from app.server.schema import ChatCompletionRequest, usage
 from engine import Done, RequestStats, SamplingParams
 from tests.app.serve_harness import Server, wait_until
-from tests.app.server.serve_requests import no_request_holds_blocks
+from tests.app.server.serve_requests import no_request_holds_blocks, recorded_generations
 from engine.bench.fresh import with_fresh_cache
 
 API_KEY = "test-key"
@@ -51,14 +51,7 @@ def ask(client, model, messages, **kwargs):
 @pytest.fixture
 def generations(engine, monkeypatch) -> list:
     """Every Generation the server starts, to read the engine's own params and counts of a request."""
-    made, generate = [], engine.generate
-
-    def recorded(*args, **kwargs):
-        made.append(generate(*args, **kwargs))
-        return made[-1]
-
-    monkeypatch.setattr(engine, "generate", recorded)
-    return made
+    return recorded_generations(engine, monkeypatch)
 
 
 def test_models_lists_the_loaded_model(client, engine):

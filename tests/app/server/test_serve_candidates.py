@@ -8,7 +8,7 @@ import pytest
 from app.server.api import create_app
 from engine.bench.fresh import with_fresh_cache
 from tests.app.serve_harness import Server
-from tests.app.server.serve_requests import no_request_holds_blocks
+from tests.app.server.serve_requests import no_request_holds_blocks, recorded_generations
 
 MESSAGES = [{"role": "user", "content": "Give me a few ideas"}]
 
@@ -32,9 +32,7 @@ def model(engine) -> str:
 
 @pytest.fixture
 def generations(engine, monkeypatch) -> list:
-    made, generate = [], engine.generate
-    monkeypatch.setattr(engine, "generate", lambda *a, **k: made.append(generate(*a, **k)) or made[-1])
-    return made
+    return recorded_generations(engine, monkeypatch)
 
 
 def ask(client, model, **kwargs):

@@ -69,9 +69,8 @@ def test_a_temperature_that_is_no_finite_number_says_so(engine, server, literal)
 
 
 @pytest.mark.parametrize("field, value", [
-    ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
-    ("tool_choice", "required"),
-    ("response_format", {"type": "json_object"}),
+    ("functions", [{"name": "f", "parameters": {}}]),  # the deprecated tools (tools are implemented)
+    ("function_call", "auto"),
     ("logprobs", True),
     ("top_logprobs", 2),
     ("presence_penalty", 0.5),
