@@ -9,7 +9,6 @@ model without one), hands them to the engine and keeps the conversation's messag
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -26,7 +25,7 @@ from app.chat.reply.recorder import ReplyRecorder
 from app.chat.saved.conversation import SavedConversation
 from app.chat.saved.reply_writer import ConversationDeleted
 from app.tools.messages import calls_of, reply_tools, result_tools
-from app.tools.spec import ToolCall, ToolResult, ToolSpec
+from app.tools.spec import ToolCall, ToolResult, ToolSpec, once_each
 from app.tools.toolbox import ToolChoice
 from engine import Done, Event, Generation, SamplingParams, TokenDelta
 from engine.errors import NonFiniteLogitsError
@@ -417,8 +416,7 @@ class ChatSession:
         if parsed.error:  # the calls that did read still run (a reply cut by its length ends inside one)
             message.stats = {**(message.stats or {}), "tool_call_error": parsed.error}
         if parsed.calls:
-            unique = list({(c.name, json.dumps(c.arguments, sort_keys=True)): c for c in reversed(parsed.calls)}.values())
-            message.content, message.tools = parsed.content, reply_tools(unique[::-1])
+            message.content, message.tools = parsed.content, reply_tools(once_each(parsed.calls))
         return message
 
     def end_alternatives(self, previous: list[ChatMessage], before: list[ChatMessage], prompt: list[int],

@@ -14,13 +14,12 @@ the reply's text with the calls' markup taken out, and at the end come the calls
 
 from __future__ import annotations
 
-import json
 import logging
 
 from collections.abc import Sequence
 
 from app.tools.formats.tool_format import ToolFormat
-from app.tools.spec import ToolCall, ToolSpec
+from app.tools.spec import ToolCall, ToolSpec, once_each
 
 log = logging.getLogger("kvchat")
 
@@ -61,10 +60,3 @@ class CallWatch:
         self._held = text[len(kept):]
         return kept
 
-
-def once_each(calls: list[ToolCall]) -> list[ToolCall]:
-    """`calls` without the repeats of a call already made (same name and arguments), in order."""
-    seen: dict[tuple[str, str], ToolCall] = {}
-    for call in calls:
-        seen.setdefault((call.name, json.dumps(call.arguments, sort_keys=True)), call)
-    return list(seen.values())

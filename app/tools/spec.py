@@ -56,6 +56,15 @@ class ToolResult:
     truncated: bool = False  # the result was longer than its budget and was cut (the text says so)
 
 
+def once_each(calls: list[ToolCall]) -> list[ToolCall]:
+    """`calls` without the repeats of a call already made (same name and arguments), in order, the first's id
+    kept: a small model forced to call writes the same call again (the chat and the server end the reply there)."""
+    seen: dict[tuple[str, str], ToolCall] = {}
+    for call in calls:
+        seen.setdefault((call.name, json.dumps(call.arguments, sort_keys=True)), call)
+    return list(seen.values())
+
+
 def calls_to_json(calls: list[ToolCall]) -> str:
     return json.dumps([{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls], ensure_ascii=False)
 

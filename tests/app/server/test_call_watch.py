@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from app.chat.prompt.format_choice import model_chat_format
-from app.server.call_watch import CallWatch, once_each
+from app.server.call_watch import CallWatch
+from app.tools.spec import once_each
 from app.tools.formats.detect import tool_format
 from app.tools.spec import ToolCall, ToolSpec
 
