@@ -194,6 +194,8 @@ def open_tools(args: argparse.Namespace, engine, session: ChatSession) -> AskToo
             return Approval.NO
 
         loop = ToolLoop(session, box, ApprovalPolicy(settings.allow, ask), settings.max_rounds, choice)
+        if session.prompt.tool_format_notice:  # never a silent guess, as for chat formats
+            say(session.prompt.tool_format_notice)
         return AskTools(loop, report, hub, session)
     except BaseException:
         hub.close()

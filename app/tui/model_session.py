@@ -83,6 +83,7 @@ class ModelSession:
         self._queued_text: str | None = None  # typed before the session was ready: sent when it is
         self.retry_load = False  # the last load failed in a way that trying again may fix (written here only)
         self._format_told: str | None = None  # the chat format notice shown for the loaded model (once)
+        self._tools_told: str | None = None  # the tool format notice shown for the loaded model (once)
         self._closing = False
 
     def start(self) -> None:
@@ -144,7 +145,7 @@ class ModelSession:
         bar.model, bar.device = info.model_name, f"{info.device} {info.dtype}".strip()
         bar.kv_cache = engine.cache_stats()
         bar.clear_reply()  # a reply's numbers from the model loaded before are not this one's
-        self._format_told = None  # a new model: its chat format (if it has no template) is told again
+        self._format_told = self._tools_told = None  # a new model: its formats (if it lacks them) are told again
         prompt = self.app.query_one(PromptInput)
         window = info.context_window or None  # a server may not say
         prompt.context_window, prompt.max_chars = window, window and MAX_CHARS_PER_TOKEN * window
@@ -208,6 +209,11 @@ class ModelSession:
         if told and told != self._format_told:
             self._format_told = told
             app.notify(told, title="No chat template", timeout=10)
+        tools = getattr(app, "tools", None)
+        tool_told = session.prompt.tool_format_notice if tools is not None and tools.specs() else None
+        if tool_told and tool_told != self._tools_told:  # once per model, as the chat format's
+            self._tools_told = tool_told
+            app.notify(tool_told, title="No tool format", timeout=10)
         if conversation and self.engine and conversation.model != self.engine.info.model_name:
             app.notify(f"This conversation was made with {conversation.model}; replies now come from "
                        f"{self.engine.info.model_name}.", timeout=10)

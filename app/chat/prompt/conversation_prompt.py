@@ -185,6 +185,16 @@ class ConversationPrompt:
         self.opens_thinking_next = self.opens_thinking(ids)
         return TurnPrompt(ids, None, self.opens_thinking_next)
 
+    @property
+    def tool_format_notice(self) -> str | None:
+        """What the user is told once of how tools reach a model whose template has no tool format (kvchat's
+        convention in the system prompt); None for a template's own format, or a server (its own)."""
+        if not self.takes_ids or self.tool_format.native:
+            return None
+        return ("This model's chat template has no tool format, so kvchat describes the tools in the system "
+                "prompt and asks for calls in its own JSON convention (<tool_call>{...}</tool_call>); the grammar "
+                "keeps each call valid, but a small model may call tools poorly.")
+
     def parse_reply(self, token_ids: list[int], opens_thinking: bool):
         """The calls a reply of `token_ids` made, in this model's format (a ParsedReply: content, calls,
         error)."""

@@ -52,6 +52,7 @@ def test_an_allow_listed_tool_runs_without_yes_and_the_calls_are_listed_on_stder
     assert result.returncode == 0, result.stderr
     assert "kvchat: tool get_current_time {" in result.stderr or "kvchat: tool convert_time {" in result.stderr
     assert "<tool_call>" not in result.stdout  # the call's markup is not the reply's text
+    assert result.stderr.count("has no tool format") == 1  # the convention is said once, never silently used
 
 
 @pytest.mark.real_model
