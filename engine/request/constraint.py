@@ -21,13 +21,16 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-import llguidance
 import numpy as np
 import torch
 
 from engine.errors import GrammarError
 from engine.weights.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # imported with the first grammar (~60 ms): an engine that never sees one never pays it
+    import llguidance
 
 _built: weakref.WeakKeyDictionary[Tokenizer, dict[int, llguidance.LLTokenizer]] = weakref.WeakKeyDictionary()
 _building = threading.Lock()  # a second caller waits for the first's tokenizer rather than build its own
@@ -58,6 +61,8 @@ class GrammarConstraint:
     def __init__(self, grammar: str, tokenizer: llguidance.LLTokenizer, vocab_size: int, end_tokens: Iterable[int]):
         """Compile `grammar` (llguidance Lark) for logits of `vocab_size`; GrammarError, one sentence, if it
         does not compile."""
+        import llguidance
+
         self.matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
         if self.matcher.is_error():
             raise GrammarError(f"The grammar does not compile: {_first_line(self.matcher.get_error())}.")
