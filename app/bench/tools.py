@@ -128,8 +128,9 @@ def one_loop(engine: Engine, session: ChatSession, rounds: int = ROUNDS) -> list
         if not calls:
             break
         results = [box.run(call) for call in calls]
-        if index == rounds - 1:
-            session.keep_results(results)  # the follow-up after the loop answers them
+        if index == rounds - 1:  # the model answers the last results in words: the conversation ends at a reply
+            session.use_tools(box.specs(), ToolChoice("auto", parallel=False))
+            _done(session.send_results(results))
         else:
             events = session.send_results(results)
     return rows
@@ -143,8 +144,8 @@ def loop_rows(engine: Engine, runs: int, rounds: int = ROUNDS) -> tuple[list[dic
 
     loops: list[list[dict]] = []
     resume: dict = {}
-    with scratch_home():
-        for run in range(runs):
+    for run in range(runs):
+        with scratch_home():  # each loop its own store: one loop's blocks on disk would answer the next's prompts
             fresh = with_fresh_cache(engine)
             storage = Storage.open()
             try:
@@ -174,13 +175,15 @@ def _resume_row(engine: Engine, storage, session: ChatSession) -> dict:
 
     storage.writer.flush()  # the loop's K/V blocks are on disk
     conversation_id, end = session.saved.id, session.messages[-1].id
-    follow_up = "Thanks. Summarise the pages in one sentence."
     samples: dict[str, list[float]] = {"warm_ms": [], "resumed_ms": [], "no_cache_ms": []}
-    for _ in range(3):
+    for i in range(3):
         for name in samples:
+            # Its own words each time: a follow-up's blocks (kept in the cache and on disk) must not answer the next.
+            follow_up = f"Thanks. Summarise pages 1 to {i + 2} in one sentence ({name})."
             storage.conversations.set_active_leaf(conversation_id, end)
             target = engine if name == "warm_ms" else with_fresh_cache(engine)
             reopened = chat_session(target, None, GREEDY, SavedConversation.open(storage, conversation_id))
+            reopened.use_tools([READ_PAGE], ToolChoice("auto", parallel=False))  # as the chat offers them again
             if name == "no_cache_ms":
                 samples[name].append(_ttft_uncached(target, reopened.prompt_ids(follow_up)))
             else:
