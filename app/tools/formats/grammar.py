@@ -27,6 +27,10 @@ from app.tools.formats.markup import CallMarkup
 from app.tools.spec import ToolSpec
 
 WS = "WS: /[ \\t\\n]*/"
+# What a reply's text may never hold when its markers are plain text (kvchat's convention): a tool's result is
+# the chat's to write. Unconstrained, the bundled 135M model wrote "<tool_response>" and a made-up result after a
+# real one, to its token limit.
+RESULT_MARKER = "<tool_response>"
 CHOICES = ("auto", "required", "none")
 
 
@@ -84,9 +88,10 @@ def reply_grammar(markup: CallMarkup, terms: Terms, tools: Sequence[ToolSpec], c
         bare = f" | {think}WS {calls} WS" if call.bare else ""
         rules = [f"start: {think}TEXT | {think}TEXT {trigger} {calls} WS{bare}", f"TEXT: {text}"]
     else:  # a text trigger: any text up to its first occurrence (lazy), or text that never holds it
-        escaped = re.escape(call.trigger).replace("/", "\\/")
-        rules = [f"start: {think}TAIL | {think}head {calls} WS", f"TAIL: /(?s:.*)/ & ~/(?s:.*){escaped}(?s:.*)/",
-                 f"head[lazy]: /(?s:.*)/ {trigger}"]
+        escaped, result = (re.escape(text).replace("/", "\\/") for text in (call.trigger, RESULT_MARKER))
+        free = f"/(?s:.*)/ & ~/(?s:.*){result}(?s:.*)/"
+        rules = [f"start: {think}TAIL | {think}head {calls} WS", f"TAIL: {free} & ~/(?s:.*){escaped}(?s:.*)/",
+                 f"head[lazy]: FREE {trigger}", f"FREE: {free}"]
     return "\n".join([*rules, WS, *think_rules, call.rules.rstrip("\n")]) + "\n"
 
 

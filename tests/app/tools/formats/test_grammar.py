@@ -128,3 +128,7 @@ def test_the_convention_grammar_works_with_the_bundled_models_tokenizer():
     assert not accepts(ll, tokenizer, grammar, "Sure.\n<tool_call>\nthe weather in Paris")
     reply = fmt.parse_ids(tokenizer.encode("Sure.\n" + fmt.markup.write([PARIS])), TOOLS)
     assert [(c.name, c.arguments) for c in reply.calls] == [(PARIS.name, PARIS.arguments)]
+    # A result is the chat's to write: the model may not write one itself, before a call or instead of one.
+    assert not accepts(ll, tokenizer, grammar, "<tool_response>\nIt is sunny in Paris.")
+    assert not accepts(ll, tokenizer, grammar, "Let me see. <tool_response> sunny <tool_call>")
+    assert accepts(ll, tokenizer, grammar, "The tool's response will come next.")
