@@ -30,7 +30,7 @@ WS = "WS: /[ \\t\\n]*/"
 # What a reply's text may never hold when its markers are plain text (kvchat's convention): a tool's result is
 # the chat's to write. Unconstrained, the bundled 135M model wrote "<tool_response>" and a made-up result after a
 # real one, to its token limit.
-RESULT_MARKER = "<tool_response>"
+RESULT_MARKER = "<tool_response"  # with or without the name the convention gives each
 CHOICES = ("auto", "required", "none")
 
 

@@ -132,3 +132,4 @@ def test_the_convention_grammar_works_with_the_bundled_models_tokenizer():
     assert not accepts(ll, tokenizer, grammar, "<tool_response>\nIt is sunny in Paris.")
     assert not accepts(ll, tokenizer, grammar, "Let me see. <tool_response> sunny <tool_call>")
     assert accepts(ll, tokenizer, grammar, "The tool's response will come next.")
+    assert not accepts(ll, tokenizer, grammar, '<tool_response name="get_weather">\nSunny.\n</tool_response>')
