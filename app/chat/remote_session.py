@@ -16,10 +16,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from app.chat.chat_message import ChatMessage
-from app.chat.errors import ChatError
 from app.chat.reply.alternatives import Drive, Stream, one_after_another
 from app.chat.session import ChatSession
-from app.tools.messages import reply_tools, result_tools
+from app.tools.messages import reply_tools
 from app.tools.spec import ToolResult
 from engine import Done, Event, SamplingParams
 
@@ -42,13 +41,8 @@ class RemoteChatSession(ChatSession):
 
     def send_results(self, results: list[ToolResult], servers: dict[str, str | None] | None = None
                      ) -> Iterator[Event]:
-        if not self.last_calls:
-            raise ChatError("The last reply made no tool call to answer.")
-        servers = servers or {}
-        before = self.messages
+        before, tool_messages = self.messages, self._tool_messages(results, servers)
         with self._taking_turn():
-            tool_messages = [ChatMessage("tool", r.text, tools=result_tools(r, servers.get(r.call.name)))
-                             for r in results]
             generation = self._ask([*before, *tool_messages])
             self._record_tools(before, tool_messages, 0, 0, [])
         self.generation = generation

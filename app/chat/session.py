@@ -133,14 +133,6 @@ class ChatSession:
         self.prompt.tools, self.prompt.tool_choice = list(tools), choice
 
     @property
-    def tool_choice(self) -> ToolChoice:
-        return self.prompt.tool_choice
-
-    @tool_choice.setter
-    def tool_choice(self, choice: ToolChoice) -> None:
-        self.prompt.tool_choice = choice
-
-    @property
     def last_calls(self) -> list[ToolCall]:
         """The tool calls the last reply made ([] when it made none, or is not the last message)."""
         last = self.messages[-1] if self.messages else None
@@ -159,13 +151,8 @@ class ChatSession:
         """The results of the last reply's calls, as tool messages, and the model's next reply to them (a
         round of the tool loop: app/chat/tool_loop.py). The prompt extends what the model has seen, so the
         round prefills the results alone. `servers`: which server ran each tool, kept with its message."""
-        if not self.last_calls:
-            raise ChatError("The last reply made no tool call to answer.")
-        before, seen = self.messages, self.seen_ids
-        servers = servers or {}
+        before, seen, tool_messages = self.messages, self.seen_ids, self._tool_messages(results, servers)
         with self._taking_turn():
-            tool_messages = [ChatMessage("tool", r.text, tools=result_tools(r, servers.get(r.call.name)))
-                             for r in results]
             prompt = self.prompt.after(seen, [*before, *tool_messages])
             room = self.engine.context_window
             if room and len(prompt.ids) + (self.reply_params.max_tokens or 1) > room:
@@ -181,10 +168,18 @@ class ChatSession:
         if not self.last_calls:
             return
         with self._taking_turn():
-            self._record_tools(self.messages, [ChatMessage("tool", r.text, tools=result_tools(r)) for r in results],
-                               0, len(self.seen_ids), [])
+            self._record_tools(self.messages, self._tool_messages(results), 0, len(self.seen_ids), [])
         if self.saved is not None:
             self.saved.end_turn()
+
+    def _tool_messages(self, results: list[ToolResult], servers: dict[str, str | None] | None = None
+                       ) -> list[ChatMessage]:
+        """The tool messages of the last reply's call results (`servers`: which ran each tool); ChatError when
+        the last reply made no call."""
+        if not self.last_calls:
+            raise ChatError("The last reply made no tool call to answer.")
+        servers = servers or {}
+        return [ChatMessage("tool", r.text, tools=result_tools(r, servers.get(r.call.name))) for r in results]
 
     def _record_tools(self, before: list[ChatMessage], tool_messages: list[ChatMessage], token_end: int,
                       token_start: int, new_ids: list[int]) -> None:

@@ -21,7 +21,7 @@ from app.chat.sampling_settings import given_settings, sampling_params
 from app.chat.reply.stats import stats_line
 from app.chat.terminal_text import BROKEN_PIPE_EXIT, SafeOutput, clean_input, printable, say, silence
 from app.cli.ask_overflow import OverflowWay
-from app.cli.ask_tools import ToolReport, check_tool_flags, open_tools
+from app.cli.ask_tools import check_tool_flags, open_tools
 from app.cli.ask_raw import RawCompletion, check_raw_flags
 from storage.db.conversations import ConversationStore
 from storage.errors import StorageError

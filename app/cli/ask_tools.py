@@ -56,10 +56,6 @@ def check_tool_flags(args: argparse.Namespace) -> None:
             raise ValueError(f"there is no MCP server named {name!r} in the config (known: {known})")
 
 
-def tool_choice(args: argparse.Namespace) -> ToolChoice:
-    return ToolChoice(args.tool_choice)
-
-
 def check_tool_choice(choice: ToolChoice, names: list[str]) -> None:
     """A named --tool-choice must be one of the offered tools (known once the servers have listed them)."""
     if choice.named is not None and choice.named not in names:
@@ -180,7 +176,7 @@ def open_tools(args: argparse.Namespace, engine, session: ChatSession) -> AskToo
             say(problem)
         if not names:
             raise ValueError(f"no tool to offer: {', '.join(args.mcp)} listed none")
-        choice = tool_choice(args)
+        choice = ToolChoice(args.tool_choice)
         check_tool_choice(choice, names)
         report = ToolReport(quiet=args.json)
         loop: ToolLoop

@@ -64,12 +64,3 @@ def once_each(calls: list[ToolCall]) -> list[ToolCall]:
         seen.setdefault((call.name, json.dumps(call.arguments, sort_keys=True)), call)
     return list(seen.values())
 
-
-def calls_to_json(calls: list[ToolCall]) -> str:
-    return json.dumps([{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls], ensure_ascii=False)
-
-
-def calls_from_json(text: str | None) -> list[ToolCall]:
-    if not text:
-        return []
-    return [ToolCall(c["name"], c.get("arguments") or {}, c.get("id", "")) for c in json.loads(text)]
