@@ -160,6 +160,9 @@ class AlternativesWriter:
         chat = pane.query_one(ChatView)
         await chat.truncate(len(session.messages))
         view = await chat.add(ChatMessage("assistant", "", status="streaming"))
+        if view is None:  # quitting
+            replies.cancel()
+            return
         view.choice = (0, count)
         view.refresh_header()
         self.live = LiveAlternatives(replies, opens_thinking=session.opens_thinking)

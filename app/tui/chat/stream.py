@@ -79,21 +79,27 @@ class ReplyStream:
         pane, host = self.pane, self.pane.host
         self.loop, self.ended_early = loop, None
         session = host.session
-        await self._begin(session.unseen_prompt_tokens)
+        if not await self._begin(session.unseen_prompt_tokens):
+            events.close()  # quitting: the user's message is stored, the reply is not started
+            return
         engine, opens_thinking = host.engine, session.opens_thinking
         if loop:
             host.engine_thread.submit(lambda: stream_tool_loop(events, engine, pane.post_message, session))
         else:
             host.engine_thread.submit(lambda: stream_reply(events, engine, pane.post_message, opens_thinking))
 
-    async def _begin(self, unseen_tokens: int) -> None:
-        """A new reply view, being written from now on; `unseen_tokens`: the prompt tokens its prefill computes."""
+    async def _begin(self, unseen_tokens: int) -> bool:
+        """A new reply view, being written from now on; `unseen_tokens`: the prompt tokens its prefill computes.
+        False when the chat is quitting (no view)."""
         pane = self.pane
         view = await pane.query_one(ChatView).add(ChatMessage("assistant", "", status="streaming"))
+        if view is None:
+            return False
         pane.writing(view)
         view.thinking.begin(expanded=not pane.host.config.collapse_thinking)
         self._markdown = Markdown.get_stream(view.body)
         pane.app.query_one(StatusBar).begin_reply(prefill_tokens=self._chunked_prefill(unseen_tokens))
+        return True
 
     def _chunked_prefill(self, tokens: int) -> int | None:
         """`tokens`, the prompt tokens the reply just sent prefills, if they take more than one chunk (the engine

@@ -154,7 +154,8 @@ class ToolUse:
         """A call waits for the user's answer: its block, and the question over the chat."""
         if message.answer.done():  # stopped before the question got here
             return
-        await self._add_call(message.call, message.tool, "asking")
+        if await self._add_call(message.call, message.tool, "asking") is None:
+            return  # quitting: the call is refused as the chat closes (close)
         self._bar("waiting for your approval")
 
         def answered(approval: Approval | None) -> None:
@@ -172,6 +173,8 @@ class ToolUse:
         if view is None or view.state not in ("asking", "stopped") or call_of(view) != message.call:
             tool = next((t for t in self.box.specs() if t.name == message.call.name), None) if self.box else None
             view = await self._add_call(message.call, tool, "running")
+            if view is None:
+                return
         elif message.approved:
             view.show(state="running")
         if message.approved:
@@ -186,10 +189,13 @@ class ToolUse:
         self.pane.query_one(ChatView).messages[view.index] = result
         view.show(result, state="stopped" if view.state == "stopped" else None)
 
-    async def _add_call(self, call: ToolCall, tool: ToolSpec | None, state: str) -> ToolMessageView:
-        """A block for `call` (a tool message without its result yet) after the reply that made it."""
+    async def _add_call(self, call: ToolCall, tool: ToolSpec | None, state: str) -> ToolMessageView | None:
+        """A block for `call` (a tool message without its result yet) after the reply that made it (None when
+        the chat is quitting)."""
         placeholder = tool_message(ToolResult(call, ""), tool.server if tool is not None else None)
         self._call = view = await self.pane.query_one(ChatView).add(placeholder)
+        if view is None:
+            return None
         view.show(state=state)
         bar = self.pane.app.query_one(StatusBar)
         bar.tool_round = bar.tool_round or 1  # the first reply made calls: the loop's first round

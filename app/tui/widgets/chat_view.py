@@ -93,9 +93,14 @@ class ChatView(VerticalScroll):
                 if view.index >= index:
                     await view.remove()
 
-    async def add(self, message: ChatMessage) -> MessageView:
+    async def add(self, message: ChatMessage) -> MessageView | None:
+        """`message` shown last; its view, or None when the chat is quitting: once Textual's shutdown has
+        begun it mounts nothing (a view added then has no parts), which Ctrl+Q right after Enter met."""
         async with self._changing:
-            return await self._add(message)
+            if not (self.app.is_running and self.is_attached):
+                return None
+            view = await self._add(message)
+            return view if view.is_mounted and self.app.is_running else None
 
     async def _add(self, message: ChatMessage) -> MessageView:
         for welcome in self.query("#welcome"):
