@@ -40,6 +40,7 @@ from engine.model.gemma4 import checkpoint_linears as gemma4_linears, checkpoint
 from engine.model import lfm2
 from engine.model.qwen35 import Qwen35Rows, checkpoint_linears as qwen35_linears, checkpoint_tensors as qwen35_tensors
 from engine.weights.stacked_experts import GEMMA4, GPT_OSS, QWEN35_MOE, StackedExperts
+from engine.weights.skeleton import shapes_only
 from engine.weights.synthetic import read_marker, synthetic_weights
 
 
@@ -294,7 +295,7 @@ def load_from(cfg: ModelConfig, ckpt: WeightSource, device: torch.device, dtype:
     if cfg.rope.rotary_dim(cfg.head_dim) < cfg.head_dim:  # q/k reordered for partial rotary: model/partial_rotary.py
         ckpt = PartialRotaryRows(ckpt, cfg)
         blocks = PartialRotaryRows(blocks, cfg) if blocks is not None else None
-    with torch.device("meta"):
+    with shapes_only():
         model = CausalLM(cfg)
     expected = model.state_dict()
     state: dict[str, torch.Tensor] = {}

@@ -25,6 +25,7 @@ from engine.kv.pool import KVPool
 from engine.model.causal_lm import LAYERS
 from engine.config.model import ModelConfig
 from engine.gguf.reader import gguf_config, open_gguf
+from engine.weights.skeleton import shapes_only
 
 # GPU memory the model needs beyond its weights, K/V pool and RoPE tables (those are counted exactly):
 # the activations of one prefill chunk (2048 tokens through an 8B model's MLP are ~0.2 GiB in bf16, a 70B's
@@ -57,7 +58,7 @@ def weight_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
         count += (layout.per_layer_vocab + cfg.hidden_size) * packed + layout.per_layer_input
     layer_type = LAYERS[cfg.family][0]
     per_kind: dict[object, int] = {}
-    with torch.device("meta"):
+    with shapes_only():
         for i in range(cfg.num_layers):
             # Gemma 4's layers also differ in head size, KV heads, shared K/V and MLP width.
             kind = cfg.is_moe(i) if layout is None else (layout.head_dims[i], layout.kv_heads[i], layout.k_eq_v[i],

@@ -21,6 +21,7 @@ def files(folder):
     return {path.name: path.read_bytes() for path in sorted(folder.iterdir())}
 
 
+@pytest.mark.slow  # a model, its GGUF file and AutoTokenizer for each architecture
 @pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
 def test_the_tokenizer_files_are_the_ones_autotokenizer_writes(arch, tmp_path):
     gguf = write_gguf(load_reference(make_tiny_model(tmp_path / "hf", arch)), tmp_path / "m.gguf",
