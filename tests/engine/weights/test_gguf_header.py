@@ -9,7 +9,7 @@ from engine.gguf.header import gguf_context_length
 def header_only_gguf(path, arch="qwen3", context_length=40960):
     """A GGUF file with a vocabulary and a number array written before the context length, and no tensors."""
     writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_token_list([f"t{i}" for i in range(1000)])  # strings of their own lengths: read one by one
+    writer.add_token_list([f"t{i}" for i in range(5000)])  # past _MAX_ARRAY_KEPT, strings of their own lengths: stepped
     writer.add_array(f"{arch}.some_floats", [0.5] * 64)  # fixed-size: skipped in one seek
     writer.add_bool("general.flag", True)
     writer.add_context_length(context_length)
