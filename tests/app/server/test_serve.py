@@ -22,11 +22,6 @@ API_KEY = "test-key"
 
 
 @pytest.fixture
-def engine(tiny_engine):
-    return with_fresh_cache(tiny_engine)  # this test's own prefix cache
-
-
-@pytest.fixture
 def server(engine):
     with Server(create_app(engine, api_key=API_KEY)) as running:
         yield running

@@ -5,24 +5,9 @@ from __future__ import annotations
 import openai
 import pytest
 
-from app.server.api import create_app
-from engine.bench.fresh import with_fresh_cache
-from tests.app.serve_harness import Server
 from tests.app.server.serve_requests import no_request_holds_blocks, recorded_generations
 
 MESSAGES = [{"role": "user", "content": "Give me a few ideas"}]
-
-
-@pytest.fixture
-def engine(tiny_engine):
-    return with_fresh_cache(tiny_engine)
-
-
-@pytest.fixture
-def client(engine):
-    with Server(create_app(engine)) as server, \
-            openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=30) as c:
-        yield c
 
 
 @pytest.fixture

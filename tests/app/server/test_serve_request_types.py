@@ -8,21 +8,7 @@ import json
 import openai
 import pytest
 
-from app.server.api import create_app
-from engine.bench.fresh import with_fresh_cache
-from tests.app.serve_harness import Server
 from tests.app.server.serve_requests import chat, post
-
-
-@pytest.fixture
-def engine(tiny_engine):
-    return with_fresh_cache(tiny_engine)
-
-
-@pytest.fixture
-def server(engine):
-    with Server(create_app(engine)) as running:
-        yield running
 
 
 def refusal(server, body: dict | bytes, path: str = "chat/completions") -> dict:

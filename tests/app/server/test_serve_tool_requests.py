@@ -20,17 +20,6 @@ CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", 
 
 
 @pytest.fixture
-def engine(tiny_engine):
-    return with_fresh_cache(tiny_engine)
-
-
-@pytest.fixture
-def server(engine):
-    with Server(create_app(engine)) as running:
-        yield running
-
-
-@pytest.fixture
 def real(default_engine):
     """The bundled model (with_fresh_cache) and a server of it."""
     engine = with_fresh_cache(default_engine)

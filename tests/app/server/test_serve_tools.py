@@ -11,20 +11,17 @@ from concurrent.futures import ThreadPoolExecutor
 import jsonschema
 import llguidance
 import llguidance.hf
-import openai
 import pytest
 
 from app.chat.backend_loader import chat_session
 from app.chat.tool_loop import ToolLoop
 from app.remote.client import RemoteEngine
-from app.server.api import create_app
 from app.tools.approval import ApprovalPolicy
 from app.tools.toolbox import FunctionTools, ToolChoice
 from app.tools.formats.detect import tool_format
 from app.tools.spec import ToolCall, ToolSpec
 from engine import Done, SamplingParams
 from engine.bench.fresh import with_fresh_cache
-from tests.app.serve_harness import Server
 from tests.app.server.serve_requests import no_request_holds_blocks, recorded_generations
 
 pytestmark = pytest.mark.real_model
@@ -45,18 +42,6 @@ GREEDY = dict(temperature=0, max_tokens=30)  # one call is about 20 tokens
 @pytest.fixture
 def engine(default_engine):
     return with_fresh_cache(default_engine)
-
-
-@pytest.fixture
-def server(engine):
-    with Server(create_app(engine)) as running:
-        yield running
-
-
-@pytest.fixture
-def client(server):
-    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=60) as c:
-        yield c
 
 
 @pytest.fixture
