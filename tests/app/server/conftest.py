@@ -7,6 +7,7 @@ import pytest
 from app.server.api import create_app
 from engine.bench.fresh import with_fresh_cache
 from tests.app.serve_harness import Server
+from tests.app.server.serve_requests import recorded_generations
 
 
 @pytest.fixture
@@ -24,3 +25,14 @@ def server(engine):
 def client(server):
     with openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=60) as c:
         yield c
+
+
+@pytest.fixture
+def model(engine) -> str:
+    return engine.info.model_name
+
+
+@pytest.fixture
+def generations(engine, monkeypatch) -> list:
+    """Every Generation the server starts, to read the engine's own params and counts of a request."""
+    return recorded_generations(engine, monkeypatch)

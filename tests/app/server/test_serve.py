@@ -15,7 +15,7 @@ from app.server.reply import StopText
 from app.server.schema import ChatCompletionRequest, usage
 from engine import Done, RequestStats, SamplingParams
 from tests.app.serve_harness import Server, wait_until
-from tests.app.server.serve_requests import no_request_holds_blocks, recorded_generations
+from tests.app.server.serve_requests import no_request_holds_blocks
 from engine.bench.fresh import with_fresh_cache
 
 API_KEY = "test-key"
@@ -41,12 +41,6 @@ def model(client) -> str:
 
 def ask(client, model, messages, **kwargs):
     return client.chat.completions.create(model=model, messages=messages, **kwargs)
-
-
-@pytest.fixture
-def generations(engine, monkeypatch) -> list:
-    """Every Generation the server starts, to read the engine's own params and counts of a request."""
-    return recorded_generations(engine, monkeypatch)
 
 
 def test_models_lists_the_loaded_model(client, engine):

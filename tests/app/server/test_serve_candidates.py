@@ -5,19 +5,9 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.app.server.serve_requests import no_request_holds_blocks, recorded_generations
+from tests.app.server.serve_requests import no_request_holds_blocks
 
 MESSAGES = [{"role": "user", "content": "Give me a few ideas"}]
-
-
-@pytest.fixture
-def model(engine) -> str:
-    return engine.info.model_name
-
-
-@pytest.fixture
-def generations(engine, monkeypatch) -> list:
-    return recorded_generations(engine, monkeypatch)
 
 
 def ask(client, model, **kwargs):

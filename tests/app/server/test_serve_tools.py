@@ -22,7 +22,7 @@ from app.tools.formats.detect import tool_format
 from app.tools.spec import ToolCall, ToolSpec
 from engine import Done, SamplingParams
 from engine.bench.fresh import with_fresh_cache
-from tests.app.server.serve_requests import no_request_holds_blocks, recorded_generations
+from tests.app.server.serve_requests import no_request_holds_blocks
 
 pytestmark = pytest.mark.real_model
 
@@ -42,16 +42,6 @@ GREEDY = dict(temperature=0, max_tokens=30)  # one call is about 20 tokens
 @pytest.fixture
 def engine(default_engine):
     return with_fresh_cache(default_engine)
-
-
-@pytest.fixture
-def model(engine) -> str:
-    return engine.info.model_name
-
-
-@pytest.fixture
-def generations(engine, monkeypatch) -> list:
-    return recorded_generations(engine, monkeypatch)
 
 
 def ask(client, model, messages=QUESTION, **kwargs):
