@@ -53,7 +53,7 @@ class QuantKernels:
     # Quantized weights times int8-quantized activations, summed in integers (csrc/int8_dot.c), instead of
     # fp32 products of the exact weights. Off until the engine asks (EngineOptions.exact_fp32).
     integer: bool = False
-    integer_isa: str = "portable"  # avx512-vnni | portable: what runs the integer products
+    integer_isa: str = "portable"  # avx512-vnni+amx | avx512-vnni | portable: what runs the integer products
     integer_definition: int = 0  # csrc/int8_dot.h's KC_INT8_DEFINITION: which bits integer products give
 
     def with_integer_products(self, integer: bool) -> "QuantKernels":
@@ -116,6 +116,9 @@ def _bind(lib: ctypes.CDLL) -> QuantKernels:
     for fn in (lib.kc_matmul, lib.kc_matmul_parts, lib.kc_dequantize, lib.kc_forward_tokens, lib.kc_forward_batch):
         fn.restype = None
     lib.kc_isa.restype = ctypes.c_char_p
+    lib.kc_amx_set.argtypes = [i]
+    lib.kc_amx_set.restype = i
+    lib.kc_amx_active.restype = i
     lib.kc_decode_scratch_floats.restype = ctypes.c_int64
     lib.kc_int8_definition.restype = i
     return QuantKernels(lib, lib.kc_isa().decode(), integer_isa=lib.kc_int8_isa().decode(),

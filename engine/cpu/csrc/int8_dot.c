@@ -10,6 +10,7 @@
 #include <stdlib.h>
 
 #include "int8_act.h"
+#include "int8_amx.h"
 #include "int8_dot.h"
 #include "int8_quants.h"
 #include "int8_tiles.h"
@@ -108,4 +109,7 @@ void kc_int8_columns_defined(const kc_linear *L, const float *x, int rows, float
     free(xs);
 }
 
-const char *kc_int8_isa(void) { return kc_int8_tiled(KC_Q4_K) ? "avx512-vnni" : "portable"; }
+const char *kc_int8_isa(void) {
+    if (!kc_int8_tiled(KC_Q4_K)) return "portable";
+    return kc_amx_active() ? "avx512-vnni+amx" : "avx512-vnni";
+}

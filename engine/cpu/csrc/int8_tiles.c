@@ -3,52 +3,18 @@
  */
 #include <string.h>
 
+#include "int8_amx.h"
 #include "int8_quants.h"
 #include "int8_tiles.h"
 #include "kquant_scales.h"
 #include "simd.h"
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && \
-    defined(__AVX512VNNI__)
-#define TILES_VNNI 1
-#else
-#define TILES_VNNI 0
-#endif
-
-/* ---- the layout ---- */
-
-static inline int quant_bits(int format) {
-    switch (format) {
-    case KC_Q4_0: case KC_Q4_1: case KC_Q4_K: case KC_MXFP4: return 4;
-    case KC_Q5_0: case KC_Q5_1: case KC_Q5_K: return 5;
-    case KC_Q6_K: return 6;
-    case KC_Q8_0: return 8;
-    default: return 0; /* Q2_K, Q3_K: no tiles */
-    }
-}
-
-static inline int header_bytes(int format) {
-    switch (format) {
-    case KC_Q4_1: case KC_Q5_1: return 64;
-    case KC_Q4_K: case KC_Q5_K: return 320;
-    case KC_Q6_K: return 288;
-    case KC_MXFP4: return 16;
-    default: return 32;
-    }
-}
-
-static inline int group_bytes(int bits) { return bits == 8 ? 128 : bits == 4 ? 64 : bits == 5 ? 80 : 96; }
-
-static inline int64_t unit_bytes(int format) {
-    return header_bytes(format) + (int64_t)(kc_block_weights(format) / 8) * group_bytes(quant_bits(format));
-}
-
-int kc_int8_tiled(int format) { return TILES_VNNI && quant_bits(format) > 0; }
+int kc_int8_tiled(int format) { return TILES_VNNI && kc_tile_bits(format) > 0; }
 
 int64_t kc_int8_tile_bytes(const kc_linear *L) {
     if (!kc_int8_tiled(L->format)) return 0;
     const int64_t tiles = (L->N + KC_TILE - 1) / KC_TILE, blocks = L->K / kc_block_weights(L->format);
-    return tiles * blocks * unit_bytes(L->format);
+    return tiles * blocks * kc_tile_unit_bytes(L->format);
 }
 
 /* GGUF's fp16 bytes of a block's scale (and minimum), copied as they are. */
@@ -97,11 +63,11 @@ static inline uint32_t nibble_word(const uint8_t *qs, int at, int high) {
 
 /* Tile t's block b of a 4-bit format (Q4_0, Q4_1, Q4_K, MXFP4): what pack_unit makes, without decoding
  * every quant (the load of a 7B Q4_K_M file spent ~2 s in that decoding). MXFP4 keeps its nibbles as
- * indices (group_vecs looks their unsigned values up) and its E8M0 byte as it is. */
+ * indices (kc_tile_group_vecs looks their unsigned values up) and its E8M0 byte as it is. */
 static void pack_unit_4bit(const kc_linear *L, int t, int b, uint8_t *unit) {
     const int format = L->format, W = kc_block_weights(format), nb = L->K / W;
-    memset(unit, 0, (size_t)header_bytes(format));
-    uint8_t *groups = unit + header_bytes(format);
+    memset(unit, 0, (size_t)kc_tile_header_bytes(format));
+    uint8_t *groups = unit + kc_tile_header_bytes(format);
     for (int c = 0; c < KC_TILE; c++) {
         const int n = KC_TILE * t + c;
         if (n >= L->N) { /* padding: zero quants and scales */
@@ -136,13 +102,13 @@ static void pack_unit_4bit(const kc_linear *L, int t, int b, uint8_t *unit) {
 
 /* Tile t's block b. */
 static void pack_unit(const kc_linear *L, int t, int b, uint8_t *unit) {
-    const int format = L->format, bits = quant_bits(format), W = kc_block_weights(format);
+    const int format = L->format, bits = kc_tile_bits(format), W = kc_block_weights(format);
     const int nb = L->K / W;
     if (bits == 4) {
         pack_unit_4bit(L, t, b, unit);
         return;
     }
-    memset(unit, 0, (size_t)header_bytes(format));
+    memset(unit, 0, (size_t)kc_tile_header_bytes(format));
     const uint8_t *u[KC_TILE];
     kc_legacy legacy[KC_TILE];
     kc_k_super k[KC_TILE];
@@ -173,8 +139,8 @@ static void pack_unit(const kc_linear *L, int t, int b, uint8_t *unit) {
             }
         }
     }
-    uint8_t *g = unit + header_bytes(format);
-    for (int k0 = 0; k0 < W; k0 += 8, g += group_bytes(bits)) {
+    uint8_t *g = unit + kc_tile_header_bytes(format);
+    for (int k0 = 0; k0 < W; k0 += 8, g += kc_tile_group_bytes(bits)) {
         const uint8_t *at[KC_TILE];
         for (int c = 0; c < KC_TILE; c++) at[c] = u[c] + k0; /* zeros is a whole block long */
         pack_group(at, bits, g);
@@ -184,7 +150,7 @@ static void pack_unit(const kc_linear *L, int t, int b, uint8_t *unit) {
 void kc_int8_tile_pack(const kc_linear *L, void *out, int threads) {
     if (!kc_int8_tiled(L->format)) return;
     const int tiles = (L->N + KC_TILE - 1) / KC_TILE, nb = L->K / kc_block_weights(L->format);
-    const int64_t ub = unit_bytes(L->format);
+    const int64_t ub = kc_tile_unit_bytes(L->format);
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int t = 0; t < tiles; t++)
         for (int b = 0; b < nb; b++) pack_unit(L, t, b, (uint8_t *)out + ((int64_t)t * nb + b) * ub);
@@ -195,65 +161,28 @@ void kc_int8_tile_pack(const kc_linear *L, void *out, int threads) {
 #if TILES_VNNI
 #define TILE_ROWS 4 /* input rows sharing one decode of a tile's quants: 6 or 8 spill the accumulators (measured 0.6-0.9x at 48 rows) */
 
-static inline uint64_t u64_at(const uint8_t *p) {
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return v;
-}
-
-static inline int32_t i32_at(const void *p) { return (int32_t)kc_u32_at((const uint8_t *)p); }
-
-/* A group's two vectors: 4 unsigned quants of each of 16 columns, weights k0..k0+3 and k0+4..k0+7. */
-static inline __attribute__((always_inline)) void group_vecs(const uint8_t *g, int format, __m512i *A, __m512i *B) {
-    const int bits = quant_bits(format);
-    if (bits == 8) {
-        *A = _mm512_loadu_si512(g);
-        *B = _mm512_loadu_si512(g + 64);
-        return;
-    }
-    const __m512i v = _mm512_loadu_si512(g), low4 = _mm512_set1_epi8(0x0F);
-    *A = _mm512_and_si512(v, low4);
-    *B = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-    if (format == KC_MXFP4) { /* nibble -> its value + 12 (int8_quants.c), one byte shuffle per vector */
-        const __m512i u = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)kc_mxfp4_unsigned));
-        *A = _mm512_shuffle_epi8(u, *A);
-        *B = _mm512_shuffle_epi8(u, *B);
-        return;
-    }
-    if (bits >= 5) {
-        const __m512i b4 = _mm512_set1_epi8(16);
-        *A = _mm512_mask_add_epi8(*A, _cvtu64_mask64(u64_at(g + 64)), *A, b4);
-        *B = _mm512_mask_add_epi8(*B, _cvtu64_mask64(u64_at(g + 72)), *B, b4);
-    }
-    if (bits == 6) {
-        const __m512i b5 = _mm512_set1_epi8(32);
-        *A = _mm512_mask_add_epi8(*A, _cvtu64_mask64(u64_at(g + 80)), *A, b5);
-        *B = _mm512_mask_add_epi8(*B, _cvtu64_mask64(u64_at(g + 88)), *B, b5);
-    }
-}
-
 /* sums[r] += the group's products with rows xs[r]'s quants at q_at (8 of them) */
-#define GROUP_DOT(g, format, sums, R, q_of)                                                      \
-    do {                                                                                         \
-        __m512i A_, B_;                                                                          \
-        group_vecs(g, format, &A_, &B_);                                                         \
-        _Pragma("GCC unroll 4") for (int r = 0; r < TILE_ROWS; r++) if (r < (R)) {               \
-            const int8_t *xq_ = (q_of);                                                          \
-            sums[r] = _mm512_dpbusd_epi32(sums[r], A_, _mm512_set1_epi32(i32_at(xq_)));          \
-            sums[r] = _mm512_dpbusd_epi32(sums[r], B_, _mm512_set1_epi32(i32_at(xq_ + 4)));      \
-        }                                                                                        \
+#define GROUP_DOT(g, format, sums, R, q_of)                                                 \
+    do {                                                                                    \
+        __m512i A_, B_;                                                                     \
+        kc_tile_group_vecs(g, format, &A_, &B_);                                            \
+        _Pragma("GCC unroll 4") for (int r = 0; r < TILE_ROWS; r++) if (r < (R)) {          \
+            const int8_t *xq_ = (q_of);                                                     \
+            sums[r] = _mm512_dpbusd_epi32(sums[r], A_, _mm512_set1_epi32(kc_i32_at(xq_)));     \
+            sums[r] = _mm512_dpbusd_epi32(sums[r], B_, _mm512_set1_epi32(kc_i32_at(xq_ + 4))); \
+        }                                                                                   \
     } while (0)
 
 /* One 32-weight block b of a tile (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4) times rows xs[0..R). */
 static inline __attribute__((always_inline)) void legacy_unit(const uint8_t *unit, int format, const kc_act_row *xs,
                                                                int R, int b, __m512 *acc, __m512 *ext) {
-    const int bits = quant_bits(format), gb = group_bytes(bits);
+    const int bits = kc_tile_bits(format), gb = kc_tile_group_bytes(bits);
     const int offset = format == KC_Q8_0 ? 128 : format == KC_Q4_0 ? 8 : format == KC_Q5_0 ? 16
                      : format == KC_MXFP4 ? 12 : 0;
     __m512i sums[TILE_ROWS];
     for (int r = 0; r < TILE_ROWS; r++)
         sums[r] = offset && r < R ? _mm512_set1_epi32(-offset * xs[r].bsums32[b]) : _mm512_setzero_si512();
-    const uint8_t *g = unit + header_bytes(format);
+    const uint8_t *g = unit + kc_tile_header_bytes(format);
     for (int h = 0; h < 4; h++) GROUP_DOT(g + h * gb, format, sums, R, xs[r].q + 32 * b + 8 * h);
     __m512 d;
     if (format == KC_MXFP4) { /* kc_e8m0_half of each column's exponent byte, 16 at once */
@@ -276,8 +205,8 @@ static inline __attribute__((always_inline)) void legacy_unit(const uint8_t *uni
 /* One super-block s of a tile (Q4_K, Q5_K, Q6_K) times rows xs[0..R). */
 static inline __attribute__((always_inline)) void k_unit(const uint8_t *unit, int format, const kc_act_row *xs, int R,
                                                           int s, __m512 *acc, __m512 *ext) {
-    const int bits = quant_bits(format), gb = group_bytes(bits);
-    const uint8_t *g = unit + header_bytes(format);
+    const int bits = kc_tile_bits(format), gb = kc_tile_group_bytes(bits);
+    const uint8_t *g = unit + kc_tile_header_bytes(format);
     __m512i main[TILE_ROWS];
     for (int r = 0; r < TILE_ROWS; r++) main[r] = _mm512_setzero_si512();
     if (format == KC_Q6_K) {
@@ -298,7 +227,7 @@ static inline __attribute__((always_inline)) void k_unit(const uint8_t *unit, in
             }
             const __m512i pair = _mm512_or_si512(_mm512_and_si512(sc[0], _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(sc[1], 16));
             for (int r = 0; r < TILE_ROWS; r++)
-                if (r < R) offset[r] = _mm512_dpwssd_epi32(offset[r], pair, _mm512_set1_epi32(i32_at(xs[r].bsums + 16 * s + 2 * p)));
+                if (r < R) offset[r] = _mm512_dpwssd_epi32(offset[r], pair, _mm512_set1_epi32(kc_i32_at(xs[r].bsums + 16 * s + 2 * p)));
         }
         for (int r = 0; r < TILE_ROWS; r++)
             if (r < R) main[r] = _mm512_sub_epi32(main[r], _mm512_slli_epi32(offset[r], 5));
@@ -323,7 +252,7 @@ static inline __attribute__((always_inline)) void k_unit(const uint8_t *unit, in
         for (int p = 0; p < 4; p++) {
             const __m512i mn = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(unit + 192 + 32 * p)));
             for (int r = 0; r < TILE_ROWS; r++)
-                if (r < R) low[r] = _mm512_dpwssd_epi32(low[r], mn, _mm512_set1_epi32(i32_at(xs[r].bsums32 + 8 * s + 2 * p)));
+                if (r < R) low[r] = _mm512_dpwssd_epi32(low[r], mn, _mm512_set1_epi32(kc_i32_at(xs[r].bsums32 + 8 * s + 2 * p)));
         }
         const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(unit + 32)));
         for (int r = 0; r < TILE_ROWS; r++)
@@ -336,7 +265,7 @@ static inline __attribute__((always_inline)) void k_unit(const uint8_t *unit, in
 static inline __attribute__((always_inline)) void tile_rows(const kc_linear *L, int format, const uint8_t *tile,
                                                              int blocks, const kc_act_row *xs, int R, float *y,
                                                              int ldy, int c0, __mmask16 keep, __m512 bias) {
-    const int64_t ub = unit_bytes(format);
+    const int64_t ub = kc_tile_unit_bytes(format);
     __m512 acc[TILE_ROWS], ext[TILE_ROWS];
     for (int r = 0; r < TILE_ROWS; r++) acc[r] = ext[r] = _mm512_setzero_ps();
     for (int b = 0; b < blocks; b++) {
@@ -359,7 +288,7 @@ static inline __attribute__((always_inline)) void tile_rows(const kc_linear *L, 
             const int hi = n1 - c0 < KC_TILE ? n1 - c0 : KC_TILE;                                     \
             const __mmask16 keep = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));                 \
             const __m512 bias = L->bias ? _mm512_maskz_loadu_ps(keep, L->bias + c0) : _mm512_setzero_ps(); \
-            const uint8_t *tile = (const uint8_t *)L->tiles + (int64_t)t * blocks * unit_bytes(FORMAT); \
+            const uint8_t *tile = (const uint8_t *)L->tiles + (int64_t)t * blocks * kc_tile_unit_bytes(FORMAT); \
             int r0 = 0;                                                                               \
             for (; r0 + TILE_ROWS <= rows; r0 += TILE_ROWS)                                           \
                 tile_rows(L, FORMAT, tile, blocks, xs + r0, TILE_ROWS, y + (int64_t)r0 * ldy, ldy, c0, keep, bias); \
@@ -382,6 +311,7 @@ TILE_COLUMNS(q6_k_tiles, KC_Q6_K)
 TILE_COLUMNS(mxfp4_tiles, KC_MXFP4)
 
 void kc_int8_tile_columns(const kc_linear *L, const kc_act_row *xs, int rows, float *y, int ldy, int n0, int n1) {
+    if (kc_amx_columns(L, xs, rows, y, ldy, n0, n1)) return; /* many rows, where the CPU has AMX */
     switch (L->format) {
     case KC_Q4_0: q4_0_tiles(L, xs, rows, y, ldy, n0, n1); return;
     case KC_Q4_1: q4_1_tiles(L, xs, rows, y, ldy, n0, n1); return;

@@ -29,8 +29,87 @@
 
 #include "block_quant.h"
 #include "int8_act.h"
+#include "int8_quants.h"
 
 #define KC_TILE 16 /* output columns in a tile */
+
+/* ---- the layout, read by the repacking and both products (int8_tiles.c, int8_amx.c) ---- */
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && \
+    defined(__AVX512VNNI__)
+#define TILES_VNNI 1
+#else
+#define TILES_VNNI 0
+#if TILES_VNNI
+#include <string.h>
+
+#include "simd.h"
+
+static inline uint64_t kc_u64_at(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+static inline int32_t kc_i32_at(const void *p) { return (int32_t)kc_u32_at((const uint8_t *)p); }
+
+/* A group's two vectors: 4 unsigned quants of each of 16 columns, weights k0..k0+3 and k0+4..k0+7. */
+static inline __attribute__((always_inline)) void kc_tile_group_vecs(const uint8_t *g, int format, __m512i *A, __m512i *B) {
+    const int bits = kc_tile_bits(format);
+    if (bits == 8) {
+        *A = _mm512_loadu_si512(g);
+        *B = _mm512_loadu_si512(g + 64);
+        return;
+    }
+    const __m512i v = _mm512_loadu_si512(g), low4 = _mm512_set1_epi8(0x0F);
+    *A = _mm512_and_si512(v, low4);
+    *B = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+    if (format == KC_MXFP4) { /* nibble -> its value + 12 (int8_quants.c), one byte shuffle per vector */
+        const __m512i u = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)kc_mxfp4_unsigned));
+        *A = _mm512_shuffle_epi8(u, *A);
+        *B = _mm512_shuffle_epi8(u, *B);
+        return;
+    }
+    if (bits >= 5) {
+        const __m512i b4 = _mm512_set1_epi8(16);
+        *A = _mm512_mask_add_epi8(*A, _cvtu64_mask64(kc_u64_at(g + 64)), *A, b4);
+        *B = _mm512_mask_add_epi8(*B, _cvtu64_mask64(kc_u64_at(g + 72)), *B, b4);
+    }
+    if (bits == 6) {
+        const __m512i b5 = _mm512_set1_epi8(32);
+        *A = _mm512_mask_add_epi8(*A, _cvtu64_mask64(kc_u64_at(g + 80)), *A, b5);
+        *B = _mm512_mask_add_epi8(*B, _cvtu64_mask64(kc_u64_at(g + 88)), *B, b5);
+    }
+}
+#endif
+
+#endif
+
+static inline int kc_tile_bits(int format) {
+    switch (format) {
+    case KC_Q4_0: case KC_Q4_1: case KC_Q4_K: case KC_MXFP4: return 4;
+    case KC_Q5_0: case KC_Q5_1: case KC_Q5_K: return 5;
+    case KC_Q6_K: return 6;
+    case KC_Q8_0: return 8;
+    default: return 0; /* Q2_K, Q3_K: no tiles */
+    }
+}
+
+static inline int kc_tile_header_bytes(int format) {
+    switch (format) {
+    case KC_Q4_1: case KC_Q5_1: return 64;
+    case KC_Q4_K: case KC_Q5_K: return 320;
+    case KC_Q6_K: return 288;
+    case KC_MXFP4: return 16;
+    default: return 32;
+    }
+}
+
+static inline int kc_tile_group_bytes(int bits) { return bits == 8 ? 128 : bits == 4 ? 64 : bits == 5 ? 80 : 96; }
+
+static inline int64_t kc_tile_unit_bytes(int format) {
+    return kc_tile_header_bytes(format) + (int64_t)(kc_block_weights(format) / 8) * kc_tile_group_bytes(kc_tile_bits(format));
+}
 
 /* Whether this build multiplies `format` in tiles (AVX-512 VNNI: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, Q4_K,
  * Q5_K, Q6_K). */
@@ -41,5 +120,48 @@ int64_t kc_int8_tile_bytes(const kc_linear *L);
 void kc_int8_tile_pack(const kc_linear *L, void *out, int threads);
 /* Columns n0..n1 of the product of L's tiles with the quantized rows xs, as kc_int8_columns. */
 void kc_int8_tile_columns(const kc_linear *L, const kc_act_row *xs, int rows, float *y, int ldy, int n0, int n1);
+
+#if TILES_VNNI
+#include <string.h>
+
+#include "simd.h"
+
+static inline uint64_t kc_u64_at(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+static inline int32_t kc_i32_at(const void *p) { return (int32_t)kc_u32_at((const uint8_t *)p); }
+
+/* A group's two vectors: 4 unsigned quants of each of 16 columns, weights k0..k0+3 and k0+4..k0+7. */
+static inline __attribute__((always_inline)) void kc_tile_group_vecs(const uint8_t *g, int format, __m512i *A, __m512i *B) {
+    const int bits = kc_tile_bits(format);
+    if (bits == 8) {
+        *A = _mm512_loadu_si512(g);
+        *B = _mm512_loadu_si512(g + 64);
+        return;
+    }
+    const __m512i v = _mm512_loadu_si512(g), low4 = _mm512_set1_epi8(0x0F);
+    *A = _mm512_and_si512(v, low4);
+    *B = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+    if (format == KC_MXFP4) { /* nibble -> its value + 12 (int8_quants.c), one byte shuffle per vector */
+        const __m512i u = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)kc_mxfp4_unsigned));
+        *A = _mm512_shuffle_epi8(u, *A);
+        *B = _mm512_shuffle_epi8(u, *B);
+        return;
+    }
+    if (bits >= 5) {
+        const __m512i b4 = _mm512_set1_epi8(16);
+        *A = _mm512_mask_add_epi8(*A, _cvtu64_mask64(kc_u64_at(g + 64)), *A, b4);
+        *B = _mm512_mask_add_epi8(*B, _cvtu64_mask64(kc_u64_at(g + 72)), *B, b4);
+    }
+    if (bits == 6) {
+        const __m512i b5 = _mm512_set1_epi8(32);
+        *A = _mm512_mask_add_epi8(*A, _cvtu64_mask64(kc_u64_at(g + 80)), *A, b5);
+        *B = _mm512_mask_add_epi8(*B, _cvtu64_mask64(kc_u64_at(g + 88)), *B, b5);
+    }
+}
+#endif
 
 #endif
