@@ -2,8 +2,9 @@
 
 The CPU default for fp32 Llama-family and Gemma 3 models whose linears the C kernels can read (block-quantized, 2-byte or dense
 fp32): the eager step spends more of a token in ~1,400 small torch ops and ~120 OpenMP fork/joins than
-in arithmetic. `step` is a decode token; `forward` takes up to MAX_ROWS tokens (a follow-up message,
-the end of a prompt; longer chunks go to the eager model, whose GEMMs win there). The eager model stays
+in arithmetic. `step` is a decode token; `forward` takes up to max_rows tokens (a follow-up message,
+the end of a prompt; with fp32 products longer chunks go to the eager model, whose GEMMs win there, and
+with integer products every chunk comes here, INTEGER_MAX_ROWS tokens a call). The eager model stays
 the reference: `ModelRunner.logits` runs it, and the tests compare the two (logits, K/V, greedy tokens).
 The C structs are mirrored here field for field (tests/engine/cpu/test_c_struct_mirrors.py holds the sizes equal).
 """
@@ -29,6 +30,9 @@ from engine.model.moe import SparseMoE
 
 MAX_PARTS = 3
 MAX_ROWS = KERNEL_MAX_ROWS  # new tokens per call: past this, a GEMM over dequantized weights is faster
+# New tokens per call on the integer path (decode_step.c's MAX_CALL_ROWS at most): its products need no
+# dense GEMM at any size, and AMX (csrc/int8_amx.h) unpacks a weight once per call for all of its rows.
+INTEGER_MAX_ROWS = 256
 # The phases decode_step.c times when profiled, in its enum's order.
 PHASES = ("q/k/v projection", "q/k norm, RoPE, K/V append", "attention", "o projection", "gate and up, SiLU",
           "down projection", "lm_head", "waiting at barriers")
@@ -162,12 +166,13 @@ class FusedCPUDecode:
         # Integer products (cpu/kernels.py): then every token takes a decode step's own attention, whatever
         # the call, so the engine's results are bit-identical across batching, chunking and caching.
         self.integer = any(getattr(module, "integer", False) for module in model.modules())
+        self.max_rows = INTEGER_MAX_ROWS if self.integer else MAX_ROWS  # new tokens a call takes
         self._threads = max(os.cpu_count() or 1, torch.get_num_threads())
         self._desc = _Model(
             layers=cfg.num_layers, hidden=cfg.hidden_size, heads=cfg.num_heads, kv_heads=cfg.num_kv_heads,
             head_dim=cfg.head_dim, intermediate=cfg.intermediate_size, vocab=cfg.vocab_size,
             max_tokens=cfg.context_window, eps=cfg.rms_norm_eps, scale=cfg.q_scale,
-            max_threads=self._threads, max_rows=MAX_ROWS, layer=self._layers, final_norm=_norm(model.norm),
+            max_threads=self._threads, max_rows=self.max_rows, layer=self._layers, final_norm=_norm(model.norm),
             lm_head=_parts(model.lm_head, "lm_head"), activation=ACTIVATIONS[cfg.hidden_act],
             row_invariant=int(self.integer),
             # Ministral 3's attention temperature, read in place (the eager model's own table)
@@ -177,7 +182,7 @@ class FusedCPUDecode:
         self._desc.scratch = self._scratch.data_ptr()
         if cfg.moe is not None:
             moe = cfg.moe
-            self._moe_scratch = torch.empty(lib.kc_moe_scratch_floats(MAX_ROWS, cfg.hidden_size, moe.experts,
+            self._moe_scratch = torch.empty(lib.kc_moe_scratch_floats(self.max_rows, cfg.hidden_size, moe.experts,
                                                                       moe.per_token, moe.intermediate_size))
             self._desc.moe_scratch = self._moe_scratch.data_ptr()
         self._logits = torch.empty(1, cfg.vocab_size, dtype=torch.float32)
@@ -246,7 +251,7 @@ class FusedCPUDecode:
 
     def forward(self, token_ids: list[int], buffer: ContiguousKVCache, threads: int,
                 all_logits: bool = False) -> torch.Tensor:
-        """Logits of up to MAX_ROWS new tokens after the buffer's (a follow-up message, a prompt chunk,
+        """Logits of up to max_rows new tokens after the buffer's (a follow-up message, a prompt chunk,
         drafts to verify): [1, vocab] of the last, or [T, vocab] of each if `all_logits`; their K/V written
         (reserved; the caller commits). A new tensor."""
         return self.forward_batch([(token_ids, buffer, all_logits)], threads)[0]
@@ -254,10 +259,10 @@ class FusedCPUDecode:
     def forward_batch(self, batch: list[tuple[list[int], ContiguousKVCache, bool]], threads: int) -> list[torch.Tensor]:
         """Several sequences' new tokens in one pass over the weights (continuous batching): for each
         (token ids, its own buffer, all_logits) the logits forward() would give it, bit for bit, and its
-        K/V written after the buffer's tokens (reserved; the caller commits). MAX_ROWS tokens in all."""
+        K/V written after the buffer's tokens (reserved; the caller commits). max_rows tokens in all."""
         ids = [t for token_ids, _, _ in batch for t in token_ids]
-        if not batch or any(not token_ids for token_ids, _, _ in batch) or len(ids) > MAX_ROWS:
-            raise ValueError(f"{len(ids)} tokens in {len(batch)} sequences: 1 to {MAX_ROWS} tokens in all, "
+        if not batch or any(not token_ids for token_ids, _, _ in batch) or len(ids) > self.max_rows:
+            raise ValueError(f"{len(ids)} tokens in {len(batch)} sequences: 1 to {self.max_rows} tokens in all, "
                              "at least one each")
         if not 0 <= min(ids) <= max(ids) < self.model.cfg.vocab_size:
             raise ValueError("a token is not in the vocabulary")

@@ -191,12 +191,12 @@ class ModelRunner:
 
     def _fused_pieces(self, token_ids: list[int], kv: KVCache, buffer: Callable[[], ContiguousKVCache], threads: int,
                       all_logits: bool) -> torch.Tensor:
-        """The fused step over `token_ids` after `kv`'s tokens, MAX_ROWS tokens a call, each committed to `kv`
-        (whose buffer() the step writes)."""
-        pieces = []
-        for first in range(0, len(token_ids), MAX_ROWS):
-            piece = token_ids[first:first + MAX_ROWS]
-            last = first + MAX_ROWS >= len(token_ids)
+        """The fused step over `token_ids` after `kv`'s tokens, as many a call as it takes, each committed to
+        `kv` (whose buffer() the step writes)."""
+        pieces, rows = [], self.fused.max_rows
+        for first in range(0, len(token_ids), rows):
+            piece = token_ids[first:first + rows]
+            last = first + rows >= len(token_ids)
             kv.reserve(len(piece))
             logits = self.fused.forward(piece, buffer(), threads, all_logits)
             kv.commit(len(piece))

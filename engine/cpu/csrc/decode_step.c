@@ -174,21 +174,22 @@ typedef struct {
     const float *cos_local, *sin_local;           /* the same for layers with local_rope (Gemma 3) */
 } kc_sequence;
 
-#define MAX_SEQUENCES 64 /* >= max_rows: a sequence has at least one row */
+#define MAX_SEQUENCES 64 /* a batch's sequences (each has at least one row) */
+#define MAX_CALL_ROWS 512 /* kc_model.max_rows may be at most this */
 
 /* Where each sequence's rows, logits and attention items lie in a batched call. */
 typedef struct {
     int rows, out_rows, items;
     int first[MAX_SEQUENCES + 1], out_first[MAX_SEQUENCES], chunks[MAX_SEQUENCES], item_first[MAX_SEQUENCES + 1];
     int64_t parts_first[MAX_SEQUENCES];
-    unsigned char row_seq[MAX_SEQUENCES];
+    unsigned char row_seq[MAX_CALL_ROWS];
 } batch_layout;
 
 static int plan_batch(const kc_model *M, const kc_sequence *seqs, int count, batch_layout *B) {
     const int group = M->heads / M->kv_heads, stride = M->head_dim + 2;
     int64_t parts = 0;
     B->rows = B->out_rows = B->items = 0;
-    if (count < 1 || count > MAX_SEQUENCES) return 0;
+    if (count < 1 || count > MAX_SEQUENCES || M->max_rows > MAX_CALL_ROWS) return 0;
     for (int s = 0; s < count; s++) {
         const kc_sequence *q = &seqs[s];
         if (q->rows < 1 || B->rows + q->rows > M->max_rows || q->position + q->rows > q->capacity) return 0;
