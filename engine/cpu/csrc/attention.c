@@ -76,17 +76,60 @@ static void attend_chunk64(const float *q, const float *k, const float *v, int g
 }
 #endif
 
-/* One attention work item: query heads h0..h0+group of KV head g over positions t0..t1. Leaves the
- * item's running max, sum of exps and unnormalised output in part[(h - h0) * (dim + 2)]. */
-void kc_attend_chunk(const float *q, const float *k, const float *v, int group, int dim, int t0, int t1,
-                     float scale, float *scores, float *part) {
-    const int len = t1 - t0;
-#if VEC == 16
-    if (dim == 64 && group <= GROUP64_MAX) {
-        attend_chunk64(q, k, v, group, t0, t1, scale, scores, part);
-        return;
+#if VEC > 1
+#define HEAD_BLOCK 8 /* query heads sharing each K and V row load */
+#define SLICE 2      /* output vectors a head keeps in registers while V streams past */
+
+/* kc_attend_chunk for head_dim a multiple of VEC: each K row loaded once for up to HEAD_BLOCK query heads, and
+ * V streamed once per SLICE output vectors of them, instead of both once per head. Every score is dot()'s own
+ * sum and every output lane the same chain of fmas over the positions in order, so the bits are those of one
+ * head at a time (the loop below this). */
+static void attend_chunk_heads(const float *q, const float *k, const float *v, int group, int dim, int t0, int t1,
+                               float scale, float *scores, float *part) {
+    const int len = t1 - t0, nv = dim / VEC;
+    for (int h0 = 0; h0 < group; h0 += HEAD_BLOCK) {
+        const int hn = group - h0 < HEAD_BLOCK ? group - h0 : HEAD_BLOCK;
+        for (int t = 0; t < len; t++) {
+            const float *kt = k + (int64_t)(t0 + t) * dim;
+            _Pragma("GCC unroll 8") for (int h = 0; h < HEAD_BLOCK; h++) if (h < hn) {
+                const float *qh = q + (h0 + h) * dim;
+                vec acc = vzero();
+                for (int i = 0; i < nv; i++) acc = vfma(vload(qh + i * VEC), vload(kt + i * VEC), acc);
+                scores[(h0 + h) * len + t] = vsum(acc) * scale;
+            }
+        }
+        for (int h = h0; h < h0 + hn; h++) {
+            float *sh = scores + h * len, top = -INFINITY;
+            for (int t = 0; t < len; t++) top = sh[t] > top ? sh[t] : top;
+            part[h * (dim + 2)] = top;
+            part[h * (dim + 2) + 1] = exp_shifted(sh, len, top);
+        }
+        for (int i0 = 0; i0 < nv; i0 += SLICE) {
+            const int sn = nv - i0 < SLICE ? nv - i0 : SLICE;
+            vec acc[HEAD_BLOCK][SLICE];
+            for (int h = 0; h < HEAD_BLOCK; h++)
+                for (int c = 0; c < SLICE; c++) acc[h][c] = vzero();
+            for (int t = 0; t < len; t++) {
+                const float *vt = v + (int64_t)(t0 + t) * dim + i0 * VEC;
+                vec vv[SLICE];
+                for (int c = 0; c < SLICE; c++) vv[c] = c < sn ? vload(vt + c * VEC) : vzero();
+                _Pragma("GCC unroll 8") for (int h = 0; h < HEAD_BLOCK; h++) if (h < hn) {
+                    const vec p = vset1(scores[(h0 + h) * len + t]);
+                    for (int c = 0; c < SLICE; c++) acc[h][c] = vfma(p, vv[c], acc[h][c]);
+                }
+            }
+            for (int h = 0; h < hn; h++)
+                for (int c = 0; c < sn; c++) vstore(part + (h0 + h) * (dim + 2) + 2 + (i0 + c) * VEC, acc[h][c]);
+        }
     }
+}
 #endif
+
+/* One head at a time: the definition attend_chunk_heads gives the bits of (and the path of the portable build
+ * and of head sizes no vector divides). */
+void kc_attend_chunk_each_head(const float *q, const float *k, const float *v, int group, int dim, int t0, int t1,
+                               float scale, float *scores, float *part) {
+    const int len = t1 - t0;
     for (int h = 0; h < group; h++) {
         const float *qh = q + h * dim;
         float *s = scores + h * len, top = -INFINITY;
@@ -109,6 +152,25 @@ void kc_attend_chunk(const float *q, const float *k, const float *v, int group, 
             for (; i < dim; i++) acc[i] += p * vt[i];
         }
     }
+}
+
+/* One attention work item: query heads h0..h0+group of KV head g over positions t0..t1. Leaves the
+ * item's running max, sum of exps and unnormalised output in part[(h - h0) * (dim + 2)]. */
+void kc_attend_chunk(const float *q, const float *k, const float *v, int group, int dim, int t0, int t1,
+                     float scale, float *scores, float *part) {
+#if VEC == 16
+    if (dim == 64 && group <= GROUP64_MAX) {
+        attend_chunk64(q, k, v, group, t0, t1, scale, scores, part);
+        return;
+    }
+#endif
+#if VEC > 1
+    if (dim % VEC == 0) {
+        attend_chunk_heads(q, k, v, group, dim, t0, t1, scale, scores, part);
+        return;
+    }
+#endif
+    kc_attend_chunk_each_head(q, k, v, group, dim, t0, t1, scale, scores, part);
 }
 
 #if VEC > 1
