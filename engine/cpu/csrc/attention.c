@@ -22,6 +22,17 @@ static inline __attribute__((always_inline)) vec sums_of_four(vec a, vec b, vec 
     return _mm512_add_ps(t, _mm512_permute_ps(t, 0x4E));
 }
 
+/* The sums of four vectors' lanes, each paired as vsum pairs them (simd.h), in lanes 0, 4, 8 and 12: the same
+ * bits as four vsums for about a third of the work. (sums_of_four above pairs the last two steps the other
+ * way round; the head-64 path keeps it, its bits being its own.) */
+static inline __attribute__((always_inline)) vec vsums_of_four(vec a, vec b, vec c, vec d) {
+    const vec ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+    const vec cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
+    vec t = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
+    t = _mm512_add_ps(t, _mm512_permute_ps(t, 0x4E));
+    return _mm512_add_ps(t, _mm512_permute_ps(t, 0xB1));
+}
+
 #define GROUP64_MAX 6 /* query heads per KV head the 64-wide item keeps in registers (4 vectors each) */
 
 /* kc_attend_chunk for head_dim 64: each K and V row loaded once for the whole group of query heads, scores
@@ -52,8 +63,7 @@ static void attend_chunk64(const float *q, const float *k, const float *v, int g
     for (; t < len; t++)
         for (int h = 0; h < group; h++) scores[h * len + t] = dot(q + h * dim, k + (int64_t)(t0 + t) * dim, dim) * scale;
     for (int h = 0; h < group; h++) {
-        float *s = scores + h * len, top = -INFINITY;
-        for (int j = 0; j < len; j++) top = s[j] > top ? s[j] : top;
+        float *s = scores + h * len, top = max_of(s, len);
         part[h * (dim + 2)] = top;
         part[h * (dim + 2) + 1] = exp_shifted(s, len, top);
     }
@@ -80,6 +90,25 @@ static void attend_chunk64(const float *q, const float *k, const float *v, int g
 #define HEAD_BLOCK 8 /* query heads sharing each K and V row load */
 #define SLICE 2      /* output vectors a head keeps in registers while V streams past */
 
+/* out[h * (dim + 2) + c * VEC] = sum over the chunk's positions t, in order, of p[h][t] * v_t's vector c, for
+ * HN heads (p: scores, len apart) and SN vectors (HN, SN constants where it is expanded). */
+static inline __attribute__((always_inline)) void weigh_values(const float *v, const float *p, int len, int dim,
+                                                                int HN, int SN, float *out) {
+    vec acc[HEAD_BLOCK][SLICE];
+    for (int h = 0; h < HN; h++)
+        for (int c = 0; c < SN; c++) acc[h][c] = vzero();
+    for (int t = 0; t < len; t++) {
+        vec vv[SLICE];
+        for (int c = 0; c < SN; c++) vv[c] = vload(v + (int64_t)t * dim + c * VEC);
+        for (int h = 0; h < HN; h++) {
+            const vec w = vset1(p[h * len + t]);
+            for (int c = 0; c < SN; c++) acc[h][c] = vfma(w, vv[c], acc[h][c]);
+        }
+    }
+    for (int h = 0; h < HN; h++)
+        for (int c = 0; c < SN; c++) vstore(out + h * (dim + 2) + c * VEC, acc[h][c]);
+}
+
 /* kc_attend_chunk for head_dim a multiple of VEC: each K row loaded once for up to HEAD_BLOCK query heads, and
  * V streamed once per SLICE output vectors of them, instead of both once per head. Every score is dot()'s own
  * sum and every output lane the same chain of fmas over the positions in order, so the bits are those of one
@@ -89,7 +118,24 @@ static void attend_chunk_heads(const float *q, const float *k, const float *v, i
     const int len = t1 - t0, nv = dim / VEC;
     for (int h0 = 0; h0 < group; h0 += HEAD_BLOCK) {
         const int hn = group - h0 < HEAD_BLOCK ? group - h0 : HEAD_BLOCK;
-        for (int t = 0; t < len; t++) {
+        int t = 0;
+#if VEC == 16
+        const __m512i lanes = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0);
+        for (; t + 4 <= len; t += 4) { /* four keys' dot products reduced together, each as vsum adds */
+            const float *kt = k + (int64_t)(t0 + t) * dim;
+            _Pragma("GCC unroll 8") for (int h = 0; h < HEAD_BLOCK; h++) if (h < hn) {
+                const float *qh = q + (h0 + h) * dim;
+                vec acc[4] = {vzero(), vzero(), vzero(), vzero()};
+                for (int i = 0; i < nv; i++) {
+                    const vec qi = vload(qh + i * VEC);
+                    for (int j = 0; j < 4; j++) acc[j] = vfma(qi, vload(kt + j * dim + i * VEC), acc[j]);
+                }
+                const vec sums = _mm512_permutexvar_ps(lanes, vsums_of_four(acc[0], acc[1], acc[2], acc[3]));
+                _mm_storeu_ps(scores + (h0 + h) * len + t, _mm_mul_ps(_mm512_castps512_ps128(sums), _mm_set1_ps(scale)));
+            }
+        }
+#endif
+        for (; t < len; t++) {
             const float *kt = k + (int64_t)(t0 + t) * dim;
             _Pragma("GCC unroll 8") for (int h = 0; h < HEAD_BLOCK; h++) if (h < hn) {
                 const float *qh = q + (h0 + h) * dim;
@@ -99,27 +145,20 @@ static void attend_chunk_heads(const float *q, const float *k, const float *v, i
             }
         }
         for (int h = h0; h < h0 + hn; h++) {
-            float *sh = scores + h * len, top = -INFINITY;
-            for (int t = 0; t < len; t++) top = sh[t] > top ? sh[t] : top;
+            float *sh = scores + h * len, top = max_of(sh, len);
             part[h * (dim + 2)] = top;
             part[h * (dim + 2) + 1] = exp_shifted(sh, len, top);
         }
         for (int i0 = 0; i0 < nv; i0 += SLICE) {
-            const int sn = nv - i0 < SLICE ? nv - i0 : SLICE;
-            vec acc[HEAD_BLOCK][SLICE];
-            for (int h = 0; h < HEAD_BLOCK; h++)
-                for (int c = 0; c < SLICE; c++) acc[h][c] = vzero();
-            for (int t = 0; t < len; t++) {
-                const float *vt = v + (int64_t)(t0 + t) * dim + i0 * VEC;
-                vec vv[SLICE];
-                for (int c = 0; c < SLICE; c++) vv[c] = c < sn ? vload(vt + c * VEC) : vzero();
-                _Pragma("GCC unroll 8") for (int h = 0; h < HEAD_BLOCK; h++) if (h < hn) {
-                    const vec p = vset1(scores[(h0 + h) * len + t]);
-                    for (int c = 0; c < SLICE; c++) acc[h][c] = vfma(p, vv[c], acc[h][c]);
-                }
+            const float *vs = v + (int64_t)t0 * dim + i0 * VEC, *sh = scores + h0 * len;
+            float *out = part + h0 * (dim + 2) + 2 + i0 * VEC;
+            const int wide = nv - i0 >= SLICE;
+            switch (hn) { /* the head count a constant in each expansion: its accumulators stay in registers */
+#define HEADS(N) case N: if (wide) weigh_values(vs, sh, len, dim, N, SLICE, out); else weigh_values(vs, sh, len, dim, N, 1, out); break;
+            HEADS(1) HEADS(2) HEADS(3) HEADS(4) HEADS(5) HEADS(6) HEADS(7) HEADS(8)
+#undef HEADS
+            default: break;
             }
-            for (int h = 0; h < hn; h++)
-                for (int c = 0; c < sn; c++) vstore(part + (h0 + h) * (dim + 2) + 2 + (i0 + c) * VEC, acc[h][c]);
         }
     }
 }
@@ -132,11 +171,9 @@ void kc_attend_chunk_each_head(const float *q, const float *k, const float *v, i
     const int len = t1 - t0;
     for (int h = 0; h < group; h++) {
         const float *qh = q + h * dim;
-        float *s = scores + h * len, top = -INFINITY;
-        for (int t = 0; t < len; t++) {
-            s[t] = dot(qh, k + (int64_t)(t0 + t) * dim, dim) * scale;
-            top = s[t] > top ? s[t] : top;
-        }
+        float *s = scores + h * len;
+        for (int t = 0; t < len; t++) s[t] = dot(qh, k + (int64_t)(t0 + t) * dim, dim) * scale;
+        const float top = max_of(s, len);
         float *out = part + h * (dim + 2);
         out[0] = top;
         out[1] = exp_shifted(s, len, top);

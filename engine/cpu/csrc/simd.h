@@ -82,7 +82,17 @@ typedef __m512 vec;
 #define vsub _mm512_sub_ps
 #define vmul _mm512_mul_ps
 #define vset1 _mm512_set1_ps
-#define vsum _mm512_reduce_add_ps
+
+/* The sum of a vector's lanes in one fixed order, written out (it is GCC's _mm512_reduce_add_ps): lanes i and
+ * i + 8, then i and i + 4, then i and i + 2, then 0 and 1. Written out so that a reduction of several vectors
+ * at once (attention.c's vsums_of_four) can pair the lanes the same way and give the same bits. */
+static inline __attribute__((always_inline)) float vsum(vec v) {
+    const __m256 t3 = _mm256_add_ps(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)),
+                                    _mm512_castps512_ps256(v));
+    const __m128 t6 = _mm_add_ps(_mm256_extractf128_ps(t3, 1), _mm256_castps256_ps128(t3));
+    const __m128 t8 = _mm_add_ps(t6, _mm_shuffle_ps(t6, t6, 0x4E));
+    return _mm_cvtss_f32(t8) + _mm_cvtss_f32(_mm_shuffle_ps(t8, t8, 0x55));
+}
 
 /* 16 signed bytes as 16 floats. */
 static inline __attribute__((always_inline)) void widen16(__m128i bytes, vec *w) {

@@ -66,6 +66,27 @@ static inline float exp_shifted(float *x, int n, float shift) {
     return sum;
 }
 
+/* The largest of x[0..n) (-INFINITY for none; a NaN is passed over, as `x > top ? x : top` passes it), a vector
+ * at a time: the scalar loop's chain of dependent compares cost attention a fifth of its time. The value is
+ * the loop's whatever the order; at most the sign of a zero maximum may differ, which no exp(s - max) sees. */
+static inline float max_of(const float *x, int n) {
+    int i = 0;
+    float top = -INFINITY;
+#if VEC == 16
+    vec m = vset1(-INFINITY);
+    for (; i + VEC <= n; i += VEC) m = _mm512_max_ps(vload(x + i), m); /* a NaN in x: the second operand, m */
+    top = _mm512_reduce_max_ps(m);
+#elif VEC == 8
+    vec m = vset1(-INFINITY);
+    for (; i + VEC <= n; i += VEC) m = _mm256_max_ps(vload(x + i), m);
+    float lanes[8];
+    vstore(lanes, m);
+    for (int j = 0; j < 8; j++) top = lanes[j] > top ? lanes[j] : top;
+#endif
+    for (; i < n; i++) top = x[i] > top ? x[i] : top;
+    return top;
+}
+
 static inline float dot(const float *a, const float *b, int n) {
     int i = 0;
     float s = 0.0f;
