@@ -95,7 +95,8 @@ static void plan(const kc_moe *E, const float *logits, int rows, routing *R) {
     }
 }
 
-void kc_moe_rows(const kc_moe *E, const float *normed, int rows, int hidden, float *x, float *scratch, int t, int T) {
+/* Up to KC_MOE_MAX_ROWS rows (the routing's arrays). */
+static void moe_block(const kc_moe *E, const float *normed, int rows, int hidden, float *x, float *scratch, int t, int T) {
     const int k = E->per_token, inter = E->intermediate, pairs = rows * k;
     float *logits = scratch, *gathered = logits + (int64_t)rows * E->experts;
     float *h = gathered + (int64_t)pairs * hidden, *act = h + (int64_t)pairs * 2 * inter;
@@ -152,5 +153,17 @@ void kc_moe_rows(const kc_moe *E, const float *normed, int rows, int hidden, flo
             }
             xr[c] += sum;
         }
+    }
+}
+
+void kc_moe_rows(const kc_moe *E, const float *normed, int rows, int hidden, float *x, float *scratch, int t, int T) {
+    /* The integer path's calls take more rows than the routing holds: in blocks, each row's result its own
+     * (its experts' products and its sum in ascending expert order depend on no other row). */
+    for (int r0 = 0; r0 < rows; r0 += KC_MOE_MAX_ROWS) {
+        const int n = rows - r0 < KC_MOE_MAX_ROWS ? rows - r0 : KC_MOE_MAX_ROWS;
+        if (r0) {
+#pragma omp barrier
+        } /* the scratch is the next block's: every thread is done with this one's */
+        moe_block(E, normed + (int64_t)r0 * hidden, n, hidden, x + (int64_t)r0 * hidden, scratch, t, T);
     }
 }

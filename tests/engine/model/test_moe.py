@@ -163,6 +163,27 @@ def test_the_fused_step_never_reads_an_expert_the_token_did_not_choose(moe_dir):
     assert torch.equal(poisoned, clean)
 
 
+def test_a_prompt_longer_than_the_mixtures_block_gets_the_bits_of_token_by_token_on_the_integer_path(tmp_path):
+    """The integer path's fused calls take up to 256 tokens; the mixture routes them in blocks of 64 rows (its
+    routing's arrays: 64 rows x 16 slots). 200 tokens of 8 experts each are 1,600 (row, expert) pairs: in one
+    call they must give the bits of one token a call."""
+    from engine.cpu.decode_step import MOE_MAX_ROWS
+
+    hf = load_reference(make_tiny_model(tmp_path / "hf", "qwen3-moe", seed=12, num_experts=16, num_experts_per_tok=8))
+    engine = Engine.load(EngineOptions(model=str(write_gguf(hf, tmp_path / "moe-q8.gguf", arch="qwen3moe", quant="Q8_0")),
+                                       dtype="float32"))
+    fused = engine.runner.fused
+    assert fused is not None and fused.integer and fused.max_rows >= 200 > MOE_MAX_ROWS
+    ids = tokens(200, seed=13).tolist()
+    whole = engine.runner.logits(ids, all_logits=True)
+    cache, steps = engine.runner._new_buffer(), []
+    for token in ids:
+        cache.reserve(1)
+        steps.append(fused.forward([token], cache, 2).clone())
+        cache.commit(1)
+    assert torch.equal(whole, torch.cat(steps))
+
+
 @pytest.fixture(scope="module")
 def plain(moe_dir):
     return plain_engine(moe_dir)
