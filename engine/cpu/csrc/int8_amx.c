@@ -18,8 +18,8 @@
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
 /* Fewer rows keep the vector code: unpacking a weight's bytes for AMX costs more than it saves. Measured
- * against the vector code on 2 cores (AMX / vector time): Q4_K [3072 x 1536] 8 rows 1.30, 12 rows 1.08, 16
- * rows 0.87; Q6_K [1536 x 8960] 4 rows 1.64, 8 rows 0.98, 12 rows 0.76. */
+ * against the vector code on 2 cores (AMX / vector time): Q4_K [3072 x 1536] 8 rows 1.29, 12 rows 1.08, 16
+ * rows 0.86; Q6_K [1536 x 8960] 4 rows 1.65, 8 rows 0.99, 12 rows 0.76. */
 static inline int min_rows(int format) { return format == KC_Q6_K ? 8 : 14; }
 /* Rows sharing one unpacking of a weight's bytes: as many as keep their activations within ~1 MB of L2
  * (K = 1,536: 512 rows; K = 8,960: 96) while every column of the thread's share passes over them. */
@@ -59,7 +59,7 @@ typedef struct {
     uint8_t rows[16];
 } __attribute__((packed, aligned(64))) tile_config;
 
-static __thread int configured; /* this thread's loaded configuration, as config_key gives it (0: none) */
+static __thread int configured; /* this thread's loaded configuration, R0 | R1 << 8 (0: none) */
 
 static inline void shape(tile_config *c, int tile, int rows, int bytes) {
     c->rows[tile] = (uint8_t)rows;

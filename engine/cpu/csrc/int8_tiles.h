@@ -40,49 +40,6 @@
 #define TILES_VNNI 1
 #else
 #define TILES_VNNI 0
-#if TILES_VNNI
-#include <string.h>
-
-#include "simd.h"
-
-static inline uint64_t kc_u64_at(const uint8_t *p) {
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return v;
-}
-
-static inline int32_t kc_i32_at(const void *p) { return (int32_t)kc_u32_at((const uint8_t *)p); }
-
-/* A group's two vectors: 4 unsigned quants of each of 16 columns, weights k0..k0+3 and k0+4..k0+7. */
-static inline __attribute__((always_inline)) void kc_tile_group_vecs(const uint8_t *g, int format, __m512i *A, __m512i *B) {
-    const int bits = kc_tile_bits(format);
-    if (bits == 8) {
-        *A = _mm512_loadu_si512(g);
-        *B = _mm512_loadu_si512(g + 64);
-        return;
-    }
-    const __m512i v = _mm512_loadu_si512(g), low4 = _mm512_set1_epi8(0x0F);
-    *A = _mm512_and_si512(v, low4);
-    *B = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-    if (format == KC_MXFP4) { /* nibble -> its value + 12 (int8_quants.c), one byte shuffle per vector */
-        const __m512i u = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)kc_mxfp4_unsigned));
-        *A = _mm512_shuffle_epi8(u, *A);
-        *B = _mm512_shuffle_epi8(u, *B);
-        return;
-    }
-    if (bits >= 5) {
-        const __m512i b4 = _mm512_set1_epi8(16);
-        *A = _mm512_mask_add_epi8(*A, _cvtu64_mask64(kc_u64_at(g + 64)), *A, b4);
-        *B = _mm512_mask_add_epi8(*B, _cvtu64_mask64(kc_u64_at(g + 72)), *B, b4);
-    }
-    if (bits == 6) {
-        const __m512i b5 = _mm512_set1_epi8(32);
-        *A = _mm512_mask_add_epi8(*A, _cvtu64_mask64(kc_u64_at(g + 80)), *A, b5);
-        *B = _mm512_mask_add_epi8(*B, _cvtu64_mask64(kc_u64_at(g + 88)), *B, b5);
-    }
-}
-#endif
-
 #endif
 
 static inline int kc_tile_bits(int format) {
