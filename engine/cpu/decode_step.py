@@ -75,7 +75,7 @@ class _Sequence(ctypes.Structure):
 
 
 ACTIVATIONS = {"silu": 0, "gelu_pytorch_tanh": 1, "swiglu_oai": 2}  # csrc/vec_math.h's KC_ACT_*
-MAX_SEQUENCES = 64  # decode_step.c's bound on sequences per call (>= MAX_ROWS: each has a row)
+MAX_SEQUENCES = 64  # decode_step.c's bound on sequences per call (a batch of decode steps: at most MAX_ROWS)
 MOE_MAX_EXPERTS, MOE_MAX_PER_TOKEN = 512, 16  # csrc/moe.h's KC_MOE_MAX_EXPERTS, KC_MOE_MAX_PER_TOKEN
 MOE_MAX_ROWS = 64  # csrc/moe.h's KC_MOE_MAX_ROWS: a call's rows go through the mixture in blocks of this many
 
@@ -183,7 +183,8 @@ class FusedCPUDecode:
         self._desc.scratch = self._scratch.data_ptr()
         if cfg.moe is not None:
             moe = cfg.moe
-            self._moe_scratch = torch.empty(lib.kc_moe_scratch_floats(min(self.max_rows, MOE_MAX_ROWS), cfg.hidden_size, moe.experts,
+            block = min(self.max_rows, MOE_MAX_ROWS)  # the rows moe.c routes at a time
+            self._moe_scratch = torch.empty(lib.kc_moe_scratch_floats(block, cfg.hidden_size, moe.experts,
                                                                       moe.per_token, moe.intermediate_size))
             self._desc.moe_scratch = self._moe_scratch.data_ptr()
         self._logits = torch.empty(1, cfg.vocab_size, dtype=torch.float32)
