@@ -137,12 +137,7 @@ static void attend_chunk_heads(const float *q, const float *k, const float *v, i
 #endif
         for (; t < len; t++) {
             const float *kt = k + (int64_t)(t0 + t) * dim;
-            _Pragma("GCC unroll 8") for (int h = 0; h < HEAD_BLOCK; h++) if (h < hn) {
-                const float *qh = q + (h0 + h) * dim;
-                vec acc = vzero();
-                for (int i = 0; i < nv; i++) acc = vfma(vload(qh + i * VEC), vload(kt + i * VEC), acc);
-                scores[(h0 + h) * len + t] = vsum(acc) * scale;
-            }
+            for (int h = h0; h < h0 + hn; h++) scores[h * len + t] = dot(q + h * dim, kt, dim) * scale;
         }
         for (int h = h0; h < h0 + hn; h++) {
             float *sh = scores + h * len, top = max_of(sh, len);
