@@ -50,7 +50,7 @@ from engine.weights.device import pick_device, pick_dtype
 from engine.weights.gpu_memory import GpuBudget, model_config, pool_out_of_memory
 from engine.weights.fingerprint import model_fingerprint, tokenizer_fingerprint
 from engine.sources.model_source import ModelSource, rebuild_tokenizer_cache, resolve_model
-from engine.weights.tokenizer import Tokenizer
+from engine.tokenizer.tokenizer import Tokenizer
 
 log = logging.getLogger("kvchat")
 

@@ -25,3 +25,5 @@ def cache_dir() -> Path:
 
 # cache_dir()'s folder of GGUF files' tokenizer caches (weights/gguf_cache.py; counted by storage/usage.py).
 GGUF_TOKENIZERS_FOLDER = "gguf-tokenizers"
+# cache_dir()'s folder of tokenizers as transformers built them (tokenizer/snapshot.py; counted by storage/usage.py).
+TOKENIZER_SNAPSHOTS_FOLDER = "tokenizer-snapshots"

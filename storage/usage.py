@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.paths import GGUF_TOKENIZERS_FOLDER as GGUF_TOKENIZERS
+from engine.paths import TOKENIZER_SNAPSHOTS_FOLDER
 from engine.paths import cache_dir
 from storage.data_dir import data_dir
 from storage.db.conversations import ConversationStore
@@ -82,7 +83,7 @@ def usage(kv_disk_gb: float | None = None) -> Usage:
     kv_bytes += _size(home / "snapshots")[0]  # an older kvchat's snapshot files, until they are migrated
     model_bytes, models = _size(cache / "models")
     tokenizer_bytes, tokenizers = _size(cache / GGUF_TOKENIZERS)
-    model_bytes += tokenizer_bytes + sum(_size(cache / name)[0] for name in ("file-hashes", "kernels"))
+    model_bytes += tokenizer_bytes + sum(_size(cache / name)[0] for name in ("file-hashes", "kernels", TOKENIZER_SNAPSHOTS_FOLDER))
     models += tokenizers
     trashed, conversations, shared, saved = 0, 0, 0, 0
     if (home / "kvchat.db").is_file():

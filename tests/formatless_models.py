@@ -75,10 +75,10 @@ def make_eager_gemma(path: Path) -> Path:
     <end_of_turn>, not its EOS, by its third token."""
     from app.chat.prompt.formats import GEMMA
     from app.chat.prompt.template import render_chat
-    from engine.weights.tokenizer import Tokenizer
+    from engine.tokenizer.tokenizer import Tokenizer
 
     make_formatless_model(path, "gemma")
     tokenizer = Tokenizer(path)
     prompt = tokenizer.encode(render_chat(tokenizer, [{"role": "user", "content": "Hi"}], GEMMA))
-    make_eager_turn_end(path, prompt, tokenizer.hf.get_vocab()["<end_of_turn>"])
+    make_eager_turn_end(path, prompt, tokenizer.token_id("<end_of_turn>"))
     return path

@@ -32,7 +32,8 @@ BENCH_ENTRY = "app.cli.main"  # `kvchat bench` is one of its commands
 # K/V (and that state) and calls attention, the model runs on kv, the CPU's kernels and fused step run the model's layers, the GPU decode path captures the
 # model, weights load a model (into the CPU's formats), sources find where a model comes from (the spec
 # typed, other apps' stores) and judge it by the weights' rules, and a request drives all of them.
-ENGINE_ROOMS = ("config", "attention", "recurrent", "kv", "model", "cpu", "gguf", "decode", "weights", "sources", "request")
+ENGINE_ROOMS = ("config", "attention", "recurrent", "kv", "model", "cpu", "gguf", "decode", "tokenizer", "weights", "sources",
+                "request")
 ENGINE_HELPERS = ("engine.errors", "engine.events", "engine.paths", "engine.sampling_params")  # any room's
 # The chat's rooms, lowest first: a turn's prompt, the conversation as kept, the reply (written into what is
 # kept), and the ways on when the window is full (which start a turn on a session).

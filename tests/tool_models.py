@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.weights.tokenizer import Tokenizer
+from engine.tokenizer.tokenizer import Tokenizer
 from tests.tiny_models import HARMONY_SPECIALS, byte_level_tokenizer
 
 TEMPLATES = Path(__file__).parent / "fixtures" / "tool_templates"

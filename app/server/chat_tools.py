@@ -38,7 +38,7 @@ from app.tools.formats.tool_format import ToolFormat
 from app.tools.spec import ToolSpec
 from app.tools.toolbox import ToolChoice
 from engine.request.grammars import json_value
-from engine.weights.tokenizer import Tokenizer
+from engine.tokenizer.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from app.chat.backend_loader import is_remote
-from engine.weights.tokenizer import Tokenizer
+from engine.tokenizer.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     from app.chat.backend import Backend

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from engine.errors import GrammarError
-from engine.weights.tokenizer import Tokenizer
+from engine.tokenizer.tokenizer import Tokenizer
 
 if TYPE_CHECKING:  # imported with the first grammar (~60 ms): an engine that never sees one never pays it
     import llguidance
@@ -43,12 +43,13 @@ def grammar_tokenizer(tokenizer: Tokenizer, vocab_size: int) -> llguidance.LLTok
     with _building:
         sizes = _built.setdefault(tokenizer, {})
         if vocab_size not in sizes:
-            import llguidance.hf  # imports transformers (~1 s): not before a grammar is wanted
+            import llguidance
 
             try:
-                # from_tokenizer's default EOS is the file's one eos_token_id: Tokenizer knows them all.
-                n_vocab, ends = max(vocab_size, len(tokenizer.hf)), sorted(tokenizer.eos_token_ids)
-                sizes[vocab_size] = llguidance.hf.from_tokenizer(tokenizer.hf, n_vocab=n_vocab, eos_token=ends)
+                # The Rust tokenizer's own JSON, as llguidance.hf.from_tokenizer would pass it (without importing
+                # transformers); every end-of-sequence token its EOS, not only the file's one eos_token_id.
+                n_vocab, ends = max(vocab_size, len(tokenizer)), sorted(tokenizer.eos_token_ids)
+                sizes[vocab_size] = llguidance.LLTokenizer(tokenizer.backend_json(), n_vocab=n_vocab, eos_token=ends)
             except Exception as exc:
                 raise GrammarError(f"Grammars cannot be used with this model's tokenizer ({_first_line(exc)}).") \
                     from None

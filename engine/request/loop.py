@@ -47,7 +47,7 @@ from engine.request.sampling import Sampler
 from engine.request.limits import MAX_BATCH
 from engine.request.scheduler import Scheduler, Work
 from engine.request.speculation import MAX_DRAFT_TOKENS, Speculator, StepCosts
-from engine.weights.tokenizer import Tokenizer
+from engine.tokenizer.tokenizer import Tokenizer
 
 
 class StepLoop:

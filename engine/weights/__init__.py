@@ -1,2 +1,2 @@
-"""Loading a model: where it comes from (directory, GGUF, synthetic), checkpoints, the tokenizer, the device,
+"""Loading a model: where it comes from (directory, GGUF, synthetic), checkpoints, the device,
 and its fingerprint (what decides the K/V it computes)."""

@@ -108,7 +108,7 @@ class ConversationPrompt:
         """Whether the model's chat template can turn thinking off (it reads `enable_thinking`)."""
         # A standard format (a model without a template, formats.py) has no switch.
         return (self.takes_ids and self.chat_format is None
-                and template_switches_thinking(self.backend.tokenizer.hf.chat_template))
+                and template_switches_thinking(self.backend.tokenizer.chat_template))
 
     def template_options(self) -> dict:
         """The variables the chat template is rendered with: enable_thinking=False when thinking is switched
@@ -144,7 +144,7 @@ class ConversationPrompt:
 
     def _content(self, message: ChatMessage) -> str:
         """What the template is given of a message. A harmony model's (gpt-oss) reply is kept as kvchat writes
-        it, reasoning in <think> (engine/weights/harmony.py); its template takes the answer alone as a past
+        it, reasoning in <think> (engine/tokenizer/harmony.py); its template takes the answer alone as a past
         reply's content (it drops earlier reasoning itself), so the block is cut here."""
         if message.role == "assistant" and self.takes_ids and getattr(self.backend.tokenizer, "harmony", False):
             return split_reply(message.content).answer

@@ -13,16 +13,14 @@ from dataclasses import dataclass
 
 from app.chat.prompt.formats import FAMILIES, FORMATS, TRANSCRIPT, ChatFormat, Specials
 from engine.sampling_params import SamplingParams
-from engine.weights.tokenizer import Tokenizer
+from engine.tokenizer.tokenizer import Tokenizer
 
 
 def token_id(tokenizer: Tokenizer, token: str) -> int | None:
     """The id of `token` if it is one token of the vocabulary, which its text encodes to; else None.
     (Looked up one token at a time: the whole vocabulary of a Gemma is 262,144 entries.)"""
-    found = tokenizer.hf.convert_tokens_to_ids(token)
-    if not isinstance(found, int) or tokenizer.hf.convert_ids_to_tokens(found) != token:
-        return None  # an unknown token reads as the unknown token's id
-    return found if tokenizer.encode(token) == [found] else None
+    found = tokenizer.token_id(token)
+    return found if found is not None and tokenizer.encode(token) == [found] else None
 
 
 def has_tokens(tokenizer: Tokenizer, tokens: tuple[str, ...]) -> bool:
@@ -54,12 +52,11 @@ def model_chat_format(engine) -> ChatFormat | None:
 def format_specials(tokenizer: Tokenizer, chat_format: ChatFormat) -> Specials:
     """The BOS and EOS texts `chat_format` writes. Plain completion writes a BOS only where the tokenizer
     adds one by default (a model trained with one at the start reads garbage without it)."""
-    hf = tokenizer.hf
-    bos = hf.bos_token or ""
+    bos = tokenizer.bos_token or ""
     if chat_format.bos_if_default:
-        adds_bos = hf.bos_token_id is not None and hf.encode("a")[:1] == [hf.bos_token_id]
-        bos = bos if adds_bos else ""
-    return Specials(bos, hf.eos_token or "")
+        first = tokenizer.encode("a", add_special_tokens=True)[:1]
+        bos = bos if tokenizer.bos_token_id is not None and first == [tokenizer.bos_token_id] else ""
+    return Specials(bos, tokenizer.eos_token or "")
 
 
 def format_params(tokenizer: Tokenizer, chat_format: ChatFormat | None, params: SamplingParams) -> SamplingParams:

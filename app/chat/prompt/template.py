@@ -8,7 +8,7 @@ from __future__ import annotations
 from app.chat.errors import ChatError
 from app.chat.prompt.format_choice import format_specials, model_chat_format
 from app.chat.prompt.formats import ChatFormat
-from engine.weights.tokenizer import Tokenizer
+from engine.tokenizer.tokenizer import ChatTemplateError, Tokenizer
 
 
 def require_chat_template(tokenizer: Tokenizer) -> None:
@@ -27,9 +27,8 @@ def render_chat(tokenizer: Tokenizer, turns: list[dict], chat_format: ChatFormat
         return chat_format.render(turns, format_specials(tokenizer, chat_format))
     require_chat_template(tokenizer)
     try:
-        return tokenizer.hf.apply_chat_template(turns, tokenize=False, add_generation_prompt=True,
-                                                **template_options)
-    except Exception as exc:  # jinja2 TemplateError, or a template's raise_exception()
+        return tokenizer.apply_chat_template(turns, **template_options)
+    except ChatTemplateError as exc:  # the template's raise_exception(), or a jinja2 error
         raise ChatError(f"The model's chat template rejected this conversation ({exc}).") from None
 
 
@@ -42,4 +41,4 @@ def chat_prompt_ids(engine, turns: list[dict]) -> list[int]:
 def raw_prompt_ids(tokenizer: Tokenizer, text: str) -> list[int]:
     """`text` as is (`kvchat ask --raw`): no template, and only the special tokens the tokenizer adds by
     default (a BOS for most base models)."""
-    return list(tokenizer.hf.encode(text))
+    return tokenizer.encode(text, add_special_tokens=True)

@@ -31,7 +31,7 @@ from app.tools.formats.tagged_json import HermesMarkup, Phi4MiniMarkup
 from app.tools.formats.template_input import TemplateInput
 from app.tools.formats.tool_format import ToolFormat
 from app.tools.formats.xml_markup import QwenXmlMarkup
-from engine.weights.tokenizer import Tokenizer
+from engine.tokenizer.tokenizer import Tokenizer
 
 _GENERATION_TAGS = re.compile(r"\{%-?\s*(end)?generation\s*-?%\}")  # transformers' own tags, not jinja's
 
@@ -78,7 +78,7 @@ def _family(tokenizer: Tokenizer, source: str, reads: set[str]) -> tuple | None:
 
 def template_source(tokenizer: Tokenizer) -> str:
     """The chat template's text ("" for none); of several named ones, the one for tool use."""
-    template = tokenizer.hf.chat_template
+    template = tokenizer.chat_template
     if isinstance(template, dict):
         template = template.get("tool_use") or template.get("default") or next(iter(template.values()), "")
     return template or ""

@@ -39,7 +39,7 @@ class Terms:
     token, else a string."""
 
     def __init__(self, tokenizer):
-        self._added = dict(tokenizer.hf.get_added_vocab())
+        self._added = {text: token for token, (text, _) in tokenizer.added_tokens().items()}
 
     def is_token(self, text: str) -> bool:
         return text in self._added

@@ -9,7 +9,7 @@ to=functions.get_weather<|channel|>commentary json<|message|>`, as the template 
 
 A reply is cut into messages here (HarmonySplitter), not by opening and closing markers: whether a message
 is a call is known once its header is whole. The text of the other messages goes on as harmony text, which
-the tokenizer's harmony reading turns into kvchat's reply text (engine/weights/harmony.py).
+the tokenizer's harmony reading turns into kvchat's reply text (engine/tokenizer/harmony.py).
 """
 
 from __future__ import annotations

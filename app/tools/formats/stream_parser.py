@@ -30,7 +30,7 @@ from app.tools.formats.harmony_markup import HEADER_STARTS, MESSAGE, HarmonySpli
 from app.tools.formats.markup import CallMarkup, MarkupError, Region, partial_marker
 from app.tools.spec import ToolCall, ToolSpec
 from engine.request.detokenizer import IncrementalDetokenizer
-from engine.weights import harmony
+from engine.tokenizer import harmony
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,8 @@ from app.tools.formats.stream_parser import ParsedReply, ToolCallParser, special
 from app.tools.formats.template_input import TemplateInput
 from app.tools.formats.turns import new_call_id, new_short_call_id
 from app.tools.spec import ToolSpec
-from engine.weights import harmony
-from engine.weights.tokenizer import Tokenizer
+from engine.tokenizer import harmony
+from engine.tokenizer.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -97,8 +97,7 @@ class ToolFormat:
 
     @cached_property
     def _special_texts(self) -> frozenset[str]:
-        decoder = getattr(self.tokenizer.hf, "added_tokens_decoder", {}) or {}
-        return frozenset(token.content for token in decoder.values() if token.special)
+        return frozenset(text for text, special in self.tokenizer.added_tokens().values() if special)
 
     @cached_property
     def _specials(self) -> re.Pattern | None:

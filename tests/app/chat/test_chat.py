@@ -16,19 +16,19 @@ def finish(events):
 def test_the_prompt_is_the_rendered_chat_template(tiny_engine):
     session = ChatSession(tiny_engine, system="Be brief.")
     ids = session.prompt_ids("hi")
-    assert tiny_engine.tokenizer.hf.decode(ids) == (
+    assert tiny_engine.tokenizer.decode_exact(ids) == (
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
 
 
 def test_without_a_system_prompt_only_user_messages_are_rendered(tiny_engine):
     ids = ChatSession(tiny_engine).prompt_ids("hi")
-    assert tiny_engine.tokenizer.hf.decode(ids) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert tiny_engine.tokenizer.decode_exact(ids) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 
 
 def test_each_turn_includes_the_previous_exchange(tiny_engine):
     session = ChatSession(tiny_engine, params=GREEDY)
     reply = finish(session.send("first")).text
-    second = tiny_engine.tokenizer.hf.decode(session.prompt_ids("second"))
+    second = tiny_engine.tokenizer.decode_exact(session.prompt_ids("second"))
     assert second.startswith(f"<|im_start|>user\nfirst<|im_end|>\n<|im_start|>assistant\n{reply}<|im_end|>\n")
     assert [m.role for m in session.messages] == ["user", "assistant"]
 
@@ -56,7 +56,7 @@ def test_a_message_over_the_context_window_is_refused_and_not_recorded(tiny_engi
 
 def test_a_model_without_a_chat_template_chats_in_the_format_its_vocabulary_names(tiny_engine, monkeypatch):
     with_template = ChatSession(tiny_engine, system="Be brief.").prompt_ids("hi")
-    monkeypatch.setattr(tiny_engine.tokenizer.hf, "chat_template", None)
+    monkeypatch.setattr(tiny_engine.tokenizer, "chat_template", None)
     session = ChatSession(tiny_engine, system="Be brief.")
     # The byte tokenizer's <|im_start|> and <|im_end|> are ChatML's; the standard ChatML matches its template.
     assert session.format_notice == "This model has no chat template: using the ChatML format."

@@ -9,8 +9,9 @@ from app.chat.prompt.template import render_chat
 from app.chat.reply.cut import ReplyCut, cut_drive
 from app.chat.session import ChatSession
 from engine import Done, Engine, EngineOptions, RequestStats, SamplingParams, TokenDelta
-from engine.weights.tokenizer import Tokenizer
+from engine.tokenizer.tokenizer import Tokenizer
 from tests.formatless_models import FAMILIES, make_eager_gemma, make_formatless_model
+from tests.hf_tokenizer import hf_tokenizer
 
 TURNS = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
          {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}]
@@ -80,8 +81,8 @@ def test_the_model_type_picks_the_family_only_when_the_vocabulary_holds_its_toke
 
 def test_the_format_adds_its_end_of_turn_token_and_stop_strings(tokenizers):
     gemma = format_params(tokenizers["gemma"], GEMMA, SamplingParams(stop=("x",)))
-    assert gemma.stop == ("x",) and gemma.stop_token_ids == (tokenizers["gemma"].hf.get_vocab()["<end_of_turn>"],)
-    assert tokenizers["gemma"].hf.get_vocab()["<end_of_turn>"] not in tokenizers["gemma"].eos_token_ids
+    assert gemma.stop == ("x",) and gemma.stop_token_ids == (tokenizers["gemma"].token_id("<end_of_turn>"),)
+    assert tokenizers["gemma"].token_id("<end_of_turn>") not in tokenizers["gemma"].eos_token_ids
     plain = format_params(tokenizers["plain"], TRANSCRIPT, SamplingParams())
     assert plain.stop == ("\nUser:",) and plain.stop_token_ids == ()
     assert format_params(tokenizers["gemma"], None, SamplingParams()) == SamplingParams()
@@ -135,7 +136,7 @@ def eager_gemma(tmp_path_factory):
 
 
 def test_a_reply_ends_at_the_formats_end_of_turn_token_not_the_eos(eager_gemma):
-    marker = eager_gemma.tokenizer.hf.get_vocab()["<end_of_turn>"]
+    marker = eager_gemma.tokenizer.token_id("<end_of_turn>")
     session = ChatSession(eager_gemma, params=SamplingParams(temperature=0, max_tokens=20))
     assert model_chat_format(eager_gemma) is GEMMA and session.chat_format is GEMMA
     assert session.format_notice == "This model has no chat template: using the Gemma format."
@@ -153,7 +154,8 @@ def test_a_model_with_a_chat_template_keeps_it(tiny_engine):
     assert (session.chat_format, session.format_notice, model_chat_format(tiny_engine)) == (None, None, None)
     assert session.reply_params == GREEDY
     turns = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
-    expected = tiny_engine.tokenizer.hf.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+    expected = hf_tokenizer(tiny_engine.info.model_dir).apply_chat_template(turns, tokenize=False,
+                                                                           add_generation_prompt=True)
     assert render_chat(tiny_engine.tokenizer, turns) == expected
     assert tiny_engine.tokenizer.decode_exact(session.prompt_ids("hi")) == expected
 

@@ -67,7 +67,7 @@ def test_a_stopped_reply_still_leaves_a_prefix_for_the_next_turn(default_engine)
 
 
 def test_a_template_that_rewrites_history_reuses_up_to_the_first_difference(tiny_engine, monkeypatch):
-    monkeypatch.setattr(tiny_engine.tokenizer.hf, "chat_template", QWEN_STYLE)
+    monkeypatch.setattr(tiny_engine.tokenizer, "chat_template", QWEN_STYLE)
     tok = tiny_engine.tokenizer
     first_prompt = tok.encode("<|im_start|>user\nq1<|im_end|>\n<|im_start|>assistant\n")
     reply = tok.encode("<think>plan it</think>the answer") + [257]

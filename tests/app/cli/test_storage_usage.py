@@ -31,8 +31,10 @@ def test_storage_counts_gguf_tokenizer_caches_and_synthetic_models_as_model_cach
     (cache / "models" / "synthetic-smollm2-135m-s0-v1" / "config.json").write_bytes(b"c" * 20)
     (cache / "kernels").mkdir()
     (cache / "kernels" / "block_quant.so").write_bytes(b"k" * 7)
+    (cache / "tokenizer-snapshots" / "abc-def").mkdir(parents=True)
+    (cache / "tokenizer-snapshots" / "abc-def" / "tokenizer.json").write_bytes(b"s" * 1000)
     u = usage()
-    assert (u.models, u.model_cache_bytes) == (2, 327)
+    assert (u.models, u.model_cache_bytes) == (2, 1327)
 
 
 def test_storage_counts_state_checkpoints_beside_the_blocks_and_their_bytes(kvchat_home, tmp_path, monkeypatch):

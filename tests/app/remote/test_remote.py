@@ -222,8 +222,7 @@ def test_a_remote_conversation_resumes_on_the_embedded_engine_from_its_text(fake
     _, done, _ = run(resumed.send("Go on"))
     turns = [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello from the server."},
              {"role": "user", "content": "Go on"}]
-    expected = engine.tokenizer.encode(engine.tokenizer.hf.apply_chat_template(turns, tokenize=False,
-                                                                                add_generation_prompt=True))
+    expected = engine.tokenizer.encode(engine.tokenizer.apply_chat_template(turns))
     assert done.stats.prompt_tokens == len(expected)
 
 

@@ -29,7 +29,7 @@ def test_a_chat_request_is_written_in_the_gemma_format_and_ends_at_its_end_of_tu
                                                temperature=0, max_tokens=20)
     (ids, params), = prompts
     assert engine.tokenizer.decode_exact(ids) == "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
-    marker = engine.tokenizer.hf.get_vocab()["<end_of_turn>"]
+    marker = engine.tokenizer.token_id("<end_of_turn>")
     assert params.stop_token_ids == (marker,)
     choice = reply.choices[0]
     assert choice.finish_reason == "stop" and "<end_of_turn>" not in choice.message.content

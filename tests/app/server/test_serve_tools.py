@@ -10,7 +10,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
 import llguidance
-import llguidance.hf
 import pytest
 
 from app.chat.backend_loader import chat_session
@@ -53,7 +52,7 @@ def accepts(default_engine):
     """accepts(grammar, text): whether llguidance takes `text` as a whole reply under `grammar`, token by token
     as the engine does."""
     tokenizer = default_engine.tokenizer
-    ll_tokenizer = llguidance.hf.from_tokenizer(tokenizer.hf)  # a second or so: once for the module
+    ll_tokenizer = llguidance.LLTokenizer(tokenizer.backend_json())  # a second or so: once for the module
 
     def accepts(grammar: str, text: str) -> bool:
         matcher = llguidance.LLMatcher(ll_tokenizer, llguidance.LLMatcher.grammar_from_lark(grammar))

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from engine import SamplingParams
+from tests.hf_tokenizer import hf_chat_ids
 
 # xdist_group: one worker builds the module fixtures (make test runs --dist loadgroup).
 pytestmark = [pytest.mark.real_model, pytest.mark.xdist_group("real-model")]
@@ -29,8 +30,7 @@ def reference(default_engine):
 
 
 def chat_ids(engine, text):
-    return list(engine.tokenizer.hf.apply_chat_template(
-        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False))
+    return hf_chat_ids(engine, text)
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
@@ -53,6 +53,6 @@ def test_prefill_logits_match_transformers(default_engine, reference):
 
 
 def test_stop_token_is_the_chat_end_of_turn_marker(default_engine):
-    assert default_engine.tokenizer.hf.convert_ids_to_tokens(sorted(default_engine.tokenizer.eos_token_ids)) == ["<|im_end|>"]
+    assert [default_engine.tokenizer.token(i) for i in sorted(default_engine.tokenizer.eos_token_ids)] == ["<|im_end|>"]
     done = list(default_engine.generate(chat_ids(default_engine, PROMPTS[0]), SamplingParams(temperature=0)))[-1]
     assert done.finish_reason == "stop" and done.text == "The capital of France is Paris."

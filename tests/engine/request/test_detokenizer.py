@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.request.detokenizer import REPLACEMENT, IncrementalDetokenizer
-from engine.weights.tokenizer import Tokenizer
+from engine.tokenizer.tokenizer import Tokenizer
 from tests.examples import examples
 
 SAMPLES = [

@@ -8,7 +8,7 @@ from engine.errors import GrammarError
 from engine.request.constraint import GrammarConstraint, grammar_tokenizer
 from engine.request.sampling import Sampler
 from engine.sampling_params import SamplingParams
-from engine.weights.tokenizer import Tokenizer
+from engine.tokenizer.tokenizer import Tokenizer
 from tests.tiny_models import IM_END, IM_START, VOCAB
 
 CPU = torch.device("cpu")

@@ -136,12 +136,12 @@ def test_a_grammar_that_does_not_compile_fails_before_any_token(engine):
 
 
 def test_prepare_grammar_builds_the_grammar_tokenizer_ahead_of_the_first_request(tiny_model_dir, monkeypatch):
-    import llguidance.hf
+    import llguidance
 
     fresh = Engine.load(EngineOptions(model=str(tiny_model_dir), dtype="float32"))
     builds = []
-    build = llguidance.hf.from_tokenizer
-    monkeypatch.setattr(llguidance.hf, "from_tokenizer", lambda *a, **kw: builds.append(1) or build(*a, **kw))
+    build = llguidance.LLTokenizer
+    monkeypatch.setattr(llguidance, "LLTokenizer", lambda *a, **kw: builds.append(1) or build(*a, **kw))
     fresh.prepare_grammar()
     assert builds == [1]
     assert_follows(reply(fresh, PROMPT, grammar=json_grammar(RECORD)), RECORD)

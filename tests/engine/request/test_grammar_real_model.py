@@ -10,6 +10,7 @@ import pytest
 from engine import Done, SamplingParams, interleave
 from engine.request.grammars import json_grammar, text_then_json_grammar
 from engine.request.speculation import StepCosts
+from tests.hf_tokenizer import hf_chat_ids
 
 # xdist_group: one worker loads the model (make test runs --dist loadgroup).
 pytestmark = [pytest.mark.real_model, pytest.mark.xdist_group("real-model")]
@@ -23,8 +24,7 @@ QUESTION = "What time is it in Paris? Answer with a tool call."
 
 
 def chat_ids(engine, text):
-    return list(engine.tokenizer.hf.apply_chat_template(
-        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False))
+    return hf_chat_ids(engine, text)
 
 
 def reply(engine, text, draft_tokens=0, **params) -> Done:

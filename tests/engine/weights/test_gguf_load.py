@@ -73,8 +73,7 @@ def test_a_gguf_runs_in_the_engine_with_its_tokenizer_and_template(tmp_path, mon
     assert engine.info.converted and engine.info.model_name == "tiny"
     assert engine.tokenizer.decode(engine.tokenizer.encode("héllo 北京")) == "héllo 北京"
     assert engine.tokenizer.eos_token_ids == {257}
-    rendered = engine.tokenizer.hf.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
-                                                       add_generation_prompt=True)
+    rendered = engine.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
     assert rendered == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     again = Engine.load(EngineOptions(model=str(gguf_path), dtype="float32"))
     assert not again.info.converted  # the warm start loads the cached tokenizer

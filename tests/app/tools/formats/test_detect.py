@@ -54,7 +54,7 @@ def test_a_hermes_template_that_never_reads_the_tools_gets_the_convention(tmp_pa
 
 def test_of_several_named_templates_the_tool_use_one_is_read(tmp_path):
     tokenizer = family_tokenizer(tmp_path, "qwen3", TINY_CHATML)
-    tokenizer.hf.chat_template = {"default": TINY_CHATML, "tool_use": template_text("qwen3")}
+    tokenizer.chat_template = {"default": TINY_CHATML, "tool_use": template_text("qwen3")}
     assert tool_format(tokenizer).name == "hermes"
 
 

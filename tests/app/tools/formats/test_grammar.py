@@ -2,7 +2,6 @@
 writes (and free text where the choice allows) and refuses calls that break the tools' schemas."""
 
 import llguidance
-import llguidance.hf
 import pytest
 
 from app.tools.formats.detect import tool_format
@@ -20,7 +19,7 @@ NOT_JSON = {"gpt_oss": "<|channel|>commentary to=functions.get_weather <|constra
 @pytest.fixture(scope="module")
 def matchers(tokenizers):
     """family -> llguidance's tokenizer of its vocabulary."""
-    return {family: llguidance.hf.from_tokenizer(tokenizer.hf) for family, tokenizer in tokenizers.items()}
+    return {family: llguidance.LLTokenizer(tokenizer.backend_json()) for family, tokenizer in tokenizers.items()}
 
 
 def accepts(ll_tokenizer, tokenizer, grammar: str, text: str) -> bool:
@@ -115,12 +114,12 @@ def test_a_prompt_that_opens_the_thinking_gets_a_grammar_that_starts_inside_it(f
 @pytest.mark.real_model
 def test_the_convention_grammar_works_with_the_bundled_models_tokenizer():
     from engine.sources.model_source import resolve_model
-    from engine.weights.tokenizer import Tokenizer
+    from engine.tokenizer.tokenizer import Tokenizer
 
     tokenizer = Tokenizer(resolve_model(None).path)
     fmt = tool_format(tokenizer)
-    assert fmt.name == "convention" and not tokenizer.hf.get_added_vocab().get("<tool_call>")
-    ll, grammar = llguidance.hf.from_tokenizer(tokenizer.hf), fmt.grammar(TOOLS, "auto")
+    assert fmt.name == "convention" and not tokenizer.token_id("<tool_call>")
+    ll, grammar = llguidance.LLTokenizer(tokenizer.backend_json()), fmt.grammar(TOOLS, "auto")
     assert accepts(ll, tokenizer, grammar, "It is sunny <tool_ca... no call today.".replace("<tool_ca...", "<tool"))
     assert accepts(ll, tokenizer, grammar, "Sure.\n" + fmt.markup.write([PARIS, CET]))
     assert not accepts(ll, tokenizer, grammar, "Sure.\n" + fmt.markup.write([WRONG_NAME]))

@@ -44,7 +44,7 @@ def stream(fmt, text, tools=TOOLS, opens_in_thinking=False):
 
 def model_reply(fmt, calls, lead="Let me look that up.\n"):
     """A reply as `fmt`'s model writes one that calls `calls`, ended by its end-of-turn token."""
-    return lead + fmt.markup.write(calls) + fmt.tokenizer.hf.eos_token
+    return lead + fmt.markup.write(calls) + fmt.tokenizer.eos_token
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -102,7 +102,7 @@ def test_a_reply_without_calls_shows_what_the_tokenizer_decodes(formats, family)
     fmt = formats[family]
     body = "Hello <b>there</b> [x] {y} 🌍"
     text = ("<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final<|message|>" + body
-            if family == "gpt_oss" else body) + fmt.tokenizer.hf.eos_token
+            if family == "gpt_oss" else body) + fmt.tokenizer.eos_token
     ids = fmt.tokenizer.encode(text)
     shown, reply = stream(fmt, text)
     assert shown == reply.content == fmt.tokenizer.decode(ids)

@@ -1,4 +1,4 @@
-"""gpt-oss's harmony replies read into kvchat's <think> convention (engine/weights/harmony.py), token by
+"""gpt-oss's harmony replies read into kvchat's <think> convention (engine/tokenizer/harmony.py), token by
 token as the detokenizer streams them, and a harmony conversation's next prompt."""
 
 import pytest
@@ -8,8 +8,8 @@ from app.chat.prompt.conversation_prompt import ConversationPrompt
 from app.chat.prompt.thinking import ThinkingSplitter, split_reply
 from engine import Engine, EngineOptions
 from engine.request.detokenizer import IncrementalDetokenizer
-from engine.weights.harmony import reply_text
-from engine.weights.tokenizer import Tokenizer
+from engine.tokenizer.harmony import reply_text
+from engine.tokenizer.tokenizer import Tokenizer
 from tests.tiny_models import make_tiny_model
 
 THOUGHT_THEN_ANSWER = ("<|channel|>analysis<|message|>The user greets me.<|end|>"
@@ -37,7 +37,7 @@ def harmony_dir(tmp_path_factory):
 def test_a_harmony_reply_streams_as_thinking_then_answer_token_by_token(harmony_dir):
     tokenizer = Tokenizer(harmony_dir)
     assert tokenizer.harmony
-    vocabulary = tokenizer.hf.get_vocab()
+    vocabulary = tokenizer.vocabulary()
     assert {vocabulary["<|return|>"], vocabulary["<|call|>"]} <= tokenizer.eos_token_ids
     assert vocabulary["<|end|>"] not in tokenizer.eos_token_ids  # it ends a message, not the reply
     ids = tokenizer.encode(THOUGHT_THEN_ANSWER.removesuffix("<|return|>"))

@@ -31,9 +31,9 @@ _PARTIAL = re.compile(r"(?:<\|end\|>|<\|start\|>|<\|channel\|>)(?:(?!<\|message\
 _SPECIAL = re.compile(r"<\|[a-z_]+\|>")
 
 
-def is_harmony(vocabulary) -> bool:
-    """Whether a tokenizer's vocabulary (a mapping or set of token texts) has harmony's header tokens."""
-    return all(marker in vocabulary for marker in MARKERS)
+def is_harmony(token_id) -> bool:
+    """Whether a vocabulary has harmony's header tokens (`token_id`: a token's id in it, or None)."""
+    return all(token_id(marker) is not None for marker in MARKERS)
 
 
 def reply_text(raw: str) -> str:

@@ -1,0 +1,1 @@
+"""Text to token ids and back: the model's tokenizer, its chat template, and gpt-oss's harmony reply format."""
