@@ -1,6 +1,6 @@
 /*
  * A quantized weight block read as the integers the integer products multiply: shared by the definition
- * (int8_dot.c) and the tiles (int8_tiles.c), which must read a block the same way.
+ * (int8_dot.c) and the tiles (int8_tile_pack.c), which must read a block the same way.
  *
  * Every format is, per block, unsigned integer quants u, an integer offset they are taken from, integer
  * sub-scales (the K-quants; 1 for the 32-weight formats), a float scale, and a minimum (float for Q4_1/Q5_1,

@@ -33,7 +33,7 @@
 
 #define KC_TILE 16 /* output columns in a tile */
 
-/* ---- the layout, read by the repacking and both products (int8_tiles.c, int8_amx.c) ---- */
+/* ---- the layout, read by the repacking (int8_tile_pack.c) and both products (int8_tiles.c, int8_amx.c) ---- */
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && \
     defined(__AVX512VNNI__)
