@@ -15,9 +15,11 @@ ChatTemplateError = chat_template.TemplateError
 class Tokenizer:
     """Encode/decode and the chat template of one model directory."""
 
-    def __init__(self, model_dir: Path | str, config_eos: tuple[int, ...] = ()):
+    def __init__(self, model_dir: Path | str, config_eos: tuple[int, ...] = (), loaded=None):
+        """`loaded`: what snapshot.load(model_dir) returned, when the caller read it already (the engine does,
+        before the weights load)."""
         model_dir = Path(model_dir)
-        self._backend, settings = snapshot.load(model_dir)
+        self._backend, settings = loaded or snapshot.load(model_dir)
         self.special_tokens = dict(settings.special_tokens)
         self.bos_token_id, self.eos_token_id = settings.bos_token_id, settings.eos_token_id
         self.chat_template = settings.chat_template  # tests and format detection read it; may be replaced
