@@ -22,6 +22,7 @@ import re
 import secrets
 import shutil
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,9 +31,9 @@ from engine.sources.app_stores import split_part
 from engine.sources.ollama import PREFIX as OLLAMA_PREFIX
 from engine.sources.ollama import find_ollama_model
 from engine.weights.default_model import DEFAULT_MODEL_NAME, default_gguf  # noqa: F401 (imported from here too)
-from engine.weights.fingerprint import gguf_sha256
-from engine.weights.gguf_cache import (COMPLETE_MARKER, cache_damage, remove_old_conversions, tokenizer_cache_dir,
-                                       write_tokenizer_cache)
+from engine.weights.fingerprint import gguf_sha256, remembered_sha256
+from engine.weights.gguf_cache import (COMPLETE_MARKER, cache_damage, import_tokenizer_classes, remove_old_conversions,
+                                       tokenizer_cache_dir, write_tokenizer_cache)
 from engine.weights.synthetic import PREFIX as SYNTHETIC_PREFIX
 from engine.weights.synthetic import synthetic_gguf, synthetic_model_dir, synthetic_name
 
@@ -56,7 +57,14 @@ class ModelSource:
 
 def _from_gguf(path: Path, name: str, progress: Callable[[str], None]) -> ModelSource:
     progress("checking the model file")
-    digest = gguf_sha256(path)
+    digest = remembered_sha256(path)
+    if digest is None:  # most likely the file's first use: its tokenizer will be read by transformers
+        with ThreadPoolExecutor(1, thread_name_prefix="kvchat-import") as pool:
+            # Imported while the file is hashed: hashlib reads and hashes without the GIL, so on two cores the
+            # import (~1.5 s) costs no time beside the hash (~1.4 s a GB). Wasted only when the file's cache
+            # exists after all (its hash forgotten: a moved or touched file).
+            pool.submit(import_tokenizer_classes)
+            digest = gguf_sha256(path)
     out_dir = tokenizer_cache_dir(digest)
     if (out_dir / COMPLETE_MARKER).exists():
         cached = ModelSource(name, out_dir, gguf=path)

@@ -35,19 +35,33 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def gguf_sha256(path: Path) -> str:
-    """sha256 hex of a (GGUF) file, hashed once and remembered by its path, size, mtime and inode: a second
-    start stats the file instead of reading gigabytes."""
-    path = path.resolve()
+def _file_memo(path: Path) -> tuple[Path, str]:
+    """(where gguf_sha256 remembers the resolved `path`'s hash, the stat key it is remembered under)."""
     st = path.stat()
-    key = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
     memo_path = cache_dir() / "file-hashes" / "files" / f"{hashlib.sha256(str(path).encode()).hexdigest()[:24]}.json"
+    return memo_path, f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
+
+
+def remembered_sha256(path: Path) -> str | None:
+    """gguf_sha256 of `path` if it is remembered for the file as it is now (no reading); else None."""
+    memo_path, key = _file_memo(path.resolve())
     try:
         memo = json.loads(memo_path.read_text())
         if memo["key"] == key and isinstance(memo["sha256"], str):
             return memo["sha256"]
     except (OSError, ValueError, KeyError, TypeError):
         pass
+    return None
+
+
+def gguf_sha256(path: Path) -> str:
+    """sha256 hex of a (GGUF) file, hashed once and remembered by its path, size, mtime and inode: a second
+    start stats the file instead of reading gigabytes."""
+    path = path.resolve()
+    remembered = remembered_sha256(path)
+    if remembered is not None:
+        return remembered
+    memo_path, key = _file_memo(path)
     digest = file_sha256(path)
     try:  # a best effort: without it the next start hashes again
         memo_path.parent.mkdir(parents=True, exist_ok=True)
