@@ -73,8 +73,12 @@ def saved(model_dir: Path) -> bool:
 def snapshot_folder(model_dir: Path) -> Path:
     """cache_dir()/tokenizer-snapshots/<the directory's key>-<its files' and the libraries' key>."""
     model_dir = model_dir.resolve()
+    try:
+        entries = sorted(os.scandir(model_dir), key=lambda e: e.name)
+    except OSError:  # no such directory: nothing is saved for it, and building says so in one sentence
+        entries = []
     stats = []
-    for entry in sorted(os.scandir(model_dir), key=lambda e: e.name):
+    for entry in entries:
         if entry.is_file() and not entry.name.startswith(".") and not entry.name.endswith(WEIGHT_SUFFIXES):
             st = entry.stat()
             stats.append((entry.name, st.st_size, st.st_mtime_ns))

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from engine.errors import ModelError
 from engine.paths import cache_dir
 from engine.tokenizer import snapshot
 from engine.tokenizer.tokenizer import Tokenizer
@@ -69,3 +70,10 @@ def test_a_second_start_never_imports_transformers(tiny_model_dir, tmp_path):
             for _ in range(2)]
     assert [r.returncode for r in runs] == [0, 0], runs[-1].stderr
     assert [r.stdout.split() for r in runs] == [["héllo", "True"], ["héllo", "False"]]
+
+
+def test_a_missing_model_directory_is_one_model_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVCHAT_CACHE_DIR", str(tmp_path / "cache"))
+    assert not snapshot.saved(tmp_path / "nowhere")
+    with pytest.raises(ModelError, match="tokenizer cannot be loaded"):
+        Tokenizer(tmp_path / "nowhere")
