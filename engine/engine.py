@@ -16,6 +16,7 @@ lock, so several threads may generate at once.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
@@ -141,14 +142,12 @@ def _load_source(source: ModelSource, device: torch.device, dtype: torch.dtype, 
     # On a model's first start transformers builds the tokenizer's snapshot (tokenizer/snapshot.py): before the
     # weights, so that its Python objects are gone before the weights take their memory (first use of a 1.5B
     # GGUF file, peak RSS: 1,500-1,516 MiB built after the weights, 1,479-1,481 before). A snapshot already
-    # saved is read after them (warm: 1,395 MiB, against 1,435 read before). A failure waits for the weights'
-    # own errors, as before (the tokenizer cache is rewritten once below).
+    # saved is read after them (warm: 1,395 MiB, against 1,435 read before). A failure is left to the second
+    # try below, after the weights' own errors, as before (the tokenizer cache is rewritten once there).
     tokenizer_files = None
     if not snapshot.saved(source.path):
-        try:
+        with contextlib.suppress(ModelError):
             tokenizer_files = snapshot.load(source.path)
-        except ModelError as exc:
-            tokenizer_files = exc
     progress("loading weights")
     try:
         model = load_model(source.weights, device, dtype, kernels)
@@ -157,8 +156,6 @@ def _load_source(source: ModelSource, device: torch.device, dtype: torch.dtype, 
             raise gpu.out_of_memory() from None
         raise EngineError(f"Not enough {device.type} memory to load {source.name} in {dtype}.") from None
     try:
-        if isinstance(tokenizer_files, ModelError):
-            raise tokenizer_files
         return model, Tokenizer(source.path, model.cfg.eos_token_ids, tokenizer_files), source
     except ModelError as exc:
         if source.gguf is None or source.converted:

@@ -17,6 +17,7 @@ loads, through transformers each time).
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -137,6 +138,7 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+@functools.cache  # an installed package's version does not change under a running process
 def _version(package: str) -> str:
     try:
         return importlib.metadata.version(package)
