@@ -157,7 +157,8 @@ async def test_the_key_bar_shows_fewer_keys_rather_than_a_cut_one(tiny_engine, s
     app = app_with(tiny_engine)
     async with app.run_test(size=size) as pilot:
         await ready(pilot)
-        await pilot.pause()
+        # The footer recomposes its keys once the chat is mounted: wait for the palette's key to be there.
+        await wait_until(pilot, lambda: any(key.has_class("-command-palette") for key in app.query(FooterKey)))
         keys = list(app.query(FooterKey))
         palette = next(key for key in keys if key.has_class("-command-palette"))
         shown = [key for key in keys if key is not palette]
@@ -184,7 +185,10 @@ async def test_narrowing_the_terminal_leaves_keys_out_of_the_key_bar_rather_than
 
         def fits() -> bool:
             keys = list(app.query(FooterKey))
-            palette = next(key for key in keys if key.has_class("-command-palette"))
+            # The footer recomposes its keys after a resize: mid-way, the palette's key may not be mounted yet.
+            palette = next((key for key in keys if key.has_class("-command-palette")), None)
+            if palette is None:
+                return False
             return len(keys) < wide and all(k.region.right <= palette.region.x for k in keys if k is not palette)
 
         await wait_until(pilot, fits)
