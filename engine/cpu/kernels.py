@@ -111,7 +111,7 @@ def _bind(lib: ctypes.CDLL) -> QuantKernels:
     lib.kc_int8_isa.restype = ctypes.c_char_p
     lib.kc_int8_tile_bytes.argtypes = [p]
     lib.kc_int8_tile_bytes.restype = ctypes.c_int64
-    lib.kc_int8_tile_pack.argtypes = [p, p, i]
+    lib.kc_int8_tile_pack.argtypes = [p, p, i, i, i]
     lib.kc_int8_tile_pack.restype = None
     for fn in (lib.kc_matmul, lib.kc_matmul_parts, lib.kc_dequantize, lib.kc_forward_tokens, lib.kc_forward_batch):
         fn.restype = None

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +33,8 @@ KERNEL_MAX_ROWS = 48
 # Weight rows per dequantize+GEMM slice. 128-token forward, interleaved medians of 15:
 # one GEMM per matrix 289 ms, 1536-row slices 273 ms, 768-row slices 268 ms (dense fp32: 280 ms).
 GEMM_ROWS = 768
+TILE = 16  # output columns a tile holds (csrc/int8_tiles.h)
+PACK_BYTES = 8 << 20  # a matrix's blocks read into tiles per call (then their pages may go)
 _scratch = threading.local()
 
 
@@ -53,9 +56,11 @@ def _integer_format(kernels: QuantKernels, code: int) -> bool:
 
 
 class QuantLinear(nn.Module):
-    def __init__(self, kernels: QuantKernels, fmt: str, qs: torch.Tensor, bias: torch.Tensor | None = None):
+    def __init__(self, kernels: QuantKernels, fmt: str, qs: torch.Tensor, bias: torch.Tensor | None = None,
+                 read: Callable[[torch.Tensor], None] | None = None):
         """`qs`: the weight as formats.py stores `fmt` (kept, not copied: it may view a mapped GGUF file);
-        `bias` [out] or None."""
+        `bias` [out] or None; `read`: told of qs's leading rows as the tiles are made from them (the
+        loader drops a mapped file's pages under them: WeightSource.release)."""
         super().__init__()
         if fmt not in FORMATS:
             raise ValueError(f"unknown block format {fmt!r}")
@@ -73,7 +78,7 @@ class QuantLinear(nn.Module):
         self.register_buffer("bias", None if bias is None else bias.to(torch.float32))
         # Integer products read the weight repacked into tiles (csrc/int8_tiles.h: the same bytes as its
         # blocks, laid out 16 output columns a vector), made once here; not saved with the module.
-        self.register_buffer("tiles", self._tiles() if self.integer else None, persistent=False)
+        self.register_buffer("tiles", self._tiles(read) if self.integer else None, persistent=False)
         self._bind_kernels()
 
     def extra_repr(self) -> str:
@@ -93,13 +98,23 @@ class QuantLinear(nn.Module):
         self._dequantize = lambda w, first, count, t: lib.kc_dequantize(desc, first, count, w, t)
         self._bias = self.bias
 
-    def _tiles(self) -> torch.Tensor | None:
+    def _tiles(self, read: Callable[[torch.Tensor], None] | None) -> torch.Tensor | None:
         desc = self.kernel_desc(with_bias=False)  # the blocks alone: no tiles yet
         size = self.kernels.lib.kc_int8_tile_bytes(ctypes.byref(desc))
         if size <= 0:  # this build has no tiles for the format: the definition reads the blocks
             return None
         tiles = torch.empty(size, dtype=torch.uint8)
-        self.kernels.lib.kc_int8_tile_pack(ctypes.byref(desc), tiles.data_ptr(), torch.get_num_threads())
+        # Made in ranges of ~PACK_BYTES of blocks, each range's blocks handed to `read` once packed: a mapped
+        # file's pages then leave resident memory as they are read, not once the whole matrix is (the tied
+        # embedding and head of a 1.5B model is 180 MB, which was the load's peak above its end state).
+        count = -(-self.out_features // TILE)
+        step = max(1, PACK_BYTES // max(1, self.qs[:TILE].numel() * self.qs.element_size()))
+        for first in range(0, count, step):
+            end = min(count, first + step)
+            self.kernels.lib.kc_int8_tile_pack(ctypes.byref(desc), tiles.data_ptr(), first, end,
+                                               torch.get_num_threads())
+            if read is not None:
+                read(self.qs[: end * TILE])
         return tiles
 
     def kernel_desc(self, with_bias: bool = True) -> LinearDesc:

@@ -227,9 +227,9 @@ def _quant_linear(kernels: QuantKernels, blocks: WeightSource, names: list[str],
         qs = _joined(blocks, [f"{n}.weight" for n, _ in run], f".{fmt}.qs")
         rows = qs.shape[0]
         part_bias = None if bias is None else bias[first : first + rows]
-        part = QuantLinear(kernels, fmt, qs, part_bias)
-        if in_place and part.tiles is not None:
-            blocks.release(qs)  # read once into the tiles: the mapped pages need not stay resident
+        # Read once into the tiles (if the format has them): the mapped pages need not stay resident, and go
+        # as they are read.
+        part = QuantLinear(kernels, fmt, qs, part_bias, read=blocks.release if in_place else None)
         parts.append(part)
         first += rows
     return parts[0] if len(parts) == 1 else MixedQuantLinear(parts)

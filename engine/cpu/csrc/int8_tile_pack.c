@@ -277,12 +277,12 @@ static void prefer_huge_pages(void *out, int64_t bytes) {
 #endif
 }
 
-void kc_int8_tile_pack(const kc_linear *L, void *out, int threads) {
+void kc_int8_tile_pack(const kc_linear *L, void *out, int first, int end, int threads) {
     if (!kc_int8_tiled(L->format)) return;
-    prefer_huge_pages(out, kc_int8_tile_bytes(L));
-    const int tiles = (L->N + KC_TILE - 1) / KC_TILE, nb = L->K / kc_block_weights(L->format);
+    if (first == 0) prefer_huge_pages(out, kc_int8_tile_bytes(L)); /* once, for the whole buffer */
+    const int nb = L->K / kc_block_weights(L->format);
     const int64_t ub = kc_tile_unit_bytes(L->format);
 #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int t = 0; t < tiles; t++)
+    for (int t = first; t < end; t++)
         for (int b = 0; b < nb; b++) pack_unit(L, t, b, (uint8_t *)out + ((int64_t)t * nb + b) * ub);
 }

@@ -73,8 +73,10 @@ static inline int64_t kc_tile_unit_bytes(int format) {
 int kc_int8_tiled(int format);
 /* Bytes of L's tiles (0: L's format has none in this build). */
 int64_t kc_int8_tile_bytes(const kc_linear *L);
-/* Repacks L's GGUF blocks (L->q) into out (kc_int8_tile_bytes of it), on `threads` threads. */
-void kc_int8_tile_pack(const kc_linear *L, void *out, int threads);
+/* Repacks tiles first..end-1 (16 output columns each) of L's GGUF blocks (L->q) into out (kc_int8_tile_bytes of
+ * it, every tile at its place), on `threads` threads. Called for consecutive ranges from 0, so that a loader
+ * may drop the blocks' pages as each range is read; the call for tile 0 asks for out's huge pages. */
+void kc_int8_tile_pack(const kc_linear *L, void *out, int first, int end, int threads);
 /* Columns n0..n1 of the product of L's tiles with the quantized rows xs, as kc_int8_columns. */
 void kc_int8_tile_columns(const kc_linear *L, const kc_act_row *xs, int rows, float *y, int ldy, int n0, int n1);
 

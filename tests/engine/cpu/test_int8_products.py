@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from engine.cpu import kernels as quant_kernels
+from engine.cpu import linear as linear_module
 from engine.cpu.linear import QuantLinear
 from engine.cpu.mixed_linear import MixedQuantLinear
 from tests.kquant_blocks import MXFP4_SUBNORMAL, mxfp4_blocks, random_blocks
@@ -147,6 +148,22 @@ def test_tiles_take_the_bytes_of_the_files_blocks(native, fmt):
     assert ratio == pytest.approx({"q4_k": 2368 / 2304, "q5_k": 2880 / 2816}.get(fmt, 1.0))
     padded, _ = int8_linear(native, fmt, rows=65)
     assert padded.tiles.numel() == linear.tiles.numel() * 5 // 4
+
+
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k", "q8_0"])
+def test_tiles_packed_range_by_range_are_the_tiles_of_one_pack_and_each_range_is_handed_back_read(
+        native, fmt, monkeypatch):
+    """A loader drops a mapped file's pages as the tiles are made from them (the load's peak memory): the
+    tiles made 3 at a time (the last range short, the last tile padded) are those of one call, and `read` is
+    told of the blocks' leading rows as each range is packed, ending with all of them."""
+    qs, _ = weights(fmt, 16 * 8 + 5, 512, seed=3)
+    whole = QuantLinear(native, fmt, qs)
+    assert whole.tiles is not None
+    monkeypatch.setattr(linear_module, "PACK_BYTES", 3 * 16 * qs[0].numel())
+    told = []
+    ranges = QuantLinear(native, fmt, qs, read=lambda rows: told.append((rows.data_ptr(), rows.shape[0])))
+    assert torch.equal(ranges.tiles, whole.tiles)
+    assert told == [(qs.data_ptr(), rows) for rows in (48, 96, 133)]
 
 
 @pytest.mark.parametrize("fmt", ["q4_k", "q6_k", "q5_1", "q8_0", "mxfp4"])
