@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from engine.cpu.heap import release_free_heap
 from engine.cpu.kernels import QuantKernels, load_quant_kernels
 from engine.cpu.linear import QuantLinear
 from engine.decode.path import decode_path
@@ -139,15 +140,15 @@ def _load_source(source: ModelSource, device: torch.device, dtype: torch.dtype, 
     """The model and tokenizer of `source` (and the source, its tokenizer cache rewritten once if that cache
     would not load); ModelError if its files are wrong, or if the weights run out of memory (`gpu`: what the
     GPU check measured, for the numbers of that sentence)."""
-    # On a model's first start transformers builds the tokenizer's snapshot (tokenizer/snapshot.py): before the
-    # weights, so that its Python objects are gone before the weights take their memory (first use of a 1.5B
-    # GGUF file, peak RSS: 1,500-1,516 MiB built after the weights, 1,479-1,481 before). A snapshot already
-    # saved is read after them (warm: 1,395 MiB, against 1,435 read before). A failure is left to the second
+    # The tokenizer is read before the weights: reading it (a snapshot, or transformers on a model's first
+    # start: tokenizer/snapshot.py) takes memory it frees at once (the Rust tokenizer's JSON: 86 MiB for
+    # Qwen2's vocabulary, 45 kept), given back before the weights take theirs. The 1.5B GGUF file (940 MiB),
+    # peak RSS of a warm load: 1,397 MiB read after the weights, 1,347 before. A failure is left to the second
     # try below, after the weights' own errors, as before (the tokenizer cache is rewritten once there).
     tokenizer_files = None
-    if not snapshot.saved(source.path):
-        with contextlib.suppress(ModelError):
-            tokenizer_files = snapshot.load(source.path)
+    with contextlib.suppress(ModelError):
+        tokenizer_files = snapshot.load(source.path)
+    release_free_heap()
     progress("loading weights")
     try:
         model = load_model(source.weights, device, dtype, kernels)

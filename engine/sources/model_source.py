@@ -32,7 +32,7 @@ from engine.sources.ollama import PREFIX as OLLAMA_PREFIX
 from engine.sources.ollama import find_ollama_model
 from engine.weights.default_model import DEFAULT_MODEL_NAME, default_gguf  # noqa: F401 (imported from here too)
 from engine.weights.fingerprint import gguf_sha256, remembered_sha256
-from engine.weights.gguf_cache import (COMPLETE_MARKER, cache_damage, import_tokenizer_classes, remove_old_conversions,
+from engine.weights.gguf_cache import (COMPLETE_MARKER, cache_damage, remove_old_conversions, stage_tokenizer_cache,
                                        tokenizer_cache_dir, write_tokenizer_cache)
 from engine.weights.synthetic import PREFIX as SYNTHETIC_PREFIX
 from engine.weights.synthetic import synthetic_gguf, synthetic_model_dir, synthetic_name
@@ -58,19 +58,28 @@ class ModelSource:
 def _from_gguf(path: Path, name: str, progress: Callable[[str], None]) -> ModelSource:
     progress("checking the model file")
     digest = remembered_sha256(path)
-    if digest is None:  # most likely the file's first use: its tokenizer will be read by transformers
-        with ThreadPoolExecutor(1, thread_name_prefix="kvchat-import") as pool:
-            # Imported while the file is hashed: hashlib reads and hashes without the GIL, so on two cores the
-            # import (~1.5 s) costs no time beside the hash (~1.4 s a GB). Wasted only when the file's cache
-            # exists after all (its hash forgotten: a moved or touched file).
-            pool.submit(import_tokenizer_classes)
+    staged = None
+    if digest is None:  # most likely the file's first use: its tokenizer cache is to be written
+        progress(f"reading {path.name} and its tokenizer (first start only)")
+        with ThreadPoolExecutor(1, thread_name_prefix="kvchat-tokenizer") as pool:
+            # The tokenizer cache is staged by transformers while the file is hashed: hashlib reads and hashes
+            # without the GIL, so on two cores the hash (~1.4 s a GB) costs nothing beside the import and the
+            # tokenizer (~1.5 + ~4 s for Qwen2's vocabulary). Wasted only when the file's cache exists after
+            # all (its hash forgotten: a moved, copied or touched file), once: the hash is remembered.
+            staging = pool.submit(stage_tokenizer_cache, path)
             digest = gguf_sha256(path)
+        if (tokenizer_cache_dir(digest) / COMPLETE_MARKER).exists():
+            if staging.exception() is None:
+                staging.result().discard()
+        else:
+            staged = staging.result()  # its ModelError, if the tokenizer cannot be read or cached
     out_dir = tokenizer_cache_dir(digest)
     if (out_dir / COMPLETE_MARKER).exists():
         cached = ModelSource(name, out_dir, gguf=path)
         damage = cache_damage(out_dir)
         return cached if damage is None else rebuild_tokenizer_cache(cached, damage, progress)
-    return ModelSource(name, write_tokenizer_cache(path, digest, out_dir, progress), converted=True, gguf=path)
+    out_dir = write_tokenizer_cache(path, digest, out_dir, progress, staged)
+    return ModelSource(name, out_dir, converted=True, gguf=path)
 
 
 def rebuild_tokenizer_cache(source: ModelSource, problem: str,

@@ -23,6 +23,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from engine.errors import ModelError
 from engine.paths import GGUF_TOKENIZERS_FOLDER, cache_dir
 from engine.weights.fingerprint import file_sha256, model_files_digest
 from engine.gguf.reader import gguf_config, open_gguf
+from engine.tokenizer import snapshot
 
 log = logging.getLogger("kvchat")
 
@@ -43,9 +45,13 @@ def tokenizer_cache_dir(gguf_sha256: str) -> Path:
     return cache_dir() / GGUF_TOKENIZERS_FOLDER / f"{gguf_sha256[:24]}-v{CACHE_VERSION}"
 
 
-def _export_tokenizer(gguf_path: Path, out_dir: Path, config: dict[str, Any]) -> None:
+def read_tokenizer(gguf_path: Path, config: dict[str, Any] | None = None):
+    """transformers' tokenizer of `gguf_path` (`config`: its gguf_config, if read already), as AutoTokenizer
+    would build it, in memory. ModelError if the file is not a GGUF model kvchat runs or its tokenizer
+    cannot be read."""
     from transformers import PreTrainedTokenizerFast
 
+    config = config or gguf_config(open_gguf(gguf_path))
     try:
         tokenizer = tokenizer_class(config["model_type"]).from_pretrained(str(gguf_path.parent),
                                                                             gguf_file=gguf_path.name)
@@ -56,7 +62,7 @@ def _export_tokenizer(gguf_path: Path, out_dir: Path, config: dict[str, Any]) ->
         except Exception:
             raise ModelError(f"The tokenizer in {gguf_path.name} cannot be read ({first}).") from None
     set_special_tokens(tokenizer, config)
-    tokenizer.save_pretrained(str(out_dir))
+    return tokenizer
 
 
 def set_special_tokens(tokenizer, config: dict[str, Any]) -> None:
@@ -66,12 +72,6 @@ def set_special_tokens(tokenizer, config: dict[str, Any]) -> None:
         token_id = config.get(f"{role}_token_id")
         if isinstance(token_id, int) and 0 <= token_id < len(tokenizer):
             setattr(tokenizer, f"{role}_token", tokenizer.convert_ids_to_tokens(token_id))
-
-
-def import_tokenizer_classes() -> None:
-    """Import what writing a tokenizer cache reads with (transformers: ~1.5 s on two cores), ahead of it."""
-    from transformers import AutoConfig, PreTrainedTokenizerFast  # noqa: F401
-    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING  # noqa: F401
 
 
 def tokenizer_class(model_type: str):
@@ -95,45 +95,93 @@ def tokenizer_class(model_type: str):
     return registered
 
 
-def write_tokenizer_cache(gguf_path: Path, gguf_sha256: str, out_dir: Path,
-                          progress: Callable[[str], None] = lambda _: None) -> Path:
-    """Write `out_dir` for `gguf_path` (atomically) and return it; a complete one (another process's) is kept.
-    ModelError if the file is not a GGUF model kvchat runs, or the directory cannot be written."""
-    if (out_dir / COMPLETE_MARKER).exists():
-        return out_dir
-    config = gguf_config(open_gguf(gguf_path))
+@dataclass(frozen=True)
+class StagedCache:
+    """A tokenizer cache written but for what needs the GGUF file's hash (stage_tokenizer_cache)."""
+
+    folder: Path  # beside the caches, under a temporary name
+    tokenizer: tuple  # the files' tokenizer as the engine loads it: snapshot.build of the folder
+
+    def discard(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def stage_tokenizer_cache(gguf_path: Path) -> StagedCache:
+    """All of `gguf_path`'s tokenizer cache that does not need the file's hash: its config, generation config
+    and tokenizer files as transformers writes them, and the tokenizer AutoTokenizer reads back from them
+    (the snapshot the engine loads: so the directory is read by transformers once, here). Its own, so it can
+    run while the file is hashed. ModelError if the file is not a GGUF model kvchat runs, its tokenizer cannot
+    be read, or the cache cannot be written."""
+    parent = cache_dir() / GGUF_TOKENIZERS_FOLDER
     try:
-        _write(gguf_path, gguf_sha256, config, out_dir, progress)
+        parent.mkdir(parents=True, exist_ok=True)
+        folder = Path(tempfile.mkdtemp(prefix="staging-", dir=parent))
+    except OSError as exc:
+        raise _unwritable(parent, exc) from None
+    try:
+        config = gguf_config(open_gguf(gguf_path))
+        (folder / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+        generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}
+        (folder / "generation_config.json").write_text(json.dumps(generation, indent=2), encoding="utf-8")
+        read_tokenizer(gguf_path, config).save_pretrained(str(folder))
+        try:
+            return StagedCache(folder, snapshot.build(folder))
+        except ModelError as exc:
+            raise ModelError(f"The tokenizer of {gguf_path.name} does not load as transformers wrote it "
+                             f"({exc}).") from None
     except OSError as exc:  # read-only cache, disk full...
-        raise ModelError(f"The model's tokenizer cannot be cached in {out_dir.parent} ({exc.strerror or exc}); "
-                         "free some space or set KVCHAT_CACHE_DIR to a writable directory.") from None
-    return out_dir
+        shutil.rmtree(folder, ignore_errors=True)
+        raise _unwritable(parent, exc) from None
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
 
 
-def _write(gguf_path: Path, gguf_sha256: str, config: dict[str, Any], out_dir: Path,
-           progress: Callable[[str], None]) -> None:
+def write_tokenizer_cache(gguf_path: Path, gguf_sha256: str, out_dir: Path,
+                          progress: Callable[[str], None] = lambda _: None, staged: StagedCache | None = None) -> Path:
+    """Write `out_dir` for `gguf_path` (atomically) and return it; a complete one (another process's) is kept.
+    `staged`: stage_tokenizer_cache(gguf_path), when the caller ran it already (it is used up). The
+    tokenizer's snapshot (tokenizer/snapshot.py) is saved from what staging built, and handed to the engine's
+    load. ModelError as for stage_tokenizer_cache."""
+    try:
+        if (out_dir / COMPLETE_MARKER).exists():
+            return out_dir
+        if staged is None:
+            progress(f"reading the tokenizer of {gguf_path.name} (first start only)")
+            staged = stage_tokenizer_cache(gguf_path)
+        try:
+            written = _finish(staged.folder, gguf_path, gguf_sha256, out_dir)
+        except OSError as exc:
+            raise _unwritable(out_dir.parent, exc) from None
+        if written:
+            snapshot.keep(out_dir, staged.tokenizer)
+        return out_dir
+    finally:
+        if staged is not None:
+            staged.discard()  # (moved into place, it is gone already)
+
+
+def _unwritable(folder: Path, exc: OSError) -> ModelError:
+    return ModelError(f"The model's tokenizer cannot be cached in {folder} ({exc.strerror or exc}); "
+                      "free some space or set KVCHAT_CACHE_DIR to a writable directory.")
+
+
+def _finish(staging: Path, gguf_path: Path, gguf_sha256: str, out_dir: Path) -> bool:
+    """Complete `staging` (the file's hash, the marker, the record) and move it to `out_dir`: whether it was
+    moved (False: another process completed `out_dir` first)."""
     if out_dir.exists():  # a directory without the marker is not ours to trust
         shutil.rmtree(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=out_dir.name + ".tmp-", dir=out_dir.parent))
+    (staging / WEIGHTS_ID_FILE).write_text(gguf_sha256 + "\n", encoding="utf-8")
+    (staging / COMPLETE_MARKER).write_text(gguf_path.name, encoding="utf-8")
+    digests = _write_record(staging, {p.name: file_sha256(p) for p in _recorded_files(staging)})
     try:
-        (staging / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
-        generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}
-        (staging / "generation_config.json").write_text(json.dumps(generation, indent=2), encoding="utf-8")
-        (staging / WEIGHTS_ID_FILE).write_text(gguf_sha256 + "\n", encoding="utf-8")
-        progress(f"reading the tokenizer of {gguf_path.name} (first start only)")
-        _export_tokenizer(gguf_path, staging, config)
-        (staging / COMPLETE_MARKER).write_text(gguf_path.name, encoding="utf-8")
-        digests = _write_record(staging, {p.name: file_sha256(p) for p in _recorded_files(staging)})
-        try:
-            os.rename(staging, out_dir)
-        except OSError:
-            if not (out_dir / COMPLETE_MARKER).exists():
-                raise
-            return  # another process finished the same directory first; its result is identical
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        os.rename(staging, out_dir)
+    except OSError:
+        if not (out_dir / COMPLETE_MARKER).exists():
+            raise
+        return False  # another process finished the same directory first; its result is identical
     model_files_digest(out_dir, trusted=digests)  # the fingerprint and the next check need not hash again
+    return True
 
 
 def _recorded_files(model_dir: Path) -> list[Path]:

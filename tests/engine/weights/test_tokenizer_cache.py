@@ -143,3 +143,44 @@ def test_a_cache_that_still_fails_after_writing_it_again_raises_the_tokenizers_e
     with caplog.at_level(logging.WARNING, logger="kvchat"), pytest.raises(ModelError, match="cannot be loaded"):
         load(q4_gguf)
     assert len(attempts) == 2 and len(damage_lines(caplog, model_dir)) == 1  # written once more, not a loop
+
+
+def test_a_first_start_builds_the_tokenizer_with_transformers_once_and_leaves_no_staging(q4_gguf, cache_dir,
+                                                                                          monkeypatch):
+    """The cache is staged while the file is hashed, read back by AutoTokenizer there once, and that
+    tokenizer is the engine's: not built again from the files, nor read back from the snapshot just saved."""
+    import tokenizers
+    from transformers import AutoTokenizer
+
+    built, read = [], []
+    real_build, real_read = AutoTokenizer.from_pretrained.__func__, tokenizers.Tokenizer.from_file
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained",
+                        classmethod(lambda cls, *a, **k: built.append(a[0]) or real_build(cls, *a, **k)))
+    monkeypatch.setattr(tokenizers.Tokenizer, "from_file",  # counted: the snapshot's reads (not transformers')
+                        lambda path: ("tokenizer-snapshots" in path and read.append(path)) or real_read(path))
+    first = load(q4_gguf)
+    assert first.info.converted and len(built) == 1 and read == []
+    assert [p.name for p in (cache_dir / "gguf-tokenizers").iterdir()] == [Path(first.info.model_dir).name]
+    assert len(list((cache_dir / "tokenizer-snapshots").iterdir())) == 1
+    again = load(q4_gguf)  # from the snapshot alone
+    assert not again.info.converted and len(built) == 1 and len(read) == 1
+    text = "héllo 北京 <|im_start|>user"
+    assert first.tokenizer.encode(text) == again.tokenizer.encode(text)
+    assert reply(first) == reply(again)
+
+
+def test_a_file_whose_hash_was_forgotten_finds_its_cache_and_drops_what_it_staged(q4_gguf, cache_dir):
+    before = load(q4_gguf)
+    os.utime(q4_gguf)  # touched: its hash is no longer remembered, so it is staged while hashed, then found
+    again = load(q4_gguf)
+    assert not again.info.converted and again.info.model_dir == before.info.model_dir
+    assert [p.name for p in (cache_dir / "gguf-tokenizers").iterdir()] == [Path(before.info.model_dir).name]
+    assert reply(again) == reply(before)
+
+
+def test_a_cache_that_cannot_be_written_is_one_model_error(q4_gguf, tmp_path, monkeypatch):
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where the cache would be")
+    monkeypatch.setenv("KVCHAT_CACHE_DIR", str(blocked))
+    with pytest.raises(ModelError, match="cannot be cached in .*KVCHAT_CACHE_DIR"):
+        load(q4_gguf)
