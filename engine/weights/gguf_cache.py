@@ -22,6 +22,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,8 @@ COMPLETE_MARKER = "kvchat-tokenizer-complete"
 RECORD_FILE = ".kvchat-sha256.json"  # {"sha256": {file name: hex}} of every file written here
 WEIGHTS_ID_FILE = "gguf-sha256.txt"  # the GGUF file's own sha256: its weights, as the fingerprint knows them
 CACHE_VERSION = 1  # part of the directory's name: bump when its contents change
+STAGING_PREFIX = "staging-"  # a cache being written, before the file's hash names it
+ABANDONED_AFTER_S = 24 * 3600
 
 
 def tokenizer_cache_dir(gguf_sha256: str) -> Path:
@@ -115,7 +118,8 @@ def stage_tokenizer_cache(gguf_path: Path) -> StagedCache:
     parent = cache_dir() / GGUF_TOKENIZERS_FOLDER
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        folder = Path(tempfile.mkdtemp(prefix="staging-", dir=parent))
+        _remove_abandoned_staging(parent)
+        folder = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=parent))
     except OSError as exc:
         raise _unwritable(parent, exc) from None
     try:
@@ -135,6 +139,16 @@ def stage_tokenizer_cache(gguf_path: Path) -> StagedCache:
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
+
+
+def _remove_abandoned_staging(parent: Path) -> None:
+    """Staging folders a killed process left (a live one finishes in seconds: any a day old is abandoned)."""
+    for folder in parent.glob(STAGING_PREFIX + "*"):
+        try:
+            if time.time() - folder.stat().st_mtime > ABANDONED_AFTER_S:
+                shutil.rmtree(folder, ignore_errors=True)
+        except OSError:
+            pass
 
 
 def write_tokenizer_cache(gguf_path: Path, gguf_sha256: str, out_dir: Path,

@@ -184,3 +184,17 @@ def test_a_cache_that_cannot_be_written_is_one_model_error(q4_gguf, tmp_path, mo
     monkeypatch.setenv("KVCHAT_CACHE_DIR", str(blocked))
     with pytest.raises(ModelError, match="cannot be cached in .*KVCHAT_CACHE_DIR"):
         load(q4_gguf)
+
+
+def test_staging_a_killed_process_left_is_removed_a_day_later(q4_gguf, cache_dir):
+    from engine.weights.gguf_cache import ABANDONED_AFTER_S, STAGING_PREFIX
+
+    folders = cache_dir / "gguf-tokenizers"
+    old, recent = folders / f"{STAGING_PREFIX}old", folders / f"{STAGING_PREFIX}recent"
+    for folder in (old, recent):
+        folder.mkdir(parents=True)
+        (folder / "tokenizer.json").write_text("{}")
+    past = old.stat().st_mtime - ABANDONED_AFTER_S - 60
+    os.utime(old, (past, past))
+    engine = load(q4_gguf)
+    assert sorted(p.name for p in folders.iterdir()) == sorted([recent.name, Path(engine.info.model_dir).name])
