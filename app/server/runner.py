@@ -58,10 +58,33 @@ class _Stream:
 
     generation: Generation
     index: int  # in its group
-    deliver: Callable[[list], None]  # hands (index, item) pairs to the consumer; called on the engine thread
+    group: list[Generation]  # its consumer's generations: all cancelled if the consumer's loop is gone
+    loop: asyncio.AbstractEventLoop  # the consumer's
+    inbox: asyncio.Queue  # the consumer's: lists of (index, item) pairs, put on its loop
     leader: "_Stream | None" = None  # starts once the leader's first token arrived (or the leader left)
     started: bool = False
     has_token: bool = False
+
+    def deliver(self, items: list) -> None:
+        """Hand (index, item) pairs to the consumer now (called on the engine thread)."""
+        _post(self.loop, [(self, items)])
+
+
+def _post(loop: asyncio.AbstractEventLoop, posts: list[tuple[_Stream, list]]) -> None:
+    """Put each stream's items in its consumer's inbox, with one wake-up of their event loop: a step's
+    tokens for every stream on that loop at once (one call_soon_threadsafe, a write to the loop's wake-up
+    pipe, per step instead of one per stream: with 4 streams they were ~6% of the engine thread's time)."""
+    try:
+        loop.call_soon_threadsafe(_put_all, posts)
+    except RuntimeError:  # the event loop is gone (the server stopped): nobody is listening
+        for stream, _ in posts:
+            for generation in stream.group:
+                generation.cancel()
+
+
+def _put_all(posts: list[tuple[_Stream, list]]) -> None:
+    for stream, items in posts:
+        stream.inbox.put_nowait(items)
 
 
 @dataclass(frozen=True)
@@ -148,17 +171,9 @@ class EngineRunner:
             raise RuntimeError("EngineRunner.attach(engine) was not called")
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue = asyncio.Queue()
-
-        def deliver(items: list) -> None:
-            try:
-                loop.call_soon_threadsafe(inbox.put_nowait, items)
-            except RuntimeError:  # the event loop is gone (the server stopped): nobody is listening
-                for generation in generations:
-                    generation.cancel()
-
         streams: list[_Stream] = []
         for i, generation in enumerate(generations):
-            streams.append(_Stream(generation, i, deliver, leader=streams[0] if streams else None))
+            streams.append(_Stream(generation, i, generations, loop, inbox, leader=streams[0] if streams else None))
         self.active.update(generations)
         try:
             self._send(streams)  # as one item: the driver never sees a group's followers after its leader's token
@@ -265,17 +280,23 @@ class EngineRunner:
                 stream.deliver([(stream.index, exc)])
                 self._leave(stream, streams)
             return
+        outgoing: dict[asyncio.AbstractEventLoop, list[tuple[_Stream, list]]] = {}
         for stream in list(streams):
             if stream.started:
-                self._hand_out(stream, streams)
+                items = self._hand_out(stream, streams)
+                if items:
+                    outgoing.setdefault(stream.loop, []).append((stream, items))
+        for loop, posts in outgoing.items():
+            _post(loop, posts)
 
-    def _hand_out(self, stream: _Stream, streams: dict[_Stream, None]) -> None:
+    def _hand_out(self, stream: _Stream, streams: dict[_Stream, None]) -> list:
+        """The stream's new (index, item) pairs for its consumer (an error is delivered at once)."""
         try:
             events = stream.generation.take()
         except Exception as exc:  # an EngineError (out of memory) or a bug: this request fails, not the others
             stream.deliver([(stream.index, exc)])
             self._leave(stream, streams)
-            return
+            return []
         items = []
         for event in events:
             match event:
@@ -290,8 +311,7 @@ class EngineRunner:
         if stream.generation.done:
             items.append((stream.index, _END))
             self._leave(stream, streams)
-        if items:
-            stream.deliver(items)
+        return items
 
     def _end(self, streams: dict[_Stream, None]) -> None:
         """The runner is closing: free every generation left (its consumer gets ShuttingDown) and refuse

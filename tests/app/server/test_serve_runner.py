@@ -207,3 +207,23 @@ def test_a_step_that_raises_fails_its_requests_and_the_next_request_is_served(ru
         asyncio.run(timed(runner, [engine.generate(ids, GREEDY)]))
     assert text_of(asyncio.run(timed(runner, [engine.generate(ids, GREEDY)]))) == solo(engine, ids)
     assert no_request_holds_blocks(engine)
+
+
+def test_a_steps_tokens_for_every_stream_wake_the_event_loop_once(runner, engine, steps, monkeypatch):
+    """Three replies decoding together on one event loop: each step's tokens reach all three consumers with
+    one call_soon_threadsafe (a write to the loop's wake-up pipe, on the engine thread), not one each."""
+    texts = ["first client", "second client", "third client"]
+    wakes = []
+
+    async def three():
+        loop = asyncio.get_running_loop()
+        real = loop.call_soon_threadsafe
+        monkeypatch.setattr(loop, "call_soon_threadsafe", lambda *a: wakes.append(a) or real(*a))
+        return await asyncio.gather(*(timed(runner, [engine.generate(prompt(engine, t), GREEDY)]) for t in texts))
+
+    replies = asyncio.run(three())
+    for text, events in zip(texts, replies):
+        assert text_of(events) == solo(engine, prompt(engine, text))
+    assert max(steps) == 3
+    # every step that decoded tokens woke the loop once (a few more wakes: jobs and the ends of streams)
+    assert len(wakes) <= len(steps) + 3
