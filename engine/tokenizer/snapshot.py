@@ -23,6 +23,7 @@ import importlib.metadata
 import json
 import os
 import shutil
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +53,7 @@ class Settings:
 # The snapshot `keep` saved last in this process, as (folder, (backend, settings)): the next load of the same
 # folder takes it instead of reading the files back (0.7 s for Qwen2's vocabulary), once.
 _kept: list = []
+_kept_lock = threading.Lock()  # loads may run on several threads (a chat's engine thread, a server's)
 
 
 def load(model_dir: Path):
@@ -60,8 +62,10 @@ def load(model_dir: Path):
     import tokenizers
 
     folder = snapshot_folder(model_dir)
-    if _kept and _kept[0][0] == folder:
-        return _kept.pop()[1]
+    with _kept_lock:
+        handed = _kept.pop()[1] if _kept and _kept[0][0] == folder else None
+    if handed is not None:
+        return handed
     try:
         settings = Settings(**json.loads((folder / SETTINGS).read_text(encoding="utf-8")))
         backend = tokenizers.Tokenizer.from_file(str(folder / BACKEND))
@@ -98,12 +102,12 @@ def keep(model_dir: Path, tokenizer: tuple) -> None:
     """Save `tokenizer` (what build(folder) returned for a folder holding the same files) as the snapshot of
     `model_dir`, and hand it to the next load of `model_dir` in this process (a GGUF file's tokenizer cache
     is staged and read by transformers before the file's hash names its directory: weights/gguf_cache.py)."""
-    _kept.clear()
     backend, settings = tokenizer
     folder = snapshot_folder(model_dir)
-    if _save(folder, backend, settings):
-        backend.encode_special_tokens = settings.split_special_tokens  # as load sets it
-        _kept.append((folder, (backend, settings)))
+    saved = _save(folder, backend, settings)
+    backend.encode_special_tokens = settings.split_special_tokens  # as load sets it
+    with _kept_lock:
+        _kept[:] = [(folder, (backend, settings))] if saved else []
 
 
 def build(model_dir: Path):

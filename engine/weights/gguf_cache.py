@@ -6,6 +6,11 @@ in cache_dir()/gguf-tokenizers, keyed by the GGUF file's sha256, which a file
 of the directory holds too (WEIGHTS_ID_FILE: the model fingerprint hashes the
 directory, so the weights count by their hash without being read again).
 
+On a file's first start the directory is staged (stage_tokenizer_cache) while the file is hashed: all
+but the hash is written under a temporary name, and transformers' AutoTokenizer reads the tokenizer back
+from it, which becomes the tokenizer's snapshot (tokenizer/snapshot.py) and the engine's tokenizer; once
+the hash is known the folder is completed and moved in place (write_tokenizer_cache).
+
 Each file's sha256 is recorded when the directory is written (RECORD_FILE,
 hidden) and `cache_damage` checks the directory against it before use,
 through fingerprint.py's stat-keyed memo (a few stats when nothing changed).
