@@ -77,11 +77,6 @@ def load(model_dir: Path):
     return backend, settings
 
 
-def saved(model_dir: Path) -> bool:
-    """Whether `model_dir` has a snapshot (load reads it without transformers)."""
-    return (snapshot_folder(model_dir) / SETTINGS).is_file()
-
-
 def snapshot_folder(model_dir: Path) -> Path:
     """cache_dir()/tokenizer-snapshots/<the directory's key>-<its files' and the libraries' key>."""
     model_dir = model_dir.resolve()

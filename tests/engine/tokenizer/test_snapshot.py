@@ -74,6 +74,6 @@ def test_a_second_start_never_imports_transformers(tiny_model_dir, tmp_path):
 
 def test_a_missing_model_directory_is_one_model_error(tmp_path, monkeypatch):
     monkeypatch.setenv("KVCHAT_CACHE_DIR", str(tmp_path / "cache"))
-    assert not snapshot.saved(tmp_path / "nowhere")
+    assert not snapshot.snapshot_folder(tmp_path / "nowhere").exists()  # named without a scandir error
     with pytest.raises(ModelError, match="tokenizer cannot be loaded"):
         Tokenizer(tmp_path / "nowhere")
