@@ -13,7 +13,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 _EXPORTS = {
-    "Engine": "engine.engine", "EngineOptions": "engine.engine", "LoadInfo": "engine.engine",
+    "Engine": "engine.engine", "EngineOptions": "engine.options", "LoadInfo": "engine.engine",
     "Generation": "engine.request.generation", "interleave": "engine.request.generation",
     "ContextWindowError": "engine.errors", "EngineError": "engine.errors", "GrammarError": "engine.errors",
     "ModelError": "engine.errors",

@@ -16,7 +16,6 @@ lock, so several threads may generate at once.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import threading
@@ -27,13 +26,11 @@ from pathlib import Path
 
 import torch
 
-from engine.cpu.heap import release_free_heap
-from engine.cpu.kernels import QuantKernels, load_quant_kernels
 from engine.cpu.linear import QuantLinear
 from engine.decode.path import decode_path
-from engine.errors import ContextWindowError, EngineError, ModelError
+from engine.errors import ContextWindowError, EngineError
 from engine.kv.checkpoints import import_checkpoints, path_checkpoints
-from engine.kv.budget import check_ram, checkpoint_budget, host_tier_bytes, kv_pool_bytes
+from engine.kv.budget import checkpoint_budget, host_tier_bytes, kv_pool_bytes
 from engine.kv.pool import KVPool
 from engine.kv.prefix_cache import KVCacheFullError, PrefixCache
 from engine.kv.exported import ExportedCheckpoint, ExportedKV
@@ -47,41 +44,15 @@ from engine.request.runner import ModelRunner
 from engine.request.limits import MAX_BATCH
 from engine.request.speculation import MAX_DRAFT_TOKENS
 from engine.sampling_params import SamplingParams
-from engine.weights.checkpoint import load_model
 from engine.weights.device import pick_device, pick_dtype
-from engine.weights.gpu_memory import GpuBudget, model_config, pool_out_of_memory
+from engine.weights.gpu_memory import pool_out_of_memory
 from engine.weights.fingerprint import model_fingerprint, tokenizer_fingerprint
-from engine.sources.model_source import ModelSource, rebuild_tokenizer_cache, resolve_model
-from engine.tokenizer import snapshot
+from engine.options import EngineOptions
+from engine.loading import check_gpu_memory, check_ram_for, integer_products, load_source, quant_kernels
+from engine.sources.model_source import resolve_model
 from engine.tokenizer.tokenizer import Tokenizer
 
 log = logging.getLogger("kvchat")
-
-
-@dataclass(frozen=True)
-class EngineOptions:
-    model: str | None = None  # None: $KVCHAT_MODEL, else the bundled default
-    device: str = "auto"  # auto | cpu | cuda
-    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
-    threads: int | None = None  # CPU threads for torch; None: torch's default
-    prefill_chunk: int = 2048  # prompts longer than this are prefilled in chunks of this many tokens
-    weights: str = "auto"  # auto | dense | blocks (GGUF Q4_1/Q8_0 blocks through the CPU kernels)
-    # Quantized weights on the CPU multiply int8 activations by their blocks in integers (cpu/kernels.py);
-    # True: fp32 products of the exact weights instead, the transformers-exact reference.
-    exact_fp32: bool = False
-    prefix_caching: bool = True  # keep a prefix cache: K/V of finished requests, reused by matching prefixes
-    kv_cache_gb: float | None = None  # device KV pool; None: see kv/budget.py
-    host_cache_gb: float | None = None  # host-RAM tier for blocks evicted from a GPU; None: see kv/budget.py
-    kv_block_size: int = 16  # tokens per KV block
-    # The decode path (decode/path.py); None: the default for the device.
-    paged_kv: bool | None = None  # attention reads KV blocks in place (default on CUDA) instead of a working copy
-    cuda_graphs: bool | None = None  # the paged decode step replayed from CUDA graphs (default on CUDA)
-    compile: bool | None = None  # torch.compile the paged decode step (default off)
-    fused_decode: bool | None = None  # the CPU's decode step as one C call (cpu/decode_step.py; default on where it runs)
-    # Speculative decoding (request/speculation.py): "ngram" drafts from the request's own tokens, "off".
-    speculative: str = "ngram"
-    draft_tokens: int = 8  # the most draft tokens one step verifies (1..MAX_DRAFT_TOKENS)
-    max_batch: int = 8  # requests decoded together (continuous batching; request/scheduler.py), 1..MAX_BATCH
 
 
 @dataclass(frozen=True)
@@ -99,94 +70,6 @@ class LoadInfo:
     decode: str = "eager"  # the decode path: "eager", or "paged" + what makes it fast (decode/path.py)
     speculative: str = "off"  # e.g. "ngram, up to 8 draft tokens", or "off"
     gguf_file: str | None = None  # the GGUF file the weights are read from (model_dir: its tokenizer cache)
-
-
-def _quant_kernels(mode: str, device: torch.device, dtype: torch.dtype,
-                   progress: Callable[[str], None]) -> QuantKernels | None:
-    """The CPU block kernels when `mode` allows them and they apply (CPU, fp32), else None."""
-    if mode not in ("auto", "dense", "blocks"):
-        raise EngineError(f"Unknown weights mode {mode!r}: use auto, dense or blocks.")
-    if mode == "dense":
-        return None
-    if device.type != "cpu" or dtype != torch.float32:
-        if mode == "blocks":
-            raise EngineError("Block-quantized weights run on the CPU in float32 only; drop --weights blocks.")
-        return None
-    progress("preparing the CPU kernels")
-    kernels = load_quant_kernels()
-    if isinstance(kernels, str):
-        if mode == "blocks":
-            raise EngineError(f"Block-quantized weights are unavailable: {kernels}.")
-        log.warning("kvchat: using dense weights because %s", kernels)
-        return None
-    return kernels
-
-
-def _integer_products(options: EngineOptions, kernels: QuantKernels) -> bool:
-    """Whether quantized weights multiply in integers: unless --exact-fp32, where the CPU has a vector
-    integer kernel. Without one (no AVX-512 VNNI) the integer definition runs as plain C, slower than
-    the fp32 vector kernels, so fp32 products stay the default there (one log line says so)."""
-    if options.exact_fp32:
-        return False
-    if kernels.integer_isa == "portable":
-        log.info("kvchat: fp32 products: this CPU has no vector kernel for integer products")
-        return False
-    return True
-
-
-def _load_source(source: ModelSource, device: torch.device, dtype: torch.dtype, kernels: QuantKernels | None,
-                 progress: Callable[[str], None],
-                 gpu: GpuBudget | None = None) -> tuple[CausalLM, Tokenizer, ModelSource]:
-    """The model and tokenizer of `source` (and the source, its tokenizer cache rewritten once if that cache
-    would not load); ModelError if its files are wrong, or if the weights run out of memory (`gpu`: what the
-    GPU check measured, for the numbers of that sentence)."""
-    # The tokenizer is read before the weights: reading it (a snapshot, or transformers on a model's first
-    # start: tokenizer/snapshot.py) takes memory it frees at once (the Rust tokenizer's JSON: 86 MiB for
-    # Qwen2's vocabulary, 45 kept), given back before the weights take theirs. The 1.5B GGUF file (940 MiB),
-    # peak RSS of a warm load: 1,397 MiB read after the weights, 1,347 before. A failure is left to the second
-    # try below, after the weights' own errors, as before (the tokenizer cache is rewritten once there).
-    tokenizer_files = None
-    with contextlib.suppress(ModelError):
-        tokenizer_files = snapshot.load(source.path)
-    release_free_heap()
-    progress("loading weights")
-    try:
-        model = load_model(source.weights, device, dtype, kernels)
-    except torch.OutOfMemoryError:
-        if gpu is not None:
-            raise gpu.out_of_memory() from None
-        raise EngineError(f"Not enough {device.type} memory to load {source.name} in {dtype}.") from None
-    try:
-        return model, Tokenizer(source.path, model.cfg.eos_token_ids, tokenizer_files), source
-    except ModelError as exc:
-        if source.gguf is None or source.converted:
-            raise  # not our cache, or written just now: writing it again would give the same
-        source = rebuild_tokenizer_cache(source, f"it cannot be loaded: {str(exc).rstrip('.')}", progress)
-        return model, Tokenizer(source.path, model.cfg.eos_token_ids), source
-
-
-def _check_ram(source: ModelSource, options: EngineOptions, device: torch.device) -> None:
-    """The GGUF file (mapped, so in RAM as it is read) and the K/V kept in RAM must fit in what is available."""
-    if source.gguf is None:
-        return
-    if device.type == "cpu":
-        pool = kv_pool_bytes(options.kv_cache_gb, device) if options.prefix_caching else 0
-    else:
-        pool = host_tier_bytes(options.host_cache_gb, device) if options.prefix_caching else 0
-    check_ram(source.gguf.stat().st_size, pool, source.name)
-
-
-def _check_gpu_memory(source: ModelSource, options: EngineOptions, device: torch.device,
-                      dtype: torch.dtype) -> GpuBudget | None:
-    """On a GPU: the weights as the loader stores them there, the K/V pool asked for and a working margin must
-    fit in its free memory (weights/gpu_memory.py); what was measured, for the load's own out-of-memory
-    sentence. None on the CPU (_check_ram's)."""
-    if device.type != "cuda":
-        return None
-    gpu = GpuBudget.measure(source.name, model_config(source.weights), dtype, device, options.kv_cache_gb,
-                            options.prefix_caching, options.kv_block_size)
-    gpu.check()
-    return gpu
 
 
 def _describe_weights(model: CausalLM) -> str:
@@ -251,12 +134,12 @@ class Engine:
         # A bad combination of decode flags fails now, not after the model has loaded; the runner picks the path.
         decode_path(options.paged_kv, options.cuda_graphs, options.compile, device, options.prefix_caching)
         source = resolve_model(options.model, progress)
-        _check_ram(source, options, device)
-        kernels = _quant_kernels(options.weights, device, dtype, progress)  # on a GPU: only --weights checked
+        check_ram_for(source, options, device)
+        kernels = quant_kernels(options.weights, device, dtype, progress)  # on a GPU: only --weights checked
         if kernels is not None:
-            kernels = kernels.with_integer_products(_integer_products(options, kernels))
-        gpu = _check_gpu_memory(source, options, device, dtype)
-        model, tokenizer, source = _load_source(source, device, dtype, kernels, progress, gpu)
+            kernels = kernels.with_integer_products(integer_products(options, kernels))
+        gpu = check_gpu_memory(source, options, device, dtype)
+        model, tokenizer, source = load_source(source, device, dtype, kernels, progress, gpu)
         prefix_cache = new_prefix_cache(options, model) if options.prefix_caching else None
         load_ms = (time.perf_counter() - start) * 1e3  # the model and its cache: the runner is not counted, as before
         engine = cls(model, tokenizer, None, options, prefix_cache)

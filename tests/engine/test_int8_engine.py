@@ -139,10 +139,10 @@ def test_without_a_vector_integer_kernel_the_cpu_keeps_fp32_products(gguf_path, 
     """The integer definition as plain C is slower than the fp32 vector kernels: not the default there."""
     import dataclasses
 
-    import engine.engine as engine_module
+    import engine.loading as loading_module
 
-    loaded = engine_module.load_quant_kernels()
-    monkeypatch.setattr(engine_module, "load_quant_kernels", lambda: dataclasses.replace(loaded, integer_isa="portable"))
+    loaded = loading_module.load_quant_kernels()
+    monkeypatch.setattr(loading_module, "load_quant_kernels", lambda: dataclasses.replace(loaded, integer_isa="portable"))
     plain = Engine.load(EngineOptions(model=str(gguf_path), dtype="float32"))
     assert not any(getattr(m, "integer", False) for m in plain.model.modules())
     assert "fp32 products" in plain.info.weights

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-import engine.engine as engine_module
+import engine.loading as loading_module
 from engine import Engine, EngineOptions, ModelError
 from engine.cpu.embedding import QuantEmbedding
 from engine.cpu.linear import QuantLinear
@@ -145,7 +145,7 @@ def test_a_model_that_does_not_fit_in_the_ram_available_is_refused_before_it_is_
     gguf_path = write_gguf(load_reference(make_tiny_model(tmp_path / "hf", "llama")), tmp_path / "m.gguf")
     size = gguf_path.stat().st_size
     monkeypatch.setattr(budget, "available_ram_bytes", lambda: size + (1 << 20))
-    monkeypatch.setattr(engine_module, "load_model", lambda *a, **k: pytest.fail("the weights were read"))
+    monkeypatch.setattr(loading_module, "load_model", lambda *a, **k: pytest.fail("the weights were read"))
     with pytest.raises(ModelError) as raised:
         Engine.load(EngineOptions(model=str(gguf_path), dtype="float32", kv_cache_gb=1))
     message = str(raised.value)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import engine.engine as engine_module
+import engine.loading as loading_module
 from engine import Engine, EngineOptions, ModelError
 from engine.engine import new_prefix_cache
 from engine.kv.budget import GIB
@@ -80,7 +81,7 @@ def test_a_model_and_pool_that_fit_exactly_pass_and_a_byte_more_is_refused(tiny_
 
 def test_a_pool_that_does_not_fit_is_refused_before_loading_with_both_ways_out(tiny_model_dir, fake_gpu,
                                                                                monkeypatch):
-    monkeypatch.setattr(engine_module, "load_model", lambda *a, **k: pytest.fail("the weights were loaded"))
+    monkeypatch.setattr(loading_module, "load_model", lambda *a, **k: pytest.fail("the weights were loaded"))
     fake_gpu.free = 16 * GIB
     with pytest.raises(ModelError) as raised:
         Engine.load(EngineOptions(model=str(tiny_model_dir), device="cuda", dtype="bfloat16", kv_cache_gb=4))
@@ -114,7 +115,7 @@ def test_running_out_of_memory_while_loading_is_one_sentence(tiny_model_dir, fak
     def out_of_memory(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.\nIf reserved but unallocated")
 
-    monkeypatch.setattr(engine_module, "load_model", out_of_memory)
+    monkeypatch.setattr(loading_module, "load_model", out_of_memory)
     fake_gpu.free = 20 * GIB  # the estimate says it fits; the load says otherwise
     with pytest.raises(ModelError) as raised:
         Engine.load(EngineOptions(model=str(tiny_model_dir), device="cuda", dtype="bfloat16"))

@@ -131,7 +131,7 @@ def test_a_damaged_cache_of_a_file_that_is_not_a_model_ends_in_one_model_error(t
 def test_a_cache_that_still_fails_after_writing_it_again_raises_the_tokenizers_error_once(q4_gguf, monkeypatch,
                                                                                          caplog):
     model_dir = load(q4_gguf).info.model_dir
-    import engine.engine as engine_module
+    import engine.loading as loading_module
 
     attempts = []
 
@@ -139,7 +139,7 @@ def test_a_cache_that_still_fails_after_writing_it_again_raises_the_tokenizers_e
         attempts.append(path)
         raise ModelError("The model's tokenizer cannot be loaded (test).")
 
-    monkeypatch.setattr(engine_module, "Tokenizer", failing_tokenizer)
+    monkeypatch.setattr(loading_module, "Tokenizer", failing_tokenizer)
     with caplog.at_level(logging.WARNING, logger="kvchat"), pytest.raises(ModelError, match="cannot be loaded"):
         load(q4_gguf)
     assert len(attempts) == 2 and len(damage_lines(caplog, model_dir)) == 1  # written once more, not a loop
