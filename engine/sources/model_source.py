@@ -62,10 +62,11 @@ def _from_gguf(path: Path, name: str, progress: Callable[[str], None]) -> ModelS
     if digest is None:  # most likely the file's first use: its tokenizer cache is to be written
         progress(f"reading {path.name} and its tokenizer (first start only)")
         with ThreadPoolExecutor(1, thread_name_prefix="kvchat-tokenizer") as pool:
-            # The tokenizer cache is staged by transformers while the file is hashed: hashlib reads and hashes
-            # without the GIL, so on two cores the hash (~1.4 s a GB) costs nothing beside the import and the
-            # tokenizer (~1.5 + ~4 s for Qwen2's vocabulary). Wasted only when the file's cache exists after
-            # all (its hash forgotten: a moved, copied or touched file), once: the hash is remembered.
+            # The tokenizer cache is staged while the file is hashed: hashlib reads and hashes without the GIL,
+            # so on two cores the hash (~1.1 s a GB) runs beside the tokenizer's build (~0.5 s for Qwen2's
+            # vocabulary from the metadata; ~5 s where transformers builds it). Wasted only when the file's
+            # cache exists after all (its hash forgotten: a moved, copied or touched file), once: the hash is
+            # remembered.
             staging = pool.submit(stage_tokenizer_cache, path)
             digest = gguf_sha256(path)
         if (tokenizer_cache_dir(digest) / COMPLETE_MARKER).exists():

@@ -1,15 +1,17 @@
 """The small directory a GGUF file is run with: its config, generation config and tokenizer files, no weights.
 
-The weights are read from the GGUF file itself (gguf.py). transformers
-rebuilds a GGUF's tokenizer slowly for big vocabularies, so its files are kept
-in cache_dir()/gguf-tokenizers, keyed by the GGUF file's sha256, which a file
+The weights are read from the GGUF file itself (gguf/reader.py). The tokenizer's
+files are kept in cache_dir()/gguf-tokenizers, keyed by the GGUF file's sha256, which a file
 of the directory holds too (WEIGHTS_ID_FILE: the model fingerprint hashes the
 directory, so the weights count by their hash without being read again).
 
 On a file's first start the directory is staged (stage_tokenizer_cache) while the file is hashed: all
-but the hash is written under a temporary name, and transformers' AutoTokenizer reads the tokenizer back
-from it, which becomes the tokenizer's snapshot (tokenizer/snapshot.py) and the engine's tokenizer; once
-the hash is known the folder is completed and moved in place (write_tokenizer_cache).
+but the hash is written under a temporary name, with the tokenizer that becomes its snapshot
+(tokenizer/snapshot.py) and the engine's tokenizer: for the byte-level vocabularies tokenizer/gguf_tokenizer.py
+builds (Qwen, SmolLM, Llama-style), built from the metadata with the `tokenizers` library alone, its files
+written for transformers to read the same; for any other, transformers reads the file and AutoTokenizer
+reads the files it writes back. Once the hash is known the folder is completed and moved in place
+(write_tokenizer_cache).
 
 Each file's sha256 is recorded when the directory is written (RECORD_FILE,
 hidden) and `cache_damage` checks the directory against it before use,
@@ -36,8 +38,9 @@ from typing import Any
 from engine.errors import ModelError
 from engine.paths import GGUF_TOKENIZERS_FOLDER, cache_dir
 from engine.weights.fingerprint import file_sha256, model_files_digest
+from engine.gguf.header import GGUFFormatError, tokenizer_fields
 from engine.gguf.reader import gguf_config, open_gguf
-from engine.tokenizer import snapshot
+from engine.tokenizer import gguf_tokenizer, snapshot
 
 log = logging.getLogger("kvchat")
 
@@ -108,7 +111,7 @@ class StagedCache:
     """A tokenizer cache written but for what needs the GGUF file's hash (stage_tokenizer_cache)."""
 
     folder: Path  # beside the caches, under a temporary name
-    tokenizer: tuple  # the files' tokenizer as the engine loads it: snapshot.build of the folder
+    tokenizer: tuple  # the files' tokenizer as the engine loads it (what snapshot.build of the folder returns)
 
     def discard(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
@@ -116,9 +119,10 @@ class StagedCache:
 
 def stage_tokenizer_cache(gguf_path: Path) -> StagedCache:
     """All of `gguf_path`'s tokenizer cache that does not need the file's hash: its config, generation config
-    and tokenizer files as transformers writes them, and the tokenizer AutoTokenizer reads back from them
-    (the snapshot the engine loads: so the directory is read by transformers once, here). Its own, so it can
-    run while the file is hashed. ModelError if the file is not a GGUF model kvchat runs, its tokenizer cannot
+    and tokenizer files, and the tokenizer they hold (the snapshot the engine loads): built from the metadata
+    (gguf_tokenizer.py) where it can be, else by transformers, whose AutoTokenizer reads the files it wrote
+    back (so the directory is read by transformers once, here). Its own, so it can run while the file is
+    hashed. ModelError if the file is not a GGUF model kvchat runs, its tokenizer cannot
     be read, or the cache cannot be written."""
     parent = cache_dir() / GGUF_TOKENIZERS_FOLDER
     try:
@@ -132,6 +136,14 @@ def stage_tokenizer_cache(gguf_path: Path) -> StagedCache:
         (folder / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
         generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}
         (folder / "generation_config.json").write_text(json.dumps(generation, indent=2), encoding="utf-8")
+        built = _build_without_transformers(gguf_path, config)
+        if built is not None:
+            backend, settings, tokenizer_config = built
+            backend.save(str(folder / "tokenizer.json"))
+            (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2), encoding="utf-8")
+            if settings.chat_template:
+                (folder / "chat_template.jinja").write_text(settings.chat_template, encoding="utf-8")
+            return StagedCache(folder, (backend, settings))
         read_tokenizer(gguf_path, config).save_pretrained(str(folder))
         try:
             return StagedCache(folder, snapshot.build(folder))
@@ -144,6 +156,16 @@ def stage_tokenizer_cache(gguf_path: Path) -> StagedCache:
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
+
+
+def _build_without_transformers(gguf_path: Path, config: dict[str, Any]):
+    """tokenizer/gguf_tokenizer.py's build of the file's tokenizer (the Rust tokenizer, Settings, its
+    tokenizer_config.json), or None where transformers must build it."""
+    try:
+        fields = tokenizer_fields(gguf_path)
+    except (GGUFFormatError, ValueError):  # open_gguf read it: what this reader refuses, transformers may read
+        return None
+    return gguf_tokenizer.build(fields, config["model_type"])
 
 
 def _remove_abandoned_staging(parent: Path) -> None:

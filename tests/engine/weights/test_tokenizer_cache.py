@@ -145,13 +145,19 @@ def test_a_cache_that_still_fails_after_writing_it_again_raises_the_tokenizers_e
     assert len(attempts) == 2 and len(damage_lines(caplog, model_dir)) == 1  # written once more, not a loop
 
 
-def test_a_first_start_builds_the_tokenizer_with_transformers_once_and_leaves_no_staging(q4_gguf, cache_dir,
-                                                                                          monkeypatch):
-    """The cache is staged while the file is hashed, read back by AutoTokenizer there once, and that
-    tokenizer is the engine's: not built again from the files, nor read back from the snapshot just saved."""
+@pytest.mark.parametrize("builder", ["metadata", "transformers"])
+def test_a_first_start_builds_the_tokenizer_once_and_leaves_no_staging(builder, q4_gguf, cache_dir, monkeypatch):
+    """The cache is staged while the file is hashed, the tokenizer built there once (from the file's metadata
+    where gguf_tokenizer.py can, never touching transformers; else by transformers, whose AutoTokenizer reads
+    its files back once), and that tokenizer is the engine's: not built again from the files, nor read back
+    from the snapshot just saved."""
     import tokenizers
     from transformers import AutoTokenizer
 
+    from engine.tokenizer import gguf_tokenizer
+
+    if builder == "transformers":  # as for a vocabulary the metadata builder does not handle
+        monkeypatch.setattr(gguf_tokenizer, "build", lambda fields, model_type: None)
     built, read = [], []
     real_build, real_read = AutoTokenizer.from_pretrained.__func__, tokenizers.Tokenizer.from_file
     monkeypatch.setattr(AutoTokenizer, "from_pretrained",
@@ -159,11 +165,12 @@ def test_a_first_start_builds_the_tokenizer_with_transformers_once_and_leaves_no
     monkeypatch.setattr(tokenizers.Tokenizer, "from_file",  # counted: the snapshot's reads (not transformers')
                         lambda path: ("tokenizer-snapshots" in path and read.append(path)) or real_read(path))
     first = load(q4_gguf)
-    assert first.info.converted and len(built) == 1 and read == []
+    by_transformers = 1 if builder == "transformers" else 0
+    assert first.info.converted and len(built) == by_transformers and read == []
     assert [p.name for p in (cache_dir / "gguf-tokenizers").iterdir()] == [Path(first.info.model_dir).name]
     assert len(list((cache_dir / "tokenizer-snapshots").iterdir())) == 1
     again = load(q4_gguf)  # from the snapshot alone
-    assert not again.info.converted and len(built) == 1 and len(read) == 1
+    assert not again.info.converted and len(built) == by_transformers and len(read) == 1
     text = "héllo 北京 <|im_start|>user"
     assert first.tokenizer.encode(text) == again.tokenizer.encode(text)
     assert reply(first) == reply(again)
