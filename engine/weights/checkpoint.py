@@ -286,6 +286,9 @@ def load_gguf(path: Path, device: torch.device, dtype: torch.dtype, kernels: Qua
                      weights if kernels is not None else None)
 
 
+CPU_ALIGNMENT = 64  # bytes: torch's CPU allocator's alignment
+
+
 def load_from(cfg: ModelConfig, ckpt: WeightSource, device: torch.device, dtype: torch.dtype,
               kernels: QuantKernels | None = None, blocks: WeightSource | None = None) -> CausalLM:
     """Build CausalLM for `cfg` and fill it from `ckpt` (and quantized linears from `blocks`, with `kernels`)."""
@@ -304,7 +307,14 @@ def load_from(cfg: ModelConfig, ckpt: WeightSource, device: torch.device, dtype:
         if tensor.shape != expected[name].shape:
             raise ModelError(f"The weights tensor for {name} has shape {tuple(tensor.shape)}, "
                              f"but config.json implies {tuple(expected[name].shape)}.")
-        state[name] = tensor.to(device=device, dtype=dtype)
+        placed = tensor.to(device=device, dtype=dtype)
+        if placed.device.type == "cpu" and placed.data_ptr() % CPU_ALIGNMENT:
+            # A view into a mapped safetensors file lies where the file's header puts it (8-byte aligned).
+            # The BLAS's sums may follow the address (MKL's sgemv does on an AMD EPYC: one row's logits differ
+            # in the last bit between the same weights at two offsets), so every weight gets its own aligned
+            # memory, as a fresh allocation has: the same weights then give the same bits, whatever the file.
+            placed = placed.clone()
+        state[name] = placed
 
     put("norm.weight", ckpt.get(lfm2.FINAL_NORM if cfg.family == "lfm2" else "model.norm.weight"))
     for i in range(cfg.num_layers):

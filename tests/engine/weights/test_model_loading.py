@@ -105,3 +105,23 @@ def test_load_info_reports_the_model_and_load_time(tiny_engine):
     info = tiny_engine.info
     assert info.device == "cpu" and info.dtype == "float32" and info.context_window == 256
     assert info.load_ms > 0 and not info.converted
+
+
+def test_weights_get_aligned_memory_whatever_offsets_the_file_gives_them(tiny_model_dir, tmp_path):
+    """A safetensors file's tensors lie where its header ends (8-byte aligned); a BLAS may sum differently at
+    another address (MKL on an AMD EPYC did), so the same weights must give the same logits from any file."""
+    import torch
+
+    from engine.weights.checkpoint import CPU_ALIGNMENT, load_model
+    from tests.model_runs import CPU, logits, tokens
+
+    weights = load_file(str(tiny_model_dir / "model.safetensors"))
+    ids = tokens(9, seed=1)
+    outs = []
+    for pad in range(0, 64, 8):  # header lengths that move every tensor by 8 bytes more
+        model_dir = copy_model(tiny_model_dir, tmp_path / f"pad{pad}")
+        save_file(weights, str(model_dir / "model.safetensors"), metadata={"format": "pt", "pad": "x" * pad})
+        model = load_model(model_dir, CPU, torch.float32)
+        assert all(p.data_ptr() % CPU_ALIGNMENT == 0 for p in model.parameters())
+        outs.append(torch.cat([logits(model, ids[:n]) for n in (1, 9)]))
+    assert all(torch.equal(out, outs[0]) for out in outs)
