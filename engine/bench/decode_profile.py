@@ -111,7 +111,8 @@ def _torch_ops(engine: Engine, prompt: list[int], steps: int) -> tuple[list[tupl
 def _fused_phases(engine: Engine, prompt: list[int], steps: int, plain: float) -> list[dict]:
     """ms per token in each phase of the fused step (the mean of the threads that ran), then outside it."""
     with engine.runner.fused.profiled() as clock:
-        _decode(engine, prompt, steps)
+        # The prompt's prefill runs the same C step (many rows a call): its phases are not the decode's.
+        _decode(engine, prompt, steps, on_prefilled=clock.zero_)
     ran = clock[clock.sum(dim=1) > 0]
     per_phase = (ran.mean(dim=0) / steps).tolist() if len(ran) else [0.0] * len(PHASES)
     rows = [{"phase": name, "ms": round(seconds * 1e3, 3)} for name, seconds in zip(PHASES, per_phase)]

@@ -1,6 +1,8 @@
 """`kvchat bench --profile`'s measurements: the fused step's phases add up to its time, the eager step's
 QuantLinear calls are all counted, and a profile leaves the engine as it found it."""
 
+import contextlib
+
 import pytest
 
 from engine import Engine, EngineOptions, SamplingParams
@@ -55,3 +57,31 @@ def test_a_profile_leaves_the_engine_as_it_was(quantized):
     assert list(quantized.generate(prompt, params))[-1].token_ids == before
     if quantized.prefix_cache is not None:
         quantized.prefix_cache.check_invariants()
+
+
+
+def test_the_fused_phases_leave_the_prompts_prefill_out(q4_gguf_model, monkeypatch):
+    """The prefill runs the same C step (many rows a call): counted, it made a 2,048-token profile's phases
+    add up to five times the step."""
+    engine = Engine.load(EngineOptions(model=str(q4_gguf_model), dtype="float32", weights="blocks"))
+    fused, runner = engine.runner.fused, engine.runner
+    assert fused is not None
+    clocks, at_first_decode = [], []
+    real_profiled, real_decode = type(fused).profiled, runner.decode
+
+    @contextlib.contextmanager
+    def profiled(self):
+        with real_profiled(self) as clock:
+            clocks.append(clock)
+            yield clock
+
+    def decode(*args, **kwargs):
+        if clocks and not at_first_decode:
+            at_first_decode.append(float(clocks[0].sum()))
+        return real_decode(*args, **kwargs)
+
+    monkeypatch.setattr(type(fused), "profiled", profiled)
+    monkeypatch.setattr(runner, "decode", decode)
+    row = decode_profile(engine, 64, 2, random_prompt(engine, 64, seed=5))
+    assert at_first_decode == [0.0]  # the prefill's phases were counted before the first decode step
+    assert float(clocks[0].sum()) > 0 and row["path"] == "fused"
