@@ -14,8 +14,9 @@ Llama-style byte-level vocabularies) that end state is simple, and this module b
   own (NFC, their split pattern); the plain fast tokenizer keeps the file's, the split pattern its
   `tokenizer.ggml.pre` names (transformers' table: GGUF_PRE_SPLITS), else GPT-2's byte-level regex.
 
-Anything else (a SentencePiece or Gemma vocabulary, a BOS the tokenizer adds, a named special token that is
-not a control token, a model type or pre-tokenizer this does not know) returns None, and transformers
+A file whose tokenizer adds a BOS (Llama 3's `add_bos_token`) gets it from the post-processor, as transformers'
+reading does. Anything else (a SentencePiece or Gemma vocabulary, an EOS the tokenizer adds, a named special
+token that is not a control token, a model type or pre-tokenizer this does not know) returns None, and transformers
 builds it as before. tests/engine/tokenizer/test_gguf_tokenizer.py checks the result against transformers'
 own reading of the same files, for every architecture and pre-tokenizer listed here, token for token.
 """
@@ -76,7 +77,7 @@ def build(fields: dict[str, Any], model_type: str):
     def field(key: str, default: Any = None) -> Any:
         return fields.get(f"tokenizer.ggml.{key}", default)
 
-    if field("model") != "gpt2" or field("add_bos_token") or field("add_eos_token") or field("add_space_prefix"):
+    if field("model") != "gpt2" or field("add_eos_token") or field("add_space_prefix"):
         return None
     if model_type not in CLASS_SPLITS and model_type not in PLAIN_TYPES:
         return None
@@ -102,8 +103,9 @@ def build(fields: dict[str, Any], model_type: str):
     split = CLASS_SPLITS.get(model_type) or GGUF_PRE_SPLITS.get(field("pre"))
     if model_type in PLAIN_TYPES and field("pre") not in GGUF_PRE_SPLITS and field("pre") not in ("gpt2", "smollm"):
         return None  # a pre-tokenizer transformers may know and this does not
+    bos = (named["bos_token"], field("bos_token_id")) if field("add_bos_token") else None
     backend = tokenizers.Tokenizer.from_str(json.dumps(_backend_json(tokens, types, merges, split, alphabet,
-                                                                     nfc=model_type in CLASS_SPLITS)))
+                                                                     nfc=model_type in CLASS_SPLITS, bos=bos)))
     template = fields.get("tokenizer.chat_template")
     settings = Settings(special_tokens=named, bos_token_id=field("bos_token_id"), eos_token_id=field("eos_token_id"),
                         chat_template=template if isinstance(template, str) else None, clean_up_spaces=False,
@@ -117,8 +119,9 @@ def build(fields: dict[str, Any], model_type: str):
 
 
 def _backend_json(tokens: list[str], types: list[int], merges: list[str], split: str | None,
-                  alphabet: frozenset[str], nfc: bool) -> dict:
-    """The Rust tokenizer's JSON (as `Tokenizer.to_str` writes it)."""
+                  alphabet: frozenset[str], nfc: bool, bos: tuple[str, int] | None) -> dict:
+    """The Rust tokenizer's JSON (as `Tokenizer.to_str` writes it); `bos`: (token, id) the tokenizer puts
+    before a text (the file's add_bos_token: Llama 3's), else None."""
     spell = byte_alphabet()
     vocab = {token if alphabet.issuperset(token) else "".join(spell[b] for b in token.encode("utf-8")): index
              for index, token in enumerate(tokens)}
@@ -144,11 +147,20 @@ def _backend_json(tokens: list[str], types: list[int], merges: list[str], split:
         "version": "1.0", "truncation": None, "padding": None, "added_tokens": added_tokens,
         "normalizer": {"type": "NFC"} if nfc else None,
         "pre_tokenizer": pre_tokenizer,
-        "post_processor": {"type": "TemplateProcessing", "single": [{"Sequence": {"id": "A", "type_id": 0}}],
-                           "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
-                           "special_tokens": {}},
+        "post_processor": _post_processor(bos),
         "decoder": {**_BYTE_LEVEL, "add_prefix_space": True},
         "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
                   "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
                   "vocab": vocab, "merges": merges},  # "a b" strings: the library splits them (to_str writes pairs)
     }
+
+
+def _post_processor(bos: tuple[str, int] | None) -> dict:
+    """What the tokenizer adds around a text (a pair of texts): a BOS before each, or nothing."""
+    def text(name: str, type_id: int) -> list[dict]:
+        sequence = [{"Sequence": {"id": name, "type_id": type_id}}]
+        return sequence if bos is None else [{"SpecialToken": {"id": bos[0], "type_id": type_id}}, *sequence]
+
+    special = {} if bos is None else {bos[0]: {"id": bos[0], "ids": [bos[1]], "tokens": [bos[0]]}}
+    return {"type": "TemplateProcessing", "single": text("A", 0), "pair": text("A", 0) + text("B", 1),
+            "special_tokens": special}

@@ -55,6 +55,8 @@ def write_vocabulary(path: Path, arch: str, tokens, types, merges, pre="smollm",
         writer.add_pad_token_id(pad)
     if flags.pop("add_bos", False):
         writer.add_add_bos_token(True)
+    if flags.pop("add_eos", False):
+        writer.add_add_eos_token(True)
     writer.add_chat_template("{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}")
     assert not flags
     writer.write_header_to_file()
@@ -116,6 +118,17 @@ def test_each_pre_tokenizers_split_is_transformers_own(pre, smollm2_vocabulary, 
 
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+def test_a_bos_the_tokenizer_adds_is_transformers_own(model_type, smollm2_vocabulary, tmp_path):
+    """Llama 3's files say add_bos_token: the BOS comes from the post-processor, before each text of a pair."""
+    tokens, types, merges = smollm2_vocabulary
+    path = write_vocabulary(tmp_path / "v.gguf", GGUF_ARCH[model_type], tokens, types, merges, pre="llama-bpe",
+                            add_bos=True)
+    backend, _ = assert_built_as_transformers_builds(path, model_type, tmp_path)
+    assert backend.encode("hi").ids[0] == 1 and backend.encode("hi", add_special_tokens=False).ids[0] != 1
+    assert backend.encode("a", "b").ids.count(1) == 2
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
 def test_added_respelled_and_missing_tokens_are_transformers_own(model_type, smollm2_vocabulary, tmp_path):
     """No <|endoftext|> in the vocabulary (GPT-2's class adds one after it), user-defined tokens (added, not
     special), a control token outside the byte alphabet (respelled, not added), a plain token outside it
@@ -141,7 +154,7 @@ def test_what_it_does_not_know_is_left_to_transformers(smollm2_vocabulary, tmp_p
 
     assert built() is not None
     assert built(model="llama") is None  # SentencePiece
-    assert built(add_bos=True) is None  # a BOS the tokenizer adds: the class's post-processor
+    assert built(add_eos=True) is None  # an EOS the tokenizer adds
     assert built(pre="tekken") is None  # a pre-tokenizer transformers knows and this does not
     assert built(model_type="gemma3_text", arch="gemma3") is None  # Gemma's class rebuilds the vocabulary
     assert built(bos=100) is None  # a named token that is not a control token
