@@ -7,6 +7,14 @@ quiet fell to 4.5 with one busy core, where one thread alone kept 30. No wait po
 without costing the quiet case (OMP_WAIT_POLICY=PASSIVE: 50 -> 34 tok/s), so the count adapts instead:
 the engine decodes with the count that is measured faster, and now and then tries the others, less
 often each time a try loses, so a quiet machine pays almost nothing for the checks.
+
+A try of MORE threads must also find its cores free: if the kernel took the CPU from the process's threads
+CROWDED times or more in its step (involuntary context switches), it took a core another process wanted,
+and it loses however fast it was (quiet, 8% of two-thread steps saw one such switch and none two; next to
+a busy loop, 3.9 a step). Without that, two kvchat processes on 2 cores (an AMD EPYC, where decode is bound by
+memory) settled on one thread each (~0.46x of alone each), then one's try of two threads won (its threads
+pulled more of the memory's bandwidth), the other slowed, tried two as well and won against its slowed
+baseline: both on two threads at 0.18x.
 """
 
 from __future__ import annotations
@@ -22,6 +30,16 @@ WIN = 0.85  # a try must be at least this much faster (time ratio) to switch
 RECENT = 8  # steps of the current count kept
 BASELINE = 3  # the median of this many latest steps is what a try is compared with
 SLOWDOWN = 2.0  # two steps this much slower than the ones before: something took a core, try now
+CROWDED = 2  # a try of more threads preempted this often in its step took another process's core: it loses
+
+
+def involuntary_switches() -> int:
+    """How often the kernel has taken the CPU from this process's threads so far (0 where it does not say)."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return 0
+    return resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
 
 
 class DecodeThreads:
@@ -33,7 +51,7 @@ class DecodeThreads:
         self._gap = BASELINE
         self._since_probe = 0
         self._trying: int | None = None
-        self._tried: list[float] = []
+        self._tried: list[tuple[float, int | None]] = []  # (seconds, preemptions) of the try's steps
         self._next_candidate = 0
 
     def pick(self) -> int:
@@ -46,13 +64,14 @@ class DecodeThreads:
             self._tried = []
         return self._trying if self._trying is not None else self.current
 
-    def record(self, threads: int, seconds: float) -> None:
-        """The wall time of a step that ran on `threads` threads (as `pick` said)."""
+    def record(self, threads: int, seconds: float, preempted: int | None = None) -> None:
+        """The wall time of a step that ran on `threads` threads (as `pick` said), and how often the kernel
+        preempted the process's threads meanwhile, where that was counted."""
         if self._trying is not None and threads == self._trying:
-            self._tried.append(seconds)
+            self._tried.append((seconds, preempted))
             if len(self._tried) < PROBE_STEPS and seconds < 2 * self._baseline():
                 return  # a try that is already twice as slow ends at once
-            self._finish_try(self._tried[-1])
+            self._finish_try(*self._tried[-1])
         elif threads == self.current:
             self._recent.append(seconds)
             self._since_probe += 1
@@ -63,9 +82,10 @@ class DecodeThreads:
     def _baseline(self) -> float:
         return statistics.median(list(self._recent)[-BASELINE:])
 
-    def _finish_try(self, seconds: float) -> None:
+    def _finish_try(self, seconds: float, preempted: int | None) -> None:
         tried, self._trying, self._since_probe = self._trying, None, 0
-        if seconds < WIN * self._baseline():
+        crowded = tried > self.current and preempted is not None and preempted >= CROWDED
+        if seconds < WIN * self._baseline() and not crowded:
             self.current = tried
             self._recent.clear()
             self._gap = FIRST_PROBE_AFTER

@@ -17,7 +17,7 @@ import torch
 
 from engine.cpu.decode_step import MAX_ROWS, FusedCPUDecode
 from engine.cpu.kernels import load_quant_kernels
-from engine.cpu.thread_choice import DecodeThreads
+from engine.cpu.thread_choice import DecodeThreads, involuntary_switches
 from engine.decode.graph_runner import DecodeRunner
 from engine.decode.path import decode_path
 from engine.errors import EngineError
@@ -214,9 +214,9 @@ class ModelRunner:
         elif self.fused is not None and kv.contiguous is not None:
             kv.reserve(1)
             threads = self.decode_threads.pick()
-            start = time.perf_counter()
+            start, switches = time.perf_counter(), involuntary_switches()
             logits = self.fused.step(token, kv.contiguous, threads)
-            self.decode_threads.record(threads, time.perf_counter() - start)
+            self.decode_threads.record(threads, time.perf_counter() - start, involuntary_switches() - switches)
         else:
             return self.prefill(kv, [token])
         kv.commit(1)

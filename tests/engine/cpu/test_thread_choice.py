@@ -1,16 +1,18 @@
 """DecodeThreads: the decode step's thread count follows what is measured faster, and checking costs a
 quiet machine little."""
 
-from engine.cpu.thread_choice import BASELINE, FIRST_PROBE_AFTER, LONGEST_PROBE_GAP, DecodeThreads
+from engine.cpu.thread_choice import (BASELINE, CROWDED, FIRST_PROBE_AFTER, LONGEST_PROBE_GAP, DecodeThreads,
+                                      involuntary_switches)
 
 
-def run(choice, steps, seconds_for):
-    """Drive `steps` decode steps whose time is seconds_for(threads, step); the counts used, in order."""
+def run(choice, steps, seconds_for, preempted_for=lambda threads, step: 0):
+    """Drive `steps` decode steps whose time is seconds_for(threads, step) and in which the process's threads
+    were preempted preempted_for(threads, step) times; the counts used, in order."""
     used = []
     for step in range(steps):
         threads = choice.pick()
         used.append(threads)
-        choice.record(threads, seconds_for(threads, step))
+        choice.record(threads, seconds_for(threads, step), preempted_for(threads, step))
     return used
 
 
@@ -65,3 +67,29 @@ def test_a_try_that_is_twice_as_slow_ends_after_one_step():
 def test_one_thread_has_nothing_to_choose():
     choice = DecodeThreads(1)
     assert set(run(choice, 500, lambda threads, step: 0.01 * (1 + step % 7))) == {1}
+
+
+def test_a_faster_try_of_more_threads_that_took_a_busy_core_loses():
+    """Two engines on two cores, one thread each: a try of both threads may run faster (memory-bound decode
+    pulls more bandwidth with more threads) but preempts the other engine's thread, which then slows and
+    tries two as well: both ended on two threads at 0.18x of alone. Such a try loses; a quiet one wins."""
+    crowded = DecodeThreads(2)
+    crowded.current = 1
+    used = run(crowded, 600, lambda threads, _: 0.004 if threads == 2 else 0.005,
+               lambda threads, _: CROWDED + 1 if threads == 2 else 0)
+    assert crowded.current == 1 and used.count(2) < 600 * 0.02
+    quiet = DecodeThreads(2)
+    quiet.current = 1
+    run(quiet, 600, lambda threads, _: 0.004 if threads == 2 else 0.005, lambda threads, _: 1 if threads == 2 else 0)
+    assert quiet.current == 2  # one stray preemption (8% of quiet steps have one) does not count as crowded
+
+
+def test_fewer_threads_win_however_often_they_were_preempted():
+    choice = DecodeThreads(2)
+    run(choice, 40, lambda threads, _: 0.500 if threads == 2 else 0.030, lambda threads, _: 9)
+    assert choice.current == 1
+
+
+def test_preemptions_are_counted_for_the_whole_process():
+    before = involuntary_switches()
+    assert isinstance(before, int) and before >= 0 and involuntary_switches() >= before
