@@ -9,9 +9,10 @@ the engine decodes with the count that is measured faster, and now and then trie
 often each time a try loses, so a quiet machine pays almost nothing for the checks.
 
 A try of MORE threads must also find its cores free: if the kernel took the CPU from the process's threads
-CROWDED times or more in its step (involuntary context switches), it took a core another process wanted,
-and it loses however fast it was (quiet, 8% of two-thread steps saw one such switch and none two; next to
-a busy loop, 3.9 a step). Without that, two kvchat processes on 2 cores (an AMD EPYC, where decode is bound by
+during it (involuntary context switches over its steps), it took a core another process wanted, and it
+loses however fast it was. Measured on 2 cores, two-thread steps: quiet, 8% saw one such switch and none
+two; next to a one-thread kvchat, 57% saw one or more; next to a busy loop, 3.9 a step. So a quiet try
+loses ~16% of the time (and is tried again later), a crowded one ~80%. Without that, two kvchat processes on 2 cores (an AMD EPYC, where decode is bound by
 memory) settled on one thread each (~0.46x of alone each), then one's try of two threads won (its threads
 pulled more of the memory's bandwidth), the other slowed, tried two as well and won against its slowed
 baseline: both on two threads at 0.18x.
@@ -30,7 +31,7 @@ WIN = 0.85  # a try must be at least this much faster (time ratio) to switch
 RECENT = 8  # steps of the current count kept
 BASELINE = 3  # the median of this many latest steps is what a try is compared with
 SLOWDOWN = 2.0  # two steps this much slower than the ones before: something took a core, try now
-CROWDED = 2  # a try of more threads preempted this often in its step took another process's core: it loses
+CROWDED = 1  # a try of more threads preempted this often over its steps took another process's core: it loses
 
 
 def involuntary_switches() -> int:
@@ -71,7 +72,7 @@ class DecodeThreads:
             self._tried.append((seconds, preempted))
             if len(self._tried) < PROBE_STEPS and seconds < 2 * self._baseline():
                 return  # a try that is already twice as slow ends at once
-            self._finish_try(*self._tried[-1])
+            self._finish_try(self._tried[-1][0], self._preemptions())
         elif threads == self.current:
             self._recent.append(seconds)
             self._since_probe += 1
@@ -81,6 +82,11 @@ class DecodeThreads:
 
     def _baseline(self) -> float:
         return statistics.median(list(self._recent)[-BASELINE:])
+
+    def _preemptions(self) -> int | None:
+        """How often the try's threads were preempted in all its steps (None: not counted)."""
+        counts = [preempted for _, preempted in self._tried]
+        return None if None in counts else sum(counts)
 
     def _finish_try(self, seconds: float, preempted: int | None) -> None:
         tried, self._trying, self._since_probe = self._trying, None, 0

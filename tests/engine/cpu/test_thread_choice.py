@@ -76,12 +76,14 @@ def test_a_faster_try_of_more_threads_that_took_a_busy_core_loses():
     crowded = DecodeThreads(2)
     crowded.current = 1
     used = run(crowded, 600, lambda threads, _: 0.004 if threads == 2 else 0.005,
-               lambda threads, _: CROWDED + 1 if threads == 2 else 0)
+               lambda threads, _: CROWDED if threads == 2 else 0)
     assert crowded.current == 1 and used.count(2) < 600 * 0.02
     quiet = DecodeThreads(2)
     quiet.current = 1
-    run(quiet, 600, lambda threads, _: 0.004 if threads == 2 else 0.005, lambda threads, _: 1 if threads == 2 else 0)
-    assert quiet.current == 2  # one stray preemption (8% of quiet steps have one) does not count as crowded
+    # a stray preemption now and then (8% of quiet two-thread steps see one): a try it spoils is tried again
+    run(quiet, 600, lambda threads, _: 0.004 if threads == 2 else 0.005,
+        lambda threads, step: 1 if threads == 2 and step % 12 == 0 else 0)
+    assert quiet.current == 2
 
 
 def test_fewer_threads_win_however_often_they_were_preempted():
