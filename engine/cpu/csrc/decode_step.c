@@ -211,6 +211,32 @@ static int plan_batch(const kc_model *M, const kc_sequence *seqs, int count, bat
     return 1;
 }
 
+/* Asks for the first rows of K and of V that attention item `item` reads (a decode item: its sequence's
+ * last row's chunk), so they arrive while the thread's item before it runs. A decode item of a short
+ * context is a short stream (SmolLM2 at 128 tokens: 64 rows, 16 KB of K and of V) that the hardware's
+ * prefetcher had not caught up with by its end; a longer one it follows after its first PREFETCH_BYTES.
+ * On the AMD EPYC, SmolLM2, 128 tokens, 3 interleaved pairs: the attention phase of a step of 4 requests
+ * 1.00-1.17 -> 0.80-0.96 ms, of one 0.24-0.25 -> 0.22 ms (two items ahead measured slower). */
+#define PREFETCH_BYTES (16 << 10) /* of K and of V an item ahead */
+static void prefetch_item(const batch_layout *B, const kc_sequence *seqs, const kc_layer *L, int item,
+                          int64_t layer_offset, int dim, int kv_heads, int max_threads) {
+    int s = 0;
+    while (B->item_first[s + 1] <= item) s++;
+    const kc_sequence *q = &seqs[s];
+    if (q->rows > PER_ROW_ATTENTION) return; /* a long item: the hardware's prefetcher keeps up */
+    const int local = item - B->item_first[s], chunks = B->chunks[s], g = local / chunks, c = local % chunks;
+    const int seen = q->position + q->rows, lo = window_start(seen - 1, L->window), span = seen - lo;
+    const int used = chunks_for(span, kv_heads, max_threads);
+    if (c >= used) return;
+    const int64_t t0 = lo + (int64_t)span * c / used, t1 = lo + (int64_t)span * (c + 1) / used;
+    const int64_t base = layer_offset * q->capacity + (int64_t)g * q->capacity * dim;
+    for (const float *cache = q->k_cache; cache; cache = cache == q->k_cache ? q->v_cache : NULL) {
+        const char *from = (const char *)(cache + base + t0 * dim), *to = (const char *)(cache + base + t1 * dim);
+        if (to - from > PREFETCH_BYTES) to = from + PREFETCH_BYTES;
+        for (const char *line = from; line < to; line += 64) __builtin_prefetch(line, 0, 3);
+    }
+}
+
 /*
  * The new tokens of `count` sequences in one pass over the weights: sequence s's rows (1 for a decode
  * step; at most M->max_rows in all) at positions position..position+rows-1 of its own cache, their
@@ -289,6 +315,7 @@ void kc_forward_batch(const kc_model *M, const kc_sequence *seqs, int count, con
                 const float *vc = q->v_cache + layer_offset * q->capacity + (int64_t)g * q->capacity * dim;
                 const float *qs = S.qkv + (int64_t)B.first[s] * qkv_size + g * group * dim;
                 float *part = S.parts + B.parts_first[s] + (int64_t)local * item_floats;
+                if (item + 1 < B.items) prefetch_item(&B, seqs, L, item + 1, layer_offset, dim, kv_heads, M->max_threads);
                 if (R > PER_ROW_ATTENTION && !M->row_invariant) {
                     /* Many tokens (a follow-up message): one flash-style pass over tiles of transposed K. */
                     const int context = q->position + R, lo = window_start(q->position, L->window), span = context - lo;
