@@ -10,8 +10,8 @@ often each time a try loses, so a quiet machine pays almost nothing for the chec
 
 A try of MORE threads must also find its cores free: if the kernel took the CPU from the process's threads
 during it (involuntary context switches over its steps), it took a core another process wanted, and it
-loses however fast it was. Measured on 2 cores, two-thread steps: quiet, 8% saw one such switch and none
-two; next to a one-thread kvchat, 57% saw one or more; next to a busy loop, 3.9 a step. So a quiet try
+loses however fast it was. Measured on 2 cores, two-thread steps: quiet, 8% saw such a switch (17 in 200
+steps); next to a one-thread kvchat, 57% saw one or more; next to a busy loop, 3.9 a step. So a quiet try
 loses ~16% of the time (and is tried again later), a crowded one ~80%. Without that, two kvchat processes
 on 2 cores (an AMD EPYC, where decode is bound by memory) settled on one thread each (~0.46x of alone
 each), then one's try of two threads won (its threads pulled more of the memory's bandwidth), the other

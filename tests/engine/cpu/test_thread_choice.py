@@ -80,7 +80,7 @@ def test_a_faster_try_of_more_threads_that_took_a_busy_core_loses():
     assert crowded.current == 1 and used.count(2) < 600 * 0.02
     quiet = DecodeThreads(2)
     quiet.current = 1
-    # a stray preemption now and then (8% of quiet two-thread steps see one): a try it spoils is tried again
+    # a stray preemption now and then (8% of quiet two-thread steps see one): a try it spoils is made again
     run(quiet, 600, lambda threads, _: 0.004 if threads == 2 else 0.005,
         lambda threads, step: 1 if threads == 2 and step % 12 == 0 else 0)
     assert quiet.current == 2
