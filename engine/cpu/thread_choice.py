@@ -23,6 +23,11 @@ from __future__ import annotations
 import statistics
 from collections import deque
 
+try:
+    import resource
+except ImportError:  # Windows: no preemption counts, so a try of more threads is judged by its speed alone
+    resource = None
+
 FIRST_PROBE_AFTER = 32  # steps on one count before trying another (the very first try: once BASELINE steps ran,
                         # so an engine that starts next to a busy core does not crawl for 32 steps)
 LONGEST_PROBE_GAP = 256  # steps between tries once they keep losing (a losing try costs ~1 step)
@@ -36,11 +41,7 @@ CROWDED = 1  # a try of more threads preempted this often over its steps took an
 
 def involuntary_switches() -> int:
     """How often the kernel has taken the CPU from this process's threads so far (0 where it does not say)."""
-    try:
-        import resource
-    except ImportError:  # Windows
-        return 0
-    return resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
+    return resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw if resource is not None else 0
 
 
 class DecodeThreads:
