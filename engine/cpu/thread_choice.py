@@ -66,6 +66,11 @@ class DecodeThreads:
             self._tried = []
         return self._trying if self._trying is not None else self.current
 
+    @property
+    def trying(self) -> bool:
+        """Whether the step `pick` chose is a try of another count (only a try's preemptions are asked for)."""
+        return self._trying is not None
+
     def record(self, threads: int, seconds: float, preempted: int | None = None) -> None:
         """The wall time of a step that ran on `threads` threads (as `pick` said), and how often the kernel
         preempted the process's threads meanwhile, where that was counted."""

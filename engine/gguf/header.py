@@ -112,10 +112,11 @@ class HeaderCursor:
             return strings
         if whole and element in _SCALARS:
             fmt = f"<{count}{_SCALARS[element]}"
-            if self.at + struct.calcsize(fmt) > len(self.buffer):
+            end = self.at + struct.calcsize(fmt)
+            if end > len(self.buffer):
                 raise GGUFFormatError("it ends inside its header")
             values = list(struct.unpack_from(fmt, self.buffer, self.at))
-            self.at += struct.calcsize(fmt)
+            self.at = end
             return values
         if count <= _MAX_ARRAY_KEPT or whole:
             return [self.value(element) for _ in range(count)]

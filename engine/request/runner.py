@@ -213,10 +213,12 @@ class ModelRunner:
             logits = self.graphs.step(token, kv.num_tokens, kv.blocks)
         elif self.fused is not None and kv.contiguous is not None:
             kv.reserve(1)
-            threads = self.decode_threads.pick()
-            start, switches = time.perf_counter(), involuntary_switches()
+            threads, choice = self.decode_threads.pick(), self.decode_threads
+            switches = involuntary_switches() if choice.trying else None  # a try's steps only: a syscall each
+            start = time.perf_counter()
             logits = self.fused.step(token, kv.contiguous, threads)
-            self.decode_threads.record(threads, time.perf_counter() - start, involuntary_switches() - switches)
+            seconds = time.perf_counter() - start
+            choice.record(threads, seconds, None if switches is None else involuntary_switches() - switches)
         else:
             return self.prefill(kv, [token])
         kv.commit(1)

@@ -71,6 +71,12 @@ def byte_alphabet() -> dict[int, str]:
     return table
 
 
+@functools.cache
+def _alphabet() -> frozenset[str]:
+    """The characters a byte-level vocabulary is spelled in."""
+    return frozenset(byte_alphabet().values())
+
+
 def build(fields: dict[str, Any], model_type: str):
     """(the Rust tokenizer, Settings, tokenizer_config.json's dict) of a GGUF file whose metadata is `fields`
     (header.tokenizer_fields) and whose model is read as `model_type`; None where transformers must build it."""
@@ -90,7 +96,7 @@ def build(fields: dict[str, Any], model_type: str):
         return None
     if len(set(tokens)) != len(tokens):
         return None  # a repeated token leaves a hole in the ids, which transformers' added tokens may fill
-    alphabet = frozenset(byte_alphabet().values())
+    alphabet = _alphabet()
     named = {}
     for name, key in _NAMED:
         token_id = field(key)
@@ -106,7 +112,7 @@ def build(fields: dict[str, Any], model_type: str):
     if model_type in PLAIN_TYPES and field("pre") not in GGUF_PRE_SPLITS and field("pre") not in ("gpt2", "smollm"):
         return None  # a pre-tokenizer transformers may know and this does not
     bos = (named["bos_token"], field("bos_token_id")) if field("add_bos_token") else None
-    backend = tokenizers.Tokenizer.from_str(json.dumps(_backend_json(tokens, types, merges, split, alphabet,
+    backend = tokenizers.Tokenizer.from_str(json.dumps(_backend_json(tokens, types, merges, split,
                                                                      nfc=model_type in CLASS_SPLITS, bos=bos)))
     template = fields.get("tokenizer.chat_template")
     settings = Settings(special_tokens=named, bos_token_id=field("bos_token_id"), eos_token_id=field("eos_token_id"),
@@ -120,11 +126,11 @@ def build(fields: dict[str, Any], model_type: str):
     return backend, settings, config
 
 
-def _backend_json(tokens: list[str], types: list[int], merges: list[str], split: str | None,
-                  alphabet: frozenset[str], nfc: bool, bos: tuple[str, int] | None) -> dict:
+def _backend_json(tokens: list[str], types: list[int], merges: list[str], split: str | None, nfc: bool,
+                  bos: tuple[str, int] | None) -> dict:
     """The Rust tokenizer's JSON (as `Tokenizer.to_str` writes it); `bos`: (token, id) the tokenizer puts
     before a text (the file's add_bos_token: Llama 3's), else None."""
-    spell = byte_alphabet()
+    spell, alphabet = byte_alphabet(), _alphabet()
     vocab = {token if alphabet.issuperset(token) else "".join(spell[b] for b in token.encode("utf-8")): index
              for index, token in enumerate(tokens)}
     added = {}

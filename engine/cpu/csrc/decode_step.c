@@ -211,6 +211,13 @@ static int plan_batch(const kc_model *M, const kc_sequence *seqs, int count, bat
     return 1;
 }
 
+/* The sequence whose attention item `item` is. */
+static inline int item_sequence(const batch_layout *B, int item) {
+    int s = 0;
+    while (B->item_first[s + 1] <= item) s++;
+    return s;
+}
+
 /* Asks for the first rows of K and of V that attention item `item` reads (a decode item: its sequence's
  * last row's chunk), so they arrive while the thread's item before it runs. A decode item of a short
  * context is a short stream (SmolLM2 at 128 tokens: 64 rows, 16 KB of K and of V) that the hardware's
@@ -220,8 +227,7 @@ static int plan_batch(const kc_model *M, const kc_sequence *seqs, int count, bat
 #define PREFETCH_BYTES (16 << 10) /* of K and of V an item ahead */
 static void prefetch_item(const batch_layout *B, const kc_sequence *seqs, const kc_layer *L, int item,
                           int64_t layer_offset, int dim, int kv_heads, int max_threads) {
-    int s = 0;
-    while (B->item_first[s + 1] <= item) s++;
+    const int s = item_sequence(B, item);
     const kc_sequence *q = &seqs[s];
     if (q->rows > PER_ROW_ATTENTION) return; /* a long item: the hardware's prefetcher keeps up */
     const int local = item - B->item_first[s], chunks = B->chunks[s], g = local / chunks, c = local % chunks;
@@ -306,8 +312,7 @@ void kc_forward_batch(const kc_model *M, const kc_sequence *seqs, int count, con
             BARRIER();
 #pragma omp for schedule(static) nowait
             for (int item = 0; item < B.items; item++) {
-                int s = 0;
-                while (B.item_first[s + 1] <= item) s++;
+                const int s = item_sequence(&B, item);
                 const kc_sequence *q = &seqs[s];
                 const int local = item - B.item_first[s], chunks = B.chunks[s], g = local / chunks, c = local % chunks;
                 const int R = q->rows, item_floats = R * group * stride;

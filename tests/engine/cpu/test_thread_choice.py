@@ -11,6 +11,7 @@ def run(choice, steps, seconds_for, preempted_for=lambda threads, step: 0):
     used = []
     for step in range(steps):
         threads = choice.pick()
+        assert choice.trying == (threads != choice.current)  # what the runner counts preemptions for
         used.append(threads)
         choice.record(threads, seconds_for(threads, step), preempted_for(threads, step))
     return used
