@@ -65,7 +65,7 @@ class _Model(ctypes.Structure):
                 ("scale", ctypes.c_float), ("max_threads", _i32), ("max_rows", _i32),
                 ("layer", ctypes.POINTER(_Layer)), ("final_norm", ctypes.c_void_p), ("lm_head", _Parts),
                 ("scratch", ctypes.c_void_p), ("profile", ctypes.c_void_p), ("activation", _i32), ("row_invariant", _i32),
-                ("moe_scratch", ctypes.c_void_p), ("q_scale", ctypes.c_void_p)]
+                ("moe_scratch", ctypes.c_void_p), ("q_scale", ctypes.c_void_p), ("run_clock", ctypes.c_void_p)]
 
 
 class _Sequence(ctypes.Structure):
@@ -231,6 +231,17 @@ class FusedCPUDecode:
             yield clock
         finally:
             self._desc.profile = None
+
+    @contextlib.contextmanager
+    def run_clocked(self) -> Iterator[torch.Tensor]:
+        """Steps run meanwhile add, per thread, the seconds it spent in the step and the CPU seconds it ran
+        to the yielded [threads, 2] tensor (their difference: time its core ran another thread)."""
+        clock = torch.zeros(self._threads, 2, dtype=torch.float64)
+        self._desc.run_clock = clock.data_ptr()
+        try:
+            yield clock
+        finally:
+            self._desc.run_clock = None
 
     @classmethod
     def build(cls, model: CausalLM, kernels: QuantKernels) -> "FusedCPUDecode | str":

@@ -8,25 +8,24 @@ without costing the quiet case (OMP_WAIT_POLICY=PASSIVE: 50 -> 34 tok/s), so the
 the engine decodes with the count that is measured faster, and now and then tries the others, less
 often each time a try loses, so a quiet machine pays almost nothing for the checks.
 
-A try of MORE threads must also find its cores free: if the kernel took the CPU from the process's threads
-during it (involuntary context switches over its steps), it took a core another process wanted, and it
-loses however fast it was. Measured on 2 cores, two-thread steps: quiet, 8% saw such a switch (17 in 200
-steps); next to a one-thread kvchat, 57% saw one or more; next to a busy loop, 3.9 a step. So a quiet try
-loses ~16% of the time (and is tried again later), a crowded one ~80%. Without that, two kvchat processes
-on 2 cores (an AMD EPYC, where decode is bound by memory) settled on one thread each (~0.46x of alone
-each), then one's try of two threads won (its threads pulled more of the memory's bandwidth), the other
-slowed, tried two as well and won against its slowed baseline: both on two threads at 0.18x.
+A try of MORE threads must also find its cores free: if a thread of the try spent much of its steps off
+its core (the step's time minus the CPU time the thread ran, which the C step clocks for each thread of a
+try), the kernel gave that core to another process, and the try loses however fast it was. Without that,
+two kvchat processes on 2 cores (an AMD EPYC, where decode is bound by memory) settled on one thread each
+(~0.46x of alone each), then one's try of two threads won (its threads pulled more of the memory's
+bandwidth), the other slowed, tried two as well and won against its slowed baseline: both on two threads
+at 0.18x. Measured on 2 cores, the largest share of a two-thread step any thread was off its core: quiet,
+under 0.01 in 90% of steps; beside a busy loop, 0.32 in half of them; beside a one-thread kvchat, 0.50; in
+`kvchat serve` with 4 streaming clients in the same process, 0.03-0.05 at the 90th percentile (its own event
+loop runs briefly between a step's barriers). An earlier rule counted the whole process's involuntary
+context switches instead: the server's (or the TUI's) own event loop preempted a compute thread in most
+steps, so every try of two threads lost and the server decoded, batched and prefilled on one thread.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections import deque
-
-try:
-    import resource
-except ImportError:  # Windows: no preemption counts, so a try of more threads is judged by its speed alone
-    resource = None
 
 FIRST_PROBE_AFTER = 32  # steps on one count before trying another (the very first try: once BASELINE steps ran,
                         # so an engine that starts next to a busy core does not crawl for 32 steps)
@@ -36,12 +35,14 @@ WIN = 0.85  # a try must be at least this much faster (time ratio) to switch
 RECENT = 8  # steps of the current count kept
 BASELINE = 3  # the median of this many latest steps is what a try is compared with
 SLOWDOWN = 2.0  # two steps this much slower than the ones before: something took a core, try now
-CROWDED = 1  # a try of more threads preempted this often over its steps took another process's core: it loses
+CROWDED = 0.15  # a try of more threads whose steps' threads were off their cores this share of the time
+                # (the mean over its steps of each step's worst thread) shared a core with another process
 
 
-def involuntary_switches() -> int:
-    """How often the kernel has taken the CPU from this process's threads so far (0 where it does not say)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw if resource is not None else 0
+def off_core_share(clock) -> float:
+    """The largest share of a step's time one of its threads spent off its core, from the fused step's
+    per-thread [seconds in the step, CPU seconds run] (rows of threads that did not run are zeros)."""
+    return max(((wall - ran) / wall for wall, ran in clock if wall > 0), default=0.0)
 
 
 class DecodeThreads:
@@ -53,7 +54,7 @@ class DecodeThreads:
         self._gap = BASELINE
         self._since_probe = 0
         self._trying: int | None = None
-        self._tried: list[tuple[float, int | None]] = []  # (seconds, preemptions) of the try's steps
+        self._tried: list[tuple[float, float | None]] = []  # (seconds, off-core share) of the try's steps
         self._next_candidate = 0
 
     def pick(self) -> int:
@@ -68,17 +69,17 @@ class DecodeThreads:
 
     @property
     def trying(self) -> bool:
-        """Whether the step `pick` chose is a try of another count (only a try's preemptions are asked for)."""
+        """Whether the step `pick` chose is a try of another count (only a try's steps are clocked per thread)."""
         return self._trying is not None
 
-    def record(self, threads: int, seconds: float, preempted: int | None = None) -> None:
-        """The wall time of a step that ran on `threads` threads (as `pick` said), and how often the kernel
-        preempted the process's threads meanwhile, where that was counted."""
+    def record(self, threads: int, seconds: float, off_core: float | None = None) -> None:
+        """The wall time of a step that ran on `threads` threads (as `pick` said), and the largest share of it
+        one of its threads spent off its core (off_core_share), where that was clocked."""
         if self._trying is not None and threads == self._trying:
-            self._tried.append((seconds, preempted))
+            self._tried.append((seconds, off_core))
             if len(self._tried) < PROBE_STEPS and seconds < 2 * self._baseline():
                 return  # a try that is already twice as slow ends at once
-            self._finish_try(self._tried[-1][0], self._preemptions())
+            self._finish_try(self._tried[-1][0], self._off_core())
         elif threads == self.current:
             self._recent.append(seconds)
             self._since_probe += 1
@@ -89,14 +90,14 @@ class DecodeThreads:
     def _baseline(self) -> float:
         return statistics.median(list(self._recent)[-BASELINE:])
 
-    def _preemptions(self) -> int | None:
-        """How often the try's threads were preempted in all its steps (None: not counted)."""
-        counts = [preempted for _, preempted in self._tried]
-        return None if None in counts else sum(counts)
+    def _off_core(self) -> float | None:
+        """The mean off-core share of the try's steps (None: not clocked)."""
+        shares = [share for _, share in self._tried]
+        return None if None in shares else statistics.fmean(shares)
 
-    def _finish_try(self, seconds: float, preempted: int | None) -> None:
+    def _finish_try(self, seconds: float, off_core: float | None) -> None:
         tried, self._trying, self._since_probe = self._trying, None, 0
-        crowded = tried > self.current and preempted is not None and preempted >= CROWDED
+        crowded = tried > self.current and off_core is not None and off_core >= CROWDED
         if seconds < WIN * self._baseline() and not crowded:
             self.current = tried
             self._recent.clear()

@@ -17,7 +17,7 @@ import torch
 
 from engine.cpu.decode_step import MAX_ROWS, FusedCPUDecode
 from engine.cpu.kernels import load_quant_kernels
-from engine.cpu.thread_choice import DecodeThreads, involuntary_switches
+from engine.cpu.thread_choice import DecodeThreads, off_core_share
 from engine.decode.graph_runner import DecodeRunner
 from engine.decode.path import decode_path
 from engine.errors import EngineError
@@ -214,11 +214,14 @@ class ModelRunner:
         elif self.fused is not None and kv.contiguous is not None:
             kv.reserve(1)
             threads, choice = self.decode_threads.pick(), self.decode_threads
-            switches = involuntary_switches() if choice.trying else None  # a try's steps only: a syscall each
             start = time.perf_counter()
-            logits = self.fused.step(token, kv.contiguous, threads)
-            seconds = time.perf_counter() - start
-            choice.record(threads, seconds, None if switches is None else involuntary_switches() - switches)
+            if choice.trying:  # a try's steps only: two clock reads per thread
+                with self.fused.run_clocked() as clock:
+                    logits = self.fused.step(token, kv.contiguous, threads)
+                off_core = off_core_share(clock.tolist())
+            else:
+                logits, off_core = self.fused.step(token, kv.contiguous, threads), None
+            choice.record(threads, time.perf_counter() - start, off_core)
         else:
             return self.prefill(kv, [token])
         kv.commit(1)

@@ -54,6 +54,15 @@ static inline double now_seconds(void) {
     return ts.tv_sec + 1e-9 * ts.tv_nsec;
 }
 
+/* The CPU time the calling thread has run (0 where the clock is missing: then no time counts as lost). */
+static inline double thread_cpu_seconds(void) {
+#ifdef CLOCK_THREAD_CPUTIME_ID
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) == 0) return ts.tv_sec + 1e-9 * ts.tv_nsec;
+#endif
+    return 0;
+}
+
 /* Phases of a step, for `kvchat bench --profile` (engine/bench/decode_profile.py names them). */
 enum { PHASE_QKV, PHASE_ROPE, PHASE_ATTENTION, PHASE_O, PHASE_GATE_UP, PHASE_DOWN, PHASE_LM_HEAD, PHASE_WAIT,
        PHASES };
@@ -98,6 +107,9 @@ typedef struct {
                               * bits must not depend on how many tokens one call takes) */
     float *moe_scratch;      /* kc_moe_scratch_floats(...) floats when a layer is a mixture, else NULL */
     const float *q_scale;    /* [max_tokens]: what q is multiplied by after RoPE, by position, or NULL (1) */
+    double *run_clock;       /* NULL, or [max_threads][2]: each thread adds the seconds it spent in the step
+                              * and the CPU seconds it ran meanwhile; the difference is time the kernel gave
+                              * its core to another thread (engine/cpu/thread_choice.py) */
 } kc_model;
 
 
@@ -273,6 +285,8 @@ void kc_forward_batch(const kc_model *M, const kc_sequence *seqs, int count, con
         float *normed = mine, *attn = normed + (int64_t)rows * hidden, *scores = attn + (int64_t)rows * q_size;
         int n0, n1;
         double *clock = M->profile ? M->profile + (int64_t)t * PHASES : 0, last_ = clock ? now_seconds() : 0;
+        double *ran = M->run_clock ? M->run_clock + (int64_t)t * 2 : 0;
+        const double wall0 = ran ? now_seconds() : 0, cpu0 = ran ? thread_cpu_seconds() : 0;
 
         for (int l = 0; l < M->layers; l++) {
             const kc_layer *L = &M->layer[l];
@@ -406,6 +420,11 @@ void kc_forward_batch(const kc_model *M, const kc_sequence *seqs, int count, con
         kc_thread_columns(M->vocab, t, T, &n0, &n1);
         parts_columns(&M->lm_head, normed, B.out_rows, logits, n0, n1);
         MARK(PHASE_LM_HEAD);
+        if (ran) {
+            const double wall = now_seconds() - wall0, cpu1 = thread_cpu_seconds();
+            ran[0] += wall;
+            ran[1] += cpu0 > 0 && cpu1 > 0 ? cpu1 - cpu0 : wall;
+        }
     }
 }
 
