@@ -115,7 +115,7 @@ class Engine:
         self.info = info
         self.options = options
         self.runner = ModelRunner(model, prefix_cache, options.paged_kv, options.cuda_graphs, options.compile,
-                                  options.fused_decode)
+                                  options.fused_decode, _max_batch(options))
         self._loop = StepLoop(self.runner, tokenizer, options.prefill_chunk, _draft_tokens(options),
                               _max_batch(options))
         self._fingerprint = fingerprint

@@ -1,6 +1,6 @@
 """ContiguousKV: a request's K/V in one buffer of its own, with no prefix cache (`--no-prefix-cache`).
 
-Nothing is shared, so finalising only counts; the buffer goes to the SpareBuffer at close, holding no
+Nothing is shared, so finalising only counts; the buffer goes to SpareBuffers at close, holding no
 reusable positions (nothing told it which prefix the next request shares).
 """
 
@@ -10,16 +10,16 @@ import torch
 
 from engine.kv.cache import ContiguousKVCache
 from engine.kv.sequence import SequenceKV
-from engine.kv.spare_buffer import SpareBuffer
+from engine.kv.spare_buffers import SpareBuffers
 
 
 class ContiguousKV(SequenceKV):
-    def __init__(self, buffer: ContiguousKVCache, spare: SpareBuffer):
+    def __init__(self, buffer: ContiguousKVCache, spare: SpareBuffers):
         super().__init__([])
         self.buffer, self._spare = buffer, spare
 
     @classmethod
-    def open(cls, spare: SpareBuffer, prompt_ids: list[int]) -> tuple["ContiguousKV", str]:
+    def open(cls, spare: SpareBuffers, prompt_ids: list[int]) -> tuple["ContiguousKV", str]:
         buffer, _ = spare.take(prompt_ids)
         buffer.truncate(0)
         return cls(buffer, spare), "none"

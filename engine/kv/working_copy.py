@@ -2,7 +2,7 @@
 
 Attention reads the copy, so a decode step runs exactly as it does without a prefix cache; on a CPU
 this is faster than reading blocks in place. The cached prefix is gathered into the copy once when the
-request starts, except for the positions it already holds (the SpareBuffer hands the last request's
+request starts, except for the positions it already holds (SpareBuffers hand the last request's
 copy to the next, which in a chat is the same conversation). Each forward pass appends its new
 positions to both (one slice per block touched, all layers at once).
 """
@@ -14,12 +14,12 @@ import torch
 from engine.kv.cache import ContiguousKVCache
 from engine.kv.pooled import PooledKV
 from engine.kv.prefix_cache import Match, PrefixCache
-from engine.kv.spare_buffer import SpareBuffer
+from engine.kv.spare_buffers import SpareBuffers
 
 
 class WorkingCopyKV(PooledKV):
     def __init__(self, cache: PrefixCache, working: ContiguousKVCache, match: Match, prompt_ids: list[int],
-                 publish: bool, spare: SpareBuffer | None = None):
+                 publish: bool, spare: SpareBuffers | None = None):
         """`working` must hold no position beyond match.cached_tokens, and only correct ones.
         `spare`: where the copy goes at close, for the next request (None: it is dropped)."""
         super().__init__(cache, match, prompt_ids, publish)
@@ -33,7 +33,7 @@ class WorkingCopyKV(PooledKV):
                 state.reset()
 
     @classmethod
-    def open(cls, cache: PrefixCache, spare: SpareBuffer, prompt_ids: list[int],
+    def open(cls, cache: PrefixCache, spare: SpareBuffers, prompt_ids: list[int],
              use_prefix_cache: bool) -> tuple["WorkingCopyKV", str]:
         working, _ = spare.take(prompt_ids)
         match = cache.match(prompt_ids if use_prefix_cache else [])

@@ -26,7 +26,7 @@ from engine.kv.contiguous import ContiguousKV
 from engine.kv.paged import PagedKV
 from engine.kv.prefix_cache import PrefixCache
 from engine.kv.sequence import SequenceKV
-from engine.kv.spare_buffer import SpareBuffer
+from engine.kv.spare_buffers import SpareBuffers
 from engine.kv.working_copy import WorkingCopyKV
 from engine.model.causal_lm import CausalLM
 from engine.model.moe import routes_on_host
@@ -52,7 +52,9 @@ def torch_threads(count: int | None) -> Iterator[None]:
 
 class ModelRunner:
     def __init__(self, model: CausalLM, prefix_cache: PrefixCache | None, paged_kv: bool | None = None,
-                 cuda_graphs: bool | None = None, compile: bool | None = None, fused_decode: bool | None = None):
+                 cuda_graphs: bool | None = None, compile: bool | None = None, fused_decode: bool | None = None,
+                 max_batch: int = 1):
+        """`max_batch`: the most requests run at once (that many contiguous buffers are kept for reuse)."""
         self.model = model
         self.prefix_cache = prefix_cache
         self.device = model.device
@@ -63,7 +65,8 @@ class ModelRunner:
                        if self.decode_path.paged else None)
         self.fused = self._fused_step(fused_decode)
         self.decode_threads = DecodeThreads(torch.get_num_threads())
-        spare = SpareBuffer(self._new_buffer, model.cfg.context_window)
+        spare = SpareBuffers(self._new_buffer, model.cfg.context_window, max_batch,
+                             prefix_cache.pool.data.nbytes if prefix_cache is not None else 0)
         self.open_kv: OpenKV
         if prefix_cache is None:
             self.open_kv = lambda prompt_ids, _: ContiguousKV.open(spare, prompt_ids)
