@@ -60,10 +60,10 @@ class Request:
     def finished(self) -> bool:
         return self.status is Status.FINISHED
 
-    def next_tokens(self, prefill_chunk: int, context_window: int, max_drafts: int) -> list[int]:
+    def next_tokens(self, prefill_chunk: int, context_window: int, max_drafts: int, others: int = 0) -> list[int]:
         """The ids the next step computes: the next prompt chunk, or the last sampled token and at most
         `max_drafts` draft tokens to verify after it (no more than the reply has room for: a step yields
-        up to 1 + drafts)."""
+        up to 1 + drafts); `others`: the other requests decoding in the same step."""
         if self.status is Status.PREFILL:
             begin = self.kv.num_tokens
             return self.context_ids[begin : begin + prefill_chunk]
@@ -72,4 +72,4 @@ class Request:
         room = context_window - len(self.prompt_ids) - len(self.generated)
         if self.params.max_tokens is not None:
             room = min(room, self.params.max_tokens - len(self.generated))
-        return [self.generated[-1], *self.speculator.draft(min(room - 1, max_drafts))]
+        return [self.generated[-1], *self.speculator.draft(min(room - 1, max_drafts), others)]

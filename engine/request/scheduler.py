@@ -55,7 +55,8 @@ class Scheduler:
         decoding = [r for r in live if r.status is Status.DECODE]
         spare = max(0, self.decode_rows - len(decoding))
         drafts = spare // len(decoding) if decoding else 0
-        step = [Work(r, r.next_tokens(self.prefill_chunk, self.context_window, drafts), False) for r in decoding]
+        step = [Work(r, r.next_tokens(self.prefill_chunk, self.context_window, drafts, len(decoding) - 1), False)
+                for r in decoding]
         prefilling = next((r for r in live if r.status is Status.PREFILL), None)
         if prefilling is not None:
             chunk = min(self.prefill_chunk, MIXED_PREFILL_CHUNK) if decoding else self.prefill_chunk

@@ -128,6 +128,24 @@ def test_expensive_verification_means_shorter_drafts():
     assert b.draft(16) == []
 
 
+def test_beside_other_requests_a_draft_must_pay_for_the_whole_steps_rows():
+    """In a batch, a request's drafts lengthen everyone's step and only it gains: at an acceptance where a
+    request alone drafts, beside three others it takes plain steps; a draft the model keeps accepting
+    still pays there, shorter."""
+    costs = StepCosts()
+    for rows in range(1, 40):
+        costs.record(rows, 0.010 + 0.0015 * (rows - 1))  # 4 rows: 1.45x one, as measured on the 135M model
+    tokens = [1, 2, 3, 4, 5, 6, 7, 8] * 4
+    s = Speculator(tokens, 16, costs)
+    s.draft(16)
+    assert s.best_length(16, 0.5) >= 1 and s.best_length(16, 0.5, others=3) == 0
+    assert s.best_length(16, 0.5, others=0) == s.best_length(16, 0.5)  # alone: the policy as it was
+    assert 1 <= s.best_length(16, 0.97, others=3) <= s.best_length(16, 0.97)
+    for _ in range(30):
+        s.verified(4, 1)  # one of each draft accepted: a = 0.5; alone it drafts, in a batch of four it does not
+    assert s.draft(16) and s.draft(16, others=3) == [] and s.not_paying
+
+
 # ---- engines
 
 
