@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import itertools
 import math
+import multiprocessing
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
@@ -108,6 +110,44 @@ def run_load(remote: RemoteEngine, prompts: list[str], clients: int, requests: i
     return report
 
 
+Load = Callable[[list[str], int, int, SamplingParams], LoadReport]  # run_load of one server, but its client
+
+
+def load_from(remote: RemoteEngine) -> Load:
+    """The load test's clients as threads of this process."""
+    return lambda prompts, clients, requests, params: run_load(remote, prompts, clients, requests, params)
+
+
+class ClientProcess:
+    """The load test's clients in a child process of their own (spawned: never a fork of a process that
+    runs an engine's threads), connected to the server at `url`; call it as a Load, close it after."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+
+    def __call__(self, prompts: list[str], clients: int, requests: int, params: SamplingParams) -> LoadReport:
+        return self._pool.submit(_run_load_at, self.url, prompts, clients, requests, params).result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> "ClientProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _run_load_at(url: str, prompts: list[str], clients: int, requests: int, params: SamplingParams) -> LoadReport:
+    """run_load in the child process, with a client of its own."""
+    remote = RemoteEngine.connect(url)
+    try:
+        return run_load(remote, prompts, clients, requests, params)
+    finally:
+        remote.close()
+
+
 def _last(events) -> Done:
     done = None
     for event in events:
@@ -130,7 +170,7 @@ class BatchingComparison:
                 "batched": self.batched.as_dict(), "speedup": round(fast / slow, 2) if slow else 0.0}
 
 
-def compare_batching(remote: RemoteEngine, batching: Callable[[int], AbstractContextManager], max_batch: int,
+def compare_batching(load: Load, batching: Callable[[int], AbstractContextManager], max_batch: int,
                      client_counts: list[int], requests: int, params: SamplingParams,
                      prompt: str) -> list[BatchingComparison]:
     """Per client count, `requests` requests one at a time (the server's engine inside `batching(1)`) and
@@ -143,6 +183,6 @@ def compare_batching(remote: RemoteEngine, batching: Callable[[int], AbstractCon
         for mode, batch in (("one", 1), ("all", max_batch))[:: 1 if n % 2 == 0 else -1]:
             prompts = [f"[{clients:02d}{mode} {i:03d}] {prompt}" for i in range(requests)]
             with batching(batch):
-                reports[mode] = run_load(remote, prompts, clients, requests, params)
+                reports[mode] = load(prompts, clients, requests, params)
         rows.append(BatchingComparison(clients, reports["one"], reports["all"]))
     return rows

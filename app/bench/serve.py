@@ -14,7 +14,8 @@ in `kvchat serve` itself (see app/tui/engine_thread.py).
 The load test then sends, at each client count (1, 4 and 8 by default), the same
 load twice: one request at a time (the engine's batch set to 1) and batched (its
 --max-batch), greedy, LOAD_TOKENS tokens each (EOS ignored, so both runs generate
-alike): requests/s, aggregate tokens/s and TTFT p50/p95 side by side.
+alike): requests/s, aggregate tokens/s and TTFT p50/p95 side by side. Its clients run
+in a child process, as a server's clients do (load_test.ClientProcess says why).
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ def run_serve_bench(args: argparse.Namespace) -> int:
 
 def _measure(args: argparse.Namespace, runner, engine: Engine) -> dict:
     """Both paths' TTFT and tokens/s per prompt, then the load test, against a server on a loopback port."""
-    from app.bench.load_test import compare_batching
+    from app.bench.load_test import ClientProcess, compare_batching
     from app.remote.client import RemoteEngine
     from app.server.api import create_app
     from app.server.serve_thread import ServerThread
@@ -139,8 +140,9 @@ def _measure(args: argparse.Namespace, runner, engine: Engine) -> dict:
                             samples[(name, path)].append(sample)
             load_params = SamplingParams(temperature=0, max_tokens=LOAD_TOKENS, ignore_eos=True)
             requests = min(args.requests, QUICK_LOAD_REQUESTS) if quick else args.requests
-            load = compare_batching(remote, engine.batching, engine.options.max_batch, args.clients, requests,
-                                    load_params, SHORT)
+            with ClientProcess(server.url) as clients:
+                load = compare_batching(clients, engine.batching, engine.options.max_batch, args.clients, requests,
+                                        load_params, SHORT)
         finally:
             remote.close()
     rows = [_row(name, engine, text, samples[(name, "local")], samples[(name, "served")])

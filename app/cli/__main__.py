@@ -2,4 +2,5 @@
 
 from app.cli.main import run
 
-run()
+if __name__ == "__main__":  # not when a spawned child process (the serve bench's clients) imports it
+    run()

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 
 import pytest
 
-from app.bench.load_test import compare_batching
+from app.bench.load_test import ClientProcess, compare_batching, load_from
 from app.remote.client import RemoteEngine
 from app.server.api import create_app
 from engine import SamplingParams
@@ -38,7 +39,7 @@ def test_each_client_count_runs_one_at_a_time_then_batched_with_prompts_of_their
     with Server(create_app(engine)) as server:
         remote = RemoteEngine.connect(server.url)
         try:
-            rows = compare_batching(remote, batching, 4, [1, 3], 6, params, "Tell me about caches")
+            rows = compare_batching(load_from(remote), batching, 4, [1, 3], 6, params, "Tell me about caches")
         finally:
             remote.close()
     assert [row.clients for row in rows] == [1, 3]
@@ -50,3 +51,17 @@ def test_each_client_count_runs_one_at_a_time_then_batched_with_prompts_of_their
     assert widest[4] >= 2  # batched: three clients' requests shared steps
     assert len(set(prompts)) == len(prompts) == 4 * 6  # no run reused another's prompt from the cache
     assert rows[1].as_dict()["speedup"] == round(rows[1].batched.tokens_per_s / rows[1].one_at_a_time.tokens_per_s, 2)
+
+
+@pytest.mark.slow  # spawns a Python process (~2 s)
+def test_the_clients_process_runs_the_load_in_a_process_of_its_own(tiny_engine):
+    """What the serve bench uses: the clients run in another process than the server's, and their report comes
+    back whole."""
+    engine = with_fresh_cache(tiny_engine)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    with Server(create_app(engine)) as server, ClientProcess(server.url) as clients:
+        report = clients(["Say hi", "Say bye"], 2, 4, params)
+        pids = clients._pool.submit(os.getpid).result(), os.getpid()
+    assert report.completed == 4 and report.failures == [] and report.wall_s > 0
+    assert all(r.generated_tokens == 8 for r in report.results)
+    assert pids[0] != pids[1]
