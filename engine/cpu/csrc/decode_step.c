@@ -54,13 +54,21 @@ static inline double now_seconds(void) {
     return ts.tv_sec + 1e-9 * ts.tv_nsec;
 }
 
-/* The CPU time the calling thread has run (0 where the clock is missing: then no time counts as lost). */
+/* The CPU time the calling thread has run; where that clock is missing, the wall clock (no time counts as
+ * spent off the core). */
 static inline double thread_cpu_seconds(void) {
 #ifdef CLOCK_THREAD_CPUTIME_ID
     struct timespec ts;
     if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) == 0) return ts.tv_sec + 1e-9 * ts.tv_nsec;
 #endif
-    return 0;
+    return now_seconds();
+}
+
+/* A clocked step's thread adds -start at its start and +end at its end (nothing kept in registers across
+ * the step: the hot loops' code is the same whether a step is clocked or not). */
+static void add_run_clock(double *ran, double sign) {
+    ran[0] += sign * now_seconds();
+    ran[1] += sign * thread_cpu_seconds();
 }
 
 /* Phases of a step, for `kvchat bench --profile` (engine/bench/decode_profile.py names them). */
@@ -285,8 +293,7 @@ void kc_forward_batch(const kc_model *M, const kc_sequence *seqs, int count, con
         float *normed = mine, *attn = normed + (int64_t)rows * hidden, *scores = attn + (int64_t)rows * q_size;
         int n0, n1;
         double *clock = M->profile ? M->profile + (int64_t)t * PHASES : 0, last_ = clock ? now_seconds() : 0;
-        double *ran = M->run_clock ? M->run_clock + (int64_t)t * 2 : 0;
-        const double wall0 = ran ? now_seconds() : 0, cpu0 = ran ? thread_cpu_seconds() : 0;
+        if (M->run_clock) add_run_clock(M->run_clock + (int64_t)t * 2, -1.0);
 
         for (int l = 0; l < M->layers; l++) {
             const kc_layer *L = &M->layer[l];
@@ -420,11 +427,7 @@ void kc_forward_batch(const kc_model *M, const kc_sequence *seqs, int count, con
         kc_thread_columns(M->vocab, t, T, &n0, &n1);
         parts_columns(&M->lm_head, normed, B.out_rows, logits, n0, n1);
         MARK(PHASE_LM_HEAD);
-        if (ran) {
-            const double wall = now_seconds() - wall0, cpu1 = thread_cpu_seconds();
-            ran[0] += wall;
-            ran[1] += cpu0 > 0 && cpu1 > 0 ? cpu1 - cpu0 : wall;
-        }
+        if (M->run_clock) add_run_clock(M->run_clock + (int64_t)t * 2, 1.0);
     }
 }
 
