@@ -18,7 +18,7 @@ at 0.18x. Measured on 2 cores, the largest share of a two-thread step any thread
 under 0.01 in 90% of steps; beside a busy loop, 0.32 in half of them; beside a one-thread kvchat, 0.50; in
 `kvchat serve` with 4 streaming clients in the same process, 0.03-0.05 at the 90th percentile (its own event
 loop runs briefly between a step's barriers). An earlier rule counted the whole process's involuntary
-context switches instead: the server's (or the TUI's) own event loop preempted a compute thread in most
+context switches instead: the server's own event loop preempted a compute thread in most
 steps, so every try of two threads lost and the server decoded, batched and prefilled on one thread.
 """
 

@@ -91,7 +91,7 @@ def test_a_faster_try_of_more_threads_that_shared_a_core_loses():
 
 
 def test_a_try_beside_its_own_processes_event_loop_wins():
-    """The server's or the TUI's event loop takes a core for a moment between a step's barriers (0.03-0.05
+    """The server's own event loop takes a core for a moment between a step's barriers (0.03-0.05
     off-core share at the 90th percentile, measured): not another process. Counting the process's context
     switches instead, every such try lost and the server ran on one thread."""
     choice = DecodeThreads(2)
