@@ -106,8 +106,9 @@ class StepLoop:
             try:
                 start = time.perf_counter()
                 logits = self.runner.run(step)
-                if len(step) == 1 and not step[0].prefill:
-                    self.step_costs.record(len(step[0].token_ids), time.perf_counter() - start)
+                if not any(work.prefill for work in step):  # by requests and rows (speculation.StepCosts)
+                    self.step_costs.record(sum(len(work.token_ids) for work in step), time.perf_counter() - start,
+                                           len(step))
             except Exception as exc:  # the whole step failed: so did every request in it
                 for work in step:
                     self._fail(work.request, exc)

@@ -33,7 +33,7 @@ PROMPT = list(b'{"ok": true, "n": 1, "tag": "x"} {"ok": false, "n": 22, "tag": "
 def verifying_is_free(monkeypatch):
     """Draft whenever there is a proposal (as tests/engine/request/test_speculative.py does), so drafts are
     verified, and some broken by the grammar."""
-    monkeypatch.setattr(StepCosts, "ratio", lambda self, rows: 1.0)
+    monkeypatch.setattr(StepCosts, "ratio", lambda self, rows, requests=1: 1.0)
 
 
 @pytest.fixture(scope="module")

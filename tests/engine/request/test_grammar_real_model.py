@@ -35,7 +35,7 @@ def reply(engine, text, draft_tokens=0, **params) -> Done:
 @pytest.fixture(autouse=True)
 def verifying_is_free(monkeypatch):
     """Draft whenever there is a proposal, so drafts are verified (test_speculative.py does the same)."""
-    monkeypatch.setattr(StepCosts, "ratio", lambda self, rows: 1.0)
+    monkeypatch.setattr(StepCosts, "ratio", lambda self, rows, requests=1: 1.0)
 
 
 def test_a_greedy_reply_under_a_schema_is_a_valid_tool_call(default_engine):

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from engine import Engine, EngineOptions, SamplingParams
 from engine.events import Done, TokenDelta
 from engine.request.ngram_draft import MAX_N, MIN_N, NGramDrafter
-from engine.request.speculation import Acceptance, Speculator, StepCosts
+from engine.request.speculation import PRIOR_ROW_COST, Acceptance, Speculator, StepCosts
 from tests.examples import examples
 from tests.greedy_ties import assert_same_greedy
 from tests.tiny_models import IM_END, make_tiny_model
@@ -146,6 +146,21 @@ def test_beside_other_requests_a_draft_must_pay_for_the_whole_steps_rows():
     assert s.draft(16) and s.draft(16, others=3) == [] and s.not_paying
 
 
+def test_a_batchs_rows_are_priced_at_what_a_batch_costs_not_one_requests_verify():
+    """One request's token and four drafts cost little more than its token alone (its K/V read once); four
+    requests' tokens cost far more (each reads its own). A batch's drafts are priced from the batch's steps."""
+    costs = StepCosts()
+    costs.record(1, 0.010)
+    costs.record(5, 0.011)  # one request verifying 4 drafts: 1.1x
+    costs.record(4, 0.015, requests=4)  # four requests, a token each: 1.5x
+    assert costs.ratio(5) == pytest.approx(1.1)
+    assert costs.ratio(4, requests=4) == pytest.approx(1.5)
+    assert costs.ratio(5, requests=4) == pytest.approx(1.5 + PRIOR_ROW_COST)  # the batch's step, a row more
+    s = Speculator([1, 2, 3, 4, 5, 6, 7, 8] * 4, 16, costs)
+    s.draft(16)
+    assert s.best_length(4, 0.45) >= 1 and s.best_length(4, 0.45, others=3) == 0
+
+
 # ---- engines
 
 
@@ -168,7 +183,7 @@ def verifying_is_free(request, monkeypatch):
     overhead makes verifying look dear, and the policy (tested above) would rarely draft at all."""
     if "engine" in request.fixturenames or "peaked_model_dir" in request.fixturenames \
             or "tiny_model_dir" in request.fixturenames:
-        monkeypatch.setattr(StepCosts, "ratio", lambda self, rows: 1.0)
+        monkeypatch.setattr(StepCosts, "ratio", lambda self, rows, requests=1: 1.0)
 
 
 @pytest.fixture(scope="module")
@@ -231,7 +246,7 @@ def test_a_reply_reports_whether_drafting_is_paused_because_it_did_not_pay(engin
     prompt = list(b"the cat sat on the mat. the cat sat on the mat. the cat sat on the mat. the cat")
     drafting, _ = reply(engine, prompt, 8, max_tokens=30)
     assert drafting.stats.draft_tokens > 0 and not drafting.stats.drafting_paused
-    monkeypatch.setattr(StepCosts, "ratio", lambda self, rows: float(rows))  # verifying as dear as stepping
+    monkeypatch.setattr(StepCosts, "ratio", lambda self, rows, requests=1: float(rows))  # verifying as dear as stepping
     paused, _ = reply(engine, prompt, 8, max_tokens=30)
     assert paused.stats.drafting_paused and paused.stats.draft_tokens == 0
 
