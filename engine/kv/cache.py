@@ -13,7 +13,6 @@ from typing import Protocol
 import torch
 
 from engine.attention.dense import attend
-from engine.kv.huge_pages import advise_huge_pages
 from engine.recurrent.state import STALE, LayerState, SequenceState
 
 
@@ -102,8 +101,9 @@ class ContiguousKVCache(KVCache):
         grown = max(needed, 2 * self.capacity)
         grown = min(self._max_tokens, -(-grown // quantum) * quantum)
         layers, heads, _, dim = self._shape
-        k = advise_huge_pages(torch.empty((layers, heads, grown, dim), device=self._device, dtype=self._dtype))
-        v = advise_huge_pages(torch.empty_like(k))
+        # Ordinary pages, as the pool's (kv/pool.py says why): decode at 2,048 tokens read them as fast.
+        k = torch.empty((layers, heads, grown, dim), device=self._device, dtype=self._dtype)
+        v = torch.empty_like(k)
         k[:, :, : self._length] = self._k[:, :, : self._length]
         v[:, :, : self._length] = self._v[:, :, : self._length]
         self._k, self._v = k, v

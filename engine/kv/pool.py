@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import torch
 
-from engine.kv.huge_pages import advise_huge_pages
 
 
 class PoolExhausted(Exception):
@@ -23,11 +22,13 @@ class KVPool:
         if num_blocks < 1:
             raise ValueError("a KV pool needs at least one block")
         self.block_size = block_size
-        # empty, not zeros: pages are only touched when a block is first written
+        # empty, not zeros: pages are only touched when a block is first written. Ordinary pages, not
+        # transparent huge ones: in a VM whose host takes back free memory (free page reporting, as on
+        # Firecracker), a fresh 2 MiB page must be backed by the host first, and its first write stalled up to
+        # 18 ms, inside a decode step every stream of a batch waits on; a resume of 2,048 tokens from disk took
+        # 368-612 ms with huge pages asked for, 63-77 without (on bare metal they saved ~30 ms of it).
         self.data = torch.empty((num_blocks, 2, num_layers, num_kv_heads, block_size, head_dim),
                                 device=device, dtype=dtype, pin_memory=pin_memory)
-        if not pin_memory:  # pinned memory is the CUDA driver's to back
-            advise_huge_pages(self.data)
         self._free = list(range(num_blocks - 1, -1, -1))  # a stack: block 0 is handed out first
 
     @staticmethod
