@@ -130,8 +130,19 @@ class ModelRunner:
             decode_batch = self._paged_batch if self.graphs is not None else None
         if decode_batch is None or len(batched) < 2 or sum(len(w.token_ids) for w in batched) > MAX_ROWS:
             batched = []
+        elif self.fused is not None:
+            batched += self._joining(step, MAX_ROWS - sum(len(w.token_ids) for w in batched))
         together = dict(zip(map(id, batched), decode_batch(batched))) if batched else {}
         return [together[id(w)] if id(w) in together else self._forward_alone(w) for w in step]
+
+    @staticmethod
+    def _joining(step: list[Work], rows: int) -> list[Work]:
+        """The step's prompt chunk, if the fused pass of its decode batch can take it too (at most `rows`
+        rows): one pass over the weights instead of two. Its logits are the bits its own pass gives (each
+        row's sums are its own, its attention its sequence's: decode_step.c). Not a hybrid model's chunk,
+        whose recurrent state prefill() records around the pass."""
+        return [w for w in step if w.prefill and len(w.token_ids) <= rows and w.request.kv.contiguous is not None
+                and w.request.kv.state is None][:1]
 
     def _forward_alone(self, w: Work) -> torch.Tensor:
         """One request's work in a forward of its own: a prompt chunk, a decode token, or a decode token and
@@ -154,12 +165,12 @@ class ModelRunner:
         return list(logits.split(1))
 
     def _decode_batch(self, work: list[Work]) -> list[torch.Tensor]:
-        """Each request's decode token (and drafts) in one fused call; a request's logits are the bits it
-        would get alone (decode_step.c)."""
+        """Each request's decode token (and drafts), and a prompt chunk that joins them, in one fused call;
+        a request's logits are the bits it would get alone (decode_step.c)."""
         for w in work:
             w.request.kv.reserve(len(w.token_ids))
-        logits = self.fused.forward_batch([(w.token_ids, w.request.kv.contiguous, len(w.token_ids) > 1) for w in work],
-                                          self.decode_threads.current)
+        logits = self.fused.forward_batch([(w.token_ids, w.request.kv.contiguous, not w.prefill and len(w.token_ids) > 1)
+                                           for w in work], self.decode_threads.current)
         for w in work:
             w.request.kv.commit(len(w.token_ids))
         return logits
