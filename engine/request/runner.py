@@ -124,14 +124,14 @@ class ModelRunner:
         pass over the weights (continuous batching); the rest, and every other path, one forward each."""
         if self.fused is not None:
             batched = [w for w in step if not w.prefill and w.request.kv.contiguous is not None]
+            if batched:  # a decode token and a prompt chunk: one pass too
+                batched += self._joining(step, MAX_ROWS - sum(len(w.token_ids) for w in batched))
             decode_batch = self._decode_batch
         else:  # the paged step takes one token per sequence (drafts are verified on their own)
             batched = [w for w in step if not w.prefill and len(w.token_ids) == 1]
             decode_batch = self._paged_batch if self.graphs is not None else None
         if decode_batch is None or len(batched) < 2 or sum(len(w.token_ids) for w in batched) > MAX_ROWS:
             batched = []
-        elif self.fused is not None:
-            batched += self._joining(step, MAX_ROWS - sum(len(w.token_ids) for w in batched))
         together = dict(zip(map(id, batched), decode_batch(batched))) if batched else {}
         return [together[id(w)] if id(w) in together else self._forward_alone(w) for w in step]
 

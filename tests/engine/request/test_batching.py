@@ -189,6 +189,19 @@ def test_a_prompt_arriving_while_others_decode_joins_their_pass_and_gets_its_own
     assert joined and all(call.count((1, False)) == 2 for call in joined)  # two decode tokens and the prompt
 
 
+def test_a_prompt_arriving_while_one_request_decodes_joins_its_pass(tiny_model_dir, monkeypatch):
+    engine = Engine.load(EngineOptions(model=str(tiny_model_dir), dtype="float32", max_batch=4,
+                                       speculative="off"))
+    calls = []
+    batch = FusedCPUDecode.forward_batch
+    monkeypatch.setattr(FusedCPUDecode, "forward_batch", lambda self, items, threads: calls.append(
+        [(len(ids), every) for ids, _, every in items]) or batch(self, items, threads))
+    requests = [(tokens(12, seed=30), 20, 0, None), (tokens(25, seed=31), 10, 4, None)]
+    got, _ = together(engine, requests)
+    assert got == [solo(engine, prompt, n) for prompt, n, _, _ in requests]
+    assert [(1, False), (25, False)] in calls
+
+
 def test_the_paged_path_decodes_every_running_requests_token_in_one_step(tiny_model_dir, monkeypatch):
     from engine.decode.graph_runner import DecodeRunner
 
