@@ -172,34 +172,33 @@ def test_one_step_computes_every_running_requests_token(tiny_model_dir, monkeypa
         assert list(d.token_ids) == solo(engine, prompt, 20)
 
 
-def test_a_prompt_arriving_while_others_decode_joins_their_pass_and_gets_its_own_tokens(tiny_model_dir, monkeypatch):
-    """A short prompt chunk rides in the decode batch's fused pass (one pass over the weights, not two);
-    its rows' sums are its own, so every reply is the one it gets alone, bit for bit."""
+def passes_of(requests, tiny_model_dir, monkeypatch):
+    """Run `requests` together (speculation off) on a fresh engine, nothing of them cached; check each reply
+    is the one it gets alone, bit for bit; return every fused pass's sequences as (rows, all_logits)."""
     engine = Engine.load(EngineOptions(model=str(tiny_model_dir), dtype="float32", max_batch=4,
                                        speculative="off"))
     calls = []
     batch = FusedCPUDecode.forward_batch
     monkeypatch.setattr(FusedCPUDecode, "forward_batch", lambda self, items, threads: calls.append(
         [(len(ids), every) for ids, _, every in items]) or batch(self, items, threads))
+    got, _ = together(engine, requests)
+    assert got == [solo(engine, prompt, n) for prompt, n, _, _ in requests]
+    return calls
+
+
+def test_a_prompt_arriving_while_others_decode_joins_their_pass_and_gets_its_own_tokens(tiny_model_dir, monkeypatch):
+    """A short prompt chunk rides in the decode batch's fused pass (one pass over the weights, not two);
+    its rows' sums are its own, so every reply is the one it gets alone, bit for bit."""
     requests = [(tokens(12, seed=20), 24, 0, None), (tokens(9, seed=21), 24, 0, None),
                 (tokens(30, seed=22), 12, 6, None)]
-    got, _ = together(engine, requests)  # first: nothing of the prompts cached yet
-    assert got == [solo(engine, prompt, n) for prompt, n, _, _ in requests]
+    calls = passes_of(requests, tiny_model_dir, monkeypatch)
     joined = [call for call in calls if len(call) == 3 and (30, False) in call]
     assert joined and all(call.count((1, False)) == 2 for call in joined)  # two decode tokens and the prompt
 
 
 def test_a_prompt_arriving_while_one_request_decodes_joins_its_pass(tiny_model_dir, monkeypatch):
-    engine = Engine.load(EngineOptions(model=str(tiny_model_dir), dtype="float32", max_batch=4,
-                                       speculative="off"))
-    calls = []
-    batch = FusedCPUDecode.forward_batch
-    monkeypatch.setattr(FusedCPUDecode, "forward_batch", lambda self, items, threads: calls.append(
-        [(len(ids), every) for ids, _, every in items]) or batch(self, items, threads))
     requests = [(tokens(12, seed=30), 20, 0, None), (tokens(25, seed=31), 10, 4, None)]
-    got, _ = together(engine, requests)
-    assert got == [solo(engine, prompt, n) for prompt, n, _, _ in requests]
-    assert [(1, False), (25, False)] in calls
+    assert [(1, False), (25, False)] in passes_of(requests, tiny_model_dir, monkeypatch)
 
 
 def test_the_paged_path_decodes_every_running_requests_token_in_one_step(tiny_model_dir, monkeypatch):
