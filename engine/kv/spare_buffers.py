@@ -1,8 +1,7 @@
 """SpareBuffers: the contiguous K/V buffers of requests that ended, kept for the next requests.
 
-A fresh buffer costs its page faults again (~60 ms for 2k tokens of SmolLM2 in fp32; ~6 ms for the 256
-positions of a short request, a tenth of its time through a busy server), and a chat's next turn starts with
-exactly the positions its last one left, so those need no gather from the pool. Several buffers are kept,
+A fresh buffer costs its page faults again (~60 ms for 2k tokens of SmolLM2 in fp32), and a chat's next
+turn starts with exactly the positions its last one left, so those need no gather from the pool. Several buffers are kept,
 as many as requests run at once: a server's conversations each find their own (the buffer whose positions
 share the longest prefix with the prompt), and a burst of concurrent requests does not allocate again.
 What they hold together beyond the largest stays within a budget (the prefix cache's pool size), so a burst
