@@ -114,10 +114,10 @@ class Engine:
         self.tokenizer = tokenizer
         self.info = info
         self.options = options
+        max_batch = _max_batch(options)
         self.runner = ModelRunner(model, prefix_cache, options.paged_kv, options.cuda_graphs, options.compile,
-                                  options.fused_decode, _max_batch(options))
-        self._loop = StepLoop(self.runner, tokenizer, options.prefill_chunk, _draft_tokens(options),
-                              _max_batch(options))
+                                  options.fused_decode, max_batch)
+        self._loop = StepLoop(self.runner, tokenizer, options.prefill_chunk, _draft_tokens(options), max_batch)
         self._fingerprint = fingerprint
         self._fingerprint_lock = threading.Lock()
 

@@ -1,13 +1,12 @@
 """SpareBuffers: the contiguous K/V buffers of requests that ended, kept for the next requests.
 
 A fresh buffer costs its page faults again (~60 ms for 2k tokens of SmolLM2 in fp32), and a chat's next
-turn starts with exactly the positions its last one left, so those need no gather from the pool. Several buffers are kept,
-as many as requests run at once: a server's conversations each find their own (the buffer whose positions
-share the longest prefix with the prompt), and a burst of concurrent requests does not allocate again.
-What they hold together beyond the largest stays within a budget (the prefix cache's pool size), so a burst
-of long requests does not keep their peak for good; the oldest go first.
-Used by the contiguous and working-copy strategies; called under the engine's lock.
-"""
+turn starts with exactly the positions its last one left, so those need no gather from the pool. Several
+buffers are kept, as many as requests run at once: a server's conversations each find their own (the
+buffer whose positions share the longest prefix with the prompt), and a burst of concurrent requests does
+not allocate again. What they hold together beyond the largest stays within a budget (the prefix cache's
+pool size), so a burst of long requests does not keep their peak for good; the oldest go first.
+Used by the contiguous and working-copy strategies; called under the engine's lock."""
 
 from __future__ import annotations
 
@@ -36,12 +35,11 @@ class SpareBuffers:
         """A buffer for the prompt, and how many of its leading positions already hold it: the kept one that
         shares most of the prompt (the largest among equals, which regrows least), else a new one."""
         if self._kept:
-            best = max(range(len(self._kept)),
-                       key=lambda i: (common_prefix_length(self._kept[i][1], prompt_ids), self._kept[i][0].capacity))
-            buffer, held = self._kept.pop(best)
+            valid, _, best = max((common_prefix_length(held, prompt_ids), kept.capacity, i)
+                                 for i, (kept, held) in enumerate(self._kept))
+            buffer, _ = self._kept.pop(best)
         else:
-            buffer, held = self._new_buffer(), []
-        valid = common_prefix_length(held, prompt_ids)
+            buffer, valid = self._new_buffer(), 0
         buffer.truncate(valid)
         buffer.reserve(min(self._context_window, len(prompt_ids) + HEADROOM) - valid)
         return buffer, valid

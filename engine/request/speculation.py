@@ -95,7 +95,7 @@ class Speculator:
 
     def draft(self, limit: int, others: int = 0) -> list[int]:
         """Draft tokens for the next step (at most `limit`, what the reply has room for); [] = a plain step.
-        `others`: the rows the step computes for the other requests decoding with this one."""
+        `others`: how many other requests decode in the same step (a token each)."""
         if self.drafter is None:
             self.drafter = NGramDrafter(self.tokens)  # ~0.7 ms per 1,000 tokens
             self.tokens = []  # the drafter has its own copy now
