@@ -4,7 +4,7 @@ Clients send chat and text completions, streamed or not, one or two candidates, 
 some leave early: a stream closed after a few chunks, a non-streaming request whose socket closes
 before the reply; some send what the server refuses (bad JSON, wrong types, unknown fields, a prompt
 too long). The KV pool is small, so requests are preempted and cached blocks
-evicted under the load. The process's RSS is recorded after every request: its peak may exceed the
+evicted under the load; a last request for eight long sampled replies at once outgrows it on any machine. The process's RSS is recorded after every request: its peak may exceed the
 start by the KV pool's size (its pages are touched as blocks are first written) plus a margin, never
 more. Afterwards: no request holds a KV block (every one is free or the prefix cache's), and every
 completed greedy reply is the one the same request gets alone.
@@ -35,6 +35,7 @@ from tests.app.server.serve_requests import no_request_holds_blocks
 SOAK_S = 20  # of random load; the whole test stays under a minute on two cores
 CLIENTS = 6
 POOL_BLOCKS = 24  # a long reply needs 8 (118 tokens): eight running requests outgrow it
+BURST = 8  # seeded candidates of one long request (the engine's batch): 3-4 blocks each of their own
 RSS_MARGIN_BYTES = 64 * 2**20  # beyond the pool: allocator arenas, activations; a leak of a request's
 # buffers or of its text (some refused requests carry half a MiB) outgrows it within seconds
 HANG_GUARD_S = 30
@@ -143,6 +144,16 @@ class Soak:
                 with self.lock:
                     self.rss.append(rss_bytes())
 
+    def burst(self) -> tuple[dict, list[tuple[str, str]]]:
+        """One request for BURST long sampled replies at once, and its replies: they outgrow the pool whatever
+        the random load did (on a busy core the clients' requests rarely overlap enough; greedy candidates
+        would not do, their identical blocks are shared), so preemption is exercised every run."""
+        body = {"model": self.model, "prompt": PROMPTS[0], "max_tokens": max(MAX_TOKENS), "ignore_eos": True,
+                "n": BURST, "stream": False, "temperature": 0.9, "seed": 7}
+        response = httpx.post(f"{self.server.url}/v1/completions", json=body, timeout=HANG_GUARD_S)
+        assert response.status_code == 200, response.text
+        return body, texts_of("completions", response.json())
+
     def refuse(self, http: httpx.Client, path: str, data: bytes) -> None:
         response = http.post(path, content=data, headers={"Content-Type": "application/json"})
         with self.lock:
@@ -222,17 +233,21 @@ def test_random_clients_that_cancel_and_disconnect_leave_no_block_held_and_greed
         for client in clients:
             client.join(timeout=SOAK_S + HANG_GUARD_S)
         assert not any(client.is_alive() for client in clients), "a client hung"
+        burst, burst_replies = soak.burst()
         wait_until(lambda: not runner.active, timeout=HANG_GUARD_S, what="every generation to end")
         wait_until(lambda: no_request_holds_blocks(engine), timeout=HANG_GUARD_S, what="every block to be given back")
         soak.rss.append(rss_bytes())
         greedy = [(path, body, replies) for path, body, replies in soak.completed if body["temperature"] == 0]
         solo = solo_replies(server, [(path, body) for path, body, _ in greedy])
+        burst_solo = [solo_replies(server, [("completions", {**burst, "seed": burst["seed"] + i})]).popitem()[1]
+                      for i in range(BURST)]  # candidate i samples with seed + i (app/server/api.py)
     wrong = [(path, body, reply, solo[solo_key(path, body)]) for path, body, replies in greedy for reply in replies
              if reply != solo[solo_key(path, body)]]
     assert soak.errors == []
     assert len(greedy) >= 20 and min(soak.left.values()) >= 3 and soak.refused >= 10, \
         (len(greedy), soak.left, soak.refused)
-    assert preempted  # the pool was too small for the load: preemption was exercised
+    assert preempted  # the pool was too small for the burst (and most runs' random load): preemption was exercised
+    assert len(set(burst_replies)) > 1 and burst_replies == burst_solo  # preempted candidates resume exactly
     assert wrong == []  # each batched, preempted or cache-hit greedy reply is its request's reply alone
     pool = engine.prefix_cache.pool.data.nbytes
     peak = max(soak.rss) - before
