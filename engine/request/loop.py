@@ -100,7 +100,7 @@ class StepLoop:
             for request in list(self.scheduler.running):
                 if request.cancelled.is_set() and not request.finished:
                     self._finish(request, "stopped")
-            step = self._reserved(self.scheduler.plan())
+            step = self._reserved(self.scheduler.plan(self.runner.joined_rows))
             if not step:
                 return
             try:

@@ -117,32 +117,41 @@ class ModelRunner:
         """The most decode tokens (drafts included) one step of all running requests takes."""
         return MAX_ROWS
 
+    @property
+    def joined_rows(self) -> int:
+        """The most rows of one fused pass with prompt chunks in it (0: a prompt chunk has a pass of its
+        own). Not a hybrid model's: prefill() records its recurrent state around the chunk's own pass."""
+        return self.fused.max_rows if self.fused is not None and self.model.cfg.hybrid is None else 0
+
     def run(self, step: list[Work]) -> list[torch.Tensor]:
         """Per work item, its K/V computed into its request's KV (not yet final: the step loop finalises) and
         logits: [1, vocab] of a prompt chunk's last token or a decode token, [T, vocab] after each token of
         a decode token and its drafts. Several requests' decode tokens go through the fused C step in one
-        pass over the weights (continuous batching); the rest, and every other path, one forward each."""
+        pass over the weights (continuous batching), and the prompt chunks that fit beside them; the rest,
+        and every other path, one forward each."""
         if self.fused is not None:
             batched = [w for w in step if not w.prefill and w.request.kv.contiguous is not None]
-            if batched:  # a decode token and a prompt chunk: one pass too
-                batched += self._joining(step, MAX_ROWS - sum(len(w.token_ids) for w in batched))
+            batched += self._joining(step, self.joined_rows - sum(len(w.token_ids) for w in batched))
             decode_batch = self._decode_batch
         else:  # the paged step takes one token per sequence (drafts are verified on their own)
             batched = [w for w in step if not w.prefill and len(w.token_ids) == 1]
             decode_batch = self._paged_batch if self.graphs is not None else None
-        if decode_batch is None or len(batched) < 2 or sum(len(w.token_ids) for w in batched) > MAX_ROWS:
+        if decode_batch is None or len(batched) < 2:
             batched = []
         together = dict(zip(map(id, batched), decode_batch(batched))) if batched else {}
         return [together[id(w)] if id(w) in together else self._forward_alone(w) for w in step]
 
     @staticmethod
     def _joining(step: list[Work], rows: int) -> list[Work]:
-        """The step's prompt chunk, if the fused pass of its decode batch can take it too (at most `rows`
-        rows): one pass over the weights instead of two. Its logits are the bits its own pass gives (each
-        row's sums are its own, its attention its sequence's: decode_step.c). Not a hybrid model's chunk,
-        whose recurrent state prefill() records around the pass."""
-        return [w for w in step if w.prefill and len(w.token_ids) <= rows and w.request.kv.contiguous is not None
-                and w.request.kv.state is None][:1]
+        """The step's prompt chunks that the fused pass of its decode tokens can take too, in order while
+        they fit in `rows` rows: one pass over the weights instead of one each. A chunk's logits are the
+        bits its own pass gives (each row's sums are its own, its attention its sequence's: decode_step.c)."""
+        joining = []
+        for w in step:
+            if w.prefill and w.request.kv.contiguous is not None and len(w.token_ids) <= rows:
+                joining.append(w)
+                rows -= len(w.token_ids)
+        return joining
 
     def _forward_alone(self, w: Work) -> torch.Tensor:
         """One request's work in a forward of its own: a prompt chunk, a decode token, or a decode token and

@@ -2,9 +2,12 @@
 
 A step is a list of Work: which tokens of which requests go into the next forward pass. Up to
 `max_batch` requests run at once, admitted oldest first as others finish. Each step takes the decode
-token (and the drafts to verify) of every decoding request, and one prompt chunk of the oldest request
+token (and the drafts to verify) of every decoding request, and a prompt chunk of the oldest request
 still prefilling: the whole chunk when nobody decodes, at most MIXED_PREFILL_CHUNK tokens while others
-do, so a long new prompt slows the streams already running instead of freezing them.
+do, so a long new prompt slows the streams already running instead of freezing them. Newer prompts
+share what is left of that chunk while the step's rows fit in one fused pass (`joined_rows`, the
+runner's): requests arriving together are prefilled in one pass over the weights, not one each. A
+prompt that would need a pass of its own waits: it would only delay the tokens of the ones before it.
 
 Decode tokens of one step share `decode_rows` (the most tokens one batched decode forward takes): each
 decoding request has one, and drafts share what is left.
@@ -49,18 +52,25 @@ class Scheduler:
         self.running.append(request)
         return request
 
-    def plan(self) -> list[Work]:
-        """The next step: every decoding request's next tokens, and one prompt chunk."""
+    def plan(self, joined_rows: int = 0) -> list[Work]:
+        """The next step: every decoding request's next tokens, and prompt chunks (the module says which);
+        `joined_rows`: the most rows one fused pass takes with prompt chunks in it (0: none joins)."""
         live = [r for r in self.running if not r.finished]
         decoding = [r for r in live if r.status is Status.DECODE]
         spare = max(0, self.decode_rows - len(decoding))
         drafts = spare // len(decoding) if decoding else 0
         step = [Work(r, r.next_tokens(self.prefill_chunk, self.context_window, drafts, len(decoding) - 1), False)
                 for r in decoding]
-        prefilling = next((r for r in live if r.status is Status.PREFILL), None)
-        if prefilling is not None:
-            chunk = min(self.prefill_chunk, MIXED_PREFILL_CHUNK) if decoding else self.prefill_chunk
-            step.append(Work(prefilling, prefilling.next_tokens(chunk, self.context_window, 0), True))
+        chunk = min(self.prefill_chunk, MIXED_PREFILL_CHUNK) if decoding else self.prefill_chunk
+        rows = sum(len(work.token_ids) for work in step)
+        for request in (r for r in live if r.status is Status.PREFILL):
+            tokens = request.next_tokens(chunk, self.context_window, 0)
+            if any(work.prefill for work in step) and rows + len(tokens) > joined_rows:
+                break
+            step.append(Work(request, tokens, True))
+            rows, chunk = rows + len(tokens), chunk - len(tokens)
+            if chunk == 0:
+                break
         return step
 
     def preempt(self, request: Request) -> None:

@@ -95,12 +95,17 @@ def test_greedy_replies_are_equal_cached_uncached_chunked_and_speculative(engine
         assert solo(plain, prompt) == first  # no cache, prefilled 16 tokens at a time, no drafts
 
 
-def test_requests_decoded_together_give_their_solo_replies(engine):
+def test_requests_decoded_together_give_their_solo_replies(engine, gguf_path, monkeypatch):
     prompts = [tokens(20 + 15 * i, seed=20 + i, repeat=i % 2 == 0) for i in range(4)]
-    expected = [solo(engine, p) for p in prompts]
+    fused, passes = engine.runner.fused, []
+    batch = fused.forward_batch
+    monkeypatch.setattr(fused, "forward_batch", lambda items, threads: passes.append(
+        [len(ids) for ids, _, _ in items]) or batch(items, threads))
     done = {i: event for i, event in interleave([engine.generate(p, GREEDY) for p in prompts])
             if isinstance(event, Done)}
-    assert [list(done[i].token_ids) for i in range(len(prompts))] == expected
+    assert passes[0] == [20, 35, 50, 65]  # the four prompts arrived together: one pass over the weights
+    alone = Engine.load(EngineOptions(model=str(gguf_path), dtype="float32", prefix_caching=False))  # K/V its own
+    assert [list(done[i].token_ids) for i in range(len(prompts))] == [solo(alone, p) for p in prompts]
 
 
 def test_a_conversation_resumed_from_exported_kv_equals_recomputing_it(engine, gguf_path):

@@ -201,6 +201,19 @@ def test_a_prompt_arriving_while_one_request_decodes_joins_its_pass(tiny_model_d
     assert [(1, False), (25, False)] in passes_of(requests, tiny_model_dir, monkeypatch)
 
 
+def test_prompts_arriving_together_are_prefilled_in_one_pass(tiny_model_dir, monkeypatch):
+    requests = [(tokens(10, seed=40), 6, 0, None), (tokens(14, seed=41), 6, 0, None), (tokens(9, seed=42), 6, 0, None)]
+    assert passes_of(requests, tiny_model_dir, monkeypatch)[0] == [(10, False), (14, False), (9, False)]
+
+
+def test_a_prompt_too_long_to_share_the_pass_waits_for_the_next_step(tiny_model_dir, monkeypatch):
+    """Two prompts of 30 (the fp32 fused pass takes 48 rows): the second would need a pass of its own,
+    which would only hold up the first's first token; it joins the first's decode pass instead."""
+    requests = [(tokens(30, seed=50), 6, 0, None), (tokens(30, seed=51), 6, 0, None)]
+    calls = passes_of(requests, tiny_model_dir, monkeypatch)
+    assert calls[:2] == [[(30, False)], [(1, False), (30, False)]]
+
+
 def test_the_paged_path_decodes_every_running_requests_token_in_one_step(tiny_model_dir, monkeypatch):
     from engine.decode.graph_runner import DecodeRunner
 
