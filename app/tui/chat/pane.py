@@ -3,12 +3,12 @@
 `ChatPane` owns the reply's state: the view of the reply being written, whether the inspector follows it,
 the message queued meanwhile, and stopping it (Esc, Ctrl+C). The engine thread posts the reply's events to
 it (engine_events.py), and the message box's Enter reaches it first, slash commands going through
-SlashCommands (commands.py). Objects it owns do the rest, each stating what it uses of the pane as a
-Protocol: ReplyStream (a reply streamed, with its prefill progress: stream.py), Branches (regenerate, edit,
-switch: branches.py), AlternativesWriter (Regenerate N: alternatives.py), WaysOn (a conversation that no
-longer fits: overflow.py) and ToolUse (the tools a message's replies may call: tool_use.py). The
-conversation's session and the engine are the app's, whose ModelSession loads and opens them (ChatHost);
-the chat logic is ChatSession's.
+SlashCommands (commands.py), messages through Outbox (outbox.py: sent, or queued while a reply is written).
+Objects it owns do the rest, each stating what it uses of the pane as a Protocol: ReplyStream (a reply
+streamed, with its prefill progress: stream.py), Branches (regenerate, edit, switch: branches.py),
+AlternativesWriter (Regenerate N: alternatives.py), WaysOn (a conversation that no longer fits: overflow.py)
+and ToolUse (the tools a message's replies may call: tool_use.py). The conversation's session and the engine
+are the app's, whose ModelSession loads and opens them (ChatHost); the chat logic is ChatSession's.
 """
 
 from __future__ import annotations
@@ -22,20 +22,18 @@ from textual.containers import Vertical
 from textual.widgets import Static, TextArea
 
 from app.tui import slash_commands
-from app.chat.prompt.context_room import ConversationTooLong
-from app.chat.errors import USER_FACING_ERRORS
 from app.chat.session import ChatMessage
 from app.tui.alternative_events import AlternativeEnded, AlternativesDone, AlternativesProgress
 from app.tui.chat.alternatives import AlternativesWriter
 from app.tui.chat.branches import Branches
 from app.tui.chat.commands import SlashCommands
+from app.tui.chat.outbox import Outbox
 from app.tui.chat.overflow import OverflowReport, SummaryDone, SummaryPass, WaysOn
 from app.tui.chat.stream import ReplyStream
 from app.tui.chat.tool_events import (LoopReplyDone, ToolCallAsked, ToolCallBegan, ToolCallEnded, ToolLoopStopped,
                                       ToolRoundBegan)
 from app.tui.chat.tool_use import ToolUse
 from app.tui.engine_events import ReplyDone, ReplyStats, ReplyText
-from app.chat.saved.conversation import ConversationChanged
 from app.tui.token_meter import box_reading, conversation_used
 from app.tui.widgets.box_notice import BoxNotice
 from app.tui.widgets.chat_view import ChatView
@@ -44,7 +42,6 @@ from app.tui.widgets.messages import AssistantMessageView, MessageView, UserMess
 from app.tui.widgets.prompt_input import PromptInput
 from app.tui.widgets.loop_timeline import loop_messages, timeline_lines
 from app.tui.widgets.status_bar import clip
-from engine import ContextWindowError
 
 if TYPE_CHECKING:
     from app.chat.backend import Backend
@@ -104,6 +101,7 @@ class ChatPane(Vertical):
         self.commands = SlashCommands(self)
         self.branches = Branches(self)
         self.tool_use = ToolUse(self)
+        self.outbox = Outbox(self)
 
     def compose(self) -> ComposeResult:
         messages = ChatView(id="messages")
@@ -157,9 +155,9 @@ class ChatPane(Vertical):
         if not text:
             return
         if self.generating:
-            self._queue(typed)
+            self.outbox.queue(typed)
             return
-        await self._send(text, typed)
+        await self.outbox.send(text, typed)
 
     @on(PromptInput.Refused)
     def _refused(self, event: PromptInput.Refused) -> None:
@@ -180,39 +178,6 @@ class ChatPane(Vertical):
             return self.host.model_session.ready_to_send(text)
         return False
 
-    async def _send(self, text: str, typed: str) -> None:
-        if not self.can_send(typed):
-            self.give_back(typed)
-            return
-        session, editing = self.host.session, self.editing
-        try:
-            loop = self.tool_use.loop_for(session)
-            if editing is None:
-                events = loop.send(text) if loop else session.send(text)
-            else:
-                events = loop.run(session.edit(editing, text)) if loop else session.edit(editing, text)
-        except ConversationChanged:
-            self.give_back(typed)
-            await self.reload_changed()
-            return
-        except ConversationTooLong as exc:  # it would fit after fewer turns: the ways on (overflow.py)
-            self.give_back(typed)
-            self.ways_on.offer(exc)
-            return
-        except ContextWindowError as exc:
-            self.give_back(typed, f"{exc} Ctrl+L clears the box; /clear starts a new chat.", "error")
-            return
-        except (*USER_FACING_ERRORS, ValueError) as exc:
-            self.give_back(typed, str(exc), "error")
-            return
-        self.query_one(PromptInput).remember(typed)
-        self.branches.stop_editing()
-        chat = self.query_one(ChatView)
-        if editing is not None:
-            await chat.truncate(editing)
-        await chat.add(session.messages[-1])
-        await self.start_reply(events, loop)
-
     def give_back(self, typed: str, sentence: str = "", severity: str = "warning") -> None:
         """`typed` was not taken: back in the box if it is still empty, with `sentence` (if any) under the
         box until it is edited; else kept in the Up history, and a toast says why and where it went (the box's
@@ -229,32 +194,11 @@ class ChatPane(Vertical):
         notice would hide it); it stays until the box is edited."""
         self.query_one(BoxNotice).say(sentence, self.query_one(PromptInput).text)
 
-    # ---- the message queued while a reply is written (sent when it ends; see PromptInput.queue)
-
-    def _queue(self, typed: str) -> None:
-        prompt = self.query_one(PromptInput)
-        if prompt.queued is not None:  # one at a time: the first is shown, this one stays in the box
-            self.give_back(typed, "A message is already queued; Backspace in the empty box takes it back.")
-            return
-        prompt.queue(typed)
-
-    def _take_back_queued(self) -> None:
-        """The queued message returns to the box to be edited (or, if the box has new text, to the history)."""
-        text = self.query_one(PromptInput).take_queued()
-        if text is not None:
-            self.give_back(text)
+    # ---- the message queued while a reply is written (Outbox's)
 
     async def reply_ended(self, clean: bool) -> None:
-        """A reply (or N alternatives) ended: the queued message goes out if it ended by itself; one stopped
-        or failed gives it back to the box instead."""
-        if self.generating or self.query_one(PromptInput).queued is None:
-            return
-        if not clean:
-            self._take_back_queued()
-            return
-        typed = self.query_one(PromptInput).take_queued()
-        text = slash_commands.parse(typed)
-        await self._send(text if isinstance(text, str) else typed, typed)
+        """A reply (or N alternatives) ended: the queued message goes out if it ended by itself (Outbox)."""
+        await self.outbox.reply_ended(clean)
 
     async def reload_changed(self) -> None:
         """Another kvchat added to the conversation shown: show what it is now instead of forking it."""
@@ -356,10 +300,10 @@ class ChatPane(Vertical):
         """Esc: stop the reply or the compacting (a message queued meanwhile comes back), else the edit."""
         session = self.host.session
         if self.compacting:
-            self._take_back_queued()
+            self.outbox.take_back_queued()
             self.ways_on.stop_compacting()
         elif self.generating and session is not None:
-            self._take_back_queued()  # a stopped reply sends nothing after it
+            self.outbox.take_back_queued()  # a stopped reply sends nothing after it
             self.tool_use.stop()  # a tool loop's: no round after, no call waiting for an answer
             session.cancel()
         elif self.editing is not None:

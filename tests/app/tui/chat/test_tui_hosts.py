@@ -7,6 +7,7 @@ from app.tui.app import KvchatApp
 from app.tui.chat.alternatives import AlternativesPane
 from app.tui.chat.branches import BranchesPane
 from app.tui.chat.commands import CommandsPane
+from app.tui.chat.outbox import OutboxPane
 from app.tui.chat.overflow import WaysOnPane
 from app.tui.chat.pane import ChatHost
 from app.tui.chat.settings import SettingsHost
@@ -26,7 +27,8 @@ def test_the_app_has_everything_its_objects_need(host):
     assert isinstance(built_app(), host)
 
 
-@pytest.mark.parametrize("host", [AlternativesPane, BranchesPane, CommandsPane, StreamPane, ToolUsePane, WaysOnPane],
+@pytest.mark.parametrize("host", [AlternativesPane, BranchesPane, CommandsPane, OutboxPane, StreamPane, ToolUsePane,
+                                  WaysOnPane],
                          ids=lambda host: host.__name__)
 def test_the_chat_pane_has_everything_its_objects_need(host):
     assert isinstance(built_app().chat, host)
