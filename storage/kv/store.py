@@ -13,16 +13,10 @@ conversation's new head in the index (index.py); eviction forgets blocks in
 the index before it unlinks their files. So a kill -9 anywhere leaves the old
 state or the new one, and at worst an orphan file, never an index row naming a
 missing or torn file. Orphans and dead writers' temp files go when a writable
-store opens.
+store opens (files.py: the directory and the rules for touching its files).
 
-Reading: `plan` finds the longest chain of stored blocks a prompt starts with
-(any conversation's); `read` reads them in parallel straight into the KV pool,
-each checked against its header and checksum. A damaged block is deleted with
-one log line and the read stops there: what came before it is used, the rest
-is recomputed (and written again after the turn). Files are opened only
-inside the data dir, never through a symlink, and a FIFO is never read. A
-folder where a block file belongs is a damaged block too: it goes, or is
-renamed aside if it holds anything (block_file.clear_folder).
+Reading (what a prompt starts from, blocks and checkpoints, read into the KV pool): reading.py,
+whose KVReader the store owns and delegates to.
 
 The size cap evicts whole blocks, least recently used first: blocks no
 conversation references (a deleted conversation's, a superseded partial
@@ -39,25 +33,21 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
-import stat
-import time
-from collections import defaultdict
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from storage.disk_files import STALE_TEMP_S, fsync_dir, leads_outside, temp_is_stale
-from storage.errors import StorageError
-from storage.kv.block_file import (ROOT, SUFFIX, BlockDamaged, BlockLayout, BlockUnreadable, block_key, chain_keys,
-                                   clear_folder, is_finite, payload_of, read_block, write_block)
+from storage.disk_files import fsync_dir
+from storage.kv.block_file import (ROOT, SUFFIX, BlockLayout, block_key, chain_keys, is_finite, payload_of,
+                                   write_block)
 from storage.db.database import ConversationDatabase
-from storage.kv.checkpoint_file import StateLayout, read_checkpoint, unstorable, write_checkpoint
+from storage.kv.checkpoint_file import StateLayout, unstorable, write_checkpoint
 from storage.kv.eviction import evict, holders
+from storage.kv.files import KVFiles
 from storage.kv.index import BlockRow, CheckpointRow, KVIndex
 from storage.kv.keys import CHECKPOINT_SUFFIX, checkpoint_place
+from storage.kv.reading import KVReader, StoredBlock, StoredCheckpoint
 
 if TYPE_CHECKING:  # not at run time: `kvchat list` and `delete` use the store without loading torch
     import torch
@@ -66,28 +56,7 @@ if TYPE_CHECKING:  # not at run time: `kvchat list` and `delete` use the store w
 
 log = logging.getLogger("kvchat")
 
-READ_THREADS = max(1, min(4, os.cpu_count() or 1))
-PART_MIN_BLOCKS = 16  # blocks per reading thread at least (~12 MB of SmolLM2)
 KV_DIR = "kv"
-
-
-@dataclass(frozen=True)
-class StoredBlock:
-    """One block of a chain to read: its key, its parent's, its tokens."""
-
-    key: str
-    parent: str
-    token_ids: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class StoredCheckpoint:
-    """One checkpoint a prompt can start from: its key, its place (keys.checkpoint_place), its position."""
-
-    key: str
-    parent: str
-    token_ids: tuple[int, ...]
-    position: int
 
 
 @dataclass(frozen=True)
@@ -111,161 +80,32 @@ class KVBlockStore:
         self.dir = home / KV_DIR
         self.index = KVIndex(database)
         self.cap_bytes = cap_bytes
+        self.files = KVFiles(home, self.dir)
+        self.reader = KVReader(self.index, self.files, lambda: self.writable)
         if self.writable:
-            self._clean()
+            self.files.clean(self.index)
 
     @property
     def writable(self) -> bool:
         return self.index.database.read_only_reason is None
 
     def path(self, key: str) -> Path:
-        self._check_dir()
-        return self._file(key)
+        return self.files.path(key)
 
-    def _file(self, key: str, suffix: str = SUFFIX) -> Path:
-        """The file of a block (`suffix` CHECKPOINT_SUFFIX: a checkpoint) in the directory, already checked
-        (see `_check_dir`)."""
-        if len(key) != 64 or not all(c in "0123456789abcdef" for c in key):
-            raise StorageError(f"{key!r} is not a KV block key")
-        return self.dir / f"{key}{suffix}"
-
-    def _check_dir(self) -> None:
-        if leads_outside(self.home, self.dir):
-            raise StorageError(f"the KV block directory {self.dir} leads outside the data directory")
-
-    # ---- reading --------------------------------------------------------------
+    # ---- reading (reading.py) -------------------------------------------------
 
     def plan(self, fingerprint: str, block_size: int, token_ids: Sequence[int]) -> list[StoredBlock]:
-        """The longest chain of stored blocks that `token_ids` start with: full blocks whose tokens are
-        the prompt's, then the stored block after them sharing the most tokens with what follows (it is
-        read whole; the prefix cache lends it the shared ones)."""
-        full = len(token_ids) // block_size
-        keys = chain_keys(fingerprint, token_ids[: full * block_size], block_size)
-        present = self.index.present(keys) if keys else set()
-        chain, parent = [], ROOT
-        for i, key in enumerate(keys):
-            if key not in present:
-                break
-            chain.append(StoredBlock(key, parent, tuple(token_ids[i * block_size : (i + 1) * block_size])))
-            parent = key
-        rest = tuple(token_ids[len(chain) * block_size : (len(chain) + 1) * block_size])
-        best, shared = None, 0
-        for row in self.index.children(parent) if rest else ():
-            common = next((i for i, (a, b) in enumerate(zip(row.token_ids, rest)) if a != b),
-                          min(len(row.token_ids), len(rest)))
-            # Another model's blocks hang under the same root: only a key that hashes our fingerprint is ours.
-            if common > shared and row.key not in present and len(row.token_ids) <= block_size \
-                    and block_key(parent, fingerprint, row.token_ids) == row.key:
-                best, shared = row, common
-        if best is not None:
-            chain.append(StoredBlock(best.key, parent, best.token_ids))
-        return chain
+        return self.reader.plan(fingerprint, block_size, token_ids)
 
     def read(self, blocks: Sequence[StoredBlock], dests: Sequence["torch.Tensor"]) -> int:
-        """Read `blocks` into `dests` (pool-shaped CPU blocks), in parallel; returns how many leading
-        blocks were read intact. The first one that is not stops it: a damaged file is deleted, a
-        missing or unsafe one forgotten by the index, with one log line."""
-        count = min(len(blocks), len(dests))
-        if count == 0:
-            return 0
-
-        try:
-            self._check_dir()  # once: resolving the path per block cost a third of the read
-        except StorageError as exc:
-            log.warning("kvchat: the KV blocks were not read: %s", exc)
-            return 0
-        results: list[Exception | None] = [None] * count
-
-        def run(part: range) -> None:
-            for i in part:
-                b = blocks[i]
-                try:
-                    read_block(self._file(b.key), b.key, b.parent, b.token_ids, dests[i])
-                except (BlockDamaged, BlockUnreadable, StorageError) as exc:
-                    results[i] = exc
-                    return  # the rest of this part is of no use after it
-
-        # Contiguous parts, one per thread: reading a block is a copy out of the page cache, which releases
-        # the GIL; one task per block cost more in hand-offs than a second core gained.
-        parts = min(READ_THREADS, max(1, count // PART_MIN_BLOCKS))
-        ranges = [range(count * p // parts, count * (p + 1) // parts) for p in range(parts)]
-        if parts == 1:
-            run(ranges[0])
-        else:
-            with ThreadPoolExecutor(max_workers=parts) as pool:
-                list(pool.map(run, ranges))
-        good = next((i for i, exc in enumerate(results) if exc is not None), count)  # blocks before the first failure
-        if good < count:
-            self._drop_bad(blocks[good], results[good], good)
-        if good and self.writable:
-            try:
-                self.index.touch([b.key for b in blocks[:good]])
-            except StorageError:
-                pass  # only the eviction order is lost
-        return good
-
-    def _drop_bad(self, block: StoredBlock, exc: Exception, position: int) -> None:
-        log.warning("kvchat: the KV block %s (block %d of the chain) was not used, so the tokens from it on "
-                    "are recomputed: %s", block.key[:12], position, exc)
-        if not self.writable:
-            return
-        try:
-            self._unlink(self.index.remove([block.key]), CHECKPOINT_SUFFIX)
-            self._drop_file(block.key, SUFFIX, exc, "KV block")
-        except (StorageError, OSError):
-            pass
-
-    def _drop_file(self, key: str, suffix: str, exc: Exception, what: str) -> None:
-        """Delete a damaged file the index no longer names; clear a folder standing in its place."""
-        if isinstance(exc, BlockDamaged):
-            self._file(key, suffix).unlink(missing_ok=True)
-        elif done := clear_folder(self._file(key, suffix)):
-            log.warning("kvchat: a folder stood where the %s %s belongs; %s", what, key[:12], done)
+        return self.reader.read(blocks, dests)
 
     def plan_checkpoints(self, fingerprint: str, plan: Sequence[StoredBlock],
                          token_ids: Sequence[int]) -> list[StoredCheckpoint]:
-        """The stored checkpoints on the path of `token_ids` that the blocks of `plan` (what `plan` found
-        for them) hold, first position first: a resumed prompt starts from the last one read intact."""
-        after = defaultdict(list)
-        for row in self.index.checkpoints(sorted({block.parent for block in plan})):
-            after[row.parent].append(row)
-        found, start = [], 0
-        for block in plan:
-            for row in after[block.parent]:
-                n = len(row.token_ids)
-                # Another model's checkpoints hang after the same root: only a key that hashes ours is ours.
-                if block.token_ids[:n] == row.token_ids == tuple(token_ids[start : start + n]) \
-                        and block_key(block.parent, fingerprint, row.token_ids) == row.key:
-                    found.append(StoredCheckpoint(row.key, row.parent, row.token_ids, start + n))
-            start += len(block.token_ids)
-        return sorted(found, key=lambda c: c.position)
+        return self.reader.plan_checkpoints(fingerprint, plan, token_ids)
 
     def read_checkpoint(self, checkpoint: StoredCheckpoint, layout: StateLayout) -> "ExportedCheckpoint | None":
-        """The state of a stored checkpoint in `layout` (Engine.state_layout), checked against it, its key,
-        place and position; None if it is not intact: a damaged file (another model's state too) is
-        deleted, a missing or unsafe one forgotten by the index, with one log line."""
-        from engine.kv.exported import ExportedCheckpoint  # torch is loaded: the engine gave the layout
-
-        try:
-            self._check_dir()
-        except StorageError as exc:
-            log.warning("kvchat: the state checkpoint was not read: %s", exc)
-            return None
-        c = checkpoint
-        try:
-            tensors = read_checkpoint(self._file(c.key, CHECKPOINT_SUFFIX), c.key, c.parent, c.token_ids,
-                                      c.position, layout)
-        except (BlockDamaged, BlockUnreadable, StorageError) as exc:
-            log.warning("kvchat: the state checkpoint %s (at token %d) was not used, so the prompt starts "
-                        "from an earlier one: %s", c.key[:12], c.position, exc)
-            if self.writable:
-                try:
-                    self.index.remove_checkpoints([c.key])
-                    self._drop_file(c.key, CHECKPOINT_SUFFIX, exc, "state checkpoint")
-                except (StorageError, OSError):
-                    pass
-            return None
-        return ExportedCheckpoint(c.position, tuple(tensors))
+        return self.reader.read_checkpoint(checkpoint, layout)
 
     # ---- writing --------------------------------------------------------------
 
@@ -305,12 +145,12 @@ class KVBlockStore:
             replaced = self.index.commit(written, conversation_id, keys[:end], min(len(tokens), end * size),
                                          extended, states)
         except BaseException:
-            self._unlink([row.key for row in written], SUFFIX)  # not in the index: nothing refers to them
-            self._unlink([row.key for row, _ in states], CHECKPOINT_SUFFIX)
+            self.files.unlink([row.key for row in written], SUFFIX)  # not in the index: nothing refers to them
+            self.files.unlink([row.key for row, _ in states], CHECKPOINT_SUFFIX)
             raise
         if states:  # one whose block was evicted meanwhile is not in the index: its file goes
             recorded = self.index.present([row.key for row, _ in states], "kv_checkpoints")
-            self._unlink([row.key for row, _ in states if row.key not in recorded], CHECKPOINT_SUFFIX)
+            self.files.unlink([row.key for row, _ in states if row.key not in recorded], CHECKPOINT_SUFFIX)
         self._drop_superseded(replaced, size)
         self.enforce_cap()
         return sum(row.bytes for row in written) + sum(row.bytes for row, _ in states)
@@ -330,7 +170,7 @@ class KVBlockStore:
                                 i, conversation_id)
                     break
                 parent = keys[i - 1] if i else ROOT
-                nbytes = self._write_clearing(keys[i], SUFFIX, "KV block", functools.partial(
+                nbytes = self.files.write_clearing(keys[i], SUFFIX, "KV block", functools.partial(
                     write_block, self.dir, keys[i], parent, piece, payload, BlockLayout.of(block)))
                 written.append(BlockRow(keys[i], parent, piece, nbytes))
             end = i + 1
@@ -352,17 +192,9 @@ class KVBlockStore:
             if (reason := unstorable(checkpoint.tensors)) is not None:
                 log.warning("kvchat: the state checkpoint at token %d was not saved: %s", checkpoint.position, reason)
                 continue
-            nbytes = self._write_clearing(key, CHECKPOINT_SUFFIX, "state checkpoint", functools.partial(
+            nbytes = self.files.write_clearing(key, CHECKPOINT_SUFFIX, "state checkpoint", functools.partial(
                 write_checkpoint, self.dir, key, parent, piece, checkpoint.position, checkpoint.tensors))
             states.append((CheckpointRow(key, parent, piece, nbytes), keys[(checkpoint.position - 1) // size]))
-
-    def _write_clearing(self, key: str, suffix: str, what: str, write: Callable[[], int]) -> int:
-        try:
-            return write()
-        except IsADirectoryError:  # a folder in the file's place: no file can be renamed over it
-            log.warning("kvchat: a folder stood where the %s %s belongs; %s", what, key[:12],
-                        clear_folder(self._file(key, suffix)))
-            return write()
 
     def _extended_partials(self, conversation_id: str | None, fingerprint: str, tokens: Sequence[int],
                            keys: Sequence[str], end: int, size: int) -> list[str]:
@@ -396,16 +228,8 @@ class KVBlockStore:
         if not keys or not self.writable:
             return
         unheld = self.index.remove(keys)
-        self._unlink(keys, SUFFIX)
-        self._unlink(unheld, CHECKPOINT_SUFFIX)
-
-    def _unlink(self, keys: Sequence[str], suffix: str) -> None:
-        for key in keys:
-            try:
-                self._check_dir()
-                self._file(key, suffix).unlink(missing_ok=True)
-            except (OSError, StorageError):
-                pass
+        self.files.unlink(keys, SUFFIX)
+        self.files.unlink(unheld, CHECKPOINT_SUFFIX)
 
     def remove_unreferenced(self, keys: Sequence[str] | set[str]) -> int:
         """Remove those of `keys` no conversation references any more (after a conversation was
@@ -422,37 +246,10 @@ class KVBlockStore:
         plan = evict(self.index.blocks(), self.index.checkpoints(), self.index.references(), self.cap_bytes)
         if plan.unheld:
             self.index.remove_checkpoints(plan.unheld)
-            self._unlink(plan.unheld, CHECKPOINT_SUFFIX)
+            self.files.unlink(plan.unheld, CHECKPOINT_SUFFIX)
         self.remove(plan.blocks)
         log.info("kvchat: removed %d KV blocks (%.1f MB) to stay under the %.1f GB cap", len(plan.blocks),
                  plan.freed / 1e6, self.cap_bytes / 1e9)
-
-    def _clean(self) -> None:
-        """Remove dead writers' temp files, and block and checkpoint files the index does not know. Never
-        raises."""
-        try:
-            if self.dir.is_symlink() or not self.dir.is_dir():
-                return
-            scan = list(os.scandir(self.dir))
-            known = {SUFFIX: {row.key for row in self.index.blocks()},
-                     CHECKPOINT_SUFFIX: {row.key for row in self.index.checkpoints()}}
-        except (OSError, StorageError):
-            return
-        now = time.time()
-        for entry in scan:
-            try:
-                info = entry.stat(follow_symlinks=False)
-                if not stat.S_ISREG(info.st_mode):
-                    continue  # not ours to remove
-                name = entry.name
-                key, suffix = os.path.splitext(name)
-                if name.endswith(".tmp") and temp_is_stale(name, info.st_mtime, now):
-                    os.unlink(entry.path)
-                elif (suffix in known and key not in known[suffix]
-                      and now - info.st_mtime > STALE_TEMP_S):
-                    os.unlink(entry.path)
-            except OSError:
-                continue
 
     # ---- inspection -----------------------------------------------------------
 
@@ -475,16 +272,4 @@ class KVBlockStore:
             checkpoints=len(checkpoints), checkpoint_bytes=sum(c.bytes for c in checkpoints))
 
     def drop_from_page_cache(self, keys: Sequence[str]) -> None:
-        """Ask the OS to drop the blocks' files from its page cache, so the next read comes from the disk
-        (for the bench's cold resume). Where the OS cannot, nothing happens."""
-        for key in keys:
-            try:
-                fd = os.open(self.path(key), os.O_RDONLY)
-            except OSError:
-                continue
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            except (OSError, AttributeError):
-                pass
-            finally:
-                os.close(fd)
+        self.files.drop_from_page_cache(keys)
