@@ -37,7 +37,7 @@ ENGINE_ROOMS = ("config", "attention", "recurrent", "kv", "model", "cpu", "gguf"
 ENGINE_HELPERS = ("engine.errors", "engine.events", "engine.paths", "engine.sampling_params")  # any room's
 # The chat's rooms, lowest first: a turn's prompt, the conversation as kept, the reply (written into what is
 # kept), and the ways on when the window is full (which start a turn on a session).
-CHAT_ROOMS = ("prompt", "saved", "reply", "context")
+CHAT_ROOMS = ("prompt", "saved", "tools", "reply", "context")
 CHAT_SESSION = ("app.chat.session", "app.chat.remote_session", "app.chat.backend_loader")
 MOST_MODULES = 15  # per folder, __init__.py not counted: a wider folder is rooms waiting to happen
 

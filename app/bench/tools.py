@@ -121,18 +121,18 @@ def one_loop(engine: Engine, session: ChatSession, rounds: int = ROUNDS) -> list
         prompt = session.seen_ids[: stats.prompt_tokens]
         rows.append({"round": index + 1, "ttft_ms": stats.ttft_ms, "prompt_tokens": stats.prompt_tokens,
                      "cached_tokens": stats.cached_tokens, "prefilled_tokens": stats.prefilled_tokens,
-                     "called": bool(session.last_calls),
+                     "called": bool(session.tools.last_calls),
                      "alone_ttft_ms": _ttft_alone(engine, max(1, stats.prefilled_tokens), seed=100 + index),
                      "no_cache_ttft_ms": _ttft_uncached(engine, prompt)})
-        calls = session.last_calls
+        calls = session.tools.last_calls
         if not calls:
             break
         results = [box.run(call) for call in calls]
         if index == rounds - 1:  # the model answers the last results in words: the conversation ends at a reply
             session.use_tools(box.specs(), ToolChoice("auto", parallel=False))
-            _done(session.send_results(results))
+            _done(session.tools.send_results(results))
         else:
-            events = session.send_results(results)
+            events = session.tools.send_results(results)
     return rows
 
 
@@ -210,7 +210,7 @@ def validity_rows(engine: Engine, prompts: int = VALIDITY_PROMPTS) -> dict:
             session.use_tools(list(tools.values()), ToolChoice("required", parallel=False))
             session.prompt.constrained = constrained
             _done(session.send(ask))
-            calls = session.last_calls
+            calls = session.tools.last_calls
             ok = bool(calls) and all(
                 c.name in tools and jsonschema.Draft202012Validator(tools[c.name].parameters).is_valid(c.arguments)
                 for c in calls)

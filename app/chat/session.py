@@ -8,7 +8,6 @@ model without one), hands them to the engine and keeps the conversation's messag
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -24,8 +23,9 @@ from app.chat.reply.limits import NO_LIMITS, ReplyLimits
 from app.chat.reply.recorder import ReplyRecorder
 from app.chat.saved.conversation import SavedConversation
 from app.chat.saved.reply_writer import ConversationDeleted
-from app.tools.messages import calls_of, reply_tools, result_tools
-from app.tools.spec import ToolCall, ToolResult, ToolSpec, once_each
+from app.chat.tools.call_watch import CallWatch
+from app.chat.tools.session_tools import SessionTools
+from app.tools.spec import ToolSpec
 from app.tools.toolbox import ToolChoice
 from engine import Done, Event, Generation, SamplingParams, TokenDelta
 from engine.errors import NonFiniteLogitsError
@@ -40,6 +40,8 @@ class ChatSession:
     `system=None` renders the template with the user's messages only, so the
     model's own default system prompt (if its template has one) applies.
     """
+
+    tools_class = SessionTools  # what its tool calls are read, kept and answered with (a remote session's too)
 
     def __init__(self, engine: Backend, system: str | None = None, params: SamplingParams = SamplingParams(),
                  saved: SavedConversation | None = None, limits: ReplyLimits = NO_LIMITS):
@@ -67,6 +69,7 @@ class ChatSession:
         self.unseen_prompt_tokens = 0
         self.notice: str | None = None  # something the user should know about the resumed conversation
         self.opens_thinking = False  # the reply being written began inside its prompt's open <think>
+        self.tools = self.tools_class(self)  # the tools offered, the calls each reply makes and their results
         if saved is not None:
             self._load_history()
             if self.seen_ids:
@@ -127,71 +130,8 @@ class ChatSession:
         return self.prompt.template_options()
 
     def use_tools(self, tools: list[ToolSpec], choice: ToolChoice = ToolChoice()) -> None:
-        """Offer `tools` to the model from the next reply on ([]: none), to be used as `choice` says. The
-        prompt renders them through the model's template (or kvchat's convention) and the replies follow
-        the format's grammar once a call begins (app/tools/formats/)."""
-        self.prompt.tools, self.prompt.tool_choice = list(tools), choice
-
-    @property
-    def last_calls(self) -> list[ToolCall]:
-        """The tool calls the last reply made ([] when it made none, or is not the last message)."""
-        last = self.messages[-1] if self.messages else None
-        return calls_of(last.tools) if last is not None and last.role == "assistant" else []
-
-    def call_reader(self):
-        """A reader of the reply about to stream (a ToolCallParser: feed_token(id) gives the text to show, the
-        call markup left out; flush() at its end) when tools are offered to an embedded model; None otherwise
-        (no tools, or a server, which streams no markup)."""
-        if not (self.prompt.tools and self.token_ids):
-            return None
-        return self.prompt.tool_format.stream_parser(self.prompt.tools, self.opens_thinking)
-
-    def send_results(self, results: list[ToolResult], servers: dict[str, str | None] | None = None
-                     ) -> Iterator[Event]:
-        """The results of the last reply's calls, as tool messages, and the model's next reply to them (a
-        round of the tool loop: app/chat/tool_loop.py). The prompt extends what the model has seen, so the
-        round prefills the results alone. `servers`: which server ran each tool, kept with its message."""
-        before, seen, tool_messages = self.messages, self.seen_ids, self._tool_messages(results, servers)
-        with self._taking_turn():
-            prompt = self.prompt.after(seen, [*before, *tool_messages])
-            room = self.engine.context_window
-            if room and len(prompt.ids) + (self.reply_params.max_tokens or 1) > room:
-                raise ChatError(f"The tool results make the conversation {len(prompt.ids):,} tokens, which leaves "
-                                f"no room for a reply in the model's {room:,}-token window.")
-            generation = self._generate(prompt, seen, lambda end, start, new: self._record_tools(
-                before, tool_messages, end, start, new))
-        return self._begin(generation, prompt)
-
-    def keep_results(self, results: list[ToolResult]) -> None:
-        """Keep the results of the last reply's calls as tool messages without asking for a reply (the loop was
-        stopped): the next message follows them, so the template never sees a call left unanswered."""
-        if not self.last_calls:
-            return
-        with self._taking_turn():
-            self._record_tools(self.messages, self._tool_messages(results), 0, len(self.seen_ids), [])
-        if self.saved is not None:
-            self.saved.end_turn()
-
-    def _tool_messages(self, results: list[ToolResult], servers: dict[str, str | None] | None = None
-                       ) -> list[ChatMessage]:
-        """The tool messages of the last reply's call results (`servers`: which ran each tool); ChatError when
-        the last reply made no call."""
-        if not self.last_calls:
-            raise ChatError("The last reply made no tool call to answer.")
-        servers = servers or {}
-        return [ChatMessage("tool", r.text, tools=result_tools(r, servers.get(r.call.name))) for r in results]
-
-    def _record_tools(self, before: list[ChatMessage], tool_messages: list[ChatMessage], token_end: int,
-                      token_start: int, new_ids: list[int]) -> None:
-        """Commit the round's tool messages after `before`; the last carries the round's new prompt ids."""
-        parent = before[-1].id if before else None
-        for i, message in enumerate(tool_messages):
-            last = i == len(tool_messages) - 1
-            message.token_end = token_end if last else 0
-            if self.saved is not None:
-                parent = message.id = self.saved.tool_message(parent, message.content, message.tools,
-                                                              token_start, new_ids if last else [])
-        self.messages = [*before, *tool_messages]
+        """Offer `tools` to the model from the next reply on ([]: none), as `choice` says (SessionTools.use_tools)."""
+        self.tools.use_tools(tools, choice)
 
     def set_thinking(self, enabled: bool) -> None:
         """Switch the conversation's thinking on or off from the next reply on (and, when saved, keep
@@ -238,19 +178,19 @@ class ChatSession:
     def regenerate(self) -> Iterator[Event]:
         """A new reply to the last user message (the old reply stays saved, a sibling branch)."""
         before = self._regenerating()
-        with self._taking_turn():
+        with self.taking_turn():
             prompt = self.prompt.again(before, self._ids_through(before))
             self._load_stored_kv(prompt.ids)
             self._restart(before, self.engine.generate(prompt.ids, self.reply_params))
         self.opens_thinking = prompt.opens_thinking
-        return self._stream(self.generation, prompt.ids)
+        return self.stream_reply(self.generation, prompt.ids)
 
     def regenerate_alternatives(self, count: int) -> AlternativeReplies:
         """`count` new replies to the last user message, written at once (reply/alternatives.py): each a
         sibling branch, as a regenerated reply is. Iterate the result's events() on the engine's thread."""
         before, previous = self._regenerating(), self.messages
         params = alternative_params(self.reply_params, count)
-        with self._taking_turn():
+        with self.taking_turn():
             prompt, streams, drive = self._alternative_streams(before, params)
             self._restart(before, None)
             self.opens_thinking = self.prompt.opens_thinking(prompt)
@@ -301,14 +241,14 @@ class ChatSession:
     def _turn(self, before: list[ChatMessage], seen: list[int], user_text: str) -> Iterator[Event]:
         """`user_text` after the messages `before` (whose ids are `seen`): validated first, then recorded."""
         self._check_length(user_text)
-        with self._taking_turn():
+        with self.taking_turn():
             # Refused when it leaves the reply no room (nothing of the turn is stored yet).
             prompt = self.prompt.turn(before, seen, user_text, self.reply_params.max_tokens)
-            generation = self._generate(prompt, seen, lambda end, start, new: self._record_user(
+            generation = self.generate_turn(prompt, seen, lambda end, start, new: self._record_user(
                 before, user_text, end, start, new))
-        return self._begin(generation, prompt)
+        return self.begin_reply(generation, prompt)
 
-    def _generate(self, prompt: TurnPrompt, seen: list[int], record: Callable[[int, int, list[int]], None]
+    def generate_turn(self, prompt: TurnPrompt, seen: list[int], record: Callable[[int, int, list[int]], None]
                   ) -> Generation:
         """Start the reply to `prompt` (the model saw its first `seen` ids), then commit what the turn adds
         through `record(token_end, token_start, new_ids)`: the user's message, or a round's tool results."""
@@ -320,10 +260,10 @@ class ChatSession:
         record(len(prompt.ids), start, prompt.ids[start:])
         return generation
 
-    def _begin(self, generation: Generation, prompt: TurnPrompt) -> Iterator[Event]:
+    def begin_reply(self, generation: Generation, prompt: TurnPrompt) -> Iterator[Event]:
         self.generation = generation
         self.opens_thinking = prompt.opens_thinking
-        return self._stream(generation, prompt.ids)
+        return self.stream_reply(generation, prompt.ids)
 
     def _load_stored_kv(self, prompt: list[int]) -> None:
         """Into the cache, what the block store holds of `prompt` and the cache lacks: another conversation's
@@ -332,7 +272,7 @@ class ChatSession:
             self.notice = self.saved.restore_kv(self.engine, prompt) or self.notice
 
     @contextmanager
-    def _taking_turn(self) -> Iterator[None]:
+    def taking_turn(self) -> Iterator[None]:
         """The conversation's turn for the reply about to start (see SavedConversation.begin_turn); given
         back if starting it fails, else when the reply's stream ends."""
         if self.saved is None:
@@ -360,30 +300,25 @@ class ChatSession:
             user_id = self.saved.user_message(self.engine, parent, text, token_start, new_ids, self.chat_format_name)
         self.messages = [*before, ChatMessage("user", text, token_end, user_id)]
 
-    def _stream(self, generation: Generation, prompt: list[int]) -> Iterator[Event]:
+    def stream_reply(self, generation: Generation, prompt: list[int]) -> Iterator[Event]:
         saved, done, deleted = self.saved, None, False
         recorder = ReplyRecorder(saved.reply_writer(len(prompt)) if saved else None, counts_text=not self.token_ids,
                                  chat_format=self.chat_format_name, opens_thinking=self.opens_thinking)
         stream = cut_events(self.chat_format, self._events(generation, prompt))
         # With tools offered: the reply's calls watched as they stream, so one written twice ends it there.
-        watch = self.call_reader()
-        repeated = False
+        watch = CallWatch(self.tools.call_reader(), generation)
         try:
             for event in stream:
                 match event:
                     case TokenDelta():
                         recorder.token(event)
-                        if watch is not None and event.token_id is not None and not repeated:
-                            watch.feed_token(event.token_id)
-                            if watch.repeats_a_call:
-                                repeated = True
-                                generation.cancel()  # Done("stopped") before the next step
+                        watch.token(event)
                     case Done():
-                        if repeated and event.finish_reason == "stopped":
-                            event = dataclasses.replace(event, finish_reason="stop")  # ended by us, on a call
+                        event = watch.done(event)
                         done = event
                         self.seen_ids = prompt + list(event.token_ids)
-                        self.messages.append(self._with_calls(recorder.finished(event, len(self.seen_ids)), event))
+                        reply = self.tools.with_calls(recorder.finished(event, len(self.seen_ids)), event)
+                        self.messages.append(reply)
                         # May raise (disk full), after the chat in memory is whole.
                         recorder.store(self.messages[-1], event)
                 yield event
@@ -399,20 +334,6 @@ class ChatSession:
                 self._keep_interrupted(recorder)
             if saved is not None:
                 saved.end_turn()
-
-    def _with_calls(self, message: ChatMessage, done: Done) -> ChatMessage:
-        """`message` (a finished reply) as kept when tools are offered: its text without the call markup, and
-        the calls it made (app/tools/formats/ reads the format's markup from the reply's token ids), each once.
-        A call the model wrote but the format cannot read is left in the text, with the reason in the reply's
-        stats."""
-        if not (self.prompt.tools and self.token_ids) or done.finish_reason not in ("stop", "length"):
-            return message
-        parsed = self.prompt.parse_reply(list(done.token_ids), self.opens_thinking)
-        if parsed.error:  # the calls that did read still run (a reply cut by its length ends inside one)
-            message.stats = {**(message.stats or {}), "tool_call_error": parsed.error}
-        if parsed.calls:
-            message.content, message.tools = parsed.content, reply_tools(once_each(parsed.calls))
-        return message
 
     def end_alternatives(self, previous: list[ChatMessage], before: list[ChatMessage], prompt: list[int],
                          kept: ChatMessage | None, token_ids: list[int] | None) -> None:

@@ -66,7 +66,8 @@ class ToolLoop:
                     done = event
                 yield event
             # A reply cut at its length may still hold whole calls before the one it was writing.
-            calls = self.session.last_calls if done is not None and done.finish_reason in ("stop", "length") else []
+            ended = done is not None and done.finish_reason in ("stop", "length")
+            calls = self.session.tools.last_calls if ended else []
             if not calls:
                 return
             if self.stopped.is_set():
@@ -81,13 +82,13 @@ class ToolLoop:
                 result = yield from self._call(call)
                 results.append(result)
             if self.stopped.is_set():
-                self.session.keep_results(results)
+                self.session.tools.keep_results(results)
                 yield ToolLoopEnded("Stopped while the tools ran; their results are kept, and the model has not "
                                     "read them.")
                 return
             self._offer(self.choice.after_first_round())
             servers = {r.call.name: getattr(find_tool(self.box, r.call.name), "server", None) for r in results}
-            events = self.session.send_results(results, servers)
+            events = self.session.tools.send_results(results, servers)
 
     def _call(self, call: ToolCall) -> Iterator[ToolEvent]:
         """Approve and run one call; returns its result (a refusal or an unknown tool is a result too: the

@@ -134,7 +134,7 @@ class AskTools:
 
     def take(self, event) -> None:
         if isinstance(event, ToolRound):
-            self.parser = self.session.call_reader()
+            self.parser = self.session.tools.call_reader()
         self.report.take(event)
 
     def shown(self, event) -> str:

@@ -94,7 +94,7 @@ class ReplyPoster:
 
     def __init__(self, engine: Engine, post: Callable[[Message], object], opens_thinking: bool = False,
                  calls=None):
-        """`calls`: the reply's call reader (ChatSession.call_reader) when tools are offered to an embedded
+        """`calls`: the reply's call reader (SessionTools.call_reader) when tools are offered to an embedded
         model: the text shown is its text, the call markup left out (the call's block shows the call)."""
         self.engine, self.post = engine, post
         self.calls = calls

@@ -84,7 +84,7 @@ def stream_tool_loop(events: Iterator[Event | ToolEvent], engine: Engine, post: 
                     # Read here, on the thread that started the round: the session set them as it did.
                     if index:
                         post(ToolRoundBegan(index, session.unseen_prompt_tokens, session.opens_thinking))
-                    reply = ReplyPoster(engine, post, session.opens_thinking, session.call_reader())
+                    reply = ReplyPoster(engine, post, session.opens_thinking, session.tools.call_reader())
                 case ToolCallStarted(call=call, approved=approved):
                     post(ToolCallBegan(call, approved))
                 case ToolCallFinished(result=result):

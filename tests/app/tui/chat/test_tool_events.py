@@ -17,15 +17,20 @@ from engine import Done, TokenDelta
 CALL = ToolCall("get_weather", {"city": "Oslo"}, "call_0")
 
 
+class Tools:
+    """What stream_tool_loop reads of a session's tool calls: the round's call reader."""
+
+    def call_reader(self):
+        return None  # a server's replies: no call markup in their text
+
+
 class Session:
-    """What stream_tool_loop reads of a session: its messages and the round's prompt."""
+    """What stream_tool_loop reads of a session: its messages, the round's prompt and its tool calls."""
 
     def __init__(self):
         self.messages = [ChatMessage("user", "Weather?")]
         self.unseen_prompt_tokens, self.opens_thinking = 7, False
-
-    def call_reader(self):
-        return None  # a server's replies: no call markup in their text
+        self.tools = Tools()
 
 
 class Engine:
@@ -142,10 +147,10 @@ def test_an_embedded_models_call_markup_never_reaches_the_screen(default_engine)
         "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})], ToolChoice("required"))
     posted = []
     events = session.send("Weather in Oslo?")
-    poster = ReplyPoster(engine, posted.append, session.opens_thinking, session.call_reader())
+    poster = ReplyPoster(engine, posted.append, session.opens_thinking, session.tools.call_reader())
     for event in events:
         poster.event(event)
     shown = "".join(m.text for m in posted if isinstance(m, ReplyText))
     assert "<tool_call>" in poster.done.text  # the model did write a call
     assert "tool_call" not in shown and '"get_weather"' not in shown
-    assert session.last_calls and session.last_calls[0].name == "get_weather"
+    assert session.tools.last_calls and session.tools.last_calls[0].name == "get_weather"
