@@ -23,6 +23,8 @@ clients on prose, drafting as if alone cost the batched run ~10-20% of its token
 
 from __future__ import annotations
 
+from collections import deque
+
 from engine.request.ngram_draft import NGramDrafter
 
 MAX_DRAFT_TOKENS = 32  # per step; the fused CPU step takes 48 rows
@@ -30,23 +32,28 @@ DECAY = 0.9  # weight of the past in the acceptance counts, per draft verified
 FORGET_WHILE_PAUSED = 0.98  # per plain step taken because drafting did not pay: failures fade
 MIN_GAIN = 1.02  # a draft must promise this many times a plain step's tokens per second: costs are noisy
 PROBE_EVERY = 64  # paused steps with a proposal between two single-token drafts that re-measure the cost
+COST_WINDOW = 9  # recent steps per (requests, rows) whose median is their cost: one stalled step (the host
+# preempted a thread, a page fault) moved a running average by a fifth of its stall for several steps
 PRIOR_ROW_COST = 0.15  # a step's extra cost per extra row, relative to one row, before any is measured
 
 
 class StepCosts:
-    """Seconds per decode forward by (requests, rows) (recent average), as ratios to one request's one row.
+    """Seconds per decode forward by (requests, rows) (the median of recent ones), as ratios to one request's one row.
     Requests count apart from rows: each request's attention reads its own K/V, so four requests' four rows
     cost more than one request's token and three drafts (1.51x against ~1.2x one row, measured on the 135M
     model); a batch's drafts priced at one request's verify costs looked cheap, and drafted 1.5-4 rows a step
     that the model then rejected."""
 
     def __init__(self):
-        self.seconds: dict[tuple[int, int], float] = {}
+        self.seconds: dict[tuple[int, int], float] = {}  # the median of each key's recent steps
+        self._recent: dict[tuple[int, int], deque[float]] = {}
 
     def record(self, rows: int, seconds: float, requests: int = 1) -> None:
         key = (requests, rows)
-        before = self.seconds.get(key)
-        self.seconds[key] = seconds if before is None else 0.8 * before + 0.2 * seconds
+        recent = self._recent.setdefault(key, deque(maxlen=COST_WINDOW))
+        recent.append(seconds)
+        ordered = sorted(recent)
+        self.seconds[key] = ordered[len(ordered) // 2]
 
     def ratio(self, rows: int, requests: int = 1) -> float:
         """Cost of a step of `requests` requests over `rows` tokens relative to one request's one token: as

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from engine import Engine, EngineOptions, SamplingParams
 from engine.events import Done, TokenDelta
 from engine.request.ngram_draft import MAX_N, MIN_N, NGramDrafter
-from engine.request.speculation import PRIOR_ROW_COST, Acceptance, Speculator, StepCosts
+from engine.request.speculation import COST_WINDOW, PRIOR_ROW_COST, Acceptance, Speculator, StepCosts
 from tests.examples import examples
 from tests.greedy_ties import assert_same_greedy
 from tests.tiny_models import IM_END, make_tiny_model
@@ -111,6 +111,20 @@ def test_acceptance_is_learned_per_match_length():
     speculator.append(99)
     speculator.append(1)  # now only "1" matches
     assert speculator.draft(8) == [] and speculator.pending == 1
+
+
+def test_a_stalled_step_does_not_move_what_verifying_costs():
+    """The cost of a row count is the median of its recent steps: one step stalled 7x (the host took the core)
+    leaves it, and a lasting change moves it within a few steps."""
+    costs = StepCosts()
+    for _ in range(COST_WINDOW):
+        costs.record(1, 0.010)
+        costs.record(4, 0.014)
+    costs.record(4, 0.100)
+    assert costs.ratio(4) == pytest.approx(1.4)
+    for _ in range(COST_WINDOW // 2 + 1):
+        costs.record(4, 0.020)  # verifying got dearer (a longer context)
+    assert costs.ratio(4) == pytest.approx(2.0)
 
 
 def test_expensive_verification_means_shorter_drafts():
