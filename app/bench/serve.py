@@ -12,9 +12,10 @@ in-process calls run on the server's engine thread: one torch thread team, as
 in `kvchat serve` itself (see app/tui/engine_thread.py).
 
 The load test then sends, at each client count (1, 4 and 8 by default), the same
-load twice: one request at a time (the engine's batch set to 1) and batched (its
---max-batch), greedy, LOAD_TOKENS tokens each (EOS ignored, so both runs generate
-alike): requests/s, aggregate tokens/s and TTFT p50/p95 side by side. Its clients run
+load in pairs of runs (--load-rounds, 3): one request at a time (the engine's batch
+set to 1) and batched (its --max-batch), greedy, LOAD_TOKENS tokens each (EOS
+ignored, so both runs generate alike): requests/s, aggregate tokens/s and TTFT
+p50/p95 of the pair with the median speed-up side by side, and every pair's speed-up. Its clients run
 in a child process, as a server's clients do (load_test.ClientProcess says why).
 """
 
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 SHORT = "Explain in detail how a KV cache speeds up text generation in a transformer."
 LOAD_TOKENS = 32
 QUICK_LOAD_REQUESTS = 8  # per client count with --quick
+LOAD_ROUNDS = 3  # pairs of load runs per client count (1 with --quick): one pair's speed-up is noise's
 # About 700 tokens of plain prose: a long paste, computed in full by both paths.
 LONG = ("Here is a long note from my research log; summarise it. " + " ".join(
     f"Day {day}: the cache kept {day * 16} tokens, the follow-up prefilled only the new message, and the "
@@ -51,6 +53,9 @@ def add_arguments(bench: argparse.ArgumentParser) -> None:
     group.add_argument("--requests", type=int, default=16,
                        help=f"requests of the load test per client count and mode (16; {QUICK_LOAD_REQUESTS} "
                             "with --quick)")
+    group.add_argument("--load-rounds", type=int, default=None, metavar="N",
+                       help=f"pairs of load runs (one at a time, batched) per client count, the median pair "
+                            f"reported ({LOAD_ROUNDS}; 1 with --quick)")
 
 
 def _counts(text: str) -> list[int]:
@@ -94,8 +99,8 @@ def run_serve_bench(args: argparse.Namespace) -> int:
     from app.server.runner import EngineRunner
     from engine import Engine
 
-    if min(args.clients) < 1 or args.requests < 1:
-        raise ValueError("--clients and --requests must be at least 1")
+    if min(args.clients) < 1 or args.requests < 1 or (args.load_rounds is not None and args.load_rounds < 1):
+        raise ValueError("--clients, --requests and --load-rounds must be at least 1")
     runner = EngineRunner()
     try:
         engine = runner.run(lambda: Engine.load(engine_options(args)))
@@ -140,16 +145,18 @@ def _measure(args: argparse.Namespace, runner, engine: Engine) -> dict:
                             samples[(name, path)].append(sample)
             load_params = SamplingParams(temperature=0, max_tokens=LOAD_TOKENS, ignore_eos=True)
             requests = min(args.requests, QUICK_LOAD_REQUESTS) if quick else args.requests
+            rounds = args.load_rounds or (1 if quick else LOAD_ROUNDS)
             with ClientProcess(server.url) as clients:
                 load = compare_batching(clients, engine.batching, engine.options.max_batch, args.clients, requests,
-                                        load_params, SHORT)
+                                        load_params, SHORT, rounds)
         finally:
             remote.close()
     rows = [_row(name, engine, text, samples[(name, "local")], samples[(name, "served")])
             for name, text in prompts.items()]
     return {"model": engine.info.model_name, "device": engine.info.device, "dtype": engine.info.dtype,
             "generated_tokens": tokens, "runs": repeat, "rows": rows, "max_batch": engine.options.max_batch,
-            "load_tokens": LOAD_TOKENS, "load_requests": requests, "load": [row.as_dict() for row in load]}
+            "load_tokens": LOAD_TOKENS, "load_requests": requests, "load_rounds": rounds,
+            "load": [row.as_dict() for row in load]}
 
 
 def _prompt_tokens(engine: Engine, text: str) -> int:
@@ -185,7 +192,8 @@ def _table(result: dict) -> str:
 def _load_table(result: dict) -> list[str]:
     """The load test: per client count, one request at a time / batched (--max-batch), side by side."""
     lines = [f"load test: {result['load_requests']} streaming requests of {result['load_tokens']} tokens per client "
-             f"count; each cell: one at a time / batched (--max-batch {result['max_batch']})",
+             f"count; each cell: one at a time / batched (--max-batch {result['max_batch']}), the pair with the "
+             f"median speed-up of {result['load_rounds']}",
              f"{'clients':>7}{'requests/s':>16}{'tok/s in all':>18}{'speed-up':>10}"
              f"{'TTFT p50 ms':>18}{'TTFT p95 ms':>18}  completed"]
     for row in result["load"]:
@@ -194,7 +202,9 @@ def _load_table(result: dict) -> list[str]:
         lines.append(f"{row['clients']:>7}{_pair(one, batched, 'requests_per_s', 2):>16}"
                      f"{_pair(one, batched, 'tokens_per_s', 1):>18}{row['speedup']:>9.2f}x"
                      f"{_pair(one, batched, 'ttft_p50_ms', 0):>18}{_pair(one, batched, 'ttft_p95_ms', 0):>18}"
-                     f"  {one['completed']} / {batched['completed']}" + (f", failures: {failures}" if failures else ""))
+                     f"  {one['completed']} / {batched['completed']}" + (f", failures: {failures}" if failures else "")
+                     + (f"  (pairs: {', '.join(f'{x:.2f}x' for x in row['speedups'])})" if len(row["speedups"]) > 1
+                        else ""))
     return lines
 
 
