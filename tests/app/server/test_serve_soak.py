@@ -1,13 +1,13 @@
 """Soak: random concurrent clients against one loopback server for a bounded time, then its books are checked.
 
 Clients send chat and text completions, streamed or not, one or two candidates, greedy or seeded, and
-some leave early: a stream closed after a few chunks, a non-streaming request whose socket closes
-before the reply; some send what the server refuses (bad JSON, wrong types, unknown fields, a prompt
-too long). The KV pool is small, so requests are preempted and cached blocks
-evicted under the load; a last request for eight long sampled replies at once outgrows it on any machine. The process's RSS is recorded after every request: its peak may exceed the
-start by the KV pool's size (its pages are touched as blocks are first written) plus a margin, never
-more. Afterwards: no request holds a KV block (every one is free or the prefix cache's), and every
-completed greedy reply is the one the same request gets alone.
+some leave early: a stream closed after a few chunks, a non-streaming request whose socket closes before
+the reply; some send what the server refuses (bad JSON, wrong types, unknown fields, a prompt too long).
+The KV pool is small, so requests are preempted and cached blocks evicted under the load; a last request
+for eight long sampled replies at once outgrows it on any machine. The process's RSS is recorded after
+every request: its peak may exceed the start by the KV pool's size (its pages are touched as blocks are
+first written) plus a margin, never more. Afterwards: no request holds a KV block (every one is free or
+the prefix cache's), and every completed greedy reply is the one the same request gets alone.
 """
 
 from __future__ import annotations
