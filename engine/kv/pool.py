@@ -11,7 +11,6 @@ from __future__ import annotations
 import torch
 
 
-
 class PoolExhausted(Exception):
     """Fewer free blocks than asked for."""
 

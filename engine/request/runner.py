@@ -174,12 +174,12 @@ class ModelRunner:
         return list(logits.split(1))
 
     def _decode_batch(self, work: list[Work]) -> list[torch.Tensor]:
-        """Each request's decode token (and drafts), and a prompt chunk that joins them, in one fused call;
+        """Each request's decode token (and drafts), and the prompt chunks that join them, in one fused call;
         a request's logits are the bits it would get alone (decode_step.c)."""
         for w in work:
             w.request.kv.reserve(len(w.token_ids))
-        logits = self.fused.forward_batch([(w.token_ids, w.request.kv.contiguous, not w.prefill and len(w.token_ids) > 1)
-                                           for w in work], self.decode_threads.current)
+        batch = [(w.token_ids, w.request.kv.contiguous, not w.prefill and len(w.token_ids) > 1) for w in work]
+        logits = self.fused.forward_batch(batch, self.decode_threads.current)
         for w in work:
             w.request.kv.commit(len(w.token_ids))
         return logits

@@ -65,7 +65,7 @@ class Scheduler:
         rows = sum(len(work.token_ids) for work in step)
         for request in (r for r in live if r.status is Status.PREFILL):
             tokens = request.next_tokens(chunk, self.context_window, 0)
-            if any(work.prefill for work in step) and rows + len(tokens) > joined_rows:
+            if len(step) > len(decoding) and rows + len(tokens) > joined_rows:  # a prompt is in: this one must join
                 break
             step.append(Work(request, tokens, True))
             rows, chunk = rows + len(tokens), chunk - len(tokens)
