@@ -189,7 +189,7 @@ class Engine:
             if self._fingerprint is None:
                 cfg = self.model.cfg
                 self._fingerprint = model_fingerprint(
-                    Path(self.info.model_dir), dtype=self.dtype, device=self.device.type, weights=self.info.weights,
+                    Path(self.info.model_dir), dtype=self.runner.kv_dtype, device=self.device.type, weights=self.info.weights,
                     kv_layout=(self.options.kv_block_size, cfg.kv_layers, cfg.num_kv_heads, cfg.head_dim))
             return self._fingerprint
 
@@ -349,7 +349,7 @@ class Engine:
 
 def new_prefix_cache(options: EngineOptions, model: CausalLM) -> PrefixCache:
     """An empty prefix cache for `model`, sized by the options (kv/budget.py when unset)."""
-    device, dtype = model.device, model.dtype
+    device, dtype = model.device, model.kv_dtype
     cfg, size = model.cfg, options.kv_block_size
     block_bytes = KVPool.block_bytes(size, cfg.kv_layers, cfg.num_kv_heads, cfg.head_dim, dtype)
     shape = (size, cfg.kv_layers, cfg.num_kv_heads, cfg.head_dim)
@@ -369,5 +369,5 @@ def new_prefix_cache(options: EngineOptions, model: CausalLM) -> PrefixCache:
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise EngineError(f"The KV cache of {pool_blocks * block_bytes / 2**30:.1f} GiB cannot be allocated "
                           f"({reason}); lower --kv-cache-gb.") from None
-    return PrefixCache(pool, host, checkpoint_budget(cfg.hybrid, pool.data.nbytes, dtype))
+    return PrefixCache(pool, host, checkpoint_budget(cfg.hybrid, pool.data.nbytes, model.dtype))
 

@@ -53,7 +53,10 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
 
     `mask` must be `window_causal_mask(T, S, window)`: the layer's window is in it, except for one
     new token, which attends over the last `window` keys here. `sinks` [heads]: the layer's sink logits.
+    K/V kept in another dtype than q's (fp16 on the integer path: CausalLM.kv_dtype) are widened first.
     """
+    if k.dtype != q.dtype:
+        k, v = k.to(q.dtype), v.to(q.dtype)
     if sinks is not None:
         return attend_with_sinks(q, k, v, mask, scale, window, sinks)
     num_new, heads, dim = q.shape

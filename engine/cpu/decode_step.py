@@ -69,8 +69,8 @@ class _Model(ctypes.Structure):
 
 
 class _Sequence(ctypes.Structure):
-    _fields_ = [("rows", _i32), ("position", _i32), ("capacity", _i32), ("all_logits", _i32),
-                ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p), ("cos", ctypes.c_void_p),
+    _fields_ = [("rows", _i32), ("position", _i32), ("capacity", _i32), ("all_logits", _i32), ("kv_half", _i32),
+                ("reserved", _i32), ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p), ("cos", ctypes.c_void_p),
                 ("sin", ctypes.c_void_p), ("cos_local", ctypes.c_void_p), ("sin_local", ctypes.c_void_p)]
 
 
@@ -88,6 +88,13 @@ def _fp32(tensor: torch.Tensor, what: str) -> int:
     if tensor.dtype != torch.float32 or tensor.device.type != "cpu" or not tensor.is_contiguous():
         raise Unfusable(f"{what} is not a contiguous fp32 CPU tensor")
     return tensor.data_ptr()
+
+
+def _kv_half(cache: torch.Tensor) -> int:
+    """1 for a cache of fp16 K/V (the integer path's), 0 for fp32: the C step reads and writes either."""
+    if cache.dtype not in (torch.float16, torch.float32):
+        raise ValueError(f"the fused step keeps K/V in fp16 or fp32, not {cache.dtype}")
+    return int(cache.dtype == torch.float16)
 
 
 def _norm(norm: nn.Module) -> int:
@@ -288,8 +295,9 @@ class FusedCPUDecode:
             if position + rows > k.shape[2]:
                 raise ValueError(f"{rows} tokens at position {position}: room was not reserved")
             rope = position * self._rope_row
-            sequences[i] = _Sequence(rows, position, k.shape[2], int(all_logits), k.data_ptr(), v.data_ptr(),
-                                     self._cos + rope, self._sin + rope, self._cos_local + rope, self._sin_local + rope)
+            sequences[i] = _Sequence(rows, position, k.shape[2], int(all_logits), _kv_half(k), 0, k.data_ptr(),
+                                     v.data_ptr(), self._cos + rope, self._sin + rope, self._cos_local + rope,
+                                     self._sin_local + rope)
             outputs.append(rows if all_logits else 1)
         logits = torch.empty(sum(outputs), self.model.cfg.vocab_size, dtype=torch.float32)
         self._batch(self._desc_ref, sequences, len(batch), embeddings.data_ptr(), logits.data_ptr(),
@@ -303,5 +311,5 @@ class FusedCPUDecode:
         if position + rows > k.shape[2]:
             raise ValueError(f"{rows} tokens at position {position}: room was not reserved")
         self._forward(self._desc_ref, rows, position, embeddings, self._cos + position * self._rope_row,
-                      self._sin + position * self._rope_row, k.data_ptr(), v.data_ptr(), k.shape[2],
+                      self._sin + position * self._rope_row, k.data_ptr(), v.data_ptr(), _kv_half(k), k.shape[2],
                       logits.data_ptr(), int(all_logits), min(threads, self._threads))

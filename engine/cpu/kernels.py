@@ -97,7 +97,7 @@ def _bind(lib: ctypes.CDLL) -> QuantKernels:
     lib.kc_matmul.argtypes = [p, p, i, p, i]
     lib.kc_matmul_parts.argtypes = [p, i, p, i, p, i]
     lib.kc_dequantize.argtypes = [p, i, i, p, i]
-    lib.kc_forward_tokens.argtypes = [p, i, i, p, p, p, p, p, i, p, i, i]  # cpu/decode_step.py
+    lib.kc_forward_tokens.argtypes = [p, i, i, p, p, p, p, p, i, i, p, i, i]  # cpu/decode_step.py
     lib.kc_forward_batch.argtypes = [p, p, i, p, p, i]
     lib.kc_decode_scratch_floats.argtypes = [p]
     lib.kc_moe_scratch_floats.argtypes = [i, i, i, i, i]

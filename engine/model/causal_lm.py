@@ -67,6 +67,18 @@ class CausalLM(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.norm.weight.dtype
 
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """The dtype its K/V are kept in: fp16 where its products are integer (the CPU default for quantized
+        weights; --exact-fp32 turns them off), else the model's own. The integer path already departs from
+        fp32 by its activations' rounding, and is exact to itself whatever it stores; fp16 halves what a
+        decode step reads at a long context (attention streams every K/V it keeps) and what the pool,
+        the disk and an export hold, as llama.cpp keeps its cache by default. Both the C step and torch
+        round to nearest even, and widening is exact, so every path reads the same values."""
+        if self.device.type == "cpu" and any(getattr(module, "integer", False) for module in self.modules()):
+            return torch.float16
+        return self.dtype
+
     def prepare(self) -> None:
         """Build the RoPE tables on the weights' device and dtype, and on a CUDA device stack each mixture's
         experts (model/moe.py); call after loading weights."""

@@ -59,6 +59,7 @@ class ModelRunner:
         self.prefix_cache = prefix_cache
         self.device = model.device
         self.dtype = model.dtype
+        self.kv_dtype = model.kv_dtype  # fp16 on the integer path (CausalLM.kv_dtype says why)
         self.decode_path = decode_path(paged_kv, cuda_graphs, compile, self.device, prefix_cache is not None,
                                        routed=routes_on_host(model), hybrid=model.cfg.hybrid is not None)
         self.graphs = (DecodeRunner(model, prefix_cache, self.decode_path.cuda_graphs, self.decode_path.compile)
@@ -110,7 +111,7 @@ class ModelRunner:
         cfg = self.model.cfg
         state = SequenceState.zeros(cfg.hybrid, self.device, self.dtype) if cfg.hybrid is not None else None
         return ContiguousKVCache(cfg.kv_layers, cfg.num_kv_heads, cfg.head_dim, cfg.context_window,
-                                 self.device, self.dtype, state)
+                                 self.device, self.kv_dtype, state)
 
     @property
     def decode_rows(self) -> int:

@@ -45,7 +45,8 @@ def engine(gguf_path):
 
 def new_buffer(engine):
     cfg = engine.model.cfg
-    return ContiguousKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 512, torch.device("cpu"), torch.float32)
+    return ContiguousKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 512, torch.device("cpu"),
+                             engine.model.kv_dtype)
 
 
 def step_by_step(engine, ids, piece, threads=2):

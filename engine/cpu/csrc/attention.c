@@ -32,13 +32,54 @@ static inline __attribute__((always_inline)) vec vsums_of_four(vec a, vec b, vec
     t = _mm512_add_ps(t, _mm512_permute_ps(t, 0x4E));
     return _mm512_add_ps(t, _mm512_permute_ps(t, 0xB1));
 }
+#endif
+
+/* K/V elements are fp32, or fp16 where the cache keeps them so (the integer path: engine/kv/cache.py), which
+ * halves the bytes a decode step reads. Widening fp16 is exact, so attention over fp16 K/V gives the bits of
+ * fp32 K/V holding the same values. The item functions take `half` as a constant where they are expanded
+ * (always_inline), so each element type has a loop of its own. */
+static inline __attribute__((always_inline)) vec kv_load(const void *base, int64_t i, int half) {
+#if VEC == 16
+    if (half) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + i)));
+#elif VEC == 8 && defined(__F16C__)
+    if (half) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + i)));
+#elif VEC == 8
+    if (half) {
+        float w[8];
+        for (int j = 0; j < 8; j++) w[j] = kc_half(((const uint16_t *)base)[i + j]);
+        return vload(w);
+    }
+#else
+    if (half) return kc_half(((const uint16_t *)base)[i]);
+#endif
+    return vload((const float *)base + i);
+}
+
+static inline __attribute__((always_inline)) float kv_at(const void *base, int64_t i, int half) {
+    return half ? kc_half(((const uint16_t *)base)[i]) : ((const float *)base)[i];
+}
+
+/* dot(a, k at i, n) of vec_math.h, the same operations in the same order, K of either element type. */
+static inline __attribute__((always_inline)) float kv_dot(const float *a, const void *k, int64_t at, int n, int half) {
+    int i = 0;
+    float s = 0.0f;
+#if VEC > 1
+    vec acc = vzero();
+    for (; i + VEC <= n; i += VEC) acc = vfma(vload(a + i), kv_load(k, at + i, half), acc);
+    s = vsum(acc);
+#endif
+    for (; i < n; i++) s += a[i] * kv_at(k, at + i, half);
+    return s;
+}
 
 #define GROUP64_MAX 6 /* query heads per KV head the 64-wide item keeps in registers (4 vectors each) */
 
+#if VEC == 16
 /* kc_attend_chunk for head_dim 64: each K and V row loaded once for the whole group of query heads, scores
  * four keys at a time, the outputs kept in registers across the chunk. */
-static void attend_chunk64(const float *q, const float *k, const float *v, int group, int t0, int t1,
-                           float scale, float *scores, float *part) {
+static inline __attribute__((always_inline)) void attend_chunk64(const float *q, const void *k, const void *v,
+                                                                 int half, int group, int t0, int t1, float scale,
+                                                                 float *scores, float *part) {
     const int len = t1 - t0, dim = 64;
     vec qv[GROUP64_MAX][4];
     for (int h = 0; h < group; h++)
@@ -46,10 +87,10 @@ static void attend_chunk64(const float *q, const float *k, const float *v, int g
     const __m512i lanes = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0);
     int t = 0;
     for (; t + 4 <= len; t += 4) {
-        const float *kt = k + (int64_t)(t0 + t) * dim;
+        const int64_t kt = (int64_t)(t0 + t) * dim;
         vec kv[4][4];
         for (int j = 0; j < 4; j++)
-            for (int i = 0; i < 4; i++) kv[j][i] = vload(kt + j * dim + i * VEC);
+            for (int i = 0; i < 4; i++) kv[j][i] = kv_load(k, kt + j * dim + i * VEC, half);
         for (int h = 0; h < group; h++) {
             vec d[4];
             for (int j = 0; j < 4; j++) {
@@ -61,7 +102,8 @@ static void attend_chunk64(const float *q, const float *k, const float *v, int g
         }
     }
     for (; t < len; t++)
-        for (int h = 0; h < group; h++) scores[h * len + t] = dot(q + h * dim, k + (int64_t)(t0 + t) * dim, dim) * scale;
+        for (int h = 0; h < group; h++)
+            scores[h * len + t] = kv_dot(q + h * dim, k, (int64_t)(t0 + t) * dim, dim, half) * scale;
     for (int h = 0; h < group; h++) {
         float *s = scores + h * len, top = max_of(s, len);
         part[h * (dim + 2)] = top;
@@ -71,8 +113,9 @@ static void attend_chunk64(const float *q, const float *k, const float *v, int g
     for (int h = 0; h < group; h++)
         for (int i = 0; i < 4; i++) acc[h][i] = vzero();
     for (int j = 0; j < len; j++) {
-        const float *vt = v + (int64_t)(t0 + j) * dim;
-        const vec v0 = vload(vt), v1 = vload(vt + VEC), v2 = vload(vt + 2 * VEC), v3 = vload(vt + 3 * VEC);
+        const int64_t vt = (int64_t)(t0 + j) * dim;
+        const vec v0 = kv_load(v, vt, half), v1 = kv_load(v, vt + VEC, half), v2 = kv_load(v, vt + 2 * VEC, half),
+                  v3 = kv_load(v, vt + 3 * VEC, half);
         for (int h = 0; h < group; h++) {
             const vec p = vset1(scores[h * len + j]);
             acc[h][0] = vfma(p, v0, acc[h][0]);
@@ -91,15 +134,16 @@ static void attend_chunk64(const float *q, const float *k, const float *v, int g
 #define SLICE 2      /* output vectors a head keeps in registers while V streams past */
 
 /* out[h * (dim + 2) + c * VEC] = sum over the chunk's positions t, in order, of p[h][t] * v_t's vector c, for
- * HN heads (p: scores, len apart) and SN vectors (HN, SN constants where it is expanded). */
-static inline __attribute__((always_inline)) void weigh_values(const float *v, const float *p, int len, int dim,
-                                                                int HN, int SN, float *out) {
+ * HN heads (p: scores, len apart) and SN vectors (HN, SN constants where it is expanded); v_t starts at
+ * element `at` + t * dim of v. */
+static inline __attribute__((always_inline)) void weigh_values(const void *v, int64_t at, int half, const float *p,
+                                                                int len, int dim, int HN, int SN, float *out) {
     vec acc[HEAD_BLOCK][SLICE];
     for (int h = 0; h < HN; h++)
         for (int c = 0; c < SN; c++) acc[h][c] = vzero();
     for (int t = 0; t < len; t++) {
         vec vv[SLICE];
-        for (int c = 0; c < SN; c++) vv[c] = vload(v + (int64_t)t * dim + c * VEC);
+        for (int c = 0; c < SN; c++) vv[c] = kv_load(v, at + (int64_t)t * dim + c * VEC, half);
         for (int h = 0; h < HN; h++) {
             const vec w = vset1(p[h * len + t]);
             for (int c = 0; c < SN; c++) acc[h][c] = vfma(w, vv[c], acc[h][c]);
@@ -113,8 +157,9 @@ static inline __attribute__((always_inline)) void weigh_values(const float *v, c
  * V streamed once per SLICE output vectors of them, instead of both once per head. Every score is dot()'s own
  * sum and every output lane the same chain of fmas over the positions in order, so the bits are those of one
  * head at a time (the loop below this). */
-static void attend_chunk_heads(const float *q, const float *k, const float *v, int group, int dim, int t0, int t1,
-                               float scale, float *scores, float *part) {
+static inline __attribute__((always_inline)) void attend_chunk_heads(const float *q, const void *k, const void *v,
+                                                                     int half, int group, int dim, int t0, int t1,
+                                                                     float scale, float *scores, float *part) {
     const int len = t1 - t0, nv = dim / VEC;
     for (int h0 = 0; h0 < group; h0 += HEAD_BLOCK) {
         const int hn = group - h0 < HEAD_BLOCK ? group - h0 : HEAD_BLOCK;
@@ -122,13 +167,13 @@ static void attend_chunk_heads(const float *q, const float *k, const float *v, i
 #if VEC == 16
         const __m512i lanes = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0);
         for (; t + 4 <= len; t += 4) { /* four keys' dot products reduced together, each as vsum adds */
-            const float *kt = k + (int64_t)(t0 + t) * dim;
+            const int64_t kt = (int64_t)(t0 + t) * dim;
             _Pragma("GCC unroll 8") for (int h = 0; h < HEAD_BLOCK; h++) if (h < hn) {
                 const float *qh = q + (h0 + h) * dim;
                 vec acc[4] = {vzero(), vzero(), vzero(), vzero()};
                 for (int i = 0; i < nv; i++) {
                     const vec qi = vload(qh + i * VEC);
-                    for (int j = 0; j < 4; j++) acc[j] = vfma(qi, vload(kt + j * dim + i * VEC), acc[j]);
+                    for (int j = 0; j < 4; j++) acc[j] = vfma(qi, kv_load(k, kt + j * dim + i * VEC, half), acc[j]);
                 }
                 const vec sums = _mm512_permutexvar_ps(lanes, vsums_of_four(acc[0], acc[1], acc[2], acc[3]));
                 _mm_storeu_ps(scores + (h0 + h) * len + t, _mm_mul_ps(_mm512_castps512_ps128(sums), _mm_set1_ps(scale)));
@@ -136,8 +181,8 @@ static void attend_chunk_heads(const float *q, const float *k, const float *v, i
         }
 #endif
         for (; t < len; t++) {
-            const float *kt = k + (int64_t)(t0 + t) * dim;
-            for (int h = h0; h < h0 + hn; h++) scores[h * len + t] = dot(q + h * dim, kt, dim) * scale;
+            const int64_t kt = (int64_t)(t0 + t) * dim;
+            for (int h = h0; h < h0 + hn; h++) scores[h * len + t] = kv_dot(q + h * dim, k, kt, dim, half) * scale;
         }
         for (int h = h0; h < h0 + hn; h++) {
             float *sh = scores + h * len, top = max_of(sh, len);
@@ -145,11 +190,13 @@ static void attend_chunk_heads(const float *q, const float *k, const float *v, i
             part[h * (dim + 2) + 1] = exp_shifted(sh, len, top);
         }
         for (int i0 = 0; i0 < nv; i0 += SLICE) {
-            const float *vs = v + (int64_t)t0 * dim + i0 * VEC, *sh = scores + h0 * len;
+            const int64_t vs = (int64_t)t0 * dim + i0 * VEC;
+            const float *sh = scores + h0 * len;
             float *out = part + h0 * (dim + 2) + 2 + i0 * VEC;
             const int wide = nv - i0 >= SLICE;
             switch (hn) { /* the head count a constant in each expansion: its accumulators stay in registers */
-#define HEADS(N) case N: if (wide) weigh_values(vs, sh, len, dim, N, SLICE, out); else weigh_values(vs, sh, len, dim, N, 1, out); break;
+#define HEADS(N) case N: if (wide) weigh_values(v, vs, half, sh, len, dim, N, SLICE, out); \
+                         else weigh_values(v, vs, half, sh, len, dim, N, 1, out); break;
             HEADS(1) HEADS(2) HEADS(3) HEADS(4) HEADS(5) HEADS(6) HEADS(7) HEADS(8)
 #undef HEADS
             default: break;
@@ -161,13 +208,14 @@ static void attend_chunk_heads(const float *q, const float *k, const float *v, i
 
 /* One head at a time: the definition attend_chunk_heads gives the bits of (and the path of the portable build
  * and of head sizes no vector divides). */
-void kc_attend_chunk_each_head(const float *q, const float *k, const float *v, int group, int dim, int t0, int t1,
-                               float scale, float *scores, float *part) {
+static inline __attribute__((always_inline)) void each_head(const float *q, const void *k, const void *v, int half,
+                                                            int group, int dim, int t0, int t1, float scale,
+                                                            float *scores, float *part) {
     const int len = t1 - t0;
     for (int h = 0; h < group; h++) {
         const float *qh = q + h * dim;
         float *s = scores + h * len;
-        for (int t = 0; t < len; t++) s[t] = dot(qh, k + (int64_t)(t0 + t) * dim, dim) * scale;
+        for (int t = 0; t < len; t++) s[t] = kv_dot(qh, k, (int64_t)(t0 + t) * dim, dim, half) * scale;
         const float top = max_of(s, len);
         float *out = part + h * (dim + 2);
         out[0] = top;
@@ -175,34 +223,52 @@ void kc_attend_chunk_each_head(const float *q, const float *k, const float *v, i
         float *acc = out + 2;
         memset(acc, 0, sizeof(float) * dim);
         for (int t = 0; t < len; t++) {
-            const float p = s[t], *vt = v + (int64_t)(t0 + t) * dim;
+            const float p = s[t];
+            const int64_t vt = (int64_t)(t0 + t) * dim;
             int i = 0;
 #if VEC > 1
             const vec pv = vset1(p);
-            for (; i + VEC <= dim; i += VEC) vstore(acc + i, vfma(pv, vload(vt + i), vload(acc + i)));
+            for (; i + VEC <= dim; i += VEC) vstore(acc + i, vfma(pv, kv_load(v, vt + i, half), vload(acc + i)));
 #endif
-            for (; i < dim; i++) acc[i] += p * vt[i];
+            for (; i < dim; i++) acc[i] += p * kv_at(v, vt + i, half);
         }
     }
 }
 
-/* One attention work item: query heads h0..h0+group of KV head g over positions t0..t1. Leaves the
- * item's running max, sum of exps and unnormalised output in part[(h - h0) * (dim + 2)]. */
-void kc_attend_chunk(const float *q, const float *k, const float *v, int group, int dim, int t0, int t1,
-                     float scale, float *scores, float *part) {
+void kc_attend_chunk_each_head(const float *q, const void *k, const void *v, int group, int dim, int t0, int t1,
+                               float scale, float *scores, float *part, int half) {
+    if (half)
+        each_head(q, k, v, 1, group, dim, t0, t1, scale, scores, part);
+    else
+        each_head(q, k, v, 0, group, dim, t0, t1, scale, scores, part);
+}
+
+static inline __attribute__((always_inline)) void attend_chunk(const float *q, const void *k, const void *v, int half,
+                                                               int group, int dim, int t0, int t1, float scale,
+                                                               float *scores, float *part) {
 #if VEC == 16
     if (dim == 64 && group <= GROUP64_MAX) {
-        attend_chunk64(q, k, v, group, t0, t1, scale, scores, part);
+        attend_chunk64(q, k, v, half, group, t0, t1, scale, scores, part);
         return;
     }
 #endif
 #if VEC > 1
     if (dim % VEC == 0) {
-        attend_chunk_heads(q, k, v, group, dim, t0, t1, scale, scores, part);
+        attend_chunk_heads(q, k, v, half, group, dim, t0, t1, scale, scores, part);
         return;
     }
 #endif
-    kc_attend_chunk_each_head(q, k, v, group, dim, t0, t1, scale, scores, part);
+    each_head(q, k, v, half, group, dim, t0, t1, scale, scores, part);
+}
+
+/* One attention work item: query heads h0..h0+group of KV head g over positions t0..t1. Leaves the
+ * item's running max, sum of exps and unnormalised output in part[(h - h0) * (dim + 2)]. */
+void kc_attend_chunk(const float *q, const void *k, const void *v, int group, int dim, int t0, int t1,
+                     float scale, float *scores, float *part, int half) {
+    if (half)
+        attend_chunk(q, k, v, 1, group, dim, t0, t1, scale, scores, part);
+    else
+        attend_chunk(q, k, v, 0, group, dim, t0, t1, scale, scores, part);
 }
 
 #if VEC > 1

@@ -21,13 +21,14 @@ static inline int window_start(int position, int window) {
 }
 
 /* One attention work item: query heads h0..h0+group of KV head g over positions t0..t1. Leaves the
- * item's running max, sum of exps and unnormalised output in part[(h - h0) * (dim + 2)]. */
-void kc_attend_chunk(const float *q, const float *k, const float *v, int group, int dim, int t0, int t1,
-                     float scale, float *scores, float *part);
+ * item's running max, sum of exps and unnormalised output in part[(h - h0) * (dim + 2)]. K and V are fp32, or
+ * fp16 if `half` (the integer path's cache); the rest of the fused step's attention (kc_attend_rows) reads fp32. */
+void kc_attend_chunk(const float *q, const void *k, const void *v, int group, int dim, int t0, int t1,
+                     float scale, float *scores, float *part, int half);
 /* kc_attend_chunk one query head after another, K and V read once per head: what its vector paths for head
  * sizes other than 64 must equal bit for bit (tests call it). */
-void kc_attend_chunk_each_head(const float *q, const float *k, const float *v, int group, int dim, int t0, int t1,
-                               float scale, float *scores, float *part);
+void kc_attend_chunk_each_head(const float *q, const void *k, const void *v, int group, int dim, int t0, int t1,
+                               float scale, float *scores, float *part, int half);
 
 /* The attention item of several new tokens (see attention.c). Scratch: kt [dim * TILE], s [R * G * TILE]. */
 void kc_attend_rows(const float *q, int64_t q_stride, int R, int G, int first, int window, const float *k,

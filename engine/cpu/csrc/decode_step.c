@@ -189,7 +189,8 @@ int64_t kc_decode_scratch_floats(const kc_model *M) {
  * and drafts, or a prompt chunk). Mirrored by engine/cpu/decode_step.py. */
 typedef struct {
     int32_t rows, position, capacity, all_logits; /* logits for every row (1), or for the last (0) */
-    float *k_cache, *v_cache;                     /* its contiguous cache (engine/kv/cache.py) */
+    int32_t kv_half, reserved;                    /* the cache's elements: fp16 (1) or fp32 (0) */
+    void *k_cache, *v_cache;                      /* its contiguous cache (engine/kv/cache.py) */
     const float *cos, *sin;                       /* RoPE rows from `position` on */
     const float *cos_local, *sin_local;           /* the same for layers with local_rope (Gemma 3) */
 } kc_sequence;
@@ -255,11 +256,37 @@ static void prefetch_item(const batch_layout *B, const kc_sequence *seqs, const 
     const int used = chunks_for(span, kv_heads, max_threads);
     if (c >= used) return;
     const int64_t t0 = lo + (int64_t)span * c / used, t1 = lo + (int64_t)span * (c + 1) / used;
-    const int64_t base = layer_offset * q->capacity + (int64_t)g * q->capacity * dim;
-    for (const float *cache = q->k_cache; cache; cache = cache == q->k_cache ? q->v_cache : NULL) {
-        const char *from = (const char *)(cache + base + t0 * dim), *to = (const char *)(cache + base + t1 * dim);
+    const int64_t base = layer_offset * q->capacity + (int64_t)g * q->capacity * dim, size = q->kv_half ? 2 : 4;
+    for (const char *cache = q->k_cache; cache; cache = cache == q->k_cache ? q->v_cache : NULL) {
+        const char *from = cache + (base + t0 * dim) * size, *to = cache + (base + t1 * dim) * size;
         if (to - from > PREFETCH_BYTES) to = from + PREFETCH_BYTES;
         for (const char *line = from; line < to; line += 64) __builtin_prefetch(line, 0, 3);
+    }
+}
+
+/* n floats rounded to fp16 as torch rounds (to nearest even; kc_to_half), 16 at a time where AVX-512 does it. */
+static void to_half(const float *x, uint16_t *out, int64_t n) {
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(out + i),
+                            _mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+    for (; i < n; i++) out[i] = kc_to_half(x[i]);
+}
+
+/* The K/V store's rounding, for the tests to hold to torch's on every build. */
+void kc_round_to_half(const float *x, uint16_t *out, int64_t n) { to_half(x, out, n); }
+
+/* One token's K and V rows of one KV head (dim floats each) into the sequence's cache at element `at`: copied,
+ * or rounded to fp16 where the cache is fp16. */
+static void store_kv(const kc_sequence *q, int64_t at, const float *k, const float *v, int dim) {
+    if (q->kv_half) {
+        to_half(k, (uint16_t *)q->k_cache + at, dim);
+        to_half(v, (uint16_t *)q->v_cache + at, dim);
+    } else {
+        memcpy((float *)q->k_cache + at, k, sizeof(float) * dim);
+        memcpy((float *)q->v_cache + at, v, sizeof(float) * dim);
     }
 }
 
@@ -325,8 +352,7 @@ void kc_forward_batch(const kc_model *M, const kc_sequence *seqs, int count, con
                 }
                 for (int g = 0; g < kv_heads; g++) {
                     const int64_t at = layer_offset * q->capacity + ((int64_t)g * q->capacity + q->position + j) * dim;
-                    memcpy(q->k_cache + at, row + q_size + g * dim, sizeof(float) * dim);
-                    memcpy(q->v_cache + at, row + q_size + kv_size + g * dim, sizeof(float) * dim);
+                    store_kv(q, at, row + q_size + g * dim, row + q_size + kv_size + g * dim, dim);
                 }
             }
             MARK(PHASE_ROPE);
@@ -337,12 +363,12 @@ void kc_forward_batch(const kc_model *M, const kc_sequence *seqs, int count, con
                 const kc_sequence *q = &seqs[s];
                 const int local = item - B.item_first[s], chunks = B.chunks[s], g = local / chunks, c = local % chunks;
                 const int R = q->rows, item_floats = R * group * stride;
-                const float *kc = q->k_cache + layer_offset * q->capacity + (int64_t)g * q->capacity * dim;
-                const float *vc = q->v_cache + layer_offset * q->capacity + (int64_t)g * q->capacity * dim;
+                const int64_t head_at = (layer_offset * q->capacity + (int64_t)g * q->capacity * dim) * (q->kv_half ? 2 : 4);
+                const void *kc = (const char *)q->k_cache + head_at, *vc = (const char *)q->v_cache + head_at;
                 const float *qs = S.qkv + (int64_t)B.first[s] * qkv_size + g * group * dim;
                 float *part = S.parts + B.parts_first[s] + (int64_t)local * item_floats;
                 if (item + 1 < B.items) prefetch_item(&B, seqs, L, item + 1, layer_offset, dim, kv_heads, M->max_threads);
-                if (R > PER_ROW_ATTENTION && !M->row_invariant) {
+                if (R > PER_ROW_ATTENTION && !M->row_invariant && !q->kv_half) {
                     /* Many tokens (a follow-up message): one flash-style pass over tiles of transposed K. */
                     const int context = q->position + R, lo = window_start(q->position, L->window), span = context - lo;
                     const int t0 = lo + (int)((int64_t)span * c / chunks), t1 = lo + (int)((int64_t)span * (c + 1) / chunks);
@@ -358,7 +384,7 @@ void kc_forward_batch(const kc_model *M, const kc_sequence *seqs, int count, con
                     if (c >= used) continue;
                     const int t0 = lo + (int)((int64_t)span * c / used), t1 = lo + (int)((int64_t)span * (c + 1) / used);
                     kc_attend_chunk(qs + (int64_t)r * qkv_size, kc, vc, group, dim, t0, t1, M->scale, scores,
-                                    part + (int64_t)r * group * stride);
+                                    part + (int64_t)r * group * stride, q->kv_half);
                 }
             }
             MARK(PHASE_ATTENTION);
@@ -367,7 +393,7 @@ void kc_forward_batch(const kc_model *M, const kc_sequence *seqs, int count, con
             for (int r = 0; r < rows; r++) {
                 const int s = B.row_seq[r], j = r - B.first[s], R = seqs[s].rows, item_floats = R * group * stride;
                 const int seen = seqs[s].position + j + 1;
-                const int used = R > PER_ROW_ATTENTION && !M->row_invariant ? B.chunks[s]
+                const int used = R > PER_ROW_ATTENTION && !M->row_invariant && !seqs[s].kv_half ? B.chunks[s]
                                                        : chunks_for(seen - window_start(seen - 1, L->window), kv_heads,
                                                                     M->max_threads);
                 for (int h = 0; h < heads; h++) {
@@ -433,9 +459,9 @@ void kc_forward_batch(const kc_model *M, const kc_sequence *seqs, int count, con
 
 /* `rows` new tokens of one sequence (1 for a decode step): kc_forward_batch with a batch of one. */
 void kc_forward_tokens(const kc_model *M, int rows, int position, const float *embeddings, const float *cos,
-                       const float *sin, float *k_cache, float *v_cache, int capacity, float *logits,
+                       const float *sin, void *k_cache, void *v_cache, int kv_half, int capacity, float *logits,
                        int all_logits, int threads) {
-    const kc_sequence one = {rows, position, capacity, all_logits, k_cache, v_cache, cos, sin, cos, sin};
+    const kc_sequence one = {rows, position, capacity, all_logits, kv_half, 0, k_cache, v_cache, cos, sin, cos, sin};
     kc_forward_batch(M, &one, 1, embeddings, logits, threads);
 }
 

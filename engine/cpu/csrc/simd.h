@@ -12,7 +12,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__)) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
@@ -38,6 +38,31 @@ static inline float kc_half(uint16_t h) {
     float f;
     memcpy(&f, &bits, 4);
     return f;
+#endif
+}
+
+/* fp32 -> fp16, rounded to nearest even (past 65504 to infinity, a NaN stays a NaN), as torch's
+ * .to(torch.float16) rounds: the fused step stores the integer path's K/V so, and a value stored by it and
+ * by torch must be the same bits. */
+static inline uint16_t kc_to_half(float f) {
+#ifdef __F16C__
+    return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#else
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+    const uint32_t a = x & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) return sign | 0x7E00 | (uint16_t)((a >> 13) & 0x3FF); /* NaN: quiet, top payload */
+    if (a >= 0x477FF000u) return sign | 0x7C00;                              /* >= 65520 (or inf): inf */
+    if (a >= 0x38800000u)                                                    /* a normal half: rebias, round */
+        return sign | (uint16_t)((a + 0xFFFu + ((a >> 13) & 1) - 0x38000000u) >> 13);
+    const uint32_t e = a >> 23;
+    if (e < 102) return sign; /* below 2^-25 (half of the smallest subnormal, or exactly it: even): zero */
+    const uint32_t m = (a & 0x7FFFFFu) | 0x800000u, shift = 126 - e; /* units of 2^-24: m >> shift, 14..24 */
+    uint32_t r = m >> shift;
+    const uint32_t rest = m & ((1u << shift) - 1), halfway = 1u << (shift - 1);
+    r += rest > halfway || (rest == halfway && (r & 1));
+    return sign | (uint16_t)r;
 #endif
 }
 

@@ -89,7 +89,7 @@ HOSTILE = Path(__file__).parents[1] / "tools" / "mcp" / "hostile_server.py"
 
 
 @pytest.mark.real_model
-@pytest.mark.parametrize("tool", ["paint", "flood"])
+@pytest.mark.parametrize("tool", ["paint", "spill"])
 def test_nothing_a_hostile_tool_returns_reaches_the_terminal_or_the_database_raw(tmp_path, tool):
     """The model is made to call a tool that answers with terminal escapes (or megabytes): what is stored,
     printed and exported is the tool layer's safe text, cut to its budget."""
@@ -108,7 +108,7 @@ def test_nothing_a_hostile_tool_returns_reaches_the_terminal_or_the_database_raw
     for text in (call["result"], stored, result.stderr):
         assert "\x1b" not in text and "\x07" not in text and "\x9b" not in text and "\u202e" not in text
     assert stored == call["result"]
-    if tool == "flood":  # megabytes in, the budget out, and the model is told it was cut
+    if tool == "spill":  # megabytes in, the budget out, and the model is told it was cut
         assert len(stored) < 2000 and "cut" in stored.lower()
     else:
         assert "red" in stored and "next line" in stored  # the words stay; only the commands go

@@ -17,7 +17,7 @@ def lib():
     assert not isinstance(loaded, str), loaded
     p, i, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
     for fn in (loaded.lib.kc_attend_chunk, loaded.lib.kc_attend_chunk_each_head):
-        fn.argtypes = [p, p, p, i, i, i, i, f, p, p]
+        fn.argtypes = [p, p, p, i, i, i, i, f, p, p, i]
         fn.restype = None
     return loaded.lib
 
@@ -25,7 +25,8 @@ def lib():
 def attend(fn, q, k, v, group, dim, t0, t1, scale):
     scores = torch.full((group * (t1 - t0),), float("nan"))
     part = torch.full((group * (dim + 2),), float("nan"))
-    fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), group, dim, t0, t1, scale, scores.data_ptr(), part.data_ptr())
+    fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), group, dim, t0, t1, scale, scores.data_ptr(), part.data_ptr(),
+       int(k.dtype == torch.float16))
     return part
 
 
@@ -57,3 +58,20 @@ def test_the_result_is_attention_over_the_chunk(lib):
     torch.testing.assert_close(part[:, 0].double(), top, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(part[:, 1].double(), weights.sum(dim=1), rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(part[:, 2:].double(), weights @ v[t0:t1].double(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dim", [16, 64, 80, 128])
+@pytest.mark.parametrize("group", [1, 3, 8])
+def test_fp16_kv_give_the_bits_of_fp32_kv_holding_the_same_values(lib, dim, group):
+    """The integer path keeps K/V in fp16 (CausalLM.kv_dtype): widening is exact, so every path of a chunk must
+    give what the same values in fp32 give, bit for bit (a decode step and a verify read either's cache alike)."""
+    gen = torch.Generator().manual_seed(dim * 10 + group)
+    q = torch.randn(group * dim, generator=gen)
+    k = (torch.randn(300, dim, generator=gen) * 2).half()
+    v = torch.randn(300, dim, generator=gen).half()
+    for fn in (lib.kc_attend_chunk, lib.kc_attend_chunk_each_head):
+        for t0, t1 in ((0, 1), (5, 9), (0, 64), (13, 300)):
+            halves = attend(fn, q, k, v, group, dim, t0, t1, dim ** -0.5)
+            widened = attend(fn, q, k.float(), v.float(), group, dim, t0, t1, dim ** -0.5)
+            assert not torch.isnan(halves).any()
+            assert torch.equal(halves.view(torch.int32), widened.view(torch.int32)), (fn, t0, t1)

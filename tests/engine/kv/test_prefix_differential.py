@@ -28,7 +28,7 @@ def engines_for(model_dir, paged_kv=None):
     """(the engine under test, with a small prefix cache; the reference: eager, no prefix cache)."""
     probe = Engine.load(EngineOptions(model=str(model_dir), dtype="float32", prefix_caching=False))
     cfg = probe.model.cfg
-    cfg_block_bytes = 2 * cfg.kv_layers * cfg.num_kv_heads * BLOCK * cfg.head_dim * 4
+    cfg_block_bytes = 2 * cfg.kv_layers * cfg.num_kv_heads * BLOCK * cfg.head_dim * probe.model.kv_dtype.itemsize
     cached = Engine.load(EngineOptions(model=str(model_dir), dtype="float32", kv_block_size=BLOCK,
                                        kv_cache_gb=POOL_BLOCKS * cfg_block_bytes / 2**30, paged_kv=paged_kv))
     assert cached.prefix_cache.pool.num_blocks == POOL_BLOCKS

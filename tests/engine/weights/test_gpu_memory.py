@@ -126,7 +126,8 @@ def test_running_out_of_memory_while_loading_is_one_sentence(tiny_model_dir, fak
 
 def gpu_model(tiny_model_dir):
     """What new_prefix_cache reads of a model, as if it were loaded on a GPU."""
-    return types.SimpleNamespace(device=torch.device("cuda"), dtype=torch.bfloat16, cfg=model_config(tiny_model_dir))
+    return types.SimpleNamespace(device=torch.device("cuda"), dtype=torch.bfloat16, kv_dtype=torch.bfloat16,
+                                 cfg=model_config(tiny_model_dir))
 
 
 def failing_pool(exc: Exception):

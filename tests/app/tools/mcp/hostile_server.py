@@ -80,6 +80,12 @@ def flood(megabytes: int) -> str:
 
 
 @server.tool()
+def spill() -> str:
+    """Three megabytes of text whatever the model asks (flood's size is an argument the model would pick)."""
+    return "line of text " * (3 * (1 << 20) // 13)
+
+
+@server.tool()
 def paint() -> str:
     return ("\x1b[2J\x1b[31mred\x1b[0m \x1b]0;owned title\x07\x1b]8;;http://evil.example\x1b\\link\x1b]8;;\x1b\\ "
             "bell\x07 back\x08space car\rriage \u202eevil\u202c \x9b31m c1 \x00nul\ttab\nnext line")
