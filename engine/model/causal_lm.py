@@ -70,12 +70,16 @@ class CausalLM(nn.Module):
     @property
     def kv_dtype(self) -> torch.dtype:
         """The dtype its K/V are kept in: fp16 where its products are integer (the CPU default for quantized
-        weights; --exact-fp32 turns them off), else the model's own. The integer path already departs from
-        fp32 by its activations' rounding, and is exact to itself whatever it stores; fp16 halves what a
-        decode step reads at a long context (attention streams every K/V it keeps) and what the pool,
-        the disk and an export hold, as llama.cpp keeps its cache by default. Both the C step and torch
-        round to nearest even, and widening is exact, so every path reads the same values."""
-        if self.device.type == "cpu" and any(getattr(module, "integer", False) for module in self.modules()):
+        weights; --exact-fp32 turns them off) and its layers are ones the fused C step runs, else the model's
+        own. The integer path already departs from fp32 by its activations' rounding, and is exact to itself
+        whatever it stores; fp16 halves what a decode step reads at a long context (attention streams every
+        K/V it keeps) and what the pool, the disk and an export hold, as llama.cpp keeps its cache by
+        default. Both the C step and torch round to nearest even, and widening is exact, so every path
+        reads the same values. A hybrid's or Gemma 4's layers run eagerly, where SDPA would read a widened
+        copy of every K/V each step (more bytes than fp32 in place), so they keep the model's dtype."""
+        fused_layers = self.cfg.hybrid is None and self.cfg.gemma4 is None  # FusedCPUDecode's own refusals
+        if (self.device.type == "cpu" and fused_layers
+                and any(getattr(module, "integer", False) for module in self.modules())):
             return torch.float16
         return self.dtype
 

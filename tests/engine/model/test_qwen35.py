@@ -182,6 +182,15 @@ def test_a_quantized_gguf_runs_as_its_weights_dequantized(reference, expected, t
                                atol=ATOL, rtol=0)
 
 
+def test_its_attention_layers_keep_fp32_kv_on_integer_products(reference, tmp_path):
+    """A hybrid runs eagerly, where SDPA would read a widened copy of fp16 K/V every step: its K/V stay in the
+    model's dtype, though its products are integer (a dense model's go to fp16: CausalLM.kv_dtype)."""
+    gguf = write_gguf(reference, tmp_path / "q8.gguf", arch="qwen35", quant="Q8_0")
+    model = load_model(gguf, CPU, torch.float32, load_quant_kernels().with_integer_products(True))
+    assert any(getattr(module, "integer", False) for module in model.modules())
+    assert model.kv_dtype == torch.float32
+
+
 def config(**overrides):
     raw = dict(model_type="qwen3_5_text", vocab_size=8, hidden_size=16, intermediate_size=16, num_hidden_layers=4,
                num_attention_heads=2, num_key_value_heads=1, head_dim=8)
