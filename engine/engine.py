@@ -188,8 +188,10 @@ class Engine:
         with self._fingerprint_lock:
             if self._fingerprint is None:
                 cfg = self.model.cfg
+                # `dtype` is the K/V's (CausalLM.kv_dtype): the model's own but on the integer path (fp16)
                 self._fingerprint = model_fingerprint(
-                    Path(self.info.model_dir), dtype=self.runner.kv_dtype, device=self.device.type, weights=self.info.weights,
+                    Path(self.info.model_dir), dtype=self.runner.kv_dtype, device=self.device.type,
+                    weights=self.info.weights,
                     kv_layout=(self.options.kv_block_size, cfg.kv_layers, cfg.num_kv_heads, cfg.head_dim))
             return self._fingerprint
 

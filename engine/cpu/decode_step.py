@@ -70,8 +70,9 @@ class _Model(ctypes.Structure):
 
 class _Sequence(ctypes.Structure):
     _fields_ = [("rows", _i32), ("position", _i32), ("capacity", _i32), ("all_logits", _i32), ("kv_half", _i32),
-                ("reserved", _i32), ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p), ("cos", ctypes.c_void_p),
-                ("sin", ctypes.c_void_p), ("cos_local", ctypes.c_void_p), ("sin_local", ctypes.c_void_p)]
+                ("reserved", _i32), ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p),
+                ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p), ("cos_local", ctypes.c_void_p),
+                ("sin_local", ctypes.c_void_p)]
 
 
 ACTIVATIONS = {"silu": 0, "gelu_pytorch_tanh": 1, "swiglu_oai": 2}  # csrc/vec_math.h's KC_ACT_*

@@ -235,6 +235,7 @@ static inline __attribute__((always_inline)) void each_head(const float *q, cons
     }
 }
 
+/* The exported entry points expand their item once per element type (`half` a constant in each). */
 void kc_attend_chunk_each_head(const float *q, const void *k, const void *v, int group, int dim, int t0, int t1,
                                float scale, float *scores, float *part, int half) {
     if (half)

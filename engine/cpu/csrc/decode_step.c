@@ -363,7 +363,8 @@ void kc_forward_batch(const kc_model *M, const kc_sequence *seqs, int count, con
                 const kc_sequence *q = &seqs[s];
                 const int local = item - B.item_first[s], chunks = B.chunks[s], g = local / chunks, c = local % chunks;
                 const int R = q->rows, item_floats = R * group * stride;
-                const int64_t head_at = (layer_offset * q->capacity + (int64_t)g * q->capacity * dim) * (q->kv_half ? 2 : 4);
+                const int64_t head_at =
+                    (layer_offset * q->capacity + (int64_t)g * q->capacity * dim) * (q->kv_half ? 2 : 4); /* bytes */
                 const void *kc = (const char *)q->k_cache + head_at, *vc = (const char *)q->v_cache + head_at;
                 const float *qs = S.qkv + (int64_t)B.first[s] * qkv_size + g * group * dim;
                 float *part = S.parts + B.parts_first[s] + (int64_t)local * item_floats;
