@@ -70,6 +70,7 @@ class LoadInfo:
     decode: str = "eager"  # the decode path: "eager", or "paged" + what makes it fast (decode/path.py)
     speculative: str = "off"  # e.g. "ngram, up to 8 draft tokens", or "off"
     gguf_file: str | None = None  # the GGUF file the weights are read from (model_dir: its tokenizer cache)
+    kv_dtype: str = ""  # what K/V are kept in: the dtype's, or float16 on the integer path (CausalLM.kv_dtype)
 
 
 def _describe_weights(model: CausalLM) -> str:
@@ -157,6 +158,7 @@ class Engine:
             decode=engine.runner.decode_description,
             speculative=_describe_speculation(engine._loop.draft_tokens),
             gguf_file=None if source.gguf is None else str(source.gguf),
+            kv_dtype=str(engine.kv_dtype).removeprefix("torch."),
         )
         return engine
 
@@ -171,6 +173,11 @@ class Engine:
     @property
     def dtype(self) -> torch.dtype:
         return self.runner.dtype
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """What the K/V are kept in (CausalLM.kv_dtype: fp16 on the integer path, else the dtype)."""
+        return self.runner.kv_dtype
 
     @property
     def prefix_cache(self) -> PrefixCache | None:
@@ -190,7 +197,7 @@ class Engine:
                 cfg = self.model.cfg
                 # `dtype` is the K/V's (CausalLM.kv_dtype): the model's own but on the integer path (fp16)
                 self._fingerprint = model_fingerprint(
-                    Path(self.info.model_dir), dtype=self.runner.kv_dtype, device=self.device.type,
+                    Path(self.info.model_dir), dtype=self.kv_dtype, device=self.device.type,
                     weights=self.info.weights,
                     kv_layout=(self.options.kv_block_size, cfg.kv_layers, cfg.num_kv_heads, cfg.head_dim))
             return self._fingerprint

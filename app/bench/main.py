@@ -260,6 +260,7 @@ def _standard_sections(engine: Engine, baselines: dict[str, HFBaseline], args: a
         "model": engine.info.model_name,
         "device": engine.info.device,
         "dtype": engine.info.dtype,
+        "kv_dtype": engine.info.kv_dtype,
         "weights": engine.info.weights,
         "threads": torch.get_num_threads(),
         "runs": runs,

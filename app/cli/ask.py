@@ -56,6 +56,7 @@ def result_json(done: Done, engine: Backend, conversation_id: str | None, chat_f
         "model": engine.info.model_name,
         "device": engine.info.device,
         "dtype": engine.info.dtype,
+        "kv_dtype": engine.info.kv_dtype,
         "speculative": engine.info.speculative,  # the setting; the counts above say what it did
         "load_ms": round(engine.info.load_ms, 1),
         "kv_cache": engine.cache_stats(),

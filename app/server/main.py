@@ -104,7 +104,8 @@ def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
                                 timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
         server = Server(config, on_shutdown=runner.stop)
-        _say(f"serving {engine.info.model_name} ({engine.info.device}, {engine.info.dtype}) at "
+        kv = "" if engine.info.kv_dtype == engine.info.dtype else f", K/V {engine.info.kv_dtype}"
+        _say(f"serving {engine.info.model_name} ({engine.info.device}, {engine.info.dtype}{kv}) at "
              f"http://{address(args.host, args.port)}/v1{' (API key required)' if api_key else ''}")
         if (chat_format := model_chat_format(engine)) is not None:  # never a silent guess
             _say(f"{no_template_notice(chat_format)[:-1]} for chat requests.")

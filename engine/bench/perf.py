@@ -103,7 +103,7 @@ def weight_bytes_per_token(engine: Engine) -> int:
 def kv_bytes_per_position(engine: Engine) -> int:
     """Bytes of K and V one position holds over the layers that keep them (read once per decode step)."""
     cfg = engine.model.cfg
-    return 2 * cfg.kv_layers * cfg.num_kv_heads * cfg.head_dim * engine.dtype.itemsize
+    return 2 * cfg.kv_layers * cfg.num_kv_heads * cfg.head_dim * engine.kv_dtype.itemsize
 
 
 def checkpoint_bytes(engine: Engine) -> int | None:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from engine import Engine, EngineOptions
+from engine.bench.perf import kv_bytes_per_position
 from engine.cpu.decode_step import FusedCPUDecode
 from engine.cpu.kernels import kernels_for, load_quant_kernels
 from engine.kv.cache import ContiguousKVCache
@@ -93,3 +94,6 @@ def test_an_engine_on_integer_products_keeps_fp16_kv_and_one_on_fp32_products_fp
     # The same --kv-cache-gb holds twice the tokens, and K/V stored under one are never read as the other's.
     assert integer.prefix_cache.pool.num_blocks // 2 == exact.prefix_cache.pool.num_blocks
     assert integer.fingerprint != exact.fingerprint
+    # What is said of it (ask --json, the bench, serve's banner), and what a decode step reads per position.
+    assert (integer.info.kv_dtype, exact.info.kv_dtype) == ("float16", "float32")
+    assert kv_bytes_per_position(integer) * 2 == kv_bytes_per_position(exact)
