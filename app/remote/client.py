@@ -41,6 +41,7 @@ class RemoteInfo:
     context_window: int  # the server's max_model_len; 0: it did not say
     load_ms: float  # connecting and listing the models
     dtype: str = ""
+    kv_dtype: str = ""  # the server's own, which its API does not say
     decode: str = "remote"
     speculative: str = "remote"  # the server's setting; its usage reports the drafts it accepted
 
