@@ -29,3 +29,10 @@ def test_a_hybrid_models_checkpoint_and_its_kv_per_token_are_in_the_bench(arch, 
     memory = linear * hybrid.value_heads * hybrid.key_head_dim * hybrid.value_head_dim * 4
     assert checkpoint == conv + memory
     assert f"{checkpoint / per_token:,.0f} tokens of K/V" in out
+
+
+def test_the_header_names_the_kv_dtype_where_it_is_not_the_models(capsys):
+    print_table({**EMPTY, "kv_dtype": "float16"})
+    assert "weights dense · K/V float16 · 2 threads" in capsys.readouterr().out
+    print_table({**EMPTY, "kv_dtype": "float32"})
+    assert "K/V" not in capsys.readouterr().out.splitlines()[0]
