@@ -159,8 +159,8 @@ def _ratio(ours: float, theirs: float | None) -> str:
 def print_table(result: dict) -> None:
     kv = result.get("kv_dtype")
     kv = f" · K/V {kv}" if kv and kv != result["dtype"] else ""
-    print(f"kvchat bench · {result['model']} · {result['device']} {result['dtype']} · weights {result['weights']}{kv} · "
-          f"{result['threads']} threads · medians of {result['runs']} runs")
+    print(f"kvchat bench · {result['model']} · {result['device']} {result['dtype']} · weights {result['weights']}{kv}"
+          f" · {result['threads']} threads · medians of {result['runs']} runs")
     bf16 = any(row.get("hf_bf16_tokens_per_s") for row in result["prefill"])
     header = f"{'tokens/s':24}{'kvchat':>10}{'transformers':>14}{'ratio':>8}"
     print(header + (f"{'transformers bf16':>19}{'ratio':>8}" if bf16 else ""))
