@@ -41,7 +41,7 @@ def forced_logits(engine: Engine, token_ids: list[int]) -> torch.Tensor:
     """[len(token_ids), vocab] fp32 logits, token i's the distribution of token i + 1, CHUNK tokens a forward."""
     cfg = engine.model.cfg
     cache = ContiguousKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, len(token_ids), engine.device,
-                              engine.runner.kv_dtype)  # the integer side's fp16 K/V are part of its departure
+                              engine.kv_dtype)  # the integer side's fp16 K/V are part of its departure
     ids = torch.tensor(token_ids, dtype=torch.long, device=engine.device)
     parts = [engine.model(ids[i:i + CHUNK], cache, all_logits=True).float() for i in range(0, len(ids), CHUNK)]
     return torch.cat(parts)

@@ -174,7 +174,7 @@ class FusedCPUDecode:
                 sinks=None if attn.sinks is None else _fp32(attn.sinks, "the attention sinks"))
         # Integer products (cpu/kernels.py): then every token takes a decode step's own attention, whatever
         # the call, so the engine's results are bit-identical across batching, chunking and caching.
-        self.integer = any(getattr(module, "integer", False) for module in model.modules())
+        self.integer = model.integer_products
         self.max_rows = INTEGER_MAX_ROWS if self.integer else MAX_ROWS  # new tokens a call takes
         self._threads = max(os.cpu_count() or 1, torch.get_num_threads())
         self._desc = _Model(

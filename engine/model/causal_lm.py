@@ -68,6 +68,11 @@ class CausalLM(nn.Module):
         return self.norm.weight.dtype
 
     @property
+    def integer_products(self) -> bool:
+        """Whether any of its linears multiply int8 activations in integers (cpu/linear.py's `integer`)."""
+        return any(getattr(module, "integer", False) for module in self.modules())
+
+    @property
     def kv_dtype(self) -> torch.dtype:
         """The dtype its K/V are kept in: fp16 where its products are integer (the CPU default for quantized
         weights; --exact-fp32 turns them off) and its layers are ones the fused C step runs, else the model's
@@ -78,8 +83,7 @@ class CausalLM(nn.Module):
         reads the same values. A hybrid's or Gemma 4's layers run eagerly, where SDPA would read a widened
         copy of every K/V each step (more bytes than fp32 in place), so they keep the model's dtype."""
         fused_layers = self.cfg.hybrid is None and self.cfg.gemma4 is None  # FusedCPUDecode's own refusals
-        if (self.device.type == "cpu" and fused_layers
-                and any(getattr(module, "integer", False) for module in self.modules())):
+        if self.device.type == "cpu" and fused_layers and self.integer_products:
             return torch.float16
         return self.dtype
 

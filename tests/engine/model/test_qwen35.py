@@ -187,7 +187,7 @@ def test_its_attention_layers_keep_fp32_kv_on_integer_products(reference, tmp_pa
     model's dtype, though its products are integer (a dense model's go to fp16: CausalLM.kv_dtype)."""
     gguf = write_gguf(reference, tmp_path / "q8.gguf", arch="qwen35", quant="Q8_0")
     model = load_model(gguf, CPU, torch.float32, load_quant_kernels().with_integer_products(True))
-    assert any(getattr(module, "integer", False) for module in model.modules())
+    assert model.integer_products
     assert model.kv_dtype == torch.float32
 
 
