@@ -123,8 +123,12 @@ static inline __attribute__((always_inline)) void k_unit(const uint8_t *unit, in
  * cache when its turn comes (the hardware's prefetcher alone did not run far enough ahead). 24 rows of the
  * 1.5B model's matrices from memory (an AMD EPYC, 2 threads, 3 interleaved pairs): Q4_K [8960 x 1536]
  * 0.72-0.75 -> 0.57-0.58 ms, Q6_K [1536 x 8960] 1.09-1.23 -> 0.92-0.93 ms (one tile ahead, or during the
- * first pass, or into L2 only, measured slower; a single pass (1-4 rows: decode) gained nothing). Where the
- * bytes are fetched from changes nothing they compute. */
+ * first pass, or into L2 only, measured slower). A product of 2-4 rows (a step of several requests, a
+ * speculative verify) has one pass, and asks for the tile ahead during it: its compute per byte is 2-4x one
+ * row's, and the core then kept too few reads in flight to stream the weights. A whole step of 4 requests
+ * of the 1.5B Q4_K_M model took 25.2-25.5 ms against 16.0 ms for one; with the prefetch 17.5-18.3 ms (2
+ * interleaved pairs). One row (a plain decode step) gained nothing from it and 5-8 rows nothing from asking
+ * in the first pass instead. Where the bytes are fetched from changes nothing they compute. */
 #define PREFETCH_TILES 2
 
 /* Rows xs[0..R) (R a constant in each expansion: the compiler keeps their accumulators in registers) of
@@ -161,13 +165,14 @@ static inline __attribute__((always_inline)) void tile_rows(const kc_linear *L, 
             const __m512 bias = L->bias ? _mm512_maskz_loadu_ps(keep, L->bias + c0) : _mm512_setzero_ps(); \
             const int64_t tile_bytes = (int64_t)blocks * kc_tile_unit_bytes(FORMAT);                  \
             const uint8_t *tile = (const uint8_t *)L->tiles + (int64_t)t * tile_bytes;                \
-            const uint8_t *ahead = rows > TILE_ROWS && (t + PREFETCH_TILES) * KC_TILE < n1               \
+            const uint8_t *ahead = rows > 1 && (t + PREFETCH_TILES) * KC_TILE < n1                       \
                                        ? tile + PREFETCH_TILES * tile_bytes : NULL;                   \
+            const int asking = rows <= TILE_ROWS ? 0 : TILE_ROWS; /* the pass that prefetches: the only one, else the second */ \
             int r0 = 0;                                                                               \
             for (; r0 + TILE_ROWS <= rows; r0 += TILE_ROWS)                                           \
                 tile_rows(L, FORMAT, tile, blocks, xs + r0, TILE_ROWS, y + (int64_t)r0 * ldy, ldy, c0, keep, bias, \
-                          r0 == TILE_ROWS ? ahead : NULL); /* the second pass */                      \
-            const uint8_t *rest = r0 == TILE_ROWS ? ahead : NULL;                                     \
+                          r0 == asking ? ahead : NULL);                                               \
+            const uint8_t *rest = r0 == asking ? ahead : NULL;                                        \
             switch (rows - r0) {                                                                      \
             case 3: tile_rows(L, FORMAT, tile, blocks, xs + r0, 3, y + (int64_t)r0 * ldy, ldy, c0, keep, bias, rest); break; \
             case 2: tile_rows(L, FORMAT, tile, blocks, xs + r0, 2, y + (int64_t)r0 * ldy, ldy, c0, keep, bias, rest); break; \
