@@ -20,7 +20,9 @@ int64_t kc_int8_tile_bytes(const kc_linear *L) {
 /* Input rows sharing one decode of a tile's quants (a pass). A K-quant's unit keeps five accumulators a row
  * (main, sums, offset or low, acc, ext): 6 or 8 rows spill them (measured 0.6-0.9x at 48 rows). A 32-weight
  * block's (Q4_0..Q8_0, MXFP4) keeps three, so 8 rows fit the 32 vector registers and a second pass's decode
- * is saved: see pass_rows. */
+ * is saved. On the bundled SmolLM2 Q4_1 model (an AMD EPYC, 2 threads, 3-4 interleaved pairs): a verify of 5
+ * rows 3.11-3.35 -> 2.78-2.97 ms, of 6 rows 3.22-3.54 -> 2.95-3.17 ms, a 1,024-token prefill 366-393 ->
+ * 349-367 ms. */
 #define MAX_PASS_ROWS 8
 static inline int pass_rows(int format) { return kc_is_k_quant(format) ? 4 : MAX_PASS_ROWS; }
 
