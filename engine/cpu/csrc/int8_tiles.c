@@ -130,12 +130,13 @@ static inline __attribute__((always_inline)) void k_unit(const uint8_t *unit, in
  * cache when its turn comes (the hardware's prefetcher alone did not run far enough ahead). 24 rows of the
  * 1.5B model's matrices from memory (an AMD EPYC, 2 threads, 3 interleaved pairs): Q4_K [8960 x 1536]
  * 0.72-0.75 -> 0.57-0.58 ms, Q6_K [1536 x 8960] 1.09-1.23 -> 0.92-0.93 ms (one tile ahead, or during the
- * first pass, or into L2 only, measured slower). A product of 2 rows to a pass's (a step of several requests, a
- * speculative verify) has one pass, and asks for the tile ahead during it: its compute per byte is 2-4x one
- * row's, and the core then kept too few reads in flight to stream the weights. A whole step of 4 requests
- * of the 1.5B Q4_K_M model took 25.2-25.5 ms against 16.0 ms for one; with the prefetch 17.5-18.3 ms (2
- * interleaved pairs). One row (a plain decode step) gained nothing from it and 5-8 rows nothing from asking
- * in the first pass instead. Where the bytes are fetched from changes nothing they compute. */
+ * first pass, or into L2 only, measured slower). A product of several rows that fits one pass (a step of a
+ * few requests, a speculative verify) asks for the tile ahead during that pass: its compute per byte is 2-4x
+ * one row's, and the core then kept too few reads in flight to stream the weights. A whole step of 4
+ * requests of the 1.5B Q4_K_M model took 25.2-25.5 ms against 16.0 ms for one; with the prefetch 17.5-18.3
+ * ms (2 interleaved pairs). One row (a plain decode step) gained nothing from it, and 5-8 rows of a K-quant
+ * nothing from asking in their first pass instead. Where the bytes are fetched from changes nothing they
+ * compute. */
 #define PREFETCH_TILES 2
 
 /* Rows xs[0..R) (R a constant in each expansion: the compiler keeps their accumulators in registers) of
