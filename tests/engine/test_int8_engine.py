@@ -13,8 +13,10 @@ import pytest
 import torch
 
 from engine import Done, Engine, EngineOptions, SamplingParams, interleave
+from engine.cpu import kernels as quant_kernels
 from engine.cpu.linear import QuantLinear
 from engine.kv.cache import ContiguousKVCache
+from tests.cpu_builds import AVX_VNNI_FLAGS, AVX_VNNI_MARCH, can_run
 from tests.tiny_gguf import MIXED_QUANTS, write_gguf
 from tests.tiny_models import VOCAB, load_reference, make_tiny_model
 
@@ -38,8 +40,27 @@ def gguf_path(tmp_path_factory):
     return write_gguf(hf_model, root / "tiny-mixed.gguf", quant=MIXED_QUANTS)
 
 
+@pytest.fixture(scope="module", ids=["this-cpu", "avx-vnni"],
+                params=["native", pytest.param(AVX_VNNI_MARCH, marks=pytest.mark.slow)])
+def isa(request):
+    """Every differential below on this CPU's build, and (the full run) on the AVX-VNNI build's 8-column tiles
+    where this CPU can run them: every engine loaded meanwhile takes that build's kernels."""
+    if request.param == "native":
+        yield "native"
+        return
+    if not can_run(AVX_VNNI_FLAGS):
+        pytest.skip("this CPU has no AVX-VNNI: the 8-column tiles cannot run here")
+    built = quant_kernels.kernels_for(request.param)
+    assert built.integer_isa == "avx-vnni"
+    before, quant_kernels._loaded = quant_kernels._loaded, built
+    try:
+        yield built.integer_isa
+    finally:
+        quant_kernels._loaded = before
+
+
 @pytest.fixture(scope="module")
-def engine(gguf_path):
+def engine(gguf_path, isa):
     return Engine.load(EngineOptions(model=str(gguf_path), dtype="float32"))
 
 
@@ -64,7 +85,8 @@ def solo(engine, prompt, params=GREEDY):
     return list(list(engine.generate(prompt, params))[-1].token_ids)
 
 
-def test_the_quantized_linears_multiply_in_integers_and_the_fused_step_runs_them(engine):
+def test_the_quantized_linears_multiply_in_integers_and_the_fused_step_runs_them(engine, isa):
+    assert isa == "native" or f"({isa})" in engine.info.weights  # the build under test runs the products
     linears = {name: m for name, m in engine.model.named_modules() if isinstance(m, QuantLinear)}
     table = linears.pop("embed_tokens.table", None)  # an untied embedding is looked up, never multiplied
     assert table is None or not table.integer

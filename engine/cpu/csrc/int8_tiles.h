@@ -41,6 +41,13 @@
 #else
 #define TILES_VNNI 0
 #endif
+/* An AVX2-class CPU with AVX-VNNI (the VEX form of vpdpbusd: Intel since Alder Lake, AMD since Zen 5) and no
+ * AVX-512: the same tiles, multiplied 8 columns a vector (int8_tiles_avx2.c). */
+#if !TILES_VNNI && defined(__AVX2__) && defined(__AVXVNNI__) && defined(__FMA__) && defined(__F16C__)
+#define TILES_AVX_VNNI 1
+#else
+#define TILES_AVX_VNNI 0
+#endif
 
 static inline int kc_tile_bits(int format) {
     switch (format) {
@@ -68,8 +75,8 @@ static inline int64_t kc_tile_unit_bytes(int format) {
     return kc_tile_header_bytes(format) + (int64_t)(kc_block_weights(format) / 8) * kc_tile_group_bytes(kc_tile_bits(format));
 }
 
-/* Whether this build multiplies `format` in tiles (AVX-512 VNNI: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, Q4_K,
- * Q5_K, Q6_K). */
+/* Whether this build multiplies `format` in tiles (AVX-512 VNNI or AVX-VNNI: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+ * MXFP4, Q4_K, Q5_K, Q6_K). */
 int kc_int8_tiled(int format);
 /* Bytes of L's tiles (0: L's format has none in this build). */
 int64_t kc_int8_tile_bytes(const kc_linear *L);
@@ -80,7 +87,7 @@ void kc_int8_tile_pack(const kc_linear *L, void *out, int first, int end, int th
 /* Columns n0..n1 of the product of L's tiles with the quantized rows xs, as kc_int8_columns. */
 void kc_int8_tile_columns(const kc_linear *L, const kc_act_row *xs, int rows, float *y, int ldy, int n0, int n1);
 
-#if TILES_VNNI
+#if TILES_VNNI || TILES_AVX_VNNI
 #include <string.h>
 
 #include "simd.h"
@@ -92,6 +99,9 @@ static inline uint64_t kc_u64_at(const uint8_t *p) {
 }
 
 static inline int32_t kc_i32_at(const void *p) { return (int32_t)kc_u32_at((const uint8_t *)p); }
+#endif
+
+#if TILES_VNNI
 
 /* A group's two vectors: 4 unsigned quants of each of 16 columns, weights k0..k0+3 and k0+4..k0+7. */
 static inline __attribute__((always_inline)) void kc_tile_group_vecs(const uint8_t *g, int format, __m512i *A, __m512i *B) {

@@ -16,6 +16,7 @@ from engine.cpu import kernels as quant_kernels
 from engine.cpu import linear as linear_module
 from engine.cpu.linear import QuantLinear
 from engine.cpu.mixed_linear import MixedQuantLinear
+from tests.cpu_builds import AVX_VNNI_FLAGS, AVX_VNNI_MARCH, can_run
 from tests.kquant_blocks import MXFP4_SUBNORMAL, mxfp4_blocks, random_blocks
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
@@ -258,3 +259,37 @@ def test_half_precision_weights_keep_fp32_products(native):
     assert not linear.integer
     x = torch.randn(2, 64)
     torch.testing.assert_close(linear(x), x @ w.float().T, atol=1e-4, rtol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def avx_vnni():
+    """The kernels built for an AVX2-class CPU with AVX-VNNI and no AVX-512 (Alder Lake's instruction set),
+    where this CPU can run them."""
+    if not can_run(AVX_VNNI_FLAGS):
+        pytest.skip("this CPU has no AVX-VNNI: the 8-column tiles cannot run here")
+    loaded = quant_kernels.kernels_for(AVX_VNNI_MARCH).with_integer_products(True)
+    assert (loaded.isa, loaded.integer_isa) == ("avx2", "avx-vnni")
+    return loaded
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", VECTOR)
+def test_the_avx_vnni_tiles_give_the_definitions_bits_for_any_rows_and_columns(native, avx_vnni, fmt):
+    """8 columns a vector, a tile in two halves, passes of 2 (K-quants) or 3 rows: the definition's bits, the
+    same as the 16-wide tiles', for every pass size and for column ranges that cut through a tile's halves."""
+    here, _ = int8_linear(native, fmt, rows=40, seed=7, bias=torch.randn(40))
+    there = QuantLinear(avx_vnni, fmt, here.qs, bias=here.bias)
+    assert there.tiles is not None
+    x = torch.randn(7, here.in_features) * 3
+    for count in range(1, 8):
+        assert torch.equal(bits(there(x[:count])), bits(here(x[:count]))), count
+    assert torch.equal(bits(there(x)), bits(defined(there, x) + there.bias))
+    full = there(x)
+    for n0, n1 in [(5, 37), (8, 16), (0, 3), (9, 24), (33, 40)]:
+        y = torch.full((7, 40), 7.0)
+        desc = there.kernel_desc(with_bias=True)
+        avx_vnni.lib.kc_linear_columns(ctypes.byref(desc), ctypes.c_void_p(x.data_ptr()), 7,
+                                       ctypes.c_void_p(y.data_ptr()), 40, n0, n1)
+        assert torch.equal(bits(y[:, n0:n1]), bits(full[:, n0:n1])), (n0, n1)
+        outside = torch.cat([y[:, :n0], y[:, n1:]], dim=1)
+        assert torch.equal(outside, torch.full_like(outside, 7.0)), (n0, n1)

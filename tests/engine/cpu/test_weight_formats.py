@@ -2,9 +2,7 @@
 weights bit-identical to gguf's own dequantizer, products equal to a dense matmul up to summation order."""
 
 import ctypes
-import platform
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +14,7 @@ from engine.cpu.formats import RAW_BLOCKS
 from engine.cpu.kernels import LinearDesc
 from engine.cpu.linear import QuantLinear
 from engine.cpu.mixed_linear import MixedQuantLinear
+from tests.cpu_builds import can_run
 from tests.kquant_blocks import MXFP4_SUBNORMAL, finite_halves, mxfp4_blocks, random_blocks
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
@@ -30,14 +29,6 @@ PRODUCT_SCALE = {"q4_0": 0.1, "q4_1": 0.05, "q8_0": 0.005, "q5_0": 0.05, "q5_1":
 ISAS = {"native": (None, ()), "avx2": ("haswell", ("avx2", "fma", "f16c")), "portable": ("x86-64", ())}
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    return set(next((line.split(":", 1)[1] for line in text.splitlines() if line.startswith("flags")), "").split())
-
-
 @pytest.fixture(scope="module", params=list(ISAS))
 def kernels(request):
     march, flags = ISAS[request.param]
@@ -45,7 +36,7 @@ def kernels(request):
         loaded = quant_kernels.load_quant_kernels()
         assert not isinstance(loaded, str), loaded
         return loaded
-    if platform.machine() not in ("x86_64", "AMD64") or not set(flags) <= _cpu_flags():
+    if not can_run(flags):
         pytest.skip(f"this CPU cannot run the {request.param} path")
     loaded = quant_kernels.kernels_for(march)
     assert loaded.isa == request.param

@@ -1,0 +1,252 @@
+/*
+ * Tiles (int8_tiles.h) on an AVX2-class CPU with AVX-VNNI and no AVX-512: the products of int8_tiles.c, 8
+ * columns a vector instead of 16. A tile's 16 columns are two halves (a group's 64 bytes hold columns 0-7 in
+ * their first 32, 8-15 in the rest; a header's per-column bytes likewise), each multiplied in a pass of its
+ * own; the second half's bytes share the first's cache lines, so they come from the cache. Per column the
+ * integer sums and the float operations are the definition's (int8_dot.h) in its order, as in the 16-wide
+ * code, so the bits are the same on every path. AVX2 has 16 vector registers, not 32: a pass takes at most
+ * 2 rows of a K-quant (its five accumulators a row), 3 of the other formats (three a row).
+ */
+#include "int8_quants.h"
+#include "int8_tiles.h"
+
+#if TILES_AVX_VNNI
+#include <immintrin.h>
+
+#define MAX_PASS_ROWS 3
+#define PREFETCH_TILES 2 /* int8_tiles.c says why */
+static inline int pass_rows(int format) { return kc_is_k_quant(format) ? 2 : MAX_PASS_ROWS; }
+
+/* Bytes of v set to 0xFF where bit i of `mask` is set (byte i of the 32). */
+static inline __m256i byte_mask(uint32_t mask) {
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int32_t)mask),
+                                               _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                                2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i bit = _mm256_set1_epi64x((int64_t)0x8040201008040201ULL);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+}
+
+/* A group's two vectors for the tile's columns 8h..8h+7: 4 unsigned quants of each, weights k0..k0+3 and
+ * k0+4..k0+7 (kc_tile_group_vecs, half of it). */
+static inline __attribute__((always_inline)) void group_vecs(const uint8_t *g, int format, int h, __m256i *A,
+                                                             __m256i *B) {
+    const int bits = kc_tile_bits(format);
+    if (bits == 8) {
+        *A = _mm256_loadu_si256((const __m256i *)(g + 32 * h));
+        *B = _mm256_loadu_si256((const __m256i *)(g + 64 + 32 * h));
+        return;
+    }
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(g + 32 * h)), low4 = _mm256_set1_epi8(0x0F);
+    *A = _mm256_and_si256(v, low4);
+    *B = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+    if (format == KC_MXFP4) {
+        const __m256i u = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kc_mxfp4_unsigned));
+        *A = _mm256_shuffle_epi8(u, *A);
+        *B = _mm256_shuffle_epi8(u, *B);
+        return;
+    }
+    if (bits >= 5) { /* the masks' bits 32h..32h+31 are this half's bytes */
+        const __m256i b4 = _mm256_set1_epi8(16);
+        *A = _mm256_add_epi8(*A, _mm256_and_si256(byte_mask(kc_u32_at(g + 64 + 4 * h)), b4));
+        *B = _mm256_add_epi8(*B, _mm256_and_si256(byte_mask(kc_u32_at(g + 72 + 4 * h)), b4));
+    }
+    if (bits == 6) {
+        const __m256i b5 = _mm256_set1_epi8(32);
+        *A = _mm256_add_epi8(*A, _mm256_and_si256(byte_mask(kc_u32_at(g + 80 + 4 * h)), b5));
+        *B = _mm256_add_epi8(*B, _mm256_and_si256(byte_mask(kc_u32_at(g + 88 + 4 * h)), b5));
+    }
+}
+
+/* sums[r] += the group's products with rows xs[r]'s quants at q_of (8 of them) */
+#define GROUP_DOT(g, format, h, sums, R, q_of)                                                        \
+    do {                                                                                              \
+        __m256i A_, B_;                                                                               \
+        group_vecs(g, format, h, &A_, &B_);                                                           \
+        for (int r = 0; r < (R); r++) {                                                               \
+            const int8_t *xq_ = (q_of);                                                               \
+            sums[r] = _mm256_dpbusd_avx_epi32(sums[r], A_, _mm256_set1_epi32(kc_i32_at(xq_)));       \
+            sums[r] = _mm256_dpbusd_avx_epi32(sums[r], B_, _mm256_set1_epi32(kc_i32_at(xq_ + 4)));   \
+        }                                                                                             \
+    } while (0)
+
+/* The 8 fp16 values of this half's columns at p (a header's 16 columns of 2 bytes), widened. */
+static inline __m256 half_floats(const uint8_t *p, int h) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * h)));
+}
+
+/* Block b of a 32-weight format (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4) times rows xs[0..R), half h. */
+static inline __attribute__((always_inline)) void legacy_unit(const uint8_t *unit, int format, int h,
+                                                               const kc_act_row *xs, int R, int b, __m256 *acc,
+                                                               __m256 *ext) {
+    const int gb = kc_tile_group_bytes(kc_tile_bits(format));
+    const int offset = format == KC_Q8_0 ? 128 : format == KC_Q4_0 ? 8 : format == KC_Q5_0 ? 16
+                     : format == KC_MXFP4 ? 12 : 0;
+    __m256i sums[MAX_PASS_ROWS];
+    for (int r = 0; r < R; r++) sums[r] = _mm256_set1_epi32(-offset * xs[r].bsums32[b]);
+    const uint8_t *g = unit + kc_tile_header_bytes(format);
+    for (int q = 0; q < 4; q++) GROUP_DOT(g + q * gb, format, h, sums, R, xs[r].q + 32 * b + 8 * q);
+    __m256 d;
+    if (format == KC_MXFP4) { /* kc_e8m0_half of each column's exponent byte */
+        const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(unit + 8 * h)));
+        const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+        const __m256i tiny = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+        d = _mm256_castsi256_ps(_mm256_blendv_epi8(normal, tiny, _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e)));
+    } else {
+        d = half_floats(unit, h);
+    }
+    for (int r = 0; r < R; r++)
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), _mm256_mul_ps(d, _mm256_set1_ps(xs[r].d[b])), acc[r]);
+    if (format == KC_Q4_1 || format == KC_Q5_1) {
+        const __m256 m = half_floats(unit + 32, h);
+        for (int r = 0; r < R; r++) ext[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(xs[r].s[b]), ext[r]);
+    }
+}
+
+/* The 8 bytes of this half's columns at p (a header's row of 16), widened to int32. */
+static inline __m256i half_bytes_i32(const uint8_t *p, int h, int is_signed) {
+    const __m128i v = _mm_loadl_epi64((const __m128i *)(p + 8 * h));
+    return is_signed ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v);
+}
+
+/* Super-block s of a K-quant (Q4_K, Q5_K, Q6_K) times rows xs[0..R), half h. */
+static inline __attribute__((always_inline)) void k_unit(const uint8_t *unit, int format, int h, const kc_act_row *xs,
+                                                          int R, int s, __m256 *acc, __m256 *ext) {
+    const int gb = kc_tile_group_bytes(kc_tile_bits(format));
+    const uint8_t *g = unit + kc_tile_header_bytes(format);
+    __m256i main[MAX_PASS_ROWS];
+    for (int r = 0; r < R; r++) main[r] = _mm256_setzero_si256();
+    if (format == KC_Q6_K) {
+        /* q - 32: main -= 32 * sum over 16s of scale_g * (activation sum of g), two 16s a vpdpwssd */
+        __m256i offset[MAX_PASS_ROWS];
+        for (int r = 0; r < R; r++) offset[r] = _mm256_setzero_si256();
+        for (int p = 0; p < 8; p++) {
+            __m256i sc[2];
+            for (int e = 0; e < 2; e++) {
+                const int g16 = 2 * p + e;
+                __m256i sums[MAX_PASS_ROWS];
+                for (int r = 0; r < R; r++) sums[r] = _mm256_setzero_si256();
+                for (int q = 0; q < 2; q++)
+                    GROUP_DOT(g + (2 * g16 + q) * gb, format, h, sums, R, xs[r].q + KC_SUPER * s + 16 * g16 + 8 * q);
+                sc[e] = half_bytes_i32(unit + 32 + KC_TILE * g16, h, 1);
+                for (int r = 0; r < R; r++) main[r] = _mm256_add_epi32(main[r], _mm256_mullo_epi32(sums[r], sc[e]));
+            }
+            const __m256i pair = _mm256_or_si256(_mm256_and_si256(sc[0], _mm256_set1_epi32(0xFFFF)),
+                                                 _mm256_slli_epi32(sc[1], 16));
+            for (int r = 0; r < R; r++)
+                offset[r] = _mm256_dpwssd_avx_epi32(offset[r], pair,
+                                                    _mm256_set1_epi32(kc_i32_at(xs[r].bsums + 16 * s + 2 * p)));
+        }
+        for (int r = 0; r < R; r++) main[r] = _mm256_sub_epi32(main[r], _mm256_slli_epi32(offset[r], 5));
+    } else {
+        for (int j = 0; j < 8; j++) {
+            __m256i sums[MAX_PASS_ROWS];
+            for (int r = 0; r < R; r++) sums[r] = _mm256_setzero_si256();
+            for (int q = 0; q < 4; q++)
+                GROUP_DOT(g + (4 * j + q) * gb, format, h, sums, R, xs[r].q + KC_SUPER * s + 32 * j + 8 * q);
+            const __m256i sc = half_bytes_i32(unit + 64 + KC_TILE * j, h, 0);
+            for (int r = 0; r < R; r++) main[r] = _mm256_add_epi32(main[r], _mm256_mullo_epi32(sums[r], sc));
+        }
+    }
+    const __m256 d = half_floats(unit, h);
+    for (int r = 0; r < R; r++)
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(main[r]), _mm256_mul_ps(d, _mm256_set1_ps(xs[r].d[s])), acc[r]);
+    if (format != KC_Q6_K) {
+        /* the minimums: low = sum over 32s of min_j * (activation sum of 32 j), two 32s a vpdpwssd; a half's
+         * 8 columns are 16 of the row's 32 bytes (each column's two minimums side by side) */
+        __m256i low[MAX_PASS_ROWS];
+        for (int r = 0; r < R; r++) low[r] = _mm256_setzero_si256();
+        for (int p = 0; p < 4; p++) {
+            const __m256i mn = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(unit + 192 + 32 * p + 16 * h)));
+            for (int r = 0; r < R; r++)
+                low[r] = _mm256_dpwssd_avx_epi32(low[r], mn, _mm256_set1_epi32(kc_i32_at(xs[r].bsums32 + 8 * s + 2 * p)));
+        }
+        const __m256 dmin = half_floats(unit + 32, h);
+        for (int r = 0; r < R; r++)
+            ext[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(low[r]), _mm256_mul_ps(dmin, _mm256_set1_ps(xs[r].d[s])), ext[r]);
+    }
+}
+
+/* Rows xs[0..R) (a constant in each expansion) of half h of one tile, written to y's columns c0 + 8h + i
+ * where lane i of `keep` is set. */
+static inline __attribute__((always_inline)) void half_rows(const kc_linear *L, int format, const uint8_t *tile,
+                                                             int blocks, int h, const kc_act_row *xs, int R, float *y,
+                                                             int ldy, int c0, __m256i keep, const uint8_t *ahead) {
+    const int64_t ub = kc_tile_unit_bytes(format);
+    __m256 acc[MAX_PASS_ROWS], ext[MAX_PASS_ROWS];
+    for (int r = 0; r < R; r++) acc[r] = ext[r] = _mm256_setzero_ps();
+    for (int b = 0; b < blocks; b++) {
+        if (ahead)
+            for (int64_t line = 0; line < ub; line += 64) _mm_prefetch((const char *)ahead + b * ub + line, _MM_HINT_T0);
+        if (kc_is_k_quant(format)) k_unit(tile + b * ub, format, h, xs, R, b, acc, ext);
+        else legacy_unit(tile + b * ub, format, h, xs, R, b, acc, ext);
+    }
+    const __m256 bias = L->bias ? _mm256_maskload_ps(L->bias + c0 + 8 * h, keep) : _mm256_setzero_ps();
+    for (int r = 0; r < R; r++) {
+        __m256 v = _mm256_add_ps(acc[r], ext[r]);
+        if (L->bias) v = _mm256_add_ps(v, bias);
+        _mm256_maskstore_ps(y + (int64_t)r * ldy + c0 + 8 * h, keep, v);
+    }
+}
+
+/* Rows xs[0..R) of one tile: each half with a kept column; `ahead`: a tile whose units are prefetched during the
+ * first half (NULL: none). */
+static inline __attribute__((always_inline)) void tile_rows(const kc_linear *L, int format, const uint8_t *tile,
+                                                             int blocks, const kc_act_row *xs, int R, float *y,
+                                                             int ldy, int c0, int lo, int hi, const uint8_t *ahead) {
+    for (int h = 0; h < 2; h++) {
+        if (hi <= 8 * h || lo >= 8 * h + 8) continue;
+        const __m256i lane = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(8 * h));
+        const __m256i keep = _mm256_and_si256(_mm256_cmpgt_epi32(lane, _mm256_set1_epi32(lo - 1)),
+                                              _mm256_cmpgt_epi32(_mm256_set1_epi32(hi), lane));
+        half_rows(L, format, tile, blocks, h, xs, R, y, ldy, c0, keep, ahead);
+        ahead = NULL;
+    }
+}
+
+/* Columns n0..n1 of a weight in FORMAT (a constant in each expansion). */
+#define TILE_COLUMNS(NAME, FORMAT)                                                                         \
+    static void NAME(const kc_linear *L, const kc_act_row *xs, int rows, float *y, int ldy, int n0, int n1) { \
+        const int blocks = L->K / kc_block_weights(FORMAT), P = pass_rows(FORMAT);                        \
+        const int64_t tile_bytes = (int64_t)blocks * kc_tile_unit_bytes(FORMAT);                           \
+        for (int t = n0 / KC_TILE; t * KC_TILE < n1; t++) {                                                \
+            const int c0 = t * KC_TILE, lo = n0 > c0 ? n0 - c0 : 0, hi = n1 - c0 < KC_TILE ? n1 - c0 : KC_TILE; \
+            const uint8_t *tile = (const uint8_t *)L->tiles + (int64_t)t * tile_bytes;                     \
+            const uint8_t *ahead = rows > 1 && (t + PREFETCH_TILES) * KC_TILE < n1 ? tile + PREFETCH_TILES * tile_bytes : NULL; \
+            const int asking = rows <= P ? 0 : P; /* as int8_tiles.c: the only pass, else the second */    \
+            int r0 = 0;                                                                                    \
+            for (; r0 + P <= rows; r0 += P)                                                                \
+                tile_rows(L, FORMAT, tile, blocks, xs + r0, P, y + (int64_t)r0 * ldy, ldy, c0, lo, hi,     \
+                          r0 == asking ? ahead : NULL);                                                    \
+            const uint8_t *rest = r0 == asking ? ahead : NULL;                                             \
+            switch (rows - r0) {                                                                           \
+            case 2: tile_rows(L, FORMAT, tile, blocks, xs + r0, 2, y + (int64_t)r0 * ldy, ldy, c0, lo, hi, rest); break; \
+            case 1: tile_rows(L, FORMAT, tile, blocks, xs + r0, 1, y + (int64_t)r0 * ldy, ldy, c0, lo, hi, rest); break; \
+            default: break;                                                                                \
+            }                                                                                              \
+        }                                                                                                  \
+    }
+TILE_COLUMNS(q4_0_tiles, KC_Q4_0)
+TILE_COLUMNS(q4_1_tiles, KC_Q4_1)
+TILE_COLUMNS(q5_0_tiles, KC_Q5_0)
+TILE_COLUMNS(q5_1_tiles, KC_Q5_1)
+TILE_COLUMNS(q8_0_tiles, KC_Q8_0)
+TILE_COLUMNS(q4_k_tiles, KC_Q4_K)
+TILE_COLUMNS(q5_k_tiles, KC_Q5_K)
+TILE_COLUMNS(q6_k_tiles, KC_Q6_K)
+TILE_COLUMNS(mxfp4_tiles, KC_MXFP4)
+
+void kc_int8_tile_columns(const kc_linear *L, const kc_act_row *xs, int rows, float *y, int ldy, int n0, int n1) {
+    switch (L->format) {
+    case KC_Q4_0: q4_0_tiles(L, xs, rows, y, ldy, n0, n1); return;
+    case KC_Q4_1: q4_1_tiles(L, xs, rows, y, ldy, n0, n1); return;
+    case KC_Q5_0: q5_0_tiles(L, xs, rows, y, ldy, n0, n1); return;
+    case KC_Q5_1: q5_1_tiles(L, xs, rows, y, ldy, n0, n1); return;
+    case KC_Q8_0: q8_0_tiles(L, xs, rows, y, ldy, n0, n1); return;
+    case KC_Q4_K: q4_k_tiles(L, xs, rows, y, ldy, n0, n1); return;
+    case KC_Q5_K: q5_k_tiles(L, xs, rows, y, ldy, n0, n1); return;
+    case KC_Q6_K: q6_k_tiles(L, xs, rows, y, ldy, n0, n1); return;
+    case KC_MXFP4: mxfp4_tiles(L, xs, rows, y, ldy, n0, n1); return;
+    default: return;
+    }
+}
+#endif
