@@ -275,7 +275,7 @@ def avx_vnni():
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", VECTOR)
 def test_the_avx_vnni_tiles_give_the_definitions_bits_for_any_rows_and_columns(native, avx_vnni, fmt):
-    """8 columns a vector, a tile in two halves, passes of 2 (K-quants) or 3 rows: the definition's bits, the
+    """8 columns a vector, a tile in two halves, passes of 4 rows: the definition's bits, the
     same as the 16-wide tiles', for every pass size and for column ranges that cut through a tile's halves."""
     here, _ = int8_linear(native, fmt, rows=40, seed=7, bias=torch.randn(40))
     there = QuantLinear(avx_vnni, fmt, here.qs, bias=here.bias)
