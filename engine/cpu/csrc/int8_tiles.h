@@ -87,6 +87,14 @@ void kc_int8_tile_pack(const kc_linear *L, void *out, int first, int end, int th
 /* Columns n0..n1 of the product of L's tiles with the quantized rows xs, as kc_int8_columns. */
 void kc_int8_tile_columns(const kc_linear *L, const kc_act_row *xs, int rows, float *y, int ldy, int n0, int n1);
 
+/* Every tiled format with the name of its products' function: each products file (int8_tiles.c, and
+ * int8_tiles_avx2.c) expands its functions and its dispatch from this one list. */
+#define KC_TILED_FORMATS(X)                                                                                     \
+    X(q4_0_tiles, KC_Q4_0) X(q4_1_tiles, KC_Q4_1) X(q5_0_tiles, KC_Q5_0) X(q5_1_tiles, KC_Q5_1) X(q8_0_tiles, KC_Q8_0) \
+    X(q4_k_tiles, KC_Q4_K) X(q5_k_tiles, KC_Q5_K) X(q6_k_tiles, KC_Q6_K) X(mxfp4_tiles, KC_MXFP4)
+#define KC_TILE_CASE(NAME, FORMAT) \
+    case FORMAT: NAME(L, xs, rows, y, ldy, n0, n1); return;
+
 #if TILES_VNNI || TILES_AVX_VNNI
 #include <string.h>
 

@@ -228,27 +228,11 @@ static inline __attribute__((always_inline)) void tile_rows(const kc_linear *L, 
             }                                                                                              \
         }                                                                                                  \
     }
-TILE_COLUMNS(q4_0_tiles, KC_Q4_0)
-TILE_COLUMNS(q4_1_tiles, KC_Q4_1)
-TILE_COLUMNS(q5_0_tiles, KC_Q5_0)
-TILE_COLUMNS(q5_1_tiles, KC_Q5_1)
-TILE_COLUMNS(q8_0_tiles, KC_Q8_0)
-TILE_COLUMNS(q4_k_tiles, KC_Q4_K)
-TILE_COLUMNS(q5_k_tiles, KC_Q5_K)
-TILE_COLUMNS(q6_k_tiles, KC_Q6_K)
-TILE_COLUMNS(mxfp4_tiles, KC_MXFP4)
+KC_TILED_FORMATS(TILE_COLUMNS)
 
 void kc_int8_tile_columns(const kc_linear *L, const kc_act_row *xs, int rows, float *y, int ldy, int n0, int n1) {
     switch (L->format) {
-    case KC_Q4_0: q4_0_tiles(L, xs, rows, y, ldy, n0, n1); return;
-    case KC_Q4_1: q4_1_tiles(L, xs, rows, y, ldy, n0, n1); return;
-    case KC_Q5_0: q5_0_tiles(L, xs, rows, y, ldy, n0, n1); return;
-    case KC_Q5_1: q5_1_tiles(L, xs, rows, y, ldy, n0, n1); return;
-    case KC_Q8_0: q8_0_tiles(L, xs, rows, y, ldy, n0, n1); return;
-    case KC_Q4_K: q4_k_tiles(L, xs, rows, y, ldy, n0, n1); return;
-    case KC_Q5_K: q5_k_tiles(L, xs, rows, y, ldy, n0, n1); return;
-    case KC_Q6_K: q6_k_tiles(L, xs, rows, y, ldy, n0, n1); return;
-    case KC_MXFP4: mxfp4_tiles(L, xs, rows, y, ldy, n0, n1); return;
+        KC_TILED_FORMATS(KC_TILE_CASE)
     default: return;
     }
 }

@@ -173,11 +173,18 @@ def test_columns_that_cut_through_tiles_are_computed_and_the_others_left_alone(n
     linear, _ = int8_linear(native, fmt, rows=40, bias=torch.randn(40))
     x = torch.randn(6, linear.in_features)
     full = linear(x)  # the module adds its bias in torch: the same float addition the kernel makes
-    for n0, n1 in [(5, 37), (16, 32), (0, 3), (33, 40)]:
-        y = torch.full((6, 40), 7.0)
+    assert_column_ranges(linear, x, full, [(5, 37), (16, 32), (0, 3), (33, 40)])
+
+
+def assert_column_ranges(linear, x, full, ranges):
+    """Each range n0..n1 of the product's columns computed alone gives full's bits there, and leaves the other
+    columns as they were."""
+    rows, cols = full.shape
+    for n0, n1 in ranges:
+        y = torch.full((rows, cols), 7.0)
         desc = linear.kernel_desc(with_bias=True)
-        native.lib.kc_linear_columns(ctypes.byref(desc), ctypes.c_void_p(x.data_ptr()), 6,
-                                     ctypes.c_void_p(y.data_ptr()), 40, n0, n1)
+        linear.kernels.lib.kc_linear_columns(ctypes.byref(desc), ctypes.c_void_p(x.data_ptr()), rows,
+                                             ctypes.c_void_p(y.data_ptr()), cols, n0, n1)
         assert torch.equal(bits(y[:, n0:n1]), bits(full[:, n0:n1])), (n0, n1)
         outside = torch.cat([y[:, :n0], y[:, n1:]], dim=1)
         assert torch.equal(outside, torch.full_like(outside, 7.0)), (n0, n1)
@@ -284,12 +291,4 @@ def test_the_avx_vnni_tiles_give_the_definitions_bits_for_any_rows_and_columns(n
     for count in range(1, 8):
         assert torch.equal(bits(there(x[:count])), bits(here(x[:count]))), count
     assert torch.equal(bits(there(x)), bits(defined(there, x) + there.bias))
-    full = there(x)
-    for n0, n1 in [(5, 37), (8, 16), (0, 3), (9, 24), (33, 40)]:
-        y = torch.full((7, 40), 7.0)
-        desc = there.kernel_desc(with_bias=True)
-        avx_vnni.lib.kc_linear_columns(ctypes.byref(desc), ctypes.c_void_p(x.data_ptr()), 7,
-                                       ctypes.c_void_p(y.data_ptr()), 40, n0, n1)
-        assert torch.equal(bits(y[:, n0:n1]), bits(full[:, n0:n1])), (n0, n1)
-        outside = torch.cat([y[:, :n0], y[:, n1:]], dim=1)
-        assert torch.equal(outside, torch.full_like(outside, 7.0)), (n0, n1)
+    assert_column_ranges(there, x, there(x), [(5, 37), (8, 16), (0, 3), (9, 24), (33, 40)])  # within a half, across
