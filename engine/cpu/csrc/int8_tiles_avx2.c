@@ -168,39 +168,56 @@ static inline __attribute__((always_inline)) void k_unit(const uint8_t *unit, in
     }
 }
 
-/* Rows xs[0..R) (a constant in each expansion) of half h of one tile, written to y's columns c0 + 8h + i
- * where lane i of `keep` is set. */
-static inline __attribute__((always_inline)) void half_rows(const kc_linear *L, int format, const uint8_t *tile,
-                                                             int blocks, int h, const kc_act_row *xs, int R, float *y,
-                                                             int ldy, int c0, __m256i keep, const uint8_t *ahead) {
+/* Rows xs[0..R) (a constant in each expansion) of HN halves (a constant, 1 or 2) of one tile from half h0, unit
+ * by unit, written to y's columns c0 + 8h + i where lane i of keep[h - h0] is set. */
+static inline __attribute__((always_inline)) void halves_rows(const kc_linear *L, int format, const uint8_t *tile,
+                                                               int blocks, int h0, int HN, const kc_act_row *xs, int R,
+                                                               float *y, int ldy, int c0, const __m256i *keep,
+                                                               const uint8_t *ahead) {
     const int64_t ub = kc_tile_unit_bytes(format);
-    __m256 acc[PASS_ROWS], ext[PASS_ROWS];
-    for (int r = 0; r < R; r++) acc[r] = ext[r] = _mm256_setzero_ps();
+    __m256 acc[2][PASS_ROWS], ext[2][PASS_ROWS];
+    for (int k = 0; k < HN; k++)
+        for (int r = 0; r < R; r++) acc[k][r] = ext[k][r] = _mm256_setzero_ps();
     for (int b = 0; b < blocks; b++) {
         if (ahead)
             for (int64_t line = 0; line < ub; line += 64) _mm_prefetch((const char *)ahead + b * ub + line, _MM_HINT_T0);
-        if (kc_is_k_quant(format)) k_unit(tile + b * ub, format, h, xs, R, b, acc, ext);
-        else legacy_unit(tile + b * ub, format, h, xs, R, b, acc, ext);
+        for (int k = 0; k < HN; k++) {
+            if (kc_is_k_quant(format)) k_unit(tile + b * ub, format, h0 + k, xs, R, b, acc[k], ext[k]);
+            else legacy_unit(tile + b * ub, format, h0 + k, xs, R, b, acc[k], ext[k]);
+        }
     }
-    const __m256 bias = L->bias ? _mm256_maskload_ps(L->bias + c0 + 8 * h, keep) : _mm256_setzero_ps();
-    for (int r = 0; r < R; r++) {
-        __m256 v = _mm256_add_ps(acc[r], ext[r]);
-        if (L->bias) v = _mm256_add_ps(v, bias);
-        _mm256_maskstore_ps(y + (int64_t)r * ldy + c0 + 8 * h, keep, v);
+    for (int k = 0; k < HN; k++) {
+        const int h = h0 + k;
+        const __m256 bias = L->bias ? _mm256_maskload_ps(L->bias + c0 + 8 * h, keep[k]) : _mm256_setzero_ps();
+        for (int r = 0; r < R; r++) {
+            __m256 v = _mm256_add_ps(acc[k][r], ext[k][r]);
+            if (L->bias) v = _mm256_add_ps(v, bias);
+            _mm256_maskstore_ps(y + (int64_t)r * ldy + c0 + 8 * h, keep[k], v);
+        }
     }
 }
 
-/* Rows xs[0..R) of one tile: each half with a kept column; `ahead`: a tile whose units are prefetched during the
- * first half (NULL: none). */
+/* Rows xs[0..R) of one tile's halves with a kept column; `ahead`: a tile whose units are prefetched during the
+ * first (NULL: none). One row (a decode step) takes both halves unit by unit, each unit's bytes then read
+ * from the cache once for both (the 1.5B Q4_K_M model's decode step 25.1-29.5 -> 21.1-28.0 ms, 4 interleaved
+ * pairs, 0.84-0.95 each); more rows, half after half (both halves' accumulators would spill). */
 static inline __attribute__((always_inline)) void tile_rows(const kc_linear *L, int format, const uint8_t *tile,
                                                              int blocks, const kc_act_row *xs, int R, float *y,
                                                              int ldy, int c0, int lo, int hi, const uint8_t *ahead) {
+    __m256i keep[2];
     for (int h = 0; h < 2; h++) {
-        if (hi <= 8 * h || lo >= 8 * h + 8) continue;
         const __m256i lane = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(8 * h));
-        const __m256i keep = _mm256_and_si256(_mm256_cmpgt_epi32(lane, _mm256_set1_epi32(lo - 1)),
-                                              _mm256_cmpgt_epi32(_mm256_set1_epi32(hi), lane));
-        half_rows(L, format, tile, blocks, h, xs, R, y, ldy, c0, keep, ahead);
+        keep[h] = _mm256_and_si256(_mm256_cmpgt_epi32(lane, _mm256_set1_epi32(lo - 1)),
+                                   _mm256_cmpgt_epi32(_mm256_set1_epi32(hi), lane));
+    }
+    const int first = lo < 8, second = hi > 8; /* which halves hold a kept column */
+    if (R == 1 && first && second) {
+        halves_rows(L, format, tile, blocks, 0, 2, xs, R, y, ldy, c0, keep, ahead);
+        return;
+    }
+    for (int h = 0; h < 2; h++) {
+        if (!(h ? second : first)) continue;
+        halves_rows(L, format, tile, blocks, h, 1, xs, R, y, ldy, c0, keep + h, ahead);
         ahead = NULL;
     }
 }
