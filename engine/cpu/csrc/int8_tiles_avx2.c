@@ -2,7 +2,7 @@
  * Tiles (int8_tiles.h) on an AVX2-class CPU with AVX-VNNI and no AVX-512: the products of int8_tiles.c, 8
  * columns a vector instead of 16. A tile's 16 columns are two halves (a group's 64 bytes hold columns 0-7 in
  * their first 32, 8-15 in the rest; a header's per-column bytes likewise), each multiplied in a pass of its
- * own; the second half's bytes share the first's cache lines, so they come from the cache. Per column the
+ * own, whose bytes share the other half's cache lines (one row takes both halves unit by unit: tile_rows). Per column the
  * integer sums and the float operations are the definition's (int8_dot.h) in its order, as in the 16-wide
  * code, so the bits are the same on every path. A pass takes 4 rows, as the 16-wide one takes a K-quant's,
  * though AVX2's 16 vector registers then spill a K-quant's five accumulators a row: built for this set and
@@ -19,7 +19,7 @@
 #define PASS_ROWS 4
 #define PREFETCH_TILES 2 /* int8_tiles.c says why */
 
-/* Bytes of v set to 0xFF where bit i of `mask` is set (byte i of the 32). */
+/* A vector whose byte i (of 32) is 0xFF where bit i of `mask` is set, else 0. */
 static inline __m256i byte_mask(uint32_t mask) {
     const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int32_t)mask),
                                                _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
