@@ -47,8 +47,8 @@ def quant_kernels(mode: str, device: torch.device, dtype: torch.dtype,
 
 def integer_products(options: EngineOptions, kernels: QuantKernels) -> bool:
     """Whether quantized weights multiply in integers: unless --exact-fp32, where the CPU has a vector
-    integer kernel. Without one (no AVX-512 VNNI) the integer definition runs as plain C, slower than
-    the fp32 vector kernels, so fp32 products stay the default there (one log line says so)."""
+    integer kernel (AVX-512 VNNI or AVX2). Without one the integer definition runs as plain C, slower than
+    the fp32 kernels, so fp32 products stay the default there (one log line says so)."""
     if options.exact_fp32:
         return False
     if kernels.integer_isa == "portable":

@@ -53,7 +53,8 @@ class QuantKernels:
     # Quantized weights times int8-quantized activations, summed in integers (csrc/int8_dot.c), instead of
     # fp32 products of the exact weights. Off until the engine asks (EngineOptions.exact_fp32).
     integer: bool = False
-    integer_isa: str = "portable"  # avx512-vnni+amx | avx512-vnni | avx-vnni | portable: what runs the integer products
+    # What runs the integer products: avx512-vnni+amx | avx512-vnni | avx-vnni | avx2 | portable
+    integer_isa: str = "portable"
     integer_definition: int = 0  # csrc/int8_dot.h's KC_INT8_DEFINITION: which bits integer products give
 
     def with_integer_products(self, integer: bool) -> "QuantKernels":

@@ -16,7 +16,7 @@ from engine import Done, Engine, EngineOptions, SamplingParams, interleave
 from engine.cpu import kernels as quant_kernels
 from engine.cpu.linear import QuantLinear
 from engine.kv.cache import ContiguousKVCache
-from tests.cpu_builds import AVX_VNNI_FLAGS, AVX_VNNI_MARCH, can_run
+from tests.cpu_builds import AVX2_TILE_BUILDS, can_run
 from tests.tiny_gguf import MIXED_QUANTS, write_gguf
 from tests.tiny_models import VOCAB, load_reference, make_tiny_model
 
@@ -40,18 +40,19 @@ def gguf_path(tmp_path_factory):
     return write_gguf(hf_model, root / "tiny-mixed.gguf", quant=MIXED_QUANTS)
 
 
-@pytest.fixture(scope="module", ids=["this-cpu", "avx-vnni"],
-                params=["native", pytest.param(AVX_VNNI_MARCH, marks=pytest.mark.slow)])
+@pytest.fixture(scope="module", ids=["this-cpu", *AVX2_TILE_BUILDS],
+                params=["native", *(pytest.param(name, marks=pytest.mark.slow) for name in AVX2_TILE_BUILDS)])
 def isa(request):
-    """Every differential below on this CPU's build, and (the full run) on the AVX-VNNI build's 8-column tiles
-    where this CPU can run them: every engine loaded meanwhile takes that build's kernels."""
+    """Every differential below on this CPU's build, and (the full run) on the AVX2 builds' 8-column tiles, with
+    AVX-VNNI and without, where this CPU can run them: every engine loaded meanwhile takes that build's kernels."""
     if request.param == "native":
         yield "native"
         return
-    if not can_run(AVX_VNNI_FLAGS):
-        pytest.skip("this CPU has no AVX-VNNI: the 8-column tiles cannot run here")
-    built = quant_kernels.kernels_for(request.param)
-    assert built.integer_isa == "avx-vnni"
+    march, flags = AVX2_TILE_BUILDS[request.param]
+    if not can_run(flags):
+        pytest.skip(f"this CPU cannot run the {request.param} build")
+    built = quant_kernels.kernels_for(march)
+    assert built.integer_isa == request.param
     before, quant_kernels._loaded = quant_kernels._loaded, built
     try:
         yield built.integer_isa

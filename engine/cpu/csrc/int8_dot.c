@@ -111,6 +111,6 @@ void kc_int8_columns_defined(const kc_linear *L, const float *x, int rows, float
 
 const char *kc_int8_isa(void) {
     if (!kc_int8_tiled(KC_Q4_K)) return "portable";
-    if (TILES_AVX_VNNI) return "avx-vnni";
+    if (TILES_AVX2) return TILES_AVX_VNNI ? "avx-vnni" : "avx2";
     return kc_amx_active() ? "avx512-vnni+amx" : "avx512-vnni";
 }

@@ -6,7 +6,7 @@
 #include "int8_tiles.h"
 #include "simd.h"
 
-int kc_int8_tiled(int format) { return (TILES_VNNI || TILES_AVX_VNNI) && kc_tile_bits(format) > 0; }
+int kc_int8_tiled(int format) { return (TILES_VNNI || TILES_AVX2) && kc_tile_bits(format) > 0; }
 
 int64_t kc_int8_tile_bytes(const kc_linear *L) {
     if (!kc_int8_tiled(L->format)) return 0;
@@ -205,7 +205,7 @@ void kc_int8_tile_columns(const kc_linear *L, const kc_act_row *xs, int rows, fl
     default: return;
     }
 }
-#elif !TILES_AVX_VNNI /* (int8_tiles_avx2.c has them there) */
+#elif !TILES_AVX2 /* (int8_tiles_avx2.c has them there) */
 void kc_int8_tile_columns(const kc_linear *L, const kc_act_row *xs, int rows, float *y, int ldy, int n0, int n1) {
     (void)L, (void)xs, (void)rows, (void)y, (void)ldy, (void)n0, (void)n1;
 }

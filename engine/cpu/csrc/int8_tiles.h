@@ -41,9 +41,15 @@
 #else
 #define TILES_VNNI 0
 #endif
-/* An AVX2-class CPU with AVX-VNNI (the VEX form of vpdpbusd: Intel since Alder Lake, AMD since Zen 5) and no
- * AVX-512: the same tiles, multiplied 8 columns a vector (int8_tiles_avx2.c). */
-#if !TILES_VNNI && defined(__AVX2__) && defined(__AVXVNNI__) && defined(__FMA__) && defined(__F16C__)
+/* An AVX2-class CPU without AVX-512: the same tiles, multiplied 8 columns a vector (int8_tiles_avx2.c), with
+ * AVX-VNNI's vpdpbusd where the CPU has it (Intel since Alder Lake, AMD since Zen 5), else with AVX2's
+ * vpmaddubsw and vpmaddwd (Haswell to Comet Lake, AMD Zen 1-4), which give the same integer sums. */
+#if !TILES_VNNI && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define TILES_AVX2 1
+#else
+#define TILES_AVX2 0
+#endif
+#if TILES_AVX2 && defined(__AVXVNNI__)
 #define TILES_AVX_VNNI 1
 #else
 #define TILES_AVX_VNNI 0
@@ -75,7 +81,7 @@ static inline int64_t kc_tile_unit_bytes(int format) {
     return kc_tile_header_bytes(format) + (int64_t)(kc_block_weights(format) / 8) * kc_tile_group_bytes(kc_tile_bits(format));
 }
 
-/* Whether this build multiplies `format` in tiles (AVX-512 VNNI or AVX-VNNI: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+/* Whether this build multiplies `format` in tiles (AVX-512 VNNI or AVX2: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
  * MXFP4, Q4_K, Q5_K, Q6_K). */
 int kc_int8_tiled(int format);
 /* Bytes of L's tiles (0: L's format has none in this build). */
@@ -95,7 +101,7 @@ void kc_int8_tile_columns(const kc_linear *L, const kc_act_row *xs, int rows, fl
 #define KC_TILE_CASE(NAME, FORMAT) \
     case FORMAT: NAME(L, xs, rows, y, ldy, n0, n1); return;
 
-#if TILES_VNNI || TILES_AVX_VNNI
+#if TILES_VNNI || TILES_AVX2
 #include <string.h>
 
 #include "simd.h"

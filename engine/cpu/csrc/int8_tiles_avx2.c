@@ -1,19 +1,26 @@
 /*
- * Tiles (int8_tiles.h) on an AVX2-class CPU with AVX-VNNI and no AVX-512: the products of int8_tiles.c, 8
- * columns a vector instead of 16. A tile's 16 columns are two halves (a group's 64 bytes hold columns 0-7 in
- * their first 32, 8-15 in the rest; a header's per-column bytes likewise), each multiplied in a pass of its
- * own, whose bytes share the other half's cache lines (one row takes both halves unit by unit: tile_rows). Per column the
+ * Tiles (int8_tiles.h) on an AVX2-class CPU without AVX-512: the products of int8_tiles.c, 8 columns a vector
+ * instead of 16. A tile's 16 columns are two halves (a group's 64 bytes hold columns 0-7 in their first 32,
+ * 8-15 in the rest; a header's per-column bytes likewise), each multiplied in a pass of its own, whose bytes
+ * share the other half's cache lines (one row takes both halves unit by unit: tile_rows). Per column the
  * integer sums and the float operations are the definition's (int8_dot.h) in its order, as in the 16-wide
  * code, so the bits are the same on every path. A pass takes 4 rows, as the 16-wide one takes a K-quant's,
- * though AVX2's 16 vector registers then spill a K-quant's five accumulators a row: built for this set and
+ * though AVX2's 16 vector registers then spill a K-quant's five accumulators a row: built for AVX-VNNI and
  * run on the 2-core AMD EPYC (2 pairs), the 1.5B Q4_K_M model's prefill of 512 tokens took 2.62-2.64 s at 4
  * rows a pass, 2.71-2.88 at 3 and 3.33-3.36 at 2, and a step of 4 requests 33.3-33.5, 40.1-42.4 and
  * 39.5-40.4 ms; the bundled Q4_1 model's step of 4 requests 3.8 ms at 4, 4.3 at 3.
+ *
+ * The integer sums: AVX-VNNI's vpdpbusd adds 4 products of unsigned and signed bytes into each int32 lane.
+ * Without it (dot_bytes) vpmaddubsw adds them in pairs into int16 lanes, saturating, and vpmaddwd adds the
+ * pairs into int32: the same sums wherever a pair cannot leave int16. The activations are within +-127
+ * (int8_act.c) and a quant is at most 63 (Q6_K; MXFP4's is at most 24), so a pair is within 2 * 63 * 127;
+ * Q8_0's quants, stored + 128, are up to 255, so its groups are multiplied as two parts, the quants' top
+ * bit (0 or 128) and the rest (up to 127), each pair then within 2 * 128 * 127 = 32,512 < 32,767.
  */
 #include "int8_quants.h"
 #include "int8_tiles.h"
 
-#if TILES_AVX_VNNI
+#if TILES_AVX2
 #include <immintrin.h>
 
 #define PASS_ROWS 4
@@ -59,6 +66,32 @@ static inline __attribute__((always_inline)) void group_vecs(const uint8_t *g, i
     }
 }
 
+/* acc + in each int32 lane the sum of its 4 products of unsigned bytes u (at most 128 without AVX-VNNI: the
+ * header says why) and signed bytes x */
+static inline __m256i dot_bytes(__m256i acc, __m256i u, __m256i x) {
+#if TILES_AVX_VNNI
+    return _mm256_dpbusd_avx_epi32(acc, u, x);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
+#endif
+}
+
+/* acc + in each int32 lane the sum of its 2 products of signed 16-bit a and b (vpdpwssd) */
+static inline __m256i dot_words(__m256i acc, __m256i a, __m256i b) {
+#if TILES_AVX_VNNI
+    return _mm256_dpwssd_avx_epi32(acc, a, b);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+#endif
+}
+
+/* acc + the products of u, a group's quants of any size (Q8_0's up to 255), and x */
+static inline __attribute__((always_inline)) __m256i dot_quants(__m256i acc, __m256i u, __m256i x, int bits) {
+    if (TILES_AVX_VNNI || bits < 8) return dot_bytes(acc, u, x);
+    const __m256i top = _mm256_set1_epi8((char)0x80);
+    return dot_bytes(dot_bytes(acc, _mm256_andnot_si256(top, u), x), _mm256_and_si256(top, u), x);
+}
+
 /* sums[r] += the group's products with rows xs[r]'s quants at q_of (8 of them) */
 #define GROUP_DOT(g, format, h, sums, R, q_of)                                                        \
     do {                                                                                              \
@@ -66,8 +99,8 @@ static inline __attribute__((always_inline)) void group_vecs(const uint8_t *g, i
         group_vecs(g, format, h, &A_, &B_);                                                           \
         for (int r = 0; r < (R); r++) {                                                               \
             const int8_t *xq_ = (q_of);                                                               \
-            sums[r] = _mm256_dpbusd_avx_epi32(sums[r], A_, _mm256_set1_epi32(kc_i32_at(xq_)));       \
-            sums[r] = _mm256_dpbusd_avx_epi32(sums[r], B_, _mm256_set1_epi32(kc_i32_at(xq_ + 4)));   \
+            sums[r] = dot_quants(sums[r], A_, _mm256_set1_epi32(kc_i32_at(xq_)), kc_tile_bits(format)); \
+            sums[r] = dot_quants(sums[r], B_, _mm256_set1_epi32(kc_i32_at(xq_ + 4)), kc_tile_bits(format)); \
         }                                                                                             \
     } while (0)
 
@@ -118,7 +151,7 @@ static inline __attribute__((always_inline)) void k_unit(const uint8_t *unit, in
     __m256i main[PASS_ROWS];
     for (int r = 0; r < R; r++) main[r] = _mm256_setzero_si256();
     if (format == KC_Q6_K) {
-        /* q - 32: main -= 32 * sum over 16s of scale_g * (activation sum of g), two 16s a vpdpwssd */
+        /* q - 32: main -= 32 * sum over 16s of scale_g * (activation sum of g), two 16s a dot_words */
         __m256i offset[PASS_ROWS];
         for (int r = 0; r < R; r++) offset[r] = _mm256_setzero_si256();
         for (int p = 0; p < 8; p++) {
@@ -135,8 +168,8 @@ static inline __attribute__((always_inline)) void k_unit(const uint8_t *unit, in
             const __m256i pair = _mm256_or_si256(_mm256_and_si256(sc[0], _mm256_set1_epi32(0xFFFF)),
                                                  _mm256_slli_epi32(sc[1], 16));
             for (int r = 0; r < R; r++)
-                offset[r] = _mm256_dpwssd_avx_epi32(offset[r], pair,
-                                                    _mm256_set1_epi32(kc_i32_at(xs[r].bsums + 16 * s + 2 * p)));
+                offset[r] = dot_words(offset[r], pair,
+                                      _mm256_set1_epi32(kc_i32_at(xs[r].bsums + 16 * s + 2 * p)));
         }
         for (int r = 0; r < R; r++) main[r] = _mm256_sub_epi32(main[r], _mm256_slli_epi32(offset[r], 5));
     } else {
@@ -153,14 +186,14 @@ static inline __attribute__((always_inline)) void k_unit(const uint8_t *unit, in
     for (int r = 0; r < R; r++)
         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(main[r]), _mm256_mul_ps(d, _mm256_set1_ps(xs[r].d[s])), acc[r]);
     if (format != KC_Q6_K) {
-        /* the minimums: low = sum over 32s of min_j * (activation sum of 32 j), two 32s a vpdpwssd; a half's
+        /* the minimums: low = sum over 32s of min_j * (activation sum of 32 j), two 32s a dot_words; a half's
          * 8 columns are 16 of the row's 32 bytes (each column's two minimums side by side) */
         __m256i low[PASS_ROWS];
         for (int r = 0; r < R; r++) low[r] = _mm256_setzero_si256();
         for (int p = 0; p < 4; p++) {
             const __m256i mn = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(unit + 192 + 32 * p + 16 * h)));
             for (int r = 0; r < R; r++)
-                low[r] = _mm256_dpwssd_avx_epi32(low[r], mn, _mm256_set1_epi32(kc_i32_at(xs[r].bsums32 + 8 * s + 2 * p)));
+                low[r] = dot_words(low[r], mn, _mm256_set1_epi32(kc_i32_at(xs[r].bsums32 + 8 * s + 2 * p)));
         }
         const __m256 dmin = half_floats(unit + 32, h);
         for (int r = 0; r < R; r++)

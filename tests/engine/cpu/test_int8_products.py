@@ -16,7 +16,7 @@ from engine.cpu import kernels as quant_kernels
 from engine.cpu import linear as linear_module
 from engine.cpu.linear import QuantLinear
 from engine.cpu.mixed_linear import MixedQuantLinear
-from tests.cpu_builds import AVX_VNNI_FLAGS, AVX_VNNI_MARCH, can_run
+from tests.cpu_builds import AVX2_TILE_BUILDS, can_run
 from tests.kquant_blocks import MXFP4_SUBNORMAL, mxfp4_blocks, random_blocks
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
@@ -120,7 +120,7 @@ def test_the_vector_path_gives_the_definitions_bits(native, fmt):
 @pytest.mark.slow
 @pytest.mark.parametrize("march", ["x86-64", "haswell"])
 def test_every_instruction_set_gives_the_same_bits(native, march):
-    """The portable C (x86-64) and an AVX2 build run the definition; AVX-512 VNNI runs its vector code."""
+    """The portable C (x86-64) runs the definition, an AVX2 build its 8-column tiles, this CPU its own code."""
     other = quant_kernels.kernels_for(march).with_integer_products(True)
     for fmt in VECTOR:
         here, _ = int8_linear(native, fmt, seed=3)
@@ -268,27 +268,46 @@ def test_half_precision_weights_keep_fp32_products(native):
     torch.testing.assert_close(linear(x), x @ w.float().T, atol=1e-4, rtol=1e-5)
 
 
-@pytest.fixture(scope="module")
-def avx_vnni():
-    """The kernels built for an AVX2-class CPU with AVX-VNNI and no AVX-512 (Alder Lake's instruction set),
-    where this CPU can run them."""
-    if not can_run(AVX_VNNI_FLAGS):
-        pytest.skip("this CPU has no AVX-VNNI: the 8-column tiles cannot run here")
-    loaded = quant_kernels.kernels_for(AVX_VNNI_MARCH).with_integer_products(True)
-    assert (loaded.isa, loaded.integer_isa) == ("avx2", "avx-vnni")
+@pytest.fixture(scope="module", params=list(AVX2_TILE_BUILDS))
+def avx2_tiles(request):
+    """The kernels built for an AVX2-class CPU without AVX-512, with AVX-VNNI (Alder Lake's instruction set)
+    and without (Haswell's), where this CPU can run them."""
+    march, flags = AVX2_TILE_BUILDS[request.param]
+    if not can_run(flags):
+        pytest.skip(f"this CPU cannot run the {request.param} build")
+    loaded = quant_kernels.kernels_for(march).with_integer_products(True)
+    assert (loaded.isa, loaded.integer_isa) == ("avx2", request.param)
     return loaded
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", VECTOR)
-def test_the_avx_vnni_tiles_give_the_definitions_bits_for_any_rows_and_columns(native, avx_vnni, fmt):
-    """8 columns a vector, a tile in two halves, passes of 4 rows: the definition's bits, the
-    same as the 16-wide tiles', for every pass size and for column ranges that cut through a tile's halves."""
+def test_the_avx2_tiles_give_the_definitions_bits_for_any_rows_and_columns(native, avx2_tiles, fmt):
+    """8 columns a vector, a tile in two halves, passes of 4 rows, with vpdpbusd or with vpmaddubsw: the
+    definition's bits, the same as the 16-wide tiles', for every pass size and for column ranges that cut
+    through a tile's halves."""
     here, _ = int8_linear(native, fmt, rows=40, seed=7, bias=torch.randn(40))
-    there = QuantLinear(avx_vnni, fmt, here.qs, bias=here.bias)
+    there = QuantLinear(avx2_tiles, fmt, here.qs, bias=here.bias)
     assert there.tiles is not None
     x = torch.randn(7, here.in_features) * 3
     for count in range(1, 8):
         assert torch.equal(bits(there(x[:count])), bits(here(x[:count]))), count
     assert torch.equal(bits(there(x)), bits(defined(there, x) + there.bias))
     assert_column_ranges(there, x, there(x), [(5, 37), (8, 16), (0, 3), (9, 24), (33, 40)])  # within a half, across
+
+
+@pytest.mark.slow
+def test_the_avx2_tiles_sum_q8_0s_largest_products_exactly(native, avx2_tiles):
+    """Q8_0's quants are stored + 128, up to 255, and vpmaddubsw adds two products into a saturating int16: rows
+    of +-1 (quants +-127, stored 255 and 1) times activations of +-1 (+-127) put every pair of products at
+    +-2 * 255 * 127, past int16, which the AVX2 build without AVX-VNNI must still sum exactly."""
+    import gguf
+    from gguf.quants import quantize
+
+    signs = np.where(np.arange(16)[:, None] % 2 == 0, 1.0, -1.0) * np.ones((16, 256))
+    qs = torch.from_numpy(quantize(signs.astype(np.float32), gguf.GGMLQuantizationType.Q8_0))
+    here, there = QuantLinear(native, "q8_0", qs), QuantLinear(avx2_tiles, "q8_0", qs)
+    x = torch.tensor([[1.0] * 256, [-1.0] * 256, [1.0, -1.0] * 128])
+    assert torch.equal(bits(there(x)), bits(defined(there, x)))
+    assert torch.equal(bits(there(x)), bits(here(x)))
+    assert there(x)[0, 0].item() == pytest.approx(256.0, rel=1e-2)  # 8 blocks of 32 products of +-1
