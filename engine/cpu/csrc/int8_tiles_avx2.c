@@ -12,10 +12,12 @@
  *
  * The integer sums: AVX-VNNI's vpdpbusd adds 4 products of unsigned and signed bytes into each int32 lane.
  * Without it (dot_bytes) vpmaddubsw adds them in pairs into int16 lanes, saturating, and vpmaddwd adds the
- * pairs into int32: the same sums wherever a pair cannot leave int16. The activations are within +-127
- * (int8_act.c) and a quant is at most 63 (Q6_K; MXFP4's is at most 24), so a pair is within 2 * 63 * 127;
- * Q8_0's quants, stored + 128, are up to 255, so its groups are multiplied as two parts, the quants' top
- * bit (0 or 128) and the rest (up to 127), each pair then within 2 * 128 * 127 = 32,512 < 32,767.
+ * pairs into int32: the same sums wherever no int16 lane can pass 32,767. The activations are within +-127
+ * (int8_act.c) and a quant is at most 63 (Q6_K; MXFP4's is at most 24), so a pair is within 2 * 63 * 127,
+ * and the int16 lanes hold as many groups' pairs as stay within it before they widen (part_groups), each
+ * widening one vpmaddwd, which also applies a K-quant's scale. Q8_0's quants, stored + 128, are up to 255,
+ * so its groups are multiplied as two parts, the quants' top bit (0 or 128) and the rest (up to 127), each
+ * pair then within 2 * 128 * 127 = 32,512, and widened at once.
  */
 #include "int8_quants.h"
 #include "int8_tiles.h"
@@ -66,8 +68,7 @@ static inline __attribute__((always_inline)) void group_vecs(const uint8_t *g, i
     }
 }
 
-/* acc + in each int32 lane the sum of its 4 products of unsigned bytes u (at most 128 without AVX-VNNI: the
- * header says why) and signed bytes x */
+/* acc + in each int32 lane the sum of its 4 products of unsigned bytes u (at most 128) and signed bytes x */
 static inline __m256i dot_bytes(__m256i acc, __m256i u, __m256i x) {
 #if TILES_AVX_VNNI
     return _mm256_dpbusd_avx_epi32(acc, u, x);
@@ -85,22 +86,63 @@ static inline __m256i dot_words(__m256i acc, __m256i a, __m256i b) {
 #endif
 }
 
-/* acc + the products of u, a group's quants of any size (Q8_0's up to 255), and x */
-static inline __attribute__((always_inline)) __m256i dot_quants(__m256i acc, __m256i u, __m256i x, int bits) {
-    if (TILES_AVX_VNNI || bits < 8) return dot_bytes(acc, u, x);
-    const __m256i top = _mm256_set1_epi8((char)0x80);
-    return dot_bytes(dot_bytes(acc, _mm256_andnot_si256(top, u), x), _mm256_and_si256(top, u), x);
-}
+/* The largest quant of a format's groups (kc_tile_group_vecs' bytes; MXFP4's value + 12). */
+static inline int max_quant(int format) { return format == KC_MXFP4 ? 24 : (1 << kc_tile_bits(format)) - 1; }
 
-/* sums[r] += the group's products with rows xs[r]'s quants at q_of (8 of them) */
-#define GROUP_DOT(g, format, h, sums, R, q_of)                                                        \
+/* Groups whose products a part (below) holds before it is flushed: without AVX-VNNI as many as keep every int16
+ * lane within 32,767 (a group adds 4 products of at most max_quant * 127 to a lane: Q4 4 groups, Q5 and MXFP4 2,
+ * Q6_K 1); with it, any number (its parts are int32). */
+static inline int part_groups(int format) { return TILES_AVX_VNNI ? 64 : 32767 / (4 * 127 * max_quant(format)); }
+
+/* A group's products with rows xs[r]'s quants at q_of (8 of them) added to part[r]: int32 sums with AVX-VNNI;
+ * without it int16 pair sums (vpmaddubsw), which flush widens, except Q8_0's, added to sums[r] at once in int32
+ * (its quants up to 255 in two parts: the header says why). */
+#define GROUP_DOT(g, format, h, sums, part, R, q_of)                                                  \
     do {                                                                                              \
         __m256i A_, B_;                                                                               \
         group_vecs(g, format, h, &A_, &B_);                                                           \
         for (int r = 0; r < (R); r++) {                                                               \
             const int8_t *xq_ = (q_of);                                                               \
-            sums[r] = dot_quants(sums[r], A_, _mm256_set1_epi32(kc_i32_at(xq_)), kc_tile_bits(format)); \
-            sums[r] = dot_quants(sums[r], B_, _mm256_set1_epi32(kc_i32_at(xq_ + 4)), kc_tile_bits(format)); \
+            const __m256i xa_ = _mm256_set1_epi32(kc_i32_at(xq_)), xb_ = _mm256_set1_epi32(kc_i32_at(xq_ + 4)); \
+            if (TILES_AVX_VNNI) {                                                                     \
+                part[r] = dot_bytes(dot_bytes(part[r], A_, xa_), B_, xb_);                            \
+            } else if (kc_tile_bits(format) == 8) {                                                   \
+                const __m256i top_ = _mm256_set1_epi8((char)0x80);                                    \
+                sums[r] = dot_bytes(dot_bytes(sums[r], _mm256_andnot_si256(top_, A_), xa_), _mm256_and_si256(top_, A_), xa_); \
+                sums[r] = dot_bytes(dot_bytes(sums[r], _mm256_andnot_si256(top_, B_), xb_), _mm256_and_si256(top_, B_), xb_); \
+            } else {                                                                                  \
+                part[r] = _mm256_add_epi16(part[r], _mm256_add_epi16(_mm256_maddubs_epi16(A_, xa_),  \
+                                                                     _mm256_maddubs_epi16(B_, xb_))); \
+            }                                                                                         \
+        }                                                                                             \
+    } while (0)
+
+/* sums[r] += part[r] times each column's scale (int32 lanes; scaled = 0: times 1), and part[r] = 0. An int16
+ * part is widened by vpmaddwd with the scale in both halves of its lane: one instruction for
+ * scale * (low + high), the same integer as scaling their int32 sum. */
+static inline __attribute__((always_inline)) void flush(__m256i *sums, __m256i *part, int R, int format,
+                                                        __m256i scale, int scaled) {
+    if (!TILES_AVX_VNNI && kc_tile_bits(format) == 8) return; /* GROUP_DOT added Q8_0's to sums */
+    for (int r = 0; r < R; r++) {
+#if TILES_AVX_VNNI
+        sums[r] = _mm256_add_epi32(sums[r], scaled ? _mm256_mullo_epi32(part[r], scale) : part[r]);
+#else
+        const __m256i both = scaled ? _mm256_or_si256(_mm256_and_si256(scale, _mm256_set1_epi32(0xFFFF)),
+                                                      _mm256_slli_epi32(scale, 16))
+                                    : _mm256_set1_epi16(1);
+        sums[r] = _mm256_add_epi32(sums[r], _mm256_madd_epi16(part[r], both));
+#endif
+        part[r] = _mm256_setzero_si256();
+    }
+}
+
+/* GROUP_DOT of groups 0..n-1 from g (one apart), each row's quants at q_of + 8 * q, flushed into sums by scale. */
+#define GROUPS_DOT(g, gb, n, format, h, sums, part, R, q_of, scale, scaled)                           \
+    do {                                                                                              \
+        for (int q = 0; q < (n); q++) {                                                               \
+            GROUP_DOT((g) + q * (gb), format, h, sums, part, R, (q_of) + 8 * q);                      \
+            if (q % part_groups(format) == part_groups(format) - 1 || q == (n) - 1)                   \
+                flush(sums, part, R, format, scale, scaled);                                          \
         }                                                                                             \
     } while (0)
 
@@ -116,10 +158,13 @@ static inline __attribute__((always_inline)) void legacy_unit(const uint8_t *uni
     const int gb = kc_tile_group_bytes(kc_tile_bits(format));
     const int offset = format == KC_Q8_0 ? 128 : format == KC_Q4_0 ? 8 : format == KC_Q5_0 ? 16
                      : format == KC_MXFP4 ? 12 : 0;
-    __m256i sums[PASS_ROWS];
-    for (int r = 0; r < R; r++) sums[r] = _mm256_set1_epi32(-offset * xs[r].bsums32[b]);
+    __m256i sums[PASS_ROWS], part[PASS_ROWS];
+    for (int r = 0; r < R; r++) {
+        sums[r] = _mm256_set1_epi32(-offset * xs[r].bsums32[b]);
+        part[r] = _mm256_setzero_si256();
+    }
     const uint8_t *g = unit + kc_tile_header_bytes(format);
-    for (int q = 0; q < 4; q++) GROUP_DOT(g + q * gb, format, h, sums, R, xs[r].q + 32 * b + 8 * q);
+    GROUPS_DOT(g, gb, 4, format, h, sums, part, R, xs[r].q + 32 * b, _mm256_setzero_si256(), 0);
     __m256 d;
     if (format == KC_MXFP4) { /* kc_e8m0_half of each column's exponent byte */
         const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(unit + 8 * h)));
@@ -148,8 +193,8 @@ static inline __attribute__((always_inline)) void k_unit(const uint8_t *unit, in
                                                           int R, int s, __m256 *acc, __m256 *ext) {
     const int gb = kc_tile_group_bytes(kc_tile_bits(format));
     const uint8_t *g = unit + kc_tile_header_bytes(format);
-    __m256i main[PASS_ROWS];
-    for (int r = 0; r < R; r++) main[r] = _mm256_setzero_si256();
+    __m256i main[PASS_ROWS], part[PASS_ROWS];
+    for (int r = 0; r < R; r++) main[r] = part[r] = _mm256_setzero_si256();
     if (format == KC_Q6_K) {
         /* q - 32: main -= 32 * sum over 16s of scale_g * (activation sum of g), two 16s a dot_words */
         __m256i offset[PASS_ROWS];
@@ -158,12 +203,9 @@ static inline __attribute__((always_inline)) void k_unit(const uint8_t *unit, in
             __m256i sc[2];
             for (int e = 0; e < 2; e++) {
                 const int g16 = 2 * p + e;
-                __m256i sums[PASS_ROWS];
-                for (int r = 0; r < R; r++) sums[r] = _mm256_setzero_si256();
-                for (int q = 0; q < 2; q++)
-                    GROUP_DOT(g + (2 * g16 + q) * gb, format, h, sums, R, xs[r].q + KC_SUPER * s + 16 * g16 + 8 * q);
                 sc[e] = half_bytes_i32(unit + 32 + KC_TILE * g16, h, 1);
-                for (int r = 0; r < R; r++) main[r] = _mm256_add_epi32(main[r], _mm256_mullo_epi32(sums[r], sc[e]));
+                GROUPS_DOT(g + 2 * g16 * gb, gb, 2, format, h, main, part, R, xs[r].q + KC_SUPER * s + 16 * g16,
+                           sc[e], 1);
             }
             const __m256i pair = _mm256_or_si256(_mm256_and_si256(sc[0], _mm256_set1_epi32(0xFFFF)),
                                                  _mm256_slli_epi32(sc[1], 16));
@@ -174,12 +216,8 @@ static inline __attribute__((always_inline)) void k_unit(const uint8_t *unit, in
         for (int r = 0; r < R; r++) main[r] = _mm256_sub_epi32(main[r], _mm256_slli_epi32(offset[r], 5));
     } else {
         for (int j = 0; j < 8; j++) {
-            __m256i sums[PASS_ROWS];
-            for (int r = 0; r < R; r++) sums[r] = _mm256_setzero_si256();
-            for (int q = 0; q < 4; q++)
-                GROUP_DOT(g + (4 * j + q) * gb, format, h, sums, R, xs[r].q + KC_SUPER * s + 32 * j + 8 * q);
             const __m256i sc = half_bytes_i32(unit + 64 + KC_TILE * j, h, 0);
-            for (int r = 0; r < R; r++) main[r] = _mm256_add_epi32(main[r], _mm256_mullo_epi32(sums[r], sc));
+            GROUPS_DOT(g + 4 * j * gb, gb, 4, format, h, main, part, R, xs[r].q + KC_SUPER * s + 32 * j, sc, 1);
         }
     }
     const __m256 d = half_floats(unit, h);

@@ -296,18 +296,31 @@ def test_the_avx2_tiles_give_the_definitions_bits_for_any_rows_and_columns(nativ
     assert_column_ranges(there, x, there(x), [(5, 37), (8, 16), (0, 3), (9, 24), (33, 40)])  # within a half, across
 
 
-@pytest.mark.slow
-def test_the_avx2_tiles_sum_q8_0s_largest_products_exactly(native, avx2_tiles):
-    """Q8_0's quants are stored + 128, up to 255, and vpmaddubsw adds two products into a saturating int16: rows
-    of +-1 (quants +-127, stored 255 and 1) times activations of +-1 (+-127) put every pair of products at
-    +-2 * 255 * 127, past int16, which the AVX2 build without AVX-VNNI must still sum exactly."""
-    import gguf
-    from gguf.quants import quantize
+# Where each format's quant bits lie in a GGUF block (bytes first..end), and the byte that sets every quant
+# there to its largest (Q8_0: +127, stored + 128 as 255; MXFP4: nibble 7, the value 6, +12 as 24).
+QUANT_BYTES = {"q4_0": (2, 18, 0xFF), "q4_1": (4, 20, 0xFF), "q5_0": (2, 22, 0xFF), "q5_1": (4, 24, 0xFF),
+               "q8_0": (2, 34, 0x7F), "mxfp4": (1, 17, 0x77), "q4_k": (16, 144, 0xFF), "q5_k": (16, 176, 0xFF),
+               "q6_k": (0, 192, 0xFF)}
 
-    signs = np.where(np.arange(16)[:, None] % 2 == 0, 1.0, -1.0) * np.ones((16, 256))
-    qs = torch.from_numpy(quantize(signs.astype(np.float32), gguf.GGMLQuantizationType.Q8_0))
-    here, there = QuantLinear(native, "q8_0", qs), QuantLinear(avx2_tiles, "q8_0", qs)
-    x = torch.tensor([[1.0] * 256, [-1.0] * 256, [1.0, -1.0] * 128])
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", VECTOR)
+def test_the_avx2_tiles_sum_the_largest_products_exactly(native, avx2_tiles, fmt):
+    """Without AVX-VNNI, vpmaddubsw adds products in pairs into int16 lanes, which then hold several groups'
+    pairs before they widen (Q8_0's quants, up to 255, in two parts). Every quant at its largest times
+    activations of +-127 of one sign puts every lane at its largest sum: the definition's bits still."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    from tests.kquant_blocks import random_blocks
+
+    cols = 512
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[fmt.upper()]]
+    raw = random_blocks(fmt.upper(), 16, cols, np.random.default_rng(5), SCALE.get(fmt, 1.0))
+    blocks = raw.reshape(16, cols // block, size)
+    first, end, largest = QUANT_BYTES[fmt]
+    blocks[:, :, first:end] = largest
+    qs = torch.from_numpy(blocks.reshape(16, -1).copy())
+    here, there = QuantLinear(native, fmt, qs), QuantLinear(avx2_tiles, fmt, qs)
+    x = torch.stack([torch.ones(cols), -torch.ones(cols), torch.ones(cols) * 3])
     assert torch.equal(bits(there(x)), bits(defined(there, x)))
     assert torch.equal(bits(there(x)), bits(here(x)))
-    assert there(x)[0, 0].item() == pytest.approx(256.0, rel=1e-2)  # 8 blocks of 32 products of +-1
