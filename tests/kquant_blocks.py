@@ -4,9 +4,9 @@ MXFP4 blocks are made by gguf's own quantizer from random fp32 values (mxfp4_blo
 magnitudes chosen so that their E8M0 exponents reach the subnormal scales (e 0 and 1) and, where no
 product is taken, the largest exponent a finite value quantizes to.
 
-The `gguf` package dequantizes every type but quantizes only some (not the K-quants), so the K-quants
-a tiny test model needs are made here: a plain (not llama.cpp's optimising) quantizer per format
-that packs the fields exactly where gguf.quants.dequantize reads them.
+The `gguf` package dequantizes every type but quantizes only some (not the K-quants, not IQ4_NL/IQ4_XS), so
+those a tiny test model needs are made here: a plain (not llama.cpp's optimising, no importance matrix)
+quantizer per format that packs the fields exactly where gguf.quants.dequantize reads them.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 
 # Byte offsets of the fp16 scale fields in one block of each type: every other byte pattern is valid.
 HALF_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q2_K": (80, 82),
-               "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+               "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_NL": (0,), "IQ4_XS": (0,)}
 
 
 def finite_halves(rng: np.random.Generator, shape, scale: float | None = None) -> np.ndarray:
@@ -112,9 +112,52 @@ def _q6_k(w: np.ndarray) -> np.ndarray:
     return np.concatenate([ql.reshape(n, 128), qh.reshape(n, 64), sc.view(np.uint8), _halves_bytes(d)], axis=1)
 
 
+IQ4_LEVELS = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.float32)
+
+
+def _iq4_indices(x: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """The nearest of IQ4's 16 levels to each x / step, as nibble indices."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        target = np.where(step != 0, x / step, 0.0)
+    return np.abs(target[..., None] - IQ4_LEVELS).argmin(-1).astype(np.uint8)
+
+
+def _iq4_nibbles(idx: np.ndarray) -> np.ndarray:
+    """Runs of 32 indices [..., 32] as their 16 bytes: byte i holds index i low, index 16 + i high."""
+    return idx[..., :16] | idx[..., 16:] << 4
+
+
+def _iq4_step(x: np.ndarray) -> np.ndarray:
+    """A run's scale: its most negative weight at level -127 or its largest at 113, whichever needs more."""
+    return np.maximum(np.maximum(-x.min(-1) / 127, x.max(-1) / 113), 0)
+
+
+def _iq4_nl(w: np.ndarray) -> np.ndarray:
+    x = w.reshape(-1, 32)
+    d = _iq4_step(x).astype(np.float16)
+    idx = _iq4_indices(x, d.astype(np.float32)[:, None])
+    return np.concatenate([_halves_bytes(d), _iq4_nibbles(idx)], axis=1)
+
+
+def _iq4_xs(w: np.ndarray) -> np.ndarray:
+    x = w.reshape(-1, 8, 32)
+    n = x.shape[0]
+    step = _iq4_step(x)
+    d = (step.max(-1) / 31).astype(np.float16)
+    ls = (_levels(step, d.astype(np.float32)[:, None], -32, 31) + 32).astype(np.uint8)
+    dl = d.astype(np.float32)[:, None] * (ls.astype(np.float32) - 32)
+    idx = _iq4_indices(x, dl[..., None])
+    scales_h = np.bitwise_or.reduce([((ls[:, j].astype(np.uint16) >> 4) & 3) << (2 * j) for j in range(8)])
+    scales_l = (ls[:, 0::2] & 0x0F) | (ls[:, 1::2] & 0x0F) << 4
+    return np.concatenate([_halves_bytes(d), scales_h.astype(np.uint16).view(np.uint8).reshape(n, 2), scales_l,
+                           _iq4_nibbles(idx).reshape(n, 128)], axis=1)
+
+
 def quantize_k(w: np.ndarray, type_name: str) -> np.ndarray:
-    """fp32 [rows, cols] (cols a multiple of 256) as Q4_K, Q5_K or Q6_K blocks, uint8 [rows, bytes per row]."""
+    """fp32 [rows, cols] (cols a multiple of 256; of 32 for IQ4_NL) as Q4_K, Q5_K, Q6_K, IQ4_XS or IQ4_NL blocks,
+    uint8 [rows, bytes per row]."""
     rows = w.shape[0]
     flat = w.astype(np.float32).reshape(-1, 256)
-    blocks = {"Q4_K": lambda: _q45_k(flat, 4), "Q5_K": lambda: _q45_k(flat, 5), "Q6_K": lambda: _q6_k(flat)}
+    blocks = {"Q4_K": lambda: _q45_k(flat, 4), "Q5_K": lambda: _q45_k(flat, 5), "Q6_K": lambda: _q6_k(flat),
+              "IQ4_XS": lambda: _iq4_xs(flat), "IQ4_NL": lambda: _iq4_nl(w.astype(np.float32))}
     return blocks[type_name]().reshape(rows, -1)

@@ -241,7 +241,7 @@ def gguf_name(hf_name: str, arch: str = "llama") -> str:
 
 def quantize(w: np.ndarray, type_name: str) -> np.ndarray:
     """w in the GGUF type `type_name`, as the writer takes it (gguf's quantizer, or tests/kquant_blocks.py's
-    for the K-quants gguf cannot make); a 3-D stack of experts' matrices stays one."""
+    for the K-quants and IQ4 types gguf cannot make); a 3-D stack of experts' matrices stays one."""
     import gguf
     from gguf import quants
 
@@ -250,7 +250,7 @@ def quantize(w: np.ndarray, type_name: str) -> np.ndarray:
     if w.ndim == 3:
         flat = quantize(w.reshape(-1, w.shape[-1]), type_name)
         return flat.reshape(*w.shape[:2], flat.shape[-1])
-    if type_name in ("Q4_K", "Q5_K", "Q6_K"):
+    if type_name in ("Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ4_NL"):
         return quantize_k(w, type_name)
     return quants.quantize(w, gguf.GGMLQuantizationType[type_name])
 

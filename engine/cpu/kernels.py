@@ -35,7 +35,8 @@ _loaded: "QuantKernels | str | None" = None  # the kernels, or why there are non
 FLAG_INTEGER = 1  # kc_linear.flags: KC_FLAG_INTEGER of csrc/int8_dot.h
 # enum kc_format in csrc/block_quant.h
 FORMAT_CODES = {"f32": 0, "q4_1": 1, "q8_0": 2, "q4_0": 3, "q5_0": 4, "q5_1": 5, "q2_k": 6, "q3_k": 7,
-                "q4_k": 8, "q5_k": 9, "q6_k": 10, "bf16": 11, "f16": 12, "mxfp4": 13}
+                "q4_k": 8, "q5_k": 9, "q6_k": 10, "bf16": 11, "f16": 12, "mxfp4": 13,
+                "iq4_nl": 14, "iq4_xs": 15}
 
 
 class LinearDesc(ctypes.Structure):

@@ -40,17 +40,19 @@ from engine.errors import ModelError
 from engine.config.model import ModelConfig
 from engine.weights.synthetic_weights import STD, tensor_seed, tensor_shapes
 
-QUANTS = ("q4_k_m", "q4_k", "q6_k", "q8_0", "q4_0", "mxfp4")
+QUANTS = ("q4_k_m", "q4_k", "q6_k", "q8_0", "q4_0", "mxfp4", "iq4_xs")
 # Where each type's fp16 scales sit in a block (d; d, dmin for Q4_K), and the d that gives weights of
 # standard deviation STD with random quants (measured with gguf's dequantizer: 4.76, 9.70, 76.8, 269 and
-# 1443 times d). Q4_K's dmin is 7.5 d, so a sub-block's offset cancels its quants' mean on average.
-_HALF_FIELDS = {"Q4_0": (0,), "Q5_0": (0,), "Q8_0": (0,), "Q4_K": (0, 2), "Q6_K": (208,)}
-_UNIT_D = {"Q4_0": 4.76, "Q5_0": 9.70, "Q8_0": 76.8, "Q4_K": 269.0, "Q6_K": 1443.0}
+# 1443 times d; IQ4_NL 67.4 and IQ4_XS, whose random 6-bit sub-scales multiply it, 1245). Q4_K's dmin is 7.5 d, so
+# a sub-block's offset cancels its quants' mean on average.
+_HALF_FIELDS = {"Q4_0": (0,), "Q5_0": (0,), "Q8_0": (0,), "Q4_K": (0, 2), "Q6_K": (208,), "IQ4_NL": (0,),
+                "IQ4_XS": (0,)}
+_UNIT_D = {"Q4_0": 4.76, "Q5_0": 9.70, "Q8_0": 76.8, "Q4_K": 269.0, "Q6_K": 1443.0, "IQ4_NL": 67.4, "IQ4_XS": 1245.0}
 _DMIN_PER_D = 7.5
 # MXFP4's doubled e2m1 values have an RMS of 5.85 over uniform nibbles, and its scale is 2^(e - 128): weights of
 # standard deviation STD = 0.02 want e near 128 + log2(0.02 / 5.85) = 119.8.
 _MXFP4_EXPONENTS = (119, 120, 121)
-_FALLBACK = {"Q4_K": "Q5_0", "Q6_K": "Q8_0"}  # for rows that are not whole super-blocks, as llama.cpp
+_FALLBACK = {"Q4_K": "Q5_0", "Q6_K": "Q8_0", "IQ4_XS": "IQ4_NL"}  # rows not whole super-blocks, as llama.cpp
 _ARCH = {"qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "llama": "llama", "gpt_oss": "gpt-oss"}
 _LAYER_NAMES = {
     "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
@@ -107,6 +109,8 @@ def tensor_type(quant: str, name: str, shape: tuple[int, ...], layers: int, tied
         return None
     if quant == "mxfp4":  # gpt-oss as shipped: experts MXFP4, every other matrix Q8_0
         qtype = "MXFP4" if name.endswith("_exps.weight") else "Q8_0"
+    elif quant == "iq4_xs" and (name == "output.weight" or (tied and name == "token_embd.weight")):
+        qtype = "Q6_K"  # llama.cpp keeps the output in Q6_K in an IQ4_XS file too
     elif quant == "q4_k_m":
         if name == "output.weight" or (tied and name == "token_embd.weight"):
             qtype = "Q6_K"

@@ -124,7 +124,7 @@ static const struct {
     FORMAT(KC_F32, f32),   FORMAT(KC_Q4_1, q4_1), FORMAT(KC_Q8_0, q8_0), FORMAT(KC_Q4_0, q4_0),
     FORMAT(KC_Q5_0, q5_0), FORMAT(KC_Q5_1, q5_1), FORMAT(KC_Q2_K, q2_k), FORMAT(KC_Q3_K, q3_k),
     FORMAT(KC_Q4_K, q4_k), FORMAT(KC_Q5_K, q5_k), FORMAT(KC_Q6_K, q6_k), FORMAT(KC_BF16, bf16),
-    FORMAT(KC_F16, f16),   FORMAT(KC_MXFP4, mxfp4),
+    FORMAT(KC_F16, f16),   FORMAT(KC_MXFP4, mxfp4), FORMAT(KC_IQ4_NL, iq4_nl), FORMAT(KC_IQ4_XS, iq4_xs),
 #undef FORMAT
 };
 

@@ -15,6 +15,7 @@ enum kc_format {
     KC_Q2_K = 6, KC_Q3_K = 7, KC_Q4_K = 8, KC_Q5_K = 9, KC_Q6_K = 10, /* q: GGUF's 256-weight super-blocks (kquant.c) */
     KC_BF16 = 11, KC_F16 = 12,                     /* q: uint16 [N, K] (half_float.c) */
     KC_MXFP4 = 13,                                 /* q: GGUF's own 32-weight blocks (q32_blocks.c) */
+    KC_IQ4_NL = 14, KC_IQ4_XS = 15,                /* q: GGUF's own 32- and 256-weight blocks (iq4_blocks.c) */
     KC_FORMATS
 };
 

@@ -144,3 +144,46 @@ def test_mxfp4_matrices_run_as_their_blocks_with_the_dense_models_logits_and_gre
     assert all(torch.equal(a, whole[i]) for a, i in zip(alone, (0, 17, len(PROMPT) - 1)))
     reference = dense.runner.logits(PROMPT, all_logits=True)  # int8 activations: about 1% off the fp32 logits
     assert torch.linalg.norm(whole - reference) / torch.linalg.norm(reference) < 0.02
+
+
+def iq4_quants(hf_model):
+    """An imatrix IQ4_XS file's mix, as llama.cpp writes one: IQ4_XS where a row is whole 256-weight super-blocks,
+    IQ4_NL (32-weight blocks) in its place here in two matrices, the output Q6_K and the embedding Q4_K."""
+    quant = {gguf_name(n): "IQ4_XS" for n, t in hf_model.state_dict().items() if t.ndim == 2}
+    quant.update({"token_embd.weight": "Q4_K", "output.weight": "Q6_K", "blk.0.attn_k.weight": "IQ4_NL",
+                  "blk.1.ffn_down.weight": "IQ4_NL"})
+    return quant
+
+
+def test_iq4_matrices_run_as_their_blocks_with_the_dense_models_and_transformers_logits(tmp_path):
+    """IQ4_XS and IQ4_NL matrices stay the file's blocks (a 7B IQ4_XS file's weights had taken 4 bytes each, dense),
+    multiplied by their fp32 kernels, also beside other layers' integer products."""
+    from transformers import AutoModelForCausalLM
+
+    hf_model = load_reference(make_tiny_model(tmp_path / "hf", "llama", **K_QUANT_SIZES))
+    gguf_path = write_gguf(hf_model, tmp_path / "tiny-iq4.gguf", quant=iq4_quants(hf_model))
+    packed = Engine.load(EngineOptions(model=str(gguf_path), dtype="float32", exact_fp32=True))
+    dense = Engine.load(EngineOptions(model=str(gguf_path), dtype="float32", weights="dense"))
+    assert packed.info.weights.startswith("iq4_nl/iq4_xs/q4_k/q6_k blocks")
+    layers = packed.model.layers
+    assert [p.fmt for p in parts_of(layers[0].self_attn.qkv_proj)] == ["iq4_xs", "iq4_nl", "iq4_xs"]
+    assert parts_of(layers[1].mlp.down_proj)[0].fmt == "iq4_nl" and parts_of(layers[0].mlp.down_proj)[0].fmt == "iq4_xs"
+    for rows in (list(range(200)), PROMPT, PROMPT[:5]):  # the dequantize+GEMM path and the kernel
+        torch.testing.assert_close(packed.runner.logits(rows, all_logits=True),
+                                   dense.runner.logits(rows, all_logits=True), atol=1e-4, rtol=1e-5)
+    assert list(packed.generate(PROMPT, GREEDY))[-1].token_ids == list(dense.generate(PROMPT, GREEDY))[-1].token_ids
+    reference = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=gguf_path.name,
+                                                     dtype=torch.float32).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(packed.runner.logits(PROMPT, all_logits=True),
+                                   reference(torch.tensor([PROMPT])).logits[0], atol=1e-4, rtol=1e-5)
+
+    integer = Engine.load(EngineOptions(model=str(gguf_path), dtype="float32"))
+    multiplied = {m.fmt: m.integer for name, m in integer.model.named_modules()
+                  if isinstance(m, QuantLinear) and name != "embed_tokens.table"}
+    assert not multiplied["iq4_xs"] and not multiplied["iq4_nl"]  # no integer kernel for them yet: fp32 products
+    whole = integer.runner.logits(PROMPT, all_logits=True)
+    alone = [integer.runner.logits(PROMPT[: i + 1])[-1] for i in (0, 17, len(PROMPT) - 1)]
+    assert all(torch.equal(a, whole[i]) for a, i in zip(alone, (0, 17, len(PROMPT) - 1)))
+    fresh = list(integer.generate(PROMPT, GREEDY))[-1].token_ids
+    assert list(integer.generate(PROMPT, GREEDY))[-1].token_ids == fresh  # the second from the prefix cache

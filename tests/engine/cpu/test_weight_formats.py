@@ -1,5 +1,6 @@
-"""Every kernel format beyond Q4_1/Q8_0 (GGUF's Q4_0/Q5_0/Q5_1, MXFP4, the K-quants, bf16, f16), on every ISA path:
-weights bit-identical to gguf's own dequantizer, products equal to a dense matmul up to summation order."""
+"""Every kernel format beyond Q4_1/Q8_0 (GGUF's Q4_0/Q5_0/Q5_1, MXFP4, the K-quants, IQ4_NL/IQ4_XS, bf16, f16), on
+every ISA path: weights bit-identical to gguf's own dequantizer, products equal to a dense matmul up to summation
+order."""
 
 import ctypes
 import shutil
@@ -20,11 +21,12 @@ from tests.kquant_blocks import MXFP4_SUBNORMAL, finite_halves, mxfp4_blocks, ra
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
                                 reason="the block kernels need a C compiler")
 
-FORMATS = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "mxfp4", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "bf16", "f16"]
+FORMATS = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "mxfp4", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs",
+           "bf16", "f16"]
 # fp16 scales small enough that weights stay about 1 (products then compare at atol 1e-4); MXFP4's is its
 # blocks' largest |weight| (tests/kquant_blocks.py)
 PRODUCT_SCALE = {"q4_0": 0.1, "q4_1": 0.05, "q8_0": 0.005, "q5_0": 0.05, "q5_1": 0.03, "q2_k": 0.02, "q3_k": 0.005, "q4_k": 1e-3,
-                 "q5_k": 5e-4, "q6_k": 2.5e-4, "mxfp4": 1.0}
+                 "q5_k": 5e-4, "q6_k": 2.5e-4, "mxfp4": 1.0, "iq4_nl": 0.01, "iq4_xs": 3e-4}
 # ISA -> (gcc -march for it, the CPU flags it needs)
 ISAS = {"native": (None, ()), "avx2": ("haswell", ("avx2", "fma", "f16c")), "portable": ("x86-64", ())}
 
@@ -156,13 +158,13 @@ def test_a_column_range_computed_on_one_thread_is_that_slice_of_the_product(kern
         assert (y[:, :11] == -7).all() and (y[:, 43:] == -7).all()
 
 
-@pytest.mark.parametrize("fmt", ["q4_k", "q5_k", "q6_k", "q2_k", "q3_k", "mxfp4", "bf16", "f16"])
+@pytest.mark.parametrize("fmt", ["q4_k", "q5_k", "q6_k", "q2_k", "q3_k", "mxfp4", "iq4_nl", "iq4_xs", "bf16", "f16"])
 def test_weights_stay_as_compact_as_their_format(kernels, fmt):
     qs, _ = stored(fmt, 16, 512, np.random.default_rng(4))
     linear = QuantLinear(kernels, fmt, qs)
     weights, size = RAW_BLOCKS.get(fmt, (1, 2))
     held = sum(t.numel() * t.element_size() for t in linear.buffers())
-    assert held == 16 * 512 * size // weights  # Q4_K: 4.5 bits a weight, Q6_K: 6.5625, MXFP4: 4.25, bf16: 16
+    assert held == 16 * 512 * size // weights  # Q4_K: 4.5 bits a weight, Q6_K: 6.5625, MXFP4: 4.25, IQ4_XS: 4.25
 
 
 def test_half_precision_weights_survive_a_model_wide_dtype_change(kernels):

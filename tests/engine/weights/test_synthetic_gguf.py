@@ -184,3 +184,21 @@ def test_the_gpt_oss_20b_file_is_the_size_of_openais():
     block_bytes = {"MXFP4": 17 / 32, "Q8_0": 34 / 32, None: 4}
     gigabytes = sum(math.prod(shapes[n]) * block_bytes[t] for n, t in types.items()) / 2**30
     assert gigabytes == pytest.approx(11.27, abs=0.05)  # llama.cpp's log of openai's file: 11.266 GiB
+
+
+def test_an_iq4_xs_file_is_llama_cpps_mix_of_it_with_weights_of_a_realistic_size():
+    from gguf.quants import dequantize
+
+    reader = open_gguf(synthetic_file(f"synthetic:{TINY}@iq4_xs"))
+    types = {t.name: t.tensor_type.name for t in reader.tensors}
+    assert types["token_embd.weight"] == "Q6_K"  # tied: the output's type
+    matrices = {name: kind for name, kind in types.items() if name.endswith(("attn_q.weight", "ffn_down.weight"))}
+    assert matrices and set(matrices.values()) <= {"IQ4_XS", "IQ4_NL"}
+    for tensor in reader.tensors:
+        if tensor.tensor_type.name in ("IQ4_XS", "IQ4_NL"):
+            weights = dequantize(np.asarray(tensor.data), tensor.tensor_type)
+            assert np.isfinite(weights).all() and 0.5 * STD < weights.std() < 2 * STD, (tensor.name, weights.std())
+    engine = Engine.load(EngineOptions(model=f"synthetic:{TINY}@iq4_xs", prefix_caching=False))
+    assert "iq4_" in engine.info.weights
+    done = list(engine.generate([5, 6, 7], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)))[-1]
+    assert len(done.token_ids) == 4
