@@ -12,6 +12,8 @@ int kc_block_bytes(int format) {
     case KC_Q5_1: return 24;
     case KC_Q8_0: return 34;
     case KC_MXFP4: return 17;
+    case KC_IQ4_NL: return 18;
+    case KC_IQ4_XS: return 136;
     case KC_Q2_K: return 84;
     case KC_Q3_K: return 110;
     case KC_Q4_K: return 144;
@@ -22,6 +24,15 @@ int kc_block_bytes(int format) {
 }
 
 const uint8_t kc_mxfp4_unsigned[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
+const uint8_t kc_iq4_unsigned[16] = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
+
+/* 32 weights' u from their 16 nibble bytes (byte j: weight j low, weight 16 + j high) through `table`. */
+static void nibbles_through(const uint8_t *qs, const uint8_t table[16], uint8_t *u) {
+    for (int j = 0; j < 16; j++) {
+        u[j] = table[qs[j] & 0x0F];
+        u[j + 16] = table[qs[j] >> 4];
+    }
+}
 
 void kc_legacy_of(int format, const uint8_t *blk, kc_legacy *b) {
     const uint8_t *qs;
@@ -31,14 +42,15 @@ void kc_legacy_of(int format, const uint8_t *blk, kc_legacy *b) {
     if (format == KC_MXFP4) { /* value[q] = u - 12 (simd.h's KC_MXFP4_VALUES), the scale E8M0's half */
         b->d = kc_e8m0_half(blk[0]);
         b->offset = 12;
-        for (int j = 0; j < 16; j++) {
-            b->u[j] = kc_mxfp4_unsigned[blk[1 + j] & 0x0F];
-            b->u[j + 16] = kc_mxfp4_unsigned[blk[1 + j] >> 4];
-        }
+        nibbles_through(blk + 1, kc_mxfp4_unsigned, b->u);
         return;
     }
     b->d = kc_half_at(blk);
     switch (format) {
+    case KC_IQ4_NL: /* level[q] = u - 128 */
+        nibbles_through(blk + 2, kc_iq4_unsigned, b->u);
+        b->offset = 128;
+        return;
     case KC_Q8_0: /* int8 q stored as u = q + 128 */
         for (int j = 0; j < 32; j++) b->u[j] = blk[2 + j] ^ 0x80;
         b->offset = 128;
@@ -116,6 +128,15 @@ void kc_k_super_of(int format, const uint8_t *blk, kc_k_super *k) {
                 for (int l = 0; l < 32; l++) k->u[32 * j + l] |= (uint8_t)(((qh[l] >> j) & 1) << 4);
         return;
     }
+    case KC_IQ4_XS: /* d, scales_h, scales_l, then each 32's 16 nibble bytes */
+        k->d = kc_half_at(blk);
+        k->offset = 128;
+        for (int j = 0; j < 8; j++) {
+            k->scale[2 * j] = k->scale[2 * j + 1] = iq4_xs_scale(blk, j);
+            k->low[2 * j] = k->low[2 * j + 1] = 0;
+            nibbles_through(blk + 8 + 16 * j, kc_iq4_unsigned, k->u + 32 * j);
+        }
+        return;
     default: /* KC_Q6_K */
         k->d = kc_half_at(blk + 208);
         k->offset = 32;

@@ -57,9 +57,10 @@ static inline uint32_t nibble_word(const uint8_t *qs, int at, int high) {
     return high ? ((a >> 4) & 0x0F0F0F0Fu) | (b & 0xF0F0F0F0u) : (a & 0x0F0F0F0Fu) | (b & 0x0F0F0F0Fu) << 4;
 }
 
-/* Tile t's block b of a 4-bit format (Q4_0, Q4_1, Q4_K, MXFP4): what pack_unit makes, without decoding
- * every quant (the load of a 7B Q4_K_M file spent ~2 s in that decoding). MXFP4 keeps its nibbles as
- * indices (kc_tile_group_vecs looks their unsigned values up) and its E8M0 byte as it is. */
+/* Tile t's block b of a 4-bit format (Q4_0, Q4_1, Q4_K, MXFP4, IQ4_NL, IQ4_XS): what pack_unit makes, without
+ * decoding every quant (the load of a 7B Q4_K_M file spent ~2 s in that decoding). MXFP4 and the IQ4 formats
+ * keep their nibbles as indices (kc_tile_group_vecs looks their unsigned values up), MXFP4 its E8M0 byte as it
+ * is, IQ4_XS each 32's ls - 32 as a signed byte. */
 static void pack_unit_4bit(const kc_linear *L, int t, int b, uint8_t *unit) {
     const int format = L->format, W = kc_block_weights(format), nb = L->K / W;
     memset(unit, 0, (size_t)kc_tile_header_bytes(format));
@@ -83,6 +84,12 @@ static void pack_unit_4bit(const kc_linear *L, int t, int b, uint8_t *unit) {
             }
             for (int k0 = 0; k0 < W; k0 += 8) { /* weight 32j + l: nibble j % 2 of qs[32 (j / 2) + l] */
                 const uint32_t w = nibble_word(blk + 16, 32 * (k0 / 64) + k0 % 32, (k0 / 32) % 2);
+                memcpy(groups + 8 * k0 + 4 * c, &w, 4);
+            }
+        } else if (format == KC_IQ4_XS) { /* 32 j: its 16 nibble bytes at 8 + 16j, as a Q4_0 block's */
+            for (int j = 0; j < 8; j++) unit[32 + KC_TILE * j + c] = (uint8_t)(int8_t)iq4_xs_scale(blk, j);
+            for (int k0 = 0; k0 < W; k0 += 8) {
+                const uint32_t w = nibble_word(blk + 8 + 16 * (k0 / 32), k0 % 16, (k0 % 32) >= 16);
                 memcpy(groups + 8 * k0 + 4 * c, &w, 4);
             }
         } else { /* weight l < 16: low nibble of qs[l]; l >= 16: high nibble of qs[l - 16] */

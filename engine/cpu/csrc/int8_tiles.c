@@ -38,11 +38,11 @@ static inline int pass_rows(int format) { return kc_is_k_quant(format) ? 4 : MAX
         }                                                                                   \
     } while (0)
 
-/* One 32-weight block b of a tile (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4) times rows xs[0..R). */
+/* One 32-weight block b of a tile (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, IQ4_NL) times rows xs[0..R). */
 static inline __attribute__((always_inline)) void legacy_unit(const uint8_t *unit, int format, const kc_act_row *xs,
                                                                int R, int b, __m512 *acc, __m512 *ext) {
     const int bits = kc_tile_bits(format), gb = kc_tile_group_bytes(bits);
-    const int offset = format == KC_Q8_0 ? 128 : format == KC_Q4_0 ? 8 : format == KC_Q5_0 ? 16
+    const int offset = format == KC_Q8_0 || format == KC_IQ4_NL ? 128 : format == KC_Q4_0 ? 8 : format == KC_Q5_0 ? 16
                      : format == KC_MXFP4 ? 12 : 0;
     __m512i sums[MAX_PASS_ROWS];
     for (int r = 0; r < MAX_PASS_ROWS; r++)
@@ -67,7 +67,7 @@ static inline __attribute__((always_inline)) void legacy_unit(const uint8_t *uni
     }
 }
 
-/* One super-block s of a tile (Q4_K, Q5_K, Q6_K) times rows xs[0..R). */
+/* One super-block s of a tile (Q4_K, Q5_K, Q6_K, IQ4_XS) times rows xs[0..R). */
 static inline __attribute__((always_inline)) void k_unit(const uint8_t *unit, int format, const kc_act_row *xs, int R,
                                                           int s, __m512 *acc, __m512 *ext) {
     const int bits = kc_tile_bits(format), gb = kc_tile_group_bytes(bits);
@@ -96,6 +96,28 @@ static inline __attribute__((always_inline)) void k_unit(const uint8_t *unit, in
         }
         for (int r = 0; r < MAX_PASS_ROWS; r++)
             if (r < R) main[r] = _mm512_sub_epi32(main[r], _mm512_slli_epi32(offset[r], 5));
+    } else if (format == KC_IQ4_XS) {
+        /* u - 128: main -= 128 * sum over 32s of scale_j * (activation sum of j), two 32s a vpdpwssd */
+        __m512i offset[MAX_PASS_ROWS];
+        for (int r = 0; r < MAX_PASS_ROWS; r++) offset[r] = _mm512_setzero_si512();
+        for (int p = 0; p < 4; p++) {
+            __m512i sc[2];
+            for (int e = 0; e < 2; e++) {
+                const int j = 2 * p + e;
+                __m512i sums[MAX_PASS_ROWS];
+                for (int r = 0; r < MAX_PASS_ROWS; r++) sums[r] = _mm512_setzero_si512();
+                for (int h = 0; h < 4; h++)
+                    GROUP_DOT(g + (4 * j + h) * gb, format, sums, R, xs[r].q + KC_SUPER * s + 32 * j + 8 * h);
+                sc[e] = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(unit + 32 + KC_TILE * j)));
+                for (int r = 0; r < MAX_PASS_ROWS; r++)
+                    if (r < R) main[r] = _mm512_add_epi32(main[r], _mm512_mullo_epi32(sums[r], sc[e]));
+            }
+            const __m512i pair = _mm512_or_si512(_mm512_and_si512(sc[0], _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(sc[1], 16));
+            for (int r = 0; r < MAX_PASS_ROWS; r++)
+                if (r < R) offset[r] = _mm512_dpwssd_epi32(offset[r], pair, _mm512_set1_epi32(kc_i32_at(xs[r].bsums32 + 8 * s + 2 * p)));
+        }
+        for (int r = 0; r < MAX_PASS_ROWS; r++)
+            if (r < R) main[r] = _mm512_sub_epi32(main[r], _mm512_slli_epi32(offset[r], 7));
     } else {
         for (int j = 0; j < 8; j++) {
             __m512i sums[MAX_PASS_ROWS];
@@ -110,7 +132,7 @@ static inline __attribute__((always_inline)) void k_unit(const uint8_t *unit, in
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)unit));
     for (int r = 0; r < MAX_PASS_ROWS; r++)
         if (r < R) acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(main[r]), _mm512_mul_ps(d, _mm512_set1_ps(xs[r].d[s])), acc[r]);
-    if (format != KC_Q6_K) {
+    if (format == KC_Q4_K || format == KC_Q5_K) {
         /* the minimums: low = sum over 32s of min_j * (activation sum of 32 j), two 32s a vpdpwssd */
         __m512i low[MAX_PASS_ROWS];
         for (int r = 0; r < MAX_PASS_ROWS; r++) low[r] = _mm512_setzero_si512();

@@ -15,9 +15,9 @@
  * pairs into int32: the same sums wherever no int16 lane can pass 32,767. The activations are within +-127
  * (int8_act.c) and a quant is at most 63 (Q6_K; MXFP4's is at most 24), so a pair is within 2 * 63 * 127,
  * and the int16 lanes hold as many groups' pairs as stay within it before they widen (part_groups), each
- * widening one vpmaddwd, which also applies a K-quant's scale. Q8_0's quants, stored + 128, are up to 255,
- * so its groups are multiplied as two parts, the quants' top bit (0 or 128) and the rest (up to 127), each
- * pair then within 2 * 128 * 127 = 32,512, and widened at once.
+ * widening one vpmaddwd, which also applies a K-quant's scale. Q8_0's quants, stored + 128, are up to 255
+ * (IQ4's levels + 128 up to 241), so their groups are multiplied as two parts, the quants' top bit (0 or 128)
+ * and the rest (up to 127), each pair then within 2 * 128 * 127 = 32,512, and widened at once.
  */
 #include "int8_quants.h"
 #include "int8_tiles.h"
@@ -50,8 +50,9 @@ static inline __attribute__((always_inline)) void group_vecs(const uint8_t *g, i
     const __m256i v = _mm256_loadu_si256((const __m256i *)(g + 32 * h)), low4 = _mm256_set1_epi8(0x0F);
     *A = _mm256_and_si256(v, low4);
     *B = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-    if (format == KC_MXFP4) {
-        const __m256i u = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kc_mxfp4_unsigned));
+    if (format == KC_MXFP4 || format == KC_IQ4_NL || format == KC_IQ4_XS) {
+        const uint8_t *table = format == KC_MXFP4 ? kc_mxfp4_unsigned : kc_iq4_unsigned;
+        const __m256i u = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)table));
         *A = _mm256_shuffle_epi8(u, *A);
         *B = _mm256_shuffle_epi8(u, *B);
         return;
@@ -86,34 +87,42 @@ static inline __m256i dot_words(__m256i acc, __m256i a, __m256i b) {
 #endif
 }
 
-/* The largest quant of a format's groups (kc_tile_group_vecs' bytes; MXFP4's value + 12). */
-static inline int max_quant(int format) { return format == KC_MXFP4 ? 24 : (1 << kc_tile_bits(format)) - 1; }
+/* The largest quant of a format's groups (kc_tile_group_vecs' bytes; MXFP4's value + 12, IQ4's level + 128). */
+static inline int max_quant(int format) {
+    return format == KC_MXFP4 ? 24 : format == KC_IQ4_NL || format == KC_IQ4_XS ? 241 : (1 << kc_tile_bits(format)) - 1;
+}
 
-/* Groups whose products a part (below) holds before it is flushed: without AVX-VNNI as many as keep every int16
- * lane within 32,767 (a group adds 4 products of at most max_quant * 127 to a lane: Q4 4 groups, Q5 and MXFP4 2,
- * Q6_K 1); with it, any number (its parts are int32). */
-static inline int part_groups(int format) { return TILES_AVX_VNNI ? 64 : 32767 / (4 * 127 * max_quant(format)); }
+/* Whether a format's parts (below) are int32 sums: with AVX-VNNI always; without it where a quant may pass 64,
+ * so that not even one group's pairs fit an int16 lane (Q8_0, IQ4: their quants summed in two parts, the top
+ * bit and the rest, each pair within 2 * 128 * 127). */
+static inline int int32_parts(int format) { return TILES_AVX_VNNI || max_quant(format) > 64; }
 
-/* A group's products with rows xs[r]'s quants at q_of (8 of them) added to part[r]: int32 sums with AVX-VNNI;
- * without it int16 pair sums (vpmaddubsw), which flush widens, except Q8_0's, added to sums[r] at once in int32
- * (its quants up to 255 in two parts: the header says why). */
-#define GROUP_DOT(g, format, h, sums, part, R, q_of)                                                  \
+/* Groups whose products a part holds before it is flushed: int16 parts as many as keep every lane within 32,767
+ * (a group adds 4 products of at most max_quant * 127 to a lane: Q4 4 groups, Q5 and MXFP4 2, Q6_K 1); int32
+ * ones any number. */
+static inline int part_groups(int format) { return int32_parts(format) ? 64 : 32767 / (4 * 127 * max_quant(format)); }
+
+/* acc + the int32 products of u, a group's quants of any size, and x: in two parts where they may pass 128. */
+static inline __attribute__((always_inline)) __m256i dot_quants(__m256i acc, __m256i u, __m256i x, int format) {
+    if (TILES_AVX_VNNI || max_quant(format) <= 128) return dot_bytes(acc, u, x);
+    const __m256i top = _mm256_set1_epi8((char)0x80);
+    return dot_bytes(dot_bytes(acc, _mm256_andnot_si256(top, u), x), _mm256_and_si256(top, u), x);
+}
+
+/* A group's products with rows xs[r]'s quants at q_of (8 of them) added to part[r]: int32 sums (int32_parts),
+ * else int16 pair sums (vpmaddubsw) that flush widens. */
+#define GROUP_DOT(g, format, h, part, R, q_of)                                                        \
     do {                                                                                              \
         __m256i A_, B_;                                                                               \
         group_vecs(g, format, h, &A_, &B_);                                                           \
         for (int r = 0; r < (R); r++) {                                                               \
             const int8_t *xq_ = (q_of);                                                               \
             const __m256i xa_ = _mm256_set1_epi32(kc_i32_at(xq_)), xb_ = _mm256_set1_epi32(kc_i32_at(xq_ + 4)); \
-            if (TILES_AVX_VNNI) {                                                                     \
-                part[r] = dot_bytes(dot_bytes(part[r], A_, xa_), B_, xb_);                            \
-            } else if (kc_tile_bits(format) == 8) {                                                   \
-                const __m256i top_ = _mm256_set1_epi8((char)0x80);                                    \
-                sums[r] = dot_bytes(dot_bytes(sums[r], _mm256_andnot_si256(top_, A_), xa_), _mm256_and_si256(top_, A_), xa_); \
-                sums[r] = dot_bytes(dot_bytes(sums[r], _mm256_andnot_si256(top_, B_), xb_), _mm256_and_si256(top_, B_), xb_); \
-            } else {                                                                                  \
+            if (int32_parts(format))                                                                  \
+                part[r] = dot_quants(dot_quants(part[r], A_, xa_, format), B_, xb_, format);          \
+            else                                                                                      \
                 part[r] = _mm256_add_epi16(part[r], _mm256_add_epi16(_mm256_maddubs_epi16(A_, xa_),  \
                                                                      _mm256_maddubs_epi16(B_, xb_))); \
-            }                                                                                         \
         }                                                                                             \
     } while (0)
 
@@ -122,16 +131,15 @@ static inline int part_groups(int format) { return TILES_AVX_VNNI ? 64 : 32767 /
  * scale * (low + high), the same integer as scaling their int32 sum. */
 static inline __attribute__((always_inline)) void flush(__m256i *sums, __m256i *part, int R, int format,
                                                         __m256i scale, int scaled) {
-    if (!TILES_AVX_VNNI && kc_tile_bits(format) == 8) return; /* GROUP_DOT added Q8_0's to sums */
     for (int r = 0; r < R; r++) {
-#if TILES_AVX_VNNI
-        sums[r] = _mm256_add_epi32(sums[r], scaled ? _mm256_mullo_epi32(part[r], scale) : part[r]);
-#else
-        const __m256i both = scaled ? _mm256_or_si256(_mm256_and_si256(scale, _mm256_set1_epi32(0xFFFF)),
-                                                      _mm256_slli_epi32(scale, 16))
-                                    : _mm256_set1_epi16(1);
-        sums[r] = _mm256_add_epi32(sums[r], _mm256_madd_epi16(part[r], both));
-#endif
+        if (int32_parts(format)) {
+            sums[r] = _mm256_add_epi32(sums[r], scaled ? _mm256_mullo_epi32(part[r], scale) : part[r]);
+        } else {
+            const __m256i both = scaled ? _mm256_or_si256(_mm256_and_si256(scale, _mm256_set1_epi32(0xFFFF)),
+                                                          _mm256_slli_epi32(scale, 16))
+                                        : _mm256_set1_epi16(1);
+            sums[r] = _mm256_add_epi32(sums[r], _mm256_madd_epi16(part[r], both));
+        }
         part[r] = _mm256_setzero_si256();
     }
 }
@@ -140,7 +148,7 @@ static inline __attribute__((always_inline)) void flush(__m256i *sums, __m256i *
 #define GROUPS_DOT(g, gb, n, format, h, sums, part, R, q_of, scale, scaled)                           \
     do {                                                                                              \
         for (int q = 0; q < (n); q++) {                                                               \
-            GROUP_DOT((g) + q * (gb), format, h, sums, part, R, (q_of) + 8 * q);                      \
+            GROUP_DOT((g) + q * (gb), format, h, part, R, (q_of) + 8 * q);                      \
             if (q % part_groups(format) == part_groups(format) - 1 || q == (n) - 1)                   \
                 flush(sums, part, R, format, scale, scaled);                                          \
         }                                                                                             \
@@ -151,12 +159,12 @@ static inline __m256 half_floats(const uint8_t *p, int h) {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * h)));
 }
 
-/* Block b of a 32-weight format (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4) times rows xs[0..R), half h. */
+/* Block b of a 32-weight format (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, IQ4_NL) times rows xs[0..R), half h. */
 static inline __attribute__((always_inline)) void legacy_unit(const uint8_t *unit, int format, int h,
                                                                const kc_act_row *xs, int R, int b, __m256 *acc,
                                                                __m256 *ext) {
     const int gb = kc_tile_group_bytes(kc_tile_bits(format));
-    const int offset = format == KC_Q8_0 ? 128 : format == KC_Q4_0 ? 8 : format == KC_Q5_0 ? 16
+    const int offset = format == KC_Q8_0 || format == KC_IQ4_NL ? 128 : format == KC_Q4_0 ? 8 : format == KC_Q5_0 ? 16
                      : format == KC_MXFP4 ? 12 : 0;
     __m256i sums[PASS_ROWS], part[PASS_ROWS];
     for (int r = 0; r < R; r++) {
@@ -188,7 +196,7 @@ static inline __m256i half_bytes_i32(const uint8_t *p, int h, int is_signed) {
     return is_signed ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v);
 }
 
-/* Super-block s of a K-quant (Q4_K, Q5_K, Q6_K) times rows xs[0..R), half h. */
+/* Super-block s of a K-quant (Q4_K, Q5_K, Q6_K) or IQ4_XS times rows xs[0..R), half h. */
 static inline __attribute__((always_inline)) void k_unit(const uint8_t *unit, int format, int h, const kc_act_row *xs,
                                                           int R, int s, __m256 *acc, __m256 *ext) {
     const int gb = kc_tile_group_bytes(kc_tile_bits(format));
@@ -214,6 +222,23 @@ static inline __attribute__((always_inline)) void k_unit(const uint8_t *unit, in
                                       _mm256_set1_epi32(kc_i32_at(xs[r].bsums + 16 * s + 2 * p)));
         }
         for (int r = 0; r < R; r++) main[r] = _mm256_sub_epi32(main[r], _mm256_slli_epi32(offset[r], 5));
+    } else if (format == KC_IQ4_XS) {
+        /* u - 128: main -= 128 * sum over 32s of scale_j * (activation sum of j), two 32s a dot_words */
+        __m256i offset[PASS_ROWS];
+        for (int r = 0; r < R; r++) offset[r] = _mm256_setzero_si256();
+        for (int p = 0; p < 4; p++) {
+            __m256i sc[2];
+            for (int e = 0; e < 2; e++) {
+                const int j = 2 * p + e;
+                sc[e] = half_bytes_i32(unit + 32 + KC_TILE * j, h, 1);
+                GROUPS_DOT(g + 4 * j * gb, gb, 4, format, h, main, part, R, xs[r].q + KC_SUPER * s + 32 * j, sc[e], 1);
+            }
+            const __m256i pair = _mm256_or_si256(_mm256_and_si256(sc[0], _mm256_set1_epi32(0xFFFF)),
+                                                 _mm256_slli_epi32(sc[1], 16));
+            for (int r = 0; r < R; r++)
+                offset[r] = dot_words(offset[r], pair, _mm256_set1_epi32(kc_i32_at(xs[r].bsums32 + 8 * s + 2 * p)));
+        }
+        for (int r = 0; r < R; r++) main[r] = _mm256_sub_epi32(main[r], _mm256_slli_epi32(offset[r], 7));
     } else {
         for (int j = 0; j < 8; j++) {
             const __m256i sc = half_bytes_i32(unit + 64 + KC_TILE * j, h, 0);
@@ -223,7 +248,7 @@ static inline __attribute__((always_inline)) void k_unit(const uint8_t *unit, in
     const __m256 d = half_floats(unit, h);
     for (int r = 0; r < R; r++)
         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(main[r]), _mm256_mul_ps(d, _mm256_set1_ps(xs[r].d[s])), acc[r]);
-    if (format != KC_Q6_K) {
+    if (format == KC_Q4_K || format == KC_Q5_K) {
         /* the minimums: low = sum over 32s of min_j * (activation sum of 32 j), two 32s a dot_words; a half's
          * 8 columns are 16 of the row's 32 bytes (each column's two minimums side by side) */
         __m256i low[PASS_ROWS];

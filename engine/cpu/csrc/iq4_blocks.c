@@ -11,16 +11,14 @@
  * 11 significant bits, ls - 32 6 and value[q] 7, so every product fits fp32's 24.
  */
 #include "columns.h"
+#include "kquant_scales.h"
 
 #define IQ4_VALUES -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113
 static const int8_t VALUES[16] = {IQ4_VALUES};
 #define SUB_BLOCKS 8 /* of 32 weights in an IQ4_XS super-block */
 
 /* IQ4_XS's scale of 32 j: d * (ls - 32). */
-static inline float xs_scale(const uint8_t *blk, int j) {
-    const int ls = ((blk[4 + j / 2] >> (4 * (j % 2))) & 0x0F) | (((blk[2 + j / 4] >> (2 * (j % 4))) & 3) << 4);
-    return kc_half_at(blk) * (float)(ls - 32);
-}
+static inline float xs_scale(const uint8_t *blk, int j) { return kc_half_at(blk) * (float)iq4_xs_scale(blk, j); }
 
 /* ---- the definition of a weight's value (portable) ---- */
 

@@ -1,6 +1,6 @@
 /*
- * The K-quants' packed sub-block scales, unpacked: shared by the fp32 kernels (kquant.c) and the
- * integer products (int8_dot.c), which must read a super-block the same way.
+ * The K-quants' (and IQ4_XS's) packed sub-block scales, unpacked: shared by the fp32 kernels (kquant.c,
+ * iq4_blocks.c) and the integer products (int8_dot.c, the tiles), which must read a super-block the same way.
  */
 #ifndef KVCHAT_KQUANT_SCALES_H
 #define KVCHAT_KQUANT_SCALES_H
@@ -34,6 +34,12 @@ static inline void k4_scales_and_mins(const uint8_t *packed, uint32_t out[4]) {
     out[1] = (out[2] & 0x0F0F0F0F) | (((out[0] >> 6) & 0x03030303) << 4);
     out[2] = mins_low;
     out[0] &= 0x3F3F3F3F;
+}
+
+/* IQ4_XS: 32 j's signed scale ls - 32, its 6 bits nibble j of the 4 bytes at blk + 4 and bits 2j, 2j + 1 of the
+ * little-endian uint16 at blk + 2. */
+static inline int iq4_xs_scale(const uint8_t *blk, int j) {
+    return (((blk[4 + j / 2] >> (4 * (j % 2))) & 0x0F) | ((blk[2 + j / 4] >> (2 * (j % 4))) & 3) << 4) - 32;
 }
 
 #endif

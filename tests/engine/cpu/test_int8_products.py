@@ -22,13 +22,13 @@ from tests.kquant_blocks import MXFP4_SUBNORMAL, mxfp4_blocks, random_blocks
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
                                 reason="the block kernels need a C compiler")
 
-K_QUANTS = ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k"]
-LEGACY = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "mxfp4"]  # 32-weight blocks, Q8_0-style activations
+K_QUANTS = ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs"]  # 256-weight super-blocks, Q8_K-style activations
+LEGACY = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "mxfp4", "iq4_nl"]  # 32-weight blocks, Q8_0-style activations
 FORMATS = LEGACY + K_QUANTS
 DEFINITION_ONLY = ["q2_k", "q3_k"]  # no vector code: integer products only where the definition runs
 VECTOR = [fmt for fmt in FORMATS if fmt not in DEFINITION_ONLY]
 SCALE = {"q4_0": 0.1, "q5_0": 0.05, "q5_1": 0.03, "q2_k": 0.02, "q3_k": 0.005, "q4_k": 1e-3, "q5_k": 5e-4,
-         "q6_k": 2.5e-4, "mxfp4": 1.0}
+         "q6_k": 2.5e-4, "mxfp4": 1.0, "iq4_nl": 0.01, "iq4_xs": 3e-4}
 
 
 @pytest.fixture(scope="module")
@@ -142,11 +142,12 @@ def test_a_row_gets_the_same_bits_alone_or_among_any_number_of_rows(integer_kern
 @pytest.mark.parametrize("fmt", VECTOR)
 def test_tiles_take_the_bytes_of_the_files_blocks(native, fmt):
     """The repacked copy the vector code reads (csrc/int8_tiles.h) is GGUF's bytes in another order: the
-    K-quants' 6-bit scales unpacked to bytes cost Q4_K 2.8% and Q5_K 2.3%; a last tile is padded to 16."""
+    K-quants' 6-bit scales unpacked to bytes cost Q4_K 2.8%, Q5_K 2.3% and IQ4_XS 1.5%; a last tile is padded
+    to 16."""
     linear, _ = int8_linear(native, fmt, rows=64)
     assert linear.tiles is not None
     ratio = linear.tiles.numel() / linear.qs.numel()
-    assert ratio == pytest.approx({"q4_k": 2368 / 2304, "q5_k": 2880 / 2816}.get(fmt, 1.0))
+    assert ratio == pytest.approx({"q4_k": 2368 / 2304, "q5_k": 2880 / 2816, "iq4_xs": 2208 / 2176}.get(fmt, 1.0))
     padded, _ = int8_linear(native, fmt, rows=65)
     assert padded.tiles.numel() == linear.tiles.numel() * 5 // 4
 
@@ -297,10 +298,11 @@ def test_the_avx2_tiles_give_the_definitions_bits_for_any_rows_and_columns(nativ
 
 
 # Where each format's quant bits lie in a GGUF block (bytes first..end), and the byte that sets every quant
-# there to its largest (Q8_0: +127, stored + 128 as 255; MXFP4: nibble 7, the value 6, +12 as 24).
+# there to its largest (Q8_0: +127, stored + 128 as 255; MXFP4: nibble 7, the value 6, +12 as 24; IQ4: nibble
+# 15, the level 113, +128 as 241).
 QUANT_BYTES = {"q4_0": (2, 18, 0xFF), "q4_1": (4, 20, 0xFF), "q5_0": (2, 22, 0xFF), "q5_1": (4, 24, 0xFF),
                "q8_0": (2, 34, 0x7F), "mxfp4": (1, 17, 0x77), "q4_k": (16, 144, 0xFF), "q5_k": (16, 176, 0xFF),
-               "q6_k": (0, 192, 0xFF)}
+               "q6_k": (0, 192, 0xFF), "iq4_nl": (2, 18, 0xFF), "iq4_xs": (8, 136, 0xFF)}
 
 
 @pytest.mark.slow
