@@ -3,7 +3,7 @@
  *
  * What a product IS (the portable code in int8_dot.c is this definition; the tiles' vector code in
  * int8_tiles.c computes its bits): for one input row and one output column, two floats, acc and ext,
- * start at 0. Per weight block b in order (32 weights: Q4_0..Q8_0 and MXFP4; 256: the K-quants), with the
+ * start at 0. Per weight block b in order (32 weights: Q4_0..Q8_0, MXFP4, IQ4_NL; 256: the K-quants, IQ4_XS), with the
  * block's integers as int8_quants.h reads them and the activation block's int8 q and scale dx:
  *   main = sum over the block of sc(i) * (u_i - offset) * q_i       exact, in int32
  *   acc  = fmaf((float)main, dx * d, acc)                           one rounding for dx * d, one for the fma
@@ -14,7 +14,8 @@
  * The result is acc + ext (+ bias). MXFP4 (as ggml pairs it, with Q8_0-style activations): u - offset is
  * its nibble's value (e2m1 doubled, an integer in -12..12) and d the E8M0 exponent's half, so main times
  * d times dx is the exact product of the exact weights with the quantized activations, up to the two
- * roundings above.
+ * roundings above. IQ4_NL and IQ4_XS likewise: u - 128 is a nibble's level (-127..113), and IQ4_XS's sc(i) its
+ * 32's signed ls - 32 (no minimum).
  *
  * Integer sums are exact in any order, and every float operation above is fixed by the definition,
  * so a product's bits do not depend on how many rows are multiplied together, how the columns are split
