@@ -47,8 +47,8 @@ def _scratch_buffer(numel: int) -> torch.Tensor:
 
 def _integer_format(kernels: QuantKernels, code: int) -> bool:
     """Whether a weight in format `code` multiplies in integers when they are asked for: where this build
-    has their vector code (Q2_K and Q3_K have none: their definition in plain C is slower than their fp32
-    kernels, so they keep fp32 products); a build with no vector integer code at all (integer_isa
+    has their vector code (Q2_K has none: its definition in plain C is slower than its fp32 kernel, so it
+    keeps fp32 products); a build with no vector integer code at all (integer_isa
     "portable", built for the tests of the definition) runs the definition for every format."""
     if not kernels.lib.kc_int8_supported(code):
         return False

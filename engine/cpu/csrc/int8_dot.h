@@ -35,8 +35,8 @@ int kc_int8_definition(void);
 #define KC_FLAG_INTEGER 1
 
 /* Whether `format` has integer products (the definition), and whether this build has vector code for them
- * (tiles, int8_tiles.h; Q2_K and Q3_K have none: their integer products run the definition, slower than
- * their fp32 kernels). */
+ * (tiles, int8_tiles.h; Q2_K has none: its integer products run the definition, slower than its fp32
+ * kernel). */
 int kc_int8_supported(int format);
 int kc_int8_vector(int format);
 /* kc_linear_columns in integers (the caller checked kc_int8_supported): quantizes x's rows (on this

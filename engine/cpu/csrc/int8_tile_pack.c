@@ -226,7 +226,7 @@ static void pack_unit(const kc_linear *L, int t, int b, uint8_t *unit) {
         return;
     }
 #endif
-    if (bits == 4) {
+    if (bits == 4 && format != KC_Q3_K) { /* Q3_K's 3 bits are not a nibble in its blocks: decoded below */
         pack_unit_4bit(L, t, b, unit);
         return;
     }
@@ -248,8 +248,8 @@ static void pack_unit(const kc_linear *L, int t, int b, uint8_t *unit) {
         }
         kc_k_super_of(format, blk, &k[c]);
         u[c] = k[c].u;
-        if (format == KC_Q6_K) {
-            copy_half(unit + 2 * c, blk + 208);
+        if (format == KC_Q6_K || format == KC_Q3_K) {
+            copy_half(unit + 2 * c, blk + (format == KC_Q6_K ? 208 : 108));
             for (int g = 0; g < 16; g++) unit[32 + KC_TILE * g + c] = (uint8_t)(int8_t)k[c].scale[g];
         } else {
             copy_half(unit + 2 * c, blk);

@@ -67,15 +67,15 @@ static inline __attribute__((always_inline)) void legacy_unit(const uint8_t *uni
     }
 }
 
-/* One super-block s of a tile (Q4_K, Q5_K, Q6_K, IQ4_XS) times rows xs[0..R). */
+/* One super-block s of a tile (Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) times rows xs[0..R). */
 static inline __attribute__((always_inline)) void k_unit(const uint8_t *unit, int format, const kc_act_row *xs, int R,
                                                           int s, __m512 *acc, __m512 *ext) {
     const int bits = kc_tile_bits(format), gb = kc_tile_group_bytes(bits);
     const uint8_t *g = unit + kc_tile_header_bytes(format);
     __m512i main[MAX_PASS_ROWS];
     for (int r = 0; r < MAX_PASS_ROWS; r++) main[r] = _mm512_setzero_si512();
-    if (format == KC_Q6_K) {
-        /* q - 32: main -= 32 * sum over 16s of scale_g * (activation sum of g), two 16s a vpdpwssd */
+    if (format == KC_Q6_K || format == KC_Q3_K) {
+        /* q - 32 (Q3_K: q - 4): main -= 32 * sum over 16s of scale_g * (activation sum of g), two 16s a vpdpwssd */
         __m512i offset[MAX_PASS_ROWS];
         for (int r = 0; r < MAX_PASS_ROWS; r++) offset[r] = _mm512_setzero_si512();
         for (int p = 0; p < 8; p++) {
@@ -95,7 +95,7 @@ static inline __attribute__((always_inline)) void k_unit(const uint8_t *unit, in
                 if (r < R) offset[r] = _mm512_dpwssd_epi32(offset[r], pair, _mm512_set1_epi32(kc_i32_at(xs[r].bsums + 16 * s + 2 * p)));
         }
         for (int r = 0; r < MAX_PASS_ROWS; r++)
-            if (r < R) main[r] = _mm512_sub_epi32(main[r], _mm512_slli_epi32(offset[r], 5));
+            if (r < R) main[r] = _mm512_sub_epi32(main[r], _mm512_slli_epi32(offset[r], format == KC_Q6_K ? 5 : 2));
     } else if (format == KC_IQ4_XS) {
         /* u - 128: main -= 128 * sum over 32s of scale_j * (activation sum of j), two 32s a vpdpwssd */
         __m512i offset[MAX_PASS_ROWS];

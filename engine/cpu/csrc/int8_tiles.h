@@ -13,11 +13,12 @@
  *           Q4_1, Q5_1         d[c], m[c] fp16                                           64
  *           Q4_K, Q5_K         d[c], dmin[c] fp16, scale[j][c] u8 (j: the 32 of the block),
  *                              min[p][c][2] u8 (the minimums of 32s 2p and 2p + 1)      320
- *           Q6_K               d[c] fp16, scale[g][c] int8 (g: the 16 of the block)     288
+ *           Q6_K, Q3_K         d[c] fp16, scale[g][c] int8 (g: the 16 of the block)     288
  *           MXFP4              e[c] u8, the E8M0 exponent as GGUF stores it              16
  *           IQ4_NL             d[c] fp16                                                 32
  *           IQ4_XS             d[c] fp16, scale[j][c] int8 (j: the 32 of the block, ls - 32)  160
  *   group   4, 5, 6 bits       64 bytes: byte 4c + i = low nibble of u[c][k0 + i] | that of u[c][k0 + 4 + i] << 4,
+ *           (Q3_K's 3-bit u take the 4-bit groups: a third more bytes than its blocks, see Memory)
  *                              i < 4; then 5/6 bits: a 64-bit mask of bit 4 of the first nibbles and one of the
  *                              second; 6 bits: two more for bit 5                     64 / 80 / 96 bytes
  *           8 bits (Q8_0)      byte 4c + i = u[c][k0 + i], then 64 bytes of u[c][k0 + 4 + i]  128 bytes
@@ -25,7 +26,7 @@
  * their values: the products look up value + 12, or level + 128, int8_quants.h's u, with one byte shuffle per
  * vector).
  * Memory: the same bytes as GGUF's blocks (Q4_K/Q5_K 2.8% and 2.3% more, IQ4_XS 1.5%: their scales unpacked to
- * bytes).
+ * bytes; Q3_K 33% more, its 3.44 bits a weight held as 4.56 in nibbles: a 3-bit group layout would save that).
  */
 #ifndef KVCHAT_INT8_TILES_H
 #define KVCHAT_INT8_TILES_H
@@ -61,11 +62,13 @@
 
 static inline int kc_tile_bits(int format) {
     switch (format) {
-    case KC_Q4_0: case KC_Q4_1: case KC_Q4_K: case KC_MXFP4: case KC_IQ4_NL: case KC_IQ4_XS: return 4;
+    case KC_Q4_0: case KC_Q4_1: case KC_Q4_K: case KC_MXFP4: case KC_IQ4_NL: case KC_IQ4_XS:
+    case KC_Q3_K: /* its 3-bit u in a nibble */
+        return 4;
     case KC_Q5_0: case KC_Q5_1: case KC_Q5_K: return 5;
     case KC_Q6_K: return 6;
     case KC_Q8_0: return 8;
-    default: return 0; /* Q2_K, Q3_K: no tiles */
+    default: return 0; /* Q2_K: no tiles */
     }
 }
 
@@ -73,7 +76,7 @@ static inline int kc_tile_header_bytes(int format) {
     switch (format) {
     case KC_Q4_1: case KC_Q5_1: return 64;
     case KC_Q4_K: case KC_Q5_K: return 320;
-    case KC_Q6_K: return 288;
+    case KC_Q6_K: case KC_Q3_K: return 288;
     case KC_IQ4_XS: return 160;
     case KC_MXFP4: return 16;
     default: return 32;
@@ -87,7 +90,7 @@ static inline int64_t kc_tile_unit_bytes(int format) {
 }
 
 /* Whether this build multiplies `format` in tiles (AVX-512 VNNI or AVX2: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
- * MXFP4, IQ4_NL, Q4_K, Q5_K, Q6_K, IQ4_XS). */
+ * MXFP4, IQ4_NL, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS). */
 int kc_int8_tiled(int format);
 /* Bytes of L's tiles (0: L's format has none in this build). */
 int64_t kc_int8_tile_bytes(const kc_linear *L);
@@ -103,7 +106,7 @@ void kc_int8_tile_columns(const kc_linear *L, const kc_act_row *xs, int rows, fl
 #define KC_TILED_FORMATS(X)                                                                                     \
     X(q4_0_tiles, KC_Q4_0) X(q4_1_tiles, KC_Q4_1) X(q5_0_tiles, KC_Q5_0) X(q5_1_tiles, KC_Q5_1) X(q8_0_tiles, KC_Q8_0) \
     X(q4_k_tiles, KC_Q4_K) X(q5_k_tiles, KC_Q5_K) X(q6_k_tiles, KC_Q6_K) X(mxfp4_tiles, KC_MXFP4)             \
-    X(iq4_nl_tiles, KC_IQ4_NL) X(iq4_xs_tiles, KC_IQ4_XS)
+    X(iq4_nl_tiles, KC_IQ4_NL) X(iq4_xs_tiles, KC_IQ4_XS) X(q3_k_tiles, KC_Q3_K)
 #define KC_TILE_CASE(NAME, FORMAT) \
     case FORMAT: NAME(L, xs, rows, y, ldy, n0, n1); return;
 

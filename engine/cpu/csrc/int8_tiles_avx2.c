@@ -196,15 +196,15 @@ static inline __m256i half_bytes_i32(const uint8_t *p, int h, int is_signed) {
     return is_signed ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v);
 }
 
-/* Super-block s of a K-quant (Q4_K, Q5_K, Q6_K) or IQ4_XS times rows xs[0..R), half h. */
+/* Super-block s of a K-quant (Q3_K, Q4_K, Q5_K, Q6_K) or IQ4_XS times rows xs[0..R), half h. */
 static inline __attribute__((always_inline)) void k_unit(const uint8_t *unit, int format, int h, const kc_act_row *xs,
                                                           int R, int s, __m256 *acc, __m256 *ext) {
     const int gb = kc_tile_group_bytes(kc_tile_bits(format));
     const uint8_t *g = unit + kc_tile_header_bytes(format);
     __m256i main[PASS_ROWS], part[PASS_ROWS];
     for (int r = 0; r < R; r++) main[r] = part[r] = _mm256_setzero_si256();
-    if (format == KC_Q6_K) {
-        /* q - 32: main -= 32 * sum over 16s of scale_g * (activation sum of g), two 16s a dot_words */
+    if (format == KC_Q6_K || format == KC_Q3_K) {
+        /* q - 32 (Q3_K: q - 4): main -= 32 * sum over 16s of scale_g * (activation sum of g), two 16s a dot_words */
         __m256i offset[PASS_ROWS];
         for (int r = 0; r < R; r++) offset[r] = _mm256_setzero_si256();
         for (int p = 0; p < 8; p++) {
@@ -221,7 +221,7 @@ static inline __attribute__((always_inline)) void k_unit(const uint8_t *unit, in
                 offset[r] = dot_words(offset[r], pair,
                                       _mm256_set1_epi32(kc_i32_at(xs[r].bsums + 16 * s + 2 * p)));
         }
-        for (int r = 0; r < R; r++) main[r] = _mm256_sub_epi32(main[r], _mm256_slli_epi32(offset[r], 5));
+        for (int r = 0; r < R; r++) main[r] = _mm256_sub_epi32(main[r], _mm256_slli_epi32(offset[r], format == KC_Q6_K ? 5 : 2));
     } else if (format == KC_IQ4_XS) {
         /* u - 128: main -= 128 * sum over 32s of scale_j * (activation sum of j), two 32s a dot_words */
         __m256i offset[PASS_ROWS];

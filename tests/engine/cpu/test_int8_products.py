@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc
 K_QUANTS = ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs"]  # 256-weight super-blocks, Q8_K-style activations
 LEGACY = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "mxfp4", "iq4_nl"]  # 32-weight blocks, Q8_0-style activations
 FORMATS = LEGACY + K_QUANTS
-DEFINITION_ONLY = ["q2_k", "q3_k"]  # no vector code: integer products only where the definition runs
+DEFINITION_ONLY = ["q2_k"]  # no vector code: integer products only where the definition runs
 VECTOR = [fmt for fmt in FORMATS if fmt not in DEFINITION_ONLY]
 SCALE = {"q4_0": 0.1, "q5_0": 0.05, "q5_1": 0.03, "q2_k": 0.02, "q3_k": 0.005, "q4_k": 1e-3, "q5_k": 5e-4,
          "q6_k": 2.5e-4, "mxfp4": 1.0, "iq4_nl": 0.01, "iq4_xs": 3e-4}
@@ -48,7 +48,7 @@ def portable():
 
 @pytest.fixture
 def integer_kernels(request, native, portable):
-    """The kernels that run `fmt` in integers: this CPU's vector code, or the definition for Q2_K/Q3_K."""
+    """The kernels that run `fmt` in integers: this CPU's vector code, or the definition for Q2_K."""
     return portable if request.getfixturevalue("fmt") in DEFINITION_ONLY else native
 
 
@@ -142,12 +142,13 @@ def test_a_row_gets_the_same_bits_alone_or_among_any_number_of_rows(integer_kern
 @pytest.mark.parametrize("fmt", VECTOR)
 def test_tiles_take_the_bytes_of_the_files_blocks(native, fmt):
     """The repacked copy the vector code reads (csrc/int8_tiles.h) is GGUF's bytes in another order: the
-    K-quants' 6-bit scales unpacked to bytes cost Q4_K 2.8%, Q5_K 2.3% and IQ4_XS 1.5%; a last tile is padded
-    to 16."""
+    K-quants' 6-bit scales unpacked to bytes cost Q4_K 2.8%, Q5_K 2.3% and IQ4_XS 1.5%, Q3_K's 3-bit quants held in
+    nibbles 33%; a last tile is padded to 16."""
     linear, _ = int8_linear(native, fmt, rows=64)
     assert linear.tiles is not None
     ratio = linear.tiles.numel() / linear.qs.numel()
-    assert ratio == pytest.approx({"q4_k": 2368 / 2304, "q5_k": 2880 / 2816, "iq4_xs": 2208 / 2176}.get(fmt, 1.0))
+    assert ratio == pytest.approx({"q4_k": 2368 / 2304, "q5_k": 2880 / 2816, "iq4_xs": 2208 / 2176,
+                                   "q3_k": 2336 / 1760}.get(fmt, 1.0))
     padded, _ = int8_linear(native, fmt, rows=65)
     assert padded.tiles.numel() == linear.tiles.numel() * 5 // 4
 
@@ -302,7 +303,7 @@ def test_the_avx2_tiles_give_the_definitions_bits_for_any_rows_and_columns(nativ
 # 15, the level 113, +128 as 241).
 QUANT_BYTES = {"q4_0": (2, 18, 0xFF), "q4_1": (4, 20, 0xFF), "q5_0": (2, 22, 0xFF), "q5_1": (4, 24, 0xFF),
                "q8_0": (2, 34, 0x7F), "mxfp4": (1, 17, 0x77), "q4_k": (16, 144, 0xFF), "q5_k": (16, 176, 0xFF),
-               "q6_k": (0, 192, 0xFF), "iq4_nl": (2, 18, 0xFF), "iq4_xs": (8, 136, 0xFF)}
+               "q6_k": (0, 192, 0xFF), "iq4_nl": (2, 18, 0xFF), "iq4_xs": (8, 136, 0xFF), "q3_k": (0, 96, 0xFF)}
 
 
 @pytest.mark.slow
