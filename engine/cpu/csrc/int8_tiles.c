@@ -67,6 +67,36 @@ static inline __attribute__((always_inline)) void legacy_unit(const uint8_t *uni
     }
 }
 
+/* main[r] += a super-block's products with signed sub-block scales (kc_signed_subs: Q3_K, Q6_K, IQ4_XS), its
+ * u - offset taken as u less offset times each sub-block's scale times the activations' sum there. */
+static inline __attribute__((always_inline)) void signed_subs(const uint8_t *unit, const uint8_t *g, int gb, int format,
+                                                               const kc_act_row *xs, int R, int s, __m512i *main) {
+    /* u - offset: main -= offset * sum over sub-blocks of scale * (activation sum there), two a vpdpwssd */
+    const int subs = kc_signed_subs(format), weights = KC_SUPER / subs, groups = weights / 8;
+    __m512i offset[MAX_PASS_ROWS];
+    for (int r = 0; r < MAX_PASS_ROWS; r++) offset[r] = _mm512_setzero_si512();
+    for (int p = 0; p < subs / 2; p++) {
+        __m512i sc[2];
+        for (int e = 0; e < 2; e++) {
+            const int i = 2 * p + e;
+            __m512i sums[MAX_PASS_ROWS];
+            for (int r = 0; r < MAX_PASS_ROWS; r++) sums[r] = _mm512_setzero_si512();
+            for (int h = 0; h < groups; h++)
+                GROUP_DOT(g + (groups * i + h) * gb, format, sums, R, xs[r].q + KC_SUPER * s + weights * i + 8 * h);
+            sc[e] = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(unit + 32 + KC_TILE * i)));
+            for (int r = 0; r < MAX_PASS_ROWS; r++)
+                if (r < R) main[r] = _mm512_add_epi32(main[r], _mm512_mullo_epi32(sums[r], sc[e]));
+        }
+        const __m512i pair = _mm512_or_si512(_mm512_and_si512(sc[0], _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(sc[1], 16));
+        for (int r = 0; r < MAX_PASS_ROWS; r++)
+            if (r < R)
+                offset[r] = _mm512_dpwssd_epi32(offset[r], pair,
+                                                _mm512_set1_epi32(kc_i32_at(kc_sub_sums(&xs[r], format) + subs * s + 2 * p)));
+    }
+    for (int r = 0; r < MAX_PASS_ROWS; r++)
+        if (r < R) main[r] = _mm512_sub_epi32(main[r], _mm512_slli_epi32(offset[r], kc_offset_shift(format)));
+}
+
 /* One super-block s of a tile (Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) times rows xs[0..R). */
 static inline __attribute__((always_inline)) void k_unit(const uint8_t *unit, int format, const kc_act_row *xs, int R,
                                                           int s, __m512 *acc, __m512 *ext) {
@@ -74,50 +104,8 @@ static inline __attribute__((always_inline)) void k_unit(const uint8_t *unit, in
     const uint8_t *g = unit + kc_tile_header_bytes(format);
     __m512i main[MAX_PASS_ROWS];
     for (int r = 0; r < MAX_PASS_ROWS; r++) main[r] = _mm512_setzero_si512();
-    if (format == KC_Q6_K || format == KC_Q3_K) {
-        /* q - 32 (Q3_K: q - 4): main -= 32 * sum over 16s of scale_g * (activation sum of g), two 16s a vpdpwssd */
-        __m512i offset[MAX_PASS_ROWS];
-        for (int r = 0; r < MAX_PASS_ROWS; r++) offset[r] = _mm512_setzero_si512();
-        for (int p = 0; p < 8; p++) {
-            __m512i sc[2];
-            for (int e = 0; e < 2; e++) {
-                const int g16 = 2 * p + e;
-                __m512i sums[MAX_PASS_ROWS];
-                for (int r = 0; r < MAX_PASS_ROWS; r++) sums[r] = _mm512_setzero_si512();
-                for (int h = 0; h < 2; h++)
-                    GROUP_DOT(g + (2 * g16 + h) * gb, format, sums, R, xs[r].q + KC_SUPER * s + 16 * g16 + 8 * h);
-                sc[e] = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(unit + 32 + KC_TILE * g16)));
-                for (int r = 0; r < MAX_PASS_ROWS; r++)
-                    if (r < R) main[r] = _mm512_add_epi32(main[r], _mm512_mullo_epi32(sums[r], sc[e]));
-            }
-            const __m512i pair = _mm512_or_si512(_mm512_and_si512(sc[0], _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(sc[1], 16));
-            for (int r = 0; r < MAX_PASS_ROWS; r++)
-                if (r < R) offset[r] = _mm512_dpwssd_epi32(offset[r], pair, _mm512_set1_epi32(kc_i32_at(xs[r].bsums + 16 * s + 2 * p)));
-        }
-        for (int r = 0; r < MAX_PASS_ROWS; r++)
-            if (r < R) main[r] = _mm512_sub_epi32(main[r], _mm512_slli_epi32(offset[r], format == KC_Q6_K ? 5 : 2));
-    } else if (format == KC_IQ4_XS) {
-        /* u - 128: main -= 128 * sum over 32s of scale_j * (activation sum of j), two 32s a vpdpwssd */
-        __m512i offset[MAX_PASS_ROWS];
-        for (int r = 0; r < MAX_PASS_ROWS; r++) offset[r] = _mm512_setzero_si512();
-        for (int p = 0; p < 4; p++) {
-            __m512i sc[2];
-            for (int e = 0; e < 2; e++) {
-                const int j = 2 * p + e;
-                __m512i sums[MAX_PASS_ROWS];
-                for (int r = 0; r < MAX_PASS_ROWS; r++) sums[r] = _mm512_setzero_si512();
-                for (int h = 0; h < 4; h++)
-                    GROUP_DOT(g + (4 * j + h) * gb, format, sums, R, xs[r].q + KC_SUPER * s + 32 * j + 8 * h);
-                sc[e] = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(unit + 32 + KC_TILE * j)));
-                for (int r = 0; r < MAX_PASS_ROWS; r++)
-                    if (r < R) main[r] = _mm512_add_epi32(main[r], _mm512_mullo_epi32(sums[r], sc[e]));
-            }
-            const __m512i pair = _mm512_or_si512(_mm512_and_si512(sc[0], _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(sc[1], 16));
-            for (int r = 0; r < MAX_PASS_ROWS; r++)
-                if (r < R) offset[r] = _mm512_dpwssd_epi32(offset[r], pair, _mm512_set1_epi32(kc_i32_at(xs[r].bsums32 + 8 * s + 2 * p)));
-        }
-        for (int r = 0; r < MAX_PASS_ROWS; r++)
-            if (r < R) main[r] = _mm512_sub_epi32(main[r], _mm512_slli_epi32(offset[r], 7));
+    if (kc_signed_subs(format)) {
+        signed_subs(unit, g, gb, format, xs, R, s, main);
     } else {
         for (int j = 0; j < 8; j++) {
             __m512i sums[MAX_PASS_ROWS];

@@ -89,6 +89,17 @@ static inline int64_t kc_tile_unit_bytes(int format) {
     return kc_tile_header_bytes(format) + (int64_t)(kc_block_weights(format) / 8) * kc_tile_group_bytes(kc_tile_bits(format));
 }
 
+/* The super-blocks with a signed scale a sub-block and no minimum: Q3_K and Q6_K (16 sub-blocks of 16 weights) and
+ * IQ4_XS (8 of 32); 0 for the others. Their u - offset is taken as u, less offset times the sum over sub-blocks of
+ * scale times the activations' sum there (int8_act.h's bsums, bsums32), offset 4, 32 or 128: 1 << kc_offset_shift. */
+static inline int kc_signed_subs(int format) {
+    return format == KC_IQ4_XS ? 8 : format == KC_Q3_K || format == KC_Q6_K ? 16 : 0;
+}
+static inline int kc_offset_shift(int format) { return format == KC_Q3_K ? 2 : format == KC_Q6_K ? 5 : 7; }
+static inline const int16_t *kc_sub_sums(const kc_act_row *x, int format) {
+    return kc_signed_subs(format) == 16 ? x->bsums : x->bsums32;
+}
+
 /* Whether this build multiplies `format` in tiles (AVX-512 VNNI or AVX2: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
  * MXFP4, IQ4_NL, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS). */
 int kc_int8_tiled(int format);

@@ -203,42 +203,26 @@ static inline __attribute__((always_inline)) void k_unit(const uint8_t *unit, in
     const uint8_t *g = unit + kc_tile_header_bytes(format);
     __m256i main[PASS_ROWS], part[PASS_ROWS];
     for (int r = 0; r < R; r++) main[r] = part[r] = _mm256_setzero_si256();
-    if (format == KC_Q6_K || format == KC_Q3_K) {
-        /* q - 32 (Q3_K: q - 4): main -= 32 * sum over 16s of scale_g * (activation sum of g), two 16s a dot_words */
+    if (kc_signed_subs(format)) {
+        /* u - offset: main -= offset * sum over sub-blocks of scale * (activation sum there), two a dot_words */
+        const int subs = kc_signed_subs(format), weights = KC_SUPER / subs, groups = weights / 8;
         __m256i offset[PASS_ROWS];
         for (int r = 0; r < R; r++) offset[r] = _mm256_setzero_si256();
-        for (int p = 0; p < 8; p++) {
+        for (int p = 0; p < subs / 2; p++) {
             __m256i sc[2];
             for (int e = 0; e < 2; e++) {
-                const int g16 = 2 * p + e;
-                sc[e] = half_bytes_i32(unit + 32 + KC_TILE * g16, h, 1);
-                GROUPS_DOT(g + 2 * g16 * gb, gb, 2, format, h, main, part, R, xs[r].q + KC_SUPER * s + 16 * g16,
+                const int i = 2 * p + e;
+                sc[e] = half_bytes_i32(unit + 32 + KC_TILE * i, h, 1);
+                GROUPS_DOT(g + groups * i * gb, gb, groups, format, h, main, part, R, xs[r].q + KC_SUPER * s + weights * i,
                            sc[e], 1);
             }
             const __m256i pair = _mm256_or_si256(_mm256_and_si256(sc[0], _mm256_set1_epi32(0xFFFF)),
                                                  _mm256_slli_epi32(sc[1], 16));
             for (int r = 0; r < R; r++)
                 offset[r] = dot_words(offset[r], pair,
-                                      _mm256_set1_epi32(kc_i32_at(xs[r].bsums + 16 * s + 2 * p)));
+                                      _mm256_set1_epi32(kc_i32_at(kc_sub_sums(&xs[r], format) + subs * s + 2 * p)));
         }
-        for (int r = 0; r < R; r++) main[r] = _mm256_sub_epi32(main[r], _mm256_slli_epi32(offset[r], format == KC_Q6_K ? 5 : 2));
-    } else if (format == KC_IQ4_XS) {
-        /* u - 128: main -= 128 * sum over 32s of scale_j * (activation sum of j), two 32s a dot_words */
-        __m256i offset[PASS_ROWS];
-        for (int r = 0; r < R; r++) offset[r] = _mm256_setzero_si256();
-        for (int p = 0; p < 4; p++) {
-            __m256i sc[2];
-            for (int e = 0; e < 2; e++) {
-                const int j = 2 * p + e;
-                sc[e] = half_bytes_i32(unit + 32 + KC_TILE * j, h, 1);
-                GROUPS_DOT(g + 4 * j * gb, gb, 4, format, h, main, part, R, xs[r].q + KC_SUPER * s + 32 * j, sc[e], 1);
-            }
-            const __m256i pair = _mm256_or_si256(_mm256_and_si256(sc[0], _mm256_set1_epi32(0xFFFF)),
-                                                 _mm256_slli_epi32(sc[1], 16));
-            for (int r = 0; r < R; r++)
-                offset[r] = dot_words(offset[r], pair, _mm256_set1_epi32(kc_i32_at(xs[r].bsums32 + 8 * s + 2 * p)));
-        }
-        for (int r = 0; r < R; r++) main[r] = _mm256_sub_epi32(main[r], _mm256_slli_epi32(offset[r], 7));
+        for (int r = 0; r < R; r++) main[r] = _mm256_sub_epi32(main[r], _mm256_slli_epi32(offset[r], kc_offset_shift(format)));
     } else {
         for (int j = 0; j < 8; j++) {
             const __m256i sc = half_bytes_i32(unit + 64 + KC_TILE * j, h, 0);
