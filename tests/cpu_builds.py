@@ -7,7 +7,7 @@ from pathlib import Path
 # gcc's -march for an AVX2-class CPU with AVX-VNNI and no AVX-512 (Alder Lake's set), and the flags it needs
 AVX_VNNI_MARCH = "alderlake"
 AVX_VNNI_FLAGS = ("avx2", "fma", "f16c", "avx_vnni")
-# AVX2 without VNNI (Haswell's set, also AMD Zen 1-4's): its integer products take vpmaddubsw
+# AVX2 without VNNI (Haswell's set, also AMD Zen 1-3's): its integer products take vpmaddubsw
 AVX2_MARCH = "haswell"
 AVX2_FLAGS = ("avx2", "fma", "f16c")
 # The builds with 8-column integer tiles (csrc/int8_tiles_avx2.c): -march, the flags it needs, its integer_isa

@@ -47,8 +47,8 @@
 #define TILES_VNNI 0
 #endif
 /* An AVX2-class CPU without AVX-512: the same tiles, multiplied 8 columns a vector (int8_tiles_avx2.c), with
- * AVX-VNNI's vpdpbusd where the CPU has it (Intel since Alder Lake, AMD since Zen 5), else with AVX2's
- * vpmaddubsw and vpmaddwd (Haswell to Comet Lake, AMD Zen 1-4), which give the same integer sums. */
+ * AVX-VNNI's vpdpbusd where the CPU has it (Intel since Alder Lake), else with AVX2's
+ * vpmaddubsw and vpmaddwd (Haswell to Comet Lake, AMD Zen 1-3), which give the same integer sums. */
 #if !TILES_VNNI && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define TILES_AVX2 1
 #else
